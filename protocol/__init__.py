@@ -1,0 +1,13 @@
+"""MANTA's shared, dependency-light foundation.
+
+Wire records, identities and signatures, canonical encoding, the Merkle log math, and the process
+conventions every MANTA entry point follows. Nothing in this package imports torch or hivemind, so
+auditors and tests can use it without the training stack.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("manta")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0.0.0+unknown"

@@ -1,0 +1,91 @@
+"""Process conventions for every MANTA process that touches hivemind.
+
+hivemind's DHT is a fork-started process and its averager a plain ``mp.Process`` that must inherit
+(not pickle) its state, so the ``fork`` start method is required (Python 3.14 and macOS default to
+others, which break ``DecentralizedAverager`` with a pickling error). hivemind also sets a torch
+sharing strategy at import time from ``HIVEMIND_MEMORY_SHARING_STRATEGY``; its default
+(``file_system``) starts a ``torch_shm_manager`` helper that outlives a killed parent, so we choose
+``file_descriptor``. Both choices must be made before hivemind is imported, in exactly one place:
+:func:`prepare_process`.
+
+The rest of the module is supervision: a child asks the kernel to signal it when its parent dies,
+and a parent can stop its whole process tree. Pure standard library plus psutil; no torch or
+hivemind import here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import os
+import signal
+import sys
+
+import psutil
+
+SHARING_STRATEGY = "file_descriptor"
+_PR_SET_PDEATHSIG = 1
+
+
+def prepare_process() -> None:
+    """Make this process safe for hivemind. Call before the first ``import hivemind``."""
+    os.environ.setdefault("HIVEMIND_MEMORY_SHARING_STRATEGY", SHARING_STRATEGY)
+    if "hivemind" in sys.modules and os.environ["HIVEMIND_MEMORY_SHARING_STRATEGY"] != SHARING_STRATEGY:
+        raise RuntimeError("hivemind was imported before protocol.runtime.prepare_process()")
+    if mp.get_start_method(allow_none=True) != "fork":
+        mp.set_start_method("fork", force=True)
+
+
+def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
+    """Ask Linux to send ``sig`` to this process when its parent exits (even by SIGKILL).
+
+    Returns False where unsupported (non-Linux); callers then rely on the parent's own cleanup.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        return False
+    # The parent may have died between fork and prctl; then nobody will signal us.
+    if os.getppid() == 1:
+        os.kill(os.getpid(), sig)
+    return True
+
+
+def descendants(pid: int | None = None) -> list[psutil.Process]:
+    """All living descendants of ``pid`` (default: this process)."""
+    try:
+        return psutil.Process(pid or os.getpid()).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def terminate_processes(procs: list[psutil.Process], timeout: float = 5.0) -> list[psutil.Process]:
+    """SIGTERM, wait up to ``timeout``, then SIGKILL the stragglers. Returns the processes that were
+    still alive when SIGTERM was sent (i.e. those this call had to stop)."""
+    alive = [p for p in procs if _alive(p)]
+    for p in alive:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, remaining = psutil.wait_procs(alive, timeout=timeout)
+    for p in remaining:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(remaining, timeout=timeout)
+    return alive
+
+
+def terminate_tree(pid: int | None = None, timeout: float = 5.0) -> list[psutil.Process]:
+    """Stop every descendant of ``pid`` (default: this process), deepest-first."""
+    return terminate_processes(list(reversed(descendants(pid))), timeout=timeout)
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

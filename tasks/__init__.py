@@ -1,0 +1,1 @@
+"""Built-in training tasks: datasets, transforms, losses and metrics."""

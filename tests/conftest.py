@@ -1,0 +1,52 @@
+"""Test harness shared by the whole suite.
+
+hivemind needs the fork start method and reads its torch sharing strategy at import, so
+``prepare_process`` runs here, before any test module can import hivemind. Every test is followed by
+a reaper: any process the test started and left running (a DHT process, an averager, a ``p2pd``
+daemon, a worker) is stopped, and the test is reported as leaking, so a hang or an orphan never
+survives into the next test or past the suite.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+
+from protocol.runtime import descendants, prepare_process, terminate_processes
+
+prepare_process()
+os.environ.setdefault("MANTA_LOG_LEVEL", "INFO")
+
+
+class LeakedProcessWarning(UserWarning):
+    """A test left a child process running; the reaper stopped it."""
+
+
+@pytest.fixture(autouse=True)
+def reap_child_processes(request: pytest.FixtureRequest):
+    before = {p.pid for p in descendants()}
+    yield
+    leaked = [p for p in descendants() if p.pid not in before]
+    stopped = terminate_processes(list(reversed(leaked)), timeout=5.0)
+    if stopped:
+        names = ", ".join(sorted({_describe(p) for p in stopped}))
+        warnings.warn(
+            f"{request.node.nodeid} left {len(stopped)} process(es) running: {names}",
+            LeakedProcessWarning,
+            stacklevel=1,
+        )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def reap_at_session_end():
+    yield
+    terminate_processes(list(reversed(descendants())), timeout=5.0)
+
+
+def _describe(p) -> str:
+    try:
+        return p.name()
+    except Exception:  # the process vanished while we looked
+        return str(p.pid)
