@@ -19,6 +19,7 @@ import ctypes
 import multiprocessing as mp
 import os
 import signal
+import subprocess
 import sys
 
 import psutil
@@ -50,6 +51,20 @@ def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
     if os.getppid() == 1:
         os.kill(os.getpid(), sig)
     return True
+
+
+def start_orphan_reaper() -> subprocess.Popen:
+    """Start the watcher (:mod:`protocol.reaper`) that kills this process's descendants if it dies.
+
+    Call it once, early, in every long-running MANTA process (peer, aggregator, swarm launcher). The
+    watcher exits by itself after this process exits; a normal shutdown stops children first, so it
+    then finds nothing to kill.
+    """
+    return subprocess.Popen(
+        [sys.executable, "-m", "protocol.reaper", str(os.getpid())],
+        stdin=subprocess.DEVNULL,
+        close_fds=True,
+    )
 
 
 def descendants(pid: int | None = None) -> list[psutil.Process]:

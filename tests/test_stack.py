@@ -93,3 +93,31 @@ def test_parent_death_signal_stops_a_child_when_its_parent_is_killed(tmp_path):
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_orphan_reaper_stops_the_tree_of_a_killed_process(tmp_path):
+    """SIGKILL of a process that started a grandchild leaves nothing running: the reaper cleans up."""
+    pidfile = tmp_path / "grandchild.pid"
+    code = textwrap.dedent(f"""
+        import subprocess, sys, time
+        from protocol.runtime import start_orphan_reaper
+        start_orphan_reaper()
+        # A grandchild that, like p2pd, knows nothing about MANTA and would run on as an orphan.
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        open({str(pidfile)!r}, "w").write(str(child.pid))
+        time.sleep(120)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 30
+        while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.6)  # at least one reaper snapshot after the grandchild started
+        orphan = psutil.Process(int(pidfile.read_text()))
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=10)
+        orphan.wait(timeout=10)
+        assert not orphan.is_running()
+    finally:
+        if parent.poll() is None:
+            parent.kill()
