@@ -1,0 +1,162 @@
+"""hivemind all-reduce that leaves every group member with bit-identical results, or none.
+
+hivemind's butterfly all-reduce returns to each sender the *delta* ``average - own_part`` and the
+sender adds it to its own tensor. In floating point ``x + (avg - x)`` is not ``avg`` (a gradient
+element near zero next to a large local value rounds away), so members of one group end a step with
+tensors that differ in their last bits, and peers that must apply the same optimizer step drift
+apart. A member whose reducer died also keeps its *own* values for that shard and still reports
+success (see shared/research/hivemind.md §3.6).
+
+:class:`ExactAllReduceRunner` changes one thing in the protocol: reducers send back the averaged part
+itself. Every member then receives the same bytes for every shard, so results agree bit for bit.
+:class:`VerifiedAverager` collects the results aside and writes them into the averaged tensors only
+when the all-reduce was complete from its point of view (no failed reducer, every sender's parts
+received); otherwise the step raises :class:`PartialAllReduceError` and the tensors are untouched.
+Failures seen only by *another* member are caught one level up (:mod:`peer.hierarchy`), which compares
+what members report after the step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+import torch
+from hivemind.averaging import DecentralizedAverager
+from hivemind.averaging.allreduce import AllreduceException, AllReduceRunner, AveragingMode, BannedException
+from hivemind.averaging.group_info import GroupInfo
+from hivemind.compression import NoCompression, deserialize_torch_tensor, serialize_torch_tensor
+from hivemind.p2p import PeerID
+from hivemind.proto import averaging_pb2
+from hivemind.utils import MPFuture, get_dht_time
+from hivemind.utils.asyncio import amap_in_executor, as_aiter, azip
+
+
+class PartialAllReduceError(AllreduceException):
+    """Part of the vector was not averaged over the whole group; nothing was written."""
+
+
+class ExactAllReduceRunner(AllReduceRunner):
+    """A butterfly all-reduce whose outputs are the reducers' averages, not deltas against local parts."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # With absolute outputs, a part whose reducer failed falls back to the local part, not to a zero delta.
+        self.tensor_part_container.return_deltas = False
+
+    async def _communicate_with_peer(self, peer_id: PeerID):
+        if peer_id != self.peer_id:
+            # Remote reducers: unchanged transport; they now send averages (see _accumulate_parts_streaming).
+            return await super()._communicate_with_peer(peer_id)
+        peer_index = self.ordered_peer_ids.index(peer_id)
+        sender_index = self.sender_peer_ids.index(peer_id)
+        container = self.tensor_part_container
+        part_infos = [info for _part, info in container._input_parts_by_peer[peer_index]]
+        lossless = isinstance(container.compression, NoCompression)
+        for part_index, local_part in enumerate(self.parts_for_local_averaging):
+            averaged = await self.tensor_part_reducer.accumulate_part(
+                sender_index, part_index, local_part, weight=self.weight
+            )
+            # Other members receive this part through the compression; so must we, or we would differ.
+            if lossless:
+                mine = averaged.clone()
+            else:
+                mine = deserialize_torch_tensor(
+                    container.compression.compress(averaged, part_infos[part_index])
+                )
+            container.register_processed_part(peer_index, part_index, mine)
+
+    async def _accumulate_parts_streaming(
+        self, stream: AsyncIterator[averaging_pb2.AveragingData], sender_index: int
+    ) -> AsyncIterator[averaging_pb2.AveragingData]:
+        loop = asyncio.get_event_loop()
+        parts_done = 0
+        try:
+            async for part, weight, compression in amap_in_executor(
+                lambda msg: (
+                    deserialize_torch_tensor(msg.tensor_part),
+                    msg.weight,
+                    msg.tensor_part.compression,
+                ),
+                stream,
+                max_prefetch=self.tensor_part_container.prefetch,
+            ):
+                try:
+                    averaged = await self.tensor_part_reducer.accumulate_part(
+                        sender_index, parts_done, part, weight=weight
+                    )
+                except BannedException:
+                    break  # this sender was already excluded; nothing more to reduce for it
+                parts_done += 1
+                # The same averaged bytes go to every sender of this part: that is what makes results exact.
+                payload = await loop.run_in_executor(None, serialize_torch_tensor, averaged, compression)
+                yield averaging_pb2.AveragingData(code=averaging_pb2.AVERAGED_PART, tensor_part=payload)
+        finally:
+            if parts_done != self.tensor_part_reducer.num_parts:
+                await self._ban_sender(self.sender_peer_ids[sender_index])
+
+    def incomplete_reason(self) -> str | None:
+        """Why this member's view of the all-reduce is incomplete, or None if it is complete."""
+        container, reducer = self.tensor_part_container, self.tensor_part_reducer
+        if container.failed_size:
+            return f"{container.failed_size / max(container.total_size, 1):.1%} of results missing (a reducer failed)"
+        if self.banned_senders:
+            return f"{len(self.banned_senders)} sender(s) dropped out while this peer reduced its shard"
+        expected = reducer.num_parts * reducer.num_senders
+        if expected and sum(reducer.num_parts_received) != expected:
+            return f"received {sum(reducer.num_parts_received)}/{expected} input parts as a reducer"
+        return None
+
+
+class VerifiedAverager(DecentralizedAverager):
+    """A DecentralizedAverager whose steps are exact (bit-identical across members) and all-or-nothing
+    locally: on any partial failure the step raises and the averaged tensors keep their old values.
+
+    Use it like the base class; ``step()`` returns the gathered metadata of every group member.
+    """
+
+    def set_target_group_size(self, size: int | None, wait: bool = True):
+        """Form groups as soon as ``size`` members joined (cohorts grow and shrink between rounds)."""
+        future = MPFuture()
+        self._outer_pipe.send(("_set_target_group_size", [], dict(size=size, future=future)))
+        return future.result() if wait else future
+
+    async def _set_target_group_size(self, size: int | None, future: MPFuture):
+        try:
+            self._matchmaking.target_group_size = size
+            self._matchmaking.potential_leaders.target_group_size = size
+            future.set_result(None)
+        except BaseException as e:
+            if not future.done():
+                future.set_exception(e)
+
+    async def _run_allreduce_inplace_(
+        self, tensors: Sequence[torch.Tensor], group_info: GroupInfo, group_id: bytes | None = None, **kwargs
+    ):
+        group_id = group_info.group_id if group_id is None else group_id
+        runner = ExactAllReduceRunner(
+            p2p=self._p2p,
+            servicer_type=type(self),
+            prefix=self.prefix,
+            tensors=tensors,
+            group_id=group_id,
+            ordered_peer_ids=group_info.peer_ids,
+            **kwargs,
+        )
+        assert group_id in self._running_groups, "all-reduce group was not registered"
+        self._running_groups[group_id].set_result(runner)
+
+        if runner.modes[group_info.peer_ids.index(self.peer_id)] == AveragingMode.AUX:
+            async for _ in runner:
+                raise ValueError("auxiliary peers receive no averaged tensors")
+            return
+        results = []
+        async for _tensor, averaged in azip(as_aiter(*tensors), runner):
+            results.append(averaged)
+        reason = runner.incomplete_reason()
+        if reason is not None or len(results) != len(tensors):
+            raise PartialAllReduceError(f"all-reduce in group {group_id.hex()[:12]} was partial: {reason}")
+        for tensor, averaged in zip(tensors, results):
+            tensor.copy_(averaged)
+        self.last_updated = get_dht_time()
+        self._state_updated.set()

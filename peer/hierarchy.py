@@ -1,0 +1,348 @@
+"""Cohort-first averaging across the swarm: the part of a round that crosses the network.
+
+A peer arrives here with its host's contribution already reduced (its workers summed their gradients
+with torch.distributed): ``numerator`` = the sum over its samples of the per-sample gradient, and
+``samples``. One round then runs three hivemind stages, each exact and all-or-nothing
+(:mod:`peer.exact_allreduce`):
+
+1. **cohort** — the members of a cohort (same host or network: cheap links) average their numerators
+   with equal weights; every member now holds ``sum_cohort / n_cohort``. Gathered metadata tells each
+   member who is in the group, and the cohort leader is the smallest peer id among them.
+2. **cross** — only cohort leaders meet, weighted by their cohort's member count, so only one copy of
+   each cohort's vector crosses the wide-area links. Each leader now holds ``sum_all / n_all`` and, from
+   the gathered metadata, every contributor's sample count and sub-network, from which it computes the
+   denominator and the final average.
+3. **broadcast** — the leader shares the final vector with its cohort: it steps with weight 1, members
+   with weight 0 and zeroed tensors, so what members receive *is* the leader's vector, bit for bit.
+
+Mask-aware averaging (model-parallel rounds): the denominator is per element,
+``sum_i samples_i * mask_i``, where ``mask_i`` marks the elements contributor ``i``'s sub-network
+used. Contributors that did not touch an element add nothing to either side of the fraction, so they
+neither dilute nor zero it; elements nobody touched come out 0 and are reported in ``touched``. Masks
+are not sent: every leader derives them from the gathered sub-network keys through ``mask_fn``.
+
+No silent divergence: after the broadcast every participant publishes the digest of its result in the
+DHT under the round's commit key and waits until every contributor named in the result has reported.
+The round commits only if all of them report success with the same digest; otherwise every
+participant keeps its previous values and the outcome says why. A dead peer never reports, so its
+death makes the whole round abort the same way everywhere instead of leaving survivors different.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from hivemind.compression import CompressionBase, NoCompression
+from hivemind.dht import DHT
+from hivemind.utils import get_dht_time
+
+from peer.exact_allreduce import VerifiedAverager
+from protocol.logs import get_logger
+
+logger = get_logger(__name__)
+
+MaskFn = Callable[[str], Sequence[torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class AveragingTimeouts:
+    """Seconds. Every hivemind wait is bounded: a dead peer must cost a timeout, never a hang."""
+
+    matchmaking: float = 2.0  # how long a peer declares itself looking for a group
+    request: float = 1.0  # must stay below `matchmaking` (hivemind breaks cyclic join waits with it)
+    next_chunk: float = 10.0  # a sender or reducer silent for this long is dropped from the group
+    allreduce: float = 120.0  # bound on one whole all-reduce
+    step: float = 60.0  # bound on finding a group for one stage (the broadcast waits for the cross stage)
+    commit: float = 20.0  # bound on collecting every contributor's commit report
+
+
+@dataclass
+class AveragingOutcome:
+    """What one round of averaging produced, as seen by this peer."""
+
+    committed: bool
+    reason: str = ""
+    tensors: list[torch.Tensor] | None = None  # the average; None when the round was aborted
+    touched: list[torch.Tensor] | None = None  # mask-aware rounds: elements at least one contributor used
+    contributors: list[dict] = field(
+        default_factory=list
+    )  # {"peer", "cohort", "samples", "mask"} sorted by peer
+    cohort_members: list[str] = field(default_factory=list)
+    leader: str = ""
+    digest: str = ""
+    seconds: dict[str, float] = field(default_factory=dict)  # wall time per stage
+
+
+class RoundAborted(Exception):
+    """A stage failed; the round keeps everyone's previous values."""
+
+
+def tensors_digest(tensors: Sequence[torch.Tensor]) -> str:
+    """A digest of the exact bytes of ``tensors`` (bit-identical tensors <=> equal digests)."""
+    h = hashlib.blake2b(digest_size=16)
+    for t in tensors:
+        h.update(t.detach().contiguous().view(-1).view(torch.uint8).numpy().data)
+    return h.hexdigest()
+
+
+def _cohort_tag(cohort: str) -> str:
+    # hivemind prefixes may not contain '.', and peers must agree on the tag: hash the cohort name.
+    return hashlib.sha256(cohort.encode()).hexdigest()[:16]
+
+
+def _round_bits(round_index: int, stage: int) -> str:
+    # One group key per (round, stage) so a slow peer's cohort request can never meet a fast peer's broadcast.
+    return format(stage, "01b") + format(round_index % 1024, "010b")
+
+
+class HierarchicalAverager:
+    """Averages one list of tensors per round: cohort, then across cohorts, then back to every member.
+
+    ``template`` gives the shapes and dtypes; all peers of a run must use the same. ``mask_fn`` turns a
+    contributor's sub-network key into boolean masks shaped like ``template`` (model-parallel rounds);
+    without it every contributor counts for every element (data-parallel rounds).
+    """
+
+    def __init__(
+        self,
+        dht: DHT,
+        run_id: str,
+        cohort: str,
+        template: Sequence[torch.Tensor],
+        *,
+        mask_fn: MaskFn | None = None,
+        cross_compression: CompressionBase | None = None,
+        timeouts: AveragingTimeouts = AveragingTimeouts(),
+        client_mode: bool = False,
+    ):
+        self.dht, self.run_id, self.cohort, self.timeouts = dht, run_id, cohort, timeouts
+        self.mask_fn = mask_fn
+        self.peer_id = dht.peer_id.to_base58()
+        self._buffer = [torch.zeros_like(t, device="cpu") for t in template]
+        self._mask_cache: dict[str, list[torch.Tensor]] = {}
+        common = dict(
+            min_group_size=2,
+            min_matchmaking_time=timeouts.matchmaking,
+            request_timeout=timeouts.request,
+            next_chunk_timeout=timeouts.next_chunk,
+            allreduce_timeout=timeouts.allreduce,
+            allow_state_sharing=False,
+            client_mode=client_mode,
+            start=True,
+        )
+        # Both averagers run on the same shared-memory buffer; their steps are strictly sequential.
+        self._cohort = VerifiedAverager(
+            self._buffer, dht, prefix=f"{run_id}_cohort_{_cohort_tag(cohort)}", **common
+        )
+        self._cross = VerifiedAverager(
+            self._buffer,
+            dht,
+            prefix=f"{run_id}_cross",
+            compression=cross_compression or NoCompression(),
+            **common,
+        )
+        self._sizes = {"cohort": None, "cross": None}
+
+    # ------------------------------------------------------------------ the round
+
+    def average(
+        self,
+        round_index: int,
+        numerator: Sequence[torch.Tensor],
+        samples: int,
+        *,
+        mask_key: str = "",
+        cohort_size: int,
+        num_cohorts: int,
+    ) -> AveragingOutcome:
+        """Run one round. ``numerator`` is this host's sum of per-sample gradients (``samples`` of them);
+        ``cohort_size`` and ``num_cohorts`` are the sizes the DHT roster expects (groups form as soon as
+        they are full, else after the matchmaking time). Never raises for network failures: a failed
+        round comes back with ``committed=False`` and the reason."""
+        me = {"peer": self.peer_id, "cohort": self.cohort, "samples": int(samples), "mask": mask_key}
+        outcome = AveragingOutcome(committed=False)
+        t_start = time.perf_counter()
+        final: list[torch.Tensor] | None = None
+        try:
+            with self._buffer_access(self._cohort) as buf:
+                for b, t in zip(buf, numerator):
+                    b.copy_(t)
+            members = [me]
+            if cohort_size > 1:
+                gathered = self._stage(
+                    self._cohort, "cohort", round_index, 0, cohort_size, weight=1.0, gather=me
+                )
+                members = sorted(gathered.values(), key=lambda c: c["peer"])
+            outcome.seconds["cohort"] = time.perf_counter() - t_start
+            outcome.cohort_members = [m["peer"] for m in members]
+            outcome.leader = outcome.cohort_members[0]
+            i_lead = outcome.leader == self.peer_id
+
+            if i_lead:
+                t0 = time.perf_counter()
+                contributors = list(members)
+                if num_cohorts > 1:
+                    report = {"cohort": self.cohort, "members": members}
+                    gathered = self._stage(
+                        self._cross,
+                        "cross",
+                        round_index,
+                        0,
+                        num_cohorts,
+                        weight=float(len(members)),
+                        gather=report,
+                    )
+                    contributors = [m for r in gathered.values() for m in r["members"]]
+                contributors.sort(key=lambda c: c["peer"])
+                final, touched = self._finish_average(contributors)
+                outcome.contributors, outcome.touched = contributors, touched
+                outcome.seconds["cross"] = time.perf_counter() - t0
+            if len(members) > 1:
+                t0 = time.perf_counter()
+                final, lead_report = self._broadcast(round_index, len(members), i_lead, final, outcome)
+                if not i_lead:
+                    outcome.contributors = lead_report["contributors"]
+                    outcome.touched = self._touched(outcome.contributors)
+                outcome.seconds["broadcast"] = time.perf_counter() - t0
+            outcome.digest = tensors_digest(final)
+        except RoundAborted as e:
+            outcome.reason = str(e)
+        except Exception as e:  # hivemind reports failures with many exception types; all mean "abort"
+            outcome.reason = f"{type(e).__name__}: {e}"
+
+        t0 = time.perf_counter()
+        committed, reason = self._commit(round_index, outcome)
+        outcome.seconds["commit"] = time.perf_counter() - t0
+        outcome.seconds["total"] = time.perf_counter() - t_start
+        if committed and final is not None:
+            outcome.committed, outcome.tensors = True, [t.clone() for t in final]
+        else:
+            outcome.reason = outcome.reason or reason
+            logger.warning(
+                f"round {round_index}: averaging aborted, keeping previous values ({outcome.reason})"
+            )
+        return outcome
+
+    # ------------------------------------------------------------------ stages
+
+    def _stage(self, averager: VerifiedAverager, name: str, round_index: int, stage: int, size: int, **step):
+        if self._sizes[name] != size:
+            averager.set_target_group_size(size)
+            self._sizes[name] = size
+        averager.set_group_bits(_round_bits(round_index, stage))
+        try:
+            gathered = averager.step(timeout=self.timeouts.step, allow_retries=True, **step)
+        except Exception as e:
+            raise RoundAborted(f"{name} stage failed: {type(e).__name__}: {e}") from e
+        return {str(k.to_base58() if hasattr(k, "to_base58") else k): v for k, v in gathered.items()}
+
+    def _finish_average(
+        self, contributors: list[dict]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """Leader: turn the cross-stage mean of numerators into the sample-weighted (mask-aware) mean."""
+        total = len(contributors)
+        if self.mask_fn is None:
+            denominator = float(sum(c["samples"] for c in contributors))
+            if denominator <= 0:
+                raise RoundAborted("no samples were contributed")
+            with self._buffer_access(self._cross) as buf:
+                return [b * (total / denominator) for b in buf], None
+        with self._buffer_access(self._cross) as buf:
+            summed = [b.double() * total for b in buf]
+        denominators = [torch.zeros_like(s) for s in summed]
+        for c in contributors:
+            for d, m in zip(denominators, self._mask(c["mask"])):
+                d.add_(m.double(), alpha=c["samples"])
+        touched = [d > 0 for d in denominators]
+        final = [
+            torch.where(t, s / d.clamp_min(1e-300), torch.zeros_like(s)).to(b.dtype)
+            for s, d, t, b in zip(summed, denominators, touched, self._buffer)
+        ]
+        return final, touched
+
+    def _broadcast(self, round_index, size, i_lead, final, outcome):
+        """Leader's final vector to every cohort member, exactly (weights 1 and 0, members send zeros)."""
+        with self._buffer_access(self._cohort) as buf:
+            for i, b in enumerate(buf):
+                if i_lead:
+                    b.copy_(final[i])
+                else:
+                    b.zero_()  # weight 0 and zeros: what we receive is exactly the leader's vector
+        report = {"lead": i_lead}
+        if i_lead:
+            report.update(contributors=outcome.contributors, digest=tensors_digest(final))
+        gathered = self._stage(
+            self._cohort, "cohort", round_index, 1, size, weight=1.0 if i_lead else 0.0, gather=report
+        )
+        lead_reports = [r for r in gathered.values() if r.get("lead")]
+        if len(lead_reports) != 1:
+            raise RoundAborted(f"broadcast group had {len(lead_reports)} leaders instead of 1")
+        with self._buffer_access(self._cohort) as buf:
+            received = [b.clone() for b in buf]
+        if not i_lead and tensors_digest(received) != lead_reports[0]["digest"]:
+            raise RoundAborted("broadcast result differs from the leader's digest")
+        return received, lead_reports[0]
+
+    def _commit(self, round_index: int, outcome: AveragingOutcome) -> tuple[bool, str]:
+        """Publish our result's digest and wait for every contributor's; commit only on full agreement."""
+        key = f"{self.run_id}_commit_{round_index}"
+        ok = not outcome.reason and bool(outcome.digest)
+        expiration = get_dht_time() + max(60.0, 3 * self.timeouts.commit)
+        self.dht.store(key, {"ok": ok, "digest": outcome.digest}, expiration, subkey=self.peer_id)
+        if not ok:
+            return False, outcome.reason
+        expected = {c["peer"] for c in outcome.contributors}
+        deadline = time.monotonic() + self.timeouts.commit
+        while True:
+            found = self.dht.get(key, latest=True)
+            reports = {}
+            if found is not None and isinstance(found.value, dict):
+                reports = {k: v.value for k, v in found.value.items()}
+            failed = [p for p, r in reports.items() if not r.get("ok")]
+            if failed:
+                return False, f"peer(s) {', '.join(sorted(failed))} reported a failed round"
+            digests = {reports[p]["digest"] for p in expected if p in reports}
+            if len(digests) > 1:
+                return False, "contributors ended the round with different results"
+            missing = expected - reports.keys()
+            if not missing:
+                return True, ""
+            if time.monotonic() > deadline:
+                return (
+                    False,
+                    f"no commit report from {len(missing)} contributor(s): {', '.join(sorted(missing))}",
+                )
+            time.sleep(0.1)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _mask(self, key: str) -> list[torch.Tensor]:
+        if key not in self._mask_cache:
+            masks = [torch.as_tensor(m, dtype=torch.bool) for m in self.mask_fn(key)]
+            if [m.shape for m in masks] != [b.shape for b in self._buffer]:
+                raise RoundAborted(f"mask for {key!r} does not match the averaged tensors")
+            self._mask_cache[key] = masks
+        return self._mask_cache[key]
+
+    def _touched(self, contributors: list[dict]) -> list[torch.Tensor] | None:
+        if self.mask_fn is None:
+            return None
+        touched = [torch.zeros_like(b, dtype=torch.bool) for b in self._buffer]
+        for c in contributors:
+            if c["samples"] > 0:
+                for t, m in zip(touched, self._mask(c["mask"])):
+                    t |= m
+        return touched
+
+    @staticmethod
+    def _buffer_access(averager: VerifiedAverager):
+        return averager.get_tensors()
+
+    def shutdown(self) -> None:
+        for averager in (self._cohort, self._cross):
+            if averager.is_alive():
+                averager.shutdown()

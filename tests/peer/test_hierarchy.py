@@ -1,0 +1,172 @@
+"""Hierarchical averaging over real hivemind processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
+from tests.peer.swarm_harness import run_peers, start_bootstrap_dht
+
+pytestmark = pytest.mark.swarm
+
+SHAPES = [(5, 7), (13,)]
+FAST = AveragingTimeouts(matchmaking=2.0, request=1.0, next_chunk=5.0, allreduce=60.0, step=30.0, commit=15.0)
+
+
+def _grads(seed: int, shapes=SHAPES) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=g) * (10.0 ** (seed % 3 - 1)) for s in shapes]
+
+
+def _crafted_masks(key: str) -> list[torch.Tensor]:
+    """Sub-network 'a' uses the first rows/elements, 'b' the last ones, 'all' everything, 'none' nothing."""
+    masks = [torch.zeros(s, dtype=torch.bool) for s in SHAPES]
+    if key == "all":
+        return [m | True for m in masks]
+    if key == "a":
+        masks[0][:3] = True
+        masks[1][:6] = True
+    elif key == "b":
+        masks[0][2:] = True
+        masks[1][9:] = True
+    return masks
+
+
+def _peer(dht, *, cohort, seed, samples, sizes, run_id, shapes=SHAPES, mask_key="", masked=False):
+    """One peer: ``sizes`` lists (cohort_size, num_cohorts) per round, as its DHT roster would say."""
+    averager = HierarchicalAverager(
+        dht,
+        run_id,
+        cohort,
+        [torch.zeros(s) for s in shapes],
+        mask_fn=_crafted_masks if masked else None,
+        timeouts=FAST,
+    )
+    try:
+        out = []
+        for r, (cohort_size, num_cohorts) in enumerate(sizes):
+            grads = _grads(seed, shapes)
+            if masked:
+                grads = [g * m for g, m in zip(grads, _crafted_masks(mask_key))]
+            numerator = [g * samples for g in grads]
+            res = averager.average(
+                r, numerator, samples, mask_key=mask_key, cohort_size=cohort_size, num_cohorts=num_cohorts
+            )
+            out.append(
+                dict(
+                    committed=res.committed,
+                    reason=res.reason,
+                    digest=res.digest,
+                    tensors=res.tensors,
+                    touched=res.touched,
+                    leader=res.leader,
+                    contributors=[c["peer"] for c in res.contributors],
+                )
+            )
+        return out
+    finally:
+        averager.shutdown()
+
+
+PEERS = {  # name: (cohort, seed, samples, mask)
+    "p0": ("rack-a", 0, 3, "a"),
+    "p1": ("rack-a", 1, 5, "all"),
+    "p2": ("rack-b", 2, 2, "b"),
+    "p3": ("rack-b", 3, 7, "none"),
+}
+
+
+def _args(run_id, masked=False, sizes=((2, 2),), shapes=SHAPES):
+    return {
+        name: dict(
+            cohort=c,
+            seed=s,
+            samples=n,
+            mask_key=m,
+            masked=masked,
+            sizes=list(sizes),
+            run_id=run_id,
+            shapes=shapes,
+        )
+        for name, (c, s, n, m) in PEERS.items()
+    }
+
+
+def _run(run_id, args, **kw):
+    boot, maddrs = start_bootstrap_dht()
+    try:
+        return run_peers(_peer, maddrs, args, **kw)
+    finally:
+        boot.shutdown()
+
+
+def test_four_peers_in_two_cohorts_reach_the_exact_sample_weighted_mean():
+    results = _run("hier-dp", _args("hier-dp"))
+    total = sum(n for _, _, n, _ in PEERS.values())
+    expected = [sum(_grads(s)[i] * n for _, s, n, _ in PEERS.values()) / total for i in range(len(SHAPES))]
+    rounds = [results[name][0] for name in PEERS]
+    assert all(r["committed"] for r in rounds), [r["reason"] for r in rounds]
+    assert len({r["digest"] for r in rounds}) == 1, "every peer must hold bit-identical tensors"
+    for r in rounds:
+        for got, want in zip(r["tensors"], expected):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        assert len(r["contributors"]) == 4 and r["contributors"] == rounds[0]["contributors"]
+    assert len({r["leader"] for r in rounds}) == 2, "one leader per cohort"
+
+
+def test_mask_aware_averaging_neither_dilutes_nor_zeroes_untouched_elements():
+    results = _run("hier-mp", _args("hier-mp", masked=True))
+    num = [torch.zeros(s, dtype=torch.float64) for s in SHAPES]
+    den = [torch.zeros(s, dtype=torch.float64) for s in SHAPES]
+    for _, seed, n, key in PEERS.values():
+        for i, (g, m) in enumerate(zip(_grads(seed), _crafted_masks(key))):
+            num[i] += (g * m).double() * n
+            den[i] += m.double() * n
+    expected = [
+        torch.where(d > 0, nu / d.clamp_min(1e-12), torch.zeros_like(nu)).float() for nu, d in zip(num, den)
+    ]
+    rounds = [results[name][0] for name in PEERS]
+    assert all(r["committed"] for r in rounds), [r["reason"] for r in rounds]
+    assert len({r["digest"] for r in rounds}) == 1
+    for r in rounds:
+        for got, want, d, touched in zip(r["tensors"], expected, den, r["touched"]):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+            assert torch.equal(touched, d > 0)
+    # Element [1][0] was used only by 'a' (3 samples) and 'all' (5): the peers that skipped it did not dilute it.
+    g0, g1 = _grads(0)[1][0].item(), _grads(1)[1][0].item()
+    assert rounds[0]["tensors"][1][0].item() == pytest.approx((3 * g0 + 5 * g1) / 8, rel=1e-5)
+    # Elements nobody used ('none' alone would be such) stay exactly zero; 'b' and 'all' cover [1][9:].
+    assert not rounds[0]["touched"][1][6:9].any() or rounds[0]["touched"][1][6:9].all()
+
+
+def test_a_peer_killed_mid_round_leaves_the_survivors_identical_and_the_next_round_works():
+    shapes = [(2_000, 2_000)]  # 16 MB: the all-reduce lasts long enough to kill a peer inside the round
+    args = _args("hier-kill", sizes=[(2, 2), (2, 2)], shapes=shapes)
+    args["p2"]["sizes"] = [(2, 2), (1, 2)]  # after the death, p2's roster shows it alone in rack-b
+
+    def kill_p3_mid_round(procs):
+        time.sleep(4.0)  # DHT start-up (~1 s) plus matchmaking: p3 is inside round 0 by now
+        os.kill(procs["p3"].pid, signal.SIGKILL)
+
+    results = _run("hier-kill", args, on_started=kill_p3_mid_round, timeout=240)
+    assert results["p3"] is None, "the victim was killed before it could report"
+    survivors = [results[n] for n in ("p0", "p1", "p2")]
+    first = [s[0] for s in survivors]
+    # Round 0: all commit with one digest, or all abort and keep their previous values; never a mix.
+    assert len({f["committed"] for f in first}) == 1, [f["reason"] for f in first]
+    if first[0]["committed"]:
+        assert len({f["digest"] for f in first}) == 1
+    else:
+        assert all(f["tensors"] is None and f["reason"] for f in first)
+    # Round 1 without the victim: the survivors average among themselves, identically.
+    second = [s[1] for s in survivors]
+    assert all(s["committed"] for s in second), [s["reason"] for s in second]
+    assert len({s["digest"] for s in second}) == 1
+    total = 3 + 5 + 2
+    want = sum(_grads(seed, shapes)[0] * n for seed, n in ((0, 3), (1, 5), (2, 2))) / total
+    torch.testing.assert_close(second[0]["tensors"][0], want, rtol=1e-5, atol=1e-6)
