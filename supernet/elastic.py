@@ -180,6 +180,17 @@ class ElasticConv2d(nn.Module):
         start = (size - crop) // 2
         return slice(start, start + crop)
 
+    def _reachable(self, kernel_size: int, size: int) -> slice:
+        """Kernel taps (along one axis) that meet at least one real input pixel, not only padding.
+
+        Output ``y`` reads input ``stride·y + t`` for taps ``t ∈ [-p, p]``; with ``n`` outputs the taps
+        that can land inside ``[0, size)`` are ``t ∈ [-stride·(n-1), size-1]``.
+        """
+        pad = kernel_size // 2
+        outputs = (size - 1) // self.stride + 1
+        low, high = max(-pad, -self.stride * (outputs - 1)), min(pad, size - 1)
+        return slice(low + pad, high + pad + 1)
+
     def _channels(self, in_channels: int, out_channels: int | None) -> tuple[int, int]:
         if self.depthwise:
             out_channels = in_channels
@@ -214,9 +225,18 @@ class ElasticConv2d(nn.Module):
     ) -> torch.Tensor:
         in_channels = x.shape[1]
         weight = self.active_weight(in_channels, out_channels, kernel_size)
+        # On feature maps smaller than the kernel, taps that can only meet zero padding are cropped
+        # away: the same result, much less work (e.g. a 7×7 kernel on a 1×1 map is its centre tap).
+        kh, kw = weight.shape[-2:]
+        eh, ew = min(kh, 2 * x.shape[-2] - 1), min(kw, 2 * x.shape[-1] - 1)
+        if eh < kh or ew < kw:
+            weight = weight[:, :, self._centre(kh, eh), self._centre(kw, ew)]
+        if not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+            # keep channels-last activations channels-last (much faster depthwise backward on CPU)
+            weight = weight.contiguous(memory_format=torch.channels_last)
         bias = None if self.bias is None else self.bias[: weight.shape[0]]
         groups = in_channels if self.depthwise else 1
-        return F.conv2d(x, weight, bias, self.stride, weight.shape[-1] // 2, 1, groups)
+        return F.conv2d(x, weight, bias, self.stride, (eh // 2, ew // 2), 1, groups)
 
     @torch.no_grad()
     def export(
@@ -239,34 +259,36 @@ class ElasticConv2d(nn.Module):
         return conv
 
     def parameter_masks(
-        self, in_channels: int, out_channels: int | None = None, kernel_size: int | None = None
+        self,
+        in_channels: int,
+        out_channels: int | None = None,
+        kernel_size: int | None = None,
+        in_hw: tuple[int, int] | None = None,
     ) -> Masks:
+        """Used elements; with ``in_hw`` (input height, width) also leaves out kernel taps that only
+        ever meet zero padding on a feature map smaller than the kernel."""
         in_channels, out_channels = self._channels(in_channels, out_channels)
         kernel_size = self.max_kernel if kernel_size is None else kernel_size
         chain = self._chain(kernel_size)
         masks = full_masks(self, False)
-        K = self.max_kernel
-        if len(chain) == 1:
-            used = slice(0, K)
-        elif self.kernel_transform:
-            used = self._centre(K, chain[1])
+        # Walk the kernel chain backwards from the taps the convolution reads: a used output row of a
+        # transformation matrix reads its whole input crop; a crop places its needs in the centre.
+        needed = torch.zeros(kernel_size, kernel_size, dtype=torch.bool)
+        if in_hw is None:
+            needed[:] = True
         else:
-            used = self._centre(K, kernel_size)
+            needed[self._reachable(kernel_size, in_hw[0]), self._reachable(kernel_size, in_hw[1])] = True
+        for big, small in reversed(list(pairwise(chain))):
+            if self.kernel_transform:
+                masks[f"kernel_transforms.{big}to{small}"][needed.flatten()] = True
+                needed = torch.ones(small, small, dtype=torch.bool)
+            grid = torch.zeros(big, big, dtype=torch.bool)
+            grid[self._centre(big, small), self._centre(big, small)] = needed
+            needed = grid
         channel_in = slice(None) if self.depthwise else slice(0, in_channels)
-        masks["weight"][:out_channels, channel_in, used, used] = True
+        masks["weight"][:out_channels, channel_in] = needed
         if self.bias is not None:
             masks["bias"][:out_channels] = True
-        if self.kernel_transform:
-            steps = list(pairwise(chain))
-            for i, (big, small) in enumerate(steps):
-                rows = masks[f"kernel_transforms.{big}to{small}"]
-                if i == len(steps) - 1:
-                    rows[:] = True
-                else:
-                    grid = torch.zeros(small, small, dtype=torch.bool)
-                    centre = self._centre(small, steps[i + 1][1])
-                    grid[centre, centre] = True
-                    rows[grid.flatten()] = True
         return masks
 
     def macs(
@@ -462,13 +484,16 @@ class ElasticMBConv(nn.Module):
         )
         return InvertedResidual(body, self.residual)
 
-    def parameter_masks(self, kernel_size: int, expand_ratio: float) -> Masks:
+    def parameter_masks(
+        self, kernel_size: int, expand_ratio: float, in_hw: tuple[int, int] | None = None
+    ) -> Masks:
+        """Used elements (``in_hw``: the block's input size, see :meth:`ElasticConv2d.parameter_masks`)."""
         mid = self.mid_channels(expand_ratio)
         masks: Masks = {}
         masks.update(prefix_masks("expand_conv", self.expand_conv.parameter_masks(self.in_channels, mid)))
         masks.update(prefix_masks("expand_bn", self.expand_bn.parameter_masks(mid)))
         masks.update(
-            prefix_masks("depthwise_conv", self.depthwise_conv.parameter_masks(mid, kernel_size=kernel_size))
+            prefix_masks("depthwise_conv", self.depthwise_conv.parameter_masks(mid, mid, kernel_size, in_hw))
         )
         masks.update(prefix_masks("depthwise_bn", self.depthwise_bn.parameter_masks(mid)))
         masks.update(prefix_masks("project_conv", self.project_conv.parameter_masks(mid, self.out_channels)))
@@ -576,13 +601,21 @@ class ElasticUnit(nn.Module):
         )
 
     def parameter_masks(
-        self, depth: int, kernel_sizes: Sequence[int], expand_ratios: Sequence[float]
+        self,
+        depth: int,
+        kernel_sizes: Sequence[int],
+        expand_ratios: Sequence[float],
+        in_hw: tuple[int, int] | None = None,
     ) -> Masks:
         """Masks for every parameter of the unit; blocks beyond ``depth`` are all False."""
         self._check(depth, kernel_sizes, expand_ratios)
         masks = full_masks(self, False)
+        hw = in_hw
         for i, (k, e) in enumerate(zip(kernel_sizes, expand_ratios, strict=True)):
-            masks.update(prefix_masks(f"blocks.{i}", self.blocks[i].parameter_masks(k, e)))
+            block = self.blocks[i]
+            masks.update(prefix_masks(f"blocks.{i}", block.parameter_masks(k, e, hw)))
+            if hw is not None:
+                hw = block.macs(k, e, hw)[1]
         return masks
 
     def macs(
