@@ -1,0 +1,140 @@
+"""Which DHT keys a MANTA task uses, and the validator that every node of the task registers.
+
+A hivemind DHT accepts any record unless its nodes run validators, and validation is local: a node
+without them stores and serves whatever it is given. So the aggregator *and* every peer register
+:class:`MantaRecordValidator` for their task, and a forged or malformed MANTA record is dropped by
+every node it reaches, both when someone asks it to store the record and when it arrives in a
+lookup.
+
+Keys of task ``T`` (every value is a dictionary keyed by the signer's Ed25519 public key in hex, so
+nobody can overwrite another party's entry — the subkey must name the key that sealed the value):
+
+- ``manta_T_task``:  a sealed :class:`~protocol.records.TaskSpec` for task ``T`` from one of its aggregators;
+- ``manta_T_peers``: ``[announcement, binding]``: a sealed :class:`~protocol.records.PeerAnnouncement`
+  for ``T`` and the sealed :class:`~protocol.records.IdentityBinding` of the same key and peer id.
+
+Keys that are not MANTA's (hivemind's own matchmaking and state-sharing keys) pass through untouched.
+
+This module is pure Python: hivemind calls ``validate``, ``sign_value``, ``strip_value``,
+``merge_with`` and ``priority`` by name, so the validator need not inherit from hivemind's base class,
+and a DHT key's id is computed here the way hivemind computes it (SHA-1 of the key's msgpack
+encoding; a test pins this against hivemind's own ``DHTID``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+
+from protocol.records import (
+    IdentityBinding,
+    PeerAnnouncement,
+    RecordRejected,
+    RejectReason,
+    Sealed,
+    TaskSpec,
+    open_sealed,
+)
+
+
+def task_key(task_id: str) -> str:
+    return f"manta_{task_id}_task"
+
+
+def peers_key(task_id: str) -> str:
+    return f"manta_{task_id}_peers"
+
+
+def dht_key_id(key: str) -> bytes:
+    """The 20-byte id hivemind's DHT stores ``key`` under."""
+    return hashlib.sha1(msgpack.packb(key, use_bin_type=True)).digest()
+
+
+def open_task_value(task_id: str, subkey: Any, value: Any) -> Sealed[TaskSpec]:
+    """Check one entry of ``manta_T_task``; RecordRejected if it is not a valid TaskSpec for ``task_id``."""
+    sealed = open_sealed(_as_bytes(value), TaskSpec)
+    _check_owner(sealed, subkey)
+    if sealed.record.task_id != task_id:
+        raise RecordRejected(RejectReason.WRONG_TASK, f"task {sealed.record.task_id!r} under {task_id!r}")
+    return sealed
+
+
+def open_peer_value(
+    task_id: str, subkey: Any, value: Any
+) -> tuple[Sealed[PeerAnnouncement], Sealed[IdentityBinding]]:
+    """Check one entry of ``manta_T_peers``: an announcement for ``task_id`` plus the matching binding."""
+    if not isinstance(value, list | tuple) or len(value) != 2:
+        raise RecordRejected(RejectReason.MALFORMED, "a peer entry is [announcement, binding]")
+    announcement = open_sealed(_as_bytes(value[0]), PeerAnnouncement)
+    binding = open_sealed(_as_bytes(value[1]), IdentityBinding)
+    _check_owner(announcement, subkey)
+    if binding.public_key != announcement.public_key or binding.record.peer_id != announcement.record.peer_id:
+        raise RecordRejected(RejectReason.UNBOUND_PEER, "the binding names another key or peer id")
+    if announcement.record.task_id != task_id:
+        raise RecordRejected(RejectReason.WRONG_TASK, f"announcement for {announcement.record.task_id!r}")
+    return announcement, binding
+
+
+class MantaRecordValidator:
+    """hivemind record validator (duck-typed) for the MANTA keys of one task.
+
+    ``rejected`` counts what it dropped, by key name and reason, so an operator can see attacks.
+    """
+
+    def __init__(self, task_id: str):
+        self.task_id = task_id
+        checks: dict[str, Callable[[Any, Any], object]] = {
+            task_key(task_id): lambda sk, v: open_task_value(task_id, sk, v),
+            peers_key(task_id): lambda sk, v: open_peer_value(task_id, sk, v),
+        }
+        self._checks = {dht_key_id(name): (name, check) for name, check in checks.items()}
+        self.rejected: dict[str, int] = {}
+
+    def validate(self, record: Any) -> bool:
+        entry = self._checks.get(bytes(record.key))
+        if entry is None:
+            return True  # not a MANTA key of this task
+        name, check = entry
+        try:
+            subkey = msgpack.unpackb(record.subkey, raw=False) if record.subkey else None
+            value = msgpack.unpackb(record.value, raw=False, strict_map_key=False)
+            check(subkey, value)
+            return True
+        except RecordRejected as e:
+            reason = str(e.reason)
+        except Exception as e:  # undecodable bytes are as invalid as a bad signature
+            reason = f"undecodable:{type(e).__name__}"
+        label = f"{name}:{reason}"
+        self.rejected[label] = self.rejected.get(label, 0) + 1
+        return False
+
+    def sign_value(self, record: Any) -> bytes:
+        return record.value  # values are sealed by their authors before they are stored
+
+    def strip_value(self, record: Any) -> bytes:
+        return record.value
+
+    @property
+    def priority(self) -> int:
+        return 5
+
+    def merge_with(self, other: Any) -> bool:
+        return False
+
+    # Pickling: the DHT process receives validators over a pipe; rebuild the closures there.
+    def __reduce__(self):
+        return (MantaRecordValidator, (self.task_id,))
+
+
+def _check_owner(sealed: Sealed[Any], subkey: Any) -> None:
+    if subkey != sealed.public_key.hex():
+        raise RecordRejected(RejectReason.BAD_SIGNATURE, "the subkey must be the signer's public key")
+
+
+def _as_bytes(value: Any) -> bytes:
+    if not isinstance(value, bytes | bytearray):
+        raise RecordRejected(RejectReason.MALFORMED, f"expected sealed bytes, got {type(value).__name__}")
+    return bytes(value)

@@ -1,0 +1,127 @@
+"""The MANTA record validator, on real sealed records and on a real two-node hivemind DHT."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import msgpack
+import pytest
+
+from protocol.dht_schema import MantaRecordValidator, dht_key_id, peers_key, task_key
+from protocol.identity import Identity
+from protocol.records import DeviceInfo, PeerAnnouncement, SwarmParams, TaskSpec, seal
+from tests.protocol.factories import binding_wire, now_ms, peer_id_of
+
+TASK_ID = "digits-test"
+
+
+def task_spec(aggregator: Identity, task_id: str = TASK_ID) -> TaskSpec:
+    params = SwarmParams(
+        target_samples_per_round=512,
+        subnets_per_step=4,
+        batch_size=32,
+        max_group_size=4,
+        round_timeout_ms=60_000,
+        receipt_window_ms=600_000,
+        learning_rate="0.1",
+    )
+    return TaskSpec(
+        task_id=task_id,
+        task="digits",
+        mode="data",
+        seed=7,
+        params=params,
+        aggregator_keys=(aggregator.public_key_hex,),
+        ledger_origin=f"manta/{task_id}",
+        timestamp=now_ms(),
+    )
+
+
+def announcement(peer: Identity, task_id: str = TASK_ID) -> PeerAnnouncement:
+    return PeerAnnouncement(
+        task_id=task_id,
+        peer_id=peer_id_of(peer),
+        public_key=peer.public_key_hex,
+        devices=(DeviceInfo(kind="cpu", name="test cpu", memory_mb=1024),),
+        throughput_milli=250_000,
+        affinity={"host_id": "aa" * 8, "network_id": "bb" * 4},
+        cohort_id="host-aa",
+        timestamp=now_ms(),
+    )
+
+
+@dataclasses.dataclass
+class Record:  # the shape of hivemind's DHTRecord
+    key: bytes
+    subkey: bytes
+    value: bytes
+    expiration_time: float = 0.0
+
+
+def record(key: str, subkey, value) -> Record:
+    pack = lambda x: msgpack.packb(x, use_bin_type=True)  # noqa: E731
+    return Record(dht_key_id(key), pack(subkey), pack(value), time.time() + 60)
+
+
+def test_key_ids_match_hivemind():
+    from hivemind.dht.routing import DHTID
+
+    for key in (task_key(TASK_ID), peers_key(TASK_ID), "anything else"):
+        assert dht_key_id(key) == DHTID.generate(source=key).to_bytes()
+
+
+def test_validator_accepts_valid_records_and_rejects_forgeries():
+    aggregator, peer, mallory = Identity.generate(), Identity.generate(), Identity.generate()
+    v = MantaRecordValidator(TASK_ID)
+    task_wire = seal(task_spec(aggregator), aggregator)
+    assert v.validate(record(task_key(TASK_ID), aggregator.public_key_hex, task_wire))
+    # Owner subkey must be the signer; a TaskSpec signed by a non-aggregator key does not seal at all.
+    assert not v.validate(record(task_key(TASK_ID), mallory.public_key_hex, task_wire))
+    forged = task_wire.replace(b'"seed":7', b'"seed":8')
+    assert not v.validate(record(task_key(TASK_ID), aggregator.public_key_hex, forged))
+    other_task = seal(task_spec(aggregator, "other-task"), aggregator)
+    assert not v.validate(record(task_key(TASK_ID), aggregator.public_key_hex, other_task))
+    assert not v.validate(record(task_key(TASK_ID), aggregator.public_key_hex, "not bytes"))
+    assert not v.validate(Record(dht_key_id(task_key(TASK_ID)), b"\xc1", b"\xc1"))
+
+    peer_value = [seal(announcement(peer), peer), binding_wire(peer)]
+    assert v.validate(record(peers_key(TASK_ID), peer.public_key_hex, peer_value))
+    assert not v.validate(
+        record(peers_key(TASK_ID), peer.public_key_hex, [peer_value[0], binding_wire(mallory)])
+    )
+    assert not v.validate(record(peers_key(TASK_ID), peer.public_key_hex, peer_value[:1]))
+    assert not v.validate(record(peers_key(TASK_ID), mallory.public_key_hex, peer_value))
+    # Keys that are not MANTA's pass through.
+    assert v.validate(record("bench_flat.0b", "x", True))
+    assert sum(v.rejected.values()) == 8
+    assert any(label.startswith(f"{task_key(TASK_ID)}:bad_signature") for label in v.rejected)
+
+
+@pytest.mark.swarm
+def test_nodes_with_the_validator_drop_forged_records():
+    import hivemind
+    from hivemind.utils import get_dht_time
+
+    aggregator, mallory = Identity.generate(), Identity.generate()
+    first = hivemind.DHT(
+        host_maddrs=["/ip4/127.0.0.1/tcp/0"], record_validators=[MantaRecordValidator(TASK_ID)], start=True
+    )
+    second = hivemind.DHT(
+        initial_peers=[str(m) for m in first.get_visible_maddrs()],
+        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+        start=True,
+    )
+    second.add_validators([MantaRecordValidator(TASK_ID)])
+    try:
+        exp = get_dht_time() + 60
+        good = seal(task_spec(aggregator), aggregator)
+        forged = good.replace(b'"seed":7', b'"seed":9')
+        assert second.store(task_key(TASK_ID), good, exp, subkey=aggregator.public_key_hex)
+        assert not second.store(task_key(TASK_ID), forged, exp, subkey=mallory.public_key_hex)
+        found = first.get(task_key(TASK_ID), latest=True)
+        assert found is not None and set(found.value) == {aggregator.public_key_hex}
+        assert found.value[aggregator.public_key_hex].value == good
+    finally:
+        second.shutdown()
+        first.shutdown()
