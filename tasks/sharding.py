@@ -4,10 +4,11 @@ Design (no communication; every participant computes the same plan from public v
 
 1. **A stream of epochs.** Epoch ``e`` is a permutation of ``range(dataset_size)`` drawn from a
    private generator seeded with a SHA-256 of ``(task_seed, e)``.
-2. **Rounds consume epochs in equal slices.** Each round uses ``round_size`` samples in total (default
-   the whole dataset). An epoch is cut into ``rounds_per_epoch = ceil(dataset_size / round_size)``
-   consecutive slices whose sizes differ by at most one (``numpy.array_split``); round ``r`` takes slice
-   ``r % rounds_per_epoch`` of epoch ``r // rounds_per_epoch``. A round never spans two epochs.
+2. **Rounds consume epochs in equal slices.** Each round uses at most ``round_size`` samples in total
+   (default: the whole dataset). An epoch is cut into ``rounds_per_epoch = ceil(dataset_size /
+   round_size)`` consecutive slices whose sizes differ by at most one (``numpy.array_split``, so there is
+   no tiny last batch); round ``r`` takes slice ``r % rounds_per_epoch`` of epoch
+   ``r // rounds_per_epoch``. A round never spans two epochs.
 3. **A round's slice is split among its participants.** The participant ids (e.g.
    ``f"{peer_id}/{worker}"``) are de-duplicated and sorted, so the order they are given in does not
    matter, and the slice is cut into consecutive pieces, equal (± 1) or proportional to ``weights``.
