@@ -1,0 +1,483 @@
+"""The contribution ledger: an append-only RFC 9162 Merkle log in one SQLite file.
+
+Contract:
+
+* ``LedgerStore.open(path, create=False, *, origin=None, log_public_key=None, readonly=False)``.
+  Creating needs the log's ``origin`` (the checkpoints' first line and key name, e.g.
+  ``manta.example/cifar10-ofa``) and the aggregator's Ed25519 public key, which every checkpoint must
+  be signed with. A missing, truncated, corrupted or foreign file raises :class:`LedgerError` (a
+  ``ValueError``; CLIs print it as one line).
+* ``append_batch(sealed_entries, signer)`` appends a round's entries and a signed checkpoint in one
+  transaction and returns the checkpoint. The transaction commits with ``synchronous=FULL`` in WAL
+  mode, so when it returns the entries are on disk; if anything fails, nothing of the batch is written.
+* Entries are :class:`protocol.records.Sealed` ledger records (``ContributionReceipt``,
+  ``Revocation``); the stored bytes are their exact wire bytes. A receipt's sequence number must be
+  above its key's last one (kept durably in ``key_seq``); a revocation must be sealed by the log key
+  and name an earlier receipt by index and leaf hash. Corrections are new entries: no row of
+  ``entries``, ``nodes`` or ``checkpoints`` is ever updated or deleted (triggers refuse it).
+* Reads: ``size``, ``root()``, ``entry(i)``, ``entries()``, ``leaf_hash(i)``, ``inclusion_proof(i,
+  size=None)``, ``consistency_proof(old, new=None)``, ``root_at(size)``, ``checkpoints()``,
+  ``latest_checkpoint()``, ``last_seq(public_key)``, ``index_of(leaf_hash)``.
+
+Layout: ``entries(idx, data, leaf_hash)`` with a unique index on ``leaf_hash``; ``nodes(level, idx,
+hash)`` holds the hash of every complete perfect subtree above the leaves (level L, index i covers
+entries ``[i*2^L, (i+1)*2^L)``), about one row per entry. Any RFC 9162 subtree of any tree size is a
+fold of O(log n) of those, so proofs and historic roots take O(log n) primary-key reads, and the
+in-memory :class:`~protocol.merkle.MerkleFrontier` (restored from O(log n) rows at open) makes
+appending O(1) hashes per entry. ``checkpoints(seq, size, created_ms, note)`` keeps each C2SP
+checkpoint note verbatim; ``key_seq(public_key, last_seq, last_idx)`` is the replay state.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import struct
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from protocol.identity import Identity, fingerprint
+from protocol.merkle import (
+    EMPTY_ROOT,
+    MerkleFrontier,
+    consistency_path,
+    fold_subtrees,
+    frontier_subtrees,
+    inclusion_path,
+    leaf_hash,
+    perfect_subtrees,
+)
+from protocol.note import NoteError, vkey
+from protocol.records import Checkpoint, ContributionReceipt, Revocation, Sealed, make_sealed
+
+APPLICATION_ID = 0x4D4E5441  # "MNTA" in the SQLite header, so a foreign database is recognized at once
+SCHEMA_VERSION = 1
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+_SCHEMA = [
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE entries (idx INTEGER PRIMARY KEY, data BLOB NOT NULL, leaf_hash BLOB NOT NULL)",
+    "CREATE UNIQUE INDEX entries_by_leaf_hash ON entries(leaf_hash)",
+    "CREATE TABLE nodes (level INTEGER NOT NULL, idx INTEGER NOT NULL, hash BLOB NOT NULL,"
+    " PRIMARY KEY (level, idx)) WITHOUT ROWID",
+    "CREATE TABLE checkpoints (seq INTEGER PRIMARY KEY, size INTEGER NOT NULL, created_ms INTEGER NOT NULL,"
+    " note TEXT NOT NULL)",
+    "CREATE TABLE key_seq (public_key BLOB PRIMARY KEY, last_seq INTEGER NOT NULL, last_idx INTEGER NOT NULL)"
+    " WITHOUT ROWID",
+] + [
+    f"CREATE TRIGGER {table}_no_{op} BEFORE {op.upper()} ON {table}"
+    " BEGIN SELECT RAISE(ABORT, 'the MANTA ledger is append-only'); END"
+    for table in ("entries", "nodes", "checkpoints", "meta")
+    for op in ("update", "delete")
+]
+
+
+class LedgerError(ValueError):
+    """A ledger that cannot be used as asked (missing, corrupted, foreign, or a refused append)."""
+
+
+@dataclass(frozen=True)
+class StoredCheckpoint:
+    """A checkpoint as the ledger keeps it: its sequence number, the parsed head and the note text."""
+
+    seq: int
+    checkpoint: Checkpoint
+    note: str
+    created_ms: int
+
+    @property
+    def size(self) -> int:
+        return self.checkpoint.size
+
+
+def check_sqlite_file(path: Path) -> None:
+    """Refuse, with one line, a file that is not an intact SQLite database (cheap header checks).
+
+    The header records the page size and (when valid) the page count; a file shorter than that was
+    truncated. The count is only compared when no write-ahead log is beside the file (no writer has it
+    open), since a checkpoint in progress may write the header before the pages.
+    """
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as fh:
+            header = fh.read(100)
+    except OSError as exc:
+        raise LedgerError(f"cannot read ledger {path}: {exc.strerror or exc}") from None
+    if len(header) < 100 or not header.startswith(_SQLITE_MAGIC):
+        raise LedgerError(f"{path} is not a MANTA ledger (not an SQLite database)")
+    page_size = struct.unpack(">H", header[16:18])[0]
+    page_size = 65536 if page_size == 1 else page_size
+    (change_counter,) = struct.unpack(">I", header[24:28])
+    (page_count,) = struct.unpack(">I", header[28:32])
+    (valid_for,) = struct.unpack(">I", header[92:96])
+    if page_size < 512 or page_size & (page_size - 1):
+        raise LedgerError(f"{path} is corrupted (invalid page size in its header)")
+    if size % page_size:
+        raise LedgerError(f"{path} is truncated or corrupted ({size} bytes, not a whole number of pages)")
+    if not _wal_in_use(path) and valid_for == change_counter and size < page_count * page_size:
+        raise LedgerError(f"{path} is truncated ({size} bytes, its header says {page_count * page_size})")
+
+
+def _wal_in_use(path: Path) -> bool:
+    try:
+        return path.with_name(path.name + "-wal").stat().st_size > 0
+    except OSError:
+        return False
+
+
+class LedgerStore:
+    """An open ledger file. Not thread-safe; one writer process at a time (SQLite enforces it)."""
+
+    def __init__(
+        self, conn: sqlite3.Connection, path: Path, origin: str, log_public_key: bytes, readonly: bool
+    ):
+        self._conn = conn
+        self.path = path
+        self.origin = origin
+        self.log_public_key = log_public_key
+        self.readonly = readonly
+        self._loaded_frontier: MerkleFrontier | None = None  # restored on first use (verify never needs it)
+
+    # -- opening ------------------------------------------------------------------------------
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        create: bool = False,
+        *,
+        origin: str | None = None,
+        log_public_key: bytes | None = None,
+        readonly: bool = False,
+    ) -> LedgerStore:
+        """Open the ledger at ``path`` (creating it when ``create`` and missing); LedgerError if unusable.
+
+        When ``origin`` / ``log_public_key`` are given for an existing ledger they must match it.
+        """
+        file = Path(path).expanduser()
+        exists = file.exists()
+        if not exists and not create:
+            raise LedgerError(f"no ledger at {file}")
+        if exists:
+            check_sqlite_file(file)
+        elif origin is None or log_public_key is None:
+            raise LedgerError("creating a ledger needs its origin and the aggregator's public key")
+        try:
+            if exists and readonly:
+                conn = sqlite3.connect(f"{file.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
+            else:
+                conn = sqlite3.connect(file, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise LedgerError(f"cannot open ledger {file}: {exc}") from None
+        try:
+            conn.execute("PRAGMA synchronous=FULL")
+            if not exists:
+                cls._create_schema(conn, origin or "", log_public_key or b"")
+            meta = cls._read_meta(conn, file)
+            if origin is not None and meta["origin"] != origin:
+                raise LedgerError(f"{file} is the ledger of {meta['origin']}, not of {origin}")
+            key = bytes.fromhex(meta["log_public_key"])
+            if log_public_key is not None and key != log_public_key:
+                raise LedgerError(
+                    f"{file} is signed by key {fingerprint(key)}, not {fingerprint(log_public_key)}"
+                )
+            return cls(conn, file, meta["origin"], key, readonly)
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise LedgerError(f"{file} is corrupted or not a MANTA ledger ({exc})") from None
+        except BaseException:
+            conn.close()
+            raise
+
+    @staticmethod
+    def _create_schema(conn: sqlite3.Connection, origin: str, log_public_key: bytes) -> None:
+        Checkpoint(origin=origin, size=0, root=EMPTY_ROOT.hex())  # validates the origin
+        if len(log_public_key) != 32:
+            raise LedgerError("the log's public key is 32 bytes")
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
+            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            for statement in _SCHEMA:
+                conn.execute(statement)
+            conn.executemany(
+                "INSERT INTO meta(key, value) VALUES (?, ?)",
+                [
+                    ("origin", origin),
+                    ("log_public_key", log_public_key.hex()),
+                    ("created_ms", str(int(time.time() * 1000))),
+                ],
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    @staticmethod
+    def _read_meta(conn: sqlite3.Connection, file: Path) -> dict[str, str]:
+        (app_id,) = conn.execute("PRAGMA application_id").fetchone()
+        (version,) = conn.execute("PRAGMA user_version").fetchone()
+        if app_id != APPLICATION_ID:
+            raise LedgerError(f"{file} is an SQLite database but not a MANTA ledger")
+        if version != SCHEMA_VERSION:
+            raise LedgerError(
+                f"{file} has ledger schema version {version}; this MANTA reads {SCHEMA_VERSION}"
+            )
+        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        if not {"origin", "log_public_key"} <= meta.keys():
+            raise LedgerError(f"{file} is corrupted (its meta table is incomplete)")
+        return meta
+
+    @property
+    def _frontier(self) -> MerkleFrontier:
+        if self._loaded_frontier is None:
+            try:
+                self._loaded_frontier = self._load_frontier()
+            except sqlite3.DatabaseError as exc:
+                raise LedgerError(f"{self.path} is corrupted ({exc})") from None
+        return self._loaded_frontier
+
+    def _load_frontier(self) -> MerkleFrontier:
+        (top,) = self._conn.execute("SELECT max(idx) FROM entries").fetchone()
+        size = 0 if top is None else top + 1
+        hashes = []
+        for level, index in frontier_subtrees(size):
+            found = self._node(level, index)
+            if found is None:
+                raise LedgerError(f"{self.path} is corrupted (hash of subtree {level}/{index} missing)")
+            hashes.append(found)
+        return MerkleFrontier.from_hashes(size, hashes)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> LedgerStore:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- state --------------------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        return self._frontier.size
+
+    def root(self) -> bytes:
+        return self._frontier.root()
+
+    @property
+    def vkey(self) -> str:
+        """The C2SP verifier key of this log (key name = origin)."""
+        return vkey(self.origin, self.log_public_key)
+
+    def last_seq(self, public_key: bytes) -> int | None:
+        row = self._conn.execute(
+            "SELECT last_seq FROM key_seq WHERE public_key = ?", (public_key,)
+        ).fetchone()
+        return None if row is None else row[0]
+
+    def index_of(self, leaf: bytes) -> int | None:
+        """Index of the entry with this leaf hash, if it is in the log."""
+        row = self._conn.execute("SELECT idx FROM entries WHERE leaf_hash = ?", (leaf,)).fetchone()
+        return None if row is None else row[0]
+
+    # -- appending ----------------------------------------------------------------------------
+    def append_batch(
+        self, entries: Sequence[Sealed[Any]], signer: Identity, *, now_ms: int | None = None
+    ) -> StoredCheckpoint:
+        """Append ``entries`` in order and a checkpoint signed by ``signer``, in one transaction.
+
+        ``entries`` may be empty (a checkpoint re-signed at the same size). Raises LedgerError, with
+        nothing written, if an entry is refused or the transaction fails.
+        """
+        if self.readonly:
+            raise LedgerError(f"{self.path} was opened read-only")
+        if signer.public_key != self.log_public_key:
+            raise LedgerError(f"checkpoints of this ledger are signed by {fingerprint(self.log_public_key)}")
+        conn = self._conn
+        created_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise LedgerError(f"cannot write to ledger {self.path}: {exc}") from None
+        try:
+            (top,) = conn.execute("SELECT max(idx) FROM entries").fetchone()
+            if (0 if top is None else top + 1) != self.size:
+                raise LedgerError(f"{self.path} was appended to by another writer; reopen it")
+            frontier = self._frontier.copy()
+            rows, node_rows, seqs = [], [], {}
+            for sealed in entries:
+                index = frontier.size
+                leaf = leaf_hash(sealed.wire)
+                self._check_entry(sealed, index, seqs)
+                rows.append((index, sealed.wire, leaf))
+                node_rows.extend(frontier.append(leaf))
+            conn.executemany("INSERT INTO entries(idx, data, leaf_hash) VALUES (?, ?, ?)", rows)
+            conn.executemany("INSERT INTO nodes(level, idx, hash) VALUES (?, ?, ?)", node_rows)
+            conn.executemany(
+                "INSERT INTO key_seq(public_key, last_seq, last_idx) VALUES (?, ?, ?) ON CONFLICT(public_key)"
+                " DO UPDATE SET last_seq = excluded.last_seq, last_idx = excluded.last_idx",
+                [(key, seq, idx) for key, (seq, idx) in seqs.items()],
+            )
+            head = Checkpoint(origin=self.origin, size=frontier.size, root=frontier.root().hex())
+            note = head.to_note(signer)
+            cur = conn.execute(
+                "INSERT INTO checkpoints(size, created_ms, note) VALUES (?, ?, ?)",
+                (head.size, created_ms, note),
+            )
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            with suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.IntegrityError):
+                raise LedgerError(f"append refused: an entry is already in the ledger ({exc})") from None
+            if isinstance(exc, sqlite3.Error):
+                raise LedgerError(f"append to {self.path} failed, nothing was written: {exc}") from None
+            raise
+        self._loaded_frontier = frontier
+        return StoredCheckpoint(cur.lastrowid, head, note, created_ms)
+
+    def _check_entry(self, sealed: Sealed[Any], index: int, seqs: dict[bytes, tuple[int, int]]) -> None:
+        record = sealed.record
+        if isinstance(record, ContributionReceipt):
+            last = seqs.get(sealed.public_key)
+            last_seq = last[0] if last is not None else self.last_seq(sealed.public_key)
+            if last_seq is not None and record.seq <= last_seq:
+                raise LedgerError(
+                    f"entry {index}: sequence number {record.seq} of key {fingerprint(sealed.public_key)} "
+                    f"is not above its last one, {last_seq}"
+                )
+            seqs[sealed.public_key] = (record.seq, index)
+        elif isinstance(record, Revocation):
+            if sealed.public_key != self.log_public_key:
+                raise LedgerError(f"entry {index}: a revocation must be sealed by the log's key")
+            target = record.entry_index
+            if target >= self.size:
+                raise LedgerError(
+                    f"entry {index}: a revocation names an entry of an earlier batch, not {target}"
+                )
+            if self.leaf_hash(target).hex() != record.entry_leaf_hash:
+                raise LedgerError(f"entry {index}: entry {target} does not have the revoked leaf hash")
+            if not self.entry(target).startswith(ContributionReceipt.prefix()):
+                raise LedgerError(f"entry {index}: only receipts can be revoked, entry {target} is not one")
+        else:
+            raise LedgerError(f"entry {index}: a {type(record).__name__} is not a ledger entry")
+
+    def revoke(
+        self, index: int, reason: str, signer: Identity, *, task_id: str, now_ms: int | None = None
+    ) -> StoredCheckpoint:
+        """Append a revocation of receipt ``index`` (its credit is cancelled) as its own batch."""
+        ts = int(time.time() * 1000) if now_ms is None else now_ms
+        record = Revocation(
+            task_id=task_id,
+            entry_index=index,
+            entry_leaf_hash=self.leaf_hash(index).hex(),
+            reason=reason,
+            timestamp=ts,
+        )
+        return self.append_batch([make_sealed(record, signer)], signer, now_ms=now_ms)
+
+    # -- reading ------------------------------------------------------------------------------
+    def _check_index(self, index: int, size: int | None = None) -> None:
+        limit = self.size if size is None else size
+        if not isinstance(index, int) or not 0 <= index < limit:
+            raise LedgerError(f"no entry {index}: the ledger has {limit} entries")
+
+    def entry(self, index: int) -> bytes:
+        self._check_index(index)
+        row = self._conn.execute("SELECT data FROM entries WHERE idx = ?", (index,)).fetchone()
+        if row is None:
+            raise LedgerError(f"{self.path} is corrupted (entry {index} is missing)")
+        return row[0]
+
+    def leaf_hash(self, index: int) -> bytes:
+        self._check_index(index)
+        found = self._node(0, index)
+        if found is None:
+            raise LedgerError(f"{self.path} is corrupted (entry {index} is missing)")
+        return found
+
+    def entries(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, bytes]]:
+        """``(index, bytes)`` of entries ``[start, stop)`` in log order."""
+        stop = self.size if stop is None else min(stop, self.size)
+        cur = self._conn.execute(
+            "SELECT idx, data FROM entries WHERE idx >= ? AND idx < ? ORDER BY idx", (start, stop)
+        )
+        yield from cur
+
+    def _node(self, level: int, index: int) -> bytes | None:
+        if level == 0:
+            row = self._conn.execute("SELECT leaf_hash FROM entries WHERE idx = ?", (index,)).fetchone()
+        else:
+            row = self._conn.execute(
+                "SELECT hash FROM nodes WHERE level = ? AND idx = ?", (level, index)
+            ).fetchone()
+        return None if row is None else row[0]
+
+    def _subtree_hasher(self):
+        """``subtree_hash(lo, hi)`` over stored nodes, memoized for one proof (O(log n) reads in all)."""
+        memo: dict[tuple[int, int], bytes] = {}
+
+        def stored(level: int, index: int) -> bytes:
+            key = (level, index)
+            found = memo.get(key)
+            if found is None:
+                found = self._node(level, index)
+                if found is None:
+                    raise LedgerError(f"{self.path} is corrupted (hash of subtree {level}/{index} missing)")
+                memo[key] = found
+            return found
+
+        def subtree_hash(lo: int, hi: int) -> bytes:
+            return fold_subtrees([stored(level, index) for level, index in perfect_subtrees(lo, hi)])
+
+        return subtree_hash
+
+    def root_at(self, size: int) -> bytes:
+        """Root of the tree of the first ``size`` entries."""
+        if not 0 <= size <= self.size:
+            raise LedgerError(f"no tree of size {size}: the ledger has {self.size} entries")
+        return self._subtree_hasher()(0, size) if size else EMPTY_ROOT
+
+    def inclusion_proof(self, index: int, size: int | None = None) -> list[bytes]:
+        """RFC 9162 inclusion proof of entry ``index`` in the tree of ``size`` (default: all) entries."""
+        size = self.size if size is None else size
+        if not 0 < size <= self.size:
+            raise LedgerError(f"no tree of size {size}: the ledger has {self.size} entries")
+        self._check_index(index, size)
+        return inclusion_path(index, size, self._subtree_hasher())
+
+    def consistency_proof(self, old_size: int, new_size: int | None = None) -> list[bytes]:
+        """RFC 9162 consistency proof between the trees of ``old_size`` and ``new_size`` entries."""
+        new_size = self.size if new_size is None else new_size
+        if not 0 < old_size <= new_size <= self.size:
+            raise LedgerError(
+                f"no consistency proof from size {old_size} to {new_size} (ledger size {self.size})"
+            )
+        return consistency_path(old_size, new_size, self._subtree_hasher())
+
+    def checkpoints(self) -> Iterator[StoredCheckpoint]:
+        """Every checkpoint, oldest first, parsed after checking its signature by the log key."""
+        for seq, note, created_ms in self._conn.execute(
+            "SELECT seq, note, created_ms FROM checkpoints ORDER BY seq"
+        ):
+            yield self._parse_checkpoint(seq, note, created_ms)
+
+    def latest_checkpoint(self) -> StoredCheckpoint | None:
+        row = self._conn.execute(
+            "SELECT seq, note, created_ms FROM checkpoints ORDER BY seq DESC LIMIT 1"
+        ).fetchone()
+        return None if row is None else self._parse_checkpoint(*row)
+
+    def _parse_checkpoint(
+        self, seq: int, note: str, created_ms: int, public_key: bytes | None = None
+    ) -> StoredCheckpoint:
+        try:
+            head = Checkpoint.from_note(note, public_key or self.log_public_key, self.origin)
+        except (NoteError, ValueError) as exc:
+            raise LedgerError(f"checkpoint {seq}: {exc}") from None
+        return StoredCheckpoint(seq, head, note, created_ms)

@@ -1,0 +1,460 @@
+"""Wire records: strict, frozen, versioned pydantic models, and the one sealing format for all of them.
+
+Records
+-------
+:class:`TaskSpec` (``manta/task/v1``), :class:`PeerAnnouncement` (``manta/announce/v1``),
+:class:`IdentityBinding` (``manta/binding/v1``), :class:`ContributionReceipt` (``manta/receipt/v1``),
+:class:`Revocation` (``manta/revocation/v1``) are sealed (signed); :class:`Checkpoint` travels as a
+C2SP signed note instead (see :mod:`protocol.note`). Every model forbids unknown fields, takes strict
+types (no ``"1"`` for 1, no 1.0 for 1), bounds every string, list and integer, and is immutable.
+
+Units: every ``timestamp`` is Unix time in **milliseconds** (int). Hashes and keys are lowercase hex.
+Peer ids are libp2p base58 strings. Fractional quantities are integers in a unit named by the field
+(``throughput_milli`` is samples/s x 1000) or decimal strings (``learning_rate``).
+
+Credit: a receipt's credit is ``samples * flops_per_sample``. ``flops_per_sample`` is the training
+FLOPs (forward + backward, about 3x the forward FLOPs) that one sample costs *summed over all the
+sub-networks the peer trained on it this round*: a peer that runs each sample through K sub-networks
+(the sandwich rule) reports ``samples`` = distinct samples and ``flops_per_sample`` = the sum of the K
+sub-networks' per-sample training FLOPs, and ``subnet_hashes`` lists the K configs. So a bigger
+sub-network, or more of them, earns more per sample.
+
+Sealing
+-------
+``seal(record, identity) -> bytes`` gives the wire form (``make_sealed`` gives it already opened, as a
+:class:`Sealed`), which is also the ledger entry::
+
+    manta/receipt/v1\\n                       <- domain prefix: record type and version
+    {"cohort_id":...,"timestamp":...}\\n      <- RFC 8785 canonical JSON of the full record
+    ed25519 <64 hex public key> <128 hex signature>
+
+The signature covers the first two lines without the final newline (``Sealed.message``: the exact
+signed bytes). The ledger stores the whole wire form, so the exact signed bytes and their signature
+are kept together and anyone can re-check them. Wire bytes are safe as a hivemind DHT value. The JSON must be *the* canonical encoding of the record it parses to (every field
+present, nothing else), so one record has exactly one encoding and one leaf hash.
+
+``open_sealed(wire, expected_type) -> Sealed`` checks size, framing, type and version, schema,
+canonical form, that the signer is the key the record names, and the signature, in that order
+(cheapest first); it raises :class:`RecordRejected` with a :class:`RejectReason`. ``expected_type``
+may be a tuple of record classes. :func:`parse_sealed` does the same without the signature check (for
+re-reading a ledger whose signatures were checked when it was verified).
+
+Identity binding
+----------------
+A peer's Ed25519 key is bound to its libp2p peer id by an :class:`IdentityBinding` that names the peer
+id and is sealed with the Ed25519 key. :func:`check_binding` accepts a receipt only when the receipt,
+the binding and the transport-level sender agree on peer id and key.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+
+from protocol.canonical import (
+    MAX_SAFE_INTEGER,
+    ascii_canonical_json,
+    canonical_json,
+    domain_prefix,
+    split_signed_message,
+)
+from protocol.identity import Identity, verify_signature
+from protocol.note import checkpoint_body, open_note, parse_checkpoint_body, sign_note, split_note
+
+# -- reasons ----------------------------------------------------------------------------------------
+
+
+class RejectReason(enum.StrEnum):
+    """Why a record (or a contribution) was refused; the value is the stable code that is counted."""
+
+    MALFORMED = "malformed"  # framing, JSON, missing field, value out of range or pattern
+    UNKNOWN_FIELD = "unknown_field"
+    WRONG_TYPE = "wrong_type"  # a field of the wrong JSON type
+    OVERSIZE = "oversize"  # the wire form, a string or a list over its limit
+    NON_CANONICAL = "non_canonical"  # valid JSON for the record, but not its RFC 8785 encoding
+    WRONG_RECORD = "wrong_record"  # another record type than expected
+    UNSUPPORTED_VERSION = "unsupported_version"
+    BAD_SIGNATURE = "bad_signature"  # signature invalid, or signed by a key the record does not name
+    WRONG_TASK = "wrong_task"
+    REPLAY = "replay"  # exactly this record was already accepted
+    OUT_OF_ORDER = "out_of_order"  # a sequence number not above the key's last accepted one
+    STALE_TIMESTAMP = "stale_timestamp"  # timestamp outside the accepted window (too old or ahead)
+    UNBOUND_PEER = "unbound_peer"  # no binding for the peer, or peer id / key / sender disagree
+
+
+class RecordRejected(ValueError):
+    """A record refused for ``reason``; ``detail`` says what exactly (one line)."""
+
+    def __init__(self, reason: RejectReason, detail: str) -> None:
+        super().__init__(f"{reason.value}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+# -- field types ------------------------------------------------------------------------------------
+
+MAX_WIRE_BYTES = 64 * 1024
+
+Int53 = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER)]
+Hex32 = Annotated[str, StringConstraints(min_length=64, max_length=64, pattern=r"^[0-9a-f]{64}$")]
+HexId = Annotated[str, StringConstraints(min_length=2, max_length=128, pattern=r"^(?:[0-9a-f]{2})+$")]
+PeerId = Annotated[
+    str, StringConstraints(min_length=16, max_length=128, pattern=r"^[1-9A-HJ-NP-Za-km-z]+$")
+]  # libp2p base58btc (Qm... for RSA keys, 12D3KooW... for Ed25519 keys)
+Name = Annotated[
+    str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
+]
+Text = Annotated[str, StringConstraints(max_length=256, pattern=r"^[\x20-\x7e]*$")]
+Decimal = Annotated[
+    str, StringConstraints(max_length=32, pattern=r"^[0-9]+(?:\.[0-9]+)?(?:[eE]-?[0-9]{1,3})?$")
+]
+Origin = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[\x21-\x2a\x2c-\x7e]+$")]
+
+
+class StrictModel(BaseModel):
+    """Base of every MANTA wire model: strict, closed, immutable."""
+
+    model_config = ConfigDict(
+        extra="forbid", strict=True, frozen=True, validate_default=True, hide_input_in_errors=True
+    )
+
+
+class SealedRecord(StrictModel):
+    """A record type that is sealed (signed); subclasses set the type name, version and size limit."""
+
+    RECORD_TYPE: ClassVar[str]
+    VERSION: ClassVar[int] = 1
+    MAX_WIRE_BYTES: ClassVar[int] = MAX_WIRE_BYTES
+
+    @classmethod
+    def prefix(cls) -> bytes:
+        return domain_prefix(cls.RECORD_TYPE, cls.VERSION)
+
+    def signer_allowed(self, public_key: bytes) -> bool:
+        """Whether ``public_key`` may seal this record: the record's own ``public_key`` if it names one."""
+        own = getattr(self, "public_key", None)
+        return own is None or own == public_key.hex()
+
+    def canonical(self) -> bytes:
+        """The RFC 8785 encoding of the full record (what is signed)."""
+        return canonical_json(self.model_dump(mode="json"))
+
+    def is_canonical(self, body: bytes) -> bool:
+        """Whether ``body`` is exactly :meth:`canonical` (fast path first; see protocol.canonical)."""
+        fields = self.model_dump(mode="json")
+        return ascii_canonical_json(fields) == body or canonical_json(fields) == body
+
+
+# -- records ----------------------------------------------------------------------------------------
+
+
+class SwarmParams(StrictModel):
+    """What every peer of a task must agree on. New settings are added here (a new TaskSpec version)."""
+
+    target_samples_per_round: Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER)]
+    subnets_per_step: Annotated[int, Field(ge=1, le=64)]  # K sub-networks sampled per step
+    batch_size: Annotated[int, Field(ge=1, le=1 << 20)]  # per peer, per step
+    max_group_size: Annotated[int, Field(ge=1, le=256)]  # all-reduce group size
+    round_timeout_ms: Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER)]
+    receipt_window_ms: Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER)]  # how old a receipt may be
+    learning_rate: Decimal
+
+
+class TaskSpec(SealedRecord):
+    """The training task an aggregator publishes; sealed by one of its ``aggregator_keys``."""
+
+    RECORD_TYPE: ClassVar[str] = "task"
+
+    task_id: Name
+    task: Name  # built-in task name (see ``tasks/``)
+    mode: Literal["data", "model"]
+    seed: Int53
+    params: SwarmParams
+    aggregator_keys: Annotated[tuple[Hex32, ...], Field(min_length=1, max_length=16)]
+    ledger_origin: Origin  # the origin line of the task's ledger checkpoints
+    timestamp: Int53
+
+    def signer_allowed(self, public_key: bytes) -> bool:
+        return public_key.hex() in self.aggregator_keys
+
+
+class DeviceInfo(StrictModel):
+    kind: Literal["cpu", "cuda", "mps", "xpu"]
+    name: Text
+    memory_mb: Int53
+
+
+class Affinity(StrictModel):
+    """Who is close to whom: peers on one host average first, then peers on one network."""
+
+    host_id: HexId
+    network_id: HexId
+
+
+class PeerAnnouncement(SealedRecord):
+    """A peer's offer to work on a task, published in the DHT."""
+
+    RECORD_TYPE: ClassVar[str] = "announce"
+    MAX_WIRE_BYTES: ClassVar[int] = 16 * 1024
+
+    task_id: Name
+    peer_id: PeerId
+    public_key: Hex32
+    devices: Annotated[tuple[DeviceInfo, ...], Field(min_length=1, max_length=64)]
+    throughput_milli: Int53  # measured samples per second x 1000
+    affinity: Affinity
+    cohort_id: Name
+    timestamp: Int53
+
+
+class IdentityBinding(SealedRecord):
+    """ "Key ``public_key`` speaks as libp2p peer ``peer_id``", sealed by that key."""
+
+    RECORD_TYPE: ClassVar[str] = "binding"
+    MAX_WIRE_BYTES: ClassVar[int] = 2 * 1024
+
+    peer_id: PeerId
+    public_key: Hex32
+    timestamp: Int53
+
+
+class ContributionReceipt(SealedRecord):
+    """What a peer contributed to one round, sealed by the peer's key; one ledger entry."""
+
+    RECORD_TYPE: ClassVar[str] = "receipt"
+    MAX_WIRE_BYTES: ClassVar[int] = 32 * 1024
+
+    task_id: Name
+    round: Int53
+    peer_id: PeerId
+    public_key: Hex32
+    seq: Int53  # per-key sequence number: strictly increasing over the key's accepted receipts
+    cohort_id: Name
+    subnet_hashes: Annotated[tuple[Hex32, ...], Field(min_length=1, max_length=64)]
+    samples: Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER)]
+    flops_per_sample: Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER)]  # summed over subnet_hashes
+    grad_commitment: Hex32  # SHA-256 of the exact gradient payload the peer shared
+    state_digest: Hex32  # SHA-256 digest of the model/optimizer state the gradient was computed from
+    group_id: HexId
+    group_members: Annotated[tuple[PeerId, ...], Field(min_length=1, max_length=256)]
+    timestamp: Int53
+
+    @model_validator(mode="after")
+    def _members_are_a_set_with_the_peer(self) -> ContributionReceipt:
+        if len(set(self.group_members)) != len(self.group_members):
+            raise ValueError("group_members lists a peer twice")
+        if self.peer_id not in self.group_members:
+            raise ValueError("group_members must include the receipt's own peer_id")
+        if len(set(self.subnet_hashes)) != len(self.subnet_hashes):
+            raise ValueError("subnet_hashes lists a sub-network twice")
+        return self
+
+    @property
+    def credit(self) -> int:
+        return self.samples * self.flops_per_sample
+
+
+class Revocation(SealedRecord):
+    """A correction appended to the ledger by its aggregator: entry ``entry_index`` earns no credit."""
+
+    RECORD_TYPE: ClassVar[str] = "revocation"
+    MAX_WIRE_BYTES: ClassVar[int] = 2 * 1024
+
+    task_id: Name
+    entry_index: Int53
+    entry_leaf_hash: Hex32  # binds the revocation to the exact entry
+    reason: Text
+    timestamp: Int53
+
+
+class Checkpoint(StrictModel):
+    """A signed tree head of a ledger: its origin, size and RFC 6962 root (hex).
+
+    Travels as a C2SP checkpoint note (:meth:`to_note`, :meth:`from_note`), not as a sealed record.
+    """
+
+    origin: Origin
+    size: Int53
+    root: Hex32
+
+    @property
+    def root_bytes(self) -> bytes:
+        return bytes.fromhex(self.root)
+
+    def body(self) -> str:
+        return checkpoint_body(self.origin, self.size, self.root_bytes)
+
+    def to_note(self, identity: Identity) -> str:
+        """The checkpoint note signed by ``identity`` under the key name ``origin``."""
+        return sign_note(self.body(), self.origin, identity)
+
+    @classmethod
+    def from_note(cls, note: str, public_key: bytes, name: str | None = None) -> Checkpoint:
+        """Parse a checkpoint note after checking the signature by ``public_key`` (NoteError if not).
+
+        The key name defaults to the checkpoint's own origin line.
+        """
+        text, _ = split_note(note)
+        origin, size, root = parse_checkpoint_body(text)
+        open_note(note, name or origin, public_key)
+        return cls(origin=origin, size=size, root=root.hex())
+
+
+SEALED_TYPES: dict[tuple[str, int], type[SealedRecord]] = {
+    (cls.RECORD_TYPE, cls.VERSION): cls
+    for cls in (TaskSpec, PeerAnnouncement, IdentityBinding, ContributionReceipt, Revocation)
+}
+_TYPE_NAMES = {cls.RECORD_TYPE for cls in SEALED_TYPES.values()}
+LEDGER_ENTRY_TYPES: tuple[type[SealedRecord], ...] = (ContributionReceipt, Revocation)
+
+# -- sealing ----------------------------------------------------------------------------------------
+
+R = TypeVar("R", bound=SealedRecord)
+
+_TRAILER_RE = re.compile(rb"ed25519 ([0-9a-f]{64}) ([0-9a-f]{128})")
+
+
+@dataclass(frozen=True, slots=True)
+class Sealed(Generic[R]):
+    """An opened sealed record.
+
+    ``message`` is the exact signed bytes (prefix + canonical JSON); ``wire`` is ``message`` plus the
+    signature line, the bytes a DHT value carries and the ledger stores as the entry.
+    """
+
+    record: R
+    public_key: bytes
+    signature: bytes
+    message: bytes
+    wire: bytes
+
+
+def make_sealed(record: R, identity: Identity) -> Sealed[R]:
+    """Seal ``record`` with ``identity`` (a key the record allows) and return the opened form."""
+    if not record.signer_allowed(identity.public_key):
+        raise ValueError(f"{type(record).__name__} may not be sealed by key {identity.fingerprint}")
+    message = type(record).prefix() + record.canonical()
+    signature = identity.sign(message)
+    wire = message + b"\ned25519 " + identity.public_key.hex().encode() + b" " + signature.hex().encode()
+    if len(wire) > type(record).MAX_WIRE_BYTES:
+        raise ValueError(f"sealed {type(record).__name__} is {len(wire)} bytes, over its limit")
+    return Sealed(record, identity.public_key, signature, message, wire)
+
+
+def seal(record: SealedRecord, identity: Identity) -> bytes:
+    """The wire bytes of ``record`` signed by ``identity`` (which must be a key the record allows)."""
+    return make_sealed(record, identity).wire
+
+
+def open_sealed(wire: bytes, expected_type: type[R] | tuple[type[SealedRecord], ...]) -> Sealed[R]:
+    """Check and open a sealed record; RecordRejected(reason, detail) if anything is wrong."""
+    return _open(wire, expected_type, check_signature=True)
+
+
+def parse_sealed(wire: bytes, expected_type: type[R] | tuple[type[SealedRecord], ...]) -> Sealed[R]:
+    """:func:`open_sealed` without the canonical-form and signature checks (for already verified data)."""
+    return _open(wire, expected_type, check_signature=False)
+
+
+def _open(wire: Any, expected_type: Any, check_signature: bool) -> Sealed[Any]:
+    expected = expected_type if isinstance(expected_type, tuple) else (expected_type,)
+    if not isinstance(wire, bytes | bytearray | memoryview):
+        raise RecordRejected(RejectReason.MALFORMED, f"expected bytes, got {type(wire).__name__}")
+    wire = bytes(wire)
+    limit = max(cls.MAX_WIRE_BYTES for cls in expected)
+    if len(wire) > limit:
+        raise RecordRejected(RejectReason.OVERSIZE, f"{len(wire)} bytes, the limit is {limit}")
+    message, newline, trailer = wire.rpartition(b"\n")
+    try:
+        if not newline:
+            raise ValueError
+        record_type, version, body = split_signed_message(message)
+    except ValueError:
+        raise RecordRejected(
+            RejectReason.MALFORMED, "a sealed record is three lines: prefix, JSON, signature"
+        ) from None
+    cls = SEALED_TYPES.get((record_type, version))
+    if cls is None:
+        if record_type in _TYPE_NAMES:
+            raise RecordRejected(
+                RejectReason.UNSUPPORTED_VERSION, f"{record_type} v{version} is not supported"
+            )
+        raise RecordRejected(RejectReason.WRONG_RECORD, f"unknown record type {record_type!r}")
+    if cls not in expected:
+        names = "/".join(c.RECORD_TYPE for c in expected)
+        raise RecordRejected(RejectReason.WRONG_RECORD, f"expected {names}, got {cls.RECORD_TYPE}")
+    if len(wire) > cls.MAX_WIRE_BYTES:
+        raise RecordRejected(
+            RejectReason.OVERSIZE, f"{len(wire)} bytes, the {cls.RECORD_TYPE} limit is {cls.MAX_WIRE_BYTES}"
+        )
+    sig = _TRAILER_RE.fullmatch(trailer)
+    if sig is None:
+        raise RecordRejected(RejectReason.MALFORMED, "malformed signature line")
+    try:
+        record = cls.model_validate_json(body, strict=True)
+    except ValidationError as exc:
+        reason, detail = classify_validation_error(exc)
+        raise RecordRejected(reason, detail) from None
+    if check_signature and not record.is_canonical(body):
+        raise RecordRejected(RejectReason.NON_CANONICAL, "the JSON is not the record's RFC 8785 encoding")
+    public_key, signature = bytes.fromhex(sig.group(1).decode()), bytes.fromhex(sig.group(2).decode())
+    if not record.signer_allowed(public_key):
+        raise RecordRejected(RejectReason.BAD_SIGNATURE, "sealed by a key the record does not name")
+    if check_signature and not verify_signature(public_key, message, signature):
+        raise RecordRejected(RejectReason.BAD_SIGNATURE, "the signature does not verify")
+    return Sealed(record, public_key, signature, message, wire)
+
+
+_TYPE_ERRORS = re.compile(r".*_type$|^is_instance_of$")
+
+
+def classify_validation_error(exc: ValidationError) -> tuple[RejectReason, str]:
+    """Map a pydantic error to the most specific reason code, and a one-line detail.
+
+    Unknown fields first, then oversize strings and lists, then fields of the wrong JSON type; anything
+    else (missing field, value out of range or pattern, not a JSON object, not JSON) is malformed.
+    """
+    errors = exc.errors(include_url=False, include_input=False)
+
+    def describe(err: dict[str, Any]) -> str:
+        where = ".".join(str(part) for part in err["loc"]) or "record"
+        return f"{where}: {err['msg']}"
+
+    for reason, matches in (
+        (RejectReason.UNKNOWN_FIELD, lambda e: e["type"] == "extra_forbidden"),
+        (RejectReason.OVERSIZE, lambda e: e["type"] in {"string_too_long", "too_long"}),
+        (RejectReason.WRONG_TYPE, lambda e: bool(e["loc"]) and bool(_TYPE_ERRORS.match(e["type"]))),
+    ):
+        for err in errors:
+            if matches(err):
+                return reason, describe(err)
+    return RejectReason.MALFORMED, describe(errors[0])
+
+
+def check_binding(
+    receipt: Sealed[ContributionReceipt], binding: Sealed[IdentityBinding], sender_peer_id: str | None
+) -> None:
+    """Accept ``receipt`` only if ``binding`` ties its key to its peer id and it came from that peer.
+
+    ``binding`` must be an opened (signature-checked) IdentityBinding; ``sender_peer_id`` is the libp2p
+    peer id the receipt arrived from. Raises RecordRejected(UNBOUND_PEER) otherwise.
+    """
+    bound = binding.record
+    if not isinstance(bound, IdentityBinding):
+        raise RecordRejected(RejectReason.UNBOUND_PEER, "the binding is not an IdentityBinding")
+    if binding.public_key != receipt.public_key or bound.public_key != receipt.record.public_key:
+        raise RecordRejected(RejectReason.UNBOUND_PEER, "the binding is for another key")
+    if bound.peer_id != receipt.record.peer_id:
+        raise RecordRejected(
+            RejectReason.UNBOUND_PEER,
+            f"the key is bound to {bound.peer_id}, the receipt names {receipt.record.peer_id}",
+        )
+    if sender_peer_id != bound.peer_id:
+        raise RecordRejected(
+            RejectReason.UNBOUND_PEER,
+            f"the receipt came from {sender_peer_id}, not from the bound {bound.peer_id}",
+        )

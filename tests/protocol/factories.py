@@ -1,0 +1,82 @@
+"""Builders of valid records for tests (protocol and aggregator)."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+from protocol.identity import Identity
+from protocol.records import ContributionReceipt, IdentityBinding, make_sealed, seal
+
+TASK = "cifar10-ofa-test"
+_B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+
+
+def fake_peer_id(seed: bytes) -> str:
+    """A syntactically valid libp2p-style base58 peer id ("Qm..." like an RSA peer's) derived from seed."""
+    n = int.from_bytes(b"\x12\x20" + hashlib.sha256(seed).digest(), "big")
+    out = ""
+    while n:
+        n, r = divmod(n, 58)
+        out = _B58[r] + out
+    return out
+
+
+def peer_id_of(identity: Identity) -> str:
+    return fake_peer_id(identity.public_key)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def receipt(identity: Identity, seq: int, **overrides) -> ContributionReceipt:
+    peer = peer_id_of(identity)
+    fields = dict(
+        task_id=TASK,
+        round=seq,
+        peer_id=peer,
+        public_key=identity.public_key_hex,
+        seq=seq,
+        cohort_id="host-a",
+        subnet_hashes=(hashlib.sha256(b"subnet-k7-d4-w6").hexdigest(),),
+        samples=256,
+        flops_per_sample=3 * 40_000_000,
+        grad_commitment=hashlib.sha256(b"grad%d" % seq).hexdigest(),
+        state_digest=hashlib.sha256(b"state%d" % seq).hexdigest(),
+        group_id="0f" * 16,
+        group_members=(peer, fake_peer_id(b"other-member")),
+        timestamp=now_ms(),
+    )
+    fields.update(overrides)
+    return ContributionReceipt(**fields)
+
+
+def sealed_receipt(identity: Identity, seq: int, **overrides):
+    return make_sealed(receipt(identity, seq, **overrides), identity)
+
+
+def receipt_wire(identity: Identity, seq: int, **overrides) -> bytes:
+    return seal(receipt(identity, seq, **overrides), identity)
+
+
+def binding_wire(identity: Identity, peer_id: str | None = None) -> bytes:
+    return seal(
+        IdentityBinding(
+            peer_id=peer_id or peer_id_of(identity), public_key=identity.public_key_hex, timestamp=now_ms()
+        ),
+        identity,
+    )
+
+
+def resign(wire: bytes, identity: Identity, new_body: bytes) -> bytes:
+    """Replace a sealed record's JSON line by ``new_body`` and sign it properly (tests of schema checks)."""
+    head = wire.split(b"\n")[0]
+    message = head + b"\n" + new_body
+    return (
+        message
+        + b"\ned25519 "
+        + identity.public_key_hex.encode()
+        + b" "
+        + identity.sign(message).hex().encode()
+    )
