@@ -68,6 +68,8 @@ __all__ = [
     "accumulate_gradients",
     "optimizer_step",
     "batch_for_step",
+    "calibration_loader",
+    "recalibrate_for_evaluation",
     "evaluate",
     "evaluate_subnets",
     "train",
@@ -449,6 +451,19 @@ def calibration_loader(dataset: Dataset, cfg: TrainConfig, seed: int = 0) -> Dat
     return DataLoader(dataset, batch_size=cfg.batch_size, shuffle=True, drop_last=True, generator=generator)
 
 
+def recalibrate_for_evaluation(
+    net: ClassificationSupernet, sub: SubnetConfig, task, cfg: TrainConfig
+) -> None:
+    """BN recalibration of ``sub`` on ``cfg.bn_calibration_batches`` training batches, reproducibly.
+
+    The batches (order and augmentation draws) are fixed by ``cfg.seed``, in a forked torch RNG, so
+    evaluating the same parameters twice gives the same statistics, and the caller's RNG is untouched.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed("bn-augmentation", cfg.seed) % (2**63))
+        recalibrate_bn(net, sub, calibration_loader(task.train_set, cfg), cfg.bn_calibration_batches)
+
+
 @torch.no_grad()
 def evaluate(
     model: nn.Module, dataset: Dataset, metric: Callable, batch_size: int = 256, device: str = "cpu"
@@ -494,7 +509,7 @@ def evaluate_subnets(
     input_size = task.input_size
     rows = []
     for name, sub in configs.items():
-        recalibrate_bn(net, sub, calibration_loader(task.train_set, cfg), cfg.bn_calibration_batches)
+        recalibrate_for_evaluation(net, sub, task, cfg)
         row = {
             "name": name,
             "config": str(sub),

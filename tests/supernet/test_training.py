@@ -128,7 +128,7 @@ def test_accumulate_gradients_sums_subnet_gradients_without_stepping():
     before = {n: p.detach().clone() for n, p in net.named_parameters()}
     stats = accumulate_gradients(net, x, y, configs, cfg)
     assert all(torch.equal(p, before[n]) for n, p in net.named_parameters())  # no optimizer step
-    assert all(p.grad is not None for p in net.parameters())
+    assert all(p.grad is not None and p.grad.is_contiguous() for p in net.parameters())
     grads = {n: p.grad.clone() for n, p in net.named_parameters()}
     expected = {n: torch.zeros_like(p) for n, p in net.named_parameters()}
     losses = []
