@@ -29,6 +29,7 @@ from supernet.elastic import (
     conv_output_size,
     full_masks,
     make_divisible,
+    permute_optimizer_state,
     prefix_masks,
 )
 from supernet.export import StaticClassifier, make_activation
@@ -259,8 +260,6 @@ class ClassificationSupernet(nn.Module):
         Deterministic; the optimizer's momentum / moment buffers are permuted alongside so training
         continues consistently. Returns the permutations applied.
         """
-        from supernet.elastic import permute_optimizer_state
-
         record: list[Permutation] = []
         for unit in self.units:
             record.extend(unit.sort_channels(protected_expand_ratios))
