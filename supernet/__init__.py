@@ -10,11 +10,13 @@ from supernet.classification import ClassificationSupernet
 from supernet.config import SearchSpace, SubnetConfig, derive_seed, sandwich_configs
 from supernet.export import StaticClassifier, save_exported_program, save_torchscript
 from supernet.flops import torch_counted_macs, training_flops_per_sample
+from supernet.stereo import StereoSupernet
 
 __all__ = [
     "ClassificationSupernet",
     "SearchSpace",
     "StaticClassifier",
+    "StereoSupernet",
     "SubnetConfig",
     "derive_seed",
     "recalibrate_bn",

@@ -8,8 +8,8 @@ dict with ``left``, ``right`` (3×H×W, [0, 1]), ``disparity`` (1×H×W) and ``v
 from tasks.stereo.data import (
     IMAGE_EXTENSIONS,
     StereoFolder,
-    check_pair,
     pad_to_multiple,
+    predict_disparity,
     unpad,
     valid_disparity,
 )
@@ -24,9 +24,9 @@ __all__ = [
     "StereoFolder",
     "StereoMetrics",
     "SyntheticStereo",
-    "check_pair",
     "generate_pair",
     "pad_to_multiple",
+    "predict_disparity",
     "read_image",
     "read_kitti_disparity",
     "read_pfm",

@@ -1,4 +1,4 @@
-"""Stereo samples from disk, and the input checks and padding every stereo model input goes through.
+"""Stereo samples from disk, ground-truth validity, and padding to the network stride.
 
 A sample is a dict of tensors: ``left`` and ``right`` (3×H×W float32 in [0, 1]), ``disparity``
 (1×H×W float32, left-referenced, pixels) and ``valid`` (1×H×W bool).
@@ -9,11 +9,11 @@ stores ``inf`` for unknown pixels, KITTI stores 0 — are masked out, never fed 
 which *no* pixel is valid is an error naming the file (most likely a wrong sign convention or a wrong
 file).
 
-**Sizes.** Left and right must have the same size (else ``ValueError`` naming both sizes); sizes the
-network's stride does not divide are padded (replicating the border, at the bottom and the right, so
-pixel coordinates and disparities are unchanged) by :func:`pad_to_multiple` and the prediction is
-cropped back by :func:`unpad`; ``StereoSupernet`` itself rejects such sizes with a ``ValueError``
-that points here.
+**Sizes.** Left and right must have the same size (else ``ValueError`` naming both files or, in the
+model, both shapes). Sizes the network's stride does not divide are padded by :func:`pad_to_multiple`
+(replicating the border, at the bottom and the right, so pixel coordinates and disparities are
+unchanged) and the prediction is cropped back by :func:`unpad`; ``StereoSupernet`` itself rejects such
+sizes with a ``ValueError`` that points here (``supernet.stereo.check_stereo_input``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,14 @@ from torch.utils.data import Dataset
 
 from tasks.stereo.io import read_image, read_kitti_disparity, read_pfm
 
-__all__ = ["valid_disparity", "check_pair", "pad_to_multiple", "unpad", "StereoFolder", "IMAGE_EXTENSIONS"]
+__all__ = [
+    "valid_disparity",
+    "pad_to_multiple",
+    "unpad",
+    "predict_disparity",
+    "StereoFolder",
+    "IMAGE_EXTENSIONS",
+]
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".ppm", ".bmp", ".tif", ".tiff", ".webp")
 
@@ -47,23 +54,6 @@ def valid_disparity(disparity: torch.Tensor | np.ndarray, max_disparity: float |
     return mask
 
 
-def check_pair(left: torch.Tensor, right: torch.Tensor) -> None:
-    """Raise ``ValueError`` unless left and right are image batches (B×3×H×W) of the same shape."""
-    if not isinstance(left, torch.Tensor) or not isinstance(right, torch.Tensor):
-        raise ValueError("left and right must be tensors")
-    if left.dim() != 4 or right.dim() != 4:
-        raise ValueError(
-            f"left and right must be batches B×3×H×W, got {tuple(left.shape)} and {tuple(right.shape)}"
-        )
-    if left.shape != right.shape:
-        raise ValueError(
-            f"left and right images differ in size: left {tuple(left.shape)}, right {tuple(right.shape)}"
-            " (a rectified pair has equal sizes)"
-        )
-    if left.shape[1] != 3:
-        raise ValueError(f"images must have 3 channels, got {left.shape[1]}")
-
-
 def pad_to_multiple(*images: torch.Tensor, multiple: int) -> tuple[list[torch.Tensor], tuple[int, int]]:
     """Pad B×C×H×W tensors at the bottom and right (border replicated) so H and W divide by ``multiple``.
 
@@ -79,6 +69,22 @@ def pad_to_multiple(*images: torch.Tensor, multiple: int) -> tuple[list[torch.Te
 def unpad(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """Crop a prediction made on padded inputs back to the original (H, W)."""
     return x[..., : size[0], : size[1]]
+
+
+@torch.no_grad()
+def predict_disparity(model, left: torch.Tensor, right: torch.Tensor, stride: int = 64) -> torch.Tensor:
+    """The finest disparity of ``model`` (a stereo supernet in eval mode, or an exported sub-network)
+    for a pair of any equal size: pads both to a multiple of ``stride``, runs, and crops back.
+    Accepts single images (3×H×W) or batches (B×3×H×W)."""
+    if left.dim() == 3 and right.dim() == 3:
+        return predict_disparity(model, left[None], right[None], stride)[0]
+    if left.shape != right.shape:
+        raise ValueError(
+            f"left and right images differ in size: left {tuple(left.shape)}, right {tuple(right.shape)}"
+        )
+    (left, right), size = pad_to_multiple(left, right, multiple=stride)
+    out = model(left, right)
+    return unpad(out[-1] if isinstance(out, list) else out, size)
 
 
 def _read_disparity(path: Path) -> tuple[np.ndarray, np.ndarray]:

@@ -125,3 +125,21 @@ class MultiScaleLoss:
             raise ValueError(f"{len(preds)} predictions but {len(self.weights)} scale weights")
         losses = self.per_scale(preds, gt, valid)
         return sum(w * loss for w, loss in zip(self.weights, losses, strict=True)) / sum(self.weights)
+
+    def distillation(self, student: Sequence[torch.Tensor], teacher: Sequence[torch.Tensor]) -> torch.Tensor:
+        """In-place distillation for regression: the weighted per-scale error of a sub-network's
+        predictions against the (detached) predictions of the largest one, over every pixel — the
+        teacher is dense, so it also supervises pixels the ground truth leaves out."""
+        if len(student) != len(self.weights) or len(teacher) != len(student):
+            raise ValueError(
+                f"{len(student)} student and {len(teacher)} teacher predictions, {len(self.weights)} weights"
+            )
+        total = 0.0
+        for weight, s, t in zip(self.weights, student, teacher, strict=True):
+            err = (
+                (s - t.detach()).abs()
+                if self.kind == "l1"
+                else F.smooth_l1_loss(s, t.detach(), reduction="none")
+            )
+            total = total + weight * err.mean()
+        return total / sum(self.weights)

@@ -9,7 +9,6 @@ from PIL import Image
 
 from tasks.stereo import (
     StereoFolder,
-    check_pair,
     pad_to_multiple,
     unpad,
     valid_disparity,
@@ -108,16 +107,6 @@ def test_valid_disparity_on_arrays_and_tensors():
     expected = [True, True, False, False, False, False]
     assert valid_disparity(np.array(values), max_disparity=256).tolist() == expected
     assert valid_disparity(torch.tensor(values), max_disparity=256).tolist() == expected
-
-
-def test_check_pair():
-    check_pair(torch.zeros(2, 3, 8, 8), torch.zeros(2, 3, 8, 8))
-    with pytest.raises(ValueError, match="differ in size"):
-        check_pair(torch.zeros(1, 3, 8, 8), torch.zeros(1, 3, 8, 9))
-    with pytest.raises(ValueError, match="B×3×H×W"):
-        check_pair(torch.zeros(3, 8, 8), torch.zeros(3, 8, 8))
-    with pytest.raises(ValueError, match="3 channels"):
-        check_pair(torch.zeros(1, 1, 8, 8), torch.zeros(1, 1, 8, 8))
 
 
 def test_pad_to_multiple_keeps_coordinates_and_unpad_restores_the_size():

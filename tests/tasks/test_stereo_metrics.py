@@ -80,3 +80,15 @@ def test_multiscale_loss_rejects_bad_arguments():
         MultiScaleLoss(kind="l2")
     with pytest.raises(ValueError, match="B×1×H×W"):
         MultiScaleLoss(weights=(1.0,))([torch.zeros(1, 1, 2, 2)], torch.zeros(2, 2))
+
+
+def test_distillation_loss_compares_scale_by_scale_over_all_pixels():
+    loss_fn = MultiScaleLoss(weights=(1.0, 1.0), kind="l1")
+    teacher = [torch.zeros(1, 1, 1, 1), torch.zeros(1, 1, 2, 2)]
+    student = [torch.full((1, 1, 1, 1), 2.0, requires_grad=True), torch.ones(1, 1, 2, 2, requires_grad=True)]
+    kd = loss_fn.distillation(student, teacher)
+    assert kd.item() == pytest.approx((2.0 + 1.0) / 2)
+    kd.backward()
+    assert student[1].grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="teacher"):
+        loss_fn.distillation(student, teacher[:1])
