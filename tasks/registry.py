@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 # Modules that define built-in tasks (imported lazily by get_task / available_tasks).
-BUILTIN_TASK_MODULES = ("tasks.digits", "tasks.imagefolder", "tasks.cifar")
+BUILTIN_TASK_MODULES = ("tasks.digits", "tasks.imagefolder", "tasks.cifar", "tasks.stereo.task")
 
 _REGISTRY: dict[str, Callable[..., Task]] = {}
 
