@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from protocol.cli_support import manta_group
+import sys
+from pathlib import Path
+
+import click
+
+from protocol.cli_support import UserError, manta_group
+from protocol.identity_cli import identity_option, load_identity
+from protocol.logs import get_logger
+from protocol.netaddr import AddressError, check_peer_multiaddr, host_port_to_multiaddr
+
+logger = get_logger("manta.aggregator")
 
 
 @manta_group(
@@ -10,3 +20,75 @@ from protocol.cli_support import manta_group
 )
 def main() -> None:
     pass
+
+
+@main.command()
+@click.option(
+    "--task", "task_ref", required=True, help="Built-in task name (e.g. digits) or a task .toml file."
+)
+@click.option(
+    "--listen", default="0.0.0.0:31337", show_default=True, help="HOST:PORT the DHT node listens on."
+)
+@click.option(
+    "--announce",
+    multiple=True,
+    help="Public HOST:PORT to advertise (repeatable), e.g. behind port forwarding.",
+)
+@click.option(
+    "--initial-peers", multiple=True, help="Multiaddr of another aggregator or peer to join (repeatable)."
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where this aggregator keeps its files [default: ./manta-aggregator-<task id>].",
+)
+@click.option(
+    "--refresh",
+    type=click.FloatRange(1.0, 3600.0),
+    default=30.0,
+    show_default=True,
+    help="Seconds between re-publications of the task record.",
+)
+@identity_option
+def start(task_ref, listen, announce, initial_peers, data_dir, refresh, identity_path) -> None:
+    """Start the bootstrap node, publish the task and print the line volunteers run."""
+    from protocol.runtime import prepare_process, start_orphan_reaper
+
+    prepare_process()
+    from aggregator.bootstrap import BootstrapAggregator, BootstrapConfig
+    from aggregator.task_publication import TaskFileError, build_task_spec
+
+    identity = load_identity(identity_path, create=True)
+    try:
+        spec = build_task_spec(task_ref, identity)
+        host_port_to_multiaddr(listen, "--listen")
+        for a in announce:
+            host_port_to_multiaddr(a, "--announce", allow_port_zero=False)
+        peers = tuple(check_peer_multiaddr(p) for p in initial_peers)
+    except (TaskFileError, AddressError) as e:
+        raise UserError(str(e)) from None
+    data_dir = data_dir or Path(f"manta-aggregator-{spec.task_id}")
+    start_orphan_reaper()
+    node = BootstrapAggregator(
+        spec, identity, BootstrapConfig(listen, tuple(announce), peers, data_dir, refresh)
+    )
+    try:
+        try:
+            maddrs = node.start()
+        except Exception as e:  # hivemind reports an unusable port or unreachable peers in many ways
+            raise UserError(
+                f"could not start the DHT node: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+            ) from None
+        logger.info(
+            f"aggregator {identity.fingerprint} serving task {spec.task_id} ({spec.task}, {spec.mode}-parallel); data in {data_dir}"
+        )
+        click.echo("Volunteers join with:")
+        click.echo(
+            f"  manta-peer join --task {node.published.record.task_id} --initial-peers {' '.join(maddrs)}"
+        )
+        sys.stdout.flush()
+        node.serve_forever()
+        logger.info("stopping")
+    finally:
+        node.shutdown()

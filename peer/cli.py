@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from protocol.cli_support import manta_group
+from protocol.cli_support import UserError, manta_group
 from protocol.identity_cli import identity_option, load_identity
 
 
@@ -24,3 +24,94 @@ def identity(identity_path: Path) -> None:
     click.echo(f"public key:  {ident.public_key_hex}")
     click.echo(f"fingerprint: {ident.fingerprint}")
     click.echo(f"key file:    {ident.path}{'' if existed else ' (created)'}")
+
+
+@main.command()
+@click.option(
+    "--initial-peers", multiple=True, required=True, help="Multiaddr of an aggregator or peer (repeatable)."
+)
+@click.option("--task", "task_id", default=None, help="Task id to join [default: the only task published].")
+@click.option(
+    "--aggregator-key", default=None, help="Trust only the task spec signed by this aggregator key (hex)."
+)
+@click.option("--gpus", default="all", show_default=True, help="all, none, or GPU numbers like 0,2.")
+@click.option(
+    "--cpu-workers",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="CPU worker processes when no GPU is used.",
+)
+@click.option(
+    "--cohort",
+    default="auto",
+    show_default=True,
+    help="Cohort name; auto groups peers by host, then by network.",
+)
+@click.option("--listen", default="0.0.0.0:0", show_default=True, help="HOST:PORT this peer listens on.")
+@click.option("--announce", multiple=True, help="Public HOST:PORT others reach this peer at (repeatable).")
+@click.option("--client-mode", is_flag=True, help="Behind NAT: connect out only, never serve others.")
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("manta-peer"),
+    show_default=True,
+    help="Where this peer keeps its files.",
+)
+@click.option("--max-rounds", type=click.IntRange(1), default=None, help="Stop after this many rounds.")
+@identity_option
+def join(
+    initial_peers,
+    task_id,
+    aggregator_key,
+    gpus,
+    cpu_workers,
+    cohort,
+    listen,
+    announce,
+    client_mode,
+    data_dir,
+    max_rounds,
+    identity_path,
+) -> None:
+    """Join a swarm and train until stopped (Ctrl-C finishes the round and leaves cleanly)."""
+    from protocol.runtime import prepare_process, start_orphan_reaper
+
+    prepare_process()
+    from peer.devices import discover_devices
+    from peer.node import JoinConfig, PeerNode, PeerStartError
+    from protocol.logs import get_logger
+    from protocol.netaddr import AddressError, check_peer_multiaddr, host_port_to_multiaddr
+
+    log = get_logger("manta.peer")
+    ident = load_identity(identity_path, create=True)
+    try:
+        peers = tuple(check_peer_multiaddr(p) for p in initial_peers)
+        host_port_to_multiaddr(listen, "--listen")
+        for a in announce:
+            host_port_to_multiaddr(a, "--announce", allow_port_zero=False)
+        devices = discover_devices(gpus, cpu_workers)
+    except (AddressError, ValueError) as e:
+        raise UserError(str(e)) from None
+    if cohort != "auto" and not cohort.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise UserError(f"--cohort must be letters, digits, '-', '_' or '.', got {cohort!r}")
+    start_orphan_reaper()
+    config = JoinConfig(
+        peers, task_id, aggregator_key, cohort, listen, tuple(announce), client_mode, data_dir, max_rounds
+    )
+    node = PeerNode(config, ident, devices)
+    node.install_signal_handlers()
+    try:
+        try:
+            node.start()
+        except PeerStartError as e:
+            raise UserError(str(e)) from None
+        log.info(f"training on {len(devices)} worker(s): {', '.join(d.torch_device for d in devices)}")
+        reports = node.run()
+        committed = sum(r.committed for r in reports)
+        last = reports[-1].state_digest[:12] if reports else "-"
+        click.echo(f"left after {len(reports)} round(s), {committed} committed; final state {last}")
+    except KeyboardInterrupt:
+        log.info("round abandoned")
+    finally:
+        node.shutdown()

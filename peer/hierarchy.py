@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -121,6 +121,7 @@ class HierarchicalAverager:
     ):
         self.dht, self.run_id, self.cohort, self.timeouts = dht, run_id, cohort, timeouts
         self.mask_fn = mask_fn
+        self.client_mode = client_mode
         self.peer_id = dht.peer_id.to_base58()
         self._buffer = [torch.zeros_like(t, device="cpu") for t in template]
         self._mask_cache: dict[str, list[torch.Tensor]] = {}
@@ -158,12 +159,26 @@ class HierarchicalAverager:
         mask_key: str = "",
         cohort_size: int,
         num_cohorts: int,
+        state_digest: str = "",
+        expected_peers: Collection[str] = (),
     ) -> AveragingOutcome:
         """Run one round. ``numerator`` is this host's sum of per-sample gradients (``samples`` of them);
         ``cohort_size`` and ``num_cohorts`` are the sizes the DHT roster expects (groups form as soon as
-        they are full, else after the matchmaking time). Never raises for network failures: a failed
-        round comes back with ``committed=False`` and the reason."""
-        me = {"peer": self.peer_id, "cohort": self.cohort, "samples": int(samples), "mask": mask_key}
+        they are full, else after the matchmaking time).
+
+        The round commits only if every contributor computed its gradient from the same state
+        (``state_digest``) and every peer in ``expected_peers`` (this peer's roster) contributed: a
+        gradient from another model, or a round that silently left a known peer out, would make peers
+        diverge. Never raises for network failures: a failed round comes back with
+        ``committed=False`` and the reason."""
+        me = {
+            "peer": self.peer_id,
+            "cohort": self.cohort,
+            "samples": int(samples),
+            "mask": mask_key,
+            "state": state_digest,
+            "client": self.client_mode,
+        }
         outcome = AveragingOutcome(committed=False)
         t_start = time.perf_counter()
         final: list[torch.Tensor] | None = None
@@ -179,33 +194,47 @@ class HierarchicalAverager:
                 members = sorted(gathered.values(), key=lambda c: c["peer"])
             outcome.seconds["cohort"] = time.perf_counter() - t_start
             outcome.cohort_members = [m["peer"] for m in members]
-            outcome.leader = outcome.cohort_members[0]
+            # The leader must be able to serve others (client-mode peers cannot reduce or lead).
+            servers = [m["peer"] for m in members if not m.get("client")]
+            outcome.leader = (servers or outcome.cohort_members)[0]
             i_lead = outcome.leader == self.peer_id
 
+            lead_abort = None
             if i_lead:
                 t0 = time.perf_counter()
                 contributors = list(members)
-                if num_cohorts > 1:
-                    report = {"cohort": self.cohort, "members": members}
-                    gathered = self._stage(
-                        self._cross,
-                        "cross",
-                        round_index,
-                        0,
-                        num_cohorts,
-                        weight=float(len(members)),
-                        gather=report,
-                    )
-                    contributors = [m for r in gathered.values() for m in r["members"]]
-                contributors.sort(key=lambda c: c["peer"])
-                final, touched = self._finish_average(contributors)
-                outcome.contributors, outcome.touched = contributors, touched
+                try:
+                    if num_cohorts > 1:
+                        report = {"cohort": self.cohort, "members": members}
+                        gathered = self._stage(
+                            self._cross,
+                            "cross",
+                            round_index,
+                            0,
+                            num_cohorts,
+                            weight=float(len(members)),
+                            gather=report,
+                        )
+                        contributors = [m for r in gathered.values() for m in r["members"]]
+                    contributors.sort(key=lambda c: c["peer"])
+                    self._check_contributors(contributors, state_digest, expected_peers)
+                    final, touched = self._finish_average(contributors)
+                    outcome.contributors, outcome.touched = contributors, touched
+                except RoundAborted as e:
+                    if len(members) == 1:
+                        raise
+                    lead_abort = str(e)  # still broadcast, so the cohort learns it at once
                 outcome.seconds["cross"] = time.perf_counter() - t0
             if len(members) > 1:
                 t0 = time.perf_counter()
-                final, lead_report = self._broadcast(round_index, len(members), i_lead, final, outcome)
+                final, lead_report = self._broadcast(
+                    round_index, len(members), i_lead, final, outcome, lead_abort
+                )
+                if lead_abort is not None:
+                    raise RoundAborted(lead_abort)
                 if not i_lead:
                     outcome.contributors = lead_report["contributors"]
+                    self._check_contributors(outcome.contributors, state_digest, expected_peers)
                     outcome.touched = self._touched(outcome.contributors)
                 outcome.seconds["broadcast"] = time.perf_counter() - t0
             outcome.digest = tensors_digest(final)
@@ -226,6 +255,17 @@ class HierarchicalAverager:
                 f"round {round_index}: averaging aborted, keeping previous values ({outcome.reason})"
             )
         return outcome
+
+    @staticmethod
+    def _check_contributors(contributors: list[dict], state_digest: str, expected: Collection[str]) -> None:
+        states = {c.get("state", "") for c in contributors}
+        if len(states) > 1:
+            raise RoundAborted(f"contributors started from {len(states)} different states")
+        if state_digest and states != {state_digest}:
+            raise RoundAborted("contributors started from another state than this peer")
+        missing = set(expected) - {c["peer"] for c in contributors}
+        if missing:
+            raise RoundAborted(f"{len(missing)} peer(s) of the roster did not contribute")
 
     # ------------------------------------------------------------------ stages
 
@@ -264,23 +304,31 @@ class HierarchicalAverager:
         ]
         return final, touched
 
-    def _broadcast(self, round_index, size, i_lead, final, outcome):
-        """Leader's final vector to every cohort member, exactly (weights 1 and 0, members send zeros)."""
+    def _broadcast(self, round_index, size, i_lead, final, outcome, lead_abort=None):
+        """Leader's final vector to every cohort member, exactly (weights 1 and 0, members send zeros).
+        A leader that aborted still takes part, with ``ok: False``, so members stop waiting at once."""
         with self._buffer_access(self._cohort) as buf:
             for i, b in enumerate(buf):
-                if i_lead:
+                if i_lead and final is not None:
                     b.copy_(final[i])
                 else:
                     b.zero_()  # weight 0 and zeros: what we receive is exactly the leader's vector
         report = {"lead": i_lead}
         if i_lead:
-            report.update(contributors=outcome.contributors, digest=tensors_digest(final))
+            report.update(
+                ok=lead_abort is None,
+                reason=lead_abort or "",
+                contributors=outcome.contributors,
+                digest=tensors_digest(final) if final is not None else "",
+            )
         gathered = self._stage(
             self._cohort, "cohort", round_index, 1, size, weight=1.0 if i_lead else 0.0, gather=report
         )
         lead_reports = [r for r in gathered.values() if r.get("lead")]
         if len(lead_reports) != 1:
             raise RoundAborted(f"broadcast group had {len(lead_reports)} leaders instead of 1")
+        if not lead_reports[0].get("ok", False):
+            raise RoundAborted(f"the cohort leader aborted: {lead_reports[0].get('reason', '')}")
         with self._buffer_access(self._cohort) as buf:
             received = [b.clone() for b in buf]
         if not i_lead and tensors_digest(received) != lead_reports[0]["digest"]:

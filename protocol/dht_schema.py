@@ -12,6 +12,8 @@ nobody can overwrite another party's entry — the subkey must name the key that
 - ``manta_T_task``:  a sealed :class:`~protocol.records.TaskSpec` for task ``T`` from one of its aggregators;
 - ``manta_T_peers``: ``[announcement, binding]``: a sealed :class:`~protocol.records.PeerAnnouncement`
   for ``T`` and the sealed :class:`~protocol.records.IdentityBinding` of the same key and peer id.
+- ``manta_tasks`` (one key for the whole DHT, so a volunteer can join without knowing the task id):
+  subkey ``T``, value the sealed TaskSpec of ``T``.
 
 Keys that are not MANTA's (hivemind's own matchmaking and state-sharing keys) pass through untouched.
 
@@ -39,6 +41,8 @@ from protocol.records import (
     open_sealed,
 )
 
+TASKS_INDEX_KEY = "manta_tasks"  # subkey: task id, value: that task's sealed TaskSpec (for discovery)
+
 
 def task_key(task_id: str) -> str:
     return f"manta_{task_id}_task"
@@ -59,6 +63,16 @@ def open_task_value(task_id: str, subkey: Any, value: Any) -> Sealed[TaskSpec]:
     _check_owner(sealed, subkey)
     if sealed.record.task_id != task_id:
         raise RecordRejected(RejectReason.WRONG_TASK, f"task {sealed.record.task_id!r} under {task_id!r}")
+    return sealed
+
+
+def open_index_value(subkey: Any, value: Any) -> Sealed[TaskSpec]:
+    """Check one entry of the task index: a sealed TaskSpec whose task id is the subkey."""
+    sealed = open_sealed(_as_bytes(value), TaskSpec)
+    if subkey != sealed.record.task_id:
+        raise RecordRejected(
+            RejectReason.WRONG_TASK, f"index entry {subkey!r} holds task {sealed.record.task_id!r}"
+        )
     return sealed
 
 
@@ -89,6 +103,7 @@ class MantaRecordValidator:
         checks: dict[str, Callable[[Any, Any], object]] = {
             task_key(task_id): lambda sk, v: open_task_value(task_id, sk, v),
             peers_key(task_id): lambda sk, v: open_peer_value(task_id, sk, v),
+            TASKS_INDEX_KEY: open_index_value,
         }
         self._checks = {dht_key_id(name): (name, check) for name, check in checks.items()}
         self.rejected: dict[str, int] = {}

@@ -3,8 +3,8 @@
 All entry points (`manta-peer`, `manta-aggregator`, `manta-ledger`, `manta-swarm`) and every worker
 process they start call :func:`setup_logging` once, so a single variable, ``MANTA_LOG_LEVEL``, governs
 what every process of a run prints. hivemind keeps its own handler on the ``hivemind`` logger; we
-leave it alone but make it quieter than ours unless asked, because its INFO lines are meant for
-hivemind developers, not for volunteers.
+leave it alone but silence it unless MANTA logs at DEBUG, because its lines are meant for hivemind
+developers, not for volunteers.
 """
 
 from __future__ import annotations
@@ -48,8 +48,10 @@ def setup_logging(level: str | int | None = None) -> int:
     handler._manta = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(level)
-    # hivemind reads HIVEMIND_LOGLEVEL at import; default it one notch above ours.
-    os.environ.setdefault("HIVEMIND_LOGLEVEL", logging.getLevelName(max(level, logging.WARNING)))
+    # hivemind reads HIVEMIND_LOGLEVEL at import. It logs expected events of a swarm (a group that did
+    # not form, a peer that left) as errors with tracebacks; MANTA reports those itself, one line each,
+    # so hivemind speaks only at DEBUG (or when HIVEMIND_LOGLEVEL is set explicitly).
+    os.environ.setdefault("HIVEMIND_LOGLEVEL", "DEBUG" if level <= logging.DEBUG else "CRITICAL")
     return level
 
 

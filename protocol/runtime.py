@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import warnings
 
 import psutil
 
@@ -31,6 +32,8 @@ _PR_SET_PDEATHSIG = 1
 def prepare_process() -> None:
     """Make this process safe for hivemind. Call before the first ``import hivemind``."""
     os.environ.setdefault("HIVEMIND_MEMORY_SHARING_STRATEGY", SHARING_STRATEGY)
+    # hivemind scripts a helper with torch.jit at import; the deprecation notice is not the user's concern.
+    warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
     if "hivemind" in sys.modules and os.environ["HIVEMIND_MEMORY_SHARING_STRATEGY"] != SHARING_STRATEGY:
         raise RuntimeError("hivemind was imported before protocol.runtime.prepare_process()")
     if mp.get_start_method(allow_none=True) != "fork":

@@ -1,0 +1,139 @@
+"""The bootstrap aggregator: a DHT node on a fixed port that seeds the swarm and publishes the task.
+
+It runs a hivemind DHT node with a persistent libp2p identity (``<data-dir>/p2p.key``, so the
+multiaddr printed for volunteers stays valid across restarts), registers the MANTA record validator
+for its task (so it drops forged or malformed records, and so do the peers, which register the same),
+publishes the sealed TaskSpec and re-stores it well before it expires. A second aggregator pointed
+at the first (``--initial-peers``) with the same task id adopts the spec already published instead of
+competing with it; either can bootstrap newcomers, and so can any running peer.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from protocol.dht_schema import (
+    TASKS_INDEX_KEY,
+    MantaRecordValidator,
+    open_peer_value,
+    open_task_value,
+    peers_key,
+    task_key,
+)
+from protocol.identity import Identity
+from protocol.logs import get_logger
+from protocol.netaddr import host_port_to_multiaddr
+from protocol.records import RecordRejected, Sealed, TaskSpec, seal
+
+logger = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class BootstrapConfig:
+    listen: str = "0.0.0.0:31337"
+    announce: tuple[str, ...] = ()
+    initial_peers: tuple[str, ...] = ()
+    data_dir: Path = Path("manta-aggregator")
+    refresh_seconds: float = 30.0  # re-store the task this often; it expires after 4x this
+
+
+class BootstrapAggregator:
+    def __init__(self, spec: TaskSpec, identity: Identity, config: BootstrapConfig):
+        self.spec, self.identity, self.config = spec, identity, config
+        self.task_id = spec.task_id
+        self.dht = None
+        self.published: Sealed[TaskSpec] | None = None
+        self._stop = threading.Event()
+
+    def start(self) -> list[str]:
+        """Start the DHT node and publish the task; returns the multiaddrs peers should use."""
+        import hivemind
+
+        self.config.data_dir.mkdir(parents=True, exist_ok=True)
+        host = [host_port_to_multiaddr(self.config.listen, "--listen")]
+        announce = [
+            host_port_to_multiaddr(a, "--announce", allow_port_zero=False) for a in self.config.announce
+        ]
+        self.dht = hivemind.DHT(
+            initial_peers=list(self.config.initial_peers),
+            host_maddrs=host,
+            announce_maddrs=announce or None,
+            identity_path=str(self.config.data_dir / "p2p.key"),
+            check_if_identity_free=False,
+            record_validators=[MantaRecordValidator(self.task_id)],
+            start=True,
+        )
+        self.published = self._choose_spec()
+        self._publish()
+        return self.visible_maddrs()
+
+    def visible_maddrs(self) -> list[str]:
+        peer_id = self.dht.peer_id.to_base58()
+        if self.config.announce:
+            return [f"{host_port_to_multiaddr(a, '--announce')}/p2p/{peer_id}" for a in self.config.announce]
+        return [str(m) for m in self.dht.get_visible_maddrs()]
+
+    def _choose_spec(self) -> Sealed[TaskSpec]:
+        """Adopt a spec another aggregator already publishes for this task id, else publish ours."""
+        found = self.dht.get(task_key(self.task_id), latest=True)
+        if found is not None and isinstance(found.value, dict):
+            for subkey, item in sorted(found.value.items()):
+                try:
+                    sealed = open_task_value(self.task_id, subkey, item.value)
+                except RecordRejected:
+                    continue
+                if sealed.public_key != self.identity.public_key:
+                    logger.info(f"adopting task {self.task_id} published by aggregator {subkey[:16]}")
+                    return sealed
+        from protocol.records import open_sealed
+
+        return open_sealed(seal(self.spec, self.identity), TaskSpec)
+
+    def _publish(self) -> bool:
+        from hivemind.utils import get_dht_time
+
+        expiration = get_dht_time() + 4 * self.config.refresh_seconds
+        ok = self.dht.store(
+            task_key(self.task_id), self.published.wire, expiration, subkey=self.published.public_key.hex()
+        )
+        indexed = self.dht.store(TASKS_INDEX_KEY, self.published.wire, expiration, subkey=self.task_id)
+        if not (ok and indexed):
+            logger.warning("the DHT did not accept the task record (will retry)")
+        return bool(ok and indexed)
+
+    def peers_online(self) -> int:
+        found = self.dht.get(peers_key(self.task_id), latest=True)
+        if found is None or not isinstance(found.value, dict):
+            return 0
+        count = 0
+        for subkey, item in found.value.items():
+            try:
+                open_peer_value(self.task_id, subkey, item.value)
+                count += 1
+            except RecordRejected:
+                pass
+        return count
+
+    def serve_forever(self) -> None:
+        """Keep the task published and report the swarm until SIGINT/SIGTERM."""
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: self._stop.set())
+        while not self._stop.wait(self.config.refresh_seconds):
+            self._publish()
+            logger.info(f"task {self.task_id}: {self.peers_online()} peer(s) online")
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def shutdown(self) -> None:
+        if self.dht is not None:
+            self.dht.shutdown()
+            self.dht = None
+
+
+def wait_for_port_release(seconds: float = 0.5) -> None:
+    time.sleep(seconds)

@@ -1,0 +1,82 @@
+"""From `--task NAME|PATH.toml` to a sealed TaskSpec, and keeping it alive in the DHT.
+
+A built-in task name gets defaults sized for this project's CPUs; a TOML file may set every field:
+
+    [task]
+    id = "digits-demo"     # task id (default: the task name)
+    name = "digits"        # built-in task (see `tasks.available_tasks()`)
+    mode = "data"          # "data" or "model" parallel
+    seed = 0
+    [swarm]                # any SwarmParams field; the rest keep their defaults
+    target_samples_per_round = 1024
+    learning_rate = "0.05"
+"""
+
+from __future__ import annotations
+
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from protocol.identity import Identity
+from protocol.records import SwarmParams, TaskSpec
+
+DEFAULT_SWARM = dict(
+    target_samples_per_round=1024,
+    subnets_per_step=4,
+    batch_size=64,
+    max_group_size=4,
+    round_timeout_ms=120_000,
+    receipt_window_ms=600_000,
+    learning_rate="0.05",
+)
+
+
+class TaskFileError(ValueError):
+    """The task reference or file is not usable (one line for the operator)."""
+
+
+def build_task_spec(ref: str, identity: Identity, extra_aggregator_keys: tuple[str, ...] = ()) -> TaskSpec:
+    """A TaskSpec for a built-in task name or a TOML file, signed-for by ``identity``."""
+    from tasks import available_tasks
+
+    path = Path(ref)
+    if path.suffix == ".toml" or path.exists():
+        if not path.is_file():
+            raise TaskFileError(f"task file {ref} does not exist")
+        try:
+            doc = tomllib.loads(path.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise TaskFileError(f"task file {ref} is not valid TOML: {e}") from None
+    else:
+        doc = {"task": {"name": ref}}
+    unknown = set(doc) - {"task", "swarm"}
+    if unknown:
+        raise TaskFileError(f"task file has unknown section(s): {', '.join(sorted(unknown))}")
+    task: dict[str, Any] = dict(doc.get("task", {}))
+    name = task.pop("name", None)
+    if name not in available_tasks():
+        raise TaskFileError(f"unknown task {name!r}; built-in tasks: {', '.join(available_tasks())}")
+    task_id = task.pop("id", name)
+    mode, seed = task.pop("mode", "data"), task.pop("seed", 0)
+    if task:
+        raise TaskFileError(f"[task] has unknown key(s): {', '.join(sorted(task))}")
+    try:
+        params = SwarmParams(**{**DEFAULT_SWARM, **doc.get("swarm", {})})
+        return TaskSpec(
+            task_id=task_id,
+            task=name,
+            mode=mode,
+            seed=seed,
+            params=params,
+            aggregator_keys=(identity.public_key_hex, *extra_aggregator_keys),
+            ledger_origin=f"manta/{task_id}",
+            timestamp=int(time.time() * 1000),
+        )
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise TaskFileError(f"task setting {where}: {err['msg']}") from None

@@ -1,0 +1,373 @@
+"""`manta-peer join`: one volunteer's agent process and its round loop.
+
+The agent joins the DHT, fetches and verifies the task, starts one worker per device (see
+:mod:`peer.worker`), announces itself, and then runs rounds::
+
+    roster   = read_roster()                     # who is online, from signed announcements
+    cohorts  = assign_cohorts(roster)            # node affinity, identical on every peer
+    workers.compute(round)                       # shard of the round, sandwich sub-networks,
+                                                 # gradients summed inside the host (torch.distributed)
+    outcome  = averager.average(round, ...)      # cohort -> across cohorts -> back (hivemind), exact
+    workers.apply(round, outcome.committed)      # the same optimizer step everywhere, or none
+
+A late joiner first downloads the newest state another peer serves (digest-checked) and continues
+from the round after it; a peer whose round aborted looks for a newer state the same way, so it
+catches up instead of drifting. Ctrl-C finishes the current round, withdraws the announcement and
+stops every child process; a second Ctrl-C abandons the round.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from peer.affinity import assign_cohorts, cohort_sizes, host_id, network_id
+from peer.devices import WorkerDevice
+from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
+from peer.state_sharing import StateSharer, peer_tiebreak
+from peer.swarm_view import Announcer, fetch_task, read_roster
+from peer.training_state import consensus_count, digest, init_optimizer_state, state_tensors
+from peer.worker import WorkerSpec, default_threads, worker_main
+from protocol.dht_schema import MantaRecordValidator
+from protocol.identity import Identity
+from protocol.logs import get_logger
+from protocol.netaddr import host_port_to_multiaddr, parse_host_port
+from protocol.records import Affinity, DeviceInfo, Sealed, TaskSpec
+
+logger = get_logger("manta.peer")
+
+SETTLE_SECONDS = 4.0  # after announcing, before the first round reads the roster
+
+
+@dataclass(frozen=True)
+class JoinConfig:
+    initial_peers: tuple[str, ...]
+    task_id: str | None = None
+    aggregator_key: str | None = None
+    cohort: str = "auto"
+    listen: str = "0.0.0.0:0"
+    announce: tuple[str, ...] = ()
+    client_mode: bool = False
+    data_dir: Path = Path("manta-peer")
+    max_rounds: int | None = None
+    timeouts: AveragingTimeouts = field(default_factory=AveragingTimeouts)
+
+
+class PeerStartError(RuntimeError):
+    """The peer cannot start (unreachable swarm, no task, ...); one line for the volunteer."""
+
+
+@dataclass
+class RoundReport:
+    round: int
+    committed: bool
+    samples: int
+    loss: float
+    cohort: str
+    state_digest: str
+    seconds: float
+    contributors: int = 0
+    reason: str = ""
+
+
+def train_config_for(spec: TaskSpec) -> dict:
+    """The TrainConfig fields every peer of ``spec`` uses (all derived from the signed spec)."""
+    p = spec.params
+    return dict(
+        task=spec.task,
+        seed=spec.seed,
+        batch_size=p.batch_size,
+        num_subnets=p.subnets_per_step,
+        lr=float(p.learning_rate),
+    )
+
+
+class PeerNode:
+    def __init__(self, config: JoinConfig, identity: Identity, devices: list[WorkerDevice]):
+        self.config, self.identity, self.devices = config, identity, devices
+        self.dht = None
+        self.spec: Sealed[TaskSpec] | None = None
+        self.reports: list[RoundReport] = []
+        self._stop = threading.Event()
+        self._abandon = threading.Event()
+        self._workers: list = []
+        self._averager: HierarchicalAverager | None = None
+        self._sharer: StateSharer | None = None
+        self._announcer: Announcer | None = None
+        self.state_round = -1  # the round the current state is the result of (-1: the initial state)
+        self.state_digest = ""
+
+    # ------------------------------------------------------------------ start-up
+
+    def start(self) -> None:
+        import hivemind
+
+        self.config.data_dir.mkdir(parents=True, exist_ok=True)
+        announce = [
+            host_port_to_multiaddr(a, "--announce", allow_port_zero=False) for a in self.config.announce
+        ]
+        try:
+            self.dht = hivemind.DHT(
+                initial_peers=list(self.config.initial_peers),
+                host_maddrs=[host_port_to_multiaddr(self.config.listen, "--listen")],
+                announce_maddrs=announce or None,
+                client_mode=self.config.client_mode,
+                identity_path=str(self.config.data_dir / "p2p.key"),
+                check_if_identity_free=False,
+                start=True,
+            )
+        except Exception as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            if "initial_peers responded" in first or "failed to connect to bootstrap peers" in first:
+                first = f"cannot reach any initial peer ({', '.join(self.config.initial_peers)})"
+            raise PeerStartError(first) from None
+        self.peer_id = self.dht.peer_id.to_base58()
+        self._tiebreak = peer_tiebreak(self.peer_id)
+        try:
+            self.spec = fetch_task(self.dht, self.config.task_id, self.config.aggregator_key)
+        except LookupError as e:
+            raise PeerStartError(str(e)) from None
+        task = self.spec.record
+        self.dht.add_validators([MantaRecordValidator(task.task_id)])
+        logger.info(
+            f"peer {self.peer_id[-8:]} ({self.identity.fingerprint}) joined task {task.task_id}: {task.task}, "
+            f"{task.mode}-parallel, aggregator {self.spec.public_key.hex()[:16]}"
+        )
+        if self.config.announce:
+            host = parse_host_port(self.config.announce[0])[0]
+        else:
+            listen_host = parse_host_port(self.config.listen)[0]
+            host = listen_host if listen_host not in ("0.0.0.0", "::") else _primary_address()
+        affinity = Affinity(host_id=host_id(), network_id=network_id(host))
+        self._announcer = Announcer(
+            self.dht,
+            self.identity,
+            task.task_id,
+            self.peer_id,
+            tuple(DeviceInfo(kind=d.kind, name=d.name[:256], memory_mb=d.memory_mb) for d in self.devices),
+            affinity,
+            self.config.cohort,
+            throughput=1.0,  # replaced by the measured figure after the first round
+        )
+        # Announce before the (slow) worker start, so peers starting together see each other in time.
+        self._announcer.announce()
+        self._announcer.keep_fresh()
+        self._announced_at = time.monotonic()
+        self._start_workers()
+        self._sharer = StateSharer(
+            [t.clone() for t in self._state_buf],
+            self.dht,
+            task.task_id,
+            self._consensus,
+            client_mode=self.config.client_mode,
+        )
+
+    def _start_workers(self) -> None:
+        """Spawn one worker per device; they share gradient and state buffers with this process."""
+        from supernet.training import TrainConfig, build_supernet, make_optimizer
+        from tasks import get_task
+
+        torch.set_num_threads(1)  # the agent only averages; the cores belong to the workers
+        cfg = TrainConfig(**train_config_for(self.spec.record))
+        task = get_task(cfg.task)
+        net = build_supernet(cfg, task.num_classes, task.train_set[0][0].shape[0])
+        optimizer = make_optimizer(net, cfg)
+        init_optimizer_state(net, optimizer)
+        self._grad_buf = [torch.zeros_like(p).share_memory_() for p in net.parameters()]
+        self._state_buf = [t.detach().clone().share_memory_() for t in state_tensors(net, optimizer)]
+        self._consensus = consensus_count(net, optimizer)
+        self.state_digest = digest(self._state_buf[: self._consensus])
+        self._num_params = len(self._grad_buf)
+        ctx = torch.multiprocessing.get_context("spawn")
+        port = _free_port()
+        threads = default_threads(len(self.devices))
+        for rank, device in enumerate(self.devices):
+            parent, child = ctx.Pipe()
+            spec = WorkerSpec(
+                rank,
+                len(self.devices),
+                device.torch_device,
+                port,
+                cfg.task,
+                self.spec.record.seed,
+                f"{self.peer_id}/{rank}",
+                train_config_for(self.spec.record),
+                threads,
+            )
+            proc = ctx.Process(
+                target=worker_main, args=(spec, child, self._grad_buf, self._state_buf), daemon=True
+            )
+            proc.start()
+            self._workers.append((proc, parent))
+
+    def _ask_workers(self, *msg) -> list:
+        for _, conn in self._workers:
+            conn.send(msg)
+        replies = []
+        for proc, conn in self._workers:
+            while not conn.poll(0.5):
+                if not proc.is_alive():
+                    raise RuntimeError(f"worker {proc.pid} died (exit code {proc.exitcode})")
+            reply = conn.recv()
+            if reply[0] == "error":
+                raise RuntimeError(f"worker failed: {reply[1]}")
+            replies.append(reply)
+        return replies
+
+    # ------------------------------------------------------------------ rounds
+
+    def catch_up(self) -> bool:
+        """Adopt the best state another peer serves if it is ahead of ours: a newer round, or the same
+        round from the peer that wins the fixed tie-break. Returns whether the state was replaced."""
+        got = self._sharer.download(timeout=30.0)
+        if got is None:
+            return False
+        round_index, tiebreak, tensors, state_digest = got
+        if state_digest == self.state_digest or (round_index, tiebreak) <= (self.state_round, self._tiebreak):
+            return False
+        for dst, src in zip(self._state_buf, tensors):
+            dst.copy_(src)
+        self._ask_workers("load")
+        self.state_round = round_index
+        self.state_digest = self._sharer.publish(round_index, self._state_buf)
+        logger.info(f"loaded the swarm's state after round {round_index} (digest {state_digest[:12]})")
+        return True
+
+    def run(self) -> list[RoundReport]:
+        task = self.spec.record
+        self.catch_up()
+        # Let peers that started together find each other in the roster before the first round.
+        time.sleep(max(0.0, SETTLE_SECONDS - (time.monotonic() - self._announced_at)))
+        done = 0
+        while not self._stop.is_set() and (self.config.max_rounds is None or done < self.config.max_rounds):
+            report = self._run_round(task, self.state_round + 1)
+            self.reports.append(report)
+            done += 1
+            logger.info(
+                f"round {report.round}: {'committed' if report.committed else 'aborted'}, loss {report.loss:.4f}, "
+                f"{report.samples} samples in {report.seconds:.1f} s, {report.contributors} contributor(s), "
+                f"cohort {report.cohort}, state {report.state_digest[:12]}"
+                + (f" ({report.reason})" if report.reason else "")
+            )
+            if report.committed:
+                self.state_round = report.round
+            else:
+                self.catch_up()  # repairs divergence and brings us to the swarm's round
+        return self.reports
+
+    def _run_round(self, task: TaskSpec, round_index: int) -> RoundReport:
+        t0 = time.perf_counter()
+        roster = read_roster(self.dht, task.task_id)
+        if self.peer_id not in {p.entry.peer_id for p in roster}:
+            self._announcer.announce()
+            roster = read_roster(self.dht, task.task_id)
+        assignment = assign_cohorts([p.entry for p in roster], task.params.max_group_size)
+        cohort = assignment.get(self.peer_id, f"solo-{self.peer_id[-8:]}")
+        sizes = cohort_sizes(assignment)
+        participants = [f"{p.entry.peer_id}/{w}" for p in roster for w in range(p.workers)]
+        if not participants or f"{self.peer_id}/0" not in participants:
+            participants = [f"{self.peer_id}/{w}" for w in range(len(self.devices))]
+        self._ensure_averager(cohort)
+
+        stats = self._ask_workers("compute", round_index, participants, task.params.target_samples_per_round)[
+            0
+        ][1]
+        compute_s = time.perf_counter() - t0
+        self._announcer.throughput = stats["samples"] / max(compute_s, 1e-6)
+        outcome = self._averager.average(
+            round_index,
+            self._grad_buf,
+            stats["samples"],
+            cohort_size=sizes.get(cohort, 1),
+            num_cohorts=max(1, len(sizes)),
+            state_digest=self.state_digest,
+            expected_peers=[p.entry.peer_id for p in roster],
+        )
+        if outcome.committed:
+            for dst, src in zip(self._grad_buf, outcome.tensors):
+                dst.copy_(src)
+        self._ask_workers("apply", round_index, outcome.committed)
+        if outcome.committed:
+            self.state_digest = self._sharer.publish(round_index, self._state_buf)
+        return RoundReport(
+            round_index,
+            outcome.committed,
+            stats["samples"],
+            stats["loss"],
+            cohort,
+            self.state_digest,
+            time.perf_counter() - t0,
+            len(outcome.contributors),
+            outcome.reason,
+        )
+
+    def _ensure_averager(self, cohort: str) -> None:
+        if self._averager is not None and self._averager.cohort == cohort:
+            return
+        if self._averager is not None:
+            self._averager.shutdown()
+        self._averager = HierarchicalAverager(
+            self.dht,
+            self.spec.record.task_id,
+            cohort,
+            self._grad_buf,
+            timeouts=self.config.timeouts,
+            client_mode=self.config.client_mode,
+        )
+
+    # ------------------------------------------------------------------ stopping
+
+    def install_signal_handlers(self) -> None:
+        def on_interrupt(signum, frame):
+            if self._stop.is_set():
+                self._abandon.set()
+                raise KeyboardInterrupt
+            logger.info("stopping after this round (Ctrl-C again to abandon it)")
+            self._stop.set()
+
+        signal.signal(signal.SIGINT, on_interrupt)
+        signal.signal(signal.SIGTERM, on_interrupt)
+
+    def shutdown(self) -> None:
+        if self._announcer is not None:
+            try:
+                self._announcer.withdraw()
+            except Exception as e:  # the DHT may already be unreachable; the record then simply expires
+                logger.debug(f"withdraw failed: {e}")
+        for _proc, conn in self._workers:
+            try:
+                conn.send(("stop",))
+            except OSError:
+                pass
+        for proc, _ in self._workers:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+        for part in (self._averager, self._sharer):
+            if part is not None:
+                try:
+                    part.shutdown()
+                except Exception:
+                    pass
+        if self.dht is not None:
+            self.dht.shutdown()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _primary_address() -> str | None:
+    """This machine's address as its hostname resolves (for the network part of node affinity)."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return None

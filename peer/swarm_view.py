@@ -1,0 +1,180 @@
+"""What a peer reads from and writes to the DHT: the task, its own announcement, the roster.
+
+Everything read is re-verified here (signature, schema, task) even though every node's validator
+already filters, because a node without validators (or this node's own cache) may still hand back
+anything.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from hivemind.utils import get_dht_time
+
+from peer.affinity import RosterEntry
+from protocol.dht_schema import (
+    TASKS_INDEX_KEY,
+    open_index_value,
+    open_peer_value,
+    open_task_value,
+    peers_key,
+    task_key,
+)
+from protocol.identity import Identity
+from protocol.logs import get_logger
+from protocol.records import (
+    Affinity,
+    DeviceInfo,
+    IdentityBinding,
+    PeerAnnouncement,
+    RecordRejected,
+    Sealed,
+    TaskSpec,
+    seal,
+)
+
+logger = get_logger(__name__)
+
+ANNOUNCE_TTL = 20.0  # an announcement not refreshed for this long drops out of the roster
+
+
+class TaskNotFound(LookupError):
+    """No usable task (one line for the volunteer)."""
+
+
+def _entries(dht, key: str) -> dict:
+    found = dht.get(key, latest=True)
+    if found is None or not isinstance(found.value, dict):
+        return {}
+    return {k: v.value for k, v in found.value.items()}
+
+
+def fetch_task(
+    dht, task_id: str | None, aggregator_key: str | None = None, wait: float = 10.0
+) -> Sealed[TaskSpec]:
+    """The verified TaskSpec of ``task_id`` (or of the only published task), waiting up to ``wait`` s."""
+    deadline = time.monotonic() + wait
+    while True:
+        if task_id is None:
+            index = {}
+            for sub, value in _entries(dht, TASKS_INDEX_KEY).items():
+                try:
+                    index[sub] = open_index_value(sub, value)
+                except RecordRejected:
+                    continue
+            if len(index) > 1:
+                raise TaskNotFound(
+                    f"several tasks are published ({', '.join(sorted(index))}); choose one with --task"
+                )
+            candidates = list(index.values())
+            if candidates:
+                task_id = candidates[0].record.task_id
+        if task_id is not None:
+            specs = []
+            for sub, value in _entries(dht, task_key(task_id)).items():
+                try:
+                    specs.append(open_task_value(task_id, sub, value))
+                except RecordRejected as e:
+                    logger.warning(f"ignoring an invalid task record: {e}")
+            if aggregator_key:
+                specs = [s for s in specs if s.public_key.hex() == aggregator_key]
+            distinct = {s.message for s in specs}
+            if len(distinct) > 1:
+                raise TaskNotFound(
+                    f"aggregators publish different specs for task {task_id}; pin one with --aggregator-key"
+                )
+            if specs:
+                return specs[0]
+        if time.monotonic() > deadline:
+            what = f"task {task_id!r}" if task_id else "any task"
+            raise TaskNotFound(f"no aggregator publishes {what} in this swarm (checked for {wait:.0f} s)")
+        time.sleep(0.5)
+
+
+@dataclass
+class Announcer:
+    """Keeps this peer's signed announcement (and identity binding) fresh in the DHT."""
+
+    dht: object
+    identity: Identity
+    task_id: str
+    peer_id: str
+    devices: tuple[DeviceInfo, ...]
+    affinity: Affinity
+    cohort: str
+    throughput: float = 0.0
+
+    def __post_init__(self):
+        now = int(time.time() * 1000)
+        self._binding = seal(
+            IdentityBinding(peer_id=self.peer_id, public_key=self.identity.public_key_hex, timestamp=now),
+            self.identity,
+        )
+
+    def announce(self, available: bool = True) -> bool:
+        record = PeerAnnouncement(
+            task_id=self.task_id,
+            peer_id=self.peer_id,
+            public_key=self.identity.public_key_hex,
+            devices=self.devices,
+            # 0 marks a withdrawn peer: hivemind cannot delete a record, only replace it by a newer one.
+            throughput_milli=int(self.throughput * 1000) if available else 0,
+            affinity=self.affinity,
+            cohort_id=self.cohort,
+            timestamp=int(time.time() * 1000),
+        )
+        value = [seal(record, self.identity), self._binding]
+        return bool(
+            self.dht.store(
+                peers_key(self.task_id),
+                value,
+                get_dht_time() + ANNOUNCE_TTL,
+                subkey=self.identity.public_key_hex,
+            )
+        )
+
+    def keep_fresh(self, interval: float = ANNOUNCE_TTL / 4) -> None:
+        """Re-announce every ``interval`` s from a background thread (start-up and long rounds included)."""
+        self._stopping = threading.Event()
+
+        def loop() -> None:
+            while not self._stopping.wait(interval):
+                try:
+                    self.announce()
+                except Exception as e:  # a transient DHT failure; the next refresh retries
+                    logger.debug(f"re-announcement failed: {e}")
+
+        self._thread = threading.Thread(target=loop, name="manta-announcer", daemon=True)
+        self._thread.start()
+
+    def withdraw(self) -> bool:
+        if getattr(self, "_stopping", None) is not None:
+            self._stopping.set()
+            self._thread.join(timeout=10)
+        return self.announce(available=False)
+
+
+@dataclass(frozen=True)
+class RosterPeer:
+    entry: RosterEntry
+    workers: int
+    announcement: PeerAnnouncement
+
+
+def read_roster(dht, task_id: str) -> list[RosterPeer]:
+    """The peers currently offering work on ``task_id`` (verified, not withdrawn), sorted by peer id."""
+    peers = {}
+    for sub, value in _entries(dht, peers_key(task_id)).items():
+        try:
+            announcement, _binding = open_peer_value(task_id, sub, value)
+        except RecordRejected:
+            continue
+        a = announcement.record
+        if a.throughput_milli == 0:
+            continue
+        explicit = None if a.cohort_id.startswith("auto") else a.cohort_id
+        entry = RosterEntry(a.peer_id, a.affinity.host_id, a.affinity.network_id, explicit)
+        peers[a.peer_id] = RosterPeer(entry, len(a.devices), a)
+    return [peers[k] for k in sorted(peers)]

@@ -1,0 +1,75 @@
+"""The training state a peer holds, as one list of tensors with a fixed layout.
+
+Parameters (in ``named_parameters`` order), then the optimizer's per-parameter state, then
+floating-point buffers (batch-norm running statistics). The layout is the same on every peer of a
+task, so the list can be served to late joiners by hivemind's state sharing and checkpointed.
+
+The first two parts are the *consensus* state: every peer applies the same optimizer step from the
+same averaged gradient, so they are bit-identical across the swarm and :func:`consensus_digest`
+checks it. Batch-norm statistics are not: each peer updates them from its own data shard, and a
+sub-network's statistics are recalibrated before it is evaluated anyway (the once-for-all practice).
+
+The optimizer state is created up front with the values a fresh optimizer would start from (zero
+momentum and moments, step 0), so the layout exists before the first step and the first step behaves
+exactly as it would on a fresh optimizer (SGD without dampening, AdamW).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from torch import nn
+
+_SGD_KEYS = ("momentum_buffer",)
+_ADAM_KEYS = ("exp_avg", "exp_avg_sq", "step")
+
+
+def init_optimizer_state(net: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    for p in net.parameters():
+        state = optimizer.state[p]
+        if isinstance(optimizer, torch.optim.SGD):
+            state.setdefault("momentum_buffer", torch.zeros_like(p, memory_format=torch.preserve_format))
+        elif isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
+            state.setdefault("exp_avg", torch.zeros_like(p, memory_format=torch.preserve_format))
+            state.setdefault("exp_avg_sq", torch.zeros_like(p, memory_format=torch.preserve_format))
+            state.setdefault("step", torch.tensor(0.0))
+        else:
+            raise ValueError(f"optimizer: {type(optimizer).__name__} has no shared-state layout")
+
+
+def _optimizer_keys(optimizer: torch.optim.Optimizer) -> tuple[str, ...]:
+    return _SGD_KEYS if isinstance(optimizer, torch.optim.SGD) else _ADAM_KEYS
+
+
+def state_tensors(net: nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Views of the live state (parameters, optimizer state, float buffers), in the fixed layout."""
+    out = [p.data for p in net.parameters()]
+    keys = _optimizer_keys(optimizer)
+    for p in net.parameters():
+        out += [optimizer.state[p][k] for k in keys]
+    out += [b for b in net.buffers() if b.is_floating_point()]
+    return out
+
+
+def consensus_count(net: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """How many leading tensors of :func:`state_tensors` every peer holds identically."""
+    n = sum(1 for _ in net.parameters())
+    return n * (1 + len(_optimizer_keys(optimizer)))
+
+
+def load_state_tensors(net: nn.Module, optimizer: torch.optim.Optimizer, tensors: list[torch.Tensor]) -> None:
+    live = state_tensors(net, optimizer)
+    if len(live) != len(tensors) or any(a.shape != b.shape for a, b in zip(live, tensors)):
+        raise ValueError("state: the received state does not match this task's model")
+    with torch.no_grad():
+        for dst, src in zip(live, tensors):
+            dst.copy_(src)
+
+
+def digest(tensors: list[torch.Tensor]) -> str:
+    """SHA-256 of the exact bytes (bit-identical tensors <=> equal digests); what receipts carry."""
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().data)
+    return h.hexdigest()

@@ -1,0 +1,250 @@
+"""`manta-aggregator start` and `manta-peer join` as a user runs them: separate processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.helpers import console_script
+
+pytestmark = pytest.mark.swarm
+
+TASK_TOML = """
+[task]
+id = "digits-cli-test"
+name = "digits"
+[swarm]
+target_samples_per_round = 96
+batch_size = 32
+subnets_per_step = 2
+"""
+ROUND_RE = re.compile(
+    r"round (\d+): (committed|aborted), loss ([\d.]+), (\d+) samples in [\d.]+ s, (\d+) contributor\(s\), "
+    r"cohort (\S+), state ([0-9a-f]{12})"
+)
+
+
+def _env() -> dict:
+    return dict(os.environ, MANTA_WORKER_THREADS="1", MANTA_LOG_LEVEL="INFO", PYTHONUNBUFFERED="1")
+
+
+class Swarm:
+    """An aggregator plus peers, each a real console-script process; everything is stopped at the end."""
+
+    def __init__(self, tmp_path: Path):
+        self.dir = tmp_path
+        (tmp_path / "task.toml").write_text(TASK_TOML)
+        self.procs: dict[str, subprocess.Popen] = {}
+        agg = self._spawn(
+            "aggregator",
+            [
+                console_script("manta-aggregator"),
+                "start",
+                "--task",
+                str(tmp_path / "task.toml"),
+                "--listen",
+                "127.0.0.1:0",
+                "--identity",
+                str(tmp_path / "agg.key"),
+                "--data-dir",
+                str(tmp_path / "agg"),
+                "--refresh",
+                "5",
+            ],
+        )
+        self.join_args = self._wait_for_join_line(agg)
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        out = open(self.dir / f"{name}.out", "w")
+        err = open(self.dir / f"{name}.err", "w")
+        proc = subprocess.Popen(args, stdout=out, stderr=err, env=_env(), cwd=self.dir)
+        self.procs[name] = proc
+        return proc
+
+    def _wait_for_join_line(self, agg: subprocess.Popen, timeout: float = 60) -> list[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in (self.dir / "aggregator.out").read_text().splitlines():
+                if "manta-peer join" in line:
+                    return line.split()[2:]  # drop "manta-peer join"
+            assert agg.poll() is None, (self.dir / "aggregator.err").read_text()
+            time.sleep(0.2)
+        raise AssertionError("the aggregator printed no join line")
+
+    def join(self, name: str, *extra: str) -> subprocess.Popen:
+        return self._spawn(
+            name,
+            [
+                console_script("manta-peer"),
+                "join",
+                *self.join_args,
+                "--gpus",
+                "none",
+                "--listen",
+                "127.0.0.1:0",
+                "--identity",
+                str(self.dir / f"{name}.key"),
+                "--data-dir",
+                str(self.dir / name),
+                *extra,
+            ],
+        )
+
+    def log(self, name: str) -> str:
+        return (self.dir / f"{name}.err").read_text()
+
+    def rounds(self, name: str) -> dict[int, dict]:
+        out = {}
+        for m in ROUND_RE.finditer(self.log(name)):
+            out[int(m.group(1))] = dict(
+                committed=m.group(2) == "committed",
+                contributors=int(m.group(5)),
+                cohort=m.group(6),
+                digest=m.group(7),
+            )
+        return out
+
+    def wait_for(self, predicate, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+@pytest.fixture
+def swarm(tmp_path):
+    s = Swarm(tmp_path)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def test_peers_join_train_together_and_hold_identical_state(swarm):
+    names = ["alice", "bob", "carol"]
+    for name in names:
+        swarm.join(name, "--max-rounds", "6")
+    for name in names:
+        assert swarm.procs[name].wait(timeout=400) == 0, swarm.log(name)[-3000:]
+        assert "Traceback" not in swarm.log(name)
+    rounds = {name: swarm.rounds(name) for name in names}
+    # Wherever two peers committed the same round, they hold bit-identical state.
+    for r in set().union(*(rounds[n].keys() for n in names)):
+        digests = {rounds[n][r]["digest"] for n in names if r in rounds[n] and rounds[n][r]["committed"]}
+        assert len(digests) <= 1, f"peers differ after round {r}: {digests}"
+    together = [
+        r
+        for r in rounds["alice"]
+        if all(
+            r in rounds[n] and rounds[n][r]["committed"] and rounds[n][r]["contributors"] == 3 for n in names
+        )
+    ]
+    assert together, f"no round averaged all three peers: {rounds}"
+    # Three peers on one host form one cohort.
+    assert {rounds[n][together[0]]["cohort"] for n in names} == {rounds["alice"][together[0]]["cohort"]}
+
+
+def test_a_plain_hivemind_node_reads_the_published_task(swarm):
+    import hivemind
+
+    dht = hivemind.DHT(
+        initial_peers=[a for a in swarm.join_args if a.startswith("/ip4/")],
+        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+        start=True,
+    )
+    try:
+        found = dht.get("manta_digits-cli-test_task", latest=True)
+        assert found is not None
+        (entry,) = found.value.values()
+        assert entry.value.startswith(b"manta/task/v1\n") and b'"task_id":"digits-cli-test"' in entry.value
+    finally:
+        dht.shutdown()
+
+
+def test_unreachable_initial_peer_is_a_one_line_error(tmp_path):
+    with socket_closed_port() as port:
+        done = subprocess.run(
+            [
+                console_script("manta-peer"),
+                "join",
+                "--initial-peers",
+                f"/ip4/127.0.0.1/tcp/{port}/p2p/QmSBUfPjhdbT5M2uQ6xHzpfukzPy4zLikVL22vxNhiqVzx",
+                "--gpus",
+                "none",
+                "--identity",
+                str(tmp_path / "p.key"),
+                "--data-dir",
+                str(tmp_path / "p"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=_env(),
+        )
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert errors == [errors[0]] and "cannot reach any initial peer" in errors[0]
+
+
+def test_kill_9_of_a_peer_leaves_none_of_its_processes(swarm):
+    peer = swarm.join("victim")
+    swarm.wait_for(lambda: 0 in swarm.rounds("victim"), 180, "the victim's first round")
+    family = psutil.Process(peer.pid).children(recursive=True)
+    names = sorted({p.name() for p in family})
+    assert "p2pd" in names and len(family) >= 4, names  # DHT, averagers, workers, p2pd, reaper
+    os.kill(peer.pid, signal.SIGKILL)
+    peer.wait(timeout=10)
+    gone, alive = psutil.wait_procs(family, timeout=20)
+    assert not alive, f"left running after kill -9: {[(p.pid, p.name()) for p in alive]}"
+
+
+def test_a_late_joiner_loads_the_current_state_and_then_trains_in_step(swarm):
+    swarm.join("early", "--max-rounds", "14")
+    swarm.wait_for(lambda: len(swarm.rounds("early")) >= 3, 240, "three rounds of the early peer")
+    swarm.join("late", "--max-rounds", "5")
+    assert swarm.procs["late"].wait(timeout=400) == 0, swarm.log("late")[-3000:]
+    loaded = re.search(r"loaded the swarm's state after round (\d+)", swarm.log("late"))
+    assert loaded, swarm.log("late")[-3000:]
+    assert int(loaded.group(1)) >= 2
+    early, late = swarm.rounds("early"), swarm.rounds("late")
+    shared = [r for r in late if late[r]["committed"] and r in early and early[r]["committed"]]
+    assert shared, (early, late)
+    for r in shared:
+        assert late[r]["digest"] == early[r]["digest"]
+    assert any(late[r]["contributors"] == 2 for r in shared)
+
+
+class socket_closed_port:
+    """A local port with nothing listening on it."""
+
+    def __enter__(self) -> int:
+        import socket
+
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        self.port = s.getsockname()[1]
+        s.close()
+        return self.port
+
+    def __exit__(self, *exc) -> None:
+        pass
