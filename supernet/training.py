@@ -66,6 +66,7 @@ __all__ = [
     "make_optimizer",
     "lr_at",
     "accumulate_gradients",
+    "accumulate_sandwich",
     "optimizer_step",
     "batch_for_step",
     "calibration_loader",
@@ -364,6 +365,68 @@ def distillation_loss(
     return -(teacher_probs * log_probs).sum(dim=1).mean() * temperature**2
 
 
+def accumulate_sandwich(
+    net: nn.Module,
+    configs: Sequence[SubnetConfig],
+    cfg: TrainConfig,
+    *,
+    forward: Callable[[], Any],
+    task_loss: Callable[[Any], torch.Tensor],
+    soft_targets: Callable[[Any], Any],
+    distill_loss: Callable[[Any, Any], torch.Tensor],
+    samples: int,
+    input_size: Sequence[int],
+) -> dict[str, Any]:
+    """The model-agnostic core of :func:`accumulate_gradients` (also for other supernets).
+
+    ``net`` needs ``set_active``, ``largest_config`` and ``flops(cfg, input_size)``. ``forward()``
+    runs the active sub-network on the batch; ``task_loss(outputs)`` is its loss on the labels;
+    ``soft_targets(outputs)`` turns the teacher's outputs into detached distillation targets;
+    ``distill_loss(outputs, targets)`` is a student's distillation loss. Zeroes the gradients (every
+    parameter gets a gradient tensor), sums the gradients of ``configs``, takes no optimizer step.
+    """
+    if not configs:
+        raise ValueError("configs: need at least one sub-network")
+    net.train()
+    _zero_grads(net)
+    device = next(net.parameters()).device
+    teacher_cfg = net.largest_config()
+    teacher = None
+    macs = 0
+    if cfg.distill and configs[0] != teacher_cfg:
+        with torch.no_grad():
+            net.set_active(teacher_cfg)
+            teacher = soft_targets(forward())
+        macs += net.flops(teacher_cfg, input_size) * samples
+    losses, task_losses, distill_losses = [], [], []
+    for sub in configs:
+        net.set_active(sub)
+        outputs = forward()
+        label_loss = task_loss(outputs)
+        if sub == teacher_cfg or not cfg.distill:
+            loss, kd = label_loss, torch.zeros((), device=device)
+            if cfg.distill and teacher is None:
+                with torch.no_grad():
+                    teacher = soft_targets(outputs)
+        else:
+            kd = distill_loss(outputs, teacher)
+            loss = cfg.student_label_weight * label_loss + cfg.distill_weight * kd
+        loss.backward()
+        losses.append(loss.item())
+        task_losses.append(label_loss.item())
+        distill_losses.append(kd.item())
+        macs += training_flops_per_sample(net, sub, input_size) * samples
+    return {
+        "loss": sum(losses) / len(losses),
+        "losses": losses,
+        "task_losses": task_losses,
+        "distill_losses": distill_losses,
+        "config_hashes": [c.hash for c in configs],
+        "samples": samples,
+        "train_macs": int(macs),
+    }
+
+
 def accumulate_gradients(
     net: ClassificationSupernet,
     inputs: torch.Tensor,
@@ -384,8 +447,6 @@ def accumulate_gradients(
     ``train_macs`` — the multiply-adds this call spent (``3 × forward`` per trained sample, plus a
     teacher-only forward if one was needed), which is what the ledger credits.
     """
-    if not configs:
-        raise ValueError("configs: need at least one sub-network")
     device = next(net.parameters()).device
     inputs, targets = inputs.to(device), targets.to(device)
     if loss_fn is None:
@@ -393,45 +454,18 @@ def accumulate_gradients(
         def loss_fn(logits, y):
             return F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing)
 
-    input_size = tuple(inputs.shape[1:])
-    batch = inputs.shape[0]
-    net.train()
-    _zero_grads(net)
-    teacher_cfg = net.largest_config()
-    teacher_probs = None
-    macs = 0
     T = cfg.distill_temperature
-    if cfg.distill and configs[0] != teacher_cfg:
-        with torch.no_grad():
-            net.set_active(teacher_cfg)
-            teacher_probs = F.softmax(net.logits(inputs) / T, dim=1)
-        macs += net.flops(teacher_cfg, input_size) * batch
-    losses, task_losses, distill_losses = [], [], []
-    for sub in configs:
-        net.set_active(sub)
-        logits = net.logits(inputs)
-        task_loss = loss_fn(logits, targets)
-        if sub == teacher_cfg or not cfg.distill:
-            loss, kd = task_loss, torch.zeros((), device=device)
-            if cfg.distill and teacher_probs is None:
-                teacher_probs = F.softmax(logits.detach() / T, dim=1)
-        else:
-            kd = distillation_loss(logits, teacher_probs, T)
-            loss = cfg.student_label_weight * task_loss + cfg.distill_weight * kd
-        loss.backward()
-        losses.append(loss.item())
-        task_losses.append(task_loss.item())
-        distill_losses.append(kd.item())
-        macs += training_flops_per_sample(net, sub, input_size) * batch
-    return {
-        "loss": sum(losses) / len(losses),
-        "losses": losses,
-        "task_losses": task_losses,
-        "distill_losses": distill_losses,
-        "config_hashes": [c.hash for c in configs],
-        "samples": batch,
-        "train_macs": int(macs),
-    }
+    return accumulate_sandwich(
+        net,
+        configs,
+        cfg,
+        forward=lambda: net.logits(inputs),
+        task_loss=lambda logits: loss_fn(logits, targets),
+        soft_targets=lambda logits: F.softmax(logits.detach() / T, dim=1),
+        distill_loss=lambda logits, probs: distillation_loss(logits, probs, T),
+        samples=inputs.shape[0],
+        input_size=tuple(inputs.shape[1:]),
+    )
 
 
 # --------------------------------------------------------------------------------------------------
