@@ -91,10 +91,10 @@ def save_torchscript(model: nn.Module, path: str | Path) -> Path:
 
 
 def save_exported_program(model: nn.Module, path: str | Path, example_input: torch.Tensor) -> Path:
-    """``torch.export`` ``model`` (eval mode, any batch size ≥ 2... see below) and save it.
+    """``torch.export`` ``model`` in eval mode and save it; load with ``torch.export.load(path).module()``.
 
-    The batch dimension is exported as dynamic, so the loaded program accepts any batch size of at
-    least 2 (``torch.export`` specialises size 1); load with ``torch.export.load(path).module()``.
+    The batch dimension is exported as dynamic (``torch.export`` specialises size 1, so the loaded
+    program takes any batch size of at least 2; ``example_input`` must have at least 2 samples).
     """
     path = Path(path)
     model = model.eval()
