@@ -21,8 +21,8 @@ Checks, in this order (the first failure is the reason):
    ``require_binding`` is set, :func:`protocol.records.check_binding` must pass; a sender peer id, when
    given, must be the receipt's peer id.
 4. the extra ``checks``: callables ``check(sealed, submission, context) -> None`` that raise
-   ``RecordRejected``. They see a :class:`BatchContext` (time, task, store, the receipts accepted so far
-   in this batch), so later checks (group membership, throughput plausibility, audits) plug in here.
+   ``RecordRejected``. They see a :class:`BatchContext` (time, task, store, the batch's receipts that
+   passed so far), so later checks (group membership, throughput plausibility, audits) plug in here.
 5. sequence numbers, last because they consume state: receipts are taken per key in ascending
    ``seq``; exactly the bytes of an accepted entry again is ``replay``; a ``seq`` not above the key's
    last accepted one (in the ledger or earlier in this batch) is ``out_of_order``. Gaps are allowed (a
@@ -74,11 +74,16 @@ class Rejection(NamedTuple):
 
 @dataclass
 class BatchContext:
-    """What checks may consult: the batch's time and task, the ledger, and what is accepted so far."""
+    """What checks may consult: the batch's time and task, the ledger, and the batch's receipts.
+
+    ``passed`` holds, in submission order, the receipts that passed every check before the current
+    one; ``accepted`` fills in during the final sequence-number step.
+    """
 
     now_ms: int
     task_id: str
     store: LedgerStore
+    passed: list[Sealed[ContributionReceipt]] = field(default_factory=list)
     accepted: list[Sealed[ContributionReceipt]] = field(default_factory=list)
 
 
@@ -123,9 +128,19 @@ class ContributionIntake:
         self.clock = clock
         self.counters: Counter[str] = Counter()
 
-    def add_binding(self, wire: bytes) -> Sealed[IdentityBinding]:
-        """Open (check) a sealed IdentityBinding and remember it for its peer id; RecordRejected if bad."""
+    def add_binding(self, wire: bytes, sender_peer_id: str | None = None) -> Sealed[IdentityBinding]:
+        """Open (check) a sealed IdentityBinding and remember it for its peer id; RecordRejected if bad.
+
+        Learn bindings only from the peer id they name (``sender_peer_id``, when the transport tells it,
+        or a DHT entry that peer id owns): anyone can sign a binding of their own key to *another* peer
+        id, which would then shadow that peer's own binding.
+        """
         binding = open_sealed(wire, IdentityBinding)
+        if sender_peer_id is not None and sender_peer_id != binding.record.peer_id:
+            raise RecordRejected(
+                RejectReason.UNBOUND_PEER,
+                f"a binding for peer {binding.record.peer_id} came from {sender_peer_id}",
+            )
         self.bindings[binding.record.peer_id] = binding
         return binding
 
@@ -138,9 +153,12 @@ class ContributionIntake:
         candidates: list[tuple[int, Sealed[ContributionReceipt]]] = []
         for position, sub in enumerate(subs):
             try:
-                candidates.append((position, self._check_stateless(sub, ctx)))
+                sealed = self._check_stateless(sub, ctx)
             except RecordRejected as exc:
                 rejected.append(Rejection(position, exc.reason, exc.detail))
+                continue
+            candidates.append((position, sealed))
+            ctx.passed.append(sealed)
         # Sequence numbers: per key, in ascending seq (ties broken by bytes, so arrival order never matters);
         # this is also the order of the log, which keeps each key's entries in rising seq.
         candidates.sort(key=lambda item: (item[1].public_key, item[1].record.seq, item[1].wire))

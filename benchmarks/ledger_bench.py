@@ -220,17 +220,23 @@ def bench_build_and_proofs(
         LedgerStore.open(path, create=True, origin=ORIGIN, log_public_key=aggregator.public_key) as store,
         ctx.Pool(max(1, default_jobs())) as pool,
     ):
-        tasks = [(lo, min(lo + chunk, target[-1]), now) for lo in range(0, target[-1], chunk)]
-        for entries in pool.imap(_gen_chunk, tasks):
-            batch = [
-                # The store reads only the wire bytes, the key and the receipt's seq.
-                Sealed(ContributionReceipt.model_construct(seq=seq), peers[p].public_key, b"", b"", wire)
-                for wire, p, seq in entries
-            ]
-            t0 = time.perf_counter()
-            store.append_batch(batch, aggregator)
-            appended_time += time.perf_counter() - t0
-            progress(store.size)
+        # Generate in segments of at most 100,000 entries, so that the worker pool is idle (and memory
+        # bounded) while proofs are measured.
+        bounds = sorted({*target, *range(0, target[-1], 100_000)} - {0})
+        lo = 0
+        for hi in bounds:
+            tasks = [(a, min(a + chunk, hi), now) for a in range(lo, hi, chunk)]
+            for entries in pool.imap(_gen_chunk, tasks):
+                batch = [
+                    # The store reads only the wire bytes, the key and the receipt's seq.
+                    Sealed(ContributionReceipt.model_construct(seq=seq), peers[p].public_key, b"", b"", wire)
+                    for wire, p, seq in entries
+                ]
+                t0 = time.perf_counter()
+                store.append_batch(batch, aggregator)
+                appended_time += time.perf_counter() - t0
+                progress(store.size)
+            lo = hi
             if store.size in target:
                 progress.done()
                 results.append((store.size, *_measure_proofs(store, rng)))
@@ -278,9 +284,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         print()
         print(f"{'measure':<58} {'result':>16}   target")
-        print(
-            f"{'intake: verified receipts/s, batches of 1,000, one core':<58} {rate:>14,.0f}/s   >= 5,000/s"
-        )
+        label = "intake: verified receipts/s, batches of 1,000, one core"
+        print(f"{label:<58} {rate:>14,.0f}/s   >= 5,000/s")
+        label = "  the same per CPU-second of this process"
+        print(f"{label:<58} {cpu_rate:>14,.0f}/s   (independent of others' load)")
         for size, mean_ms, p99_ms, full_ms in proofs:
             label = f"inclusion proof at {size:,} entries (mean)"
             target = "< 5 ms" if size == 1_000_000 else ""

@@ -185,6 +185,10 @@ def test_identity_bindings(store):
     assert [r.reason for r in result.rejected] == [RejectReason.UNBOUND_PEER] * 3
     with pytest.raises(RecordRejected):
         intake.add_binding(binding_wire(PEER).replace(b"/v1", b"/v2"))
+    with pytest.raises(RecordRejected) as err:  # OTHER binds its key to PEER's peer id, sent by OTHER
+        intake.add_binding(binding_wire(OTHER, mine), sender_peer_id=peer_id_of(OTHER))
+    assert err.value.reason is RejectReason.UNBOUND_PEER
+    assert intake.bindings[mine].public_key == PEER.public_key
 
     lenient = ContributionIntake(store, AGGREGATOR, TASK)  # no binding required: the sender must still match
     refused = lenient.screen([Submission(receipt_wire(OTHER, 5), sender_peer_id=mine)])
@@ -192,14 +196,20 @@ def test_identity_bindings(store):
 
 
 def test_extra_checks_plug_in_before_sequence_numbers(store):
+    seen_before = []
+
     def no_big_batches(sealed, submission, ctx):
+        seen_before.append(len(ctx.passed))
         if sealed.record.samples > 1000:
             raise RecordRejected(RejectReason.MALFORMED, "implausible sample count")
         assert ctx.task_id == TASK and ctx.store is store
 
     intake = ContributionIntake(store, AGGREGATOR, TASK, checks=[no_big_batches])
-    result = intake.admit([receipt_wire(PEER, 1, samples=5000)])
+    result = intake.admit(
+        [receipt_wire(OTHER, 1), receipt_wire(PEER, 1, samples=5000), receipt_wire(OTHER, 2)]
+    )
     assert [r.detail for r in result.rejected] == ["implausible sample count"]
+    assert seen_before == [0, 1, 1]  # a check sees the batch's receipts that passed before it
     # the refused receipt did not consume its sequence number
     assert intake.admit([receipt_wire(PEER, 1, samples=10)]).accepted
 
