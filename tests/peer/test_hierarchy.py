@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+from hivemind.compression import Float16Compression
 
 from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
 from tests.peer.swarm_harness import run_peers, start_bootstrap_dht
@@ -37,7 +38,7 @@ def _crafted_masks(key: str) -> list[torch.Tensor]:
     return masks
 
 
-def _peer(dht, *, cohort, seed, samples, sizes, run_id, shapes=SHAPES, mask_key="", masked=False):
+def _peer(dht, *, cohort, seed, samples, sizes, run_id, shapes=SHAPES, mask_key="", masked=False, fp16=False):
     """One peer: ``sizes`` lists (cohort_size, num_cohorts) per round, as its DHT roster would say."""
     averager = HierarchicalAverager(
         dht,
@@ -45,6 +46,7 @@ def _peer(dht, *, cohort, seed, samples, sizes, run_id, shapes=SHAPES, mask_key=
         cohort,
         [torch.zeros(s) for s in shapes],
         mask_fn=_crafted_masks if masked else None,
+        cross_compression=Float16Compression() if fp16 else None,
         timeouts=FAST,
     )
     try:
@@ -170,3 +172,17 @@ def test_a_peer_killed_mid_round_leaves_the_survivors_identical_and_the_next_rou
     total = 3 + 5 + 2
     want = sum(_grads(seed, shapes)[0] * n for seed, n in ((0, 3), (1, 5), (2, 2))) / total
     torch.testing.assert_close(second[0]["tensors"][0], want, rtol=1e-5, atol=1e-6)
+
+
+def test_fp16_cross_cohort_stage_keeps_every_peer_bit_identical():
+    args = _args("hier-fp16")
+    for a in args.values():
+        a["fp16"] = True
+    results = _run("hier-fp16", args)
+    total = sum(n for _, _, n, _ in PEERS.values())
+    expected = [sum(_grads(s)[i] * n for _, s, n, _ in PEERS.values()) / total for i in range(len(SHAPES))]
+    rounds = [results[name][0] for name in PEERS]
+    assert all(r["committed"] for r in rounds), [r["reason"] for r in rounds]
+    assert len({r["digest"] for r in rounds}) == 1, "compression must not make peers differ"
+    for got, want in zip(rounds[0]["tensors"], expected):
+        torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)  # fp16 on the wire: ~3 decimal digits

@@ -141,8 +141,9 @@ def swarm(tmp_path):
 
 def test_peers_join_train_together_and_hold_identical_state(swarm):
     names = ["alice", "bob", "carol"]
+    extra = {"carol": ["--cpu-workers", "2"]}  # carol's two workers sum their gradients with gloo first
     for name in names:
-        swarm.join(name, "--max-rounds", "6")
+        swarm.join(name, "--max-rounds", "6", *extra.get(name, []))
     for name in names:
         assert swarm.procs[name].wait(timeout=400) == 0, swarm.log(name)[-3000:]
         assert "Traceback" not in swarm.log(name)
@@ -161,6 +162,61 @@ def test_peers_join_train_together_and_hold_identical_state(swarm):
     assert together, f"no round averaged all three peers: {rounds}"
     # Three peers on one host form one cohort.
     assert {rounds[n][together[0]]["cohort"] for n in names} == {rounds["alice"][together[0]]["cohort"]}
+
+
+def test_a_second_aggregator_joins_the_first_and_bootstraps_a_newcomer(swarm, tmp_path):
+    first = [a for a in swarm.join_args if a.startswith("/ip4/")]
+    with socket_closed_port() as port:
+        second = swarm._spawn(
+            "aggregator2",
+            [
+                console_script("manta-aggregator"),
+                "start",
+                "--task",
+                str(tmp_path / "task.toml"),
+                "--listen",
+                f"0.0.0.0:{port}",
+                "--announce",
+                f"127.0.0.1:{port}",
+                "--initial-peers",
+                *first,
+                "--identity",
+                str(tmp_path / "agg2.key"),
+                "--data-dir",
+                str(tmp_path / "agg2"),
+                "--refresh",
+                "5",
+            ],
+        )
+    swarm.wait_for(
+        lambda: "manta-peer join" in (tmp_path / "aggregator2.out").read_text(), 60, "the second join line"
+    )
+    line = next(x for x in (tmp_path / "aggregator2.out").read_text().splitlines() if "manta-peer join" in x)
+    assert f"/ip4/127.0.0.1/tcp/{port}/p2p/" in line, line  # the announced address, not the 0.0.0.0 listener
+    assert "adopting task digits-cli-test" in (tmp_path / "aggregator2.err").read_text()
+    # A newcomer that knows only the second aggregator finds the task the first one published.
+    peer = swarm._spawn(
+        "newcomer",
+        [
+            console_script("manta-peer"),
+            "join",
+            "--initial-peers",
+            line.split("--initial-peers ")[1].split()[0],
+            "--gpus",
+            "none",
+            "--listen",
+            "127.0.0.1:0",
+            "--identity",
+            str(tmp_path / "n.key"),
+            "--data-dir",
+            str(tmp_path / "n"),
+            "--max-rounds",
+            "1",
+        ],
+    )
+    assert peer.wait(timeout=240) == 0, swarm.log("newcomer")[-3000:]
+    assert "joined task digits-cli-test" in swarm.log("newcomer")
+    assert second.poll() is None
 
 
 def test_a_plain_hivemind_node_reads_the_published_task(swarm):

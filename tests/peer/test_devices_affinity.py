@@ -1,0 +1,64 @@
+"""Device selection and node-affinity cohort assignment."""
+
+from __future__ import annotations
+
+import pytest
+
+from peer.affinity import RosterEntry, assign_cohorts, cohort_sizes, network_id
+from peer.devices import discover_devices, parse_gpus
+
+
+def test_parse_gpus_accepts_all_none_and_lists_and_names_the_option_on_error():
+    assert parse_gpus("all") == "all" and parse_gpus(" NONE ") == "none"
+    assert parse_gpus("0,2") == [0, 2]
+    for bad in ("x", "1,1", "-1", ","):
+        with pytest.raises(ValueError, match="--gpus"):
+            parse_gpus(bad)
+
+
+def test_without_a_gpu_all_falls_back_to_cpu_workers_and_explicit_gpus_are_an_error():
+    import torch
+
+    if torch.cuda.device_count():
+        pytest.skip("this check is for machines without a visible GPU")
+    devices = discover_devices("all")
+    assert [d.torch_device for d in devices] == ["cpu"]
+    assert [d.index for d in discover_devices("none", cpu_workers=3)] == [0, 1, 2]
+    with pytest.raises(ValueError, match="0 GPU"):
+        discover_devices("0")
+
+
+def _entry(peer, host="h1", net="n1", cohort=None):
+    return RosterEntry(peer, host, net, cohort)
+
+
+def test_same_host_first_then_same_network_then_explicit_names():
+    roster = [
+        _entry("p1", host="hostA"),
+        _entry("p2", host="hostA"),  # same host -> one cohort
+        _entry("p3", host="hostB", net="lan1"),
+        _entry("p4", host="hostC", net="lan1"),  # alone on host, same /24
+        _entry("p5", host="hostD", net="lan2"),
+        _entry("p6", host="hostA", cohort="lab"),
+        _entry("p7", host="hostE", cohort="lab"),
+    ]
+    a = assign_cohorts(roster, max_size=8)
+    assert a["p1"] == a["p2"] and a["p1"].startswith("host-")
+    assert a["p3"] == a["p4"] and a["p3"].startswith("net-") and a["p5"] != a["p3"]
+    assert a["p6"] == a["p7"] == "lab"
+    assert cohort_sizes(a)["lab"] == 2
+
+
+def test_oversized_cohorts_split_deterministically_into_near_equal_parts():
+    roster = [_entry(f"peer{i:02d}") for i in range(10)]
+    a = assign_cohorts(roster, max_size=4)
+    sizes = sorted(cohort_sizes(a).values())
+    assert sizes == [3, 3, 4] and len(set(a.values())) == 3
+    assert (
+        assign_cohorts(list(reversed(roster)), max_size=4) == a
+    )  # the order the roster arrives in is irrelevant
+
+
+def test_network_id_groups_by_slash_24():
+    assert network_id("192.168.7.10") == network_id("192.168.7.200") != network_id("192.168.8.10")
+    assert network_id("2001:db8:1:2::1") == network_id("2001:db8:1:ffff::9")
