@@ -122,6 +122,11 @@ def check_sqlite_file(path: Path) -> None:
         raise LedgerError(f"{path} is truncated ({size} bytes, its header says {page_count * page_size})")
 
 
+def connect_readonly(path: str | os.PathLike[str]) -> sqlite3.Connection:
+    """A plain SQLite connection that cannot write the file (auditors, verify's worker processes)."""
+    return sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
+
+
 def _wal_in_use(path: Path) -> bool:
     try:
         return path.with_name(path.name + "-wal").stat().st_size > 0
@@ -166,10 +171,9 @@ class LedgerStore:
         elif origin is None or log_public_key is None:
             raise LedgerError("creating a ledger needs its origin and the aggregator's public key")
         try:
-            if exists and readonly:
-                conn = sqlite3.connect(f"{file.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
-            else:
-                conn = sqlite3.connect(file, isolation_level=None)
+            conn = (
+                connect_readonly(file) if exists and readonly else sqlite3.connect(file, isolation_level=None)
+            )
         except sqlite3.Error as exc:
             raise LedgerError(f"cannot open ledger {file}: {exc}") from None
         try:

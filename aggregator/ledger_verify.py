@@ -21,6 +21,7 @@ is used (and the summary says so).
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import sqlite3
@@ -28,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aggregator.ledger_store import LedgerError, LedgerStore
+from aggregator.ledger_store import LedgerError, LedgerStore, connect_readonly
 from protocol.identity import fingerprint
 from protocol.merkle import (
     consistency_path,
@@ -76,14 +77,10 @@ class _Chunk:
     revocations: list[tuple[int, int, bytes]] = field(default_factory=list)  # (idx, target, target leaf)
 
 
-def _connect_ro(path: str) -> sqlite3.Connection:
-    return sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
-
-
 def _check_chunk(path: str, lo: int, hi: int, log_key: bytes) -> _Chunk:
     out = _Chunk(lo, hi)
     leaves, kinds = bytearray(), bytearray()
-    conn = _connect_ro(path)
+    conn = connect_readonly(path)
     try:
         expected = lo
         rows = conn.execute(
@@ -191,7 +188,7 @@ def _verify(
             f"the file names log key {fingerprint(recorded_key)}, not the pinned key {fingerprint(key)}",
             checkpoint=0,
         )
-    conn = _connect_ro(file)
+    conn = connect_readonly(file)
     try:
         damage = [row[0] for row in conn.execute("PRAGMA quick_check(1)")]
         if damage != ["ok"]:
@@ -312,9 +309,7 @@ def _check_checkpoints(
     def failed(seq: int, message: str) -> VerifyResult:
         return VerifyResult(False, f"FAILED: {file}: checkpoint {seq}: {message}", n, seq - 1, b"", None, seq)
 
-    def subtree_hash(lo: int, hi: int) -> bytes:
-        return _subtree_hash(levels, lo, hi)
-
+    subtree_hash = functools.partial(_subtree_hash, levels)
     prev: Checkpoint | None = None
     count = 0
     for seq, note in conn.execute("SELECT seq, note FROM checkpoints ORDER BY seq"):

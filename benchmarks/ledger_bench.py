@@ -39,20 +39,11 @@ from protocol.canonical import ascii_canonical_json
 from protocol.identity import Identity
 from protocol.merkle import root_from_leaf_hashes, verify_inclusion
 from protocol.records import ContributionReceipt, Sealed, seal
+from tests.protocol.factories import fake_peer_id as _peer_id
 
 TASK = "bench-task"
 ORIGIN = "manta.bench/ledger"
 PEERS = 256
-_B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
-
-
-def _peer_id(key: bytes) -> str:
-    n = int.from_bytes(b"\x12\x20" + hashlib.sha256(key).digest(), "big")
-    out = ""
-    while n:
-        n, r = divmod(n, 58)
-        out = _B58[r] + out
-    return out
 
 
 def _peers() -> list[Identity]:
