@@ -162,7 +162,8 @@ class HierarchicalAverager:
         state_digest: str = "",
         expected_peers: Collection[str] = (),
     ) -> AveragingOutcome:
-        """Run one round. ``numerator`` is this host's sum of per-sample gradients (``samples`` of them);
+        """Run one round. ``round_index`` names this averaging attempt: every participant passes the
+        same value and never reuses it (a retried step gets a new one). ``numerator`` is this host's sum of per-sample gradients (``samples`` of them);
         ``cohort_size`` and ``num_cohorts`` are the sizes the DHT roster expects (groups form as soon as
         they are full, else after the matchmaking time).
 
@@ -270,15 +271,49 @@ class HierarchicalAverager:
     # ------------------------------------------------------------------ stages
 
     def _stage(self, averager: VerifiedAverager, name: str, round_index: int, stage: int, size: int, **step):
+        """One hivemind step, bounded by ``timeouts.step``. Not finding a group yet is retried; a partial
+        all-reduce is not (it cannot be repaired inside this round). While it waits, the stage watches
+        the round's commit board, so one peer's abort reaches every peer within a second instead of
+        each one sitting out its own timeout (which would scatter the peers over the next round)."""
         if self._sizes[name] != size:
             averager.set_target_group_size(size)
             self._sizes[name] = size
         averager.set_group_bits(_round_bits(round_index, stage))
-        try:
-            gathered = averager.step(timeout=self.timeouts.step, allow_retries=True, **step)
-        except Exception as e:
-            raise RoundAborted(f"{name} stage failed: {type(e).__name__}: {e}") from e
+        deadline = time.monotonic() + self.timeouts.step
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0.5:
+                raise RoundAborted(f"{name} stage: no group formed within {self.timeouts.step:.0f} s")
+            control = averager.step(timeout=remaining, allow_retries=False, wait=False, **step)
+            next_check = time.monotonic() + 0.5
+            while not control.done():
+                time.sleep(0.05)
+                if time.monotonic() >= next_check:
+                    next_check = time.monotonic() + 0.5
+                    failed = self._failed_reports(round_index)
+                    if failed:
+                        control.cancel()
+                        raise RoundAborted(f"{name} stage abandoned: {', '.join(failed)} aborted the round")
+            try:
+                gathered = control.result()
+                break
+            except Exception as e:
+                if "could not find a group" in str(e) and deadline - time.monotonic() > 0.5:
+                    continue  # nobody to meet yet: look again with the time that is left
+                raise RoundAborted(f"{name} stage failed: {type(e).__name__}: {e}") from e
         return {str(k.to_base58() if hasattr(k, "to_base58") else k): v for k, v in gathered.items()}
+
+    def _commit_key(self, round_index: int) -> str:
+        return f"{self.run_id}_commit_{round_index}"
+
+    def _reports(self, round_index: int) -> dict[str, dict]:
+        found = self.dht.get(self._commit_key(round_index), latest=True)
+        if found is None or not isinstance(found.value, dict):
+            return {}
+        return {k: v.value for k, v in found.value.items() if isinstance(v.value, dict)}
+
+    def _failed_reports(self, round_index: int) -> list[str]:
+        return sorted(p for p, r in self._reports(round_index).items() if not r.get("ok"))
 
     def _finish_average(
         self, contributors: list[dict]
@@ -337,22 +372,19 @@ class HierarchicalAverager:
 
     def _commit(self, round_index: int, outcome: AveragingOutcome) -> tuple[bool, str]:
         """Publish our result's digest and wait for every contributor's; commit only on full agreement."""
-        key = f"{self.run_id}_commit_{round_index}"
         ok = not outcome.reason and bool(outcome.digest)
         expiration = get_dht_time() + max(60.0, 3 * self.timeouts.commit)
-        self.dht.store(key, {"ok": ok, "digest": outcome.digest}, expiration, subkey=self.peer_id)
+        report = {"ok": ok, "digest": outcome.digest}
+        self.dht.store(self._commit_key(round_index), report, expiration, subkey=self.peer_id)
         if not ok:
             return False, outcome.reason
         expected = {c["peer"] for c in outcome.contributors}
         deadline = time.monotonic() + self.timeouts.commit
         while True:
-            found = self.dht.get(key, latest=True)
-            reports = {}
-            if found is not None and isinstance(found.value, dict):
-                reports = {k: v.value for k, v in found.value.items()}
-            failed = [p for p, r in reports.items() if not r.get("ok")]
+            reports = self._reports(round_index)
+            failed = sorted(p for p, r in reports.items() if not r.get("ok"))
             if failed:
-                return False, f"peer(s) {', '.join(sorted(failed))} reported a failed round"
+                return False, f"peer(s) {', '.join(failed)} reported a failed round"
             digests = {reports[p]["digest"] for p in expected if p in reports}
             if len(digests) > 1:
                 return False, "contributors ended the round with different results"

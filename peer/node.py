@@ -101,6 +101,7 @@ class PeerNode:
         self._sharer: StateSharer | None = None
         self._announcer: Announcer | None = None
         self.state_round = -1  # the round the current state is the result of (-1: the initial state)
+        self.attempt = 0  # averaging attempts so far, swarm-wide (see _run_round)
         self.state_digest = ""
 
     # ------------------------------------------------------------------ start-up
@@ -228,14 +229,16 @@ class PeerNode:
         got = self._sharer.download(timeout=30.0)
         if got is None:
             return False
-        round_index, tiebreak, tensors, state_digest = got
+        round_index, tiebreak, attempt, tensors, state_digest = got
+        # Whatever we keep, the swarm has moved past the attempt that produced the served state.
+        self.attempt = max(self.attempt, attempt + 1)
         if state_digest == self.state_digest or (round_index, tiebreak) <= (self.state_round, self._tiebreak):
             return False
         for dst, src in zip(self._state_buf, tensors):
             dst.copy_(src)
         self._ask_workers("load")
         self.state_round = round_index
-        self.state_digest = self._sharer.publish(round_index, self._state_buf)
+        self.state_digest = self._sharer.publish(round_index, self._state_buf, attempt)
         logger.info(f"loaded the swarm's state after round {round_index} (digest {state_digest[:12]})")
         return True
 
@@ -246,8 +249,9 @@ class PeerNode:
         time.sleep(max(0.0, SETTLE_SECONDS - (time.monotonic() - self._announced_at)))
         done = 0
         while not self._stop.is_set() and (self.config.max_rounds is None or done < self.config.max_rounds):
-            report = self._run_round(task, self.state_round + 1)
+            report = self._run_round(task, self.state_round + 1, self.attempt)
             self.reports.append(report)
+            self.attempt += 1  # every round, committed or aborted, is one attempt for the whole swarm
             done += 1
             logger.info(
                 f"round {report.round}: {'committed' if report.committed else 'aborted'}, loss {report.loss:.4f}, "
@@ -261,7 +265,9 @@ class PeerNode:
                 self.catch_up()  # repairs divergence and brings us to the swarm's round
         return self.reports
 
-    def _run_round(self, task: TaskSpec, round_index: int) -> RoundReport:
+    def _run_round(self, task: TaskSpec, round_index: int, attempt: int) -> RoundReport:
+        """Train step ``round_index`` (data shard, sub-networks, learning rate) in averaging attempt
+        ``attempt`` (what peers meet on; it never repeats, so a retried step starts from a clean slate)."""
         t0 = time.perf_counter()
         roster = read_roster(self.dht, task.task_id)
         if self.peer_id not in {p.entry.peer_id for p in roster}:
@@ -281,7 +287,7 @@ class PeerNode:
         compute_s = time.perf_counter() - t0
         self._announcer.throughput = stats["samples"] / max(compute_s, 1e-6)
         outcome = self._averager.average(
-            round_index,
+            attempt,
             self._grad_buf,
             stats["samples"],
             cohort_size=sizes.get(cohort, 1),
@@ -294,7 +300,7 @@ class PeerNode:
                 dst.copy_(src)
         self._ask_workers("apply", round_index, outcome.committed)
         if outcome.committed:
-            self.state_digest = self._sharer.publish(round_index, self._state_buf)
+            self.state_digest = self._sharer.publish(round_index, self._state_buf, attempt)
         return RoundReport(
             round_index,
             outcome.committed,

@@ -56,15 +56,21 @@ class StateSharer(DecentralizedAverager):
             **kwargs,
         )
 
-    def publish(self, round_index: int, tensors: list[torch.Tensor]) -> str:
-        """Make ``tensors`` (the state after ``round_index``) what newcomers download; returns its digest."""
+    def publish(self, round_index: int, tensors: list[torch.Tensor], attempt: int) -> str:
+        """Make ``tensors`` (the state after ``round_index``, reached in averaging attempt ``attempt``)
+        what newcomers download; returns its digest."""
         with self.get_tensors() as shared:
             for dst, src in zip(shared, tensors):
                 dst.copy_(src)
             state_digest = digest(list(shared)[: self.consensus])
         tiebreak = peer_tiebreak(self.peer_id.to_base58())
         with self._meta_lock:
-            self._meta = {"round": int(round_index), "digest": state_digest, "tiebreak": tiebreak}
+            self._meta = {
+                "round": int(round_index),
+                "digest": state_digest,
+                "tiebreak": tiebreak,
+                "attempt": int(attempt),
+            }
         # Downloaders try the highest priority first: the newest round, then one fixed peer among equals,
         # so peers that diverged all converge on the same state instead of swapping states at random.
         self.state_sharing_priority = float(round_index) + tiebreak
@@ -75,8 +81,8 @@ class StateSharer(DecentralizedAverager):
         with self.get_tensors() as shared, self._meta_lock:
             return dict(self._meta), [t.clone() for t in shared], self.tensor_infos
 
-    def download(self, timeout: float = 60.0) -> tuple[int, float, list[torch.Tensor], str] | None:
-        """The best verified state another peer serves: (round, tiebreak, tensors, digest), or None."""
+    def download(self, timeout: float = 60.0) -> tuple[int, float, int, list[torch.Tensor], str] | None:
+        """The best verified state another peer serves: (round, tiebreak, attempt, tensors, digest), or None."""
         result = self.load_state_from_peers(wait=True, timeout=timeout)
         if result is None:
             return None
@@ -90,4 +96,10 @@ class StateSharer(DecentralizedAverager):
                 f"downloaded state does not match its digest ({got[:12]} != {str(meta.get('digest'))[:12]})"
             )
             return None
-        return int(meta["round"]), float(meta.get("tiebreak", 0.0)), list(tensors), got
+        return (
+            int(meta["round"]),
+            float(meta.get("tiebreak", 0.0)),
+            int(meta.get("attempt", 0)),
+            list(tensors),
+            got,
+        )
