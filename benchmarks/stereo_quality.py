@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -117,9 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--max-disparity", type=float, default=24.0)
     parser.add_argument("--widths", default="8,16,24,32,48,64", help="the 6 unit widths")
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--num-subnets", type=int, default=3)
-    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--lr", type=float, default=5e-3)
     parser.add_argument("--distill-weight", type=float, default=0.5)
     parser.add_argument("--no-fine-correlation", action="store_true")
     parser.add_argument("--corr-repeats", type=int, default=10)
@@ -133,13 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average before: {out['load_before']}; torch threads: {args.threads}")
 
     if not args.skip_correlation:
-        d8, d4 = 4, 8  # the benchmark model's displacements at 1/8 and 1/4
+        d8 = max(1, math.ceil(args.max_disparity / 8))  # the benchmark model's displacements
+        d4 = 2 * d8  # (at 1/8 and, the fine correlation, at 1/4)
         widths = [int(w) for w in args.widths.split(",")]
         shapes = [
-            (args.batch_size, widths[2], args.height // 8, args.width // 8, d8),
-            (args.batch_size, widths[1], args.height // 4, args.width // 4, d4),
-            (1, 128, 96, 192, 40),
-            (4, 64, 64, 128, 32),
+            (args.batch_size, widths[2], args.height // 8, args.width // 8, d8),  # 1/8, as in the model
+            (args.batch_size, widths[1], args.height // 4, args.width // 4, d4),  # 1/4, as in the model
+            (1, 128, 96, 192, 40),  # DispNetC: conv2 of a 384×768 pair
+            (4, 64, 64, 128, 32),  # a larger batch at 1/4 of 256×512
         ]
         rows = correlation_speed(shapes, args.corr_repeats)
         out["correlation"] = rows
@@ -170,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         lr=args.lr,
         distill_weight=args.distill_weight,
         fine_correlation=not args.no_fine_correlation,
-        max_displacement=max(1, int(round(args.max_disparity / 8 + 0.49))),
+        max_displacement=max(1, math.ceil(args.max_disparity / 8)),  # covers max_disparity at 1/8
         log_every=25,
         eval_random_subnets=2,
     )
@@ -189,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         f"mean-disparity baseline: predicting {baseline['mean_disparity']:.2f} px everywhere gives "
         f"validation EPE {baseline['epe']:.3f}"
     )
+    cpu_started = time.process_time()
     result = train_stereo(cfg, task, progress=print, max_seconds=args.budget, final_eval=False)
+    cpu_seconds = time.process_time() - cpu_started
     # every evaluated sub-network also as an exported standalone model (after its BN recalibration)
     rows = evaluate_stereo_subnets(result["net"], task, cfg, export=True)
     largest = next(r for r in rows if r["name"] == "largest")
@@ -201,11 +205,14 @@ def main(argv: list[str] | None = None) -> int:
         rows=rows,
         steps=result["steps"],
         train_seconds=result["seconds"],
+        train_cpu_seconds=cpu_seconds,
+        train_macs=result["train_macs"],
         load_after=load(),
         targets={"largest<=0.5*baseline": ok_largest, "smallest<=1.3*largest": ok_smallest},
     )
     print(
-        f"\ntrained {result['steps']} steps in {result['seconds']:.0f} s; load average after: {out['load_after']}"
+        f"\ntrained {result['steps']} steps in {result['seconds']:.0f} s wall, {cpu_seconds:.0f} s CPU "
+        f"({result['train_macs'] / 1e12:.2f} T multiply-adds credited); load average after: {out['load_after']}"
     )
     print(
         f"{'sub-network':<10} {'MMACs':>8} {'params':>8} {'EPE':>7} {'bad1':>6} {'bad3':>6} {'D1':>6} {'exported EPE':>13}"

@@ -82,10 +82,10 @@ class StereoTrainConfig(TrainConfig):
     scale_weights: tuple[float, ...] = DEFAULT_SCALE_WEIGHTS
     loss_kind: str = "smooth_l1"
     total_steps: int = 500
-    batch_size: int = 8
+    batch_size: int = 4
     num_subnets: int = 3
     optimizer: str = "adamw"
-    lr: float = 2e-3
+    lr: float = 5e-3
     weight_decay: float = 1e-4
     warmup_steps: int = 10
     min_lr: float = 1e-5
