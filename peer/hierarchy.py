@@ -34,8 +34,10 @@ import hashlib
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
+from hivemind.averaging.control import AveragingStage
 from hivemind.compression import CompressionBase, NoCompression
 from hivemind.dht import DHT
 from hivemind.utils import get_dht_time
@@ -75,6 +77,51 @@ class AveragingOutcome:
     leader: str = ""
     digest: str = ""
     seconds: dict[str, float] = field(default_factory=dict)  # wall time per stage
+
+
+class CommitBoard(Protocol):
+    """Where participants post and read their end-of-attempt reports (see the module docstring)."""
+
+    def post(self, attempt: int, ok: bool, digest: str) -> None: ...
+
+    def read(self, attempt: int) -> dict[str, dict]:
+        """peer id -> {"ok": bool, "digest": str} for every report of ``attempt`` seen so far."""
+        ...
+
+    def latest_attempt(self) -> int:
+        """The highest attempt anyone reported recently (-1 if none): where the swarm is."""
+        ...
+
+
+class DHTCommitBoard:
+    """An unsigned board under ``{run_id}_commits`` (subkey ``<attempt>/<peer id>``), for swarms whose
+    peers trust each other (tests, benchmarks). MANTA peers use the signed board of
+    :mod:`peer.swarm_view` instead."""
+
+    def __init__(self, dht: DHT, run_id: str, ttl: float = 60.0):
+        self.dht, self.key, self.ttl = dht, f"{run_id}_commits", ttl
+        self.peer_id = dht.peer_id.to_base58()
+
+    def post(self, attempt: int, ok: bool, digest: str) -> None:
+        value = {"ok": ok, "digest": digest}
+        self.dht.store(self.key, value, get_dht_time() + self.ttl, subkey=f"{attempt}/{self.peer_id}")
+
+    def _entries(self) -> dict[tuple[int, str], dict]:
+        found = self.dht.get(self.key, latest=True)
+        if found is None or not isinstance(found.value, dict):
+            return {}
+        out = {}
+        for sub, item in found.value.items():
+            attempt, _, peer = str(sub).partition("/")
+            if attempt.isdigit() and isinstance(item.value, dict):
+                out[int(attempt), peer] = item.value
+        return out
+
+    def read(self, attempt: int) -> dict[str, dict]:
+        return {peer: r for (a, peer), r in self._entries().items() if a == attempt}
+
+    def latest_attempt(self) -> int:
+        return max((a for a, _ in self._entries()), default=-1)
 
 
 class RoundAborted(Exception):
@@ -118,11 +165,13 @@ class HierarchicalAverager:
         cross_compression: CompressionBase | None = None,
         timeouts: AveragingTimeouts = AveragingTimeouts(),
         client_mode: bool = False,
+        commit_board: CommitBoard | None = None,
     ):
         self.dht, self.run_id, self.cohort, self.timeouts = dht, run_id, cohort, timeouts
         self.mask_fn = mask_fn
         self.client_mode = client_mode
         self.peer_id = dht.peer_id.to_base58()
+        self.board = commit_board or DHTCommitBoard(dht, run_id, ttl=max(60.0, 3 * timeouts.commit))
         self._buffer = [torch.zeros_like(t, device="cpu") for t in template]
         self._mask_cache: dict[str, list[torch.Tensor]] = {}
         common = dict(
@@ -147,6 +196,7 @@ class HierarchicalAverager:
             **common,
         )
         self._sizes = {"cohort": None, "cross": None}
+        self._expected: set[str] = set()
 
     # ------------------------------------------------------------------ the round
 
@@ -181,6 +231,7 @@ class HierarchicalAverager:
             "client": self.client_mode,
         }
         outcome = AveragingOutcome(committed=False)
+        self._expected = set(expected_peers) | {self.peer_id} if expected_peers else set()
         t_start = time.perf_counter()
         final: list[torch.Tensor] | None = None
         try:
@@ -288,7 +339,9 @@ class HierarchicalAverager:
             next_check = time.monotonic() + 0.5
             while not control.done():
                 time.sleep(0.05)
-                if time.monotonic() >= next_check:
+                # Only a step still looking for its group is cancelled: cancelling a running all-reduce
+                # races hivemind's own completion. A running one ends within its own timeouts.
+                if time.monotonic() >= next_check and control.stage == AveragingStage.LOOKING_FOR_GROUP:
                     next_check = time.monotonic() + 0.5
                     failed = self._failed_reports(round_index)
                     if failed:
@@ -303,17 +356,14 @@ class HierarchicalAverager:
                 raise RoundAborted(f"{name} stage failed: {type(e).__name__}: {e}") from e
         return {str(k.to_base58() if hasattr(k, "to_base58") else k): v for k, v in gathered.items()}
 
-    def _commit_key(self, round_index: int) -> str:
-        return f"{self.run_id}_commit_{round_index}"
-
-    def _reports(self, round_index: int) -> dict[str, dict]:
-        found = self.dht.get(self._commit_key(round_index), latest=True)
-        if found is None or not isinstance(found.value, dict):
-            return {}
-        return {k: v.value for k, v in found.value.items() if isinstance(v.value, dict)}
-
     def _failed_reports(self, round_index: int) -> list[str]:
-        return sorted(p for p, r in self._reports(round_index).items() if not r.get("ok"))
+        """Peers of this round that reported failure (anyone's, if the caller gave no roster)."""
+        relevant = self._expected or None
+        return sorted(
+            p
+            for p, r in self.board.read(round_index).items()
+            if not r.get("ok") and (relevant is None or p in relevant)
+        )
 
     def _finish_average(
         self, contributors: list[dict]
@@ -373,16 +423,15 @@ class HierarchicalAverager:
     def _commit(self, round_index: int, outcome: AveragingOutcome) -> tuple[bool, str]:
         """Publish our result's digest and wait for every contributor's; commit only on full agreement."""
         ok = not outcome.reason and bool(outcome.digest)
-        expiration = get_dht_time() + max(60.0, 3 * self.timeouts.commit)
-        report = {"ok": ok, "digest": outcome.digest}
-        self.dht.store(self._commit_key(round_index), report, expiration, subkey=self.peer_id)
+        self.board.post(round_index, ok, outcome.digest)
         if not ok:
             return False, outcome.reason
         expected = {c["peer"] for c in outcome.contributors}
         deadline = time.monotonic() + self.timeouts.commit
         while True:
-            reports = self._reports(round_index)
-            failed = sorted(p for p, r in reports.items() if not r.get("ok"))
+            reports = self.board.read(round_index)
+            relevant = self._expected | expected
+            failed = sorted(p for p, r in reports.items() if not r.get("ok") and p in relevant)
             if failed:
                 return False, f"peer(s) {', '.join(failed)} reported a failed round"
             digests = {reports[p]["digest"] for p in expected if p in reports}
@@ -421,6 +470,11 @@ class HierarchicalAverager:
     @staticmethod
     def _buffer_access(averager: VerifiedAverager):
         return averager.get_tensors()
+
+    def next_attempt(self, after: int) -> int:
+        """The attempt to use after ``after``: one past the highest anyone posted, so peers whose
+        aborts took different times meet again on the same attempt."""
+        return max(after, self.board.latest_attempt()) + 1
 
     def shutdown(self) -> None:
         for averager in (self._cohort, self._cross):

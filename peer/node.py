@@ -31,7 +31,7 @@ from peer.affinity import assign_cohorts, cohort_sizes, host_id, network_id
 from peer.devices import WorkerDevice
 from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
 from peer.state_sharing import StateSharer, peer_tiebreak
-from peer.swarm_view import Announcer, fetch_task, read_roster
+from peer.swarm_view import Announcer, SignedCommitBoard, fetch_task, read_roster
 from peer.training_state import consensus_count, digest, init_optimizer_state, state_tensors
 from peer.worker import WorkerSpec, default_threads, worker_main
 from protocol.dht_schema import MantaRecordValidator
@@ -168,6 +168,7 @@ class PeerNode:
             self._consensus,
             client_mode=self.config.client_mode,
         )
+        self._reclaim_signals()
 
     def _start_workers(self) -> None:
         """Spawn one worker per device; they share gradient and state buffers with this process."""
@@ -247,12 +248,15 @@ class PeerNode:
         self.catch_up()
         # Let peers that started together find each other in the roster before the first round.
         time.sleep(max(0.0, SETTLE_SECONDS - (time.monotonic() - self._announced_at)))
-        done = 0
-        while not self._stop.is_set() and (self.config.max_rounds is None or done < self.config.max_rounds):
+        committed, failed_in_a_row = 0, 0
+        while not self._stop.is_set() and (
+            self.config.max_rounds is None or committed < self.config.max_rounds
+        ):
             report = self._run_round(task, self.state_round + 1, self.attempt)
             self.reports.append(report)
-            self.attempt += 1  # every round, committed or aborted, is one attempt for the whole swarm
-            done += 1
+            # Every round, committed or aborted, is one attempt for the whole swarm; the next one is past
+            # the highest any peer reached, so peers whose aborts took different times meet again.
+            self.attempt = self._averager.next_attempt(self.attempt)
             logger.info(
                 f"round {report.round}: {'committed' if report.committed else 'aborted'}, loss {report.loss:.4f}, "
                 f"{report.samples} samples in {report.seconds:.1f} s, {report.contributors} contributor(s), "
@@ -261,8 +265,15 @@ class PeerNode:
             )
             if report.committed:
                 self.state_round = report.round
+                committed, failed_in_a_row = committed + 1, 0
             else:
+                failed_in_a_row += 1
                 self.catch_up()  # repairs divergence and brings us to the swarm's round
+                if self.config.max_rounds is not None and failed_in_a_row >= max(
+                    10, 3 * self.config.max_rounds
+                ):
+                    logger.warning(f"giving up after {failed_in_a_row} aborted rounds in a row")
+                    break
         return self.reports
 
     def _run_round(self, task: TaskSpec, round_index: int, attempt: int) -> RoundReport:
@@ -325,11 +336,20 @@ class PeerNode:
             self._grad_buf,
             timeouts=self.config.timeouts,
             client_mode=self.config.client_mode,
+            commit_board=SignedCommitBoard(self.dht, self.spec.record.task_id, self.identity, self.peer_id),
         )
+        self._reclaim_signals()
 
     # ------------------------------------------------------------------ stopping
 
     def install_signal_handlers(self) -> None:
+        """Ctrl-C / SIGTERM: finish the round and leave; a second one abandons the round.
+
+        Called again after every hivemind averager is created: hivemind's ``run_in_background`` sets
+        SIGINT to "ignore" in the *calling* process before it forks the averager, which would
+        otherwise leave the volunteer with a peer that Ctrl-C cannot stop.
+        """
+
         def on_interrupt(signum, frame):
             if self._stop.is_set():
                 self._abandon.set()
@@ -337,8 +357,16 @@ class PeerNode:
             logger.info("stopping after this round (Ctrl-C again to abandon it)")
             self._stop.set()
 
+        self._signals_installed = True
         signal.signal(signal.SIGINT, on_interrupt)
         signal.signal(signal.SIGTERM, on_interrupt)
+
+    def _reclaim_signals(self) -> None:
+        if (
+            getattr(self, "_signals_installed", False)
+            and threading.current_thread() is threading.main_thread()
+        ):
+            self.install_signal_handlers()
 
     def shutdown(self) -> None:
         if self._announcer is not None:

@@ -88,7 +88,7 @@ class StateSharer(DecentralizedAverager):
             return None
         meta, tensors = result
         if not isinstance(meta, dict) or meta.get("round", -1) < 0:
-            logger.warning("a peer served state without a round; ignoring it")
+            logger.debug("a peer served its initial state (no round yet); nothing to catch up on")
             return None
         got = digest(list(tensors)[: self.consensus])
         if got != meta.get("digest"):

@@ -16,6 +16,9 @@ from hivemind.utils import get_dht_time
 from peer.affinity import RosterEntry
 from protocol.dht_schema import (
     TASKS_INDEX_KEY,
+    commit_subkey,
+    commits_key,
+    open_commit_value,
     open_index_value,
     open_peer_value,
     open_task_value,
@@ -30,6 +33,7 @@ from protocol.records import (
     IdentityBinding,
     PeerAnnouncement,
     RecordRejected,
+    RoundCommit,
     Sealed,
     TaskSpec,
     seal,
@@ -178,3 +182,44 @@ def read_roster(dht, task_id: str) -> list[RosterPeer]:
         entry = RosterEntry(a.peer_id, a.affinity.host_id, a.affinity.network_id, explicit)
         peers[a.peer_id] = RosterPeer(entry, len(a.devices), a)
     return [peers[k] for k in sorted(peers)]
+
+
+class SignedCommitBoard:
+    """The averaging commit board of a MANTA task: sealed RoundCommit records under
+    ``manta_T_commits``, which every node's validator checks, so no peer can abort other peers'
+    rounds or fake agreement in someone else's name."""
+
+    def __init__(self, dht, task_id: str, identity: Identity, peer_id: str, ttl: float = 90.0):
+        self.dht, self.task_id, self.identity, self.peer_id, self.ttl = dht, task_id, identity, peer_id, ttl
+
+    def post(self, attempt: int, ok: bool, digest: str) -> None:
+        record = RoundCommit(
+            task_id=self.task_id,
+            attempt=attempt,
+            peer_id=self.peer_id,
+            public_key=self.identity.public_key_hex,
+            ok=ok,
+            digest=digest,
+            timestamp=int(time.time() * 1000),
+        )
+        self.dht.store(
+            commits_key(self.task_id),
+            seal(record, self.identity),
+            get_dht_time() + self.ttl,
+            subkey=commit_subkey(attempt, self.identity.public_key_hex),
+        )
+
+    def _records(self) -> list[RoundCommit]:
+        out = []
+        for sub, value in _entries(self.dht, commits_key(self.task_id)).items():
+            try:
+                out.append(open_commit_value(self.task_id, sub, value).record)
+            except RecordRejected:
+                continue
+        return out
+
+    def read(self, attempt: int) -> dict[str, dict]:
+        return {r.peer_id: {"ok": r.ok, "digest": r.digest} for r in self._records() if r.attempt == attempt}
+
+    def latest_attempt(self) -> int:
+        return max((r.attempt for r in self._records()), default=-1)

@@ -12,6 +12,8 @@ nobody can overwrite another party's entry — the subkey must name the key that
 - ``manta_T_task``:  a sealed :class:`~protocol.records.TaskSpec` for task ``T`` from one of its aggregators;
 - ``manta_T_peers``: ``[announcement, binding]``: a sealed :class:`~protocol.records.PeerAnnouncement`
   for ``T`` and the sealed :class:`~protocol.records.IdentityBinding` of the same key and peer id.
+- ``manta_T_commits``: subkey ``<attempt>/<public key>``, a sealed :class:`~protocol.records.RoundCommit`
+  of that attempt by that key (one board for all attempts; entries expire within minutes).
 - ``manta_tasks`` (one key for the whole DHT, so a volunteer can join without knowing the task id):
   subkey ``T``, value the sealed TaskSpec of ``T``.
 
@@ -36,6 +38,7 @@ from protocol.records import (
     PeerAnnouncement,
     RecordRejected,
     RejectReason,
+    RoundCommit,
     Sealed,
     TaskSpec,
     open_sealed,
@@ -50,6 +53,14 @@ def task_key(task_id: str) -> str:
 
 def peers_key(task_id: str) -> str:
     return f"manta_{task_id}_peers"
+
+
+def commits_key(task_id: str) -> str:
+    return f"manta_{task_id}_commits"
+
+
+def commit_subkey(attempt: int, public_key_hex: str) -> str:
+    return f"{attempt}/{public_key_hex}"
 
 
 def dht_key_id(key: str) -> bytes:
@@ -73,6 +84,17 @@ def open_index_value(subkey: Any, value: Any) -> Sealed[TaskSpec]:
         raise RecordRejected(
             RejectReason.WRONG_TASK, f"index entry {subkey!r} holds task {sealed.record.task_id!r}"
         )
+    return sealed
+
+
+def open_commit_value(task_id: str, subkey: Any, value: Any) -> Sealed[RoundCommit]:
+    """Check one entry of ``manta_T_commits``: a RoundCommit for ``task_id`` under ``<attempt>/<its key>``."""
+    sealed = open_sealed(_as_bytes(value), RoundCommit)
+    record = sealed.record
+    if record.task_id != task_id:
+        raise RecordRejected(RejectReason.WRONG_TASK, f"commit for {record.task_id!r}")
+    if subkey != commit_subkey(record.attempt, sealed.public_key.hex()):
+        raise RecordRejected(RejectReason.BAD_SIGNATURE, "the subkey must be <attempt>/<signer's public key>")
     return sealed
 
 
@@ -103,6 +125,7 @@ class MantaRecordValidator:
         checks: dict[str, Callable[[Any, Any], object]] = {
             task_key(task_id): lambda sk, v: open_task_value(task_id, sk, v),
             peers_key(task_id): lambda sk, v: open_peer_value(task_id, sk, v),
+            commits_key(task_id): lambda sk, v: open_commit_value(task_id, sk, v),
             TASKS_INDEX_KEY: open_index_value,
         }
         self._checks = {dht_key_id(name): (name, check) for name, check in checks.items()}

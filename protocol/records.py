@@ -4,7 +4,7 @@ Records
 -------
 :class:`TaskSpec` (``manta/task/v1``), :class:`PeerAnnouncement` (``manta/announce/v1``),
 :class:`IdentityBinding` (``manta/binding/v1``), :class:`ContributionReceipt` (``manta/receipt/v1``),
-:class:`Revocation` (``manta/revocation/v1``) are sealed (signed); :class:`Checkpoint` travels as a
+:class:`Revocation` (``manta/revocation/v1``) and :class:`RoundCommit` (``manta/commit/v1``) are sealed (signed); :class:`Checkpoint` travels as a
 C2SP signed note instead (see :mod:`protocol.note`). Every model forbids unknown fields, takes strict
 types (no ``"1"`` for 1, no 1.0 for 1), bounds every string, list and integer, and is immutable.
 
@@ -271,6 +271,26 @@ class Revocation(SealedRecord):
     timestamp: Int53
 
 
+class RoundCommit(SealedRecord):
+    """A peer's report at the end of an averaging attempt: did it succeed, and with which result.
+
+    Every participant publishes one in the DHT and an attempt commits only when every contributor
+    reports ``ok`` with the same ``digest`` (see ``peer.hierarchy``); sealing it means nobody can abort
+    other peers' rounds, or fake agreement, in another peer's name.
+    """
+
+    RECORD_TYPE: ClassVar[str] = "commit"
+    MAX_WIRE_BYTES: ClassVar[int] = 1024
+
+    task_id: Name
+    attempt: Int53
+    peer_id: PeerId
+    public_key: Hex32
+    ok: bool
+    digest: Annotated[str, StringConstraints(max_length=64, pattern=r"^(?:[0-9a-f]{32}|[0-9a-f]{64})?$")]
+    timestamp: Int53
+
+
 class Checkpoint(StrictModel):
     """A signed tree head of a ledger: its origin, size and RFC 6962 root (hex).
 
@@ -306,7 +326,7 @@ class Checkpoint(StrictModel):
 
 SEALED_TYPES: dict[tuple[str, int], type[SealedRecord]] = {
     (cls.RECORD_TYPE, cls.VERSION): cls
-    for cls in (TaskSpec, PeerAnnouncement, IdentityBinding, ContributionReceipt, Revocation)
+    for cls in (TaskSpec, PeerAnnouncement, IdentityBinding, ContributionReceipt, Revocation, RoundCommit)
 }
 _TYPE_NAMES = {cls.RECORD_TYPE for cls in SEALED_TYPES.values()}
 LEDGER_ENTRY_TYPES: tuple[type[SealedRecord], ...] = (ContributionReceipt, Revocation)

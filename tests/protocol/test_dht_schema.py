@@ -8,9 +8,16 @@ import time
 import msgpack
 import pytest
 
-from protocol.dht_schema import MantaRecordValidator, dht_key_id, peers_key, task_key
+from protocol.dht_schema import (
+    MantaRecordValidator,
+    commit_subkey,
+    commits_key,
+    dht_key_id,
+    peers_key,
+    task_key,
+)
 from protocol.identity import Identity
-from protocol.records import DeviceInfo, PeerAnnouncement, SwarmParams, TaskSpec, seal
+from protocol.records import DeviceInfo, PeerAnnouncement, RoundCommit, SwarmParams, TaskSpec, seal
 from tests.protocol.factories import binding_wire, now_ms, peer_id_of
 
 TASK_ID = "digits-test"
@@ -96,6 +103,42 @@ def test_validator_accepts_valid_records_and_rejects_forgeries():
     assert v.validate(record("bench_flat.0b", "x", True))
     assert sum(v.rejected.values()) == 8
     assert any(label.startswith(f"{task_key(TASK_ID)}:bad_signature") for label in v.rejected)
+
+
+def test_commit_reports_must_be_sealed_by_the_key_their_subkey_names():
+    peer, mallory = Identity.generate(), Identity.generate()
+    v = MantaRecordValidator(TASK_ID)
+
+    def commit(identity, attempt=3, ok=True, task_id=TASK_ID):
+        return RoundCommit(
+            task_id=task_id,
+            attempt=attempt,
+            peer_id=peer_id_of(identity),
+            public_key=identity.public_key_hex,
+            ok=ok,
+            digest="ab" * 16,
+            timestamp=now_ms(),
+        )
+
+    good = seal(commit(peer), peer)
+    assert v.validate(record(commits_key(TASK_ID), commit_subkey(3, peer.public_key_hex), good))
+    # Mallory cannot post a failure in the peer's name, nor file a report under another attempt.
+    assert not v.validate(
+        record(
+            commits_key(TASK_ID),
+            commit_subkey(3, peer.public_key_hex),
+            seal(commit(mallory, ok=False), mallory),
+        )
+    )
+    assert not v.validate(record(commits_key(TASK_ID), commit_subkey(4, peer.public_key_hex), good))
+    assert not v.validate(
+        record(
+            commits_key(TASK_ID),
+            commit_subkey(3, peer.public_key_hex),
+            seal(commit(peer, task_id="other"), peer),
+        )
+    )
+    assert not v.validate(record(commits_key(TASK_ID), commit_subkey(3, peer.public_key_hex), {"ok": False}))
 
 
 @pytest.mark.swarm
