@@ -304,3 +304,46 @@ class socket_closed_port:
 
     def __exit__(self, *exc) -> None:
         pass
+
+
+def test_ctrl_c_finishes_the_round_leaves_cleanly_and_withdraws_the_announcement(swarm):
+    import hivemind
+
+    from protocol.dht_schema import open_peer_value, peers_key
+
+    swarm.join("stayer", "--max-rounds", "40")
+    leaver = swarm.join("leaver", "--max-rounds", "40")
+    swarm.wait_for(
+        lambda: any(r["contributors"] == 2 for r in swarm.rounds("leaver").values()),
+        240,
+        "a round the two peers averaged together",
+    )
+    leaver.send_signal(signal.SIGINT)
+    assert leaver.wait(timeout=120) == 0, swarm.log("leaver")[-3000:]
+    assert "stopping after this round" in swarm.log("leaver") and "Traceback" not in swarm.log("leaver")
+    assert "left after" in (swarm.dir / "leaver.out").read_text()
+    dht = hivemind.DHT(
+        initial_peers=[a for a in swarm.join_args if a.startswith("/ip4/")],
+        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+        start=True,
+    )
+    try:
+        entries = dht.get(peers_key("digits-cli-test"), latest=True).value
+        states = {}
+        for subkey, item in entries.items():
+            announcement, _ = open_peer_value("digits-cli-test", subkey, item.value)
+            states[announcement.record.peer_id] = announcement.record.throughput_milli
+    finally:
+        dht.shutdown()
+    assert sorted(states.values())[0] == 0 and sorted(states.values())[1] > 0, states  # leaver withdrawn
+    # The stayer carries on alone without waiting for the departed peer's record to expire.
+    before = len(swarm.rounds("stayer"))
+    swarm.wait_for(
+        lambda: any(
+            r["committed"] and r["contributors"] == 1
+            for i, r in swarm.rounds("stayer").items()
+            if i >= before
+        ),
+        120,
+        "a round the stayer commits alone",
+    )
