@@ -7,8 +7,13 @@ Layout (strides relative to the input; every searchable unit halves the resoluti
     correlation_1d(left 1/8, right 1/8; d = 0..D)  ⊕  redir(left 1/8)  = cost features (1/8)
     cost ─ units[3] ─ units[4] ─ units[5]                                     1/16, 1/32, 1/64
     decoder: pr6 at 1/64, then 6 × (transposed conv ×2, ⊕ skip, ⊕ ↑previous disparity, 3×3 conv,
-    disparity = ↑previous + 3×3 conv) with skips units[4], units[3], cost, units[1], units[0], stem
-    (left features), giving pr5 … pr0 at 1/32 … 1/1.
+    disparity = ↑previous + 3×3 conv) with skips units[4], units[3], cost, units[1] ⊕ fine cost,
+    units[0], stem (left features), giving pr5 … pr0 at 1/32 … 1/1.
+
+The fine cost (``fine_correlation=True``, the default) is the same correlation layer applied once more
+to the 1/4 features, over 2·D displacements (the same range in pixels); it joins the decoder's 1/4
+skip and gives the fine levels a direct matching signal (on ``stereo-synthetic`` it lowered the EPE
+after 120 training steps from 3.24 to 2.38 px). It costs H/4·(W/4)²·C multiply-adds.
 
 ``net.units`` holds exactly the 6 searchable :class:`~supernet.elastic.ElasticUnit` s (elastic kernel
 size, expand ratio and depth, the classification supernet's operations and :class:`SubnetConfig`);
@@ -62,7 +67,6 @@ __all__ = [
 NUM_UNITS = 6
 ENCODER_UNITS = 3
 STRIDE = 2**NUM_UNITS
-NUM_PREDICTIONS = NUM_UNITS + 1
 # Input normalisation (images in [0, 1]); fixed, and part of the exported model.
 _MEAN, _STD = 0.45, 0.225
 
@@ -247,7 +251,8 @@ class StereoSupernet(nn.Module):
     ``space`` — the elastic choices (``num_units`` must be 6; default kernel {3, 5, 7}, expand ratio
     {3, 4, 6}, depth {2, 3, 4}); ``widths`` — output channels of the 6 units; ``stem_channels``;
     ``max_displacement`` — D of the correlation at 1/8 resolution (disparities up to 8·D input pixels
-    are in its range; the default 8 covers 64 px); ``redir_channels`` — width of the left features
+    are in its range; the default 8 covers 64 px); ``fine_correlation`` — also correlate the 1/4
+    features (over 2·D) for the decoder; ``redir_channels`` — width of the left features
     joined with the cost; ``decoder_channels`` — widths of the 6 decoder stages (default: the skip
     widths mirrored); ``disparity_scale`` — the head predicts disparity / scale (default 8·D).
     """

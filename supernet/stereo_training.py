@@ -39,6 +39,7 @@ from supernet.flops import training_flops_per_sample
 from supernet.stereo import StereoSupernet
 from supernet.training import (
     TrainConfig,
+    _zero_grads,
     evaluation_configs,
     make_optimizer,
     maybe_sort_channels,
@@ -173,12 +174,7 @@ def accumulate_stereo_gradients(
     size = tuple(left.shape[-2:])
     pairs = left.shape[0]
     net.train()
-    for p in net.parameters():
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        else:
-            p.grad.detach_()
-            p.grad.zero_()
+    _zero_grads(net)
     teacher_cfg = net.largest_config()
     teacher, macs = None, 0
     if cfg.distill and configs[0] != teacher_cfg:
@@ -324,7 +320,6 @@ def train_stereo(
             loss = MultiScaleLoss(cfg.scale_weights, cfg.loss_kind)
             history, evaluations, total_macs = [], [], 0
             started = time.perf_counter()
-            step = 0
             for step in range(cfg.total_steps):
                 if max_seconds is not None and time.perf_counter() - started > max_seconds:
                     say(f"time limit {max_seconds:.0f}s reached after {step} of {cfg.total_steps} steps")
@@ -352,14 +347,12 @@ def train_stereo(
                     rows = evaluate_stereo_subnets(net, task, cfg)
                     evaluations.append((step + 1, rows))
                     say(f"step {step + 1}: {_format(rows)}")
-            else:
-                step = cfg.total_steps
             seconds = time.perf_counter() - started
             final = evaluate_stereo_subnets(net, task, cfg) if final_eval else []
     finally:
         torch.set_num_threads(previous_threads)
     if final:
-        say(f"final after {seconds:.0f}s ({step} steps): {_format(final)}")
+        say(f"final after {seconds:.0f}s ({len(history)} steps): {_format(final)}")
     return {
         "net": net,
         "task": task,
