@@ -10,6 +10,7 @@ A built-in task name gets defaults sized for this project's CPUs; a TOML file ma
     [swarm]                # any SwarmParams field; the rest keep their defaults
     target_samples_per_round = 1024
     learning_rate = "0.05"
+    cross_cohort_fp16 = true   # fp16 between cohorts
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from hivemind.compression import Float16Compression
 
 from peer.affinity import assign_cohorts, cohort_sizes, host_id, network_id
 from peer.devices import WorkerDevice
@@ -336,6 +337,7 @@ class PeerNode:
             self._grad_buf,
             timeouts=self.config.timeouts,
             client_mode=self.config.client_mode,
+            cross_compression=Float16Compression() if self.spec.record.params.cross_cohort_fp16 else None,
             commit_board=SignedCommitBoard(self.dht, self.spec.record.task_id, self.identity, self.peer_id),
         )
         self._reclaim_signals()

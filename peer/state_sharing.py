@@ -73,7 +73,8 @@ class StateSharer(DecentralizedAverager):
             }
         # Downloaders try the highest priority first: the newest round, then one fixed peer among equals,
         # so peers that diverged all converge on the same state instead of swapping states at random.
-        self.state_sharing_priority = float(round_index) + tiebreak
+        if self.allow_state_sharing:  # a client-mode peer serves nothing, so it advertises nothing
+            self.state_sharing_priority = float(round_index) + tiebreak
         return state_digest
 
     def get_current_state(self):

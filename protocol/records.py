@@ -162,6 +162,9 @@ class SwarmParams(StrictModel):
     round_timeout_ms: Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER)]
     receipt_window_ms: Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER)]  # how old a receipt may be
     learning_rate: Decimal
+    # fp16 on the wire between cohorts (halves WAN traffic); the same for every peer, since every
+    # member of an exact all-reduce must receive the same bytes.
+    cross_cohort_fp16: bool = False
 
 
 class TaskSpec(SealedRecord):

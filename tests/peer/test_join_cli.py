@@ -38,9 +38,9 @@ def _env() -> dict:
 class Swarm:
     """An aggregator plus peers, each a real console-script process; everything is stopped at the end."""
 
-    def __init__(self, tmp_path: Path):
+    def __init__(self, tmp_path: Path, task_toml: str = TASK_TOML):
         self.dir = tmp_path
-        (tmp_path / "task.toml").write_text(TASK_TOML)
+        (tmp_path / "task.toml").write_text(task_toml)
         self.procs: dict[str, subprocess.Popen] = {}
         agg = self._spawn(
             "aggregator",
@@ -347,3 +347,22 @@ def test_ctrl_c_finishes_the_round_leaves_cleanly_and_withdraws_the_announcement
         120,
         "a round the stayer commits alone",
     )
+
+
+def test_a_client_mode_peer_trains_with_a_public_peer_across_cohorts_in_fp16(tmp_path):
+    """A peer behind NAT (--client-mode: connects out, serves nothing, never reduces) and a public peer,
+    in two explicit cohorts, so their averages cross the cohort boundary in fp16."""
+    s = Swarm(tmp_path, TASK_TOML + "cross_cohort_fp16 = true\n")
+    try:
+        s.join("public", "--max-rounds", "3", "--cohort", "lab-a")
+        s.join("natted", "--max-rounds", "3", "--cohort", "lab-b", "--client-mode")
+        for name in ("public", "natted"):
+            assert s.procs[name].wait(timeout=400) == 0, s.log(name)[-3000:]
+            assert "Traceback" not in s.log(name)
+        public, natted = s.rounds("public"), s.rounds("natted")
+        shared = [r for r in public if r in natted and public[r]["committed"] and natted[r]["committed"]]
+        assert shared and all(public[r]["digest"] == natted[r]["digest"] for r in shared), (public, natted)
+        assert all(public[r]["contributors"] == 2 for r in shared)
+        assert {public[shared[0]]["cohort"], natted[shared[0]]["cohort"]} == {"lab-a", "lab-b"}
+    finally:
+        s.stop()
