@@ -35,11 +35,10 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from supernet.config import SubnetConfig, derive_seed
-from supernet.flops import training_flops_per_sample
 from supernet.stereo import StereoSupernet
 from supernet.training import (
     TrainConfig,
-    _zero_grads,
+    accumulate_sandwich,
     evaluation_configs,
     make_optimizer,
     maybe_sort_channels,
@@ -171,43 +170,17 @@ def accumulate_stereo_gradients(
     device = next(net.parameters()).device
     batch = _to(batch, device, cfg.channels_last)
     left, right, gt, valid = batch["left"], batch["right"], batch["disparity"], batch["valid"]
-    size = tuple(left.shape[-2:])
-    pairs = left.shape[0]
-    net.train()
-    _zero_grads(net)
-    teacher_cfg = net.largest_config()
-    teacher, macs = None, 0
-    if cfg.distill and configs[0] != teacher_cfg:
-        with torch.no_grad():
-            net.set_active(teacher_cfg)
-            teacher = net(left, right)
-        macs += net.flops(teacher_cfg, size) * pairs
-    losses, task_losses, distill_losses = [], [], []
-    for sub in configs:
-        net.set_active(sub)
-        predictions = net(left, right)
-        task_loss = loss(predictions, gt, valid)
-        if sub == teacher_cfg or not cfg.distill:
-            total, kd = task_loss, torch.zeros((), device=device)
-            if cfg.distill and teacher is None:
-                teacher = [p.detach() for p in predictions]
-        else:
-            kd = loss.distillation(predictions, teacher)
-            total = cfg.student_label_weight * task_loss + cfg.distill_weight * kd
-        total.backward()
-        losses.append(total.item())
-        task_losses.append(task_loss.item())
-        distill_losses.append(kd.item())
-        macs += training_flops_per_sample(net, sub, size) * pairs
-    return {
-        "loss": sum(losses) / len(losses),
-        "losses": losses,
-        "task_losses": task_losses,
-        "distill_losses": distill_losses,
-        "config_hashes": [c.hash for c in configs],
-        "samples": pairs,
-        "train_macs": int(macs),
-    }
+    return accumulate_sandwich(
+        net,
+        configs,
+        cfg,
+        forward=lambda: net(left, right),
+        task_loss=lambda predictions: loss(predictions, gt, valid),
+        soft_targets=lambda predictions: [p.detach() for p in predictions],
+        distill_loss=loss.distillation,
+        samples=left.shape[0],
+        input_size=tuple(left.shape[-2:]),
+    )
 
 
 @torch.no_grad()
