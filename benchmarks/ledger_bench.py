@@ -253,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [1_000, 10_000, 100_000] if args.quick else [10_000, 100_000, 1_000_000]
     intake_total = 5_000 if args.quick else 20_000
     jobs_list = [int(j) for j in args.verify_jobs.split(",")] if args.verify_jobs else [default_jobs()]
+    if args.dir:
+        Path(args.dir).mkdir(parents=True, exist_ok=True)  # a fresh --dir is fine, not a traceback
     workdir = Path(tempfile.mkdtemp(prefix="manta-ledger-bench-", dir=args.dir))
     print(
         f"ledger benchmark ({'quick' if args.quick else 'full'}), {os.cpu_count()} CPUs, load {_load()}",
