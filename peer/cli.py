@@ -58,7 +58,9 @@ def identity(identity_path: Path) -> None:
     show_default=True,
     help="Where this peer keeps its files.",
 )
-@click.option("--max-rounds", type=click.IntRange(1), default=None, help="Stop after this many committed rounds.")
+@click.option(
+    "--max-rounds", type=click.IntRange(1), default=None, help="Stop after this many committed rounds."
+)
 @identity_option
 def join(
     initial_peers,
