@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,7 +132,3 @@ class BootstrapAggregator:
         if self.dht is not None:
             self.dht.shutdown()
             self.dht = None
-
-
-def wait_for_port_release(seconds: float = 0.5) -> None:
-    time.sleep(seconds)

@@ -233,7 +233,7 @@ class HierarchicalAverager:
         t_start = time.perf_counter()
         final: list[torch.Tensor] | None = None
         try:
-            with self._buffer_access(self._cohort) as buf:
+            with self._cohort.get_tensors() as buf:
                 for b, t in zip(buf, numerator):
                     b.copy_(t)
             members = [me]
@@ -372,9 +372,9 @@ class HierarchicalAverager:
             denominator = float(sum(c["samples"] for c in contributors))
             if denominator <= 0:
                 raise RoundAborted("no samples were contributed")
-            with self._buffer_access(self._cross) as buf:
+            with self._cross.get_tensors() as buf:
                 return [b * (total / denominator) for b in buf], None
-        with self._buffer_access(self._cross) as buf:
+        with self._cross.get_tensors() as buf:
             summed = [b.double() * total for b in buf]
         denominators = [torch.zeros_like(s) for s in summed]
         for c in contributors:
@@ -390,7 +390,7 @@ class HierarchicalAverager:
     def _broadcast(self, round_index, size, i_lead, final, outcome, lead_abort=None):
         """Leader's final vector to every cohort member, exactly (weights 1 and 0, members send zeros).
         A leader that aborted still takes part, with ``ok: False``, so members stop waiting at once."""
-        with self._buffer_access(self._cohort) as buf:
+        with self._cohort.get_tensors() as buf:
             for i, b in enumerate(buf):
                 if i_lead and final is not None:
                     b.copy_(final[i])
@@ -412,7 +412,7 @@ class HierarchicalAverager:
             raise RoundAborted(f"broadcast group had {len(lead_reports)} leaders instead of 1")
         if not lead_reports[0].get("ok", False):
             raise RoundAborted(f"the cohort leader aborted: {lead_reports[0].get('reason', '')}")
-        with self._buffer_access(self._cohort) as buf:
+        with self._cohort.get_tensors() as buf:
             received = [b.clone() for b in buf]
         if not i_lead and digest(received) != lead_reports[0]["digest"]:
             raise RoundAborted("broadcast result differs from the leader's digest")
@@ -464,10 +464,6 @@ class HierarchicalAverager:
                 for t, m in zip(touched, self._mask(c["mask"])):
                     t |= m
         return touched
-
-    @staticmethod
-    def _buffer_access(averager: VerifiedAverager):
-        return averager.get_tensors()
 
     def next_attempt(self, after: int) -> int:
         """The attempt to use after ``after``: one past the highest anyone posted, so peers whose

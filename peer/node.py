@@ -96,7 +96,6 @@ class PeerNode:
         self.spec: Sealed[TaskSpec] | None = None
         self.reports: list[RoundReport] = []
         self._stop = threading.Event()
-        self._abandon = threading.Event()
         self._workers: list = []
         self._averager: HierarchicalAverager | None = None
         self._sharer: StateSharer | None = None
@@ -354,8 +353,7 @@ class PeerNode:
 
         def on_interrupt(signum, frame):
             if self._stop.is_set():
-                self._abandon.set()
-                raise KeyboardInterrupt
+                raise KeyboardInterrupt  # second Ctrl-C: abandon the round now
             logger.info("stopping after this round (Ctrl-C again to abandon it)")
             self._stop.set()
 

@@ -6,7 +6,7 @@ import hashlib
 import time
 
 from protocol.identity import Identity
-from protocol.records import ContributionReceipt, IdentityBinding, make_sealed, seal
+from protocol.records import ContributionReceipt, IdentityBinding, SwarmParams, TaskSpec, make_sealed, seal
 
 TASK = "cifar10-ofa-test"
 _B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
@@ -79,4 +79,27 @@ def resign(wire: bytes, identity: Identity, new_body: bytes) -> bytes:
         + identity.public_key_hex.encode()
         + b" "
         + identity.sign(message).hex().encode()
+    )
+
+
+def task_spec(aggregator: Identity, task_id: str = TASK, task: str = "digits") -> TaskSpec:
+    """A small valid TaskSpec whose only aggregator is ``aggregator``."""
+    params = SwarmParams(
+        target_samples_per_round=512,
+        subnets_per_step=4,
+        batch_size=32,
+        max_group_size=4,
+        round_timeout_ms=60_000,
+        receipt_window_ms=600_000,
+        learning_rate="0.1",
+    )
+    return TaskSpec(
+        task_id=task_id,
+        task=task,
+        mode="data",
+        seed=7,
+        params=params,
+        aggregator_keys=(aggregator.public_key_hex,),
+        ledger_origin=f"manta/{task_id}",
+        timestamp=now_ms(),
     )

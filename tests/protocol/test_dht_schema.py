@@ -17,32 +17,15 @@ from protocol.dht_schema import (
     task_key,
 )
 from protocol.identity import Identity
-from protocol.records import DeviceInfo, PeerAnnouncement, RoundCommit, SwarmParams, TaskSpec, seal
+from protocol.records import DeviceInfo, PeerAnnouncement, RoundCommit, TaskSpec, seal
 from tests.protocol.factories import binding_wire, now_ms, peer_id_of
+from tests.protocol.factories import task_spec as make_task_spec
 
 TASK_ID = "digits-test"
 
 
 def task_spec(aggregator: Identity, task_id: str = TASK_ID) -> TaskSpec:
-    params = SwarmParams(
-        target_samples_per_round=512,
-        subnets_per_step=4,
-        batch_size=32,
-        max_group_size=4,
-        round_timeout_ms=60_000,
-        receipt_window_ms=600_000,
-        learning_rate="0.1",
-    )
-    return TaskSpec(
-        task_id=task_id,
-        task="digits",
-        mode="data",
-        seed=7,
-        params=params,
-        aggregator_keys=(aggregator.public_key_hex,),
-        ledger_origin=f"manta/{task_id}",
-        timestamp=now_ms(),
-    )
+    return make_task_spec(aggregator, task_id)
 
 
 def announcement(peer: Identity, task_id: str = TASK_ID) -> PeerAnnouncement:
