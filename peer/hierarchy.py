@@ -43,8 +43,8 @@ from hivemind.dht import DHT
 from hivemind.utils import get_dht_time
 
 from peer.exact_allreduce import VerifiedAverager
-from peer.training_state import digest
 from protocol.logs import get_logger
+from supernet.state import digest
 
 logger = get_logger(__name__)
 

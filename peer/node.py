@@ -33,13 +33,13 @@ from peer.devices import WorkerDevice
 from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
 from peer.state_sharing import StateSharer, peer_tiebreak
 from peer.swarm_view import Announcer, SignedCommitBoard, fetch_task, read_roster
-from peer.training_state import consensus_count, digest, init_optimizer_state, state_tensors
 from peer.worker import WorkerSpec, default_threads, worker_main
 from protocol.dht_schema import MantaRecordValidator
 from protocol.identity import Identity
 from protocol.logs import get_logger
 from protocol.netaddr import host_port_to_multiaddr, parse_host_port
 from protocol.records import Affinity, DeviceInfo, Sealed, TaskSpec
+from supernet.state import consensus_count, digest, init_optimizer_state, state_tensors
 
 logger = get_logger("manta.peer")
 

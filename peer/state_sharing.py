@@ -2,7 +2,7 @@
 
 hivemind's averagers can stream their state to a peer that asks (``load_state_from_peers``); this one
 never averages, it only shares. What it serves is what the agent published after the last committed
-round: the state tensors (:mod:`peer.training_state`) with the round they belong to and their digest.
+round: the state tensors (:mod:`supernet.state`) with the round they belong to and their digest.
 hivemind checks nothing it downloads, so a newcomer recomputes the digest and accepts the state only
 if it matches the metadata, and prefers the peers advertising the newest round.
 """
@@ -15,8 +15,8 @@ import threading
 import torch
 from hivemind.averaging import DecentralizedAverager
 
-from peer.training_state import digest
 from protocol.logs import get_logger
+from supernet.state import digest
 
 logger = get_logger(__name__)
 

@@ -64,7 +64,7 @@ def worker_main(spec: WorkerSpec, conn, grad_buf: list[torch.Tensor], state_buf:
 def _serve(spec: WorkerSpec, conn, grad_buf, state_buf, log) -> None:
     import torch.distributed as dist
 
-    from peer.training_state import init_optimizer_state, load_state_tensors, state_tensors
+    from supernet.state import init_optimizer_state, load_state_tensors, state_tensors
     from supernet.training import (
         TrainConfig,
         accumulate_gradients,

@@ -1,0 +1,126 @@
+"""One interface over both supernet families, for code that must not care which one it trains.
+
+The swarm's workers, the aggregator's checkpoints and the search all need the same few operations —
+build the supernet a task needs, load a batch, accumulate one sandwich step's gradients, evaluate the
+largest and smallest sub-networks — and each family implements them with its own functions
+(:mod:`supernet.training` for classification, :mod:`supernet.stereo_training` for stereo). A
+:class:`Workload` binds a task to its training configuration and dispatches to them, so callers hold
+one object and no ``if stereo`` branches.
+
+The configuration comes from a plain dict of :class:`~supernet.training.TrainConfig` (or
+:class:`~supernet.stereo_training.StereoTrainConfig`) fields, which is what travels in task
+specifications and checkpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from supernet.config import SubnetConfig
+from supernet.training import TrainConfig
+
+__all__ = ["Workload", "family_of", "workload_for"]
+
+
+def family_of(task_name: str) -> str:
+    """``"stereo"`` for stereo tasks, ``"classification"`` for the rest."""
+    return "stereo" if task_name.startswith("stereo") else "classification"
+
+
+@dataclass
+class Workload:
+    """A task, its training configuration and the family's functions (see the module docstring)."""
+
+    family: str
+    cfg: TrainConfig
+    task: Any  # tasks.registry.Task
+
+    @property
+    def metric_name(self) -> str:
+        return self.task.metric_name
+
+    @property
+    def higher_is_better(self) -> bool:
+        return bool(self.task.higher_is_better)
+
+    @property
+    def input_size(self) -> tuple[int, ...]:
+        """What ``net.flops(cfg, input_size)`` expects: (C, H, W) for images, (H, W) for stereo pairs."""
+        size = tuple(self.task.input_size)
+        return size[-2:] if self.family == "stereo" else size
+
+    def build(self) -> nn.Module:
+        """The supernet with its initial weights (fixed by the seed)."""
+        if self.family == "stereo":
+            from supernet.stereo_training import build_stereo_supernet
+
+            return build_stereo_supernet(self.cfg)
+        from supernet.training import build_supernet
+
+        return build_supernet(self.cfg, self.task.num_classes, self.task.input_size[0])
+
+    def make_optimizer(self, net: nn.Module) -> torch.optim.Optimizer:
+        from supernet.training import make_optimizer
+
+        return make_optimizer(net, self.cfg)
+
+    def batch(self, indices: Sequence[int]) -> Any:
+        """Training samples ``indices`` as one batch (what :meth:`accumulate` takes)."""
+        if self.family == "stereo":
+            from supernet.stereo_training import stereo_batch
+
+            return stereo_batch(self.task.train_set, indices, self.cfg.channels_last)
+        from supernet.training import batch_for_step
+
+        return batch_for_step(self.task.train_set, indices)
+
+    def accumulate(
+        self, net: nn.Module, batch: Any, configs: Sequence[SubnetConfig], device: torch.device
+    ) -> dict[str, Any]:
+        """Zero the gradients and sum the gradients of ``configs`` on ``batch`` (no optimizer step);
+        the statistics of :func:`supernet.training.accumulate_sandwich` (``loss``, ``samples``, ...)."""
+        if self.family == "stereo":
+            from supernet.stereo_training import accumulate_stereo_gradients
+
+            return accumulate_stereo_gradients(net, batch, configs, self.cfg)
+        from supernet.training import accumulate_gradients
+
+        inputs, targets = batch
+        return accumulate_gradients(net, inputs.to(device), targets.to(device), configs, self.cfg)
+
+    def evaluate(
+        self, net: nn.Module, configs: dict[str, SubnetConfig] | None = None
+    ) -> list[dict[str, Any]]:
+        """Rows per sub-network after BN recalibration (default: largest, smallest, a few random); each
+        row has ``name``, ``config``, ``macs``, ``params`` and the task metric under :attr:`metric_name`."""
+        if self.family == "stereo":
+            from supernet.stereo_training import evaluate_stereo_subnets
+
+            return evaluate_stereo_subnets(net, self.task, self.cfg, configs)
+        from supernet.training import evaluate_subnets
+
+        return evaluate_subnets(net, self.task, self.cfg, configs)
+
+
+def workload_for(task_name: str, train_options: dict[str, Any] | None = None, *, task=None) -> Workload:
+    """The workload of built-in task ``task_name`` with ``train_options`` (config fields) applied.
+
+    Raises ``ValueError`` with a one-line message for an unknown option or a bad value.
+    """
+    from tasks import get_task
+
+    options = dict(train_options or {})
+    family = family_of(task_name)
+    if family == "stereo":
+        from supernet.stereo_training import StereoTrainConfig as config_class
+    else:
+        config_class = TrainConfig
+    cfg = config_class.from_dict({**options, "task": task_name})
+    if task is None:
+        task = get_task(task_name, **cfg.task_options)
+    return Workload(family, cfg, task)
