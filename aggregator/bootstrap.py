@@ -6,6 +6,11 @@ for its task (so it drops forged or malformed records, and so do the peers, whic
 publishes the sealed TaskSpec and re-stores it well before it expires. A second aggregator pointed
 at the first (``--initial-peers``) with the same task id adopts the spec already published instead of
 competing with it; either can bootstrap newcomers, and so can any running peer.
+
+It also keeps the run's checkpoints (:mod:`aggregator.checkpoints`): it downloads the peers' state
+every ``checkpoint_seconds`` and serves its newest checkpoint, so a run outlives its volunteers and
+``--resume`` continues it. The sealed spec it publishes is saved as ``<data-dir>/task.sealed`` so a
+resumed run publishes exactly the same task.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ class BootstrapConfig:
     initial_peers: tuple[str, ...] = ()
     data_dir: Path = Path("manta-aggregator")
     refresh_seconds: float = 30.0  # re-store the task this often; it expires after 4x this
+    checkpoint_seconds: float = 30.0  # download the swarm's state this often (0: no checkpoints)
+    keep_checkpoints: int = 5
+    resume: bool = False
 
 
 class BootstrapAggregator:
@@ -46,6 +54,7 @@ class BootstrapAggregator:
         self.task_id = spec.task_id
         self.dht = None
         self.published: Sealed[TaskSpec] | None = None
+        self.keeper = None
         self._stop = threading.Event()
 
     def start(self) -> list[str]:
@@ -67,8 +76,36 @@ class BootstrapAggregator:
             start=True,
         )
         self.published = self._choose_spec()
+        (self.config.data_dir / "task.sealed").write_bytes(self.published.wire)
         self._publish()
+        if self.config.checkpoint_seconds > 0 or self.config.resume:
+            self._start_checkpoints()
         return self.visible_maddrs()
+
+    def _start_checkpoints(self) -> None:
+        from aggregator.checkpoints import CheckpointKeeper
+        from supernet.workload import swarm_train_options, workload_for
+
+        task = self.published.record
+        workload = workload_for(task.task, swarm_train_options(task))
+        self.keeper = CheckpointKeeper(
+            self.dht,
+            self.task_id,
+            workload,
+            self.config.data_dir / "checkpoints",
+            keep=self.config.keep_checkpoints,
+        )
+        if self.config.resume:
+            self.keeper.resume()
+        if self.config.checkpoint_seconds > 0:
+            threading.Thread(target=self._checkpoint_loop, name="manta-checkpoints", daemon=True).start()
+
+    def _checkpoint_loop(self) -> None:
+        while not self._stop.wait(self.config.checkpoint_seconds):
+            try:
+                self.keeper.fetch(timeout=min(60.0, 2 * self.config.checkpoint_seconds))
+            except Exception as e:  # no peer online, a peer left mid-download: try again next time
+                logger.debug(f"checkpoint download failed: {type(e).__name__}: {e}")
 
     def visible_maddrs(self) -> list[str]:
         peer_id = self.dht.peer_id.to_base58()
@@ -77,7 +114,12 @@ class BootstrapAggregator:
         return [str(m) for m in self.dht.get_visible_maddrs()]
 
     def _choose_spec(self) -> Sealed[TaskSpec]:
-        """Adopt a spec another aggregator already publishes for this task id, else publish ours."""
+        """The saved spec when resuming; else adopt a spec another aggregator already publishes for
+        this task id, else publish ours."""
+        from protocol.records import open_sealed
+
+        if self.config.resume:
+            return open_sealed((self.config.data_dir / "task.sealed").read_bytes(), TaskSpec)
         found = self.dht.get(task_key(self.task_id), latest=True)
         if found is not None and isinstance(found.value, dict):
             for subkey, item in sorted(found.value.items()):
@@ -88,8 +130,6 @@ class BootstrapAggregator:
                 if sealed.public_key != self.identity.public_key:
                     logger.info(f"adopting task {self.task_id} published by aggregator {subkey[:16]}")
                     return sealed
-        from protocol.records import open_sealed
-
         return open_sealed(seal(self.spec, self.identity), TaskSpec)
 
     def _publish(self) -> bool:
@@ -129,6 +169,10 @@ class BootstrapAggregator:
         self._stop.set()
 
     def shutdown(self) -> None:
+        self._stop.set()
+        if self.keeper is not None:
+            self.keeper.shutdown()
+            self.keeper = None
         if self.dht is not None:
             self.dht.shutdown()
             self.dht = None

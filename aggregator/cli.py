@@ -24,7 +24,10 @@ def main() -> None:
 
 @main.command()
 @click.option(
-    "--task", "task_ref", required=True, help="Built-in task name (e.g. digits) or a task .toml file."
+    "--task",
+    "task_ref",
+    default=None,
+    help="Built-in task name (e.g. digits) or a task .toml file (not needed with --resume).",
 )
 @click.option(
     "--listen", default="0.0.0.0:31337", show_default=True, help="HOST:PORT the DHT node listens on."
@@ -50,18 +53,43 @@ def main() -> None:
     show_default=True,
     help="Seconds between re-publications of the task record.",
 )
+@click.option(
+    "--checkpoint-every",
+    type=click.FloatRange(0.0, 86400.0),
+    default=30.0,
+    show_default=True,
+    help="Seconds between checkpoints of the swarm's state (0: none).",
+)
+@click.option("--keep-checkpoints", type=click.IntRange(1), default=5, show_default=True)
+@click.option("--resume", is_flag=True, help="Continue the run in --data-dir from its newest checkpoint.")
 @identity_option
-def start(task_ref, listen, announce, initial_peers, data_dir, refresh, identity_path) -> None:
+def start(
+    task_ref,
+    listen,
+    announce,
+    initial_peers,
+    data_dir,
+    refresh,
+    checkpoint_every,
+    keep_checkpoints,
+    resume,
+    identity_path,
+) -> None:
     """Start the bootstrap node, publish the task and print the line volunteers run."""
     from protocol.runtime import prepare_process, start_orphan_reaper
 
     prepare_process()
     from aggregator.bootstrap import BootstrapAggregator, BootstrapConfig
-    from aggregator.task_publication import TaskFileError, build_task_spec
+    from aggregator.task_publication import TaskFileError, build_task_spec, saved_task_spec
+    from supernet.checkpoint import CheckpointError
 
     identity = load_identity(identity_path, create=True)
+    if task_ref is None and not resume:
+        raise UserError("--task is required (or --resume with the --data-dir of an earlier run)")
+    if resume and data_dir is None:
+        raise UserError("--resume needs the --data-dir of the run to continue")
     try:
-        spec = build_task_spec(task_ref, identity)
+        spec = saved_task_spec(data_dir, task_ref) if resume else build_task_spec(task_ref, identity)
         host_port_to_multiaddr(listen, "--listen")
         for a in announce:
             host_port_to_multiaddr(a, "--announce", allow_port_zero=False)
@@ -70,12 +98,15 @@ def start(task_ref, listen, announce, initial_peers, data_dir, refresh, identity
         raise UserError(str(e)) from None
     data_dir = data_dir or Path(f"manta-aggregator-{spec.task_id}")
     start_orphan_reaper()
-    node = BootstrapAggregator(
-        spec, identity, BootstrapConfig(listen, tuple(announce), peers, data_dir, refresh)
+    config = BootstrapConfig(
+        listen, tuple(announce), peers, data_dir, refresh, checkpoint_every, keep_checkpoints, resume
     )
+    node = BootstrapAggregator(spec, identity, config)
     try:
         try:
             maddrs = node.start()
+        except CheckpointError as e:
+            raise UserError(str(e)) from None
         except Exception as e:  # hivemind reports an unusable port or unreachable peers in many ways
             raise UserError(
                 f"could not start the DHT node: {str(e).splitlines()[0] if str(e) else type(e).__name__}"

@@ -10,6 +10,8 @@ A built-in task name gets defaults sized for this project's CPUs; a TOML file ma
     [swarm]                # any SwarmParams field; the rest keep their defaults
     target_samples_per_round = 1024
     learning_rate = "0.05"
+    total_rounds = 300         # length of the LR schedule and of the progressive-shrinking phases
+    width_mult = "0.5"         # supernet size (classification)
     cross_cohort_fp16 = true   # fp16 between cohorts
 """
 
@@ -67,7 +69,7 @@ def build_task_spec(ref: str, identity: Identity, extra_aggregator_keys: tuple[s
         raise TaskFileError(f"[task] has unknown key(s): {', '.join(sorted(task))}")
     try:
         params = SwarmParams(**{**DEFAULT_SWARM, **doc.get("swarm", {})})
-        return TaskSpec(
+        spec = TaskSpec(
             task_id=task_id,
             task=name,
             mode=mode,
@@ -81,3 +83,40 @@ def build_task_spec(ref: str, identity: Identity, extra_aggregator_keys: tuple[s
         err = e.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
         raise TaskFileError(f"task setting {where}: {err['msg']}") from None
+    _check_trainable(spec)
+    return spec
+
+
+def _check_trainable(spec: TaskSpec) -> None:
+    """Refuse settings the supernet cannot train with (e.g. warm-up longer than the schedule) here,
+    with one line, instead of in every volunteer's worker."""
+    from supernet.workload import swarm_train_options, train_config
+
+    try:
+        train_config(spec.task, swarm_train_options(spec))
+    except ValueError as e:
+        raise TaskFileError(f"task setting {e}") from None
+
+
+def saved_task_spec(data_dir: Path, task_ref: str | None = None) -> TaskSpec:
+    """The spec an earlier run in ``data_dir`` published (for ``--resume``); if ``task_ref`` is given,
+    it must name the same task (a built-in name, a task id, or a TOML file with the same id)."""
+    from protocol.records import RecordRejected, open_sealed
+
+    path = Path(data_dir) / "task.sealed"
+    if not path.is_file():
+        raise TaskFileError(f"{data_dir} holds no earlier run to resume (no task.sealed)")
+    try:
+        spec = open_sealed(path.read_bytes(), TaskSpec).record
+    except RecordRejected as e:
+        raise TaskFileError(f"{path} is not a valid sealed task: {e}") from None
+    if task_ref is not None:
+        ref = Path(task_ref)
+        if ref.suffix == ".toml" and ref.is_file():
+            doc = tomllib.loads(ref.read_text()).get("task", {})
+            names = {doc.get("id", doc.get("name"))}
+        else:
+            names = {task_ref}
+        if not names & {spec.task_id, spec.task}:
+            raise TaskFileError(f"{data_dir} holds a run of task {spec.task_id!r}, not {task_ref!r}")
+    return spec

@@ -111,8 +111,11 @@ def join(
         log.info(f"training on {len(devices)} worker(s): {', '.join(d.torch_device for d in devices)}")
         reports = node.run()
         committed = sum(r.committed for r in reports)
-        last = reports[-1].state_digest[:12] if reports else "-"
-        click.echo(f"left after {len(reports)} round(s), {committed} committed; final state {last}")
+        saved = node.save_state()
+        click.echo(
+            f"left after {len(reports)} round(s), {committed} committed; final state "
+            f"{node.state_digest[:12]} (round {node.state_round}) saved to {saved}"
+        )
     except KeyboardInterrupt:
         log.info("round abandoned")
     finally:

@@ -15,11 +15,13 @@ with torch.distributed): ``numerator`` = the sum over its samples of the per-sam
 3. **broadcast** — the leader shares the final vector with its cohort: it steps with weight 1, members
    with weight 0 and zeroed tensors, so what members receive *is* the leader's vector, bit for bit.
 
-Mask-aware averaging (model-parallel rounds): the denominator is per element,
-``sum_i samples_i * mask_i``, where ``mask_i`` marks the elements contributor ``i``'s sub-network
-used. Contributors that did not touch an element add nothing to either side of the fraction, so they
-neither dilute nor zero it; elements nobody touched come out 0 and are reported in ``touched``. Masks
-are not sent: every leader derives them from the gathered sub-network keys through ``mask_fn``.
+Per-cohort combination (model-parallel rounds, ``per_cohort=True``): each cohort trains its own
+sub-networks, so the round's update is the *sum over cohorts of each cohort's sample-weighted mean*
+(times the round's ``scale``), which is the sandwich-rule gradient of all the cohorts' sub-networks
+together. Each leader turns its cohort's result into the cohort mean (it knows its members' sample
+counts) before the cross stage, which then averages one mean per cohort with equal weights. A weight
+that a cohort's sub-networks did not touch has a zero gradient there, so that cohort adds nothing to
+it: untouched weights are neither diluted by other cohorts' zeros nor zeroed.
 
 No silent divergence: after the broadcast every participant publishes the digest of its result in the
 DHT under the round's commit key and waits until every contributor named in the result has reported.
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -47,8 +49,6 @@ from protocol.logs import get_logger
 from supernet.state import digest
 
 logger = get_logger(__name__)
-
-MaskFn = Callable[[str], Sequence[torch.Tensor]]
 
 # Parts of 4 MiB instead of hivemind's 512 KiB: 8x fewer messages to serialise and stream per
 # all-reduce, which is what dominates on fast links (measured in benchmarks/averaging_bench.py).
@@ -74,10 +74,9 @@ class AveragingOutcome:
     committed: bool
     reason: str = ""
     tensors: list[torch.Tensor] | None = None  # the average; None when the round was aborted
-    touched: list[torch.Tensor] | None = None  # mask-aware rounds: elements at least one contributor used
     contributors: list[dict] = field(
         default_factory=list
-    )  # {"peer", "cohort", "samples", "mask"} sorted by peer
+    )  # {"peer", "cohort", "samples", "state", "client"} sorted by peer
     cohort_members: list[str] = field(default_factory=list)
     leader: str = ""
     digest: str = ""
@@ -146,9 +145,9 @@ def _round_bits(round_index: int, stage: int) -> str:
 class HierarchicalAverager:
     """Averages one list of tensors per round: cohort, then across cohorts, then back to every member.
 
-    ``template`` gives the shapes and dtypes; all peers of a run must use the same. ``mask_fn`` turns a
-    contributor's sub-network key into boolean masks shaped like ``template`` (model-parallel rounds);
-    without it every contributor counts for every element (data-parallel rounds).
+    ``template`` gives the shapes and dtypes; all peers of a run must use the same. ``per_cohort``
+    selects the model-parallel combination (see the module docstring); without it the result is the
+    sample-weighted mean over every contributor (data-parallel rounds).
     """
 
     def __init__(
@@ -158,19 +157,18 @@ class HierarchicalAverager:
         cohort: str,
         template: Sequence[torch.Tensor],
         *,
-        mask_fn: MaskFn | None = None,
+        per_cohort: bool = False,
         cross_compression: CompressionBase | None = None,
         timeouts: AveragingTimeouts = AveragingTimeouts(),
         client_mode: bool = False,
         commit_board: CommitBoard | None = None,
     ):
         self.dht, self.run_id, self.cohort, self.timeouts = dht, run_id, cohort, timeouts
-        self.mask_fn = mask_fn
+        self.per_cohort = per_cohort
         self.client_mode = client_mode
         self.peer_id = dht.peer_id.to_base58()
         self.board = commit_board or DHTCommitBoard(dht, run_id, ttl=max(60.0, 3 * timeouts.commit))
         self._buffer = [torch.zeros_like(t, device="cpu") for t in template]
-        self._mask_cache: dict[str, list[torch.Tensor]] = {}
         common = dict(
             min_group_size=2,
             min_matchmaking_time=timeouts.matchmaking,
@@ -204,7 +202,7 @@ class HierarchicalAverager:
         numerator: Sequence[torch.Tensor],
         samples: int,
         *,
-        mask_key: str = "",
+        scale: float = 1.0,
         cohort_size: int,
         num_cohorts: int,
         state_digest: str = "",
@@ -213,7 +211,8 @@ class HierarchicalAverager:
         """Run one round. ``round_index`` names this averaging attempt: every participant passes the
         same value and never reuses it (a retried step gets a new one). ``numerator`` is this host's sum of per-sample gradients (``samples`` of them);
         ``cohort_size`` and ``num_cohorts`` are the sizes the DHT roster expects (groups form as soon as
-        they are full, else after the matchmaking time).
+        they are full, else after the matchmaking time). ``scale`` multiplies a per-cohort result
+        (see :func:`supernet.training.cohort_configs`); every peer must pass the same value.
 
         The round commits only if every contributor computed its gradient from the same state
         (``state_digest``) and every peer in ``expected_peers`` (this peer's roster) contributed: a
@@ -224,7 +223,6 @@ class HierarchicalAverager:
             "peer": self.peer_id,
             "cohort": self.cohort,
             "samples": int(samples),
-            "mask": mask_key,
             "state": state_digest,
             "client": self.client_mode,
         }
@@ -252,24 +250,23 @@ class HierarchicalAverager:
             lead_abort = None
             if i_lead:
                 t0 = time.perf_counter()
-                contributors = list(members)
+                contributors, cohorts = list(members), 1
                 try:
+                    weight = float(len(members))
+                    if self.per_cohort:
+                        self._to_cohort_mean(members)
+                        weight = 1.0
                     if num_cohorts > 1:
                         report = {"cohort": self.cohort, "members": members}
                         gathered = self._stage(
-                            self._cross,
-                            "cross",
-                            round_index,
-                            0,
-                            num_cohorts,
-                            weight=float(len(members)),
-                            gather=report,
+                            self._cross, "cross", round_index, 0, num_cohorts, weight=weight, gather=report
                         )
                         contributors = [m for r in gathered.values() for m in r["members"]]
+                        cohorts = len(gathered)
                     contributors.sort(key=lambda c: c["peer"])
                     self._check_contributors(contributors, state_digest, expected_peers)
-                    final, touched = self._finish_average(contributors)
-                    outcome.contributors, outcome.touched = contributors, touched
+                    final = self._finish_average(contributors, cohorts, scale)
+                    outcome.contributors = contributors
                 except RoundAborted as e:
                     if len(members) == 1:
                         raise
@@ -285,7 +282,6 @@ class HierarchicalAverager:
                 if not i_lead:
                     outcome.contributors = lead_report["contributors"]
                     self._check_contributors(outcome.contributors, state_digest, expected_peers)
-                    outcome.touched = self._touched(outcome.contributors)
                 outcome.seconds["broadcast"] = time.perf_counter() - t0
             outcome.digest = digest(final)
         except RoundAborted as e:
@@ -363,29 +359,26 @@ class HierarchicalAverager:
             if not r.get("ok") and (relevant is None or p in relevant)
         )
 
-    def _finish_average(
-        self, contributors: list[dict]
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-        """Leader: turn the cross-stage mean of numerators into the sample-weighted (mask-aware) mean."""
+    def _to_cohort_mean(self, members: list[dict]) -> None:
+        """Leader, per-cohort rounds: the cohort stage left ``sum / n_members``; make it the cohort's
+        sample-weighted mean (zeros if the cohort processed no samples)."""
+        samples = sum(m["samples"] for m in members)
+        factor = len(members) / samples if samples > 0 else 0.0
+        with self._cohort.get_tensors() as buf:
+            for b in buf:
+                b.mul_(factor)
+
+    def _finish_average(self, contributors: list[dict], cohorts: int, scale: float) -> list[torch.Tensor]:
+        """Leader: the final vector from the cross-stage result (every leader holds the same bytes, and
+        computes the same product from them, so every leader's final vector is bit-identical)."""
         total = len(contributors)
-        if self.mask_fn is None:
-            denominator = float(sum(c["samples"] for c in contributors))
-            if denominator <= 0:
-                raise RoundAborted("no samples were contributed")
-            with self._cross.get_tensors() as buf:
-                return [b * (total / denominator) for b in buf], None
+        samples = float(sum(c["samples"] for c in contributors))
+        if samples <= 0:
+            raise RoundAborted("no samples were contributed")
         with self._cross.get_tensors() as buf:
-            summed = [b.double() * total for b in buf]
-        denominators = [torch.zeros_like(s) for s in summed]
-        for c in contributors:
-            for d, m in zip(denominators, self._mask(c["mask"])):
-                d.add_(m.double(), alpha=c["samples"])
-        touched = [d > 0 for d in denominators]
-        final = [
-            torch.where(t, s / d.clamp_min(1e-300), torch.zeros_like(s)).to(b.dtype)
-            for s, d, t, b in zip(summed, denominators, touched, self._buffer)
-        ]
-        return final, touched
+            if self.per_cohort:  # buf = (sum of cohort means) / cohorts
+                return [b * (cohorts * scale) for b in buf]
+            return [b * (total / samples) for b in buf]  # buf = (sum of numerators) / contributors
 
     def _broadcast(self, round_index, size, i_lead, final, outcome, lead_abort=None):
         """Leader's final vector to every cohort member, exactly (weights 1 and 0, members send zeros).
@@ -446,24 +439,6 @@ class HierarchicalAverager:
             time.sleep(0.02)
 
     # ------------------------------------------------------------------ helpers
-
-    def _mask(self, key: str) -> list[torch.Tensor]:
-        if key not in self._mask_cache:
-            masks = [torch.as_tensor(m, dtype=torch.bool) for m in self.mask_fn(key)]
-            if [m.shape for m in masks] != [b.shape for b in self._buffer]:
-                raise RoundAborted(f"mask for {key!r} does not match the averaged tensors")
-            self._mask_cache[key] = masks
-        return self._mask_cache[key]
-
-    def _touched(self, contributors: list[dict]) -> list[torch.Tensor] | None:
-        if self.mask_fn is None:
-            return None
-        touched = [torch.zeros_like(b, dtype=torch.bool) for b in self._buffer]
-        for c in contributors:
-            if c["samples"] > 0:
-                for t, m in zip(touched, self._mask(c["mask"])):
-                    t |= m
-        return touched
 
     def next_attempt(self, after: int) -> int:
         """The attempt to use after ``after``: one past the highest anyone posted, so peers whose

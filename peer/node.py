@@ -5,9 +5,13 @@ The agent joins the DHT, fetches and verifies the task, starts one worker per de
 
     roster   = read_roster()                     # who is online, from signed announcements
     cohorts  = assign_cohorts(roster)            # node affinity, identical on every peer
-    workers.compute(round)                       # shard of the round, sandwich sub-networks,
-                                                 # gradients summed inside the host (torch.distributed)
-    outcome  = averager.average(round, ...)      # cohort -> across cohorts -> back (hivemind), exact
+    workers.compute(round)                       # mini-batches of this peer's sample stream with the
+                                                 # round's sub-networks (all cohorts the same ones in
+                                                 # data-parallel mode, each its own in model-parallel)
+    until swarm_samples(progress) >= target      # every peer publishes its progress; the round closes
+                                                 # when the whole swarm reached the task's target
+    outcome  = averager.average(round, ...)      # cohort -> across cohorts -> back (hivemind), exact,
+                                                 # weighted by each peer's sample count
     workers.apply(round, outcome.committed)      # the same optimizer step everywhere, or none
 
 A late joiner first downloads the newest state another peer serves (digest-checked) and continues
@@ -18,11 +22,12 @@ stops every child process; a second Ctrl-C abandons the round.
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -32,18 +37,28 @@ from peer.affinity import assign_cohorts, cohort_sizes, host_id, network_id
 from peer.devices import WorkerDevice
 from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
 from peer.state_sharing import StateSharer, peer_tiebreak
-from peer.swarm_view import Announcer, SignedCommitBoard, fetch_task, read_roster
-from peer.worker import WorkerSpec, default_threads, worker_main
+from peer.swarm_view import (
+    Announcer,
+    ProgressBoard,
+    SignedCommitBoard,
+    fetch_task,
+    read_roster,
+    swarm_samples,
+)
+from peer.worker import SharedBuffers, WorkerSpec, default_threads, worker_main
 from protocol.dht_schema import MantaRecordValidator
 from protocol.identity import Identity
 from protocol.logs import get_logger
 from protocol.netaddr import host_port_to_multiaddr, parse_host_port
 from protocol.records import Affinity, DeviceInfo, Sealed, TaskSpec
 from supernet.state import consensus_count, digest, init_optimizer_state, state_tensors
+from supernet.training import phase_at
+from supernet.workload import swarm_train_options, workload_for
 
 logger = get_logger("manta.peer")
 
 SETTLE_SECONDS = 4.0  # after announcing, before the first round reads the roster
+PROGRESS_EVERY = 1.0  # seconds between progress records while computing
 
 
 @dataclass(frozen=True)
@@ -75,18 +90,12 @@ class RoundReport:
     seconds: float
     contributors: int = 0
     reason: str = ""
-
-
-def train_config_for(spec: TaskSpec) -> dict:
-    """The TrainConfig fields every peer of ``spec`` uses (all derived from the signed spec)."""
-    p = spec.params
-    return dict(
-        task=spec.task,
-        seed=spec.seed,
-        batch_size=p.batch_size,
-        num_subnets=p.subnets_per_step,
-        lr=float(p.learning_rate),
-    )
+    phase: str = ""
+    lr: float | None = None
+    swarm_samples: int = 0  # what the whole swarm processed in the round (from the contributors)
+    # where this peer's time went: its own mini-batches, the all-reduce stages (which include waiting
+    # in matchmaking for the other peers), and the rest (commit reports, roster, optimizer step)
+    times: dict[str, float] = field(default_factory=dict)
 
 
 class PeerNode:
@@ -160,6 +169,7 @@ class PeerNode:
         self._announcer.announce()
         self._announcer.keep_fresh()
         self._announced_at = time.monotonic()
+        self._progress = ProgressBoard(self.dht, task.task_id, self.identity, self.peer_id)
         self._start_workers()
         self._sharer = StateSharer(
             [t.clone() for t in self._state_buf],
@@ -172,20 +182,19 @@ class PeerNode:
 
     def _start_workers(self) -> None:
         """Spawn one worker per device; they share gradient and state buffers with this process."""
-        from supernet.training import TrainConfig, build_supernet, make_optimizer
-        from tasks import get_task
-
         torch.set_num_threads(1)  # the agent only averages; the cores belong to the workers
-        cfg = TrainConfig(**train_config_for(self.spec.record))
-        task = get_task(cfg.task)
-        net = build_supernet(cfg, task.num_classes, task.train_set[0][0].shape[0])
-        optimizer = make_optimizer(net, cfg)
+        task = self.spec.record
+        self._train_options = swarm_train_options(task)
+        self.workload = workload_for(task.task, self._train_options)
+        net = self.workload.build()
+        optimizer = self.workload.make_optimizer(net)
         init_optimizer_state(net, optimizer)
-        self._grad_buf = [torch.zeros_like(p).share_memory_() for p in net.parameters()]
-        self._state_buf = [t.detach().clone().share_memory_() for t in state_tensors(net, optimizer)]
+        self._shared = SharedBuffers.create(
+            list(net.parameters()), state_tensors(net, optimizer), len(self.devices)
+        )
+        self._grad_buf, self._state_buf = self._shared.grads, self._shared.state
         self._consensus = consensus_count(net, optimizer)
         self.state_digest = digest(self._state_buf[: self._consensus])
-        self._num_params = len(self._grad_buf)
         ctx = torch.multiprocessing.get_context("spawn")
         port = _free_port()
         threads = default_threads(len(self.devices))
@@ -196,31 +205,39 @@ class PeerNode:
                 len(self.devices),
                 device.torch_device,
                 port,
-                cfg.task,
-                self.spec.record.seed,
+                task.task,
+                task.seed,
                 f"{self.peer_id}/{rank}",
-                train_config_for(self.spec.record),
+                self._train_options,
                 threads,
             )
-            proc = ctx.Process(
-                target=worker_main, args=(spec, child, self._grad_buf, self._state_buf), daemon=True
-            )
+            proc = ctx.Process(target=worker_main, args=(spec, child, self._shared), daemon=True)
             proc.start()
             self._workers.append((proc, parent))
 
-    def _ask_workers(self, *msg) -> list:
+    def _send_workers(self, *msg) -> None:
         for _, conn in self._workers:
             conn.send(msg)
+
+    def _replies(self, timeout: float | None = None) -> list | None:
+        """Every worker's reply to the last request; None if one is still busy after ``timeout`` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         replies = []
         for proc, conn in self._workers:
-            while not conn.poll(0.5):
+            while not conn.poll(0.05):
                 if not proc.is_alive():
                     raise RuntimeError(f"worker {proc.pid} died (exit code {proc.exitcode})")
-            reply = conn.recv()
+                if deadline is not None and time.monotonic() > deadline:
+                    return None
+            replies.append(conn.recv())
+        for reply in replies:
             if reply[0] == "error":
                 raise RuntimeError(f"worker failed: {reply[1]}")
-            replies.append(reply)
         return replies
+
+    def _ask_workers(self, *msg) -> list:
+        self._send_workers(*msg)
+        return self._replies()
 
     # ------------------------------------------------------------------ rounds
 
@@ -260,9 +277,12 @@ class PeerNode:
             logger.info(
                 f"round {report.round}: {'committed' if report.committed else 'aborted'}, loss {report.loss:.4f}, "
                 f"{report.samples} samples in {report.seconds:.1f} s, {report.contributors} contributor(s), "
-                f"cohort {report.cohort}, state {report.state_digest[:12]}"
+                f"cohort {report.cohort}, state {report.state_digest[:12]}, swarm {report.swarm_samples} samples, "
+                f"phase {report.phase}, time compute {report.times['compute']:.1f} s / averaging "
+                f"{report.times['averaging']:.1f} s / other {report.times['waiting']:.1f} s"
                 + (f" ({report.reason})" if report.reason else "")
             )
+            self._record(report)
             if report.committed:
                 self.state_round = report.round
                 committed, failed_in_a_row = committed + 1, 0
@@ -277,7 +297,7 @@ class PeerNode:
         return self.reports
 
     def _run_round(self, task: TaskSpec, round_index: int, attempt: int) -> RoundReport:
-        """Train step ``round_index`` (data shard, sub-networks, learning rate) in averaging attempt
+        """Train step ``round_index`` (data stream, sub-networks, learning rate) in averaging attempt
         ``attempt`` (what peers meet on; it never repeats, so a retried step starts from a clean slate)."""
         t0 = time.perf_counter()
         roster = read_roster(self.dht, task.task_id)
@@ -286,21 +306,17 @@ class PeerNode:
             roster = read_roster(self.dht, task.task_id)
         assignment = assign_cohorts([p.entry for p in roster], task.params.max_group_size)
         cohort = assignment.get(self.peer_id, f"solo-{self.peer_id[-8:]}")
+        cohort_ids = sorted(set(assignment.values()) | {cohort})
         sizes = cohort_sizes(assignment)
-        participants = [f"{p.entry.peer_id}/{w}" for p in roster for w in range(p.workers)]
-        if not participants or f"{self.peer_id}/0" not in participants:
-            participants = [f"{self.peer_id}/{w}" for w in range(len(self.devices))]
         self._ensure_averager(cohort)
 
-        stats = self._ask_workers("compute", round_index, participants, task.params.target_samples_per_round)[
-            0
-        ][1]
-        compute_s = time.perf_counter() - t0
-        self._announcer.throughput = stats["samples"] / max(compute_s, 1e-6)
+        stats = self._compute(task, round_index, cohort, cohort_ids.index(cohort), len(cohort_ids))
+        compute_s = stats["wall"]
         outcome = self._averager.average(
             attempt,
             self._grad_buf,
             stats["samples"],
+            scale=stats["scale"],
             cohort_size=sizes.get(cohort, 1),
             num_cohorts=max(1, len(sizes)),
             state_digest=self.state_digest,
@@ -309,9 +325,11 @@ class PeerNode:
         if outcome.committed:
             for dst, src in zip(self._grad_buf, outcome.tensors):
                 dst.copy_(src)
-        self._ask_workers("apply", round_index, outcome.committed)
+        lr = self._ask_workers("apply", round_index, outcome.committed)[0][1]
         if outcome.committed:
             self.state_digest = self._sharer.publish(round_index, self._state_buf, attempt)
+        total = time.perf_counter() - t0
+        averaging_s = sum(outcome.seconds.get(k, 0.0) for k in ("cohort", "cross", "broadcast"))
         return RoundReport(
             round_index,
             outcome.committed,
@@ -319,10 +337,80 @@ class PeerNode:
             stats["loss"],
             cohort,
             self.state_digest,
-            time.perf_counter() - t0,
+            total,
             len(outcome.contributors),
             outcome.reason,
+            phase=phase_at(round_index, self.workload.cfg).name,
+            lr=lr,
+            swarm_samples=sum(c["samples"] for c in outcome.contributors),
+            times=dict(
+                compute=compute_s, averaging=averaging_s, waiting=max(0.0, total - compute_s - averaging_s)
+            ),
         )
+
+    def _compute(
+        self, task: TaskSpec, round_index: int, cohort: str, cohort_rank: int, num_cohorts: int
+    ) -> dict:
+        """Let the workers train until the swarm has processed the round's target number of samples.
+
+        This peer publishes its progress every :data:`PROGRESS_EVERY` s and reads everyone's; when the
+        sum (extrapolated by each peer's throughput, see :func:`swarm_samples`) reaches the target, it
+        raises the workers' stop flag: they finish their current mini-batch and reduce inside the host.
+        A fast peer thus contributes more samples than a slow one, and nobody idles for a fixed share.
+        """
+        target = task.params.target_samples_per_round
+        self._shared.stop.zero_()
+        self._shared.progress.zero_()
+        started = time.perf_counter()
+        self._send_workers("compute", round_index, task.mode, cohort_rank, num_cohorts)
+        next_publish = 0.0
+        replies = None
+        while replies is None:
+            samples, loss_sum, _ = (float(x) for x in self._shared.progress.sum(dim=0))
+            elapsed = time.perf_counter() - started
+            throughput = samples / max(elapsed, 1e-6)
+            if not int(self._shared.stop[0]):
+                if time.perf_counter() >= next_publish:
+                    next_publish = time.perf_counter() + PROGRESS_EVERY
+                    self._publish_progress(round_index, samples, throughput, loss_sum, cohort)
+                others = swarm_samples(
+                    self._progress.read(), round_index, int(time.time() * 1000), self.peer_id
+                )
+                if others + samples >= target or self._stop.is_set():
+                    self._shared.stop[0] = 1
+            replies = self._replies(timeout=0.25)
+        stats = replies[0][1]
+        wall = time.perf_counter() - started
+        self._announcer.throughput = stats["samples"] / max(wall, 1e-6)
+        self._publish_progress(
+            round_index,
+            stats["samples"],
+            self._announcer.throughput,
+            stats["loss"] * stats["samples"],
+            cohort,
+        )
+        return {**stats, "wall": wall}
+
+    def _publish_progress(
+        self, round_index: int, samples: float, throughput: float, loss_sum: float, cohort: str
+    ) -> None:
+        try:
+            self._progress.publish(
+                round_index,
+                int(samples),
+                throughput,
+                loss_sum / samples if samples else 0.0,
+                cohort,
+                self.state_round,
+            )
+        except Exception as e:  # a transient DHT failure: the next report retries
+            logger.debug(f"progress report failed: {e}")
+
+    def _record(self, report: RoundReport) -> None:
+        """Append the round to ``<data dir>/rounds.jsonl`` (what ``manta-swarm`` summarises)."""
+        line = json.dumps({**asdict(report), "peer_id": self.peer_id, "time": time.time()})
+        with open(self.config.data_dir / "rounds.jsonl", "a") as f:
+            f.write(line + "\n")
 
     def _ensure_averager(self, cohort: str) -> None:
         if self._averager is not None and self._averager.cohort == cohort:
@@ -337,9 +425,22 @@ class PeerNode:
             timeouts=self.config.timeouts,
             client_mode=self.config.client_mode,
             cross_compression=Float16Compression() if self.spec.record.params.cross_cohort_fp16 else None,
+            per_cohort=self.spec.record.mode == "model",
             commit_board=SignedCommitBoard(self.dht, self.spec.record.task_id, self.identity, self.peer_id),
         )
         self._reclaim_signals()
+
+    def save_state(self, path: Path | None = None) -> Path:
+        """Write the current state as a supernet checkpoint (default ``<data dir>/final-state.pt``)."""
+        from supernet.checkpoint import save_checkpoint
+
+        return save_checkpoint(
+            path or self.config.data_dir / "final-state.pt",
+            self.workload,
+            self._state_buf,
+            self.state_round,
+            meta={"task_id": self.spec.record.task_id, "peer_id": self.peer_id, "attempt": self.attempt},
+        )
 
     # ------------------------------------------------------------------ stopping
 

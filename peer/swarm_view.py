@@ -21,8 +21,10 @@ from protocol.dht_schema import (
     open_commit_value,
     open_index_value,
     open_peer_value,
+    open_progress_value,
     open_task_value,
     peers_key,
+    progress_key,
     task_key,
 )
 from protocol.identity import Identity
@@ -32,6 +34,7 @@ from protocol.records import (
     DeviceInfo,
     IdentityBinding,
     PeerAnnouncement,
+    PeerProgress,
     RecordRejected,
     RoundCommit,
     Sealed,
@@ -223,3 +226,65 @@ class SignedCommitBoard:
 
     def latest_attempt(self) -> int:
         return max((r.attempt for r in self._records()), default=-1)
+
+
+PROGRESS_TTL = 30.0  # a peer that stopped reporting drops out of the round's sample count
+
+
+class ProgressBoard:
+    """Signed per-peer progress records under ``manta_T_progress`` (see :class:`PeerProgress`)."""
+
+    def __init__(self, dht, task_id: str, identity: Identity, peer_id: str):
+        self.dht, self.task_id, self.identity, self.peer_id = dht, task_id, identity, peer_id
+
+    def publish(
+        self,
+        round_index: int,
+        samples: int,
+        throughput: float,
+        loss: float,
+        cohort: str,
+        state_round: int,
+    ) -> bool:
+        record = PeerProgress(
+            task_id=self.task_id,
+            peer_id=self.peer_id,
+            public_key=self.identity.public_key_hex,
+            round=round_index,
+            samples=int(samples),
+            throughput_milli=max(0, int(throughput * 1000)),
+            loss_micro=max(0, int(loss * 1e6)) if loss == loss else 0,  # NaN is reported as 0
+            cohort_id=cohort,
+            state_round=state_round + 1,
+            timestamp=int(time.time() * 1000),
+        )
+        return bool(
+            self.dht.store(
+                progress_key(self.task_id),
+                seal(record, self.identity),
+                get_dht_time() + PROGRESS_TTL,
+                subkey=self.identity.public_key_hex,
+            )
+        )
+
+    def read(self) -> list[PeerProgress]:
+        """Every peer's latest verified progress record."""
+        out = []
+        for sub, value in _entries(self.dht, progress_key(self.task_id)).items():
+            try:
+                out.append(open_progress_value(self.task_id, sub, value).record)
+            except RecordRejected:
+                continue
+        return out
+
+
+def swarm_samples(records: list[PeerProgress], round_index: int, now_ms: int, exclude: str = "") -> float:
+    """Samples the swarm has processed in ``round_index`` by now: each report's count plus what its
+    throughput adds since it was published (at most 2 s of it: a silent peer is not trusted further)."""
+    total = 0.0
+    for r in records:
+        if r.round != round_index or r.peer_id == exclude:
+            continue
+        elapsed = min(2.0, max(0.0, (now_ms - r.timestamp) / 1000))
+        total += r.samples + r.throughput_milli / 1000 * elapsed
+    return total

@@ -7,10 +7,15 @@ anything leaves the host; rank 0 hands the host's sum to the agent through share
 
 Protocol (agent -> worker over a pipe; every request gets one reply):
 
-- ``("compute", round, participants, round_size)``: train on this worker's shard of the round — the
-  sandwich-rule sub-networks of the round, gradients summed over mini-batches and sub-networks — and
-  leave the host's gradient *numerator* (sum over samples of the per-sample gradient) in the shared
-  gradient buffer. Reply: ``("computed", stats)``.
+- ``("compute", round, mode, cohort_rank, num_cohorts)``: train on this worker's sample stream of the
+  round (:class:`tasks.sharding.SampleStream`) with the round's sub-networks — the same sandwich list
+  for every cohort in data-parallel rounds, cohort ``cohort_rank``'s share in model-parallel ones —
+  one mini-batch after another until the agent raises the shared stop flag (the swarm as a whole has
+  reached the round's sample target). At least one mini-batch is always processed, and a started one
+  is always finished. After every mini-batch the worker writes its sample count, loss sum and
+  multiply-adds into the shared progress tensor, which the agent publishes. Then the host's workers
+  sum their gradient *numerators* (sum over samples of the per-sample gradient) with torch.distributed
+  and rank 0 leaves the sum in the shared gradient buffer. Reply: ``("computed", stats)``.
 - ``("apply", round, committed)``: if the round committed, the shared gradient buffer now holds the
   swarm's average gradient: set it as ``.grad`` and take the optimizer step (every worker of every
   peer takes the same step from the same bytes); rank 0 copies the new state into the shared state
@@ -23,6 +28,7 @@ Protocol (agent -> worker over a pipe; every request gets one reply):
 from __future__ import annotations
 
 import os
+import time
 import traceback
 from dataclasses import dataclass
 
@@ -42,7 +48,26 @@ class WorkerSpec:
     threads: int
 
 
-def worker_main(spec: WorkerSpec, conn, grad_buf: list[torch.Tensor], state_buf: list[torch.Tensor]) -> None:
+@dataclass
+class SharedBuffers:
+    """The memory the agent and its workers share (all CPU tensors in shared memory)."""
+
+    grads: list[torch.Tensor]  # the host's gradient numerator out, the swarm's average in
+    state: list[torch.Tensor]  # the model state (supernet.state layout) after the last applied round
+    stop: torch.Tensor  # int64 [1]: the agent sets it to 1 to close the round's computation
+    progress: torch.Tensor  # float64 [world, 3]: samples, loss sum, multiply-adds so far this round
+
+    @classmethod
+    def create(cls, grads_like: list[torch.Tensor], state: list[torch.Tensor], world: int) -> SharedBuffers:
+        return cls(
+            [torch.zeros_like(g).share_memory_() for g in grads_like],
+            [t.detach().clone().share_memory_() for t in state],
+            torch.zeros(1, dtype=torch.int64).share_memory_(),
+            torch.zeros(world, 3, dtype=torch.float64).share_memory_(),
+        )
+
+
+def worker_main(spec: WorkerSpec, conn, shared: SharedBuffers) -> None:
     from protocol.logs import get_logger, setup_logging
     from protocol.runtime import set_parent_death_signal
 
@@ -50,7 +75,7 @@ def worker_main(spec: WorkerSpec, conn, grad_buf: list[torch.Tensor], state_buf:
     setup_logging()
     log = get_logger(f"peer.worker{spec.rank}")
     try:
-        _serve(spec, conn, grad_buf, state_buf, log)
+        _serve(spec, conn, shared, log)
     except (EOFError, KeyboardInterrupt):
         pass  # the agent went away or the user pressed Ctrl-C: the agent handles the round
     except Exception as e:
@@ -61,31 +86,21 @@ def worker_main(spec: WorkerSpec, conn, grad_buf: list[torch.Tensor], state_buf:
             pass
 
 
-def _serve(spec: WorkerSpec, conn, grad_buf, state_buf, log) -> None:
+def _serve(spec: WorkerSpec, conn, shared: SharedBuffers, log) -> None:
     import torch.distributed as dist
 
     from supernet.state import init_optimizer_state, load_state_tensors, state_tensors
-    from supernet.training import (
-        TrainConfig,
-        accumulate_gradients,
-        batch_for_step,
-        build_supernet,
-        make_optimizer,
-        optimizer_step,
-        step_configs,
-    )
-    from tasks import get_task
-    from tasks.sharding import shard_indices
+    from supernet.training import cohort_configs, maybe_sort_channels, optimizer_step, step_configs
+    from supernet.workload import workload_for
 
     torch.set_num_threads(max(1, spec.threads))
     device = torch.device(spec.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    cfg = TrainConfig(**spec.train_config)
-    task = get_task(spec.task_name)
-    in_channels = task.train_set[0][0].shape[0]
-    net = build_supernet(cfg, task.num_classes, in_channels).to(device)
-    optimizer = make_optimizer(net, cfg)
+    workload = workload_for(spec.task_name, {**spec.train_config, "device": str(device)})
+    cfg = workload.cfg
+    net = workload.build().to(device)
+    optimizer = workload.make_optimizer(net)
     init_optimizer_state(net, optimizer)
     params = list(net.parameters())
 
@@ -101,39 +116,29 @@ def _serve(spec: WorkerSpec, conn, grad_buf, state_buf, log) -> None:
             if kind == "stop":
                 break
             if kind == "load":
-                load_state_tensors(net, optimizer, [t.to(device) for t in state_buf])
+                load_state_tensors(net, optimizer, [t.to(device) for t in shared.state])
                 conn.send(("loaded",))
             elif kind == "compute":
-                _, round_index, participants, round_size = msg
-                indices = shard_indices(
-                    len(task.train_set),
-                    spec.task_seed,
-                    round_index,
-                    participants,
-                    spec.participant,
-                    round_size,
-                )
-                configs = step_configs(net, round_index, cfg)
-                numerator = [torch.zeros_like(p) for p in params]
-                loss_sum, samples, macs = 0.0, 0, 0
-                for start in range(0, len(indices), cfg.batch_size):
-                    batch = indices[start : start + cfg.batch_size]
-                    x, y = batch_for_step(task.train_set, batch)
-                    stats = accumulate_gradients(net, x.to(device), y.to(device), configs, cfg)
-                    for acc, p in zip(numerator, params):
-                        acc.add_(p.grad, alpha=len(batch))  # per-sample gradient sum of this batch
-                    loss_sum += stats["loss"] * len(batch)
-                    samples += len(batch)
-                    macs += stats.get("train_macs", 0)
-                count = torch.tensor(
-                    [float(samples), loss_sum, float(macs)], device=device, dtype=torch.float64
-                )
+                _, round_index, mode, cohort_rank, num_cohorts = msg
+                if maybe_sort_channels(net, round_index, cfg, optimizer):
+                    log.info(f"round {round_index}: sorted channels by importance (width phase starts)")
+                if mode == "model":
+                    configs, scale = cohort_configs(net, round_index, cfg, cohort_rank, num_cohorts)
+                else:
+                    configs, scale = step_configs(net, round_index, cfg), 1.0
+                stats = _compute(workload, net, params, configs, device, spec, round_index, shared)
+                numerator = stats.pop("numerator")
                 for t in numerator:
                     dist.all_reduce(t)  # the host stage: sum over this host's workers
-                dist.all_reduce(count)
                 if spec.rank == 0:
-                    for dst, src in zip(grad_buf, numerator):
+                    for dst, src in zip(shared.grads, numerator):
                         dst.copy_(src.to("cpu"))
+                count = torch.tensor(
+                    [float(stats["samples"]), stats["loss_sum"], float(stats["macs"])],
+                    device=device,
+                    dtype=torch.float64,
+                )
+                dist.all_reduce(count)
                 host_samples = int(count[0].item())
                 conn.send(
                     (
@@ -143,6 +148,8 @@ def _serve(spec: WorkerSpec, conn, grad_buf, state_buf, log) -> None:
                             loss=count[1].item() / max(1, host_samples),
                             train_macs=int(count[2].item()),
                             config_hashes=[c.hash for c in configs],
+                            scale=scale,
+                            seconds=stats["seconds"],
                         ),
                     )
                 )
@@ -150,11 +157,11 @@ def _serve(spec: WorkerSpec, conn, grad_buf, state_buf, log) -> None:
                 _, round_index, committed = msg
                 lr = None
                 if committed:
-                    for p, g in zip(params, grad_buf):
+                    for p, g in zip(params, shared.grads):
                         p.grad = g.to(device).clone()
                     lr = optimizer_step(net, optimizer, round_index, cfg)
                     if spec.rank == 0:
-                        for dst, src in zip(state_buf, state_tensors(net, optimizer)):
+                        for dst, src in zip(shared.state, state_tensors(net, optimizer)):
                             dst.copy_(src.detach().to("cpu"))
                 dist.barrier()  # the agent may read the state buffer once every worker has applied
                 conn.send(("applied", lr))
@@ -162,6 +169,33 @@ def _serve(spec: WorkerSpec, conn, grad_buf, state_buf, log) -> None:
                 raise ValueError(f"unknown request {kind!r}")
     finally:
         dist.destroy_process_group()
+
+
+def _compute(workload, net, params, configs, device, spec, round_index, shared) -> dict:
+    """Mini-batches from this worker's stream until the stop flag (at least one); the numerator."""
+    from tasks.sharding import SampleStream
+
+    stream = SampleStream(len(workload.task.train_set), spec.task_seed, round_index, spec.participant)
+    numerator = [torch.zeros_like(p) for p in params]
+    loss_sum, samples, macs = 0.0, 0, 0
+    started = time.perf_counter()
+    while samples == 0 or not int(shared.stop[0]):
+        batch_indices = stream.take(workload.cfg.batch_size)
+        stats = workload.accumulate(net, workload.batch(batch_indices), configs, device)
+        n = len(batch_indices)
+        for acc, p in zip(numerator, params):
+            acc.add_(p.grad, alpha=n)  # per-sample gradient sum of this batch
+        loss_sum += stats["loss"] * n
+        samples += n
+        macs += stats.get("train_macs", 0)
+        shared.progress[spec.rank] = torch.tensor([samples, loss_sum, macs], dtype=torch.float64)
+    return dict(
+        numerator=numerator,
+        samples=samples,
+        loss_sum=loss_sum,
+        macs=macs,
+        seconds=time.perf_counter() - started,
+    )
 
 
 def default_threads(num_workers: int) -> int:

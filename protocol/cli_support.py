@@ -34,3 +34,20 @@ def manta_group(prog_name: str, help_text: str) -> Callable[[Callable[..., Any]]
         return group
 
     return decorate
+
+
+def manta_command(prog_name: str, help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Like :func:`manta_group`, for a console script that is a single command: use it as the outermost
+    decorator, above the function's ``click.option`` decorators."""
+
+    def decorate(fn: Callable[..., Any]) -> click.Command:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            setup_logging()
+            return fn(*args, **kwargs)
+
+        run.__name__, run.__doc__ = fn.__name__, fn.__doc__
+        run.__click_params__ = getattr(fn, "__click_params__", [])  # the options declared on fn
+        command = click.command(help=help_text, context_settings={"help_option_names": ["-h", "--help"]})(run)
+        return click.version_option(__version__, "--version", prog_name=prog_name)(command)
+
+    return decorate

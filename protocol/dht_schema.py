@@ -14,6 +14,8 @@ nobody can overwrite another party's entry — the subkey must name the key that
   for ``T`` and the sealed :class:`~protocol.records.IdentityBinding` of the same key and peer id.
 - ``manta_T_commits``: subkey ``<attempt>/<public key>``, a sealed :class:`~protocol.records.RoundCommit`
   of that attempt by that key (one board for all attempts; entries expire within minutes).
+- ``manta_T_progress``: subkey ``<public key>``, the sealed :class:`~protocol.records.PeerProgress` of that
+  key (overwritten about once a second; expires within a minute of the peer leaving).
 - ``manta_tasks`` (one key for the whole DHT, so a volunteer can join without knowing the task id):
   subkey ``T``, value the sealed TaskSpec of ``T``.
 
@@ -36,6 +38,7 @@ import msgpack
 from protocol.records import (
     IdentityBinding,
     PeerAnnouncement,
+    PeerProgress,
     RecordRejected,
     RejectReason,
     RoundCommit,
@@ -57,6 +60,10 @@ def peers_key(task_id: str) -> str:
 
 def commits_key(task_id: str) -> str:
     return f"manta_{task_id}_commits"
+
+
+def progress_key(task_id: str) -> str:
+    return f"manta_{task_id}_progress"
 
 
 def commit_subkey(attempt: int, public_key_hex: str) -> str:
@@ -98,6 +105,15 @@ def open_commit_value(task_id: str, subkey: Any, value: Any) -> Sealed[RoundComm
     return sealed
 
 
+def open_progress_value(task_id: str, subkey: Any, value: Any) -> Sealed[PeerProgress]:
+    """Check one entry of ``manta_T_progress``: a PeerProgress for ``task_id`` under its signer's key."""
+    sealed = open_sealed(_as_bytes(value), PeerProgress)
+    _check_owner(sealed, subkey)
+    if sealed.record.task_id != task_id:
+        raise RecordRejected(RejectReason.WRONG_TASK, f"progress for {sealed.record.task_id!r}")
+    return sealed
+
+
 def open_peer_value(
     task_id: str, subkey: Any, value: Any
 ) -> tuple[Sealed[PeerAnnouncement], Sealed[IdentityBinding]]:
@@ -126,6 +142,7 @@ class MantaRecordValidator:
             task_key(task_id): lambda sk, v: open_task_value(task_id, sk, v),
             peers_key(task_id): lambda sk, v: open_peer_value(task_id, sk, v),
             commits_key(task_id): lambda sk, v: open_commit_value(task_id, sk, v),
+            progress_key(task_id): lambda sk, v: open_progress_value(task_id, sk, v),
             TASKS_INDEX_KEY: open_index_value,
         }
         self._checks = {dht_key_id(name): (name, check) for name, check in checks.items()}

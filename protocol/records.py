@@ -4,7 +4,8 @@ Records
 -------
 :class:`TaskSpec` (``manta/task/v1``), :class:`PeerAnnouncement` (``manta/announce/v1``),
 :class:`IdentityBinding` (``manta/binding/v1``), :class:`ContributionReceipt` (``manta/receipt/v1``),
-:class:`Revocation` (``manta/revocation/v1``) and :class:`RoundCommit` (``manta/commit/v1``) are sealed (signed); :class:`Checkpoint` travels as a
+:class:`Revocation` (``manta/revocation/v1``), :class:`RoundCommit` (``manta/commit/v1``) and
+:class:`PeerProgress` (``manta/progress/v1``) are sealed (signed); :class:`Checkpoint` travels as a
 C2SP signed note instead (see :mod:`protocol.note`). Every model forbids unknown fields, takes strict
 types (no ``"1"`` for 1, no 1.0 for 1), bounds every string, list and integer, and is immutable.
 
@@ -165,6 +166,14 @@ class SwarmParams(StrictModel):
     # fp16 on the wire between cohorts (halves WAN traffic); the same for every peer, since every
     # member of an exact all-reduce must receive the same bytes.
     cross_cohort_fp16: bool = False
+    # The schedule: learning rate (warm-up + cosine) and progressive-shrinking phases follow the round
+    # number over ``total_rounds``; rounds past it keep the last phase and the final learning rate.
+    total_rounds: Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER)] = 1000
+    warmup_rounds: Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER)] = 0
+    schedule: Literal["sandwich", "progressive"] = "sandwich"
+    # Supernet size (see supernet.training.TrainConfig): small values make CPU swarms practical.
+    width_mult: Decimal = "1.0"
+    head_channels: Annotated[int, Field(ge=8, le=1 << 16)] = 640
 
 
 class TaskSpec(SealedRecord):
@@ -294,6 +303,30 @@ class RoundCommit(SealedRecord):
     timestamp: Int53
 
 
+class PeerProgress(SealedRecord):
+    """A peer's progress in the round it is computing, published about once a second.
+
+    The swarm closes a round when the samples reported for it by all peers reach the task's
+    ``target_samples_per_round``: every peer contributes what it manages in that time instead of a
+    fixed share, so nobody waits for the slowest. The aggregator's monitor reads the same records.
+    ``state_round`` is the round the peer's model state is the result of, plus one (0: initial state).
+    """
+
+    RECORD_TYPE: ClassVar[str] = "progress"
+    MAX_WIRE_BYTES: ClassVar[int] = 2048
+
+    task_id: Name
+    peer_id: PeerId
+    public_key: Hex32
+    round: Int53  # the round being computed
+    samples: Int53  # samples processed in it so far
+    throughput_milli: Int53  # samples per second x 1000, over this round so far
+    loss_micro: Int53  # mean training loss over those samples x 10^6
+    cohort_id: Name
+    state_round: Int53
+    timestamp: Int53
+
+
 class Checkpoint(StrictModel):
     """A signed tree head of a ledger: its origin, size and RFC 6962 root (hex).
 
@@ -329,7 +362,15 @@ class Checkpoint(StrictModel):
 
 SEALED_TYPES: dict[tuple[str, int], type[SealedRecord]] = {
     (cls.RECORD_TYPE, cls.VERSION): cls
-    for cls in (TaskSpec, PeerAnnouncement, IdentityBinding, ContributionReceipt, Revocation, RoundCommit)
+    for cls in (
+        TaskSpec,
+        PeerAnnouncement,
+        IdentityBinding,
+        ContributionReceipt,
+        Revocation,
+        RoundCommit,
+        PeerProgress,
+    )
 }
 _TYPE_NAMES = {cls.RECORD_TYPE for cls in SEALED_TYPES.values()}
 LEDGER_ENTRY_TYPES: tuple[type[SealedRecord], ...] = (ContributionReceipt, Revocation)

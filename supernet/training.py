@@ -265,6 +265,29 @@ def step_configs(
     return sandwich_configs(net, cfg.seed, step, phase.num_subnets, salt, space=space)
 
 
+def cohort_configs(
+    net: ClassificationSupernet, step: int, cfg: TrainConfig, cohort_rank: int, num_cohorts: int
+) -> tuple[list[SubnetConfig], float]:
+    """Model-parallel rounds: the sub-networks cohort ``cohort_rank`` of ``num_cohorts`` trains at
+    ``step``, and the factor its gradient mean is scaled by.
+
+    The round's sandwich list (largest, smallest, random; ``max(K, num_cohorts)`` entries, K the
+    phase's sub-networks per step) is dealt out to the cohorts like cards: cohort ``j`` trains entries
+    ``j, j + C, j + 2C, ...``. Every entry is trained by exactly one cohort, so the round's update —
+    the sum over cohorts of each cohort's mean gradient — is the sandwich-rule gradient of the whole
+    list, as one process would compute it, but each cohort only runs its share. When there are more
+    cohorts than K, the list is longer than K and the sum is scaled by ``K / len(list)`` so the update
+    keeps the size of K sub-networks' gradients. With one cohort this is :func:`step_configs`.
+    """
+    if not 0 <= cohort_rank < num_cohorts:
+        raise ValueError(f"cohort_rank: {cohort_rank} is not in [0, {num_cohorts})")
+    phase = phase_at(step, cfg)
+    space = space_for_phase(phase, net.space)
+    length = max(phase.num_subnets, num_cohorts)
+    configs = sandwich_configs(net, cfg.seed, step, length, "", space=space)
+    return configs[cohort_rank::num_cohorts], phase.num_subnets / length
+
+
 def maybe_sort_channels(
     net: ClassificationSupernet, step: int, cfg: TrainConfig, optimizer: torch.optim.Optimizer | None = None
 ) -> bool:

@@ -24,7 +24,7 @@ from torch import nn
 from supernet.config import SubnetConfig
 from supernet.training import TrainConfig
 
-__all__ = ["Workload", "family_of", "workload_for"]
+__all__ = ["Workload", "family_of", "swarm_train_options", "train_config", "workload_for"]
 
 
 def family_of(task_name: str) -> str:
@@ -114,13 +114,35 @@ def workload_for(task_name: str, train_options: dict[str, Any] | None = None, *,
     """
     from tasks import get_task
 
-    options = dict(train_options or {})
-    family = family_of(task_name)
-    if family == "stereo":
-        from supernet.stereo_training import StereoTrainConfig as config_class
-    else:
-        config_class = TrainConfig
-    cfg = config_class.from_dict({**options, "task": task_name})
+    cfg = train_config(task_name, train_options)
     if task is None:
         task = get_task(task_name, **cfg.task_options)
-    return Workload(family, cfg, task)
+    return Workload(family_of(task_name), cfg, task)
+
+
+def train_config(task_name: str, train_options: dict[str, Any] | None = None) -> TrainConfig:
+    """The family's config class built from ``train_options``; ``ValueError`` (one line) if unusable."""
+    if family_of(task_name) == "stereo":
+        from supernet.stereo_training import StereoTrainConfig
+
+        return StereoTrainConfig.from_dict({**(train_options or {}), "task": task_name})
+    return TrainConfig.from_dict({**(train_options or {}), "task": task_name})
+
+
+def swarm_train_options(spec) -> dict[str, Any]:
+    """The TrainConfig fields every peer of a swarm task uses, all derived from the signed
+    :class:`protocol.records.TaskSpec` ``spec``: the same spec gives every peer the same supernet,
+    sub-network sampling, schedule and optimizer."""
+    p = spec.params
+    options = dict(
+        seed=spec.seed,
+        batch_size=p.batch_size,
+        num_subnets=p.subnets_per_step,
+        lr=float(p.learning_rate),
+        total_steps=p.total_rounds,
+        warmup_steps=p.warmup_rounds,
+        schedule=p.schedule,
+    )
+    if family_of(spec.task) == "classification":  # the stereo supernet has its own widths
+        options.update(width_mult=float(p.width_mult), head_channels=p.head_channels)
+    return options

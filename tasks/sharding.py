@@ -28,7 +28,15 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["epoch_permutation", "round_slice", "rounds_per_epoch", "shard_indices", "split_counts"]
+__all__ = [
+    "SampleStream",
+    "epoch_permutation",
+    "round_slice",
+    "rounds_per_epoch",
+    "shard_indices",
+    "split_counts",
+    "stream_indices",
+]
 
 
 def _seed(*parts) -> int:
@@ -121,3 +129,51 @@ def shard_indices(
     index = members.index(participant)
     start = sum(counts[:index])
     return chunk[start : start + counts[index]]
+
+
+# --------------------------------------------------------------------------------------------------
+# Open-ended per-participant streams (swarm rounds that close on a global sample count)
+# --------------------------------------------------------------------------------------------------
+
+
+class SampleStream:
+    """The samples one participant trains on in one round when nobody knows in advance how many it
+    will manage: an endless, deterministic stream, of which it takes as many as it processes.
+
+    The stream of ``(task_seed, round, participant)`` is a sequence of permutations of the dataset
+    (one after another, each seeded by a SHA-256 of those values and its position), so within a
+    participant's round no sample repeats before the whole dataset was seen; across participants the
+    streams are independent (sampling with replacement between peers, as in data-parallel training
+    with random sampling). Anyone can recompute what a participant's first ``n`` samples were from
+    public values alone (what an audit re-does).
+    """
+
+    def __init__(self, dataset_size: int, task_seed: int | str, round: int, participant: str):
+        self.dataset_size = _check_positive("dataset_size", dataset_size)
+        self._key = (task_seed, int(round), str(participant))
+        self._block, self._perm = -1, np.empty(0, dtype=np.int64)
+        self.position = 0
+
+    def _permutation(self, block: int) -> np.ndarray:
+        if block != self._block:
+            generator = np.random.Generator(np.random.PCG64(_seed("stream", *self._key, block)))
+            self._block, self._perm = block, generator.permutation(self.dataset_size).astype(np.int64)
+        return self._perm
+
+    def take(self, count: int) -> np.ndarray:
+        """The next ``count`` indices of the stream (int64)."""
+        out = []
+        while count > 0:
+            block, offset = divmod(self.position, self.dataset_size)
+            piece = self._permutation(block)[offset : offset + count]
+            out.append(piece)
+            self.position += len(piece)
+            count -= len(piece)
+        return np.concatenate(out) if out else np.empty(0, dtype=np.int64)
+
+
+def stream_indices(
+    dataset_size: int, task_seed: int | str, round: int, participant: str, count: int
+) -> np.ndarray:
+    """The first ``count`` indices of ``participant``'s stream in ``round`` (see :class:`SampleStream`)."""
+    return SampleStream(dataset_size, task_seed, round, participant).take(count)

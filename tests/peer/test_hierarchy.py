@@ -25,17 +25,12 @@ def _grads(seed: int, shapes=SHAPES) -> list[torch.Tensor]:
 
 
 def _crafted_masks(key: str) -> list[torch.Tensor]:
-    """Sub-network 'a' uses the first rows/elements, 'b' the last ones, 'most' a longer prefix, 'all'
-    everything, 'none' nothing. With a, most, b and none, element [1][8] is used by nobody."""
+    """The weights a cohort's sub-networks use: 'a' the first rows/elements, 'b' the last ones (they
+    overlap in row 2 of the first tensor); element [1][8] is used by neither."""
     masks = [torch.zeros(s, dtype=torch.bool) for s in SHAPES]
-    if key == "all":
-        return [m | True for m in masks]
     if key == "a":
         masks[0][:3] = True
         masks[1][:6] = True
-    elif key == "most":
-        masks[0][:4] = True
-        masks[1][:8] = True
     elif key == "b":
         masks[0][2:] = True
         masks[1][9:] = True
@@ -62,7 +57,7 @@ def _peer(
         run_id,
         cohort,
         [torch.zeros(s) for s in shapes],
-        mask_fn=_crafted_masks if masked else None,
+        per_cohort=masked,
         cross_compression=Float16Compression() if fp16 else None,
         timeouts=FAST,
     )
@@ -75,9 +70,7 @@ def _peer(
             numerator = [g * samples for g in grads]
             if events is not None and r == 0:
                 events[0].set()  # entering round 0's averaging
-            res = averager.average(
-                r, numerator, samples, mask_key=mask_key, cohort_size=cohort_size, num_cohorts=num_cohorts
-            )
+            res = averager.average(r, numerator, samples, cohort_size=cohort_size, num_cohorts=num_cohorts)
             if events is not None and r == 0:
                 events[1].set()  # round 0 is over for this peer
             out.append(
@@ -88,7 +81,6 @@ def _peer(
                     # numpy pickles by value: a torch tensor would reference this process's memory,
                     # which is gone once the peer exits
                     tensors=None if res.tensors is None else [t.numpy() for t in res.tensors],
-                    touched=None if res.touched is None else [t.numpy() for t in res.touched],
                     leader=res.leader,
                     contributors=[c["peer"] for c in res.contributors],
                 )
@@ -98,11 +90,11 @@ def _peer(
         averager.shutdown()
 
 
-PEERS = {  # name: (cohort, seed, samples, mask)
+PEERS = {  # name: (cohort, seed, samples, weights its cohort's sub-networks use in model-parallel rounds)
     "p0": ("rack-a", 0, 3, "a"),
-    "p1": ("rack-a", 1, 5, "most"),
+    "p1": ("rack-a", 1, 5, "a"),
     "p2": ("rack-b", 2, 2, "b"),
-    "p3": ("rack-b", 3, 7, "none"),
+    "p3": ("rack-b", 3, 7, "b"),
 }
 
 
@@ -144,33 +136,29 @@ def test_four_peers_in_two_cohorts_reach_the_exact_sample_weighted_mean():
     assert len({r["leader"] for r in rounds}) == 2, "one leader per cohort"
 
 
-def test_mask_aware_averaging_neither_dilutes_nor_zeroes_untouched_elements():
+def test_model_parallel_rounds_sum_cohort_means_without_diluting_untouched_weights():
     results = _run("hier-mp", _args("hier-mp", masked=True))
-    num = [torch.zeros(s, dtype=torch.float64) for s in SHAPES]
-    den = [torch.zeros(s, dtype=torch.float64) for s in SHAPES]
-    for _, seed, n, key in PEERS.values():
-        for i, (g, m) in enumerate(zip(_grads(seed), _crafted_masks(key))):
-            num[i] += (g * m).double() * n
-            den[i] += m.double() * n
-    expected = [
-        torch.where(d > 0, nu / d.clamp_min(1e-12), torch.zeros_like(nu)).float() for nu, d in zip(num, den)
-    ]
+    expected = [torch.zeros(s, dtype=torch.float64) for s in SHAPES]
+    for cohort in ("rack-a", "rack-b"):
+        members = [(seed, n, key) for c, seed, n, key in PEERS.values() if c == cohort]
+        samples = sum(n for _, n, _ in members)
+        for seed, n, key in members:
+            for i, (g, m) in enumerate(zip(_grads(seed), _crafted_masks(key))):
+                expected[i] += (g * m).double() * n / samples
     rounds = [results[name][0] for name in PEERS]
     assert all(r["committed"] for r in rounds), [r["reason"] for r in rounds]
     assert len({r["digest"] for r in rounds}) == 1
     for r in rounds:
-        for got, want, d, touched in zip(r["tensors"], expected, den, r["touched"]):
-            torch.testing.assert_close(torch.from_numpy(got), want, rtol=1e-5, atol=1e-6)
-            assert torch.equal(torch.from_numpy(touched), d > 0)
-    # Element [1][0] was used only by 'a' (3 samples) and 'most' (5): the peers that skipped it did not dilute it.
+        for got, want in zip(r["tensors"], expected):
+            torch.testing.assert_close(torch.from_numpy(got), want.float(), rtol=1e-5, atol=1e-6)
+    # [1][0] was used only by cohort a (3 + 5 samples): cohort b's 9 samples did not dilute it.
     g0, g1 = _grads(0)[1][0].item(), _grads(1)[1][0].item()
     assert float(rounds[0]["tensors"][1][0]) == pytest.approx((3 * g0 + 5 * g1) / 8, rel=1e-5)
-    # Elements nobody used ('none' alone would be such) stay exactly zero; 'b' and 'all' cover [1][9:].
-    # Element [1][8] was used by nobody: it is reported untouched and comes out exactly zero.
-    assert not rounds[0]["touched"][1][8] and float(rounds[0]["tensors"][1][8]) == 0.0
-    assert rounds[0]["touched"][1][7] and float(rounds[0]["tensors"][1][7]) == pytest.approx(
-        _grads(1)[1][7].item(), rel=1e-5
-    )
+    # [1][8] was used by nobody: exactly zero. Row 2 of tensor 0 by both: the sum of both means.
+    assert float(rounds[0]["tensors"][1][8]) == 0.0
+    g = {seed: _grads(seed)[0][2, 0].item() for seed in range(4)}
+    both = (3 * g[0] + 5 * g[1]) / 8 + (2 * g[2] + 7 * g[3]) / 9
+    assert float(rounds[0]["tensors"][0][2, 0]) == pytest.approx(both, rel=1e-5)
 
 
 def test_a_peer_killed_mid_round_leaves_the_survivors_identical_and_the_next_round_works():

@@ -1,0 +1,117 @@
+"""What a finished local swarm did, from the files its processes left (``manta-swarm --summary``).
+
+Everything comes from the peers' own records (``rounds.jsonl``, ``final-state.pt``), not from the
+runner's bookkeeping, so the summary reports what the processes actually did:
+
+- ``rounds``: rounds committed by the swarm (distinct round numbers any peer committed);
+- ``total_samples``: samples the swarm processed in those rounds (each round's contributor sum);
+- ``samples_per_peer`` and ``time_split`` per peer (compute / averaging / other, seconds);
+- ``final_digests``: each peer's final state digest; ``identical_final_state`` whether they agree;
+- ``accuracy`` (classification) or ``epe`` (stereo): ``{"largest": ..., "smallest": ...}`` on the
+  validation split, measured on a peer's final state after BN recalibration.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from peer.local_swarm import LocalSwarm
+from protocol.logs import get_logger
+
+logger = get_logger("manta.swarm")
+
+
+def progress_line(swarm: LocalSwarm, peers: int, total_rounds: int) -> tuple[int, str] | None:
+    """The newest round any peer committed and one line describing it (None before the first)."""
+    newest: dict[str, Any] | None = None
+    cohorts, online = set(), 0
+    for i in range(peers):
+        reports = swarm.rounds(i)
+        committed = [r for r in reports if r["committed"]]
+        if committed:
+            last = committed[-1]
+            if newest is None or last["round"] > newest["round"]:
+                newest = last
+        if reports:
+            cohorts.add(reports[-1]["cohort"])
+        online += swarm.procs.get(f"peer-{i}") is not None and swarm.procs[f"peer-{i}"].poll() is None
+    if newest is None:
+        return None
+    rate = newest["swarm_samples"] / max(newest["seconds"], 1e-6)
+    return newest["round"], (
+        f"round {newest['round'] + 1:>4}/{total_rounds}  loss {newest['loss']:.4f}  "
+        f"{newest['swarm_samples']} samples at {rate:.0f}/s  {newest['contributors']} contributor(s) in "
+        f"{len(cohorts)} cohort(s), {online} peer(s) running  phase {newest['phase']}"
+    )
+
+
+def summarise(swarm: LocalSwarm, peers: int, wall_seconds: float, evaluate: bool = True) -> dict[str, Any]:
+    committed_rounds: dict[int, int] = {}
+    samples_per_peer, time_split, digests = {}, {}, {}
+    for i in range(peers):
+        name = f"peer-{i}"
+        reports = [r for r in swarm.rounds(i) if r["committed"]]
+        for r in reports:
+            committed_rounds[r["round"]] = max(committed_rounds.get(r["round"], 0), r["swarm_samples"])
+        samples_per_peer[name] = sum(r["samples"] for r in reports)
+        split = {"compute": 0.0, "averaging": 0.0, "other": 0.0}
+        for r in reports:
+            split["compute"] += r["times"]["compute"]
+            split["averaging"] += r["times"]["averaging"]
+            split["other"] += r["times"]["waiting"]
+        time_split[name] = {k: round(v, 2) for k, v in split.items()}
+        if reports:
+            digests[name] = reports[-1]["state_digest"]
+    summary: dict[str, Any] = {
+        "task": swarm.o.task,
+        "mode": swarm.o.mode,
+        "peers": peers,
+        "cohorts": swarm.o.cohorts,
+        "rounds": len(committed_rounds),
+        "total_samples": sum(committed_rounds.values()),
+        "wall_time_s": round(wall_seconds, 1),
+        "samples_per_peer": samples_per_peer,
+        "time_split_s": time_split,
+        "final_digests": digests,
+        "identical_final_state": len(set(digests.values())) == 1 if digests else False,
+        "run_dir": str(swarm.dir.resolve()),
+        "ledger": None,  # contribution receipts are not recorded yet
+    }
+    if evaluate:
+        summary.update(evaluate_final_state(swarm, peers))
+    return summary
+
+
+def evaluate_final_state(swarm: LocalSwarm, peers: int) -> dict[str, Any]:
+    """Largest and smallest sub-network quality of the newest final state any peer saved."""
+    from supernet.checkpoint import CheckpointError, load_checkpoint
+
+    candidates = [swarm.peer_dir(i) / "final-state.pt" for i in range(peers)]
+    candidates = [p for p in candidates if p.exists()]
+    if not candidates:
+        return {"evaluation_error": "no peer saved a final state"}
+    best = None
+    for path in candidates:
+        try:
+            loaded = load_checkpoint(path, task=best.workload.task if best else None)
+        except CheckpointError as e:
+            logger.warning(str(e))
+            continue
+        if best is None or loaded.round > best.round:
+            best = loaded
+    if best is None:
+        return {"evaluation_error": "no final state could be loaded"}
+    net, workload = best.net, best.workload
+    rows = workload.evaluate(net, {"largest": net.largest_config(), "smallest": net.smallest_config()})
+    key = "accuracy" if workload.family == "classification" else workload.metric_name
+    return {
+        key: {row["name"]: round(float(row[workload.metric_name]), 4) for row in rows},
+        "evaluated_round": best.round,
+    }
+
+
+def write_summary(summary: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary, indent=2) + "\n")
