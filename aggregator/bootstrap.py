@@ -46,6 +46,8 @@ class BootstrapConfig:
     checkpoint_seconds: float = 30.0  # download the swarm's state this often (0: no checkpoints)
     keep_checkpoints: int = 5
     resume: bool = False
+    dashboard: str | None = None  # HOST:PORT of the web dashboard (aggregator/monitor/); None: none
+    dashboard_fallback: bool = False  # that port taken: listen on a free one instead of failing
 
 
 class BootstrapAggregator:
@@ -55,6 +57,7 @@ class BootstrapAggregator:
         self.dht = None
         self.published: Sealed[TaskSpec] | None = None
         self.keeper = None
+        self.monitor = None
         self._stop = threading.Event()
 
     def start(self) -> list[str]:
@@ -62,6 +65,8 @@ class BootstrapAggregator:
         import hivemind
 
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.config.dashboard:
+            self._open_dashboard()  # first: a taken port fails before the DHT node starts
         host = [host_port_to_multiaddr(self.config.listen, "--listen")]
         announce = [
             host_port_to_multiaddr(a, "--announce", allow_port_zero=False) for a in self.config.announce
@@ -80,15 +85,35 @@ class BootstrapAggregator:
         self._publish()
         if self.config.checkpoint_seconds > 0 or self.config.resume:
             self._start_checkpoints()
+        if self.monitor is not None:
+            self._watch_swarm()
         return self.visible_maddrs()
 
+    def _open_dashboard(self) -> None:
+        """Serve the dashboard (raises aggregator.monitor.server.DashboardError if it cannot listen)."""
+        from aggregator.monitor.service import Monitor
+
+        self.monitor = Monitor(self.config.data_dir, self.identity.public_key)
+        self.monitor.serve(self.config.dashboard, fallback=self.config.dashboard_fallback)
+
+    def _watch_swarm(self) -> None:
+        from aggregator.monitor.swarm_reader import read_swarm
+
+        dht, task_id = self.dht, self.task_id
+        self.monitor.watch(
+            self.published.record,
+            lambda: read_swarm(dht, task_id),
+            multiaddrs=self.visible_maddrs(),
+            task_data=self.keeper.workload.task if self.keeper is not None else None,
+        )
+
     def _start_checkpoints(self) -> None:
-        from aggregator.checkpoints import CheckpointKeeper
+        from aggregator.checkpoints import StateSharer
         from supernet.workload import swarm_train_options, workload_for
 
         task = self.published.record
         workload = workload_for(task.task, swarm_train_options(task))
-        self.keeper = CheckpointKeeper(
+        self.keeper = StateSharer(
             self.dht,
             self.task_id,
             workload,
@@ -170,6 +195,9 @@ class BootstrapAggregator:
 
     def shutdown(self) -> None:
         self._stop.set()
+        if self.monitor is not None:
+            self.monitor.close()
+            self.monitor = None
         if self.keeper is not None:
             self.keeper.shutdown()
             self.keeper = None

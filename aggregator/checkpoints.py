@@ -43,8 +43,13 @@ def newest_checkpoint(directory: Path) -> Path | None:
     return files[-1] if files else None
 
 
-class CheckpointKeeper(DecentralizedAverager):
-    """Downloads, writes and serves the task's training state (see the module docstring)."""
+class StateSharer(DecentralizedAverager):
+    """Downloads, writes and serves the task's training state (see the module docstring).
+
+    The class name is part of the wire protocol: hivemind names its RPC handlers after the servicer
+    class (``<prefix>::StateSharer.rpc_download_state``), so this class must be called exactly like the
+    peers' ``peer.state_sharing.StateSharer`` for either side to download from the other.
+    """
 
     def __init__(self, dht, task_id: str, workload: Workload, directory: Path, *, keep: int = 5):
         self.workload, self.directory, self.keep = workload, Path(directory), keep

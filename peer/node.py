@@ -93,6 +93,7 @@ class RoundReport:
     phase: str = ""
     lr: float | None = None
     swarm_samples: int = 0  # what the whole swarm processed in the round (from the contributors)
+    subnets: list[str] = field(default_factory=list)  # hashes of the sub-networks this peer trained
     # where this peer's time went: its own mini-batches, the all-reduce stages (which include waiting
     # in matchmaking for the other peers), and the rest (commit reports, roster, optimizer step)
     times: dict[str, float] = field(default_factory=dict)
@@ -343,6 +344,7 @@ class PeerNode:
             phase=phase_at(round_index, self.workload.cfg).name,
             lr=lr,
             swarm_samples=sum(c["samples"] for c in outcome.contributors),
+            subnets=list(stats["config_hashes"]),
             times=dict(
                 compute=compute_s, averaging=averaging_s, waiting=max(0.0, total - compute_s - averaging_s)
             ),

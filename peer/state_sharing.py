@@ -27,7 +27,12 @@ def peer_tiebreak(peer_id: str) -> float:
 
 
 class StateSharer(DecentralizedAverager):
-    """Shares ``state`` (a list of CPU tensors in the task's fixed layout) under ``{run_id}_state``."""
+    """Shares ``state`` (a list of CPU tensors in the task's fixed layout) under ``{run_id}_state``.
+
+    The class name is part of the wire protocol (hivemind names RPC handlers after the class): the
+    aggregator's ``aggregator.checkpoints.StateSharer`` has the same name so each can download from
+    the other.
+    """
 
     def __init__(
         self,

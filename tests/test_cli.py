@@ -23,7 +23,10 @@ def test_console_script_help_and_version(script):
     assert versioned.stdout.strip() == f"{script}, version {__version__}"
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
+GROUPS = ["manta-peer", "manta-aggregator", "manta-ledger"]  # manta-swarm is a single command
+
+
+@pytest.mark.parametrize("script", GROUPS)
 def test_unknown_subcommand_is_a_one_line_usage_error(script):
     done = subprocess.run(
         [console_script(script), "no-such-command"], capture_output=True, text=True, timeout=60
@@ -31,3 +34,23 @@ def test_unknown_subcommand_is_a_one_line_usage_error(script):
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     assert "No such command" in done.stderr
+
+
+def test_manta_swarm_rejects_bad_options_in_one_line(tmp_path):
+    for args, message in (
+        (["--peers", "0"], "--peers"),
+        (["--peers", "2", "--cohorts", "3"], "more than --peers"),
+        (["--peers", "2", "--task", "nope"], "unknown task"),
+        (["--peers", "2", "--lr", "fast"], "--lr must be a positive number"),
+    ):
+        done = subprocess.run(
+            [console_script("manta-swarm"), *args, "--data-dir", str(tmp_path / "run")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode != 0, args
+        assert "Traceback" not in done.stderr and message in done.stderr, (args, done.stderr)
+        errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+        assert len(errors) == 1, done.stderr
+    assert not (tmp_path / "run").exists(), "a rejected command must not start anything"
