@@ -19,12 +19,18 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 DEPS_KEY := $(shell scripts/deps_key.sh "$(PYTHON)")
 STAMP := $(VENV)/.manta-deps-$(DEPS_KEY)
 
-.PHONY: test test-all test-swarm lint venv constraints clean
+.PHONY: demo test test-all test-swarm lint venv constraints clean
 
 venv: $(STAMP)
 
 $(STAMP):
 	@MANTA_CACHE_DIR="$(MANTA_CACHE_DIR)" scripts/make_venv.sh "$(PYTHON)" "$(DEPS_KEY)" "$(VENV)"
+
+# The main job on built-in data: a local swarm (one aggregator, three peers on 127.0.0.1) trains a
+# digits supernet for 30 rounds and writes a summary. DEMO_ARGS adds or overrides manta-swarm options.
+DEMO_ARGS ?=
+demo: venv
+	$(VENV)/bin/manta-swarm --peers 3 --rounds 30 $(DEMO_ARGS)
 
 # The default suite: everything but `slow` (benchmark-sized runs, browser tests).
 test: venv
@@ -37,6 +43,16 @@ test-all: venv
 # Only the multi-process swarm tests.
 test-swarm: venv
 	$(PY) -m pytest -m swarm $(PYTEST_ARGS)
+
+# The aggregator's dashboard in a real headless Chromium during a local swarm run (a `slow` test);
+# installs Debian's chromium first if it is missing. Screenshot: test-artifacts/monitor-dashboard.png.
+.PHONY: test-browser
+test-browser: venv
+	@command -v chromium >/dev/null || { echo "manta: installing chromium (apt-get)"; \
+	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -q chromium >/dev/null \
+	  || { $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get update -q >/dev/null && \
+	       $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -q chromium >/dev/null; }; }
+	$(PY) -m pytest -m slow tests/aggregator/test_monitor_browser.py $(PYTEST_ARGS)
 
 lint: venv
 	$(PY) -m ruff check .

@@ -58,7 +58,8 @@ class StateSharer(DecentralizedAverager):
         optimizer = workload.make_optimizer(net)
         init_optimizer_state(net, optimizer)
         self.consensus = consensus_count(net, optimizer)
-        template = [t.detach().clone() for t in state_tensors(net, optimizer)]
+        # contiguous (hivemind flattens with .view(-1)), as the peers' shared state is
+        template = [t.detach().contiguous().clone() for t in state_tensors(net, optimizer)]
         self._meta_lock = threading.Lock()
         self.meta = {"round": -1, "digest": "", "tiebreak": 0.0, "attempt": 0}
         super().__init__(

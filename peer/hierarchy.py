@@ -168,7 +168,8 @@ class HierarchicalAverager:
         self.client_mode = client_mode
         self.peer_id = dht.peer_id.to_base58()
         self.board = commit_board or DHTCommitBoard(dht, run_id, ttl=max(60.0, 3 * timeouts.commit))
-        self._buffer = [torch.zeros_like(t, device="cpu") for t in template]
+        # contiguous (hivemind flattens with .view(-1)), whatever the template's memory format
+        self._buffer = [torch.zeros(t.shape, dtype=t.dtype) for t in template]
         common = dict(
             min_group_size=2,
             min_matchmaking_time=timeouts.matchmaking,

@@ -34,13 +34,21 @@ from protocol.cli_support import UserError, manta_command
 @click.option(
     "--target-samples",
     type=click.IntRange(1),
-    default=256,
-    show_default=True,
-    help="Samples the swarm processes per round.",
+    default=None,
+    help="Samples the swarm processes per round [default: 256; stereo 32].",
 )
-@click.option("--batch-size", type=click.IntRange(2), default=32, show_default=True)
-@click.option("--subnets", type=click.IntRange(1, 64), default=4, show_default=True, help="K per round.")
-@click.option("--lr", "learning_rate", default="0.1", show_default=True)
+@click.option(
+    "--batch-size", type=click.IntRange(2), default=None, help="Mini-batch size [default: 32; stereo 4]."
+)
+@click.option(
+    "--subnets",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="K sub-networks per round [default: 4; stereo 3].",
+)
+@click.option(
+    "--lr", "learning_rate", default=None, help="Learning rate [default: 0.1 (SGD); stereo 0.005 (AdamW)]."
+)
 @click.option("--width-mult", default="0.5", show_default=True, help="Supernet width (classification).")
 @click.option("--seed", type=int, default=0, show_default=True)
 def main(
@@ -66,6 +74,11 @@ def main(
 
     if task not in available_tasks():
         raise UserError(f"unknown task {task!r}; built-in tasks: {', '.join(available_tasks())}")
+    stereo = task.startswith("stereo")
+    target_samples = target_samples or (32 if stereo else 256)
+    batch_size = batch_size or (4 if stereo else 32)
+    subnets = subnets or (3 if stereo else 4)
+    learning_rate = learning_rate or ("0.005" if stereo else "0.1")
     if cohorts > peers:
         raise UserError(f"--cohorts {cohorts} is more than --peers {peers}")
     for name, value in (("--lr", learning_rate), ("--width-mult", width_mult)):

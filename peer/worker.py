@@ -60,8 +60,10 @@ class SharedBuffers:
     @classmethod
     def create(cls, grads_like: list[torch.Tensor], state: list[torch.Tensor], world: int) -> SharedBuffers:
         return cls(
-            [torch.zeros_like(g).share_memory_() for g in grads_like],
-            [t.detach().clone().share_memory_() for t in state],
+            # Contiguous whatever the model's memory format (the stereo supernet is channels-last):
+            # hivemind flattens tensors with .view(-1), which only works on contiguous ones.
+            [torch.zeros(g.shape, dtype=g.dtype).share_memory_() for g in grads_like],
+            [t.detach().cpu().contiguous().clone().share_memory_() for t in state],
             torch.zeros(1, dtype=torch.int64).share_memory_(),
             torch.zeros(world, 3, dtype=torch.float64).share_memory_(),
         )

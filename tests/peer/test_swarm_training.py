@@ -175,3 +175,27 @@ def test_resume_continues_from_the_aggregators_newest_checkpoint(tmp_path):
     assert f"loaded the swarm's state after round {saved_round}" in log, log[-3000:]
     rounds = [r["round"] for r in _committed(second, 5)]
     assert rounds[:2] == [saved_round + 1, saved_round + 2], rounds
+
+
+def test_the_stereo_supernet_trains_through_the_same_swarm(tmp_path):
+    # The stereo supernet is channels-last and regresses disparities; the swarm machinery is the same.
+    options = SwarmOptions(
+        peers=2, task="stereo-synthetic", rounds=2, target_samples=8, batch_size=4, subnets=2,
+        learning_rate="0.005", run_dir=tmp_path,
+    )  # fmt: skip
+    swarm = LocalSwarm(options)
+    try:
+        swarm.start_aggregator()
+        for i in range(2):
+            swarm.start_peer(i)
+        for i in range(2):
+            assert swarm.procs[f"peer-{i}"].wait(timeout=600) == 0, (
+                tmp_path / f"peer-{i}/log.txt"
+            ).read_text()[-3000:]
+    finally:
+        swarm.close()
+    a, b = ({r["round"]: r for r in _committed(swarm, i)} for i in range(2))
+    assert sorted(a) == sorted(b) == [0, 1], (a.keys(), b.keys())
+    for r in a:
+        assert a[r]["state_digest"] == b[r]["state_digest"] and a[r]["contributors"] == 2
+        assert a[r]["loss"] > 0 and a[r]["loss"] == a[r]["loss"]  # finite, not NaN
