@@ -51,15 +51,23 @@ class StateSharer(DecentralizedAverager):
     peers' ``peer.state_sharing.StateSharer`` for either side to download from the other.
     """
 
-    def __init__(self, dht, task_id: str, workload: Workload, directory: Path, *, keep: int = 5):
+    def __init__(
+        self, dht, task_id: str, workload: Workload, directory: Path, *, keep: int = 5, cache: int = 8
+    ):
         self.workload, self.directory, self.keep = workload, Path(directory), keep
         self.task_id = task_id
+        # Recent states by digest (what spot audits replay receipts from), the initial one included.
+        self._cache: dict[str, list[torch.Tensor]] = {}
+        self._cache_size = cache
+        self._cache_changed = threading.Condition()
+        self._written_round = -1
         net = workload.build()
         optimizer = workload.make_optimizer(net)
         init_optimizer_state(net, optimizer)
         self.consensus = consensus_count(net, optimizer)
         # contiguous (hivemind flattens with .view(-1)), as the peers' shared state is
         template = [t.detach().contiguous().clone() for t in state_tensors(net, optimizer)]
+        self._remember(digest(template[: self.consensus]), template)
         self._meta_lock = threading.Lock()
         self.meta = {"round": -1, "digest": "", "tiebreak": 0.0, "attempt": 0}
         super().__init__(
@@ -102,13 +110,15 @@ class StateSharer(DecentralizedAverager):
         tensors = state_tensors(loaded.net, loaded.optimizer)
         attempt = int(loaded.meta.get("attempt", 0))
         self._adopt(tensors, {"round": loaded.round, "digest": loaded.digest, "attempt": attempt})
+        self._remember(loaded.digest, [t.detach().contiguous() for t in tensors])
+        self._written_round = loaded.round
         logger.info(f"resuming task {self.task_id} from {path.name} (round {loaded.round})")
         return loaded.round
 
     # ------------------------------------------------------------------ downloading
 
-    def fetch(self, timeout: float = 60.0) -> Path | None:
-        """Download the newest state the swarm serves; write a checkpoint if it is newer than ours."""
+    def download(self, timeout: float = 60.0) -> int | None:
+        """Download the newest state the swarm serves if it is newer than ours; returns its round."""
         result = self.load_state_from_peers(wait=True, timeout=timeout)
         if result is None:
             return None
@@ -122,6 +132,18 @@ class StateSharer(DecentralizedAverager):
             return None
         round_index = int(meta["round"])
         self._adopt(tensors, {"round": round_index, "digest": got, "attempt": int(meta.get("attempt", 0))})
+        self._remember(got, tensors)
+        return round_index
+
+    def write_checkpoint(self) -> Path | None:
+        """Write the newest downloaded state as a checkpoint file (if not written yet)."""
+        with self._meta_lock:
+            meta = dict(self.meta)
+        if meta["round"] <= self._written_round:
+            return None
+        with self.get_tensors() as shared:
+            tensors = [t.clone() for t in shared]
+        round_index = int(meta["round"])
         path = save_checkpoint(
             self.directory / f"round-{round_index:08d}.pt",
             self.workload,
@@ -129,10 +151,32 @@ class StateSharer(DecentralizedAverager):
             round_index,
             meta={"task_id": self.task_id, "attempt": int(meta.get("attempt", 0))},
         )
+        self._written_round = round_index
         for old in checkpoint_files(self.directory)[: -self.keep]:
             old.unlink(missing_ok=True)
         logger.info(f"checkpoint of round {round_index} written to {path}")
         return path
+
+    def fetch(self, timeout: float = 60.0) -> Path | None:
+        """Download the newest state and write it as a checkpoint (both only if it is new)."""
+        self.download(timeout)
+        return self.write_checkpoint()
+
+    # ------------------------------------------------------------------ states for audits
+
+    def _remember(self, state_digest: str, tensors: list[torch.Tensor]) -> None:
+        with self._cache_changed:
+            self._cache[state_digest] = [t.clone() for t in tensors]
+            while len(self._cache) > self._cache_size:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache_changed.notify_all()
+
+    def state_for(self, state_digest: str, wait: float = 0.0) -> list[torch.Tensor] | None:
+        """The state with consensus digest ``state_digest``, if downloaded recently (waits up to ``wait``)."""
+        with self._cache_changed:
+            self._cache_changed.wait_for(lambda: state_digest in self._cache, timeout=wait)
+            found = self._cache.get(state_digest)
+            return None if found is None else [t.clone() for t in found]
 
     def newest_round(self) -> int:
         path = newest_checkpoint(self.directory)

@@ -135,7 +135,9 @@ def _wal_in_use(path: Path) -> bool:
 
 
 class LedgerStore:
-    """An open ledger file. Not thread-safe; one writer process at a time (SQLite enforces it)."""
+    """An open ledger file. One writer process at a time (SQLite enforces it). The connection may be
+    used from several threads, but not concurrently: callers serialise access (the aggregator's
+    contribution desk holds one lock around every use)."""
 
     def __init__(
         self, conn: sqlite3.Connection, path: Path, origin: str, log_public_key: bytes, readonly: bool
@@ -172,7 +174,9 @@ class LedgerStore:
             raise LedgerError("creating a ledger needs its origin and the aggregator's public key")
         try:
             conn = (
-                connect_readonly(file) if exists and readonly else sqlite3.connect(file, isolation_level=None)
+                connect_readonly(file)
+                if exists and readonly
+                else sqlite3.connect(file, isolation_level=None, check_same_thread=False)
             )
         except sqlite3.Error as exc:
             raise LedgerError(f"cannot open ledger {file}: {exc}") from None

@@ -120,3 +120,35 @@ def join(
         log.info("round abandoned")
     finally:
         node.shutdown()
+
+
+@main.command()
+@click.option(
+    "--initial-peers", multiple=True, required=True, help="Multiaddr of an aggregator or peer (repeatable)."
+)
+@click.option("--task", "task_id", default=None, help="Task id [default: the only task published].")
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("manta-peer"),
+    show_default=True,
+    help="The peer's data directory (its receipt outbox is shown too).",
+)
+@identity_option
+def credits(initial_peers, task_id, data_dir, identity_path) -> None:
+    """Print this key's credits from the aggregator's ledger and check every inclusion proof."""
+    from protocol.runtime import prepare_process
+
+    prepare_process()
+    from peer.credits import CreditsError, fetch_credits, format_credits
+    from protocol.netaddr import AddressError, check_peer_multiaddr
+
+    ident = load_identity(identity_path, create=False)
+    try:
+        peers = tuple(check_peer_multiaddr(p) for p in initial_peers)
+        report = fetch_credits(peers, task_id, ident, data_dir)
+    except (AddressError, CreditsError) as e:
+        raise UserError(str(e)) from None
+    click.echo(format_credits(report))
+    if report["bad_proofs"]:
+        raise UserError(f"{report['bad_proofs']} inclusion proof(s) do not check against the checkpoint")

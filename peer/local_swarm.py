@@ -90,8 +90,12 @@ class LocalSwarm:
         self.procs[name] = proc
         return proc
 
-    def start_aggregator(self, *, resume: bool = False, checkpoint_every: float = 10.0) -> list[str]:
-        """Start the aggregator and return the ``manta-peer join`` arguments it prints."""
+    def start_aggregator(
+        self, *, resume: bool = False, checkpoint_every: float = 10.0, extra_args: tuple[str, ...] = ()
+    ) -> list[str]:
+        """Start the aggregator and return the ``manta-peer join`` arguments it prints.
+
+        ``extra_args`` go to ``manta-aggregator start`` as given (e.g. ``("--http", "127.0.0.1:8123")``)."""
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "task.toml").write_text(task_toml(self.o))
         folder = self.dir / "aggregator"
@@ -111,6 +115,7 @@ class LocalSwarm:
         ]
         if resume:
             args.append("--resume")
+        args += list(extra_args)
         proc = self._spawn("aggregator", args, folder)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

@@ -23,6 +23,7 @@ stops every child process; a second Ctrl-C abandons the round.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import threading
@@ -36,6 +37,7 @@ from hivemind.compression import Float16Compression
 from peer.affinity import assign_cohorts, cohort_sizes, host_id, network_id
 from peer.devices import WorkerDevice
 from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
+from peer.receipts import FAULTS, AggregatorLink, ReceiptCourier, ReceiptOutbox, apply_fault
 from peer.state_sharing import StateSharer, peer_tiebreak
 from peer.swarm_view import (
     Announcer,
@@ -50,7 +52,15 @@ from protocol.dht_schema import MantaRecordValidator
 from protocol.identity import Identity
 from protocol.logs import get_logger
 from protocol.netaddr import host_port_to_multiaddr, parse_host_port
-from protocol.records import Affinity, DeviceInfo, Sealed, TaskSpec
+from protocol.records import (
+    Affinity,
+    ContributionReceipt,
+    DeviceInfo,
+    Sealed,
+    TaskSpec,
+    averaging_group_id,
+)
+from supernet.sketch import encode_sketch, gradient_sketch, sketch_seed
 from supernet.state import consensus_count, digest, init_optimizer_state, state_tensors
 from supernet.training import phase_at
 from supernet.workload import swarm_train_options, workload_for
@@ -171,6 +181,13 @@ class PeerNode:
         self._announcer.keep_fresh()
         self._announced_at = time.monotonic()
         self._progress = ProgressBoard(self.dht, task.task_id, self.identity, self.peer_id)
+        self._outbox = ReceiptOutbox(self.config.data_dir / "receipts", self.identity)
+        self._fault = os.environ.get("MANTA_FAULT") or None
+        if self._fault and self._fault not in FAULTS:
+            raise PeerStartError(f"MANTA_FAULT must be one of {', '.join(FAULTS)}")
+        self._courier = ReceiptCourier(
+            self._outbox, AggregatorLink(self.dht, task.task_id, tuple(task.aggregator_keys))
+        )
         self._start_workers()
         self._sharer = StateSharer(
             [t.clone() for t in self._state_buf],
@@ -313,6 +330,8 @@ class PeerNode:
 
         stats = self._compute(task, round_index, cohort, cohort_ids.index(cohort), len(cohort_ids))
         compute_s = stats["wall"]
+        start_digest = self.state_digest
+        work = self._commitments(task, round_index, stats)
         outcome = self._averager.average(
             attempt,
             self._grad_buf,
@@ -327,6 +346,8 @@ class PeerNode:
             for dst, src in zip(self._grad_buf, outcome.tensors):
                 dst.copy_(src)
         lr = self._ask_workers("apply", round_index, outcome.committed)[0][1]
+        if outcome.committed and stats["samples"] > 0:
+            self._write_receipt(task, round_index, attempt, cohort, stats, work, start_digest, outcome)
         if outcome.committed:
             self.state_digest = self._sharer.publish(round_index, self._state_buf, attempt)
         total = time.perf_counter() - t0
@@ -392,6 +413,45 @@ class PeerNode:
             cohort,
         )
         return {**stats, "wall": wall}
+
+    def _commitments(self, task: TaskSpec, round_index: int, stats: dict) -> dict:
+        """What the receipt commits to, taken from the host's gradient before averaging replaces it."""
+        samples = max(1, stats["samples"])
+        mean = [g / samples for g in self._grad_buf]
+        try:
+            sketch = encode_sketch(gradient_sketch(mean, sketch_seed(task.seed, round_index)))
+        except ValueError:  # a non-finite gradient: the receipt says so by carrying no sketch
+            sketch = ()
+        return dict(
+            grad_commitment=digest(self._grad_buf),
+            grad_sketch=sketch,
+            worker_samples=tuple(int(x) for x in self._shared.progress[:, 0].tolist()),
+        )
+
+    def _write_receipt(self, task, round_index, attempt, cohort, stats, work, start_digest, outcome) -> None:
+        """Sign this round's ContributionReceipt into the outbox (the courier delivers it)."""
+        members = tuple(c["peer"] for c in outcome.contributors)
+        samples = tuple(int(c["samples"]) for c in outcome.contributors)
+        receipt = ContributionReceipt(
+            task_id=task.task_id,
+            round=round_index,
+            peer_id=self.peer_id,
+            public_key=self.identity.public_key_hex,
+            seq=self._outbox.next_seq(),
+            cohort_id=cohort,
+            subnet_hashes=tuple(dict.fromkeys(stats["config_hashes"])),
+            samples=stats["samples"],
+            flops_per_sample=max(1, stats["train_macs"] // stats["samples"]),
+            grad_commitment=work["grad_commitment"],
+            state_digest=start_digest,
+            group_id=averaging_group_id(task.task_id, attempt, members, samples, start_digest),
+            group_members=members,
+            timestamp=int(time.time() * 1000),
+            group_samples=samples,
+            worker_samples=work["worker_samples"],
+            grad_sketch=work["grad_sketch"],
+        )
+        self._outbox.add(receipt, apply_fault(self._fault, receipt, self.identity, self._outbox))
 
     def _publish_progress(
         self, round_index: int, samples: float, throughput: float, loss_sum: float, cohort: str
@@ -472,6 +532,9 @@ class PeerNode:
             self.install_signal_handlers()
 
     def shutdown(self) -> None:
+        if getattr(self, "_courier", None) is not None:
+            self._courier.stop(flush_seconds=15.0)
+            self._courier.link.close()
         if self._announcer is not None:
             try:
                 self._announcer.withdraw()

@@ -7,6 +7,8 @@ runner's bookkeeping, so the summary reports what the processes actually did:
 - ``total_samples``: samples the swarm processed in those rounds (each round's contributor sum);
 - ``samples_per_peer`` and ``time_split`` per peer (compute / averaging / other, seconds);
 - ``final_digests``: each peer's final state digest; ``identical_final_state`` whether they agree;
+- ``ledger`` (path, size, root, latest checkpoint note) and ``credits`` per peer (training FLOPs,
+  share, entries, revoked) from the aggregator's contribution ledger;
 - ``accuracy`` (classification) or ``epe`` (stereo): ``{"largest": ..., "smallest": ...}`` on the
   validation split, measured on a peer's final state after BN recalibration.
 """
@@ -77,11 +79,47 @@ def summarise(swarm: LocalSwarm, peers: int, wall_seconds: float, evaluate: bool
         "final_digests": digests,
         "identical_final_state": len(set(digests.values())) == 1 if digests else False,
         "run_dir": str(swarm.dir.resolve()),
-        "ledger": None,  # contribution receipts are not recorded yet
+        **ledger_summary(swarm, peers),
     }
     if evaluate:
         summary.update(evaluate_final_state(swarm, peers))
     return summary
+
+
+def ledger_summary(swarm: LocalSwarm, peers: int) -> dict[str, Any]:
+    """The aggregator's ledger (path, size, root, checkpoint) and each peer's credits in it."""
+    from aggregator.ledger_store import LedgerError, LedgerStore
+    from aggregator.rewards import compute_rewards
+    from protocol.identity import Identity
+
+    path = swarm.dir / "aggregator" / "ledger.sqlite"
+    if not path.exists():
+        return {"ledger": None, "credits": {}}
+    try:
+        with LedgerStore.open(path, readonly=True) as store:
+            head = store.latest_checkpoint()
+            rewards = compute_rewards((d for _, d in store.entries()), store.log_public_key)
+            ledger = {
+                "path": str(path.resolve()),
+                "size": store.size,
+                "root": store.root().hex(),
+                "checkpoint": head.note if head else None,
+            }
+    except (LedgerError, ValueError) as e:
+        return {"ledger": {"path": str(path.resolve()), "error": str(e)}, "credits": {}}
+    by_key = {p.public_key: p for p in rewards.peers}
+    credits = {}
+    for i in range(peers):
+        key_file = swarm.peer_dir(i) / "identity.key"
+        if key_file.exists():
+            reward = by_key.get(Identity.load(key_file).public_key_hex)
+            credits[f"peer-{i}"] = {
+                "credits": reward.credits if reward else 0,
+                "share": round(reward.share, 4) if reward else 0.0,
+                "entries": reward.entries if reward else 0,
+                "revoked": reward.revoked if reward else 0,
+            }
+    return {"ledger": ledger, "credits": credits}
 
 
 def evaluate_final_state(swarm: LocalSwarm, peers: int) -> dict[str, Any]:

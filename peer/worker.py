@@ -175,8 +175,9 @@ def _serve(spec: WorkerSpec, conn, shared: SharedBuffers, log) -> None:
 
 def _compute(workload, net, params, configs, device, spec, round_index, shared) -> dict:
     """Mini-batches from this worker's stream until the stop flag (at least one); the numerator."""
-    from tasks.sharding import SampleStream
+    from tasks.sharding import SampleStream, augmentation_seed
 
+    torch.manual_seed(augmentation_seed(spec.task_seed, round_index, spec.participant))
     stream = SampleStream(len(workload.task.train_set), spec.task_seed, round_index, spec.participant)
     numerator = [torch.zeros_like(p) for p in params]
     loss_sum, samples, macs = 0.0, 0, 0

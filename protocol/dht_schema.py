@@ -16,6 +16,10 @@ nobody can overwrite another party's entry — the subkey must name the key that
   of that attempt by that key (one board for all attempts; entries expire within minutes).
 - ``manta_T_progress``: subkey ``<public key>``, the sealed :class:`~protocol.records.PeerProgress` of that
   key (overwritten about once a second; expires within a minute of the peer leaving).
+- ``manta_T_aggregators``: subkey ``<public key>``, the sealed :class:`~protocol.records.IdentityBinding` of an
+  aggregator's key to its libp2p peer id (peers deliver receipts to that peer id; they trust only keys
+  the TaskSpec lists).
+- ``manta_T_ledger``: subkey ``<public key>``, the latest signed checkpoint note of that aggregator's ledger.
 - ``manta_tasks`` (one key for the whole DHT, so a volunteer can join without knowing the task id):
   subkey ``T``, value the sealed TaskSpec of ``T``.
 
@@ -36,6 +40,7 @@ from typing import Any
 import msgpack
 
 from protocol.records import (
+    Checkpoint,
     IdentityBinding,
     PeerAnnouncement,
     PeerProgress,
@@ -64,6 +69,14 @@ def commits_key(task_id: str) -> str:
 
 def progress_key(task_id: str) -> str:
     return f"manta_{task_id}_progress"
+
+
+def aggregators_key(task_id: str) -> str:
+    return f"manta_{task_id}_aggregators"
+
+
+def ledger_key(task_id: str) -> str:
+    return f"manta_{task_id}_ledger"
 
 
 def commit_subkey(attempt: int, public_key_hex: str) -> str:
@@ -114,6 +127,24 @@ def open_progress_value(task_id: str, subkey: Any, value: Any) -> Sealed[PeerPro
     return sealed
 
 
+def open_aggregator_value(subkey: Any, value: Any) -> Sealed[IdentityBinding]:
+    """Check one entry of ``manta_T_aggregators``: an IdentityBinding sealed by the subkey's key."""
+    sealed = open_sealed(_as_bytes(value), IdentityBinding)
+    _check_owner(sealed, subkey)
+    return sealed
+
+
+def open_ledger_value(subkey: Any, value: Any) -> Checkpoint:
+    """Check one entry of ``manta_T_ledger``: a checkpoint note signed by the subkey's key."""
+    try:
+        key = bytes.fromhex(subkey) if isinstance(subkey, str) else b""
+        return Checkpoint.from_note(_as_bytes(value).decode("utf-8"), key)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RecordRejected(
+            RejectReason.BAD_SIGNATURE, f"not a checkpoint signed by the subkey: {e}"
+        ) from None
+
+
 def open_peer_value(
     task_id: str, subkey: Any, value: Any
 ) -> tuple[Sealed[PeerAnnouncement], Sealed[IdentityBinding]]:
@@ -143,6 +174,8 @@ class MantaRecordValidator:
             peers_key(task_id): lambda sk, v: open_peer_value(task_id, sk, v),
             commits_key(task_id): lambda sk, v: open_commit_value(task_id, sk, v),
             progress_key(task_id): lambda sk, v: open_progress_value(task_id, sk, v),
+            aggregators_key(task_id): open_aggregator_value,
+            ledger_key(task_id): open_ledger_value,
             TASKS_INDEX_KEY: open_index_value,
         }
         self._checks = {dht_key_id(name): (name, check) for name, check in checks.items()}

@@ -85,6 +85,11 @@ class RejectReason(enum.StrEnum):
     OUT_OF_ORDER = "out_of_order"  # a sequence number not above the key's last accepted one
     STALE_TIMESTAMP = "stale_timestamp"  # timestamp outside the accepted window (too old or ahead)
     UNBOUND_PEER = "unbound_peer"  # no binding for the peer, or peer id / key / sender disagree
+    ROUND_WINDOW = "round_window"  # a round the swarm is not in (too old, or ahead of it)
+    GROUP_MISMATCH = "group_mismatch"  # the averaging group it names does not agree with the claim
+    IMPLAUSIBLE = "implausible_samples"  # more samples than the peer's announced throughput allows
+    NON_FINITE = "non_finite"  # gradient statistics missing or not finite
+    AUDIT_FAILED = "audit_failed"  # a spot audit recomputed another gradient (revocation reason)
 
 
 class RecordRejected(ValueError):
@@ -101,6 +106,7 @@ class RecordRejected(ValueError):
 MAX_WIRE_BYTES = 64 * 1024
 
 Int53 = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER)]
+SignedInt53 = Annotated[int, Field(ge=-MAX_SAFE_INTEGER, le=MAX_SAFE_INTEGER)]
 Hex32 = Annotated[str, StringConstraints(min_length=64, max_length=64, pattern=r"^[0-9a-f]{64}$")]
 HexId = Annotated[str, StringConstraints(min_length=2, max_length=128, pattern=r"^(?:[0-9a-f]{2})+$")]
 PeerId = Annotated[
@@ -254,6 +260,13 @@ class ContributionReceipt(SealedRecord):
     group_id: HexId
     group_members: Annotated[tuple[PeerId, ...], Field(min_length=1, max_length=256)]
     timestamp: Int53
+    # What the aggregator checks the claim against (empty in receipts that predate them):
+    # every member's sample count as the averaging group saw it (aligned with group_members), the
+    # samples of each of the peer's workers (their streams are what an audit replays), and a fixed
+    # random projection of the peer's mean gradient x 10^9 (what an audit compares, with a tolerance).
+    group_samples: Annotated[tuple[Int53, ...], Field(max_length=256)] = ()
+    worker_samples: Annotated[tuple[Int53, ...], Field(max_length=64)] = ()
+    grad_sketch: Annotated[tuple[SignedInt53, ...], Field(max_length=64)] = ()
 
     @model_validator(mode="after")
     def _members_are_a_set_with_the_peer(self) -> ContributionReceipt:
@@ -263,6 +276,10 @@ class ContributionReceipt(SealedRecord):
             raise ValueError("group_members must include the receipt's own peer_id")
         if len(set(self.subnet_hashes)) != len(self.subnet_hashes):
             raise ValueError("subnet_hashes lists a sub-network twice")
+        if self.group_samples and len(self.group_samples) != len(self.group_members):
+            raise ValueError("group_samples must give one count per group member")
+        if self.worker_samples and sum(self.worker_samples) != self.samples:
+            raise ValueError("worker_samples must add up to samples")
         return self
 
     @property
@@ -522,3 +539,18 @@ def check_binding(
             RejectReason.UNBOUND_PEER,
             f"the receipt came from {sender_peer_id}, not from the bound {bound.peer_id}",
         )
+
+
+def averaging_group_id(
+    task_id: str, attempt: int, members: tuple[str, ...], samples: tuple[int, ...], state_digest: str
+) -> str:
+    """The id of one averaging group as its members saw it: SHA-256 over the canonical JSON of the
+    attempt, every member with the sample count it declared, and the state they started from. Members
+    that agree on all of it name the same group; a receipt whose claim differs names another one."""
+    import hashlib
+
+    body = canonical_json(
+        {"task": task_id, "attempt": attempt, "members": list(members), "samples": list(samples),
+         "state": state_digest}
+    )  # fmt: skip
+    return hashlib.sha256(body).hexdigest()

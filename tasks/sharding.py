@@ -30,6 +30,7 @@ import numpy as np
 
 __all__ = [
     "SampleStream",
+    "augmentation_seed",
     "epoch_permutation",
     "round_slice",
     "rounds_per_epoch",
@@ -170,6 +171,12 @@ class SampleStream:
             self.position += len(piece)
             count -= len(piece)
         return np.concatenate(out) if out else np.empty(0, dtype=np.int64)
+
+
+def augmentation_seed(task_seed: int | str, round: int, participant: str) -> int:
+    """The torch seed a participant's round starts from (augmentation and dropout draws), so anyone
+    replaying its mini-batches in order (an audit) draws exactly the same random numbers."""
+    return _seed("augmentation", task_seed, int(round), str(participant)) % (2**63)
 
 
 def stream_indices(

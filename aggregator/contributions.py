@@ -1,0 +1,387 @@
+"""The aggregator's contribution desk: receipts in, ledger entries, checkpoints, proofs and audits out.
+
+- **Intake.** Peers call ``manta/<task>/submit`` with a sealed receipt. Signature, binding (the
+  sender's transport peer id must be the peer the receipt names, bound to its key by the binding in
+  its announcement), task and timestamp are checked at once by :class:`ContributionIntake`'s rules
+  and a refusal is answered with its reason; otherwise the receipt waits for its round to close.
+- **Round close.** A round closes when peers report working two rounds later, or ``close_after``
+  seconds after its first receipt. Its receipts then pass the swarm checks
+  (:mod:`aggregator.contribution_checks`) and the intake appends the survivors in its deterministic
+  order with a signed checkpoint, in one transaction; the checkpoint note is published in the DHT
+  under ``manta_<task>_ledger``.
+- **Proofs.** ``manta/<task>/status`` (a leaf hash) answers queued / accepted with index, inclusion
+  proof and the latest checkpoint note / rejected with the reason; ``manta/<task>/credits`` (a public
+  key) answers every entry of that key with proofs, revocations and the key's credit.
+- **Audits.** A fraction of accepted receipts, chosen by an HMAC of the receipt under the
+  aggregator's key (unpredictable to peers, reproducible for the operator), is replayed from the
+  round's start state (:mod:`aggregator.audits`); a failure appends a revocation (credit withheld).
+  Start states come from the aggregator's state sharer, which downloads every new round's state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import queue
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+from aggregator.audits import audit_receipt
+from aggregator.contribution_checks import SwarmFacts, check_round
+from aggregator.intake import ContributionIntake, Submission
+from aggregator.ledger_store import LedgerStore
+from aggregator.rewards import compute_rewards
+from protocol.aio import BackgroundLoop
+from protocol.dht_schema import (
+    aggregators_key,
+    ledger_key,
+    open_peer_value,
+    open_progress_value,
+    peers_key,
+    progress_key,
+)
+from protocol.identity import Identity
+from protocol.logs import get_logger
+from protocol.merkle import leaf_hash
+from protocol.records import (
+    ContributionReceipt,
+    IdentityBinding,
+    RecordRejected,
+    RejectReason,
+    Revocation,
+    Sealed,
+    TaskSpec,
+    parse_sealed,
+    seal,
+)
+
+logger = get_logger(__name__)
+
+
+def _handler(task_id: str, name: str) -> str:
+    return f"manta/{task_id}/{name}"
+
+
+class ContributionDesk:
+    def __init__(
+        self,
+        dht,
+        identity: Identity,
+        spec: TaskSpec,
+        ledger_path: Path,
+        *,
+        workload=None,
+        states=None,
+        audit_fraction: float = 0.1,
+        close_after: float = 20.0,
+        round_window: int = 20,
+    ):
+        self.dht, self.identity, self.spec = dht, identity, spec
+        self.task_id = spec.task_id
+        self.store = LedgerStore.open(
+            ledger_path, create=True, origin=spec.ledger_origin, log_public_key=identity.public_key
+        )
+        self.intake = ContributionIntake(
+            self.store, identity, self.task_id, max_age_ms=spec.params.receipt_window_ms, require_binding=True
+        )
+        self.workload, self.states = workload, states
+        self.audit_fraction, self.close_after, self.round_window = audit_fraction, close_after, round_window
+        self.counters: Counter[str] = Counter()  # accepted, each rejection reason, audits
+        self._throughput: dict[str, float] = {}  # peer id -> announced samples/s
+        # Ed25519 signatures are deterministic: a secret only this aggregator can derive, so peers
+        # cannot predict which receipts will be audited.
+        self._audit_key = identity.sign(f"manta-audit-selection/{spec.task_id}".encode())
+        self._lock = threading.Lock()  # the ledger and the status table
+        self._queued: dict[int, list[Submission]] = {}
+        self._first_seen: dict[int, float] = {}
+        self._arrival: dict[int, list[float]] = {}
+        self._status: dict[bytes, dict] = {}  # leaf hash -> {"status": ..., ...}
+        self._audits: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._loop = BackgroundLoop("manta-desk")
+        self._p2p = self._loop.run(dht.replicate_p2p(), timeout=30)
+        self._register_handlers()
+        self._publish_binding()
+        self._threads = [
+            threading.Thread(target=self._close_loop, name="manta-round-close", daemon=True),
+            threading.Thread(target=self._audit_loop, name="manta-audits", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    # ------------------------------------------------------------------ network
+
+    def _register_handlers(self) -> None:
+        from google.protobuf.wrappers_pb2 import BytesValue
+
+        def wrap(fn):
+            async def handle(request, context):
+                try:
+                    reply = fn(request.value, context.remote_id.to_base58())
+                except Exception as e:  # a bad request must never take the handler down
+                    reply = {"status": "error", "detail": f"{type(e).__name__}: {e}"}
+                return BytesValue(value=json.dumps(reply).encode())
+
+            return handle
+
+        for name, fn in (("submit", self.submit), ("status", self.status), ("credits", self.credits)):
+            self._loop.run(self._p2p.add_protobuf_handler(_handler(self.task_id, name), wrap(fn), BytesValue))
+
+    def _publish_binding(self) -> None:
+        from hivemind.utils import get_dht_time
+
+        binding = IdentityBinding(
+            peer_id=self.dht.peer_id.to_base58(),
+            public_key=self.identity.public_key_hex,
+            timestamp=int(time.time() * 1000),
+        )
+        self.dht.store(
+            aggregators_key(self.task_id),
+            seal(binding, self.identity),
+            get_dht_time() + 3600,
+            subkey=self.identity.public_key_hex,
+        )
+
+    def _publish_checkpoint(self, note: str) -> None:
+        from hivemind.utils import get_dht_time
+
+        self.dht.store(
+            ledger_key(self.task_id),
+            note.encode(),
+            get_dht_time() + 3600,
+            subkey=self.identity.public_key_hex,
+        )
+
+    # ------------------------------------------------------------------ handlers
+
+    def submit(self, wire: bytes, sender: str) -> dict:
+        leaf = leaf_hash(wire)
+        with self._lock:
+            known = self._status.get(leaf)
+            if known is not None and known["status"] != "accepted":
+                return known
+            if known is not None or self.store.index_of(leaf) is not None:
+                # Exactly these bytes are already in the ledger: submitting them again is a replay.
+                self.counters[RejectReason.REPLAY.value] += 1
+                logger.info(f"receipt refused: replay of ledger entry {self.store.index_of(leaf)}")
+                return {
+                    "status": "rejected",
+                    "reason": RejectReason.REPLAY.value,
+                    "detail": "already in the ledger",
+                }
+            self._refresh_bindings()
+            # The intake's own checks on this receipt alone (nothing is written by screen()).
+            screening = self.intake.screen([Submission(wire, sender)])
+            if screening.rejected:
+                rejection = screening.rejected[0]
+                return self._reject(leaf, rejection.reason, rejection.detail)
+            receipt = screening.accepted[0].record
+            self._queued.setdefault(receipt.round, []).append(Submission(wire, sender))
+            self._first_seen.setdefault(receipt.round, time.monotonic())
+            self._arrival.setdefault(receipt.round, []).append(receipt.timestamp / 1000)
+            self._status[leaf] = {"status": "queued", "round": receipt.round}
+            return self._status[leaf]
+
+    def status(self, payload: bytes, sender: str) -> dict:
+        leaf = bytes.fromhex(payload.decode())
+        with self._lock:
+            known = self._status.get(leaf)
+            if known is None:
+                index = self.store.index_of(leaf)
+                if index is None:
+                    return {"status": "unknown"}
+                known = {"status": "accepted", "index": index}
+            if known["status"] != "accepted":
+                return known
+            return {**known, **self._proof(known["index"])}
+
+    def credits(self, payload: bytes, sender: str) -> dict:
+        key = payload.decode()
+        with self._lock:
+            entries, revoked = [], set()
+            for index, data in self.store.entries():
+                sealed = parse_sealed(data, (ContributionReceipt, Revocation))
+                if isinstance(sealed.record, Revocation):
+                    revoked.add(sealed.record.entry_index)
+                elif sealed.public_key.hex() == key:
+                    entries.append((index, sealed.record, leaf_hash(data)))
+            rows = [
+                {
+                    "index": index,
+                    "round": r.round,
+                    "seq": r.seq,
+                    "samples": r.samples,
+                    "credit": r.credit,
+                    "revoked": index in revoked,
+                    "leaf_hash": leaf.hex(),
+                    **self._proof(index),
+                }
+                for index, r, leaf in entries
+            ]
+            rewards = compute_rewards((d for _, d in self.store.entries()), self.identity.public_key)
+        mine = next((p for p in rewards.peers if p.public_key == key), None)
+        return {
+            "entries": rows,
+            "credits": mine.credits if mine else 0,
+            "share": mine.share if mine else 0.0,
+            "total_credits": rewards.total_credits,
+        }
+
+    def _proof(self, index: int) -> dict:
+        head = self.store.latest_checkpoint()
+        proof = self.store.inclusion_proof(index, head.size)
+        return {"index": index, "proof": [h.hex() for h in proof], "checkpoint": head.note}
+
+    def _reject(self, leaf: bytes, reason: RejectReason, detail: str) -> dict:
+        self.counters[reason.value] += 1
+        self._status[leaf] = {"status": "rejected", "reason": reason.value, "detail": detail}
+        logger.info(f"receipt refused: {reason.value}: {detail}")
+        return self._status[leaf]
+
+    # ------------------------------------------------------------------ rounds
+
+    def _refresh_bindings(self) -> None:
+        """Learn peers' identity bindings from their signed announcements (owned DHT entries)."""
+        found = self.dht.get(peers_key(self.task_id), latest=True)
+        if found is None or not isinstance(found.value, dict):
+            return
+        for sub, item in found.value.items():
+            try:
+                announcement, binding = open_peer_value(self.task_id, sub, item.value)
+            except RecordRejected:
+                continue
+            self.intake.bindings[binding.record.peer_id] = binding
+            if announcement.record.throughput_milli > 0:
+                self._throughput[announcement.record.peer_id] = announcement.record.throughput_milli / 1000
+
+    def _swarm_round(self) -> int:
+        found = self.dht.get(progress_key(self.task_id), latest=True)
+        newest = -1
+        if found is not None and isinstance(found.value, dict):
+            for sub, item in found.value.items():
+                try:
+                    newest = max(newest, open_progress_value(self.task_id, sub, item.value).record.round)
+                except RecordRejected:
+                    continue
+        return newest
+
+    def _close_loop(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                self.close_due_rounds()
+            except Exception as e:
+                logger.warning(f"closing rounds failed: {type(e).__name__}: {e}")
+
+    def close_due_rounds(self, force: bool = False) -> None:
+        with self._lock:
+            if not self._queued:
+                return
+            swarm_round = self._swarm_round()
+            due = [
+                r
+                for r in sorted(self._queued)
+                if force or swarm_round >= r + 2 or time.monotonic() - self._first_seen[r] > self.close_after
+            ]
+            for r in due:
+                self._close(r, max(swarm_round, r))
+
+    def _close(self, round_index: int, swarm_round: int) -> None:
+        subs = self._queued.pop(round_index)
+        self._first_seen.pop(round_index, None)
+        times = self._arrival.pop(round_index, [])
+        self._refresh_bindings()
+        sealed = [parse_sealed(s.wire, ContributionReceipt) for s in subs]
+        durations = {round_index: max(1.0, max(times) - min(times) + self._round_seconds_hint(round_index))}
+        facts = SwarmFacts(
+            swarm_round, self.round_window, dict(self._throughput), durations, self.spec.params.batch_size
+        )
+        refused = check_round(sealed, facts)
+        for s in sealed:
+            if s.wire in refused:
+                self._reject(leaf_hash(s.wire), *refused[s.wire])
+        result = self.intake.admit([sub for sub in subs if sub.wire not in refused])
+        for rejection in result.rejected:
+            wire = [sub for sub in subs if sub.wire not in refused][rejection.position].wire
+            self._reject(leaf_hash(wire), rejection.reason, rejection.detail)
+        for accepted in result.accepted:
+            leaf = leaf_hash(accepted.wire)
+            self._status[leaf] = {"status": "accepted", "index": self.store.index_of(leaf)}
+            self.counters["accepted"] += 1
+            if self._selected_for_audit(accepted.wire):
+                self._audits.put(accepted)
+        self._publish_checkpoint(result.checkpoint.note)
+        logger.info(
+            f"round {round_index}: {len(result.accepted)} receipt(s) appended, {len(subs) - len(result.accepted)} "
+            f"refused; ledger size {result.checkpoint.size}"
+        )
+
+    def _round_seconds_hint(self, round_index: int) -> float:
+        """How long a round lasts: receipts arrive after it ended, so their spread understates it."""
+        return self.spec.params.target_samples_per_round / max(1.0, sum(self._throughput.values()))
+
+    # ------------------------------------------------------------------ audits
+
+    def _selected_for_audit(self, wire: bytes) -> bool:
+        if self.audit_fraction <= 0 or self.workload is None or self.states is None:
+            return False
+        mac = hmac.new(self._audit_key, wire, hashlib.sha256).digest()
+        return int.from_bytes(mac[:8], "big") / 2**64 < self.audit_fraction
+
+    def _audit_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                sealed: Sealed[ContributionReceipt] = self._audits.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            try:
+                self.audit(sealed)
+            except Exception as e:
+                logger.warning(f"audit of a receipt of round {sealed.record.round} failed to run: {e}")
+
+    def audit(self, sealed: Sealed[ContributionReceipt]) -> bool | None:
+        """Replay one accepted receipt; revoke it on a mismatch. None if its start state is unknown."""
+        receipt = sealed.record
+        state = self.states.state_for(receipt.state_digest, wait=30.0)
+        if state is None:
+            self.counters["audit_skipped"] += 1
+            logger.info(f"audit skipped: no copy of the start state of round {receipt.round}")
+            return None
+        passed, distance = audit_receipt(self.workload, state, receipt, self.spec.seed)
+        self.counters["audit_passed" if passed else "audit_failed"] += 1
+        if passed:
+            logger.info(
+                f"audit passed: {receipt.peer_id[-8:]} round {receipt.round} (distance {distance:.1e})"
+            )
+            return True
+        with self._lock:
+            index = self.store.index_of(leaf_hash(sealed.wire))
+            checkpoint = self.store.revoke(
+                index,
+                f"{RejectReason.AUDIT_FAILED.value}: recomputed gradient differs (distance {distance:.3g})",
+                self.identity,
+                task_id=self.task_id,
+            )
+            self._status[leaf_hash(sealed.wire)] = {
+                "status": "accepted",
+                "index": index,
+                "revoked": True,
+            }
+        self._publish_checkpoint(checkpoint.note)
+        logger.warning(f"audit FAILED: {receipt.peer_id[-8:]} round {receipt.round}: entry {index} revoked")
+        return False
+
+    # ------------------------------------------------------------------ stopping
+
+    def shutdown(self) -> None:
+        try:
+            self.close_due_rounds(force=True)
+        except Exception as e:
+            logger.warning(f"closing the last rounds failed: {e}")
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=120)
+        self._loop.stop()
+        self.store.close()

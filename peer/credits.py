@@ -1,0 +1,107 @@
+"""`manta-peer credits`: what the ledger says this key earned, with every inclusion proof checked.
+
+The aggregator answers ``manta/<task>/credits`` with each of the key's ledger entries, an inclusion
+proof for each and its latest signed checkpoint note. Nothing of it is taken on trust: the note must
+be signed by an aggregator key the TaskSpec lists, and every entry's proof must lead from the
+entry's leaf hash to the note's root.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from peer.receipts import AggregatorLink, credits_handler
+from peer.swarm_view import fetch_task
+from protocol.identity import Identity
+from protocol.merkle import verify_inclusion_hash
+from protocol.records import Checkpoint
+
+
+class CreditsError(RuntimeError):
+    """No credits could be fetched (one line for the volunteer)."""
+
+
+def fetch_credits(
+    initial_peers: tuple[str, ...], task_id: str | None, identity: Identity, data_dir: Path
+) -> dict:
+    import hivemind
+
+    try:
+        dht = hivemind.DHT(initial_peers=list(initial_peers), client_mode=True, start=True)
+    except Exception as e:
+        raise CreditsError(
+            f"cannot reach the swarm: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        ) from None
+    link = None
+    try:
+        try:
+            spec = fetch_task(dht, task_id).record
+        except LookupError as e:
+            raise CreditsError(str(e)) from None
+        link = AggregatorLink(dht, spec.task_id, tuple(spec.aggregator_keys))
+        aggregators = link.aggregators()
+        if not aggregators:
+            raise CreditsError(f"no aggregator of task {spec.task_id} is reachable")
+        key, peer_id = sorted(aggregators.items())[0]
+        reply = link.call(peer_id, credits_handler(spec.task_id), identity.public_key_hex.encode())
+        return check_credits(reply, key, spec.task_id, data_dir)
+    finally:
+        if link is not None:
+            link.close()
+        dht.shutdown()
+
+
+def check_credits(reply: dict, aggregator_key: str, task_id: str, data_dir: Path) -> dict:
+    """Verify every proof in an aggregator's credits reply; the report :func:`format_credits` prints."""
+    entries = reply.get("entries", [])
+    bad, checkpoint = 0, None
+    for entry in entries:
+        try:
+            checkpoint = Checkpoint.from_note(entry["checkpoint"], bytes.fromhex(aggregator_key))
+            ok = verify_inclusion_hash(
+                bytes.fromhex(entry["leaf_hash"]),
+                int(entry["index"]),
+                checkpoint.size,
+                [bytes.fromhex(h) for h in entry["proof"]],
+                checkpoint.root_bytes,
+            )
+        except (KeyError, ValueError):
+            ok = False
+        entry["proof_ok"] = ok
+        bad += not ok
+    outbox = Path(data_dir) / "receipts"
+    counts = {sub: len(list((outbox / sub).glob("*.receipt"))) for sub in ("pending", "settled", "rejected")}
+    return {
+        "task_id": task_id,
+        "aggregator": aggregator_key,
+        "entries": entries,
+        "credits": reply.get("credits", 0),
+        "share": reply.get("share", 0.0),
+        "total_credits": reply.get("total_credits", 0),
+        "checkpoint_size": checkpoint.size if checkpoint else None,
+        "bad_proofs": bad,
+        "outbox": counts,
+    }
+
+
+def format_credits(report: dict) -> str:
+    entries = report["entries"]
+    revoked = sum(e.get("revoked", False) for e in entries)
+    lines = [
+        f"task {report['task_id']}, aggregator {report['aggregator'][:16]}",
+        f"ledger entries: {len(entries)} ({revoked} revoked); credits {report['credits']:,} "
+        f"training FLOPs = {100 * report['share']:.2f}% of {report['total_credits']:,}",
+    ]
+    for e in entries[-10:]:
+        lines.append(
+            f"  #{e['index']:>6}  round {e['round']:>5}  {e['samples']:>6} samples  credit {e['credit']:>14,}"
+            f"  {'REVOKED' if e.get('revoked') else 'ok':>7}  proof {'ok' if e['proof_ok'] else 'BAD'}"
+        )
+    if report["checkpoint_size"] is not None:
+        good = len(entries) - report["bad_proofs"]
+        lines.append(
+            f"{good} of {len(entries)} inclusion proofs check against the checkpoint of size {report['checkpoint_size']}"
+        )
+    o = report["outbox"]
+    lines.append(f"local outbox: {o['pending']} pending, {o['settled']} settled, {o['rejected']} rejected")
+    return "\n".join(lines)

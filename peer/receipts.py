@@ -1,0 +1,245 @@
+"""A peer's signed contribution receipts: written to disk first, delivered to the aggregator over
+hivemind, kept until the aggregator's ledger proves them included.
+
+Delivery is a direct libp2p call (``manta/<task>/submit``) to the aggregators the TaskSpec names
+(their peer ids come from signed bindings under ``manta_<task>_aggregators``), not a DHT record: the
+aggregator answers each submission at once (queued, or rejected with the reason), it learns the
+sender's peer id from the transport (so a receipt cannot be relayed in another peer's name), and a
+forged receipt still reaches the intake, which counts it, instead of vanishing in some DHT node's
+validator. The outbox on disk is what makes delivery reliable: a receipt stays in
+``<data dir>/receipts/pending/`` until a status call (``manta/<task>/status``) returns its ledger index
+with an inclusion proof that checks against the aggregator's signed checkpoint; it survives a peer
+restart and an aggregator outage (the courier simply retries).
+
+``MANTA_FAULT`` (test suite only) makes this peer dishonest in one way — ``forge`` (broken
+signature), ``replay`` (re-sends its first accepted receipt every round), ``inflate`` (claims ten
+times its samples) or ``fabricate`` (commits to a made-up gradient) — so the tests can check that the
+aggregator catches each one in a real swarm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+from pathlib import Path
+
+from protocol.aio import BackgroundLoop
+from protocol.dht_schema import aggregators_key, open_aggregator_value
+from protocol.identity import Identity
+from protocol.logs import get_logger
+from protocol.merkle import leaf_hash, verify_inclusion
+from protocol.records import Checkpoint, ContributionReceipt, RecordRejected, seal
+
+logger = get_logger(__name__)
+
+FAULTS = ("forge", "replay", "inflate", "fabricate")
+
+
+def submit_handler(task_id: str) -> str:
+    return f"manta/{task_id}/submit"
+
+
+def status_handler(task_id: str) -> str:
+    return f"manta/{task_id}/status"
+
+
+def credits_handler(task_id: str) -> str:
+    return f"manta/{task_id}/credits"
+
+
+class ReceiptOutbox:
+    """Receipts on disk: ``pending/`` until proven included, then ``settled/`` or ``rejected/``."""
+
+    def __init__(self, directory: Path, identity: Identity):
+        self.dir = Path(directory)
+        self.identity = identity
+        for sub in ("pending", "settled", "rejected"):
+            (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+
+    def next_seq(self) -> int:
+        path = self.dir / "next_seq"
+        return int(path.read_text()) if path.exists() else 0
+
+    def add(self, receipt: ContributionReceipt, wire: bytes | None = None) -> bytes:
+        """Store ``receipt`` (sealed here unless ``wire`` is given) and advance the sequence number."""
+        wire = wire if wire is not None else seal(receipt, self.identity)
+        with self._lock:
+            _atomic_write(self.dir / "pending" / f"{receipt.seq:012d}.receipt", wire)
+            _atomic_write(self.dir / "next_seq", str(receipt.seq + 1).encode())
+        return wire
+
+    def pending(self) -> list[tuple[Path, bytes]]:
+        with self._lock:
+            return [(p, p.read_bytes()) for p in sorted((self.dir / "pending").glob("*.receipt"))]
+
+    def settle(self, path: Path, outcome: str, detail: dict) -> None:
+        """Move a pending receipt to ``settled/`` or ``rejected/`` with what the aggregator said."""
+        with self._lock:
+            if not path.exists():
+                return
+            target = self.dir / outcome / path.name
+            _atomic_write(target.with_suffix(".json"), json.dumps(detail).encode())
+            os.replace(path, target)
+
+    def settled(self) -> list[dict]:
+        return [json.loads(p.read_text()) for p in sorted((self.dir / "settled").glob("*.json"))]
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+class AggregatorLink:
+    """Calls to the task's aggregators over this node's libp2p daemon."""
+
+    def __init__(self, dht, task_id: str, aggregator_keys: tuple[str, ...]):
+        from google.protobuf.wrappers_pb2 import BytesValue
+
+        self.dht, self.task_id, self.keys = dht, task_id, set(aggregator_keys)
+        self._bytes = BytesValue
+        self._loop = BackgroundLoop("manta-receipts")
+        self._p2p = self._loop.run(dht.replicate_p2p(), timeout=30)
+
+    def aggregators(self) -> dict[str, str]:
+        """public key hex -> peer id of every aggregator of the task that published a binding."""
+        found = self.dht.get(aggregators_key(self.task_id), latest=True)
+        out = {}
+        if found is not None and isinstance(found.value, dict):
+            for sub, item in found.value.items():
+                try:
+                    binding = open_aggregator_value(sub, item.value)
+                except RecordRejected:
+                    continue
+                if sub in self.keys:
+                    out[sub] = binding.record.peer_id
+        return out
+
+    def call(self, peer_id: str, handler: str, payload: bytes, timeout: float = 20.0) -> dict:
+        from hivemind.p2p import PeerID
+
+        reply = self._loop.run(
+            self._p2p.call_protobuf_handler(
+                PeerID.from_base58(peer_id), handler, self._bytes(value=payload), self._bytes
+            ),
+            timeout=timeout,
+        )
+        return json.loads(reply.value)
+
+    def close(self) -> None:
+        self._loop.stop()
+
+
+def check_proof(reply: dict, wire: bytes, aggregator_key: str) -> bool:
+    """Whether ``reply`` proves ``wire`` included: its index and audit path lead to the root of a
+    checkpoint note signed by ``aggregator_key``."""
+    try:
+        checkpoint = Checkpoint.from_note(reply["checkpoint"], bytes.fromhex(aggregator_key))
+        proof = [bytes.fromhex(h) for h in reply["proof"]]
+        return verify_inclusion(wire, int(reply["index"]), checkpoint.size, proof, checkpoint.root_bytes)
+    except (KeyError, ValueError, TypeError):
+        return False
+
+
+class ReceiptCourier:
+    """Delivers pending receipts and collects their proofs, from a background thread."""
+
+    def __init__(self, outbox: ReceiptOutbox, link: AggregatorLink, interval: float = 2.0):
+        self.outbox, self.link, self.interval = outbox, link, interval
+        self._submitted: set[bytes] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="manta-courier", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.deliver_once()
+            except Exception as e:  # aggregator unreachable: the receipts stay on disk and we retry
+                logger.debug(f"receipt delivery failed: {type(e).__name__}: {e}")
+
+    def deliver_once(self) -> None:
+        pending = self.outbox.pending()
+        if not pending:
+            return
+        aggregators = self.link.aggregators()
+        for key, peer_id in sorted(aggregators.items()):
+            for path, wire in pending:
+                leaf = leaf_hash(wire)
+                if leaf not in self._submitted:
+                    reply = self.link.call(peer_id, submit_handler(self.link.task_id), wire)
+                    self._submitted.add(leaf)
+                else:
+                    reply = self.link.call(peer_id, status_handler(self.link.task_id), leaf.hex().encode())
+                status = reply.get("status")
+                if status == "rejected" and reply.get("reason") == "replay":
+                    # our earlier submission was accepted but its answer was lost: ask for the proof
+                    reply = self.link.call(peer_id, status_handler(self.link.task_id), leaf.hex().encode())
+                    status = reply.get("status")
+                if status == "accepted" and check_proof(reply, wire, key):
+                    self.outbox.settle(path, "settled", {**reply, "aggregator": key, "leaf_hash": leaf.hex()})
+                elif status == "rejected":
+                    logger.warning(
+                        f"receipt {path.stem} rejected: {reply.get('reason')}: {reply.get('detail', '')}"
+                    )
+                    self.outbox.settle(path, "rejected", reply)
+                elif status == "unknown":
+                    self._submitted.discard(leaf)  # the aggregator restarted without it: submit again
+                elif status not in ("queued", "accepted"):
+                    logger.debug(f"receipt {path.stem}: unexpected answer {reply}")
+            return  # one aggregator that answered is enough
+
+    def stop(self, flush_seconds: float = 0.0) -> None:
+        """Stop; first, for up to ``flush_seconds``, hand over every receipt not submitted yet (the
+        rest stays on disk and is delivered when the peer runs again)."""
+        deadline = time.monotonic() + flush_seconds
+        while time.monotonic() < deadline and any(
+            leaf_hash(wire) not in self._submitted for _, wire in self.outbox.pending()
+        ):
+            try:
+                self.deliver_once()
+            except Exception:
+                pass
+            time.sleep(self.interval)
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+def apply_fault(
+    fault: str | None, receipt: ContributionReceipt, identity: Identity, outbox: ReceiptOutbox
+) -> bytes | None:
+    """The wire bytes a dishonest peer would send instead of the honest receipt (None: be honest)."""
+    if not fault:
+        return None
+    if fault == "forge":  # a signature that does not verify under the key the receipt names
+        wire = bytearray(seal(receipt, identity))
+        wire[-3] = ord("0") if wire[-3] != ord("0") else ord("1")
+        return bytes(wire)
+    if fault == "replay":
+        done = outbox.settled()
+        if done:
+            first = sorted(outbox.dir.glob("settled/*.receipt"))[0]
+            return first.read_bytes()
+        return None
+    if fault == "inflate":
+        members = list(receipt.group_members)
+        samples = list(receipt.group_samples)
+        samples[members.index(receipt.peer_id)] *= 10
+        claimed = receipt.model_copy(
+            update=dict(
+                samples=receipt.samples * 10,
+                worker_samples=tuple(w * 10 for w in receipt.worker_samples),
+                group_samples=tuple(samples),
+            )
+        )
+        return seal(ContributionReceipt(**claimed.model_dump()), identity)
+    if fault == "fabricate":
+        rng = random.Random(receipt.round)
+        fake = tuple(rng.randint(-(10**9), 10**9) for _ in receipt.grad_sketch)
+        return seal(ContributionReceipt(**{**receipt.model_dump(), "grad_sketch": fake}), identity)
+    raise ValueError(f"MANTA_FAULT: {fault!r} is not one of {', '.join(FAULTS)}")
