@@ -331,7 +331,8 @@ class ContributionDesk:
         return int.from_bytes(mac[:8], "big") / 2**64 < self.audit_fraction
 
     def _audit_loop(self) -> None:
-        while not self._stop.is_set():
+        # On shutdown, the audits already chosen still run (shutdown waits a bounded time for them).
+        while not (self._stop.is_set() and self._audits.empty()):
             try:
                 sealed: Sealed[ContributionReceipt] = self._audits.get(timeout=1.0)
             except queue.Empty:
@@ -383,5 +384,6 @@ class ContributionDesk:
         self._stop.set()
         for t in self._threads:
             t.join(timeout=120)
+        logger.info(f"contributions: {dict(sorted(self.counters.items()))}; ledger size {self.store.size}")
         self._loop.stop()
         self.store.close()

@@ -82,11 +82,13 @@ class LocalSwarm:
         threads = self.o.worker_threads or max(1, (os.cpu_count() or 1) // self.o.peers)
         return dict(os.environ, MANTA_WORKER_THREADS=str(threads), PYTHONUNBUFFERED="1")
 
-    def _spawn(self, name: str, args: list[str], folder: Path) -> subprocess.Popen:
+    def _spawn(self, name: str, args: list[str], folder: Path, env: dict | None = None) -> subprocess.Popen:
         folder.mkdir(parents=True, exist_ok=True)
         log = open(folder / "log.txt", "w")
         self._logs.append(log)
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self._env(), cwd=self.dir)
+        proc = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, env={**self._env(), **(env or {})}, cwd=self.dir
+        )
         self.procs[name] = proc
         return proc
 
@@ -131,7 +133,7 @@ class LocalSwarm:
     def peer_dir(self, i: int) -> Path:
         return self.dir / f"peer-{i}"
 
-    def start_peer(self, i: int, *extra: str) -> subprocess.Popen:
+    def start_peer(self, i: int, *extra: str, env: dict | None = None) -> subprocess.Popen:
         folder = self.peer_dir(i)
         args = [
             console_script("manta-peer"),
@@ -150,7 +152,7 @@ class LocalSwarm:
         ]
         if self.o.cohorts > 1:
             args += ["--cohort", f"cohort-{i % self.o.cohorts}"]
-        return self._spawn(f"peer-{i}", [*args, *extra], folder)
+        return self._spawn(f"peer-{i}", [*args, *extra], folder, env)
 
     def peer_names(self) -> list[str]:
         return [n for n in self.procs if n.startswith("peer-")]

@@ -37,6 +37,7 @@ from hivemind.compression import Float16Compression
 from peer.affinity import assign_cohorts, cohort_sizes, host_id, network_id
 from peer.devices import WorkerDevice
 from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
+from peer.progress_display import ProgressDisplay
 from peer.receipts import FAULTS, AggregatorLink, ReceiptCourier, ReceiptOutbox, apply_fault
 from peer.state_sharing import StateSharer, peer_tiebreak
 from peer.swarm_view import (
@@ -123,6 +124,8 @@ class PeerNode:
         self.state_round = -1  # the round the current state is the result of (-1: the initial state)
         self.attempt = 0  # averaging attempts so far, swarm-wide (see _run_round)
         self.state_digest = ""
+        self.display = ProgressDisplay()
+        self._roster_size = 0
 
     # ------------------------------------------------------------------ start-up
 
@@ -292,7 +295,8 @@ class PeerNode:
             # Every round, committed or aborted, is one attempt for the whole swarm; the next one is past
             # the highest any peer reached, so peers whose aborts took different times meet again.
             self.attempt = self._averager.next_attempt(self.attempt)
-            logger.info(
+            # On a terminal the progress display shows the round; the full line goes to the debug log.
+            (logger.debug if self.display.interactive else logger.info)(
                 f"round {report.round}: {'committed' if report.committed else 'aborted'}, loss {report.loss:.4f}, "
                 f"{report.samples} samples in {report.seconds:.1f} s, {report.contributors} contributor(s), "
                 f"cohort {report.cohort}, state {report.state_digest[:12]}, swarm {report.swarm_samples} samples, "
@@ -301,6 +305,7 @@ class PeerNode:
                 + (f" ({report.reason})" if report.reason else "")
             )
             self._record(report)
+            self.display.round_done(report, self._roster_size, self._outbox.settled_credit())
             if report.committed:
                 self.state_round = report.round
                 committed, failed_in_a_row = committed + 1, 0
@@ -322,6 +327,7 @@ class PeerNode:
         if self.peer_id not in {p.entry.peer_id for p in roster}:
             self._announcer.announce()
             roster = read_roster(self.dht, task.task_id)
+        self._roster_size = len(roster)
         assignment = assign_cohorts([p.entry for p in roster], task.params.max_group_size)
         cohort = assignment.get(self.peer_id, f"solo-{self.peer_id[-8:]}")
         cohort_ids = sorted(set(assignment.values()) | {cohort})
@@ -399,8 +405,10 @@ class PeerNode:
                 others = swarm_samples(
                     self._progress.read(), round_index, int(time.time() * 1000), self.peer_id
                 )
+                self.display.computing(round_index, samples, throughput, others + samples, target)
                 if others + samples >= target or self._stop.is_set():
                     self._shared.stop[0] = 1
+                    self.display.averaging(round_index)
             replies = self._replies(timeout=0.25)
         stats = replies[0][1]
         wall = time.perf_counter() - started
@@ -532,6 +540,7 @@ class PeerNode:
             self.install_signal_handlers()
 
     def shutdown(self) -> None:
+        self.display.close()
         if getattr(self, "_courier", None) is not None:
             self._courier.stop(flush_seconds=15.0)
             self._courier.link.close()

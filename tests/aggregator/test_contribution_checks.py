@@ -1,0 +1,95 @@
+"""The swarm-level receipt checks, on real signed receipts of a three-member averaging group."""
+
+from __future__ import annotations
+
+import pytest
+
+from aggregator.contribution_checks import SwarmFacts, check_round
+from protocol.identity import Identity
+from protocol.records import RejectReason, averaging_group_id
+from tests.protocol.factories import peer_id_of, sealed_receipt
+
+PEERS = [Identity.generate() for _ in range(3)]
+IDS = tuple(sorted(peer_id_of(p) for p in PEERS))
+SAMPLES = {IDS[0]: 64, IDS[1]: 96, IDS[2]: 32}
+STATE = "ab" * 32
+GROUP = averaging_group_id("t", 7, IDS, tuple(SAMPLES[p] for p in IDS), STATE)
+
+
+def _receipt(identity: Identity, **overrides):
+    peer = peer_id_of(identity)
+    fields = dict(
+        round=5,
+        samples=SAMPLES[peer],
+        state_digest=STATE,
+        group_id=GROUP,
+        group_members=IDS,
+        group_samples=tuple(SAMPLES[p] for p in IDS),
+        worker_samples=(SAMPLES[peer],),
+        grad_sketch=(12, -7, 3),
+    )
+    fields.update(overrides)
+    if "samples" in overrides and "worker_samples" not in overrides:
+        fields["worker_samples"] = (fields["samples"],)
+    return sealed_receipt(identity, 1, peer_id=peer, **fields)
+
+
+FACTS = SwarmFacts(
+    current_round=5,
+    round_window=3,
+    throughput={p: 100.0 for p in IDS},
+    round_seconds={5: 2.0},
+    batch_size=32,
+)
+
+
+def test_an_honest_group_passes():
+    assert check_round([_receipt(p) for p in PEERS], FACTS) == {}
+
+
+def test_a_peer_claiming_more_samples_than_its_group_saw_is_refused_and_only_it():
+    liar = PEERS[0]
+    peer = peer_id_of(liar)
+    claimed = dict(SAMPLES, **{peer: SAMPLES[peer] * 2})
+    bad = _receipt(liar, samples=claimed[peer], group_samples=tuple(claimed[p] for p in IDS))
+    receipts = [bad] + [_receipt(p) for p in PEERS[1:]]
+    refused = check_round(receipts, FACTS)
+    assert list(refused) == [bad.wire]
+    assert refused[bad.wire][0] is RejectReason.GROUP_MISMATCH
+
+
+def test_a_peer_naming_a_group_it_was_not_in_is_refused():
+    outsider = Identity.generate()
+    members = (*IDS, peer_id_of(outsider))
+    bad = sealed_receipt(
+        outsider, 1, round=5, samples=50, state_digest=STATE, group_id=GROUP, group_members=members,
+        group_samples=(*[SAMPLES[p] for p in IDS], 50), worker_samples=(50,), grad_sketch=(1, 2),
+    )  # fmt: skip
+    refused = check_round([bad] + [_receipt(p) for p in PEERS], FACTS)
+    assert list(refused) == [bad.wire] and refused[bad.wire][0] is RejectReason.GROUP_MISMATCH
+
+
+def test_samples_beyond_the_announced_throughput_are_implausible():
+    slow = dict(FACTS.throughput, **{IDS[1]: 1.0})  # announced 1 sample/s: 96 samples in 2 s is too many
+    facts = SwarmFacts(5, 3, slow, {5: 2.0}, 32)
+    receipts = [_receipt(p) for p in PEERS]
+    refused = check_round(receipts, facts)
+    victim = next(r for r in receipts if r.record.peer_id == IDS[1])
+    assert list(refused) == [victim.wire] and refused[victim.wire][0] is RejectReason.IMPLAUSIBLE
+
+
+@pytest.mark.parametrize("round_index", [1, 7])
+def test_rounds_outside_the_window_are_refused(round_index):
+    receipts = [_receipt(p, round=round_index) for p in PEERS]
+    refused = check_round(receipts, FACTS)
+    assert len(refused) == 3 and {v[0] for v in refused.values()} == {RejectReason.ROUND_WINDOW}
+
+
+def test_missing_or_zero_gradient_statistics_are_refused():
+    receipts = [
+        _receipt(PEERS[0], grad_sketch=()),
+        _receipt(PEERS[1], grad_sketch=(0, 0, 0)),
+        _receipt(PEERS[2]),
+    ]
+    refused = check_round(receipts, FACTS)
+    assert {v[0] for v in refused.values()} == {RejectReason.NON_FINITE} and len(refused) == 2

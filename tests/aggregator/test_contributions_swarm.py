@@ -1,0 +1,149 @@
+"""Receipts, checks, spot audits and credits in a real local swarm with four dishonest peers.
+
+One honest peer and four that each cheat in one way (``MANTA_FAULT``, see peer/receipts.py): a
+forged signature, a replayed receipt, an inflated sample count, a fabricated gradient. Every process
+is a real console script on 127.0.0.1; the ledger is the aggregator's real SQLite file.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import subprocess
+
+import pytest
+
+from aggregator.ledger_store import LedgerStore
+from aggregator.rewards import compute_rewards
+from peer.local_swarm import LocalSwarm, SwarmOptions
+from protocol.identity import Identity
+from protocol.records import ContributionReceipt, Revocation, parse_sealed
+from tests.aggregator.ledger_helpers import tamper
+from tests.helpers import console_script
+
+pytestmark = pytest.mark.swarm
+
+FAULTS = {1: "forge", 2: "replay", 3: "inflate", 4: "fabricate"}
+
+
+def _key(swarm: LocalSwarm, i: int) -> str:
+    return Identity.load(swarm.peer_dir(i) / "identity.key").public_key_hex
+
+
+@pytest.fixture(scope="module")
+def cheated_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("cheaters")
+    options = SwarmOptions(
+        peers=5, rounds=6, run_dir=run, target_samples=128, batch_size=32, subnets=2, width_mult="0.25",
+        head_channels=64,
+    )  # fmt: skip
+    swarm = LocalSwarm(options)
+    credits_out = None
+    try:
+        swarm.start_aggregator(extra_args=("--audit-fraction", "1.0", "--http", "off"))
+        for i in range(5):
+            swarm.start_peer(i, env={"MANTA_FAULT": FAULTS[i]} if i in FAULTS else None)
+        for i in range(5):
+            assert swarm.procs[f"peer-{i}"].wait(timeout=900) == 0, (run / f"peer-{i}/log.txt").read_text()[
+                -3000:
+            ]
+        # While the aggregator still runs: the honest peer asks for its credits and checks its proofs.
+        initial = [a for a in swarm.join_args if a.startswith("/ip4/")]
+        credits_out = subprocess.run(
+            [
+                console_script("manta-peer"),
+                "credits",
+                "--initial-peers",
+                *initial,
+                "--identity",
+                str(swarm.peer_dir(0) / "identity.key"),
+                "--data-dir",
+                str(swarm.peer_dir(0)),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        swarm.close()  # the aggregator appends what is queued and finishes the chosen audits first
+    return swarm, credits_out
+
+
+def _ledger(swarm):
+    with LedgerStore.open(swarm.dir / "aggregator" / "ledger.sqlite", readonly=True) as store:
+        entries = [data for _, data in store.entries()]
+        key = store.log_public_key
+    return entries, key
+
+
+def test_each_dishonest_peer_is_refused_or_revoked_with_the_right_reason(cheated_run):
+    swarm, _ = cheated_run
+    log = (swarm.dir / "aggregator" / "log.txt").read_text()
+    entries, _ = _ledger(swarm)
+    receipts = {}
+    revocations = []
+    for index, data in enumerate(entries):
+        sealed = parse_sealed(data, (ContributionReceipt, Revocation))
+        if isinstance(sealed.record, Revocation):
+            revocations.append(sealed.record)
+        else:
+            receipts[index] = sealed
+    by_key = {}
+    for index, sealed in receipts.items():
+        by_key.setdefault(sealed.public_key.hex(), []).append(index)
+    # forge: refused at intake for its signature, never in the ledger.
+    assert "receipt refused: bad_signature" in log
+    assert _key(swarm, 1) not in by_key
+    # replay: the old receipt's bytes are refused as a replay; the ledger holds each receipt once.
+    assert "receipt refused: replay" in log
+    assert len(set(entries)) == len(entries)
+    # inflate: ten times the samples its averaging group saw: refused by the group's testimony.
+    assert re.search(r"receipt refused: (group_mismatch|implausible_samples)", log)
+    assert _key(swarm, 3) not in by_key
+    # fabricate: accepted (it looks fine) and then revoked by a spot audit.
+    fabricated = by_key.get(_key(swarm, 4), [])
+    assert fabricated, "the fabricator's receipts never reached the ledger"
+    revoked = {r.entry_index for r in revocations}
+    assert revoked and revoked <= set(fabricated), (revoked, fabricated)
+    assert all(r.reason.startswith("audit_failed") for r in revocations)
+
+
+def test_honest_credits_are_intact_and_the_peer_checks_its_proofs(cheated_run):
+    swarm, credits_out = cheated_run
+    entries, key = _ledger(swarm)
+    rewards = {p.public_key: p for p in compute_rewards(entries, key).peers}
+    honest = rewards[_key(swarm, 0)]
+    written = len(list((swarm.peer_dir(0) / "receipts").glob("*/*.receipt")))
+    assert honest.revoked == 0 and honest.entries == written > 0
+    assert honest.credits > 0
+    fabricator = rewards.get(_key(swarm, 4))
+    assert fabricator is None or fabricator.revoked > 0
+    assert "audit passed" in (swarm.dir / "aggregator" / "log.txt").read_text()
+    # `manta-peer credits` printed the honest peer's credits and checked every proof.
+    assert credits_out.returncode == 0, credits_out.stdout + credits_out.stderr
+    m = re.search(r"(\d+) of (\d+) inclusion proofs check against the checkpoint", credits_out.stdout)
+    assert m and m.group(1) == m.group(2) and int(m.group(1)) > 0, credits_out.stdout
+
+
+def test_the_live_ledger_verifies_and_an_altered_entry_is_named(cheated_run):
+    swarm, _ = cheated_run
+    path = swarm.dir / "aggregator" / "ledger.sqlite"
+    ok = subprocess.run([console_script("manta-ledger"), "verify", str(path)], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    rewards = subprocess.run(
+        [console_script("manta-ledger"), "rewards", str(path)], capture_output=True, text=True
+    )
+    honest = Identity.load(swarm.peer_dir(0) / "identity.key").fingerprint
+    assert rewards.returncode == 0 and honest in rewards.stdout, rewards.stdout
+    conn = sqlite3.connect(path)
+    (data,) = conn.execute("SELECT data FROM entries WHERE idx = 0").fetchone()
+    conn.close()
+    tamper(
+        path,
+        "UPDATE entries SET data = ? WHERE idx = 0",
+        params=(re.sub(rb'"samples":(\d)', rb'"samples":9\1', data, count=1),),
+    )
+    bad = subprocess.run(
+        [console_script("manta-ledger"), "verify", str(path)], capture_output=True, text=True
+    )
+    assert bad.returncode == 1 and "entry 0 " in bad.stdout, bad.stdout
