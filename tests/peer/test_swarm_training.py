@@ -46,6 +46,20 @@ def _wait(predicate, timeout: float, what: str) -> None:
         time.sleep(0.5)
 
 
+def _run_to_end(swarm: LocalSwarm) -> LocalSwarm:
+    """Start the aggregator and every peer, wait until the peers have run all their rounds, stop all."""
+    try:
+        swarm.start_aggregator()
+        for i in range(swarm.o.peers):
+            swarm.start_peer(i)
+        for i in range(swarm.o.peers):
+            log = swarm.peer_dir(i) / "log.txt"
+            assert swarm.procs[f"peer-{i}"].wait(timeout=600) == 0, log.read_text()[-3000:]
+    finally:
+        swarm.close()
+    return swarm
+
+
 def _committed(swarm: LocalSwarm, i: int) -> list[dict]:
     return [r for r in swarm.rounds(i) if r["committed"]]
 
@@ -98,17 +112,9 @@ def test_manta_swarm_trains_above_chance_with_identical_state_and_a_summary(tmp_
 
 
 def test_model_parallel_cohorts_train_different_subnetworks_into_one_model(tmp_path):
-    swarm = LocalSwarm(SwarmOptions(peers=2, cohorts=2, mode="model", rounds=4, run_dir=tmp_path, **SMALL))
-    try:
-        swarm.start_aggregator()
-        for i in range(2):
-            swarm.start_peer(i)
-        for i in range(2):
-            assert swarm.procs[f"peer-{i}"].wait(timeout=600) == 0, (
-                tmp_path / f"peer-{i}/log.txt"
-            ).read_text()[-3000:]
-    finally:
-        swarm.close()
+    swarm = _run_to_end(
+        LocalSwarm(SwarmOptions(peers=2, cohorts=2, mode="model", rounds=4, run_dir=tmp_path, **SMALL))
+    )
     a, b = ({r["round"]: r for r in _committed(swarm, i)} for i in range(2))
     together = sorted(set(a) & set(b))
     assert len(together) >= 3, (a.keys(), b.keys())
@@ -183,17 +189,7 @@ def test_the_stereo_supernet_trains_through_the_same_swarm(tmp_path):
         peers=2, task="stereo-synthetic", rounds=2, target_samples=8, batch_size=4, subnets=2,
         learning_rate="0.005", run_dir=tmp_path,
     )  # fmt: skip
-    swarm = LocalSwarm(options)
-    try:
-        swarm.start_aggregator()
-        for i in range(2):
-            swarm.start_peer(i)
-        for i in range(2):
-            assert swarm.procs[f"peer-{i}"].wait(timeout=600) == 0, (
-                tmp_path / f"peer-{i}/log.txt"
-            ).read_text()[-3000:]
-    finally:
-        swarm.close()
+    swarm = _run_to_end(LocalSwarm(options))
     a, b = ({r["round"]: r for r in _committed(swarm, i)} for i in range(2))
     assert sorted(a) == sorted(b) == [0, 1], (a.keys(), b.keys())
     for r in a:
