@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -62,6 +63,14 @@ def main() -> None:
 )
 @click.option("--keep-checkpoints", type=click.IntRange(1), default=5, show_default=True)
 @click.option("--resume", is_flag=True, help="Continue the run in --data-dir from its newest checkpoint.")
+@click.option(
+    "--http",
+    "http",
+    default=None,
+    metavar="HOST:PORT|off",
+    help="Where the web dashboard, JSON API and /metrics listen; 'off' for none "
+    "[default: 127.0.0.1:8080, or a free port if that one is taken].",
+)
 @identity_option
 def start(
     task_ref,
@@ -73,6 +82,7 @@ def start(
     checkpoint_every,
     keep_checkpoints,
     resume,
+    http,
     identity_path,
 ) -> None:
     """Start the bootstrap node, publish the task and print the line volunteers run."""
@@ -80,6 +90,7 @@ def start(
 
     prepare_process()
     from aggregator.bootstrap import BootstrapAggregator, BootstrapConfig
+    from aggregator.monitor.server import DashboardError, parse_dashboard_option
     from aggregator.task_publication import TaskFileError, build_task_spec, saved_task_spec
     from supernet.checkpoint import CheckpointError
 
@@ -94,18 +105,20 @@ def start(
         for a in announce:
             host_port_to_multiaddr(a, "--announce", allow_port_zero=False)
         peers = tuple(check_peer_multiaddr(p) for p in initial_peers)
-    except (TaskFileError, AddressError) as e:
+        dashboard, dashboard_fallback = parse_dashboard_option(http)
+    except (TaskFileError, AddressError, DashboardError) as e:
         raise UserError(str(e)) from None
     data_dir = data_dir or Path(f"manta-aggregator-{spec.task_id}")
     start_orphan_reaper()
     config = BootstrapConfig(
         listen, tuple(announce), peers, data_dir, refresh, checkpoint_every, keep_checkpoints, resume
     )
+    config = dataclasses.replace(config, dashboard=dashboard, dashboard_fallback=dashboard_fallback)
     node = BootstrapAggregator(spec, identity, config)
     try:
         try:
             maddrs = node.start()
-        except CheckpointError as e:
+        except (CheckpointError, DashboardError) as e:
             raise UserError(str(e)) from None
         except Exception as e:  # hivemind reports an unusable port or unreachable peers in many ways
             raise UserError(
@@ -114,6 +127,8 @@ def start(
         logger.info(
             f"aggregator {identity.fingerprint} serving task {spec.task_id} ({spec.task}, {spec.mode}-parallel); data in {data_dir}"
         )
+        if node.monitor is not None:
+            click.echo(f"Dashboard: {node.monitor.url}")
         click.echo("Volunteers join with:")
         click.echo(
             f"  manta-peer join --task {node.published.record.task_id} --initial-peers {' '.join(maddrs)}"

@@ -1,0 +1,207 @@
+"""Per-round and per-peer aggregates of what the swarm reports, built from successive DHT readings.
+
+A peer overwrites its progress record about once a second while it computes round ``r`` and once more
+when it stops, so each reading shows at most one record per peer: its latest. Keeping, per round, the
+latest record of every peer that reported for it gives the round's figures once the round is over:
+
+* ``samples``: the sum of the peers' sample counts (what the swarm processed toward the target);
+* ``loss``: the sample-weighted mean of the peers' mean training losses;
+* ``throughput``: the sum of the peers' samples per second, ``peers`` and ``cohorts``.
+
+The last record a peer publishes for a round may be overwritten (by its first report of the next
+round) before a reading catches it, so a round's figures are those of the latest report seen, which
+can lag the peer's final count by up to one report interval.
+
+"Online" and "last seen" use this machine's clock (when a newer record from the peer was first seen),
+not the peers' timestamps, so a peer with a wrong clock cannot appear fresher than it is.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from aggregator.monitor.swarm_reader import SwarmReading
+from protocol.identity import fingerprint
+from protocol.records import DeviceInfo, PeerAnnouncement, PeerProgress
+
+FORGET_AFTER = 600.0  # seconds: a peer offline this long leaves the peers table
+MAX_ROUNDS = 10_000  # rounds kept in memory (the oldest go first)
+
+
+def describe_devices(devices: tuple[DeviceInfo, ...]) -> str:
+    """``"cpu: Xeon"`` or ``"cuda: H100 x2, cpu: EPYC"``: one phrase for the peers table."""
+    counts = Counter((d.kind, d.name) for d in devices)
+    return ", ".join(f"{kind}: {name}" + (f" x{n}" if n > 1 else "") for (kind, name), n in counts.items())
+
+
+@dataclass
+class _Peer:
+    peer_id: str
+    public_key: str
+    first_seen: float
+    last_seen: float
+    announcement: PeerAnnouncement | None = None
+    announced: bool = False  # present, not withdrawn, in the latest reading
+    progress: PeerProgress | None = None
+    progress_seen: float = 0.0  # local time its latest progress record was first seen
+    progress_present: bool = False
+
+
+@dataclass
+class _Round:
+    reports: dict[str, PeerProgress] = field(default_factory=dict)  # peer id -> latest record
+    first_seen: float = 0.0
+    last_change: float = 0.0
+
+
+class SwarmAggregates:
+    """The monitor's memory of the swarm. Thread-safe: the collector writes, HTTP handlers read."""
+
+    def __init__(self, *, max_rounds: int = MAX_ROUNDS, forget_after: float = FORGET_AFTER):
+        self.max_rounds, self.forget_after = max_rounds, forget_after
+        self._lock = threading.Lock()
+        self._peers: dict[str, _Peer] = {}
+        self._rounds: dict[int, _Round] = {}
+        self._validation: dict[int, dict[str, Any]] = {}
+        self._present_rounds: set[int] = set()
+        self._last_round: int | None = None
+        self.readings = 0
+        self.rejected = 0  # records that failed verification, over all readings
+        self.last_reading: float | None = None
+
+    # ------------------------------------------------------------------ writing
+
+    def observe(self, reading: SwarmReading, now: float) -> None:
+        """Fold one DHT reading (taken at local time ``now``, seconds) into the aggregates."""
+        with self._lock:
+            self.readings += 1
+            self.rejected += reading.rejected
+            self.last_reading = now
+            for peer in self._peers.values():
+                peer.announced = peer.progress_present = False
+            for a in reading.announcements:
+                peer = self._peer(a.peer_id, a.public_key, now)
+                if peer.announcement is None or a.timestamp > peer.announcement.timestamp:
+                    peer.announcement, peer.last_seen = a, now
+                peer.announced = peer.announcement.throughput_milli > 0  # 0 marks a withdrawn peer
+            self._present_rounds = set()
+            for p in reading.progress:
+                peer = self._peer(p.peer_id, p.public_key, now)
+                peer.progress_present = True
+                self._present_rounds.add(p.round)
+                if peer.progress is None or p.timestamp > peer.progress.timestamp:
+                    peer.progress, peer.progress_seen, peer.last_seen = p, now, now
+                self._report(p, now)
+            self._forget(now)
+
+    def _peer(self, peer_id: str, public_key: str, now: float) -> _Peer:
+        peer = self._peers.get(peer_id)
+        if peer is None or peer.public_key != public_key:  # a peer id re-bound to another key starts afresh
+            peer = self._peers[peer_id] = _Peer(peer_id, public_key, now, now)
+        return peer
+
+    def _report(self, p: PeerProgress, now: float) -> None:
+        entry = self._rounds.get(p.round)
+        if entry is None:
+            if len(self._rounds) >= self.max_rounds and p.round < min(self._rounds):
+                return  # older than everything kept
+            entry = self._rounds[p.round] = _Round(first_seen=now)
+            while len(self._rounds) > self.max_rounds:
+                del self._rounds[min(self._rounds)]
+        old = entry.reports.get(p.peer_id)
+        if old is None or p.timestamp > old.timestamp:
+            entry.reports[p.peer_id] = p
+            entry.last_change = now
+        self._last_round = max(p.round, self._last_round if self._last_round is not None else p.round)
+
+    def _forget(self, now: float) -> None:
+        for peer_id in [k for k, p in self._peers.items() if now - p.last_seen > self.forget_after]:
+            if not (self._peers[peer_id].announced or self._peers[peer_id].progress_present):
+                del self._peers[peer_id]
+
+    def record_validation(self, round_index: int, result: dict[str, Any]) -> None:
+        """The validation metrics of the checkpoint after ``round_index`` (see :mod:`.evaluation`)."""
+        with self._lock:
+            self._validation[round_index] = dict(result)
+            while len(self._validation) > self.max_rounds:
+                del self._validation[min(self._validation)]
+
+    # ------------------------------------------------------------------ reading
+
+    def rounds(self, since: int = 0) -> list[dict[str, Any]]:
+        """One row per round (oldest first) with a report or a validation result, from ``since`` on."""
+        with self._lock:
+            indices = sorted(i for i in set(self._rounds) | set(self._validation) if i >= since)
+            return [self._round_row(i) for i in indices]
+
+    def _round_row(self, index: int) -> dict[str, Any]:
+        entry = self._rounds.get(index)
+        reports = list(entry.reports.values()) if entry else []
+        samples = sum(r.samples for r in reports)
+        weighted = sum(r.loss_micro / 1e6 * r.samples for r in reports)
+        return {
+            "round": index,
+            "samples": samples,
+            "loss": weighted / samples if samples else None,
+            "peers": len(reports),
+            "throughput": sum(r.throughput_milli for r in reports) / 1000,
+            "cohorts": sorted({r.cohort_id for r in reports}),
+            "first_seen": entry.first_seen if entry else None,
+            "last_change": entry.last_change if entry else None,
+            "validation": self._validation.get(index),
+        }
+
+    def current_round(self) -> int | None:
+        """The newest round any present progress record is about; else the newest round ever seen."""
+        with self._lock:
+            return max(self._present_rounds) if self._present_rounds else self._last_round
+
+    def latest_validation(self) -> dict[str, Any] | None:
+        with self._lock:
+            if not self._validation:
+                return None
+            index = max(self._validation)
+            return {"round": index, **self._validation[index]}
+
+    def peers(self, now: float, fresh_seconds: float = 5.0) -> list[dict[str, Any]]:
+        """The peers table, online peers first (then by peer id)."""
+        with self._lock:
+            rows = [self._peer_row(p, now, fresh_seconds) for p in self._peers.values()]
+        return sorted(rows, key=lambda r: (not r["online"], r["peer_id"]))
+
+    def _peer_row(self, peer: _Peer, now: float, fresh_seconds: float) -> dict[str, Any]:
+        a, p = peer.announcement, peer.progress
+        computing = p is not None and peer.progress_present and now - peer.progress_seen <= fresh_seconds
+        online = peer.announced or computing
+        if p is not None and peer.progress_present:
+            throughput = p.throughput_milli / 1000
+        else:
+            throughput = a.throughput_milli / 1000 if a is not None else 0.0
+        return {
+            "peer_id": peer.peer_id,
+            "public_key": peer.public_key,
+            "fingerprint": fingerprint(bytes.fromhex(peer.public_key)),
+            "cohort": p.cohort_id if p is not None else (a.cohort_id if a is not None else None),
+            "device": describe_devices(a.devices) if a is not None else "",
+            "devices": [d.model_dump(mode="json") for d in a.devices] if a is not None else [],
+            "throughput": throughput if online else 0.0,
+            "round": p.round if p is not None else None,
+            "samples": p.samples if p is not None else None,
+            "loss": p.loss_micro / 1e6 if p is not None and p.samples else None,
+            "computing": computing,
+            "online": online,
+            "first_seen": peer.first_seen,
+            "last_seen": peer.last_seen,
+            "seconds_since_seen": max(0.0, now - peer.last_seen),
+        }
+
+    def activity(self, now: float, fresh_seconds: float = 5.0) -> str:
+        """``training`` (progress reports are arriving for the current round), ``between rounds``
+        (peers are online but not reporting: averaging, committing) or ``idle`` (nobody online)."""
+        rows = self.peers(now, fresh_seconds)
+        if any(r["computing"] for r in rows):
+            return "training"
+        return "between rounds" if any(r["online"] for r in rows) else "idle"
