@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +47,10 @@ class BootstrapConfig:
     checkpoint_seconds: float = 30.0  # download the swarm's state this often (0: no checkpoints)
     keep_checkpoints: int = 5
     resume: bool = False
+    receipts: bool = True  # take contribution receipts into <data-dir>/ledger.sqlite
+    audit_fraction: float = 0.1  # share of accepted receipts replayed by a spot audit
+    # a round's receipts are appended at the latest this long after its first one arrived
+    round_close_seconds: float = 20.0
     dashboard: str | None = None  # HOST:PORT of the web dashboard (aggregator/monitor/); None: none
     dashboard_fallback: bool = False  # that port taken: listen on a free one instead of failing
 
@@ -57,6 +62,7 @@ class BootstrapAggregator:
         self.dht = None
         self.published: Sealed[TaskSpec] | None = None
         self.keeper = None
+        self.desk = None
         self.monitor = None
         self._stop = threading.Event()
 
@@ -83,8 +89,10 @@ class BootstrapAggregator:
         self.published = self._choose_spec()
         (self.config.data_dir / "task.sealed").write_bytes(self.published.wire)
         self._publish()
-        if self.config.checkpoint_seconds > 0 or self.config.resume:
+        if self.config.checkpoint_seconds > 0 or self.config.resume or self.config.receipts:
             self._start_checkpoints()
+        if self.config.receipts:
+            self._open_desk()
         if self.monitor is not None:
             self._watch_swarm()
         return self.visible_maddrs()
@@ -122,15 +130,34 @@ class BootstrapAggregator:
         )
         if self.config.resume:
             self.keeper.resume()
-        if self.config.checkpoint_seconds > 0:
-            threading.Thread(target=self._checkpoint_loop, name="manta-checkpoints", daemon=True).start()
+        threading.Thread(target=self._state_loop, name="manta-states", daemon=True).start()
 
-    def _checkpoint_loop(self) -> None:
-        while not self._stop.wait(self.config.checkpoint_seconds):
+    def _open_desk(self) -> None:
+        from aggregator.contributions import ContributionDesk
+
+        self.desk = ContributionDesk(
+            self.dht,
+            self.identity,
+            self.published.record,
+            self.config.data_dir / "ledger.sqlite",
+            workload=self.keeper.workload,
+            states=self.keeper,
+            audit_fraction=self.config.audit_fraction,
+            close_after=self.config.round_close_seconds,
+        )
+
+    STATE_POLL_SECONDS = 2.0  # every round's state is downloaded (spot audits replay from it)
+
+    def _state_loop(self) -> None:
+        next_write = time.monotonic() + self.config.checkpoint_seconds
+        while not self._stop.wait(self.STATE_POLL_SECONDS):
             try:
-                self.keeper.fetch(timeout=min(60.0, 2 * self.config.checkpoint_seconds))
+                self.keeper.download(timeout=30.0)
+                if self.config.checkpoint_seconds > 0 and time.monotonic() >= next_write:
+                    next_write = time.monotonic() + self.config.checkpoint_seconds
+                    self.keeper.write_checkpoint()
             except Exception as e:  # no peer online, a peer left mid-download: try again next time
-                logger.debug(f"checkpoint download failed: {type(e).__name__}: {e}")
+                logger.debug(f"state download failed: {type(e).__name__}: {e}")
 
     def visible_maddrs(self) -> list[str]:
         peer_id = self.dht.peer_id.to_base58()
@@ -198,6 +225,9 @@ class BootstrapAggregator:
         if self.monitor is not None:
             self.monitor.close()
             self.monitor = None
+        if self.desk is not None:
+            self.desk.shutdown()  # appends what is still queued first
+            self.desk = None
         if self.keeper is not None:
             self.keeper.shutdown()
             self.keeper = None

@@ -64,6 +64,13 @@ def main() -> None:
 @click.option("--keep-checkpoints", type=click.IntRange(1), default=5, show_default=True)
 @click.option("--resume", is_flag=True, help="Continue the run in --data-dir from its newest checkpoint.")
 @click.option(
+    "--audit-fraction",
+    type=click.FloatRange(0.0, 1.0),
+    default=0.1,
+    show_default=True,
+    help="Share of accepted receipts whose gradient a spot audit recomputes.",
+)
+@click.option(
     "--http",
     "http",
     default=None,
@@ -82,6 +89,7 @@ def start(
     checkpoint_every,
     keep_checkpoints,
     resume,
+    audit_fraction,
     http,
     identity_path,
 ) -> None:
@@ -113,7 +121,9 @@ def start(
     config = BootstrapConfig(
         listen, tuple(announce), peers, data_dir, refresh, checkpoint_every, keep_checkpoints, resume
     )
-    config = dataclasses.replace(config, dashboard=dashboard, dashboard_fallback=dashboard_fallback)
+    config = dataclasses.replace(
+        config, dashboard=dashboard, dashboard_fallback=dashboard_fallback, audit_fraction=audit_fraction
+    )
     node = BootstrapAggregator(spec, identity, config)
     try:
         try:
