@@ -1,0 +1,185 @@
+"""``manta-search``: the most accurate sub-network of a trained supernet under a latency or FLOPs budget.
+
+    manta-search --checkpoint PATH (--max-latency-ms X | --max-mflops Y) [--device cpu|cuda]
+                 [--export out.pt] [--plot pareto.png] [--task NAME] [--random-baseline] ...
+
+Progress goes to stderr, results to stdout. Bad input (a checkpoint of another task or format
+version, an unknown device, a budget below the smallest sub-network, ...) ends with one line
+``Error: ...`` and exit status 1.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from protocol import __version__
+from protocol.cli_support import UserError
+from protocol.logs import setup_logging
+from supernet.checkpoint import CheckpointError
+from supernet.search.cost import InfeasibleBudget
+from supernet.search.latency import LatencyTableError, mean_abs_pct_error
+from supernet.search.pareto import format_front
+from supernet.search.run import (
+    DIRECT_MAX_VALIDATION,
+    SearchInputError,
+    SearchOptions,
+    SearchReport,
+    run_search,
+    summary,
+)
+from supernet.search.timing import DeviceError
+
+__all__ = ["main"]
+
+_PATH = click.Path(path_type=Path, dir_okay=False)
+
+
+@click.command(
+    help="Find the most accurate sub-network of a supernet checkpoint under a latency or FLOPs budget, "
+    "and export it as a standalone TorchScript model.",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@click.version_option(__version__, "--version", prog_name="manta-search")
+@click.option("--checkpoint", required=True, type=_PATH, help="A MANTA supernet checkpoint (.pt).")
+@click.option("--max-latency-ms", type=float, default=None, help="Budget: predicted latency (ms, batch 1).")
+@click.option("--max-mflops", type=float, default=None, help="Budget: millions of multiply-adds per sample.")
+@click.option("--device", default="cpu", show_default=True, help="Latency device: cpu or cuda.")
+@click.option("--task", default=None, help="Refuse a checkpoint of any other task.")
+@click.option("--export", "export_path", type=_PATH, default=None,
+              help="Write the chosen sub-network here (TorchScript) and its config JSON beside it.")  # fmt: skip
+@click.option("--plot", type=_PATH, default=None, help="Write the Pareto-front plot here (PNG).")
+@click.option("--json", "json_path", type=_PATH, default=None, help="Write the full report here (JSON).")
+@click.option("--latency-table", type=_PATH, default=None,
+              help="Latency table file (reused if it matches; default: in ~/.cache/manta/latency).")  # fmt: skip
+@click.option("--evaluations", type=click.IntRange(1), default=100, show_default=True,
+              help="Sub-networks the search evaluates.")  # fmt: skip
+@click.option("--population", type=click.IntRange(2), default=16, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--random-baseline", is_flag=True, help="Also run random search with as many evaluations.")
+@click.option("--accuracy", "estimator", default="auto", show_default=True,
+              help=f"direct, predictor, or auto (direct if the task has <= {DIRECT_MAX_VALIDATION} "
+              "validation samples).")  # fmt: skip
+@click.option("--predictor-samples", type=click.IntRange(10), default=100, show_default=True,
+              help="Directly evaluated random sub-networks that train the predictor.")  # fmt: skip
+@click.option("--val-samples", type=click.IntRange(1), default=None,
+              help="Validation samples per direct evaluation during the search (default: all).")  # fmt: skip
+@click.option("--bn-batches", type=click.IntRange(1), default=None,
+              help="BN recalibration batches per evaluation (default: the checkpoint's).")  # fmt: skip
+@click.option("--validate-latency", type=click.IntRange(0), default=0, show_default=True,
+              help="Check the latency table against this many random exported sub-networks.")  # fmt: skip
+@click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
+              help="Torch threads (latency is measured with this many; 1 on a shared machine).")  # fmt: skip
+@click.option("--latency-repeats", type=click.IntRange(1), default=50, show_default=True,
+              help="Timed calls per latency-table entry and per end-to-end measurement (median).")  # fmt: skip
+@click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
+def main(
+    checkpoint: Path,
+    max_latency_ms: float | None,
+    max_mflops: float | None,
+    device: str,
+    task: str | None,
+    export_path: Path | None,
+    plot: Path | None,
+    json_path: Path | None,
+    latency_table: Path | None,
+    evaluations: int,
+    population: int,
+    seed: int,
+    random_baseline: bool,
+    estimator: str,
+    predictor_samples: int,
+    val_samples: int | None,
+    bn_batches: int | None,
+    validate_latency: int,
+    threads: int,
+    latency_repeats: int,
+    quiet: bool,
+) -> None:
+    setup_logging()
+    options = SearchOptions(
+        checkpoint, max_latency_ms, max_mflops, device, task, export_path, plot, latency_table, evaluations,
+        population, seed, random_baseline, estimator, predictor_samples, val_samples, bn_batches,
+        validate_latency, threads, latency_repeats,
+    )  # fmt: skip
+
+    def say(line: str) -> None:
+        if not quiet:
+            click.echo(line, err=True)
+
+    try:
+        report = run_search(options, say)
+    except (CheckpointError, InfeasibleBudget, DeviceError, LatencyTableError, SearchInputError) as e:
+        raise UserError(str(e)) from None
+    except OSError as e:
+        raise UserError(f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")) from None
+    click.echo(render(report))
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(summary(report), indent=2) + "\n", encoding="utf-8")
+
+
+def _metric(value: float, percent: bool) -> str:
+    return f"{100 * value:.2f} %" if percent else f"{value:.4f}"
+
+
+def render(report: SearchReport) -> str:
+    """The human-readable result (stdout)."""
+    workload = report.loaded.workload
+    name = workload.metric_name
+    percent = name == "accuracy"
+    table, final, chosen = report.table, report.final, report.chosen
+    threads = table.meta.get("threads", 1)
+    lines = [
+        f"budget: {report.budget_flag} {report.limit:g} (smallest sub-network {report.floor:.4g} {report.cost_unit})",
+        f"latency model: {table.device} ({table.meta.get('device_name', '?')}), {threads} torch thread(s), "
+        f"batch 1: {len(table.entries)} block entries, predicted = {table.fixed_ms:.3f} ms + "
+        f"{table.scale:.3f} × blocks [{report.table_how}: {report.table_path}]",
+        f"accuracy estimate: {report.estimator}, {report.val_samples} validation samples per evaluation "
+        "after BN recalibration"
+        + (
+            ""
+            if report.predictor is None
+            else f"; predictor held-out RMSE {report.predictor['rmse']:.4g} "
+            f"(mean predictor {report.predictor['mean_rmse']:.4g}, "
+            f"{report.predictor['n_test']} held out)"
+        ),  # fmt: skip
+    ]
+    for s in report.searches:
+        note = f" — stopped early: {s.stopped_early}" if s.stopped_early else ""
+        lines.append(
+            f"{s.method} search: {s.evaluations} evaluations, {s.generations} generation(s), best "
+            f"{name} {_metric(s.best.metric, percent)} at {s.best.cost:.4g} {report.cost_unit}{note}"
+        )
+    lines += ["", f"Pareto front ({name} vs {report.cost_unit}, evaluated sub-networks under the budget):"]
+    flops = {c.hash: report.loaded.net.flops(c.config, workload.input_size) / 1e6 for c in report.front}
+    columns = [
+        ("MFLOPs", lambda c: f"{flops[c.hash]:.3f}"),
+        ("pred. ms", lambda c: f"{table.predict(c.config):.3f}"),
+    ]
+    lines.append(format_front(report.front, name, columns, percent=percent))
+    lines += [
+        "",
+        f"chosen: {chosen.config}",
+        f"  hash       {chosen.hash}",
+        f"  {name:<10} {_metric(final['metric'], percent)} on the full validation set "
+        f"({len(workload.task.val_set)} samples; {_metric(final['search_metric'], percent)} in the search)",
+        f"  FLOPs      {final['mflops']:.3f} M multiply-adds per sample, {final['params']:,} parameters",
+        f"  latency    predicted {final['predicted_ms']:.3f} ms, measured {final['measured_ms']:.3f} ms "
+        f"({table.device}, batch 1, {threads} torch thread(s))",
+    ]
+    if report.exported:
+        e = report.exported
+        lines.append(
+            f"exported: {e['path']} (TorchScript: torch.jit.load) and {e['json']}; reloaded {name} "
+            f"{_metric(e['reloaded_metric'], percent)}, max |Δ output| {e['max_abs_difference']:.2g}"
+        )
+    if report.latency_validation:
+        lines.append(
+            f"latency table check: mean absolute error {mean_abs_pct_error(report.latency_validation):.1f} % "
+            f"over {len(report.latency_validation)} random exported sub-networks"
+        )
+    lines.append(f"done in {report.seconds:.0f} s")
+    return "\n".join(lines)
