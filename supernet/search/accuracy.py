@@ -15,7 +15,7 @@ import dataclasses
 import math
 import random
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from torch import nn
 from torch.utils.data import Subset
@@ -87,6 +87,17 @@ class DirectEvaluator:
     @property
     def val_samples(self) -> int:
         return len(self.val_indices)
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """What a value depends on besides the config and the weights: helpers must agree on it."""
+        return {
+            "task": self.workload.cfg.task,
+            "val_indices": derive_seed("val-indices", *self.val_indices),
+            "val_samples": self.val_samples,
+            "bn_calibration_batches": self.workload.cfg.bn_calibration_batches,
+            "seed": self.workload.cfg.seed,
+        }
 
     def evaluate(self, configs: Sequence[SubnetConfig]) -> dict[str, float]:
         out: dict[str, float] = {}

@@ -14,11 +14,13 @@ number of helpers gives the identical search.
   ``evaluate(configs) -> {hash: value}``), optionally in parallel (``map_fn``), with a ``fallback``
   evaluator for shares whose helper failed.
 
-For a network layer: the aggregator wraps each online peer in an object whose ``evaluate`` sends
-:func:`share_request` and returns :func:`read_share_answer` of the reply, and passes
-``DistributedEvaluator(helpers, map_fn=pool.map, fallback=local)`` to the search as its evaluator; a
-peer answers with :func:`answer_share` on its own ``DirectEvaluator`` (same checkpoint, same
-``val_samples``/``bn_batches``/``seed``).
+For a network layer: the aggregator wraps each online peer in an object whose ``evaluate(configs)``
+sends ``share_request(configs, settings)`` (``settings``: its ``DirectEvaluator.settings`` plus the
+checkpoint digest) and returns :func:`read_share_answer` of the reply, and passes the list to
+``run_search(options, say, helpers=..., map_fn=pool.map)`` (or ``DistributedEvaluator(helpers,
+map_fn=pool.map, fallback=local)`` to a search function). A peer answers with ``answer_share(its
+DirectEvaluator, request, net.space, settings=its settings + its checkpoint digest)``; its evaluator
+must be built from the same checkpoint with the same ``val_samples``, ``bn_batches`` and ``seed``.
 """
 
 from __future__ import annotations
@@ -119,17 +121,35 @@ class DistributedEvaluator:
 # --------------------------------------------------------------------------------------------------
 
 
-def share_request(configs: Sequence[SubnetConfig]) -> dict[str, Any]:
-    """The message asking a helper to evaluate ``configs``."""
-    return {"kind": MESSAGE, "version": VERSION, "configs": [c.to_dict() for c in configs]}
+def share_request(
+    configs: Sequence[SubnetConfig], settings: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The message asking a helper to evaluate ``configs``. ``settings`` (e.g. the aggregator's
+    ``DirectEvaluator.settings`` plus the checkpoint digest) must equal the helper's own, or it refuses:
+    values computed under other settings would change the search."""
+    message = {"kind": MESSAGE, "version": VERSION, "configs": [c.to_dict() for c in configs]}
+    if settings is not None:
+        message["settings"] = dict(settings)
+    return message
 
 
 def answer_share(
-    evaluator: Evaluator, request: Mapping[str, Any], space: SearchSpace | None = None
+    evaluator: Evaluator,
+    request: Mapping[str, Any],
+    space: SearchSpace | None = None,
+    settings: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Evaluate a :func:`share_request` on this helper; ``space`` (the supernet's) validates configs."""
+    """Evaluate a :func:`share_request` on this helper.
+
+    ``space`` (the supernet's) validates the configs; ``settings`` are this helper's evaluation
+    settings, compared with the request's (``ValueError`` if they differ).
+    """
     if request.get("kind") != MESSAGE or request.get("version") != VERSION:
         raise ValueError(f"request: not a {MESSAGE} version {VERSION} message")
+    wanted = request.get("settings")
+    if wanted is not None and settings is not None and dict(wanted) != dict(settings):
+        differ = sorted(k for k in set(wanted) | set(settings) if wanted.get(k) != settings.get(k))
+        raise ValueError(f"request: evaluation settings differ from this helper's ({', '.join(differ)})")
     configs = [SubnetConfig.from_dict(c, space) for c in request.get("configs", [])]
     results = evaluator.evaluate(configs)
     check_results(configs, results)

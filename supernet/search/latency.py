@@ -10,8 +10,8 @@ hooks on its units, which works the same for the classification and the stereo s
 **The prediction** is ``fixed_ms + scale × (sum of the active blocks' entries)``. ``fixed_ms`` is
 what does not depend on the sub-network (stem, head, correlation, decoder, call overhead); ``scale``
 is the slow-down of blocks running inside a network compared with alone (alone, a block's weights and
-input stay in cache between repeats; end to end they are evicted by the other blocks; measured here:
-1.2-1.4× on a 2-core VM). Both are fitted by least squares to the end-to-end time of a few
+input stay in cache between repeats; end to end they are evicted by the other blocks; fitted here:
+1.1-1.2× on a 2-core VM). Both are fitted by least squares to the end-to-end time of a few
 calibration sub-networks (the largest, the smallest and some random ones, fixed by a seed), which are
 not the ones :func:`validate` checks against.
 

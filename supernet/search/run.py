@@ -17,7 +17,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from supernet.search.deploy import (
     recalibrated_export,
     save_subnet,
 )
+from supernet.search.distributed import DistributedEvaluator
 from supernet.search.evolution import (
     Candidate,
     EvolutionSettings,
@@ -161,10 +162,21 @@ def _predictor_evaluator(
     return PredictorEvaluator(predictor), report
 
 
-def run_search(options: SearchOptions, say: Callable[[str], None] = print) -> SearchReport:
+def run_search(
+    options: SearchOptions,
+    say: Callable[[str], None] = print,
+    *,
+    helpers: Sequence[Evaluator] | None = None,
+    map_fn: Callable | None = None,
+) -> SearchReport:
     """Run one search job (see the module docstring); raises one-line ``ValueError`` subclasses
     (``CheckpointError``, ``InfeasibleBudget``, ``DeviceError``, ``LatencyTableError``,
-    ``SearchInputError``) on bad input."""
+    ``SearchInputError``) on bad input.
+
+    ``helpers``: evaluators (e.g. remote peers) that share the direct evaluations, through a
+    :class:`~supernet.search.distributed.DistributedEvaluator` (``map_fn`` to run them in parallel,
+    this process's own evaluator as the fallback for a failed share); the result is the same.
+    """
     started = time.perf_counter()
     device = resolve_device(options.device)
     flag, limit = _budget(options)
@@ -193,9 +205,11 @@ def run_search(options: SearchOptions, say: Callable[[str], None] = print) -> Se
         if estimator == "auto":
             estimator = "direct" if len(workload.task.val_set) <= DIRECT_MAX_VALIDATION else "predictor"
         evaluator: Evaluator = direct
+        if helpers:
+            evaluator = DistributedEvaluator(helpers, map_fn=map_fn, fallback=direct)
         predictor_report = None
         if estimator == "predictor":
-            evaluator, predictor_report = _predictor_evaluator(options, loaded, direct, say)
+            evaluator, predictor_report = _predictor_evaluator(options, loaded, evaluator, say)
         searches = _searches(options, loaded, cost, limit, evaluator, say)
         hib = workload.higher_is_better
         chosen = min(

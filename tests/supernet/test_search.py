@@ -285,6 +285,19 @@ def test_share_messages_round_trip_and_merge_checks(trained):
     with pytest.raises(ValueError, match="not a manta-search-share"):
         answer_share(helpers(trained, 1)[0], {"kind": "other"})
 
+    # Helpers refuse work whose evaluation settings differ from theirs (values would differ).
+    helper = helpers(trained, 1)[0]
+    other = DirectEvaluator(trained.workload, trained.net, val_samples=40, seed=1)  # another subset
+    assert other.settings != helper.settings
+    request = share_request(configs, {**other.settings, "digest": trained.digest})
+    with pytest.raises(ValueError, match="settings differ from this helper's \\(val_indices\\)"):
+        answer_share(helper, request, settings={**helper.settings, "digest": trained.digest})
+    same = share_request(configs, {**helper.settings, "digest": trained.digest})
+    assert (
+        read_share_answer(answer_share(helper, same, settings={**helper.settings, "digest": trained.digest}))
+        == results
+    )
+
 
 # --------------------------------------------------------------------------------------------------
 # Predictor and Pareto front

@@ -14,8 +14,10 @@ from click.testing import CliRunner
 
 from supernet.checkpoint import load_checkpoint, save_trained
 from supernet.config import SubnetConfig
+from supernet.search.accuracy import DirectEvaluator
 from supernet.search.cli import main
 from supernet.search.deploy import recalibrated_export
+from supernet.search.run import SearchOptions, run_search
 from supernet.search.timing import example_inputs
 from supernet.training import train
 from supernet.workload import workload_for
@@ -139,6 +141,19 @@ def test_stereo_search_under_a_latency_budget_exports_a_loadable_model(stereo_ch
     inputs = example_inputs("stereo", (64, 64), torch.device("cpu"))
     disparity = run_clean(tmp_path / "stereo.pt", inputs, tmp_path)
     assert disparity.numel() == 64 * 64 and torch.isfinite(disparity).all()
+
+
+def test_run_search_with_helpers_gives_the_same_result(digits_checkpoint, tmp_path):
+    options = SearchOptions(digits_checkpoint, max_mflops=1.0, evaluations=4, population=2, val_samples=20,
+                            bn_batches=1, latency_table=tmp_path / "lat.json", latency_repeats=2)  # fmt: skip
+    alone = run_search(options, say=lambda line: None)
+    loaded = [load_checkpoint(digits_checkpoint) for _ in range(2)]
+    helpers = [DirectEvaluator(c.workload, c.net, val_samples=20, bn_batches=1) for c in loaded]
+    shared = run_search(options, say=lambda line: None, helpers=helpers)
+    assert [(c.hash, c.metric) for c in shared.searches[0].candidates] == [
+        (c.hash, c.metric) for c in alone.searches[0].candidates
+    ]
+    assert shared.chosen.hash == alone.chosen.hash and all(h.count > 0 for h in helpers)
 
 
 # --------------------------------------------------------------------------------------------------
