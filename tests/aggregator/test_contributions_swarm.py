@@ -147,3 +147,29 @@ def test_the_live_ledger_verifies_and_an_altered_entry_is_named(cheated_run):
         [console_script("manta-ledger"), "verify", str(path)], capture_output=True, text=True
     )
     assert bad.returncode == 1 and "entry 0 " in bad.stdout, bad.stdout
+
+
+@pytest.mark.slow  # a few minutes of swarm: `make test-all` runs it
+def test_unproven_receipts_survive_a_peer_restart_and_an_aggregator_outage(tmp_path):
+    options = SwarmOptions(peers=1, rounds=2, run_dir=tmp_path, target_samples=64, subnets=2, width_mult="0.25",
+                           head_channels=64)  # fmt: skip
+    first = LocalSwarm(options)
+    try:
+        first.start_aggregator(extra_args=("--http", "off"))
+        assert first.start_peer(0).wait(timeout=600) == 0
+    finally:
+        first.close()  # the aggregator goes down right after the peer left
+    outbox = tmp_path / "peer-0" / "receipts"
+    unproven = {p.name for p in (outbox / "pending").glob("*.receipt")}
+    assert unproven, "every receipt was already proven: nothing left to survive the outage"
+
+    second = LocalSwarm(SwarmOptions(**{**options.__dict__, "rounds": 1}))
+    try:
+        second.start_aggregator(resume=True, extra_args=("--http", "off"))
+        assert second.start_peer(0).wait(timeout=600) == 0  # the same peer, restarted with its data dir
+    finally:
+        second.close()
+    settled = {p.name for p in (outbox / "settled").glob("*.receipt")}
+    assert unproven <= settled, (unproven, settled)  # delivered after the restart, proven included
+    with LedgerStore.open(tmp_path / "aggregator" / "ledger.sqlite", readonly=True) as store:
+        assert store.size >= len(settled)

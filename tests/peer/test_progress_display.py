@@ -50,6 +50,7 @@ def test_a_pipe_or_file_gets_no_redrawing():
 
 
 @pytest.mark.swarm
+@pytest.mark.slow  # a few minutes of swarm: `make test-all` runs it
 def test_manta_peer_join_on_a_real_terminal_shows_live_progress(tmp_path):
     swarm = LocalSwarm(SwarmOptions(peers=1, rounds=2, run_dir=tmp_path, target_samples=64, subnets=2,
                                     width_mult="0.25", head_channels=64))  # fmt: skip

@@ -183,6 +183,7 @@ def test_resume_continues_from_the_aggregators_newest_checkpoint(tmp_path):
     assert rounds[:2] == [saved_round + 1, saved_round + 2], rounds
 
 
+@pytest.mark.slow  # a few minutes of swarm: `make test-all` runs it
 def test_the_stereo_supernet_trains_through_the_same_swarm(tmp_path):
     # The stereo supernet is channels-last and regresses disparities; the swarm machinery is the same.
     options = SwarmOptions(
