@@ -8,8 +8,8 @@ The agent joins the DHT, fetches and verifies the task, starts one worker per de
     workers.compute(round)                       # mini-batches of this peer's sample stream with the
                                                  # round's sub-networks (all cohorts the same ones in
                                                  # data-parallel mode, each its own in model-parallel)
-    until swarm_samples(progress) >= target      # every peer publishes its progress; the round closes
-                                                 # when the whole swarm reached the task's target
+    until projected swarm samples >= target      # every peer publishes its progress; the round closes
+                                                 # when the whole swarm (will have) reached the target
     outcome  = averager.average(round, ...)      # cohort -> across cohorts -> back (hivemind), exact,
                                                  # weighted by each peer's sample count
     workers.apply(round, outcome.committed)      # the same optimizer step everywhere, or none
@@ -383,11 +383,15 @@ class PeerNode:
         """Let the workers train until the swarm has processed the round's target number of samples.
 
         This peer publishes its progress every :data:`PROGRESS_EVERY` s and reads everyone's; when the
-        sum (extrapolated by each peer's throughput, see :func:`swarm_samples`) reaches the target, it
-        raises the workers' stop flag: they finish their current mini-batch and reduce inside the host.
-        A fast peer thus contributes more samples than a slow one, and nobody idles for a fixed share.
+        swarm's *projected* total reaches the target, it raises the workers' stop flag: they finish the
+        mini-batch they are in and reduce inside the host. Projected, because every started mini-batch
+        is finished: this peer's running batches count in full, the other peers' (extrapolated by their
+        throughput, see :func:`swarm_samples`) half a batch each on average — so the round ends near the
+        target instead of a batch per peer past it. A fast peer thus contributes more samples than a
+        slow one, and nobody idles for a fixed share.
         """
         target = task.params.target_samples_per_round
+        batch = task.params.batch_size
         self._shared.stop.zero_()
         self._shared.progress.zero_()
         started = time.perf_counter()
@@ -402,11 +406,12 @@ class PeerNode:
                 if time.perf_counter() >= next_publish:
                     next_publish = time.perf_counter() + PROGRESS_EVERY
                     self._publish_progress(round_index, samples, throughput, loss_sum, cohort)
-                others = swarm_samples(
+                others, other_peers = swarm_samples(
                     self._progress.read(), round_index, int(time.time() * 1000), self.peer_id
                 )
+                projected = samples + len(self.devices) * batch + others + other_peers * batch / 2
                 self.display.computing(round_index, samples, throughput, others + samples, target)
-                if others + samples >= target or self._stop.is_set():
+                if projected >= target or self._stop.is_set():
                     self._shared.stop[0] = 1
                     self.display.averaging(round_index)
             replies = self._replies(timeout=0.25)

@@ -278,13 +278,17 @@ class ProgressBoard:
         return out
 
 
-def swarm_samples(records: list[PeerProgress], round_index: int, now_ms: int, exclude: str = "") -> float:
-    """Samples the swarm has processed in ``round_index`` by now: each report's count plus what its
-    throughput adds since it was published (at most 2 s of it: a silent peer is not trusted further)."""
-    total = 0.0
+def swarm_samples(
+    records: list[PeerProgress], round_index: int, now_ms: int, exclude: str = ""
+) -> tuple[float, int]:
+    """Samples the other peers have processed in ``round_index`` by now, and how many peers they are:
+    each report's count plus what its throughput adds since it was published (at most 2 s of it: a
+    silent peer is not trusted further)."""
+    total, peers = 0.0, 0
     for r in records:
         if r.round != round_index or r.peer_id == exclude:
             continue
         elapsed = min(2.0, max(0.0, (now_ms - r.timestamp) / 1000))
         total += r.samples + r.throughput_milli / 1000 * elapsed
-    return total
+        peers += 1
+    return total, peers

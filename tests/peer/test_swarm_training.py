@@ -97,8 +97,9 @@ def test_manta_swarm_trains_above_chance_with_identical_state_and_a_summary(tmp_
     assert summary["identical_final_state"] is True
     assert set(summary["samples_per_peer"]) == {"peer-0", "peer-1"}
     assert all(n > 0 for n in summary["samples_per_peer"].values())
-    # Each round closes once the swarm reached its target (128), whoever processed the samples.
-    assert summary["total_samples"] >= 8 * 128
+    # Each round closes when the swarm's projected total reaches the target (128), whoever processed the
+    # samples: at most half a mini-batch (32) per peer short of it, since every started batch is finished.
+    assert summary["total_samples"] >= 8 * (128 - 32)
     assert summary["total_samples"] >= sum(summary["samples_per_peer"].values())
     for split in summary["time_split_s"].values():
         assert split["compute"] > 0 and split["averaging"] > 0
