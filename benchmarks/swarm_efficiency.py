@@ -2,10 +2,13 @@
 
 Runs ``manta-swarm`` four times, one after another, on ``digits``:
 
-    --peers 1                 data-parallel      (the reference: one process, the whole sandwich)
     --peers 4 --cohorts 2     data-parallel      (every cohort trains the same K sub-networks)
-    --peers 1                 model-parallel     (one cohort: the whole sandwich, as data-parallel)
+    --peers 1                 data-parallel      (the reference: one process, the whole sandwich)
     --peers 4 --cohorts 2     model-parallel     (each cohort its share of the sandwich list)
+    --peers 1                 model-parallel     (one cohort: the whole sandwich, as data-parallel)
+
+Same samples: a swarm round ends a little past the target (every started mini-batch is finished), so
+each single-peer run gets the preceding swarm run's actual mean samples per round as its target.
 
 and prints, per mode, the validation accuracy of the largest and the smallest sub-network of the
 single peer and of the swarm side by side with the gap in percentage points (target: <= 1 pp), and
@@ -28,7 +31,7 @@ from pathlib import Path
 from peer.local_swarm import console_script
 
 
-def run_swarm(out: Path, name: str, peers: int, cohorts: int, mode: str, args) -> dict:
+def run_swarm(out: Path, name: str, peers: int, cohorts: int, mode: str, args, target: int) -> dict:
     run_dir = out / name
     cmd = [
         console_script("manta-swarm"),
@@ -41,7 +44,7 @@ def run_swarm(out: Path, name: str, peers: int, cohorts: int, mode: str, args) -
         "--rounds",
         str(args.rounds),
         "--target-samples",
-        str(args.target_samples),
+        str(target),
         "--data-dir",
         str(run_dir),
         "--summary",
@@ -71,10 +74,12 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     results = {}
     for mode in args.modes.split(","):
-        results[mode] = (
-            run_swarm(args.out, f"{mode}-1peer", 1, 1, mode, args),
-            run_swarm(args.out, f"{mode}-4peers-2cohorts", 4, 2, mode, args),
-        )
+        swarm = run_swarm(args.out, f"{mode}-4peers-2cohorts", 4, 2, mode, args, args.target_samples)
+        # The swarm's rounds end a little past the target (every started mini-batch is finished); the
+        # single peer gets the swarm's actual mean per round, so both runs see the same samples.
+        per_round = round(swarm["total_samples"] / max(1, swarm["rounds"]))
+        single = run_swarm(args.out, f"{mode}-1peer", 1, 1, mode, args, per_round)
+        results[mode] = (single, swarm)
     print()
     print(f"digits, {args.rounds} rounds x {args.target_samples} samples per round (swarm-wide target)")
     header = (

@@ -125,6 +125,7 @@ class PeerNode:
         self.attempt = 0  # averaging attempts so far, swarm-wide (see _run_round)
         self.state_digest = ""
         self.display = ProgressDisplay()
+        self._measured_rate = 0.0  # samples/s over the last round's computation (0: none yet)
         self._roster_size = 0
 
     # ------------------------------------------------------------------ start-up
@@ -401,7 +402,9 @@ class PeerNode:
         while replies is None:
             samples, loss_sum, _ = (float(x) for x in self._shared.progress.sum(dim=0))
             elapsed = time.perf_counter() - started
-            throughput = samples / max(elapsed, 1e-6)
+            # What others extrapolate this peer's progress with: its rate over the last round (only
+            # finished mini-batches are counted, so the rate within this round lags behind at first).
+            throughput = self._measured_rate or samples / max(elapsed, 1e-6)
             if not int(self._shared.stop[0]):
                 if time.perf_counter() >= next_publish:
                     next_publish = time.perf_counter() + PROGRESS_EVERY
@@ -417,7 +420,7 @@ class PeerNode:
             replies = self._replies(timeout=0.25)
         stats = replies[0][1]
         wall = time.perf_counter() - started
-        self._announcer.throughput = stats["samples"] / max(wall, 1e-6)
+        self._measured_rate = self._announcer.throughput = stats["samples"] / max(wall, 1e-6)
         self._publish_progress(
             round_index,
             stats["samples"],
