@@ -71,7 +71,8 @@ def task_toml(o: SwarmOptions) -> str:
 class LocalSwarm:
     def __init__(self, options: SwarmOptions):
         self.o = options
-        self.dir = options.run_dir
+        # Absolute: every process runs in this folder, so a relative path would point inside itself.
+        self.dir = Path(options.run_dir).resolve()
         self.procs: dict[str, subprocess.Popen] = {}
         self._logs: list = []
         self.started = time.time()
