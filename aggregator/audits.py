@@ -21,6 +21,7 @@ import torch
 
 from protocol.records import ContributionReceipt
 from supernet.config import SubnetConfig
+from supernet.rng import TORCH_RNG_LOCK
 from supernet.sketch import decode_sketch, gradient_sketch, sketch_distance, sketch_seed
 from supernet.state import init_optimizer_state, load_state_tensors
 from supernet.training import cohort_configs, step_configs
@@ -51,7 +52,17 @@ def receipt_configs(
 def audit_receipt(
     workload: Workload, state: list[torch.Tensor], receipt: ContributionReceipt, task_seed: int
 ) -> tuple[bool, float]:
-    """Replay ``receipt``'s work from ``state``; returns (passed, relative sketch distance)."""
+    """Replay ``receipt``'s work from ``state``; returns (passed, relative sketch distance).
+
+    Holds :data:`supernet.rng.TORCH_RNG_LOCK`: the replay re-draws the peer's augmentation from the
+    global torch generator, which no other thread of the aggregator may touch meanwhile."""
+    with TORCH_RNG_LOCK:
+        return _replay(workload, state, receipt, task_seed)
+
+
+def _replay(
+    workload: Workload, state: list[torch.Tensor], receipt: ContributionReceipt, task_seed: int
+) -> tuple[bool, float]:
     net = workload.build()
     optimizer = workload.make_optimizer(net)
     init_optimizer_state(net, optimizer)

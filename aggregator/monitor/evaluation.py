@@ -35,11 +35,15 @@ def evaluate_checkpoint(path: Path, task: Any = None) -> tuple[dict[str, Any], A
     loading the dataset once is enough). Raises :class:`supernet.checkpoint.CheckpointError`.
     """
     from supernet.checkpoint import load_checkpoint
+    from supernet.rng import TORCH_RNG_LOCK
 
     started = time.monotonic()
-    loaded = load_checkpoint(path, task=task)
-    net, workload = loaded.net, loaded.workload
-    rows = workload.evaluate(net, {"largest": net.largest_config(), "smallest": net.smallest_config()})
+    # Building the net and recalibrating BN seed and restore torch's global generator: never while a
+    # spot audit in another thread replays a peer's random augmentation from it.
+    with TORCH_RNG_LOCK:
+        loaded = load_checkpoint(path, task=task)
+        net, workload = loaded.net, loaded.workload
+        rows = workload.evaluate(net, {"largest": net.largest_config(), "smallest": net.smallest_config()})
     metric = workload.metric_name
     result = {
         "metric": metric,

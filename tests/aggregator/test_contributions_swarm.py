@@ -40,7 +40,9 @@ def cheated_run(tmp_path_factory):
     swarm = LocalSwarm(options)
     credits_out = None
     try:
-        swarm.start_aggregator(extra_args=("--audit-fraction", "1.0", "--http", "off"))
+        # The dashboard stays on: its checkpoint evaluations run beside the audits in the aggregator
+        # and must not disturb the random draws an audit replays (honest peers get no revocation).
+        swarm.start_aggregator(extra_args=("--audit-fraction", "1.0", "--http", "127.0.0.1:0"))
         for i in range(5):
             swarm.start_peer(i, env={"MANTA_FAULT": FAULTS[i]} if i in FAULTS else None)
         for i in range(5):

@@ -80,7 +80,7 @@ def test_manta_swarm_trains_above_chance_with_identical_state_and_a_summary(tmp_
             "--width-mult",
             "0.25",
             "--data-dir",
-            str(run),
+            "run",  # relative, as `make demo`'s default folder is
             "--summary",
             str(summary_path),
         ],
@@ -88,6 +88,7 @@ def test_manta_swarm_trains_above_chance_with_identical_state_and_a_summary(tmp_
         text=True,
         timeout=900,
         env=_env(),
+        cwd=tmp_path,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Traceback" not in done.stdout + done.stderr
