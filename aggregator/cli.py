@@ -148,3 +148,8 @@ def start(
         logger.info("stopping")
     finally:
         node.shutdown()
+
+
+from aggregator.search_cli import search  # noqa: E402  (a command of this group; its own module)
+
+main.add_command(search)

@@ -10,8 +10,11 @@ version, an unknown device, a budget below the smallest sub-network, ...) ends w
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -32,9 +35,86 @@ from supernet.search.run import (
 )
 from supernet.search.timing import DeviceError
 
-__all__ = ["main"]
+__all__ = ["main", "options_from", "progress", "render", "search_options", "search_or_fail", "write_json"]
 
 _PATH = click.Path(path_type=Path, dir_okay=False)
+
+
+def search_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Every option of a search job except ``--checkpoint`` (shared with ``manta-aggregator search``);
+    the command receives them as keyword arguments for :func:`options_from`, plus ``json_path`` and
+    ``quiet``."""
+    options = [
+        click.option("--max-latency-ms", type=float, default=None, help="Budget: predicted latency (ms, batch 1)."),
+        click.option("--max-mflops", type=float, default=None, help="Budget: millions of multiply-adds per sample."),
+        click.option("--device", default="cpu", show_default=True, help="Latency device: cpu or cuda."),
+        click.option("--task", default=None, help="Refuse a checkpoint of any other task."),
+        click.option("--export", "export_path", type=_PATH, default=None,
+                     help="Write the chosen sub-network here (TorchScript) and its config JSON beside it."),
+        click.option("--plot", type=_PATH, default=None, help="Write the Pareto-front plot here (PNG)."),
+        click.option("--json", "json_path", type=_PATH, default=None, help="Write the full report here (JSON)."),
+        click.option("--latency-table", type=_PATH, default=None,
+                     help="Latency table file (reused if it matches; default: in ~/.cache/manta/latency)."),
+        click.option("--evaluations", type=click.IntRange(1), default=100, show_default=True,
+                     help="Sub-networks the search evaluates."),
+        click.option("--population", type=click.IntRange(2), default=16, show_default=True),
+        click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--random-baseline", is_flag=True, help="Also run random search with as many evaluations."),
+        click.option("--accuracy", "estimator", default="auto", show_default=True,
+                     help=f"direct, predictor, or auto (direct if the task has <= {DIRECT_MAX_VALIDATION} "
+                     "validation samples)."),
+        click.option("--predictor-samples", type=click.IntRange(10), default=100, show_default=True,
+                     help="Directly evaluated random sub-networks that train the predictor."),
+        click.option("--val-samples", type=click.IntRange(1), default=None,
+                     help="Validation samples per direct evaluation during the search (default: all)."),
+        click.option("--bn-batches", type=click.IntRange(1), default=None,
+                     help="BN recalibration batches per evaluation (default: the checkpoint's)."),
+        click.option("--validate-latency", type=click.IntRange(0), default=0, show_default=True,
+                     help="Check the latency table against this many random exported sub-networks."),
+        click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
+                     help="Torch threads (latency is measured with this many; 1 on a shared machine)."),
+        click.option("--latency-repeats", type=click.IntRange(1), default=50, show_default=True,
+                     help="Timed calls per latency-table entry and per end-to-end measurement (median)."),
+        click.option("--quiet", is_flag=True, help="No progress lines on stderr."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def options_from(checkpoint: Path, given: dict[str, Any]) -> SearchOptions:
+    """The :class:`SearchOptions` of :func:`search_options`' keyword arguments (``json_path`` and
+    ``quiet`` are not search options and are ignored)."""
+    names = {f.name for f in dataclasses.fields(SearchOptions)} - {"checkpoint", "export"}
+    return SearchOptions(
+        checkpoint, export=given["export_path"], **{k: v for k, v in given.items() if k in names}
+    )
+
+
+def progress(quiet: bool) -> Callable[[str], None]:
+    """Where progress lines go: stderr, unless ``--quiet``."""
+
+    def say(line: str) -> None:
+        if not quiet:
+            click.echo(line, err=True)
+
+    return say
+
+
+def search_or_fail(options: SearchOptions, say: Callable[[str], None], **kwargs: Any) -> SearchReport:
+    """:func:`run_search`, with bad input turned into a one-line :class:`UserError`."""
+    try:
+        return run_search(options, say, **kwargs)
+    except (CheckpointError, InfeasibleBudget, DeviceError, LatencyTableError, SearchInputError) as e:
+        raise UserError(str(e)) from None
+    except OSError as e:
+        raise UserError(f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")) from None
+
+
+def write_json(path: Path | None, data: dict[str, Any]) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
 @click.command(
@@ -44,81 +124,12 @@ _PATH = click.Path(path_type=Path, dir_okay=False)
 )
 @click.version_option(__version__, "--version", prog_name="manta-search")
 @click.option("--checkpoint", required=True, type=_PATH, help="A MANTA supernet checkpoint (.pt).")
-@click.option("--max-latency-ms", type=float, default=None, help="Budget: predicted latency (ms, batch 1).")
-@click.option("--max-mflops", type=float, default=None, help="Budget: millions of multiply-adds per sample.")
-@click.option("--device", default="cpu", show_default=True, help="Latency device: cpu or cuda.")
-@click.option("--task", default=None, help="Refuse a checkpoint of any other task.")
-@click.option("--export", "export_path", type=_PATH, default=None,
-              help="Write the chosen sub-network here (TorchScript) and its config JSON beside it.")  # fmt: skip
-@click.option("--plot", type=_PATH, default=None, help="Write the Pareto-front plot here (PNG).")
-@click.option("--json", "json_path", type=_PATH, default=None, help="Write the full report here (JSON).")
-@click.option("--latency-table", type=_PATH, default=None,
-              help="Latency table file (reused if it matches; default: in ~/.cache/manta/latency).")  # fmt: skip
-@click.option("--evaluations", type=click.IntRange(1), default=100, show_default=True,
-              help="Sub-networks the search evaluates.")  # fmt: skip
-@click.option("--population", type=click.IntRange(2), default=16, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--random-baseline", is_flag=True, help="Also run random search with as many evaluations.")
-@click.option("--accuracy", "estimator", default="auto", show_default=True,
-              help=f"direct, predictor, or auto (direct if the task has <= {DIRECT_MAX_VALIDATION} "
-              "validation samples).")  # fmt: skip
-@click.option("--predictor-samples", type=click.IntRange(10), default=100, show_default=True,
-              help="Directly evaluated random sub-networks that train the predictor.")  # fmt: skip
-@click.option("--val-samples", type=click.IntRange(1), default=None,
-              help="Validation samples per direct evaluation during the search (default: all).")  # fmt: skip
-@click.option("--bn-batches", type=click.IntRange(1), default=None,
-              help="BN recalibration batches per evaluation (default: the checkpoint's).")  # fmt: skip
-@click.option("--validate-latency", type=click.IntRange(0), default=0, show_default=True,
-              help="Check the latency table against this many random exported sub-networks.")  # fmt: skip
-@click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
-              help="Torch threads (latency is measured with this many; 1 on a shared machine).")  # fmt: skip
-@click.option("--latency-repeats", type=click.IntRange(1), default=50, show_default=True,
-              help="Timed calls per latency-table entry and per end-to-end measurement (median).")  # fmt: skip
-@click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
-def main(
-    checkpoint: Path,
-    max_latency_ms: float | None,
-    max_mflops: float | None,
-    device: str,
-    task: str | None,
-    export_path: Path | None,
-    plot: Path | None,
-    json_path: Path | None,
-    latency_table: Path | None,
-    evaluations: int,
-    population: int,
-    seed: int,
-    random_baseline: bool,
-    estimator: str,
-    predictor_samples: int,
-    val_samples: int | None,
-    bn_batches: int | None,
-    validate_latency: int,
-    threads: int,
-    latency_repeats: int,
-    quiet: bool,
-) -> None:
+@search_options
+def main(checkpoint: Path, json_path: Path | None, quiet: bool, **search: Any) -> None:
     setup_logging()
-    options = SearchOptions(
-        checkpoint, max_latency_ms, max_mflops, device, task, export_path, plot, latency_table, evaluations,
-        population, seed, random_baseline, estimator, predictor_samples, val_samples, bn_batches,
-        validate_latency, threads, latency_repeats,
-    )  # fmt: skip
-
-    def say(line: str) -> None:
-        if not quiet:
-            click.echo(line, err=True)
-
-    try:
-        report = run_search(options, say)
-    except (CheckpointError, InfeasibleBudget, DeviceError, LatencyTableError, SearchInputError) as e:
-        raise UserError(str(e)) from None
-    except OSError as e:
-        raise UserError(f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")) from None
+    report = search_or_fail(options_from(checkpoint, search), progress(quiet))
     click.echo(render(report))
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(summary(report), indent=2) + "\n", encoding="utf-8")
+    write_json(json_path, summary(report))
 
 
 def _metric(value: float, percent: bool) -> str:

@@ -26,15 +26,18 @@ must be built from the same checkpoint with the same ``val_samples``, ``bn_batch
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from supernet.config import SearchSpace, SubnetConfig
-from supernet.search.accuracy import Evaluator, check_results
+from supernet.search.accuracy import DirectEvaluator, Evaluator, check_results
 
 __all__ = [
     "DistributedEvaluator",
     "answer_share",
+    "evaluator_arguments",
+    "evaluator_from_arguments",
     "merge_results",
     "read_share_answer",
     "share_request",
@@ -79,7 +82,8 @@ class DistributedEvaluator:
     ``map_fn(fn, items)`` runs ``fn`` over the (helper, share) pairs (default: the built-in ``map``,
     one after another; pass an executor's ``map`` for parallel helpers). A helper that raises has
     its share evaluated by ``fallback`` if given (else the error propagates); either way the values
-    are the same, so the result is too.
+    are the same, so the result is too. Fallback evaluations run one at a time even under a parallel
+    ``map_fn``: a :class:`DirectEvaluator` recalibrates the BN statistics of its one supernet in place.
     """
 
     def __init__(
@@ -95,6 +99,7 @@ class DistributedEvaluator:
         self.map_fn = map_fn or map
         self.fallback = fallback
         self.failures = 0
+        self._fallback_lock = threading.Lock()
 
     def _run(self, job: tuple[int, Sequence[SubnetConfig]]) -> dict[str, float]:
         index, share = job
@@ -108,12 +113,35 @@ class DistributedEvaluator:
             self.failures += 1
             log.warning("helper %d failed (%s: %s); evaluating its %d configs locally", index,
                         type(e).__name__, e, len(share))  # fmt: skip
-            return dict(self.fallback.evaluate(share))
+            with self._fallback_lock:
+                return dict(self.fallback.evaluate(share))
 
     def evaluate(self, configs: Sequence[SubnetConfig]) -> dict[str, float]:
         shares = split_work(configs, len(self.helpers))
         results = list(self.map_fn(self._run, list(enumerate(shares))))
         return merge_results(shares, results)
+
+
+def evaluator_arguments(evaluator: DirectEvaluator, seed: int) -> dict[str, int]:
+    """What a helper builds the same evaluator from (``seed``: the one ``evaluator`` was built with):
+    resolved values, so a helper cannot read "all samples" or "the checkpoint's batches" otherwise."""
+    return {
+        "val_samples": evaluator.val_samples,
+        "bn_batches": int(evaluator.workload.cfg.bn_calibration_batches),
+        "seed": int(seed),
+    }
+
+
+def evaluator_from_arguments(workload: Any, net: Any, arguments: Mapping[str, Any]) -> DirectEvaluator:
+    """The :class:`DirectEvaluator` that :func:`evaluator_arguments` describes, on a helper's own copy
+    of the checkpoint; ``ValueError`` if the arguments are not three positive integers."""
+    values = {}
+    for name in ("val_samples", "bn_batches", "seed"):
+        value = arguments.get(name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "seed" else 1):
+            raise ValueError(f"evaluator arguments: {name} must be a non-negative integer, got {value!r}")
+        values[name] = value
+    return DirectEvaluator(workload, net, **values)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -55,7 +55,15 @@ from supernet.search.pareto import pareto_front
 from supernet.search.predictor import PredictorEvaluator, fit_with_holdout
 from supernet.search.timing import example_inputs, resolve_device, torch_threads
 
-__all__ = ["SearchInputError", "SearchOptions", "SearchReport", "default_table_path", "run_search", "summary"]
+__all__ = [
+    "SearchInputError",
+    "SearchOptions",
+    "SearchReport",
+    "check_options",
+    "default_table_path",
+    "run_search",
+    "summary",
+]
 
 ESTIMATORS = ("auto", "direct", "predictor")
 DIRECT_MAX_VALIDATION = 2000
@@ -137,6 +145,15 @@ def _budget(options: SearchOptions) -> tuple[str, float]:
     return flag, limit
 
 
+def check_options(options: SearchOptions) -> tuple[str, float]:
+    """The checks on the options alone (``SearchInputError``); returns the budget flag and limit. For
+    callers that do slow work before :func:`run_search` (``manta-aggregator search`` joins the swarm)."""
+    flag, limit = _budget(options)
+    if options.estimator not in ESTIMATORS:
+        raise SearchInputError(f"--accuracy: unknown {options.estimator!r} (choose {', '.join(ESTIMATORS)})")
+    return flag, limit
+
+
 def _load(options: SearchOptions) -> LoadedCheckpoint:
     payload = read_checkpoint(options.checkpoint)
     if options.task is not None and payload["task"] != options.task:
@@ -179,9 +196,7 @@ def run_search(
     """
     started = time.perf_counter()
     device = resolve_device(options.device)
-    flag, limit = _budget(options)
-    if options.estimator not in ESTIMATORS:
-        raise SearchInputError(f"--accuracy: unknown {options.estimator!r} (choose {', '.join(ESTIMATORS)})")
+    flag, limit = check_options(options)
     loaded = _load(options)
     workload, net = loaded.workload, loaded.net
     space, input_size = net.space, workload.input_size

@@ -1,0 +1,215 @@
+"""``manta-aggregator search``: the sub-network search of ``manta-search``, with the online peers
+evaluating shares of every generation (see :mod:`aggregator.search_dispatch`).
+
+    manta-aggregator search --data-dir AGG_DIR --initial-peers MULTIADDR (--max-mflops Y | ...)
+                            [--checkpoint PATH] [--peers-wait S] [--peer-timeout S] [manta-search options]
+
+It uses the aggregator's task (``AGG_DIR/task.sealed``), its identity (``--identity``, which must be
+one of the task's aggregator keys: peers serve only requests signed by one) and its newest
+checkpoint (``AGG_DIR/checkpoints/round-*.pt``) unless ``--checkpoint`` names another. The result is
+the one ``manta-search`` gives on the same checkpoint with the same options, whatever the number of
+peers; ``--json`` adds a ``distributed`` section (the checkpoint, each peer's count of evaluated and
+locally redone configs, and every evaluated config's value).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+
+from protocol.cli_support import UserError
+from protocol.identity_cli import identity_option, load_identity
+
+_DIR = click.Path(file_okay=False, path_type=Path)
+_FILE = click.Path(dir_okay=False, path_type=Path)
+
+
+def newest_checkpoint(data_dir: Path) -> Path:
+    found = sorted((data_dir / "checkpoints").glob("round-*.pt"))
+    if not found:
+        raise UserError(f"{data_dir}: no checkpoint yet in {data_dir / 'checkpoints'} (or give --checkpoint)")
+    return found[-1]
+
+
+def _search_command(fn):
+    from supernet.search.cli import search_options
+
+    return search_options(fn)
+
+
+@click.command("search")
+@click.option(
+    "--data-dir", required=True, type=_DIR, help="The aggregator's data directory (task, checkpoints)."
+)
+@click.option("--checkpoint", type=_FILE, default=None, help="Search this checkpoint [default: the newest].")
+@click.option("--initial-peers", multiple=True, help="Multiaddr of the aggregator or a peer (repeatable).")
+@click.option("--peers-wait", type=click.FloatRange(0.0, 3600.0), default=10.0, show_default=True,
+              help="Seconds to wait for online peers (0: search locally).")  # fmt: skip
+@click.option("--peer-timeout", type=click.FloatRange(1.0, 86400.0), default=300.0, show_default=True,
+              help="Seconds a peer may take for one share (its first includes the checkpoint download); "
+              "a slower share is evaluated locally.")  # fmt: skip
+@identity_option
+@_search_command
+def search(
+    data_dir: Path,
+    checkpoint: Path | None,
+    initial_peers: tuple[str, ...],
+    peers_wait: float,
+    peer_timeout: float,
+    identity_path: Path,
+    json_path: Path | None,
+    quiet: bool,
+    **given: Any,
+) -> None:
+    """Search sub-networks of the aggregator's checkpoint, spreading evaluations over online peers."""
+    from protocol.runtime import prepare_process, start_orphan_reaper
+
+    prepare_process()
+    from protocol.netaddr import AddressError, check_peer_multiaddr
+    from protocol.records import RecordRejected, TaskSpec, open_sealed
+    from supernet.search.cli import options_from, progress, write_json
+    from supernet.search.run import SearchInputError, check_options
+
+    sealed_path = data_dir / "task.sealed"
+    if not sealed_path.is_file():
+        raise UserError(
+            f"{data_dir}: not an aggregator data directory (no task.sealed; run manta-aggregator start)"
+        )
+    try:
+        spec = open_sealed(sealed_path.read_bytes(), TaskSpec).record
+    except RecordRejected as e:
+        raise UserError(f"{sealed_path}: {e}") from None
+    identity = load_identity(identity_path, create=False)
+    if identity.public_key_hex not in spec.aggregator_keys:
+        raise UserError(
+            f"{identity_path}: key {identity.fingerprint} is not an aggregator key of task {spec.task_id} "
+            "(peers serve only requests signed by one)"
+        )
+    if not initial_peers and peers_wait > 0:
+        raise UserError("--initial-peers is required (the multiaddr manta-aggregator start printed), "
+                        "or --peers-wait 0 to search locally")  # fmt: skip
+    try:
+        peers = tuple(check_peer_multiaddr(p) for p in initial_peers)
+    except AddressError as e:
+        raise UserError(str(e)) from None
+    source = checkpoint or newest_checkpoint(data_dir)
+    options = options_from(source, {**given, "task": given["task"] or spec.task})
+    try:
+        check_options(options)
+    except SearchInputError as e:
+        raise UserError(str(e)) from None
+    say = progress(quiet)
+    start_orphan_reaper()
+    with tempfile.TemporaryDirectory(prefix="manta-search-") as scratch:
+        # A private copy: the aggregator deletes old checkpoints while the search runs.
+        copy = Path(scratch) / source.name
+        try:
+            shutil.copyfile(source, copy)
+        except OSError as e:
+            raise UserError(f"{source}: {e.strerror or e}") from None
+        options.checkpoint = copy
+        report, extra = _run(options, spec.task_id, identity, peers, peers_wait, peer_timeout, say)
+    extra["checkpoint"] = str(source)
+    _print(report, extra)
+    if json_path is not None:
+        from supernet.search.run import summary
+
+        write_json(json_path, {**summary(report), "distributed": extra})
+
+
+def _run(options, task_id, identity, initial_peers, peers_wait, peer_timeout, say):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from aggregator.search_dispatch import (
+        CheckpointServer,
+        RemotePeer,
+        SearchLink,
+        progress_map,
+        wait_for_peers,
+    )
+    from protocol.aio import BackgroundLoop
+    from protocol.p2p_replica import own_replica
+    from supernet.checkpoint import CheckpointError, load_checkpoint
+    from supernet.search.accuracy import DirectEvaluator
+    from supernet.search.cli import search_or_fail
+    from supernet.search.distributed import evaluator_arguments
+
+    try:  # what every peer must reproduce: the checkpoint and the evaluator built from these options
+        loaded = load_checkpoint(options.checkpoint)
+        if loaded.workload.cfg.task != options.task:
+            raise CheckpointError(
+                f"{options.checkpoint.name} is a checkpoint of task {loaded.workload.cfg.task!r}"
+            )
+    except CheckpointError as e:
+        raise UserError(str(e)) from None
+    local = DirectEvaluator(
+        loaded.workload, loaded.net, val_samples=options.val_samples, bn_batches=options.bn_batches,
+        seed=options.seed,
+    )  # fmt: skip
+    arguments = evaluator_arguments(local, options.seed)
+    settings = {**local.settings, "checkpoint": loaded.digest}
+    digest, round_index = loaded.digest, loaded.round
+    del loaded, local
+
+    dht = loop = server = pool = None
+    helpers: list[RemotePeer] = []
+    try:
+        if peers_wait > 0:
+            import hivemind
+
+            try:
+                dht = hivemind.DHT(initial_peers=list(initial_peers), client_mode=True, start=True)
+            except Exception as e:
+                first = str(e).splitlines()[0] if str(e) else type(e).__name__
+                raise UserError(f"cannot reach the swarm: {first}") from None
+            loop = BackgroundLoop("manta-search")
+            p2p = loop.run(own_replica(dht), timeout=30)
+            server = CheckpointServer(loop, p2p, task_id, options.checkpoint)
+            link = SearchLink(
+                loop, p2p, dht.peer_id.to_base58(), identity, task_id,
+                {"sha256": server.sha256, "size": len(server.data), "digest": digest, "round": round_index},
+                arguments, settings,
+            )  # fmt: skip
+            say(f"waiting up to {peers_wait:g} s for online peers of task {task_id}")
+            helpers = [RemotePeer(link, p, peer_timeout) for p in wait_for_peers(dht, task_id, peers_wait)]
+        if helpers:
+            say(f"{len(helpers)} peer(s) online: {', '.join(h.name for h in helpers)}; each evaluates a share "
+                "of every generation (a failed share is redone here)")  # fmt: skip
+            pool = ThreadPoolExecutor(len(helpers), thread_name_prefix="manta-share")
+            report = search_or_fail(options, say, helpers=helpers, map_fn=progress_map(helpers, pool, say))
+        else:
+            say("no peer online: evaluating every sub-network locally")
+            report = search_or_fail(options, say)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
+        if server is not None:
+            server.close()
+            loop.run(p2p.shutdown(), timeout=5)
+        if loop is not None:
+            loop.stop()
+        if dht is not None:
+            dht.shutdown()
+    extra = {
+        "peers": [{"peer_id": h.peer_id, "configs": h.configs, "redone_locally": h.redone} for h in helpers],
+        "evaluated": {c.hash: c.metric for s in report.searches for c in s.candidates},
+        "pages_served": server.pages if server is not None else 0,
+    }
+    return report, extra
+
+
+def _print(report, extra: dict) -> None:
+    from supernet.search.cli import render
+
+    click.echo(render(report))
+    if not extra["peers"]:
+        click.echo("evaluated locally (no peer online)")
+    for p in extra["peers"]:
+        click.echo(
+            f"peer {p['peer_id']}: {p['configs']} sub-network(s) evaluated"
+            + (f", {p['redone_locally']} redone locally after a failure" if p["redone_locally"] else "")
+        )

@@ -1,0 +1,209 @@
+"""The aggregator's side of distributed search: online peers evaluate shares of each generation.
+
+``manta-aggregator search`` joins the task's DHT as a client (its own throw-away libp2p identity:
+the running aggregator keeps the aggregator's peer id), reads the online peers from their signed
+announcements, and runs :func:`supernet.search.run.run_search` with one :class:`RemotePeer` per peer
+as helpers. :class:`supernet.search.distributed.DistributedEvaluator` deals each generation's
+configs out by hash and merges the answers by hash; a share whose peer fails, refuses or is too slow
+is evaluated here instead (the local evaluator is the fallback). Every peer evaluates on the same
+fixed validation subset as this process (same checkpoint, same ``val_samples``/``seed``/BN batches,
+checked by the peer), so the search's result is the same whether 0, 1 or 10 peers helped.
+
+Requests are signed with the aggregator's Ed25519 identity and name this node's peer id
+(:mod:`protocol.evaluation_requests`); peers download the checkpoint from this node in pages
+(:class:`CheckpointServer`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from protocol.aio import BackgroundLoop
+from protocol.dht_schema import open_peer_value, peers_key
+from protocol.evaluation_requests import (
+    PAGE_BYTES,
+    checkpoint_handler,
+    error_page,
+    evaluate_handler,
+    sign_request,
+    write_page,
+)
+from protocol.identity import Identity
+from protocol.logs import get_logger
+from protocol.records import RecordRejected
+
+logger = get_logger(__name__)
+
+
+class PeerFailed(RuntimeError):
+    """A peer did not deliver its share (refused, failed, unreachable); it is redone locally."""
+
+
+def online_peers(dht, task_id: str) -> list[str]:
+    """Peer ids of the task's peers with a valid, not withdrawn announcement, sorted."""
+    found = dht.get(peers_key(task_id), latest=True)
+    peers = set()
+    if found is not None and isinstance(found.value, dict):
+        for sub, item in found.value.items():
+            try:
+                announcement, _ = open_peer_value(task_id, sub, item.value)
+            except RecordRejected:
+                continue
+            if announcement.record.throughput_milli > 0:  # 0: the peer withdrew
+                peers.add(announcement.record.peer_id)
+    return sorted(peers)
+
+
+def wait_for_peers(dht, task_id: str, seconds: float, settle: float = 2.0) -> list[str]:
+    """The online peers, waiting up to ``seconds`` for the first; once one is seen, ``settle`` s more
+    for the others (announcements of peers that started together arrive within moments)."""
+    deadline = time.monotonic() + seconds
+    peers = online_peers(dht, task_id)
+    while not peers and time.monotonic() < deadline:
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        peers = online_peers(dht, task_id)
+    if peers and seconds > 0:
+        time.sleep(min(settle, max(0.0, deadline - time.monotonic())))
+        peers = online_peers(dht, task_id) or peers
+    return peers
+
+
+class CheckpointServer:
+    """Serves one checkpoint file in pages under ``manta/<task>/checkpoint`` (to anyone who names its
+    SHA-256: the peers that train the task hold the same weights anyway)."""
+
+    def __init__(self, loop: BackgroundLoop, p2p, task_id: str, path: Path):
+        from google.protobuf.wrappers_pb2 import BytesValue
+
+        self.data = Path(path).read_bytes()
+        self.sha256 = hashlib.sha256(self.data).hexdigest()
+        self.pages = 0
+        self._bytes = BytesValue
+        self._loop, self._p2p, self.task_id = loop, p2p, task_id
+        loop.run(p2p.add_protobuf_handler(checkpoint_handler(task_id), self._handle, BytesValue), timeout=30)
+
+    async def _handle(self, request, context):
+        try:
+            ask = json.loads(request.value)
+            offset = int(ask["offset"])
+            if ask["sha256"] != self.sha256:
+                reply = error_page("this node serves no checkpoint with that SHA-256")
+            elif not 0 <= offset < len(self.data):
+                reply = error_page(f"offset {offset} outside the file ({len(self.data)} bytes)")
+            else:
+                self.pages += 1
+                reply = write_page(len(self.data), offset, self.data[offset : offset + PAGE_BYTES])
+        except (ValueError, KeyError, TypeError) as e:
+            reply = error_page(f"malformed page request: {type(e).__name__}")
+        return self._bytes(value=reply)
+
+    def close(self) -> None:
+        try:
+            self._loop.run(self._p2p.remove_protobuf_handler(checkpoint_handler(self.task_id)), timeout=5)
+        except Exception:
+            pass
+
+
+@dataclass
+class SearchLink:
+    """What every request of one search shares: this node, the aggregator's key, the checkpoint and
+    the evaluator every peer must build."""
+
+    loop: BackgroundLoop
+    p2p: Any
+    peer_id: str
+    identity: Identity
+    task_id: str
+    checkpoint: dict[str, Any]  # sha256, size, digest, round
+    evaluator: dict[str, int]  # evaluator_arguments()
+    settings: dict[str, Any]  # the local evaluator's settings plus the checkpoint digest
+
+    def call(self, peer_id: str, payload: bytes, timeout: float) -> dict:
+        from google.protobuf.wrappers_pb2 import BytesValue
+        from hivemind.p2p import PeerID
+
+        reply = self.loop.run(
+            self.p2p.call_protobuf_handler(
+                PeerID.from_base58(peer_id),
+                evaluate_handler(self.task_id),
+                BytesValue(value=payload),
+                BytesValue,
+            ),
+            timeout=timeout,
+        )
+        return json.loads(reply.value)
+
+
+@dataclass
+class RemotePeer:
+    """An evaluator whose ``evaluate(configs)`` is one online peer's answer to a signed request."""
+
+    link: SearchLink
+    peer_id: str
+    timeout: float
+    configs: int = 0  # evaluated by the peer (answers accepted)
+    redone: int = 0  # configs of failed shares (evaluated locally instead)
+    last: str = ""  # what happened to the last share, for the progress line
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def name(self) -> str:
+        return self.peer_id[-8:]
+
+    def evaluate(self, configs) -> dict[str, float]:
+        from supernet.search.distributed import read_share_answer, share_request
+
+        started = time.perf_counter()
+        try:
+            wire = sign_request(
+                self.link.identity,
+                task_id=self.link.task_id,
+                requester=self.link.peer_id,
+                peer=self.peer_id,
+                checkpoint=self.link.checkpoint,
+                evaluator=self.link.evaluator,
+                share=share_request(configs, self.link.settings),
+            )
+            try:
+                reply = self.link.call(self.peer_id, wire, self.timeout)
+            except Exception as e:  # unreachable, timed out, the connection dropped
+                raise PeerFailed(f"no answer ({type(e).__name__}: {str(e)[:120] or 'timeout'})") from None
+            if reply.get("status") != "ok":
+                raise PeerFailed(f"{reply.get('status', 'error')}: {reply.get('detail', '')}")
+            results = read_share_answer(reply["answer"])
+        except Exception as e:
+            with self._lock:
+                self.redone += len(configs)
+                self.last = f"{len(configs)} redone locally ({e})"
+            raise
+        with self._lock:
+            self.configs += len(configs)
+            self.last = f"{len(configs)} in {time.perf_counter() - started:.1f} s"
+        return results
+
+
+def progress_map(helpers: list[RemotePeer], pool: ThreadPoolExecutor, say: Callable[[str], None]):
+    """A ``map_fn`` for :class:`DistributedEvaluator`: the shares in parallel, then one line per
+    generation saying which peer evaluated how many configs."""
+    batches = [0]
+
+    def run(fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
+        items = list(items)
+        for h in helpers:
+            h.last = "no share"
+        results = list(pool.map(fn, items))
+        total = sum(len(share) for _, share in items)
+        parts = [f"{h.name}: {h.last}" for h in helpers]
+        say(f"generation {batches[0]}: {total} configs over {len(helpers)} peer(s) — " + "; ".join(parts))
+        batches[0] += 1
+        return results
+
+    return run
