@@ -39,6 +39,7 @@ from peer.devices import WorkerDevice
 from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
 from peer.progress_display import ProgressDisplay
 from peer.receipts import FAULTS, AggregatorLink, ReceiptCourier, ReceiptOutbox, apply_fault
+from peer.search_service import EvaluationService
 from peer.state_sharing import StateSharer, peer_tiebreak
 from peer.swarm_view import (
     Announcer,
@@ -193,6 +194,10 @@ class PeerNode:
             self._outbox, AggregatorLink(self.dht, task.task_id, tuple(task.aggregator_keys))
         )
         self._start_workers()
+        # The aggregator's search may ask this peer to evaluate sub-networks (peer/search_service.py).
+        self._search = EvaluationService(
+            self.dht, task.task_id, tuple(task.aggregator_keys), self.config.data_dir
+        )
         self._sharer = StateSharer(
             [t.clone() for t in self._state_buf],
             self.dht,
@@ -549,6 +554,8 @@ class PeerNode:
 
     def shutdown(self) -> None:
         self.display.close()
+        if getattr(self, "_search", None) is not None:
+            self._search.shutdown()
         if getattr(self, "_courier", None) is not None:
             self._courier.stop(flush_seconds=15.0)
             self._courier.link.close()
