@@ -80,12 +80,12 @@ class CheckpointServer:
     """Serves one checkpoint file in pages under ``manta/<task>/checkpoint`` (to anyone who names its
     SHA-256: the peers that train the task hold the same weights anyway)."""
 
-    def __init__(self, loop: BackgroundLoop, p2p, task_id: str, path: Path):
+    def __init__(self, loop: BackgroundLoop, p2p, task_id: str, path: Path, page_bytes: int = PAGE_BYTES):
         from google.protobuf.wrappers_pb2 import BytesValue
 
         self.data = Path(path).read_bytes()
         self.sha256 = hashlib.sha256(self.data).hexdigest()
-        self.pages = 0
+        self.pages, self.page_bytes = 0, page_bytes
         self._bytes = BytesValue
         self._loop, self._p2p, self.task_id = loop, p2p, task_id
         loop.run(p2p.add_protobuf_handler(checkpoint_handler(task_id), self._handle, BytesValue), timeout=30)
@@ -100,7 +100,7 @@ class CheckpointServer:
                 reply = error_page(f"offset {offset} outside the file ({len(self.data)} bytes)")
             else:
                 self.pages += 1
-                reply = write_page(len(self.data), offset, self.data[offset : offset + PAGE_BYTES])
+                reply = write_page(len(self.data), offset, self.data[offset : offset + self.page_bytes])
         except (ValueError, KeyError, TypeError) as e:
             reply = error_page(f"malformed page request: {type(e).__name__}")
         return self._bytes(value=reply)
