@@ -161,6 +161,11 @@ class PeerNode:
             raise PeerStartError(str(e)) from None
         task = self.spec.record
         self.dht.add_validators([MantaRecordValidator(task.task_id)])
+        # The aggregator's search may ask this peer to evaluate sub-networks (peer/search_service.py);
+        # served from before the announcement, so a peer the search sees online can answer.
+        self._search = EvaluationService(
+            self.dht, task.task_id, tuple(task.aggregator_keys), self.config.data_dir
+        )
         logger.info(
             f"peer {self.peer_id[-8:]} ({self.identity.fingerprint}) joined task {task.task_id}: {task.task}, "
             f"{task.mode}-parallel, aggregator {self.spec.public_key.hex()[:16]}"
@@ -194,10 +199,6 @@ class PeerNode:
             self._outbox, AggregatorLink(self.dht, task.task_id, tuple(task.aggregator_keys))
         )
         self._start_workers()
-        # The aggregator's search may ask this peer to evaluate sub-networks (peer/search_service.py).
-        self._search = EvaluationService(
-            self.dht, task.task_id, tuple(task.aggregator_keys), self.config.data_dir
-        )
         self._sharer = StateSharer(
             [t.clone() for t in self._state_buf],
             self.dht,
