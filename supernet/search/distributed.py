@@ -14,13 +14,16 @@ number of helpers gives the identical search.
   ``evaluate(configs) -> {hash: value}``), optionally in parallel (``map_fn``), with a ``fallback``
   evaluator for shares whose helper failed.
 
-For a network layer: the aggregator wraps each online peer in an object whose ``evaluate(configs)``
-sends ``share_request(configs, settings)`` (``settings``: its ``DirectEvaluator.settings`` plus the
-checkpoint digest) and returns :func:`read_share_answer` of the reply, and passes the list to
-``run_search(options, say, helpers=..., map_fn=pool.map)`` (or ``DistributedEvaluator(helpers,
-map_fn=pool.map, fallback=local)`` to a search function). A peer answers with ``answer_share(its
-DirectEvaluator, request, net.space, settings=its settings + its checkpoint digest)``; its evaluator
-must be built from the same checkpoint with the same ``val_samples``, ``bn_batches`` and ``seed``.
+Over the network (``manta-aggregator search``, :mod:`aggregator.search_dispatch`): the aggregator
+wraps each online peer in an object whose ``evaluate(configs)`` sends a signed request carrying
+``share_request(configs, settings)`` (``settings``: its ``DirectEvaluator.settings`` plus the
+checkpoint digest), the checkpoint's hash and :func:`evaluator_arguments`, and returns
+:func:`read_share_answer` of the reply; it passes the list to ``run_search(options, say,
+helpers=..., map_fn=...)``. A peer (:mod:`peer.search_service`) downloads and checks the checkpoint,
+builds its evaluator with :func:`evaluator_from_arguments` and answers with ``answer_share(evaluator,
+request, net.space, settings=its settings + its checkpoint digest)``, which refuses other settings.
+"Each peer evaluates on its validation shard" is thus the *same* fixed validation subset on every
+peer: a subset per peer would make a config's value, and so the search, depend on the peer count.
 """
 
 from __future__ import annotations
