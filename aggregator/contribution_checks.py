@@ -16,7 +16,7 @@ two the two receipts contradict each other and both are refused.)
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from protocol.records import ContributionReceipt, RejectReason, Sealed
 
@@ -32,6 +32,13 @@ class SwarmFacts:
     throughput: Mapping[str, float]  # peer id -> announced samples/s
     round_seconds: Mapping[int, float]  # round -> how long it took (first to last receipt), >= 1 s
     batch_size: int
+    # (peer id, round) -> seconds between that peer's previous receipt and this one, on the peer's own
+    # clock. A receipt is written after the round's averaging, so the peer computed this round inside
+    # that interval: an upper bound on its compute time that the swarm-wide estimate above is not (a
+    # peer that started the round early, or whose last rate was depressed, exceeds the estimate).
+    # Timestamps must lie in the intake's window, so a peer cannot stretch its intervals beyond the
+    # time that really passed (only move time between its own rounds).
+    peer_seconds: Mapping[tuple[str, int], float] = field(default_factory=dict)
 
 
 def check_round(
@@ -77,14 +84,14 @@ def _finite(r: ContributionReceipt) -> tuple[RejectReason, str] | None:
 
 def _plausible(r: ContributionReceipt, facts: SwarmFacts) -> tuple[RejectReason, str] | None:
     rate = facts.throughput.get(r.peer_id)
-    seconds = facts.round_seconds.get(r.round)
-    if rate is None or seconds is None:
+    seconds = max(facts.round_seconds.get(r.round, 0.0), facts.peer_seconds.get((r.peer_id, r.round), 0.0))
+    if rate is None or seconds <= 0:
         return None  # nothing to compare with (the announcement expired): the group check still applies
     # Every worker may finish the mini-batch it started when the round closed.
     limit = rate * seconds * PLAUSIBILITY_SLACK + facts.batch_size * max(1, len(r.worker_samples))
     if r.samples > limit:
         return RejectReason.IMPLAUSIBLE, (
-            f"{r.samples} samples in a {seconds:.1f} s round at an announced {rate:.1f} samples/s"
+            f"{r.samples} samples in at most {seconds:.1f} s of computing at an announced {rate:.1f} samples/s"
         )
     return None
 

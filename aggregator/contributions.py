@@ -61,6 +61,9 @@ from protocol.records import (
 logger = get_logger(__name__)
 
 
+RECEIPT_TIMES_KEPT = 64  # per peer: enough to find a receipt's predecessor within the round window
+
+
 def _handler(task_id: str, name: str) -> str:
     return f"manta/{task_id}/{name}"
 
@@ -98,6 +101,10 @@ class ContributionDesk:
         self._queued: dict[int, list[Submission]] = {}
         self._first_seen: dict[int, float] = {}
         self._arrival: dict[int, list[float]] = {}
+        # Per peer, the timestamps (ms, its clock) of its recent receipts that passed the intake's
+        # screening: the time between two of them bounds how long it computed (SwarmFacts.peer_seconds).
+        self._receipt_times: dict[str, list[int]] = {}
+        self._started_ms = int(time.time() * 1000)
         self._status: dict[bytes, dict] = {}  # leaf hash -> {"status": ..., ...}
         self._audits: queue.Queue = queue.Queue()
         self._stop = threading.Event()
@@ -182,6 +189,9 @@ class ContributionDesk:
             self._queued.setdefault(receipt.round, []).append(Submission(wire, sender))
             self._first_seen.setdefault(receipt.round, time.monotonic())
             self._arrival.setdefault(receipt.round, []).append(receipt.timestamp / 1000)
+            times = self._receipt_times.setdefault(receipt.peer_id, [])
+            times.append(receipt.timestamp)
+            del times[:-RECEIPT_TIMES_KEPT]
             self._status[leaf] = {"status": "queued", "round": receipt.round}
             return self._status[leaf]
 
@@ -296,7 +306,12 @@ class ContributionDesk:
         sealed = [parse_sealed(s.wire, ContributionReceipt) for s in subs]
         durations = {round_index: max(1.0, max(times) - min(times) + self._round_seconds_hint(round_index))}
         facts = SwarmFacts(
-            swarm_round, self.round_window, dict(self._throughput), durations, self.spec.params.batch_size
+            swarm_round,
+            self.round_window,
+            dict(self._throughput),
+            durations,
+            self.spec.params.batch_size,
+            {(s.record.peer_id, round_index): self._compute_window(s.record) for s in sealed},
         )
         refused = check_round(sealed, facts)
         for s in sealed:
@@ -317,6 +332,12 @@ class ContributionDesk:
             f"round {round_index}: {len(result.accepted)} receipt(s) appended, {len(subs) - len(result.accepted)} "
             f"refused; ledger size {result.checkpoint.size}"
         )
+
+    def _compute_window(self, receipt: ContributionReceipt) -> float:
+        """Seconds between this peer's previous receipt (or, for its first, this desk's start) and
+        ``receipt``: the time it can have spent computing that round."""
+        earlier = [t for t in self._receipt_times.get(receipt.peer_id, ()) if t < receipt.timestamp]
+        return max(0.0, (receipt.timestamp - max(earlier, default=self._started_ms)) / 1000)
 
     def _round_seconds_hint(self, round_index: int) -> float:
         """How long a round lasts: receipts arrive after it ended, so their spread understates it."""

@@ -78,6 +78,20 @@ def test_samples_beyond_the_announced_throughput_are_implausible():
     assert list(refused) == [victim.wire] and refused[victim.wire][0] is RejectReason.IMPLAUSIBLE
 
 
+def test_the_time_since_a_peers_previous_receipt_bounds_its_samples():
+    # The swarm's round looked like 2 s, but the slow peer's receipts are 40 s apart: it computed for
+    # up to 40 s (it started the round before the others, or its last measured rate was depressed),
+    # so 96 samples at 1 sample/s (x3 slack) are possible; 200 samples are not.
+    slow = dict(FACTS.throughput, **{IDS[1]: 1.0})
+    windows = {(IDS[1], 5): 40.0}
+    assert check_round([_receipt(p) for p in PEERS], SwarmFacts(5, 3, slow, {5: 2.0}, 32, windows)) == {}
+    claimed = dict(SAMPLES, **{IDS[1]: 200})
+    slow_peer = next(p for p in PEERS if peer_id_of(p) == IDS[1])
+    greedy = _receipt(slow_peer, samples=200, group_samples=tuple(claimed[p] for p in IDS))
+    refused = check_round([greedy], SwarmFacts(5, 3, slow, {5: 2.0}, 32, windows))
+    assert refused[greedy.wire][0] is RejectReason.IMPLAUSIBLE
+
+
 @pytest.mark.parametrize("round_index", [1, 7])
 def test_rounds_outside_the_window_are_refused(round_index):
     receipts = [_receipt(p, round=round_index) for p in PEERS]

@@ -116,6 +116,8 @@ def test_honest_credits_are_intact_and_the_peer_checks_its_proofs(cheated_run):
     rewards = {p.public_key: p for p in compute_rewards(entries, key).peers}
     honest = rewards[_key(swarm, 0)]
     written = len(list((swarm.peer_dir(0) / "receipts").glob("*/*.receipt")))
+    refusals = [p.read_text() for p in (swarm.peer_dir(0) / "receipts" / "rejected").glob("*.json")]
+    assert not refusals, refusals
     assert honest.revoked == 0 and honest.entries == written > 0
     assert honest.credits > 0
     fabricator = rewards.get(_key(swarm, 4))
