@@ -127,6 +127,7 @@ class PeerNode:
         self.state_digest = ""
         self.display = ProgressDisplay()
         self._measured_rate = 0.0  # samples/s over the last round's computation (0: none yet)
+        self._finished: tuple[int, int, float] | None = None  # (round, samples, loss) last computed
         self._roster_size = 0
 
     # ------------------------------------------------------------------ start-up
@@ -427,6 +428,7 @@ class PeerNode:
         stats = replies[0][1]
         wall = time.perf_counter() - started
         self._measured_rate = self._announcer.throughput = stats["samples"] / max(wall, 1e-6)
+        self._finished = (round_index, int(stats["samples"]), float(stats["loss"]))
         self._publish_progress(
             round_index,
             stats["samples"],
@@ -486,6 +488,7 @@ class PeerNode:
                 loss_sum / samples if samples else 0.0,
                 cohort,
                 self.state_round,
+                self._finished,
             )
         except Exception as e:  # a transient DHT failure: the next report retries
             logger.debug(f"progress report failed: {e}")

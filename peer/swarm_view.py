@@ -245,7 +245,11 @@ class ProgressBoard:
         loss: float,
         cohort: str,
         state_round: int,
+        finished: tuple[int, int, float] | None = None,
     ) -> bool:
+        """Publish this peer's progress in ``round_index``; ``finished`` is (round, samples, mean loss)
+        of the last round it finished computing, repeated in every record (see :class:`PeerProgress`)."""
+        done_round, done_samples, done_loss = finished if finished is not None else (0, 0, 0.0)
         record = PeerProgress(
             task_id=self.task_id,
             peer_id=self.peer_id,
@@ -253,10 +257,13 @@ class ProgressBoard:
             round=round_index,
             samples=int(samples),
             throughput_milli=max(0, int(throughput * 1000)),
-            loss_micro=max(0, int(loss * 1e6)) if loss == loss else 0,  # NaN is reported as 0
+            loss_micro=_micro(loss),
             cohort_id=cohort,
             state_round=state_round + 1,
             timestamp=int(time.time() * 1000),
+            finished_round=done_round,
+            finished_samples=int(done_samples),
+            finished_loss_micro=_micro(done_loss),
         )
         return bool(
             self.dht.store(
@@ -276,6 +283,11 @@ class ProgressBoard:
             except RecordRejected:
                 continue
         return out
+
+
+def _micro(loss: float) -> int:
+    """A loss x 10^6 as a non-negative integer; NaN (a diverged step) is reported as 0."""
+    return max(0, int(loss * 1e6)) if loss == loss else 0
 
 
 def swarm_samples(

@@ -342,6 +342,12 @@ class PeerProgress(SealedRecord):
     cohort_id: Name
     state_round: Int53
     timestamp: Int53
+    # The final figures of the last round this peer finished computing (0 samples: none yet). A
+    # reader polling the DHT may never see a round's last in-round report (the next round's first one
+    # overwrites it); these carry it into every later record, so no round's totals are lost.
+    finished_round: Int53 = 0
+    finished_samples: Int53 = 0
+    finished_loss_micro: Int53 = 0
 
 
 class Checkpoint(StrictModel):

@@ -9,8 +9,9 @@ latest record of every peer that reported for it gives the round's figures once 
 * ``throughput``: the sum of the peers' samples per second, ``peers`` and ``cohorts``.
 
 The last record a peer publishes for a round may be overwritten (by its first report of the next
-round) before a reading catches it, so a round's figures are those of the latest report seen, which
-can lag the peer's final count by up to one report interval.
+round) before a reading catches it; every record therefore repeats the final samples and loss of the
+last round the peer finished (``finished_*``), and those replace the in-round reports of that round.
+A round's figures are exact once each of its peers has published one later record (or its last one).
 
 "Online" and "last seen" use this machine's clock (when a newer record from the peer was first seen),
 not the peers' timestamps, so a peer with a wrong clock cannot appear fresher than it is.
@@ -53,6 +54,7 @@ class _Peer:
 @dataclass
 class _Round:
     reports: dict[str, PeerProgress] = field(default_factory=dict)  # peer id -> latest record
+    final: dict[str, tuple[int, int]] = field(default_factory=dict)  # peer id -> (samples, loss x 1e6)
     first_seen: float = 0.0
     last_change: float = 0.0
 
@@ -103,14 +105,26 @@ class SwarmAggregates:
             peer = self._peers[peer_id] = _Peer(peer_id, public_key, now, now)
         return peer
 
-    def _report(self, p: PeerProgress, now: float) -> None:
-        entry = self._rounds.get(p.round)
+    def _round(self, index: int, now: float) -> _Round | None:
+        entry = self._rounds.get(index)
         if entry is None:
-            if len(self._rounds) >= self.max_rounds and p.round < min(self._rounds):
-                return  # older than everything kept
-            entry = self._rounds[p.round] = _Round(first_seen=now)
+            if len(self._rounds) >= self.max_rounds and index < min(self._rounds):
+                return None  # older than everything kept
+            entry = self._rounds[index] = _Round(first_seen=now)
             while len(self._rounds) > self.max_rounds:
                 del self._rounds[min(self._rounds)]
+        return entry
+
+    def _report(self, p: PeerProgress, now: float) -> None:
+        if p.finished_samples > 0:
+            done = self._round(p.finished_round, now)
+            final = (p.finished_samples, p.finished_loss_micro)
+            if done is not None and done.final.get(p.peer_id) != final:
+                done.final[p.peer_id] = final
+                done.last_change = now
+        entry = self._round(p.round, now)
+        if entry is None:
+            return
         old = entry.reports.get(p.peer_id)
         if old is None or p.timestamp > old.timestamp:
             entry.reports[p.peer_id] = p
@@ -140,13 +154,16 @@ class SwarmAggregates:
     def _round_row(self, index: int) -> dict[str, Any]:
         entry = self._rounds.get(index)
         reports = list(entry.reports.values()) if entry else []
-        samples = sum(r.samples for r in reports)
-        weighted = sum(r.loss_micro / 1e6 * r.samples for r in reports)
+        # Per peer: its final figures for the round when known, else its latest in-round report.
+        figures = {r.peer_id: (r.samples, r.loss_micro) for r in reports}
+        figures.update(entry.final if entry else {})
+        samples = sum(n for n, _ in figures.values())
+        weighted = sum(loss / 1e6 * n for n, loss in figures.values())
         return {
             "round": index,
             "samples": samples,
             "loss": weighted / samples if samples else None,
-            "peers": len(reports),
+            "peers": len(figures),
             "throughput": sum(r.throughput_milli for r in reports) / 1000,
             "cohorts": sorted({r.cohort_id for r in reports}),
             "first_seen": entry.first_seen if entry else None,

@@ -32,8 +32,11 @@ def progress(
     throughput: float = 10.0,
     cohort: str = "cohort-a",
     timestamp: int | None = None,
+    finished: tuple[int, int, float] | None = None,
 ) -> PeerProgress:
-    """A PeerProgress signed by ``identity``, opened back through the DHT validator's own check."""
+    """A PeerProgress signed by ``identity``, opened back through the DHT validator's own check;
+    ``finished``: (round, samples, loss) of the last round the peer finished."""
+    done_round, done_samples, done_loss = finished or (0, 0, 0.0)
     record = PeerProgress(
         task_id=TASK_ID,
         peer_id=peer_id_of(identity),
@@ -45,6 +48,9 @@ def progress(
         cohort_id=cohort,
         state_round=round_index,
         timestamp=timestamp if timestamp is not None else int(time.time() * 1000),
+        finished_round=done_round,
+        finished_samples=done_samples,
+        finished_loss_micro=int(done_loss * 1e6),
     )
     return open_progress_value(TASK_ID, identity.public_key_hex, seal(record, identity)).record
 

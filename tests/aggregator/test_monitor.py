@@ -59,6 +59,32 @@ def test_a_round_is_the_sample_weighted_mean_of_each_peers_latest_report():
     assert [r["round"] for r in agg.rounds(since=4)] == [4]
 
 
+def test_a_rounds_final_figures_come_from_the_peers_next_records():
+    # Rounds shorter than a reading interval: the monitor only ever saw each peer's first report of
+    # round 3 (nothing computed yet); their round-4 records carry round 3's final figures.
+    agg = SwarmAggregates()
+    t0 = int(time.time() * 1000)
+    agg.observe(reading(records=[progress(ALICE, 3, 0, 0.0, timestamp=t0), progress(BOB, 3, 0, 0.0)]), 1.0)
+    assert agg.rounds()[0]["samples"] == 0 and agg.rounds()[0]["loss"] is None
+    agg.observe(
+        reading(
+            records=[
+                progress(ALICE, 4, 0, 0.0, timestamp=t0 + 2000, finished=(3, 96, 2.0)),
+                progress(BOB, 4, 32, 1.5, timestamp=t0 + 2100, finished=(3, 32, 1.0)),
+            ]
+        ),
+        3.0,
+    )
+    row3, row4 = agg.rounds()
+    assert row3["round"] == 3 and row3["samples"] == 128 and row3["peers"] == 2
+    assert row3["loss"] == pytest.approx((2.0 * 96 + 1.0 * 32) / 128)
+    assert row3["last_change"] == 3.0
+    assert row4["samples"] == 32  # the round in progress still counts its in-round reports
+    # A stale in-round report of round 3 seen later does not undo the final figures.
+    agg.observe(reading(records=[progress(ALICE, 3, 64, 2.5, timestamp=t0 + 500)]), 4.0)
+    assert agg.rounds()[0]["samples"] == 128
+
+
 def test_a_round_without_samples_has_no_loss_and_validation_joins_its_round():
     agg = SwarmAggregates()
     agg.observe(reading(records=[progress(ALICE, 0, 0, 0.0)]), 1.0)
