@@ -222,6 +222,8 @@ class BootstrapAggregator:
 
     def shutdown(self) -> None:
         self._stop.set()
+        if self.keeper is not None:
+            self.keeper.stop_serving()  # before anything slow, so the grace overlaps the rest
         if self.monitor is not None:
             self.monitor.close()
             self.monitor = None

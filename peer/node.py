@@ -558,6 +558,8 @@ class PeerNode:
 
     def shutdown(self) -> None:
         self.display.close()
+        if self._sharer is not None:
+            self._sharer.stop_serving()  # first: its grace for a transfer in flight overlaps the rest
         if getattr(self, "_search", None) is not None:
             self._search.shutdown()
         if getattr(self, "_courier", None) is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 
 import torch
 from hivemind.averaging import DecentralizedAverager
@@ -24,6 +25,9 @@ logger = get_logger(__name__)
 def peer_tiebreak(peer_id: str) -> float:
     """A fixed number in [0, 0.5) per peer: orders peers that serve states of the same round."""
     return int(hashlib.sha256(peer_id.encode()).hexdigest()[:12], 16) / 16**12 / 2
+
+
+HANDOFF_GRACE = 1.0  # seconds the averager process gets to take a state handed to it (ms in practice)
 
 
 class StateSharer(DecentralizedAverager):
@@ -46,6 +50,7 @@ class StateSharer(DecentralizedAverager):
     ):
         self.consensus = consensus  # leading tensors that are identical across peers (what the digest covers)
         self._meta_lock = threading.Lock()
+        self._last_handoff = float("-inf")  # when get_current_state last handed a state over
         self._meta = {"round": -1, "digest": ""}
         super().__init__(
             state,
@@ -82,8 +87,20 @@ class StateSharer(DecentralizedAverager):
             self.state_sharing_priority = float(round_index) + tiebreak
         return state_digest
 
+    def stop_serving(self, grace: float = HANDOFF_GRACE) -> None:
+        """Refuse new state downloads, then let a state already handed to the averager process be
+        taken: shutting that process down while it fetches the tensors' file descriptors resets
+        multiprocessing's descriptor sharer, which prints a traceback in this process."""
+        try:
+            if self.allow_state_sharing:
+                self.allow_state_sharing = False
+        except OSError:  # the averager process is already gone: nothing in flight either
+            return
+        time.sleep(max(0.0, self._last_handoff + grace - time.monotonic()))
+
     def get_current_state(self):
         # Called in this (host) process by hivemind when a peer downloads; must be self-consistent.
+        self._last_handoff = time.monotonic()
         with self.get_tensors() as shared, self._meta_lock:
             return dict(self._meta), [t.clone() for t in shared], self.tensor_infos
 
