@@ -66,7 +66,7 @@ def search(
     **given: Any,
 ) -> None:
     """Search sub-networks of the aggregator's checkpoint, spreading evaluations over online peers."""
-    from protocol.runtime import prepare_process, start_orphan_reaper
+    from protocol.runtime import prepare_process
 
     prepare_process()
     from protocol.netaddr import AddressError, check_peer_multiaddr
@@ -97,13 +97,14 @@ def search(
     except AddressError as e:
         raise UserError(str(e)) from None
     source = checkpoint or newest_checkpoint(data_dir)
+    if not source.is_file():
+        raise UserError(f"checkpoint {source} does not exist")
     options = options_from(source, {**given, "task": given["task"] or spec.task})
     try:
         check_options(options)
     except SearchInputError as e:
         raise UserError(str(e)) from None
     say = progress(quiet)
-    start_orphan_reaper()
     with tempfile.TemporaryDirectory(prefix="manta-search-") as scratch:
         # A private copy: the aggregator deletes old checkpoints while the search runs.
         copy = Path(scratch) / source.name
@@ -160,6 +161,10 @@ def _run(options, task_id, identity, initial_peers, peers_wait, peer_timeout, sa
     try:
         if peers_wait > 0:
             import hivemind
+
+            from protocol.runtime import start_orphan_reaper
+
+            start_orphan_reaper()  # if this process is killed, its DHT node and p2pd die with it
 
             try:
                 dht = hivemind.DHT(initial_peers=list(initial_peers), client_mode=True, start=True)
