@@ -133,7 +133,6 @@ def _run(options, task_id, identity, initial_peers, peers_wait, peer_timeout, sa
         wait_for_peers,
     )
     from protocol.aio import BackgroundLoop
-    from protocol.p2p_replica import own_replica
     from supernet.checkpoint import CheckpointError, load_checkpoint
     from supernet.search.accuracy import DirectEvaluator
     from supernet.search.cli import search_or_fail
@@ -172,7 +171,7 @@ def _run(options, task_id, identity, initial_peers, peers_wait, peer_timeout, sa
                 first = str(e).splitlines()[0] if str(e) else type(e).__name__
                 raise UserError(f"cannot reach the swarm: {first}") from None
             loop = BackgroundLoop("manta-search")
-            p2p = loop.run(own_replica(dht), timeout=30)
+            p2p = loop.run(dht.replicate_p2p(), timeout=30)  # the only p2p user in this process
             server = CheckpointServer(loop, p2p, task_id, options.checkpoint)
             link = SearchLink(
                 loop, p2p, dht.peer_id.to_base58(), identity, task_id,

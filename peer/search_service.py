@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from peer.p2p_replica import own_replica
 from protocol.aio import BackgroundLoop
 from protocol.evaluation_requests import (
     RequestRefused,
@@ -38,7 +39,6 @@ from protocol.evaluation_requests import (
     read_page,
 )
 from protocol.logs import get_logger
-from protocol.p2p_replica import own_replica
 
 logger = get_logger(__name__)
 

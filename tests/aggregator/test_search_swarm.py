@@ -76,9 +76,9 @@ def _calls(initial: list[str], peer_id: str, task_id: str, payloads: list[bytes]
     from google.protobuf.wrappers_pb2 import BytesValue
     from hivemind.p2p import PeerID
 
+    from peer.p2p_replica import own_replica
     from protocol.aio import BackgroundLoop
     from protocol.evaluation_requests import evaluate_handler
-    from protocol.p2p_replica import own_replica
 
     dht = hivemind.DHT(initial_peers=initial, client_mode=True, start=True)
     loop = BackgroundLoop()

@@ -10,12 +10,12 @@ import hivemind
 import pytest
 
 from aggregator.search_dispatch import CheckpointServer, PeerFailed, RemotePeer, SearchLink
+from peer.p2p_replica import own_replica
 from peer.search_service import EvaluationService, fetch_checkpoint
 from protocol.aio import BackgroundLoop
 from protocol.evaluation_requests import PAGE_BYTES as PAGE
 from protocol.evaluation_requests import RequestRefused
 from protocol.identity import Identity
-from protocol.p2p_replica import own_replica
 from supernet.checkpoint import load_checkpoint, save_trained
 from supernet.search.accuracy import DirectEvaluator
 from supernet.search.distributed import evaluator_arguments

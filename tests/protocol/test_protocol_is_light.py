@@ -31,3 +31,22 @@ def test_importing_every_protocol_module_loads_neither_torch_nor_hivemind():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "", f"protocol imported: {done.stdout.strip()}"
+
+
+def test_no_protocol_module_imports_torch_or_hivemind_even_lazily():
+    # An import inside a function passes the test above until someone calls it; the rule is the package's.
+    import ast
+
+    offenders = []
+    for path in sorted(Path(protocol.__file__).resolve().parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            offenders += [
+                f"{path.name}:{node.lineno} {n}" for n in names if n.split(".")[0] in ("torch", "hivemind")
+            ]
+    assert offenders == []

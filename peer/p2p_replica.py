@@ -5,6 +5,9 @@ asked for it: a second component with its own :class:`~protocol.aio.BackgroundLo
 waits forever (its coroutines need the first loop). :func:`own_replica` gives each component its own
 client of the same daemon (same peer id), created on the loop it is awaited on. Close it with
 ``await p2p.shutdown()`` (for a replica that closes the client; the daemon keeps running).
+
+A peer needs this (its receipt courier and its search service each run their own loop); a process
+with a single p2p component, like ``manta-aggregator search``, can use ``dht.replicate_p2p()``.
 """
 
 from __future__ import annotations
