@@ -37,6 +37,9 @@ from protocol.records import RecordRejected, Sealed, TaskSpec, seal
 logger = get_logger(__name__)
 
 
+MULTIADDRS_FILE = "multiaddrs.txt"  # in the data dir: where this aggregator's DHT node listens
+
+
 @dataclass(frozen=True)
 class BootstrapConfig:
     listen: str = "0.0.0.0:31337"
@@ -95,7 +98,10 @@ class BootstrapAggregator:
             self._open_desk()
         if self.monitor is not None:
             self._watch_swarm()
-        return self.visible_maddrs()
+        maddrs = self.visible_maddrs()
+        # For tools run later by the operator (manta-aggregator search) to find the swarm by themselves.
+        (self.config.data_dir / MULTIADDRS_FILE).write_text("".join(f"{m}\n" for m in maddrs))
+        return maddrs
 
     def _open_dashboard(self) -> None:
         """Serve the dashboard (raises aggregator.monitor.server.DashboardError if it cannot listen)."""

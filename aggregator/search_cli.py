@@ -1,7 +1,7 @@
 """``manta-aggregator search``: the sub-network search of ``manta-search``, with the online peers
 evaluating shares of every generation (see :mod:`aggregator.search_dispatch`).
 
-    manta-aggregator search --data-dir AGG_DIR --initial-peers MULTIADDR (--max-mflops Y | ...)
+    manta-aggregator search --data-dir AGG_DIR [--initial-peers MULTIADDR] (--max-mflops Y | ...)
                             [--checkpoint PATH] [--peers-wait S] [--peer-timeout S] [manta-search options]
 
 It uses the aggregator's task (``AGG_DIR/task.sealed``), its identity (``--identity``, which must be
@@ -35,6 +35,24 @@ def newest_checkpoint(data_dir: Path) -> Path:
     return found[-1]
 
 
+def _recorded_multiaddrs(data_dir: Path) -> tuple[str, ...]:
+    """Where the aggregator of ``data_dir`` listens, as ``manta-aggregator start`` recorded it."""
+    from aggregator.bootstrap import MULTIADDRS_FILE
+
+    path = data_dir / MULTIADDRS_FILE
+    found = (
+        tuple(line.strip() for line in path.read_text().splitlines() if line.strip())
+        if path.is_file()
+        else ()
+    )
+    if not found:
+        raise UserError(
+            f"{data_dir}: no {MULTIADDRS_FILE} (the aggregator has not started there): give --initial-peers, "
+            "or --peers-wait 0 to search locally"
+        )
+    return found
+
+
 def _search_command(fn):
     from supernet.search.cli import search_options
 
@@ -46,7 +64,8 @@ def _search_command(fn):
     "--data-dir", required=True, type=_DIR, help="The aggregator's data directory (task, checkpoints)."
 )
 @click.option("--checkpoint", type=_FILE, default=None, help="Search this checkpoint [default: the newest].")
-@click.option("--initial-peers", multiple=True, help="Multiaddr of the aggregator or a peer (repeatable).")
+@click.option("--initial-peers", multiple=True,
+              help="Multiaddr of the aggregator or a peer (repeatable) [default: AGG_DIR/multiaddrs.txt].")  # fmt: skip
 @click.option("--peers-wait", type=click.FloatRange(0.0, 3600.0), default=10.0, show_default=True,
               help="Seconds to wait for online peers (0: search locally).")  # fmt: skip
 @click.option("--peer-timeout", type=click.FloatRange(1.0, 86400.0), default=300.0, show_default=True,
@@ -90,8 +109,7 @@ def search(
             "(peers serve only requests signed by one)"
         )
     if not initial_peers and peers_wait > 0:
-        raise UserError("--initial-peers is required (the multiaddr manta-aggregator start printed), "
-                        "or --peers-wait 0 to search locally")  # fmt: skip
+        initial_peers = _recorded_multiaddrs(data_dir)
     try:
         peers = tuple(check_peer_multiaddr(p) for p in initial_peers)
     except AddressError as e:

@@ -39,7 +39,7 @@ def _run(*args: str):
     [
         (["--data-dir", "{tmp}"], "not an aggregator data directory"),
         (["--data-dir", "{agg}", "--identity", "{stranger}", "--max-mflops", "5"], "is not an aggregator key"),
-        (["--data-dir", "{agg}", "--identity", "{key}", "--max-mflops", "5"], "--initial-peers is required"),
+        (["--data-dir", "{agg}", "--identity", "{key}", "--max-mflops", "5"], "no multiaddrs.txt"),
         (["--data-dir", "{agg}", "--identity", "{key}", "--peers-wait", "0"], "give exactly one budget"),
         (["--data-dir", "{agg}", "--identity", "{key}", "--initial-peers", "nonsense", "--max-mflops", "5"],
          "initial peer must look like"),

@@ -52,11 +52,11 @@ def _wait_for(swarm: LocalSwarm, ready, what: str, timeout: float = 180.0):
 
 def _search(swarm: LocalSwarm, checkpoint: Path, tmp_path: Path, *extra: str, stderr=subprocess.PIPE):
     agg = swarm.dir / "aggregator"
-    initial = [a for a in swarm.join_args if a.startswith("/ip4/")]
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in SEARCH.items()]
+    # No --initial-peers: the search finds the swarm through the aggregator's multiaddrs.txt.
     args = [
         console_script("manta-aggregator"), "search", "--data-dir", str(agg), "--identity",
-        str(agg / "identity.key"), "--checkpoint", str(checkpoint), "--initial-peers", *initial,
+        str(agg / "identity.key"), "--checkpoint", str(checkpoint),
         "--latency-table", str(tmp_path / "latency.json"), "--json", str(tmp_path / "distributed.json"),
         *flags, *extra,
     ]  # fmt: skip
