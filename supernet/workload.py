@@ -55,14 +55,21 @@ class Workload:
         return size[-2:] if self.family == "stereo" else size
 
     def build(self) -> nn.Module:
-        """The supernet with its initial weights (fixed by the seed)."""
-        if self.family == "stereo":
-            from supernet.stereo_training import build_stereo_supernet
+        """The supernet with its initial weights (fixed by the seed).
 
-            return build_stereo_supernet(self.cfg)
-        from supernet.training import build_supernet
+        Weight initialisation seeds and draws from torch's global generator, so it holds
+        :data:`supernet.rng.TORCH_RNG_LOCK`: a checkpoint written in one thread of the aggregator must
+        not shift the augmentation draws an audit is replaying in another."""
+        from supernet.rng import TORCH_RNG_LOCK
 
-        return build_supernet(self.cfg, self.task.num_classes, self.task.input_size[0])
+        with TORCH_RNG_LOCK:
+            if self.family == "stereo":
+                from supernet.stereo_training import build_stereo_supernet
+
+                return build_stereo_supernet(self.cfg)
+            from supernet.training import build_supernet
+
+            return build_supernet(self.cfg, self.task.num_classes, self.task.input_size[0])
 
     def make_optimizer(self, net: nn.Module) -> torch.optim.Optimizer:
         from supernet.training import make_optimizer
