@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 from pathlib import Path
 
 import torch
 from hivemind.averaging import DecentralizedAverager
 
 from protocol.logs import get_logger
+from protocol.runtime import StateHandoffGrace
 from supernet.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
 from supernet.state import consensus_count, digest, init_optimizer_state, state_tensors
 from supernet.workload import Workload
@@ -44,10 +44,7 @@ def newest_checkpoint(directory: Path) -> Path | None:
     return files[-1] if files else None
 
 
-HANDOFF_GRACE = 1.0  # seconds the averager process gets to take a state handed to it (ms in practice)
-
-
-class StateSharer(DecentralizedAverager):
+class StateSharer(StateHandoffGrace, DecentralizedAverager):
     """Downloads, writes and serves the task's training state (see the module docstring).
 
     The class name is part of the wire protocol: hivemind names its RPC handlers after the servicer
@@ -60,7 +57,6 @@ class StateSharer(DecentralizedAverager):
     ):
         self.workload, self.directory, self.keep = workload, Path(directory), keep
         self.task_id = task_id
-        self._last_handoff = float("-inf")  # when get_current_state last handed a state over
         # Recent states by digest (what spot audits replay receipts from), the initial one included.
         self._cache: dict[str, list[torch.Tensor]] = {}
         self._cache_size = cache
@@ -89,20 +85,9 @@ class StateSharer(DecentralizedAverager):
 
     # ------------------------------------------------------------------ serving
 
-    def stop_serving(self, grace: float = HANDOFF_GRACE) -> None:
-        """Refuse new state downloads, then let a state already handed to the averager process be
-        taken: shutting that process down while it fetches the tensors' file descriptors resets
-        multiprocessing's descriptor sharer, which prints a traceback in this process."""
-        try:
-            if self.allow_state_sharing:
-                self.allow_state_sharing = False
-        except OSError:  # the averager process is already gone: nothing in flight either
-            return
-        time.sleep(max(0.0, self._last_handoff + grace - time.monotonic()))
-
     def get_current_state(self):
         # Called by hivemind when a peer downloads; must be self-consistent.
-        self._last_handoff = time.monotonic()
+        self._handed_off()
         with self.get_tensors() as shared, self._meta_lock:
             return dict(self.meta), [t.clone() for t in shared], self.tensor_infos
 

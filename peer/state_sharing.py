@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import threading
-import time
 
 import torch
 from hivemind.averaging import DecentralizedAverager
 
 from protocol.logs import get_logger
+from protocol.runtime import StateHandoffGrace
 from supernet.state import digest
 
 logger = get_logger(__name__)
@@ -27,10 +27,7 @@ def peer_tiebreak(peer_id: str) -> float:
     return int(hashlib.sha256(peer_id.encode()).hexdigest()[:12], 16) / 16**12 / 2
 
 
-HANDOFF_GRACE = 1.0  # seconds the averager process gets to take a state handed to it (ms in practice)
-
-
-class StateSharer(DecentralizedAverager):
+class StateSharer(StateHandoffGrace, DecentralizedAverager):
     """Shares ``state`` (a list of CPU tensors in the task's fixed layout) under ``{run_id}_state``.
 
     The class name is part of the wire protocol (hivemind names RPC handlers after the class): the
@@ -50,7 +47,6 @@ class StateSharer(DecentralizedAverager):
     ):
         self.consensus = consensus  # leading tensors that are identical across peers (what the digest covers)
         self._meta_lock = threading.Lock()
-        self._last_handoff = float("-inf")  # when get_current_state last handed a state over
         self._meta = {"round": -1, "digest": ""}
         super().__init__(
             state,
@@ -87,20 +83,9 @@ class StateSharer(DecentralizedAverager):
             self.state_sharing_priority = float(round_index) + tiebreak
         return state_digest
 
-    def stop_serving(self, grace: float = HANDOFF_GRACE) -> None:
-        """Refuse new state downloads, then let a state already handed to the averager process be
-        taken: shutting that process down while it fetches the tensors' file descriptors resets
-        multiprocessing's descriptor sharer, which prints a traceback in this process."""
-        try:
-            if self.allow_state_sharing:
-                self.allow_state_sharing = False
-        except OSError:  # the averager process is already gone: nothing in flight either
-            return
-        time.sleep(max(0.0, self._last_handoff + grace - time.monotonic()))
-
     def get_current_state(self):
         # Called in this (host) process by hivemind when a peer downloads; must be self-consistent.
-        self._last_handoff = time.monotonic()
+        self._handed_off()
         with self.get_tensors() as shared, self._meta_lock:
             return dict(self._meta), [t.clone() for t in shared], self.tensor_infos
 

@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import warnings
 
 import psutil
@@ -107,3 +108,30 @@ def _alive(p: psutil.Process) -> bool:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+class StateHandoffGrace:
+    """Mixin for a hivemind averager that serves state through ``get_current_state``: a clean stop.
+
+    hivemind hands a served state to the averager's own process as tensors whose file descriptors that
+    process then fetches from ours (multiprocessing's descriptor sharer). Shutting the averager down
+    mid-fetch resets that connection and the sharer prints a traceback in this process, so
+    :meth:`stop_serving` refuses new downloads and waits until :data:`HANDOFF_GRACE` seconds have passed
+    since the last hand-off (a fetch takes milliseconds). Subclasses call :meth:`_handed_off` in
+    ``get_current_state``. Pure attribute work: no hivemind import here.
+    """
+
+    HANDOFF_GRACE = 1.0
+    _last_handoff = float("-inf")
+
+    def _handed_off(self) -> None:
+        self._last_handoff = time.monotonic()
+
+    def stop_serving(self, grace: float | None = None) -> None:
+        try:
+            if self.allow_state_sharing:
+                self.allow_state_sharing = False
+        except OSError:  # the averager process is already gone: nothing in flight either
+            return
+        wait = self.HANDOFF_GRACE if grace is None else grace
+        time.sleep(max(0.0, self._last_handoff + wait - time.monotonic()))
