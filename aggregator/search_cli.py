@@ -2,14 +2,21 @@
 evaluating shares of every generation (see :mod:`aggregator.search_dispatch`).
 
     manta-aggregator search --data-dir AGG_DIR [--initial-peers MULTIADDR] (--max-mflops Y | ...)
-                            [--checkpoint PATH] [--peers-wait S] [--peer-timeout S] [manta-search options]
+                            [--checkpoint PATH] [--peers-wait S] [--peer-timeout S] [--verify-fraction F]
+                            [manta-search options]
 
 It uses the aggregator's task (``AGG_DIR/task.sealed``), its identity (``--identity``, which must be
 one of the task's aggregator keys: peers serve only requests signed by one) and its newest
 checkpoint (``AGG_DIR/checkpoints/round-*.pt``) unless ``--checkpoint`` names another. The result is
 the one ``manta-search`` gives on the same checkpoint with the same options, whatever the number of
 peers; ``--json`` adds a ``distributed`` section (the checkpoint, each peer's count of evaluated and
-locally redone configs, and every evaluated config's value).
+locally redone configs and of its spot checks, and every evaluated config's value).
+
+Spot checks (``--verify-fraction``, :class:`supernet.search.distributed.SpotChecks`): about that
+fraction of each peer's share, and at least one config of it, is evaluated here too and compared
+exactly with the peer's values; a peer with one wrong value has its share redone here and gets no
+further share in this search. Which configs are checked follows an HMAC key drawn at random for each
+search and never sent, so a peer cannot tell which of its values will be checked.
 """
 
 from __future__ import annotations
@@ -71,6 +78,9 @@ def _search_command(fn):
 @click.option("--peer-timeout", type=click.FloatRange(1.0, 86400.0), default=300.0, show_default=True,
               help="Seconds a peer may take for one share (its first includes the checkpoint download); "
               "a slower share is evaluated locally.")  # fmt: skip
+@click.option("--verify-fraction", type=click.FloatRange(0.0, 1.0), default=0.1, show_default=True,
+              help="Fraction of each peer's share (at least one config) re-evaluated here and compared "
+              "exactly; a peer with a wrong value gets no further shares (0: no checks).")  # fmt: skip
 @identity_option
 @_search_command
 def search(
@@ -79,6 +89,7 @@ def search(
     initial_peers: tuple[str, ...],
     peers_wait: float,
     peer_timeout: float,
+    verify_fraction: float,
     identity_path: Path,
     json_path: Path | None,
     quiet: bool,
@@ -131,7 +142,9 @@ def search(
         except OSError as e:
             raise UserError(f"{source}: {e.strerror or e}") from None
         options.checkpoint = copy
-        report, extra = _run(options, spec.task_id, identity, peers, peers_wait, peer_timeout, say)
+        report, extra = _run(
+            options, spec.task_id, identity, peers, peers_wait, peer_timeout, verify_fraction, say
+        )
     extra["checkpoint"] = str(source)
     _print(report, extra)
     if json_path is not None:
@@ -140,7 +153,7 @@ def search(
         write_json(json_path, {**summary(report), "distributed": extra})
 
 
-def _run(options, task_id, identity, initial_peers, peers_wait, peer_timeout, say):
+def _run(options, task_id, identity, initial_peers, peers_wait, peer_timeout, verify_fraction, say):
     from concurrent.futures import ThreadPoolExecutor
 
     from aggregator.search_dispatch import (
@@ -154,7 +167,7 @@ def _run(options, task_id, identity, initial_peers, peers_wait, peer_timeout, sa
     from supernet.checkpoint import CheckpointError, load_checkpoint
     from supernet.search.accuracy import DirectEvaluator
     from supernet.search.cli import search_or_fail
-    from supernet.search.distributed import evaluator_arguments
+    from supernet.search.distributed import SpotChecks, evaluator_arguments
 
     try:  # what every peer must reproduce: the checkpoint and the evaluator built from these options
         loaded = load_checkpoint(options.checkpoint)
@@ -173,6 +186,7 @@ def _run(options, task_id, identity, initial_peers, peers_wait, peer_timeout, sa
     digest, round_index = loaded.digest, loaded.round
     del loaded, local
 
+    checks = SpotChecks(verify_fraction)  # its key: random, this process's secret
     dht = loop = server = pool = None
     helpers: list[RemotePeer] = []
     try:
@@ -201,8 +215,12 @@ def _run(options, task_id, identity, initial_peers, peers_wait, peer_timeout, sa
         if helpers:
             say(f"{len(helpers)} peer(s) online: {', '.join(h.name for h in helpers)}; each evaluates a share "
                 "of every generation (a failed share is redone here)")  # fmt: skip
+            if verify_fraction > 0:
+                say(f"spot checks: {verify_fraction:g} of each share (at least one config) is evaluated "
+                    "here too; a peer with a wrong value gets no further shares")  # fmt: skip
             pool = ThreadPoolExecutor(len(helpers), thread_name_prefix="manta-share")
-            report = search_or_fail(options, say, helpers=helpers, map_fn=progress_map(helpers, pool, say))
+            map_fn = progress_map(helpers, pool, say, checks)
+            report = search_or_fail(options, say, helpers=helpers, map_fn=map_fn, checks=checks)
         else:
             say("no peer online: evaluating every sub-network locally")
             report = search_or_fail(options, say)
@@ -217,7 +235,11 @@ def _run(options, task_id, identity, initial_peers, peers_wait, peer_timeout, sa
         if dht is not None:
             dht.shutdown()
     extra = {
-        "peers": [{"peer_id": h.peer_id, "configs": h.configs, "redone_locally": h.redone} for h in helpers],
+        "peers": [
+            {"peer_id": h.peer_id, "configs": h.configs, "redone_locally": h.redone, **checks.of(i)}
+            for i, h in enumerate(helpers)
+        ],
+        "verify_fraction": verify_fraction,
         "evaluated": {c.hash: c.metric for s in report.searches for c in s.candidates},
         "pages_served": server.pages if server is not None else 0,
     }
@@ -234,4 +256,10 @@ def _print(report, extra: dict) -> None:
         click.echo(
             f"peer {p['peer_id']}: {p['configs']} sub-network(s) evaluated"
             + (f", {p['redone_locally']} redone locally after a failure" if p["redone_locally"] else "")
+            + (f", {p['verified']} spot-checked" if p["verified"] else "")
+            + (
+                f", {p['mismatches']} wrong value(s): {p['discarded']} discarded and redone locally, untrusted"
+                if p["untrusted"]
+                else ""
+            )
         )

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from protocol.aio import BackgroundLoop
 from protocol.dht_schema import open_peer_value, peers_key
@@ -39,6 +39,9 @@ from protocol.evaluation_requests import (
 from protocol.identity import Identity
 from protocol.logs import get_logger
 from protocol.records import RecordRejected
+
+if TYPE_CHECKING:  # the search modules import torch; only the search itself needs them
+    from supernet.search.distributed import SpotChecks
 
 logger = get_logger(__name__)
 
@@ -190,9 +193,15 @@ class RemotePeer:
         return results
 
 
-def progress_map(helpers: list[RemotePeer], pool: ThreadPoolExecutor, say: Callable[[str], None]):
+def progress_map(
+    helpers: list[RemotePeer],
+    pool: ThreadPoolExecutor,
+    say: Callable[[str], None],
+    checks: SpotChecks | None = None,
+):
     """A ``map_fn`` for :class:`DistributedEvaluator`: the shares in parallel, then one line per
-    generation saying which peer evaluated how many configs."""
+    generation saying which peer evaluated how many configs (and, with ``checks``, how many of its
+    values were spot-checked so far, and whether it is untrusted)."""
     batches = [0]
 
     def run(fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
@@ -201,9 +210,18 @@ def progress_map(helpers: list[RemotePeer], pool: ThreadPoolExecutor, say: Calla
             h.last = "no share"
         results = list(pool.map(fn, items))
         total = sum(len(share) for _, share in items)
-        parts = [f"{h.name}: {h.last}" for h in helpers]
+        parts = [f"{h.name}: {h.last}{_checked(checks, i)}" for i, h in enumerate(helpers)]
         say(f"generation {batches[0]}: {total} configs over {len(helpers)} peer(s) — " + "; ".join(parts))
         batches[0] += 1
         return results
 
     return run
+
+
+def _checked(checks: SpotChecks | None, index: int) -> str:
+    if checks is None or checks.fraction <= 0:
+        return ""
+    found = checks.of(index)
+    if found["untrusted"]:
+        return f" (UNTRUSTED: {found['mismatches']} wrong value(s); {found['discarded']} redone locally)"
+    return f" ({found['verified']} verified)"

@@ -14,7 +14,8 @@ restart and an aggregator outage (the courier simply retries).
 ``MANTA_FAULT`` (test suite only) makes this peer dishonest in one way — ``forge`` (broken
 signature), ``replay`` (re-sends its first accepted receipt every round), ``inflate`` (claims ten
 times its samples) or ``fabricate`` (commits to a made-up gradient) — so the tests can check that the
-aggregator catches each one in a real swarm.
+aggregator catches each one in a real swarm. ``search-lie`` is not a receipt fault (its receipts stay
+honest): the peer's search service answers with altered values (peer/search_service.py).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from protocol.records import Checkpoint, ContributionReceipt, RecordRejected, se
 
 logger = get_logger(__name__)
 
-FAULTS = ("forge", "replay", "inflate", "fabricate")
+FAULTS = ("forge", "replay", "inflate", "fabricate", "search-lie")
 
 
 def submit_handler(task_id: str) -> str:
@@ -226,7 +227,7 @@ def apply_fault(
     fault: str | None, receipt: ContributionReceipt, identity: Identity, outbox: ReceiptOutbox
 ) -> bytes | None:
     """The wire bytes a dishonest peer would send instead of the honest receipt (None: be honest)."""
-    if not fault:
+    if not fault or fault == "search-lie":  # search-lie: a fault of the search service only
         return None
     if fault == "forge":  # a signature that does not verify under the key the receipt names
         wire = bytearray(seal(receipt, identity))

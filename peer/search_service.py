@@ -15,6 +15,10 @@ torch runs on one thread):
    the same fixed validation subset on every peer, so the value of a config does not depend on who
    computed it;
 3. the answer is :func:`supernet.search.distributed.answer_share`'s, as JSON.
+
+``MANTA_FAULT=search-lie`` (test suite only, the convention of :mod:`peer.receipts`) makes the peer
+answer ``1 - value`` for every config, so the tests can check that the aggregator's spot checks catch
+a lying peer in a real swarm.
 """
 
 from __future__ import annotations
@@ -93,6 +97,7 @@ class EvaluationService:
         self.cache = Path(data_dir) / "search-checkpoints"
         self.peer_id = dht.peer_id.to_base58()
         self.counters = {"served": 0, "configs": 0, "refused": 0, "failed": 0}
+        self.lie = os.environ.get("MANTA_FAULT") == "search-lie"
         self._bytes = BytesValue
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="manta-evaluate")
         self._loaded: dict[str, Any] = {}  # sha256 -> LoadedCheckpoint (only the last one is kept)
@@ -144,6 +149,8 @@ class EvaluationService:
                 answer = answer_share(evaluator, body["share"], loaded.net.space, settings)
             except ValueError as e:  # other settings, configs outside the space: not ours to compute
                 raise RequestRefused(str(e)) from None
+        if self.lie:
+            answer["results"] = {k: 1.0 - v for k, v in answer["results"].items()}
         self.counters["served"] += 1
         self.counters["configs"] += configs
         logger.info(f"evaluated {configs} sub-network(s) for the aggregator's search")

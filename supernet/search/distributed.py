@@ -13,6 +13,12 @@ number of helpers gives the identical search.
 * :class:`DistributedEvaluator` — the two around a list of helpers (any objects with
   ``evaluate(configs) -> {hash: value}``), optionally in parallel (``map_fn``), with a ``fallback``
   evaluator for shares whose helper failed.
+* :class:`SpotChecks` — because honest values equal local ones exactly, the fallback can re-evaluate
+  a secret, keyed choice of each helper's configs and compare with ``==``: one mismatch and the
+  helper's whole share is redone locally and the helper gets no further shares in that search. The
+  limit: a share that passes its checks is used as answered, so a helper lying on a few values of a
+  share goes unnoticed with the probability that the checks miss all of them. The key is random per
+  search (:func:`secrets.token_bytes`) and never sent, so no helper can tell which values are checked.
 
 Over the network (``manta-aggregator search``, :mod:`aggregator.search_dispatch`): the aggregator
 wraps each online peer in an object whose ``evaluate(configs)`` sends a signed request carrying
@@ -28,9 +34,13 @@ peer: a subset per peer would make a config's value, and so the search, depend o
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
+import secrets
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from supernet.config import SearchSpace, SubnetConfig
@@ -38,6 +48,7 @@ from supernet.search.accuracy import DirectEvaluator, Evaluator, check_results
 
 __all__ = [
     "DistributedEvaluator",
+    "SpotChecks",
     "answer_share",
     "evaluator_arguments",
     "evaluator_from_arguments",
@@ -79,14 +90,66 @@ def merge_results(
     return dict(sorted(merged.items()))
 
 
+@dataclass
+class SpotChecks:
+    """Which of a helper's configs are re-evaluated locally, and what the checks found.
+
+    A config is checked when the keyed HMAC-SHA256 of its hash, read as a number in [0, 1), falls
+    below ``fraction``; a non-empty share with none below gets its lowest one checked, so every share
+    is checked at least once when ``fraction`` > 0. ``key`` must stay secret from the helpers (a
+    helper that knew it would lie only on unchecked configs). The counters are per helper index.
+    """
+
+    fraction: float = 0.0
+    key: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
+    checked: dict[int, int] = field(default_factory=dict)  # configs re-evaluated locally
+    mismatches: dict[int, int] = field(default_factory=dict)  # of which the helper's value differed
+    discarded: dict[int, int] = field(default_factory=dict)  # configs of shares thrown away
+    untrusted: set[int] = field(default_factory=set)  # helpers that get no further shares
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.fraction <= 1.0:
+            raise ValueError(f"spot checks: fraction must be in [0, 1], got {self.fraction}")
+        if self.fraction > 0 and len(self.key) < 16:
+            raise ValueError("spot checks: the key must have at least 16 bytes")
+
+    def _draw(self, config: SubnetConfig) -> float:
+        digest = hmac.new(self.key, config.hash.encode(), hashlib.sha256).digest()
+        return int.from_bytes(digest[:8], "big") / 2**64
+
+    def choose(self, share: Sequence[SubnetConfig]) -> list[SubnetConfig]:
+        """The configs of ``share`` to re-evaluate (none when ``fraction`` is 0 or the share is empty)."""
+        if self.fraction <= 0 or not share:
+            return []
+        draws = {c.hash: self._draw(c) for c in share}
+        chosen = [c for c in share if draws[c.hash] < self.fraction]
+        return chosen or [min(share, key=lambda c: (draws[c.hash], c.hash))]
+
+    def of(self, index: int) -> dict[str, Any]:
+        """Helper ``index``'s counts, JSON-able."""
+        return {
+            "verified": self.checked.get(index, 0),
+            "mismatches": self.mismatches.get(index, 0),
+            "discarded": self.discarded.get(index, 0),
+            "untrusted": index in self.untrusted,
+        }
+
+
 class DistributedEvaluator:
     """An :class:`Evaluator` that splits each request over ``helpers`` and merges their answers.
 
     ``map_fn(fn, items)`` runs ``fn`` over the (helper, share) pairs (default: the built-in ``map``,
-    one after another; pass an executor's ``map`` for parallel helpers). A helper that raises has
-    its share evaluated by ``fallback`` if given (else the error propagates); either way the values
-    are the same, so the result is too. Fallback evaluations run one at a time even under a parallel
-    ``map_fn``: a :class:`DirectEvaluator` recalibrates the BN statistics of its one supernet in place.
+    one after another; pass an executor's ``map`` for parallel helpers). A helper that raises, or
+    answers for other configs than its share, has its share evaluated by ``fallback`` if given (else
+    the error propagates); either way the values are the same, so the result is too. Fallback
+    evaluations run one at a time even under a parallel ``map_fn``: a :class:`DirectEvaluator`
+    recalibrates the BN statistics of its one supernet in place.
+
+    ``checks`` (needs ``fallback``): after a helper answers, :meth:`SpotChecks.choose` picks configs
+    the fallback re-evaluates; any value that is not exactly the fallback's discards the whole share
+    (redone by the fallback, counted in ``failures``) and makes the helper untrusted: later requests
+    are dealt out over the trusted helpers only, or evaluated by the fallback when none is left.
+    Values are merged by hash, so the result is still the fallback's value for every config.
     """
 
     def __init__(
@@ -95,33 +158,70 @@ class DistributedEvaluator:
         *,
         map_fn: Callable[[Callable[[Any], Any], Iterable[Any]], Iterable[Any]] | None = None,
         fallback: Evaluator | None = None,
+        checks: SpotChecks | None = None,
     ) -> None:
         if not helpers:
             raise ValueError("helpers: need at least one evaluator")
+        if checks is not None and checks.fraction > 0 and fallback is None:
+            raise ValueError("spot checks need a fallback evaluator to compare with")
         self.helpers = list(helpers)
         self.map_fn = map_fn or map
         self.fallback = fallback
+        self.checks = checks or SpotChecks()
         self.failures = 0
         self._fallback_lock = threading.Lock()
+        self._count_lock = threading.Lock()
+
+    def _local(self, configs: Sequence[SubnetConfig]) -> dict[str, float]:
+        assert self.fallback is not None
+        if not configs:
+            return {}
+        with self._fallback_lock:
+            return dict(self.fallback.evaluate(configs))
+
+    def _count(self, counter: dict[int, int], index: int, n: int) -> None:
+        with self._count_lock:
+            counter[index] = counter.get(index, 0) + n
 
     def _run(self, job: tuple[int, Sequence[SubnetConfig]]) -> dict[str, float]:
         index, share = job
         if not share:
             return {}
         try:
-            return dict(self.helpers[index].evaluate(share))
+            result = dict(self.helpers[index].evaluate(share))
+            check_results(share, result, who=f"helper {index}")
         except Exception as e:  # a remote helper may fail in any way; its share is redone locally
             if self.fallback is None:
                 raise
-            self.failures += 1
+            with self._count_lock:
+                self.failures += 1
             log.warning("helper %d failed (%s: %s); evaluating its %d configs locally", index,
                         type(e).__name__, e, len(share))  # fmt: skip
-            with self._fallback_lock:
-                return dict(self.fallback.evaluate(share))
+            return self._local(share)
+        checked = self.checks.choose(share)
+        if not checked:
+            return result
+        truth = self._local(checked)
+        self._count(self.checks.checked, index, len(checked))
+        wrong = sum(1 for c in checked if result[c.hash] != truth[c.hash])
+        if not wrong:
+            return result
+        self._count(self.checks.mismatches, index, wrong)
+        self._count(self.checks.discarded, index, len(share))
+        with self._count_lock:
+            self.failures += 1
+            self.checks.untrusted.add(index)
+        log.warning("helper %d: %d of %d spot-checked values differ from local ones; its share is redone "
+                    "locally and it gets no further shares", index, wrong, len(checked))  # fmt: skip
+        return {**truth, **self._local([c for c in share if c.hash not in truth])}
 
     def evaluate(self, configs: Sequence[SubnetConfig]) -> dict[str, float]:
-        shares = split_work(configs, len(self.helpers))
-        results = list(self.map_fn(self._run, list(enumerate(shares))))
+        trusted = [i for i in range(len(self.helpers)) if i not in self.checks.untrusted]
+        if not trusted:
+            unique = list({c.hash: c for c in configs}.values())
+            return dict(sorted(self._local(unique).items()))
+        shares = split_work(configs, len(trusted))
+        results = list(self.map_fn(self._run, list(zip(trusted, shares, strict=True))))
         return merge_results(shares, results)
 
 

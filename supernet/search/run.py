@@ -35,7 +35,7 @@ from supernet.search.deploy import (
     recalibrated_export,
     save_subnet,
 )
-from supernet.search.distributed import DistributedEvaluator
+from supernet.search.distributed import DistributedEvaluator, SpotChecks
 from supernet.search.evolution import (
     Candidate,
     EvolutionSettings,
@@ -185,6 +185,7 @@ def run_search(
     *,
     helpers: Sequence[Evaluator] | None = None,
     map_fn: Callable | None = None,
+    checks: SpotChecks | None = None,
 ) -> SearchReport:
     """Run one search job (see the module docstring); raises one-line ``ValueError`` subclasses
     (``CheckpointError``, ``InfeasibleBudget``, ``DeviceError``, ``LatencyTableError``,
@@ -193,6 +194,8 @@ def run_search(
     ``helpers``: evaluators (e.g. remote peers) that share the direct evaluations, through a
     :class:`~supernet.search.distributed.DistributedEvaluator` (``map_fn`` to run them in parallel,
     this process's own evaluator as the fallback for a failed share); the result is the same.
+    ``checks``: spot checks of the helpers' values against that fallback (:class:`SpotChecks`; its
+    counters say what they found).
     """
     started = time.perf_counter()
     device = resolve_device(options.device)
@@ -221,7 +224,7 @@ def run_search(
             estimator = "direct" if len(workload.task.val_set) <= DIRECT_MAX_VALIDATION else "predictor"
         evaluator: Evaluator = direct
         if helpers:
-            evaluator = DistributedEvaluator(helpers, map_fn=map_fn, fallback=direct)
+            evaluator = DistributedEvaluator(helpers, map_fn=map_fn, fallback=direct, checks=checks)
         predictor_report = None
         if estimator == "predictor":
             evaluator, predictor_report = _predictor_evaluator(options, loaded, evaluator, say)

@@ -2,12 +2,15 @@
 generation, and the result is exactly that of a purely local search on the same checkpoint.
 
 Every process is a real console script on 127.0.0.1 (one ``manta-aggregator start``, two
-``manta-peer join`` that keep training while they evaluate, one ``manta-aggregator search``).
+``manta-peer join`` that keep training while they evaluate, one ``manta-aggregator search``). In one
+test a peer lies (``MANTA_FAULT=search-lie``): the search's spot checks catch it and the result is
+still the local one.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -30,11 +33,11 @@ SMALL = dict(target_samples=96, batch_size=32, subnets=2, width_mult="0.25", hea
 SEARCH = dict(max_mflops=1000.0, evaluations=8, population=4, val_samples=48, bn_batches=1, latency_repeats=1)
 
 
-def _start(tmp_path: Path) -> LocalSwarm:
+def _start(tmp_path: Path, env: dict[int, dict] | None = None) -> LocalSwarm:
     swarm = LocalSwarm(SwarmOptions(peers=2, rounds=10_000, run_dir=tmp_path / "run", **SMALL))
     swarm.start_aggregator(checkpoint_every=2.0)
     for i in range(2):
-        swarm.start_peer(i)
+        swarm.start_peer(i, env=(env or {}).get(i))
     return swarm
 
 
@@ -61,6 +64,20 @@ def _search(swarm: LocalSwarm, checkpoint: Path, tmp_path: Path, *extra: str, st
         *flags, *extra,
     ]  # fmt: skip
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True)
+
+
+def _trained_checkpoint(tmp_path: Path) -> Path:
+    """Any digits checkpoint will do (a peer rebuilds the supernet the checkpoint describes)."""
+    workload = workload_for("digits", dict(width_mult=0.25, head_channels=64, channel_divisor=4, total_steps=4,
+                                           batch_size=32, bn_calibration_batches=1, eval_random_subnets=0,
+                                           log_every=0))  # fmt: skip
+    trained = train(workload.cfg, workload.task, progress=lambda line: None)
+    return save_trained(tmp_path / "digits.pt", workload, trained["net"], round_index=3)
+
+
+def _joined(swarm: LocalSwarm) -> bool:
+    """Peers serve evaluations from before they announce themselves: a search can start once both joined."""
+    return all("joined task" in (swarm.peer_dir(i) / "log.txt").read_text() for i in range(2))
 
 
 def _local(checkpoint: Path, tmp_path: Path):
@@ -102,20 +119,13 @@ def test_search_spreads_over_live_peers_and_equals_local_search(tmp_path):
     from protocol.evaluation_requests import sign_request
 
     t0 = time.monotonic()
-    # Any digits checkpoint will do (a peer rebuilds the supernet the checkpoint describes). The local
-    # search runs first, on a quiet machine; it also builds the latency table both searches use.
-    workload = workload_for("digits", dict(width_mult=0.25, head_channels=64, channel_divisor=4, total_steps=4,
-                                           batch_size=32, bn_calibration_batches=1, eval_random_subnets=0,
-                                           log_every=0))  # fmt: skip
-    trained = train(workload.cfg, workload.task, progress=lambda line: None)
-    checkpoint = save_trained(tmp_path / "digits.pt", workload, trained["net"], round_index=3)
+    # The local search runs first, on a quiet machine; it also builds the latency table both searches use.
+    checkpoint = _trained_checkpoint(tmp_path)
     report, local = _local(checkpoint, tmp_path)
     print(f"checkpoint trained and searched locally at {time.monotonic() - t0:.1f} s")
     swarm = _start(tmp_path)
     try:
-        # Peers serve evaluations from before they announce themselves: start once both have joined.
-        _wait_for(swarm, lambda: all("joined task" in (swarm.peer_dir(i) / "log.txt").read_text() for i in range(2)),
-                  "peers joined")  # fmt: skip
+        _wait_for(swarm, lambda: _joined(swarm), "peers joined")
         print(f"peers joined at {time.monotonic() - t0:.1f} s")
         search = _search(swarm, checkpoint, tmp_path, "--peers-wait", "60", "--peer-timeout", "120")
         stdout, stderr = search.communicate(timeout=300)
@@ -125,6 +135,8 @@ def test_search_spreads_over_live_peers_and_equals_local_search(tmp_path):
         peers = result["distributed"]["peers"]
         assert len(peers) == 2, stderr[-3000:]
         assert all(p["configs"] > 0 and p["redone_locally"] == 0 for p in peers), peers
+        # Spot checks are on by default: honest values pass them exactly, across the wire.
+        assert all(p["verified"] >= 1 and p["mismatches"] == 0 and not p["untrusted"] for p in peers), peers
         assert (
             sum(p["configs"] for p in peers)
             == len(result["distributed"]["evaluated"])
@@ -156,6 +168,37 @@ def test_search_spreads_over_live_peers_and_equals_local_search(tmp_path):
     print(f"swarm stopped at {time.monotonic() - t0:.1f} s")
 
     # The same values for every evaluated sub-network, the same choice, whoever computed them.
+    assert local == result["distributed"]["evaluated"]
+    assert result["chosen"]["hash"] == report.chosen.hash
+    assert result["chosen"]["metric"] == report.final["metric"]
+
+
+def test_a_lying_peer_is_caught_by_spot_checks_and_the_result_equals_local_search(tmp_path):
+    t0 = time.monotonic()
+    checkpoint = _trained_checkpoint(tmp_path)
+    report, local = _local(checkpoint, tmp_path)
+    swarm = _start(tmp_path, env={1: {"MANTA_FAULT": "search-lie"}})
+    try:
+        _wait_for(swarm, lambda: _joined(swarm), "peers joined")
+        joined = re.search(r"peer (\S{8}) \([^)]*\) joined task", (swarm.peer_dir(1) / "log.txt").read_text())
+        liar = joined.group(1)  # the last 8 characters of the lying peer's id
+        search = _search(swarm, checkpoint, tmp_path, "--peers-wait", "60", "--peer-timeout", "120",
+                         "--verify-fraction", "0.1")  # fmt: skip
+        stdout, stderr = search.communicate(timeout=300)
+        print(f"search done at {time.monotonic() - t0:.1f} s\n{stderr}")
+        assert search.returncode == 0, stderr[-3000:]
+    finally:
+        swarm.stop(swarm.peer_names(), grace=2.0)
+        swarm.close()
+    result = json.loads((tmp_path / "distributed.json").read_text())
+    peers = {p["peer_id"][-8:]: p for p in result["distributed"]["peers"]}
+    assert len(peers) == 2 and liar in peers, (liar, peers)
+    lying, honest = peers.pop(liar), next(iter(peers.values()))
+    # Caught on its first share (every value it returns is wrong), which is discarded and redone here.
+    assert lying["untrusted"] and lying["mismatches"] == lying["verified"] >= 1, lying
+    assert lying["discarded"] == lying["configs"] > 0, lying
+    assert not honest["untrusted"] and honest["mismatches"] == 0 and honest["verified"] >= 1, honest
+    assert "UNTRUSTED" in stderr and "untrusted" in stdout
     assert local == result["distributed"]["evaluated"]
     assert result["chosen"]["hash"] == report.chosen.hash
     assert result["chosen"]["metric"] == report.final["metric"]

@@ -18,6 +18,7 @@ from supernet.search.accuracy import DirectEvaluator
 from supernet.search.cost import FlopsCost, InfeasibleBudget, LatencyCost, check_budget
 from supernet.search.distributed import (
     DistributedEvaluator,
+    SpotChecks,
     answer_share,
     merge_results,
     read_share_answer,
@@ -268,6 +269,73 @@ def test_a_failing_helper_is_covered_by_the_fallback_with_the_same_values(traine
     assert distributed.evaluate(configs) == dict(sorted(reference.items()))
     with pytest.raises(ConnectionError):
         DistributedEvaluator([Offline(), Offline()]).evaluate(configs)
+
+
+class Liar:
+    """A real evaluator that answers ``1 - value`` except for the hashes in ``spare``: a peer that
+    tries to steer the search."""
+
+    def __init__(self, inner: DirectEvaluator, spare: frozenset[str] = frozenset()) -> None:
+        self.inner, self.spare, self.count = inner, spare, 0
+
+    def evaluate(self, configs):
+        self.count += len(configs)
+        return {k: v if k in self.spare else 1.0 - v for k, v in self.inner.evaluate(configs).items()}
+
+
+def test_spot_checks_choose_a_secret_keyed_fraction_and_at_least_one_per_share():
+    rng = random.Random(3)
+    configs = list({c.hash: c for c in (SearchSpace().sample(rng) for _ in range(400))}.values())
+    checks = SpotChecks(0.25, key=b"k" * 32)
+    chosen = checks.choose(configs)
+    assert 0.18 < len(chosen) / len(configs) < 0.32 and chosen == checks.choose(list(reversed(configs)))[::-1]
+    assert {c.hash for c in SpotChecks(0.25, key=b"j" * 32).choose(configs)} != {c.hash for c in chosen}
+    assert len(SpotChecks(1e-9, key=b"k" * 32).choose(configs[:3])) == 1  # never an unchecked share
+    assert SpotChecks(0.0).choose(configs) == [] and SpotChecks(0.5).choose([]) == []
+    assert SpotChecks(0.5).key != SpotChecks(0.5).key  # random per search
+    with pytest.raises(ValueError, match="fraction"):
+        SpotChecks(1.5)
+    with pytest.raises(ValueError, match="fallback"):
+        DistributedEvaluator([ProxyEvaluator(ClassificationSupernet(10, 1, **TINY))], checks=SpotChecks(0.1))
+
+
+def test_a_lying_helper_is_caught_its_shares_redone_and_the_values_stay_local(trained):
+    rng = random.Random(4)
+    batches = [[trained.net.space.sample(rng) for _ in range(6)] for _ in range(3)]
+    local = helpers(trained, 1)[0]
+    reference = [dict(sorted(local.evaluate(b).items())) for b in batches]
+    honest, liar = helpers(trained, 1)[0], Liar(helpers(trained, 1)[0])
+    checks = SpotChecks(0.1)
+    distributed = DistributedEvaluator([honest, liar], fallback=local, checks=checks)
+    assert [distributed.evaluate(b) for b in batches] == reference
+    assert checks.untrusted == {1} and distributed.failures == 1
+    assert checks.of(0) == {
+        "verified": checks.checked[0],
+        "mismatches": 0,
+        "discarded": 0,
+        "untrusted": False,
+    }
+    assert checks.of(1)["mismatches"] == checks.of(1)["verified"] >= 1 and checks.of(1)["discarded"] == 3
+    assert liar.count == 3 and honest.count == 3 + 6 + 6  # one share, then the other takes whole batches
+
+    # The limit, and why the key is secret: a liar that knew it would lie only where nobody looks.
+    key = b"leaked" * 4
+    spared = frozenset(c.hash for b in batches for c in SpotChecks(0.1, key=key).choose(split_work(b, 2)[1]))
+    checks = SpotChecks(0.1, key=key)
+    distributed = DistributedEvaluator([honest, Liar(local, spared)], fallback=local, checks=checks)
+    assert distributed.evaluate(batches[0]) != reference[0] and not checks.untrusted
+
+
+def test_honest_helpers_under_spot_checks_give_identical_values_and_stay_trusted(trained):
+    rng = random.Random(5)
+    configs = [trained.net.space.sample(rng) for _ in range(7)]
+    local = helpers(trained, 1)[0]
+    reference = dict(sorted(local.evaluate(configs).items()))
+    checks = SpotChecks(0.3)
+    distributed = DistributedEvaluator(helpers(trained, 3), fallback=local, checks=checks)
+    assert distributed.evaluate(configs) == reference
+    assert not checks.untrusted and not checks.mismatches and distributed.failures == 0
+    assert all(checks.of(i)["verified"] >= 1 for i in range(3))  # every share checked at least once
 
 
 def test_share_messages_round_trip_and_merge_checks(trained):
