@@ -37,11 +37,14 @@ from aggregator.rewards import compute_rewards
 from protocol.aio import BackgroundLoop
 from protocol.dht_schema import (
     aggregators_key,
+    credits_handler,
     ledger_key,
     open_peer_value,
     open_progress_value,
     peers_key,
     progress_key,
+    status_handler,
+    submit_handler,
 )
 from protocol.identity import Identity
 from protocol.logs import get_logger
@@ -62,10 +65,6 @@ logger = get_logger(__name__)
 
 
 RECEIPT_TIMES_KEPT = 64  # per peer: enough to find a receipt's predecessor within the round window
-
-
-def _handler(task_id: str, name: str) -> str:
-    return f"manta/{task_id}/{name}"
 
 
 class ContributionDesk:
@@ -134,8 +133,12 @@ class ContributionDesk:
 
             return handle
 
-        for name, fn in (("submit", self.submit), ("status", self.status), ("credits", self.credits)):
-            self._loop.run(self._p2p.add_protobuf_handler(_handler(self.task_id, name), wrap(fn), BytesValue))
+        for name, fn in (
+            (submit_handler(self.task_id), self.submit),
+            (status_handler(self.task_id), self.status),
+            (credits_handler(self.task_id), self.credits),
+        ):
+            self._loop.run(self._p2p.add_protobuf_handler(name, wrap(fn), BytesValue))
 
     def _publish_binding(self) -> None:
         from hivemind.utils import get_dht_time

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from peer.receipts import AggregatorLink, credits_handler
+from peer.receipts import AggregatorLink
 from peer.swarm_view import fetch_task
+from protocol.dht_schema import credits_handler
 from protocol.identity import Identity
 from protocol.merkle import verify_inclusion_hash
 from protocol.records import Checkpoint

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from protocol.aio import BackgroundLoop
-from protocol.dht_schema import aggregators_key, open_aggregator_value
+from protocol.dht_schema import aggregators_key, open_aggregator_value, status_handler, submit_handler
 from protocol.identity import Identity
 from protocol.logs import get_logger
 from protocol.merkle import leaf_hash, verify_inclusion
@@ -37,18 +37,6 @@ from protocol.records import Checkpoint, ContributionReceipt, RecordRejected, se
 logger = get_logger(__name__)
 
 FAULTS = ("forge", "replay", "inflate", "fabricate", "search-lie")
-
-
-def submit_handler(task_id: str) -> str:
-    return f"manta/{task_id}/submit"
-
-
-def status_handler(task_id: str) -> str:
-    return f"manta/{task_id}/status"
-
-
-def credits_handler(task_id: str) -> str:
-    return f"manta/{task_id}/credits"
 
 
 class ReceiptOutbox:

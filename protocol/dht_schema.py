@@ -55,6 +55,21 @@ from protocol.records import (
 TASKS_INDEX_KEY = "manta_tasks"  # subkey: task id, value: that task's sealed TaskSpec (for discovery)
 
 
+# libp2p handler names of the aggregator's contribution desk (peers call them; one definition for both)
+
+
+def submit_handler(task_id: str) -> str:
+    return f"manta/{task_id}/submit"
+
+
+def status_handler(task_id: str) -> str:
+    return f"manta/{task_id}/status"
+
+
+def credits_handler(task_id: str) -> str:
+    return f"manta/{task_id}/credits"
+
+
 def task_key(task_id: str) -> str:
     return f"manta_{task_id}_task"
 
