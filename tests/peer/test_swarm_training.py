@@ -72,9 +72,9 @@ def test_manta_swarm_trains_above_chance_with_identical_state_and_a_summary(tmp_
             "--peers",
             "2",
             "--rounds",
-            "8",
+            "24",
             "--target-samples",
-            "128",
+            "64",
             "--subnets",
             "2",
             "--width-mult",
@@ -92,21 +92,23 @@ def test_manta_swarm_trains_above_chance_with_identical_state_and_a_summary(tmp_
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Traceback" not in done.stdout + done.stderr
-    assert re.search(r"round +8/8 ", done.stdout), done.stdout  # progress lines were shown
+    assert re.search(r"round +24/24 ", done.stdout), done.stdout  # progress lines were shown
     summary = json.loads(summary_path.read_text())
-    assert summary["rounds"] == 8
+    assert summary["rounds"] == 24
     assert summary["identical_final_state"] is True
     assert set(summary["samples_per_peer"]) == {"peer-0", "peer-1"}
     assert all(n > 0 for n in summary["samples_per_peer"].values())
-    # Each round closes when the swarm's projected total reaches the target (128), whoever processed the
-    # samples: at most half a mini-batch (32) per peer short of it, since every started batch is finished.
-    assert summary["total_samples"] >= 8 * (128 - 32)
+    # Each round closes when the swarm's projected total reaches the target (64), whoever processed the
+    # samples: at most half a mini-batch (16) per peer short of it, since every started batch is finished.
+    assert summary["total_samples"] >= 24 * (64 - 2 * 16)
     assert summary["total_samples"] >= sum(summary["samples_per_peer"].values())
     for split in summary["time_split_s"].values():
         assert split["compute"] > 0 and split["averaging"] > 0
-    # Ten digit classes: chance is 0.1.
-    assert summary["accuracy"]["largest"] > 0.3, summary["accuracy"]
-    assert summary["accuracy"]["smallest"] > 0.3, summary["accuracy"]
+    # Ten digit classes: chance is 0.1. One round is one optimizer step; 24 steps are enough for a clear
+    # margin (measured over 4 runs: smallest 0.70-0.79, largest 0.79-0.85). With 8 steps the smallest
+    # sub-network ended anywhere in 0.25-0.46 (11 runs), too close to any fixed bar to test learning.
+    assert summary["accuracy"]["largest"] > 0.5, summary["accuracy"]
+    assert summary["accuracy"]["smallest"] > 0.5, summary["accuracy"]
     for i in range(2):
         assert (run / f"peer-{i}" / "identity.key").exists() and (run / f"peer-{i}" / "log.txt").exists()
     assert (run / "aggregator" / "task.sealed").exists()
