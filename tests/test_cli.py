@@ -32,8 +32,28 @@ def test_unknown_subcommand_is_a_one_line_usage_error(script):
         [console_script(script), "no-such-command"], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 2
-    assert "Traceback" not in done.stderr
-    assert "No such command" in done.stderr
+    assert done.stderr.splitlines() == [f"Error: No such command 'no-such-command'. (see '{script} --help')"]
+
+
+@pytest.mark.parametrize(
+    "command, args, message",
+    [
+        ("manta-peer join", ["--bogus"], "No such option '--bogus'"),
+        ("manta-ledger verify", [], "Missing argument 'PATH'"),
+        ("manta-aggregator start", ["--checkpoint-every", "often"], "Invalid value for '--checkpoint-every'"),
+        ("manta-swarm", ["--peers", "x"], "Invalid value for '--peers'"),
+        ("manta-search", [], "Missing option '--checkpoint'"),
+    ],
+)
+def test_usage_errors_are_one_line_with_a_pointer_to_help(command, args, message):
+    script, *subcommand = command.split()
+    done = subprocess.run(
+        [console_script(script), *subcommand, *args], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and message in lines[0], done.stderr
+    assert lines[0].endswith(f"(see '{command} --help')"), lines[0]
 
 
 def test_manta_swarm_rejects_bad_options_in_one_line(tmp_path):

@@ -19,7 +19,7 @@ from typing import Any
 import click
 
 from protocol import __version__
-from protocol.cli_support import UserError
+from protocol.cli_support import OneLineErrorsCommand, UserError
 from protocol.logs import setup_logging
 from supernet.checkpoint import CheckpointError
 from supernet.search.cost import InfeasibleBudget
@@ -118,6 +118,7 @@ def write_json(path: Path | None, data: dict[str, Any]) -> None:
 
 
 @click.command(
+    cls=OneLineErrorsCommand,
     help="Find the most accurate sub-network of a supernet checkpoint under a latency or FLOPs budget, "
     "and export it as a standalone TorchScript model.",
     context_settings={"help_option_names": ["-h", "--help"]},
