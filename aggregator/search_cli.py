@@ -61,7 +61,7 @@ def _recorded_multiaddrs(data_dir: Path) -> tuple[str, ...]:
 
 
 def _search_command(fn):
-    from supernet.search.cli import search_options
+    from supernet.search.options import search_options
 
     return search_options(fn)
 

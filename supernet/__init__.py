@@ -3,26 +3,26 @@
 No networking here: everything in this package runs the same in a test, a peer or a search job.
 
     from supernet import ClassificationSupernet, SubnetConfig
+
+The names below are imported when first used (see :mod:`supernet.lazy_exports`), so that importing a
+light submodule (``supernet.search.options``) does not load torch.
 """
 
-from supernet.bn import recalibrate_bn
-from supernet.classification import ClassificationSupernet
-from supernet.config import SearchSpace, SubnetConfig, derive_seed, sandwich_configs
-from supernet.export import StaticClassifier, save_exported_program, save_torchscript
-from supernet.flops import torch_counted_macs, training_flops_per_sample
-from supernet.stereo import StereoSupernet
+from supernet.lazy_exports import lazy_exports
 
-__all__ = [
-    "ClassificationSupernet",
-    "SearchSpace",
-    "StaticClassifier",
-    "StereoSupernet",
-    "SubnetConfig",
-    "derive_seed",
-    "recalibrate_bn",
-    "sandwich_configs",
-    "save_exported_program",
-    "save_torchscript",
-    "torch_counted_macs",
-    "training_flops_per_sample",
-]
+_EXPORTS = {
+    "ClassificationSupernet": "supernet.classification",
+    "SearchSpace": "supernet.config",
+    "StaticClassifier": "supernet.export",
+    "StereoSupernet": "supernet.stereo",
+    "SubnetConfig": "supernet.config",
+    "derive_seed": "supernet.config",
+    "recalibrate_bn": "supernet.bn",
+    "sandwich_configs": "supernet.config",
+    "save_exported_program": "supernet.export",
+    "save_torchscript": "supernet.export",
+    "torch_counted_macs": "supernet.flops",
+    "training_flops_per_sample": "supernet.flops",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

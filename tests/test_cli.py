@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import pytest
 
@@ -21,6 +22,15 @@ def test_console_script_help_and_version(script):
     versioned = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60)
     assert versioned.returncode == 0, versioned.stderr
     assert versioned.stdout.strip() == f"{script}, version {__version__}"
+
+
+def test_the_aggregator_command_line_is_built_without_loading_torch():
+    # Its `search` sub-command takes manta-search's options; they must not drag torch (seconds) into
+    # `manta-aggregator --help` or a usage error.
+    probe = "import sys, aggregator.cli, peer.cli, aggregator.ledger_cli; print(sorted({'torch', 'hivemind'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 GROUPS = ["manta-peer", "manta-aggregator", "manta-ledger"]  # manta-swarm is a single command

@@ -8,40 +8,34 @@
 * :mod:`~supernet.search.distributed` — splitting evaluations over helpers, deterministic merge.
 * :mod:`~supernet.search.pareto` — the Pareto front as a table and a PNG plot.
 * :mod:`~supernet.search.deploy` — export of the chosen sub-network (TorchScript + config JSON).
-* :mod:`~supernet.search.run` / :mod:`~supernet.search.cli` — the whole job and its command line.
+* :mod:`~supernet.search.run` / :mod:`~supernet.search.cli` — the whole job and its command line;
+  :mod:`~supernet.search.options` — that command line's options (click only, no torch).
+
+The names below are imported when first used (see :mod:`supernet.lazy_exports`).
 """
 
-from supernet.search.accuracy import DirectEvaluator, Evaluator
-from supernet.search.cost import FlopsCost, InfeasibleBudget, LatencyCost, check_budget
-from supernet.search.distributed import DistributedEvaluator, answer_share, merge_results, split_work
-from supernet.search.evolution import (
-    Candidate,
-    EvolutionSettings,
-    SearchResult,
-    evolutionary_search,
-    random_search,
-)
-from supernet.search.latency import LatencyTable, build_latency_table, load_or_build
-from supernet.search.pareto import pareto_front
+from supernet.lazy_exports import lazy_exports
 
-__all__ = [
-    "Candidate",
-    "DirectEvaluator",
-    "DistributedEvaluator",
-    "Evaluator",
-    "EvolutionSettings",
-    "FlopsCost",
-    "InfeasibleBudget",
-    "LatencyCost",
-    "LatencyTable",
-    "SearchResult",
-    "answer_share",
-    "build_latency_table",
-    "check_budget",
-    "evolutionary_search",
-    "load_or_build",
-    "merge_results",
-    "pareto_front",
-    "random_search",
-    "split_work",
-]
+_EXPORTS = {
+    "Candidate": "supernet.search.evolution",
+    "DirectEvaluator": "supernet.search.accuracy",
+    "DistributedEvaluator": "supernet.search.distributed",
+    "Evaluator": "supernet.search.accuracy",
+    "EvolutionSettings": "supernet.search.evolution",
+    "FlopsCost": "supernet.search.cost",
+    "InfeasibleBudget": "supernet.search.cost",
+    "LatencyCost": "supernet.search.cost",
+    "LatencyTable": "supernet.search.latency",
+    "SearchResult": "supernet.search.evolution",
+    "answer_share": "supernet.search.distributed",
+    "build_latency_table": "supernet.search.latency",
+    "check_budget": "supernet.search.cost",
+    "evolutionary_search": "supernet.search.evolution",
+    "load_or_build": "supernet.search.latency",
+    "merge_results": "supernet.search.distributed",
+    "pareto_front": "supernet.search.pareto",
+    "random_search": "supernet.search.evolution",
+    "split_work": "supernet.search.distributed",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -24,9 +24,9 @@ from protocol.logs import setup_logging
 from supernet.checkpoint import CheckpointError
 from supernet.search.cost import InfeasibleBudget
 from supernet.search.latency import LatencyTableError, mean_abs_pct_error
+from supernet.search.options import PATH, search_options
 from supernet.search.pareto import format_front
 from supernet.search.run import (
-    DIRECT_MAX_VALIDATION,
     SearchInputError,
     SearchOptions,
     SearchReport,
@@ -36,50 +36,6 @@ from supernet.search.run import (
 from supernet.search.timing import DeviceError
 
 __all__ = ["main", "options_from", "progress", "render", "search_options", "search_or_fail", "write_json"]
-
-_PATH = click.Path(path_type=Path, dir_okay=False)
-
-
-def search_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Every option of a search job except ``--checkpoint`` (shared with ``manta-aggregator search``);
-    the command receives them as keyword arguments for :func:`options_from`, plus ``json_path`` and
-    ``quiet``."""
-    options = [
-        click.option("--max-latency-ms", type=float, default=None, help="Budget: predicted latency (ms, batch 1)."),
-        click.option("--max-mflops", type=float, default=None, help="Budget: millions of multiply-adds per sample."),
-        click.option("--device", default="cpu", show_default=True, help="Latency device: cpu or cuda."),
-        click.option("--task", default=None, help="Refuse a checkpoint of any other task."),
-        click.option("--export", "export_path", type=_PATH, default=None,
-                     help="Write the chosen sub-network here (TorchScript) and its config JSON beside it."),
-        click.option("--plot", type=_PATH, default=None, help="Write the Pareto-front plot here (PNG)."),
-        click.option("--json", "json_path", type=_PATH, default=None, help="Write the full report here (JSON)."),
-        click.option("--latency-table", type=_PATH, default=None,
-                     help="Latency table file (reused if it matches; default: in ~/.cache/manta/latency)."),
-        click.option("--evaluations", type=click.IntRange(1), default=100, show_default=True,
-                     help="Sub-networks the search evaluates."),
-        click.option("--population", type=click.IntRange(2), default=16, show_default=True),
-        click.option("--seed", type=int, default=0, show_default=True),
-        click.option("--random-baseline", is_flag=True, help="Also run random search with as many evaluations."),
-        click.option("--accuracy", "estimator", default="auto", show_default=True,
-                     help=f"direct, predictor, or auto (direct if the task has <= {DIRECT_MAX_VALIDATION} "
-                     "validation samples)."),
-        click.option("--predictor-samples", type=click.IntRange(10), default=100, show_default=True,
-                     help="Directly evaluated random sub-networks that train the predictor."),
-        click.option("--val-samples", type=click.IntRange(1), default=None,
-                     help="Validation samples per direct evaluation during the search (default: all)."),
-        click.option("--bn-batches", type=click.IntRange(1), default=None,
-                     help="BN recalibration batches per evaluation (default: the checkpoint's)."),
-        click.option("--validate-latency", type=click.IntRange(0), default=0, show_default=True,
-                     help="Check the latency table against this many random exported sub-networks."),
-        click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
-                     help="Torch threads (latency is measured with this many; 1 on a shared machine)."),
-        click.option("--latency-repeats", type=click.IntRange(1), default=50, show_default=True,
-                     help="Timed calls per latency-table entry and per end-to-end measurement (median)."),
-        click.option("--quiet", is_flag=True, help="No progress lines on stderr."),
-    ]  # fmt: skip
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
 
 
 def options_from(checkpoint: Path, given: dict[str, Any]) -> SearchOptions:
@@ -124,7 +80,7 @@ def write_json(path: Path | None, data: dict[str, Any]) -> None:
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 @click.version_option(__version__, "--version", prog_name="manta-search")
-@click.option("--checkpoint", required=True, type=_PATH, help="A MANTA supernet checkpoint (.pt).")
+@click.option("--checkpoint", required=True, type=PATH, help="A MANTA supernet checkpoint (.pt).")
 @search_options
 def main(checkpoint: Path, json_path: Path | None, quiet: bool, **search: Any) -> None:
     setup_logging()

@@ -51,6 +51,7 @@ from supernet.search.latency import (
     measure_model,
     validate,
 )
+from supernet.search.options import DIRECT_MAX_VALIDATION
 from supernet.search.pareto import pareto_front
 from supernet.search.predictor import PredictorEvaluator, fit_with_holdout
 from supernet.search.timing import example_inputs, resolve_device, torch_threads
@@ -66,8 +67,6 @@ __all__ = [
 ]
 
 ESTIMATORS = ("auto", "direct", "predictor")
-DIRECT_MAX_VALIDATION = 2000
-"""``--accuracy auto`` evaluates directly when the task has at most this many validation samples."""
 
 
 class SearchInputError(ValueError):
