@@ -61,6 +61,12 @@ def identity(identity_path: Path) -> None:
 @click.option(
     "--max-rounds", type=click.IntRange(1), default=None, help="Stop after this many committed rounds."
 )
+@click.option(
+    "--until-round",
+    type=click.IntRange(1),
+    default=None,
+    help="Leave once the swarm has committed this many rounds (a joiner stops where the others do).",
+)
 @identity_option
 def join(
     initial_peers,
@@ -74,6 +80,7 @@ def join(
     client_mode,
     data_dir,
     max_rounds,
+    until_round,
     identity_path,
 ) -> None:
     """Join a swarm and train until stopped (Ctrl-C finishes the round and leaves cleanly)."""
@@ -99,7 +106,16 @@ def join(
         raise UserError(f"--cohort must be letters, digits, '-', '_' or '.', got {cohort!r}")
     start_orphan_reaper()
     config = JoinConfig(
-        peers, task_id, aggregator_key, cohort, listen, tuple(announce), client_mode, data_dir, max_rounds
+        peers,
+        task_id,
+        aggregator_key,
+        cohort,
+        listen,
+        tuple(announce),
+        client_mode,
+        data_dir,
+        max_rounds,
+        until_round,
     )
     node = PeerNode(config, ident, devices)
     node.install_signal_handlers()

@@ -231,6 +231,7 @@ class HierarchicalAverager:
         self._expected = set(expected_peers) | {self.peer_id} if expected_peers else set()
         t_start = time.perf_counter()
         final: list[torch.Tensor] | None = None
+        stage = ("cohort", t_start)  # the stage in progress: a failure's time is charged to it
         try:
             with self._cohort.get_tensors() as buf:
                 for b, t in zip(buf, numerator):
@@ -251,6 +252,7 @@ class HierarchicalAverager:
             lead_abort = None
             if i_lead:
                 t0 = time.perf_counter()
+                stage = ("cross", t0)
                 contributors, cohorts = list(members), 1
                 try:
                     weight = float(len(members))
@@ -275,6 +277,7 @@ class HierarchicalAverager:
                 outcome.seconds["cross"] = time.perf_counter() - t0
             if len(members) > 1:
                 t0 = time.perf_counter()
+                stage = ("broadcast", t0)
                 final, lead_report = self._broadcast(
                     round_index, len(members), i_lead, final, outcome, lead_abort
                 )
@@ -287,8 +290,10 @@ class HierarchicalAverager:
             outcome.digest = digest(final)
         except RoundAborted as e:
             outcome.reason = str(e)
+            outcome.seconds.setdefault(stage[0], time.perf_counter() - stage[1])
         except Exception as e:  # hivemind reports failures with many exception types; all mean "abort"
             outcome.reason = f"{type(e).__name__}: {e}"
+            outcome.seconds.setdefault(stage[0], time.perf_counter() - stage[1])
 
         t0 = time.perf_counter()
         committed, reason = self._commit(round_index, outcome)

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from hivemind.compression import Float16Compression
 
-from peer.affinity import assign_cohorts, cohort_sizes, host_id, network_id
+from peer.affinity import assign_cohorts, cohort_sizes, default_gateway_mac, host_id, network_id
 from peer.devices import WorkerDevice
 from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
 from peer.progress_display import ProgressDisplay
@@ -84,6 +84,7 @@ class JoinConfig:
     client_mode: bool = False
     data_dir: Path = Path("manta-peer")
     max_rounds: int | None = None
+    until_round: int | None = None  # leave once the state is that of round until_round - 1
     timeouts: AveragingTimeouts = field(default_factory=AveragingTimeouts)
 
 
@@ -109,6 +110,9 @@ class RoundReport:
     # where this peer's time went: its own mini-batches, the all-reduce stages (which include waiting
     # in matchmaking for the other peers), and the rest (commit reports, roster, optimizer step)
     times: dict[str, float] = field(default_factory=dict)
+    # the same split by stage: compute, cohort, cross, broadcast, commit, other
+    stages: dict[str, float] = field(default_factory=dict)
+    attempt: int = -1  # the swarm-wide averaging attempt this round ran in
 
 
 class PeerNode:
@@ -176,7 +180,7 @@ class PeerNode:
         else:
             listen_host = parse_host_port(self.config.listen)[0]
             host = listen_host if listen_host not in ("0.0.0.0", "::") else _primary_address()
-        affinity = Affinity(host_id=host_id(), network_id=network_id(host))
+        affinity = Affinity(host_id=host_id(), network_id=network_id(host, default_gateway_mac()))
         self._announcer = Announcer(
             self.dht,
             self.identity,
@@ -295,8 +299,10 @@ class PeerNode:
         # Let peers that started together find each other in the roster before the first round.
         time.sleep(max(0.0, SETTLE_SECONDS - (time.monotonic() - self._announced_at)))
         committed, failed_in_a_row = 0, 0
-        while not self._stop.is_set() and (
-            self.config.max_rounds is None or committed < self.config.max_rounds
+        while (
+            not self._stop.is_set()
+            and not self._reached_until_round()
+            and (self.config.max_rounds is None or committed < self.config.max_rounds)
         ):
             report = self._run_round(task, self.state_round + 1, self.attempt)
             self.reports.append(report)
@@ -320,12 +326,15 @@ class PeerNode:
             else:
                 failed_in_a_row += 1
                 self.catch_up()  # repairs divergence and brings us to the swarm's round
-                if self.config.max_rounds is not None and failed_in_a_row >= max(
-                    10, 3 * self.config.max_rounds
-                ):
+                limit = self.config.max_rounds or self.config.until_round
+                if limit is not None and failed_in_a_row >= max(10, 3 * limit):
                     logger.warning(f"giving up after {failed_in_a_row} aborted rounds in a row")
                     break
         return self.reports
+
+    def _reached_until_round(self) -> bool:
+        until = self.config.until_round
+        return until is not None and self.state_round + 1 >= until
 
     def _run_round(self, task: TaskSpec, round_index: int, attempt: int) -> RoundReport:
         """Train step ``round_index`` (data stream, sub-networks, learning rate) in averaging attempt
@@ -383,6 +392,8 @@ class PeerNode:
             times=dict(
                 compute=compute_s, averaging=averaging_s, waiting=max(0.0, total - compute_s - averaging_s)
             ),
+            stages=_stage_times(total, compute_s, outcome.seconds),
+            attempt=attempt,
         )
 
     def _compute(
@@ -587,6 +598,14 @@ class PeerNode:
                     pass
         if self.dht is not None:
             self.dht.shutdown()
+
+
+def _stage_times(total: float, compute: float, seconds: dict[str, float]) -> dict[str, float]:
+    stages = {"compute": compute} | {
+        k: seconds.get(k, 0.0) for k in ("cohort", "cross", "broadcast", "commit")
+    }
+    stages["other"] = max(0.0, total - sum(stages.values()))
+    return {k: round(v, 4) for k, v in stages.items()}
 
 
 def _free_port() -> int:

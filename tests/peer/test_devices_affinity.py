@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from peer.affinity import RosterEntry, assign_cohorts, cohort_sizes, network_id
+from peer.affinity import RosterEntry, assign_cohorts, cohort_sizes, host_id, is_nat_address, network_id
 from peer.devices import discover_devices, parse_gpus
 
 
@@ -62,3 +64,38 @@ def test_oversized_cohorts_split_deterministically_into_near_equal_parts():
 def test_network_id_groups_by_slash_24():
     assert network_id("192.168.7.10") == network_id("192.168.7.200") != network_id("192.168.8.10")
     assert network_id("2001:db8:1:2::1") == network_id("2001:db8:1:ffff::9")
+
+
+def test_a_nat_lan_is_its_range_and_its_gateway_never_the_range_alone():
+    # Every home router hands out 192.168.1.0/24: two homes must not become one cohort.
+    home_a = network_id("192.168.1.2", lan_gateway="02:00:00:00:00:0a")
+    home_b = network_id("192.168.1.2", lan_gateway="02:00:00:00:00:0b")
+    assert home_a != home_b
+    assert network_id("192.168.1.77", lan_gateway="02:00:00:00:00:0A") == home_a  # one LAN, any case
+    # A public address is its /24 whatever the gateway.
+    assert network_id("198.51.100.7", "02:00:00:00:00:0a") == network_id("198.51.100.9", "02:00:00:00:00:0b")
+    assert is_nat_address("10.3.2.1") and is_nat_address("100.64.0.1") and not is_nat_address("198.51.100.7")
+
+
+def test_host_id_differs_between_network_namespaces(tmp_path):
+    """Processes in two network namespaces of one machine are two hosts to node affinity (the
+    testbed's sites rely on it); two processes in one namespace are one host."""
+    import shutil
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 to create a network namespace")
+    ns = f"manta-test-{os.getpid()}"
+    probe = [sys.executable, "-c", "from peer.affinity import host_id; print(host_id())"]
+    subprocess.run(["ip", "netns", "add", ns], check=True, timeout=30)
+    try:
+        inside = subprocess.run(
+            ["ip", "netns", "exec", ns, *probe], capture_output=True, text=True, timeout=60
+        )
+        outside = subprocess.run(probe, capture_output=True, text=True, timeout=60)
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], timeout=30)
+    assert inside.returncode == 0 and outside.returncode == 0, inside.stderr + outside.stderr
+    assert inside.stdout.strip() != outside.stdout.strip()
+    assert outside.stdout.strip() == host_id()
