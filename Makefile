@@ -17,14 +17,21 @@ PYTEST_ARGS ?=
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 DEPS_KEY := $(shell scripts/deps_key.sh "$(PYTHON)")
-STAMP := $(VENV)/.manta-deps-$(DEPS_KEY)
+# The thin .venv also holds the editable install, whose console scripts and package list come from
+# pyproject.toml: a change there rebuilds the .venv (seconds), not the cached dependencies.
+PROJECT_KEY := $(shell sha256sum pyproject.toml | cut -c1-8)
+STAMP := $(VENV)/.manta-deps-$(DEPS_KEY)-$(PROJECT_KEY)
 
-.PHONY: demo test test-all test-swarm lint venv constraints clean
+.PHONY: demo test test-all test-swarm lint venv system-tools constraints clean
 
 venv: $(STAMP)
 
+# iptables for the emulated internet (testbed/wan), installed when missing and run as root.
+system-tools:
+	@scripts/system_tools.sh
+
 $(STAMP):
-	@MANTA_CACHE_DIR="$(MANTA_CACHE_DIR)" scripts/make_venv.sh "$(PYTHON)" "$(DEPS_KEY)" "$(VENV)"
+	@MANTA_CACHE_DIR="$(MANTA_CACHE_DIR)" scripts/make_venv.sh "$(PYTHON)" "$(DEPS_KEY)" "$(VENV)" "$(STAMP)"
 
 # The main job on built-in data: a local swarm (one aggregator, three peers on 127.0.0.1) trains a
 # digits supernet for 30 rounds and writes a summary. DEMO_ARGS adds or overrides manta-swarm options.
@@ -33,15 +40,15 @@ demo: venv
 	$(VENV)/bin/manta-swarm --peers 3 --rounds 30 $(DEMO_ARGS)
 
 # The default suite: everything but `slow` (benchmark-sized runs, browser tests).
-test: venv
+test: venv system-tools
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Everything, including `slow`.
-test-all: venv
+test-all: venv system-tools
 	$(PY) -m pytest -m "" $(PYTEST_ARGS)
 
 # Only the multi-process swarm tests.
-test-swarm: venv
+test-swarm: venv system-tools
 	$(PY) -m pytest -m swarm $(PYTEST_ARGS)
 
 # The aggregator's dashboard in a real headless Chromium during a local swarm run (a `slow` test);
