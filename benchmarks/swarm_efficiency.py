@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from peer.local_swarm import console_script
+from testbed.local_swarm import console_script
 
 
 def run_swarm(out: Path, name: str, peers: int, cohorts: int, mode: str, args, target: int) -> dict:

@@ -2,7 +2,7 @@
 # Builds (or reuses) the cached dependency environment for KEY, then a thin .venv in the clone that
 # sees it and holds the editable MANTA install. See the Makefile header for the why.
 set -euo pipefail
-python=$1 key=$2 venv=$3
+python=$1 key=$2 venv=$3 stamp=${4:-$3/.manta-deps-$2}
 cache=${MANTA_CACHE_DIR:-$HOME/.cache/manta}
 pyver=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 deps="$cache/deps-py$pyver-$key"
@@ -41,5 +41,5 @@ rm -rf "$venv"
 site="$venv/lib/python$pyver/site-packages"
 echo "import site; site.addsitedir('$deps/lib/python$pyver/site-packages')" >"$site/_manta_deps.pth"
 "$deps/bin/python" -m pip --python "$venv/bin/python" install -q --no-deps --no-build-isolation -e .
-touch "$venv/.manta-deps-$key"
+touch "$stamp"
 echo "manta: .venv ready (dependencies from $deps)"

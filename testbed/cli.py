@@ -1,4 +1,5 @@
-"""`manta-swarm`: a developer's multi-process local swarm on 127.0.0.1 (see peer/local_swarm.py)."""
+"""`manta-swarm`: a developer's multi-process local swarm, on 127.0.0.1 or on an emulated internet
+(see testbed/local_swarm.py, testbed/wan/)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,31 @@ from pathlib import Path
 import click
 
 from protocol.cli_support import UserError, manta_command
+from testbed.wan.rates import RateError, parse_rate
 
 
-@manta_command("manta-swarm", "Run one aggregator and N peers as separate local processes on 127.0.0.1.")
-@click.option("--peers", type=click.IntRange(1, 64), required=True, help="Number of manta-peer processes.")
+def _rate(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        return parse_rate(value)
+    except RateError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+LINK_OPTIONS = ("uplink", "downlink", "delay", "jitter", "loss", "nat")
+
+
+@manta_command("manta-swarm", "Run one aggregator and N peers as separate local processes.")
+@click.option("--peers", type=click.IntRange(1, 64), default=None, help="Number of manta-peer processes.")
 @click.option(
     "--cohorts", type=click.IntRange(1, 64), default=1, show_default=True, help="Split peers into C cohorts."
 )
 @click.option("--task", default="digits", show_default=True, help="Built-in task.")
 @click.option("--mode", type=click.Choice(["data", "model"]), default="data", show_default=True)
-@click.option("--rounds", type=click.IntRange(1), default=30, show_default=True, help="Committed rounds.")
+@click.option(
+    "--rounds", type=click.IntRange(1), default=30, show_default=True, help="Rounds the swarm commits."
+)
 @click.option(
     "--data-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -51,6 +67,58 @@ from protocol.cli_support import UserError, manta_command
 )
 @click.option("--width-mult", default="0.5", show_default=True, help="Supernet width (classification).")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--sites",
+    type=click.IntRange(1, 250),
+    default=None,
+    help="Emulated internet: put the peers into N sites (network namespaces behind shaped links; needs root).",
+)
+@click.option("--uplink", callback=_rate, help="Each site's uplink rate, as tc writes it (20mbit, 1gbit).")
+@click.option("--downlink", callback=_rate, help="Each site's downlink rate.")
+@click.option(
+    "--delay",
+    type=click.FloatRange(0, 10000),
+    default=None,
+    help="One-way delay between a site and the core, ms.",
+)
+@click.option(
+    "--jitter", type=click.FloatRange(0, 10000), default=None, help="Delay varies by up to +- this many ms."
+)
+@click.option(
+    "--loss",
+    type=click.FloatRange(0, 100, max_open=True),
+    default=None,
+    help="Frames lost each way, percent (0.5 = 0.5 %).",
+)
+@click.option(
+    "--nat", type=click.IntRange(0), default=None, help="Put the last K sites behind NAT (outbound only)."
+)
+@click.option(
+    "--scenario",
+    "scenario_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="A TOML file of sites that differ and a churn schedule (see testbed/scenarios/).",
+)
+@click.option(
+    "--churn", default=None, help="Kill peers every:SECONDS or at:T1,T2 (seconds after the first commit)."
+)
+@click.option(
+    "--churn-signal",
+    type=click.Choice(["kill", "int"]),
+    default="kill",
+    show_default=True,
+    help="kill: kill -9; int: Ctrl-C (the peer finishes its round and leaves).",
+)
+@click.option(
+    "--churn-replace/--no-churn-replace",
+    default=True,
+    show_default=True,
+    help="Start a new peer for each one stopped.",
+)
+@click.option(
+    "--check-links", is_flag=True, help="Measure every emulated link against its settings, then exit."
+)
 def main(
     peers,
     cohorts,
@@ -65,13 +133,68 @@ def main(
     learning_rate,
     width_mult,
     seed,
+    sites,
+    uplink,
+    downlink,
+    delay,
+    jitter,
+    loss,
+    nat,
+    scenario_path,
+    churn,
+    churn_signal,
+    churn_replace,
+    check_links,
 ) -> None:
     """Start the swarm, show its progress, stop every process, and write the summary."""
-    from peer.local_swarm import LocalSwarm, SwarmOptions
-    from peer.swarm_summary import progress_line, summarise, write_summary
     from protocol.runtime import prepare_process, start_orphan_reaper
     from tasks import available_tasks
+    from testbed.churn import parse_churn
+    from testbed.wan.netns import TestbedError, require_privileges
+    from testbed.wan.scenario import LinkProfile, ScenarioError, load_scenario, uniform_scenario, with_churn
 
+    link_values = dict(uplink=uplink, downlink=downlink, delay=delay, jitter=jitter, loss=loss, nat=nat)
+    given = [f"--{k}" for k, v in link_values.items() if v is not None]
+    try:
+        plan = parse_churn(churn, churn_signal, churn_replace) if churn else None
+        if scenario_path is not None:
+            if sites is not None or given:
+                raise UserError(
+                    f"--scenario describes the sites; drop {', '.join(['--sites'] * (sites is not None) + given)}"
+                )
+            scenario = with_churn(load_scenario(scenario_path), plan)
+            if peers is not None and peers != scenario.peers:
+                raise UserError(
+                    f"--peers {peers} differs from the {scenario.peers} peer(s) of {scenario_path}"
+                )
+            peers = scenario.peers
+        elif sites is not None:
+            if peers is None and check_links:
+                peers = sites  # the check measures links; peers only place the sites
+            if peers is None:
+                raise UserError("--sites needs --peers")
+            link = LinkProfile(uplink, downlink, delay or 0.0, jitter or 0.0, loss or 0.0)
+            scenario = uniform_scenario(sites, peers, link, nat or 0, plan, seed)
+        else:
+            if given:
+                raise UserError(
+                    f"{', '.join(given)} shape(s) emulated links: add --sites N or --scenario FILE"
+                )
+            if check_links:
+                raise UserError("--check-links measures emulated links: add --sites N or --scenario FILE")
+            if peers is None:
+                raise UserError("Missing option '--peers'")
+            scenario = None
+    except ScenarioError as e:
+        raise UserError(str(e)) from None
+    if scenario is not None:
+        try:
+            require_privileges()  # before anything slow: one line, at once
+        except TestbedError as e:
+            raise UserError(str(e)) from None
+    if check_links:
+        _check_links(scenario, data_dir)
+        return
     if task not in available_tasks():
         raise UserError(f"unknown task {task!r}; built-in tasks: {', '.join(available_tasks())}")
     stereo = task.startswith("stereo")
@@ -92,6 +215,10 @@ def main(
     run_dir = data_dir or Path(f"manta-run-{time.strftime('%Y%m%d-%H%M%S')}")
     if run_dir.exists() and any(run_dir.iterdir()):
         raise UserError(f"{run_dir} is not empty; choose a new --data-dir")
+    from testbed.figures import format_tables
+    from testbed.local_swarm import SwarmOptions
+    from testbed.runner import RunFailed, run_swarm
+
     options = SwarmOptions(
         peers=peers,
         cohorts=cohorts,
@@ -105,47 +232,47 @@ def main(
         learning_rate=learning_rate,
         width_mult=width_mult,
         seed=seed,
+        until_swarm_round=True,
     )
-    swarm = LocalSwarm(options)
     click.echo(f"run directory: {run_dir.resolve()}")
-    started = time.monotonic()
     try:
-        try:
-            swarm.start_aggregator()
-        except RuntimeError as e:
-            raise UserError(str(e)) from None
-        click.echo(f"aggregator up; starting {peers} peer(s) ({mode}-parallel, {cohorts} cohort(s), {task})")
-        for i in range(peers):
-            swarm.start_peer(i)
-        shown = -1
-        while swarm.peers_running():
-            time.sleep(1.0)
-            line = progress_line(swarm, peers, rounds)
-            if line is not None and line[0] > shown:
-                shown = line[0]
-                click.echo(f"[{time.monotonic() - started:6.0f}s] {line[1]}")
-        failed = [n for n in swarm.peer_names() if swarm.procs[n].returncode != 0]
-        if failed:
-            click.echo(f"peer(s) {', '.join(failed)} exited with an error; see their log.txt", err=True)
-    except KeyboardInterrupt:
-        click.echo("stopping: peers finish their round and leave (Ctrl-C again to kill)")
-        try:
-            swarm.stop()
-        except KeyboardInterrupt:
-            swarm.stop(grace=0.0)
-    finally:
-        swarm.close()
-    wall = time.monotonic() - started
-    click.echo("all processes stopped; evaluating the final state")
-    summary = summarise(swarm, peers, wall)
-    path = summary_path or run_dir / "summary.json"
-    write_summary(summary, path)
+        churn_plan = scenario.churn if scenario is not None else plan  # churn works on loopback too
+        summary = run_swarm(options, scenario, churn_plan, click.echo, summary_path)
+    except (RunFailed, TestbedError) as e:
+        raise UserError(str(e)) from None
+    from testbed.figures import PeerFigures, SiteFigures
+
+    peers_fig = [PeerFigures(**p) for p in summary["peers_detail"]]
+    sites_fig = [SiteFigures(**s) for s in summary["sites"]] if summary["sites"] is not None else None
+    click.echo("")
+    click.echo(format_tables(peers_fig, sites_fig, summary["swarm"]))
     quality = summary.get("accuracy") or summary.get("epe") or {}
     click.echo(
         f"{summary['rounds']} rounds, {summary['total_samples']} samples in {summary['wall_time_s']:.0f} s; "
-        f"identical final state on every peer: {summary['identical_final_state']}; "
+        f"identical final state on every peer that finished: {summary['identical_final_state']}; "
         + ", ".join(f"{k} {v:.4f}" for k, v in quality.items())
     )
-    click.echo(f"summary: {path}")
+    click.echo(f"summary: {summary_path or run_dir / 'summary.json'}")
     if not summary["rounds"]:
         raise UserError("the swarm committed no round; see the logs under " + str(run_dir))
+
+
+def _check_links(scenario, data_dir: Path | None) -> None:
+    import tempfile
+
+    from testbed.wan.linkcheck import check_links, format_rows
+    from testbed.wan.netns import TestbedError
+
+    workdir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="manta-linkcheck-"))
+    try:
+        rows = check_links(scenario, workdir, progress=click.echo)
+    except TestbedError as e:
+        raise UserError(str(e)) from None
+    click.echo(format_rows(rows))
+    off = [r for r in rows if r.ok is False]
+    if off:
+        raise UserError(
+            f"{len(off)} measurement(s) off their settings: "
+            + "; ".join(f"{r.site} {r.quantity}" for r in off)
+        )
+    click.echo("every emulated link matches its settings")

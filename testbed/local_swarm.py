@@ -1,17 +1,24 @@
-"""A whole swarm on this machine: one ``manta-aggregator`` and N ``manta-peer`` processes on 127.0.0.1.
+"""A whole swarm on this machine: one ``manta-aggregator`` and N ``manta-peer`` processes, on
+127.0.0.1 or in the sites of an emulated internet (:mod:`testbed.wan`).
 
 Every process is started exactly as a user would start it by hand (the installed console scripts,
 their own identities, data directories and logs), so what ``manta-swarm`` shows is what a real
-deployment does, only on one host. Everything lives under one run directory::
+deployment does. Everything lives under one run directory::
 
     <run>/task.toml                  the task the aggregator publishes
     <run>/aggregator/                its identity, p2p key, checkpoints/, log
     <run>/peer-<i>/                  each peer's identity, p2p key, rounds.jsonl, final-state.pt, log
-    <run>/summary.json               written at the end (see swarm_summary.py)
+    <run>/processes.jsonl            every start, signal and exit, with its time and site
+    <run>/links/                     the emulated links' relay counters (with --sites)
+    <run>/summary.json               written at the end (see summary.py)
 
-Stopping: peers leave by themselves after ``rounds`` committed rounds; then the aggregator gets
-SIGTERM. Ctrl-C sends SIGTERM to every peer (they finish their round and leave), then to the
-aggregator; anything still alive after a grace period is killed, so no process outlives the run.
+With an emulated internet, the aggregator runs in its own site and each peer in its site's LAN,
+bound to the site's address; a peer in a NAT site runs with ``--client-mode`` (others cannot
+connect to it, as behind a home router).
+
+Stopping: peers leave by themselves at the run's end; then the aggregator gets SIGTERM. Ctrl-C sends
+SIGTERM to every peer (they finish their round and leave), then to the aggregator; anything still
+alive after a grace period is killed, so no process outlives the run.
 """
 
 from __future__ import annotations
@@ -24,12 +31,15 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from protocol.logs import get_logger
+from testbed.wan.topology import AGGREGATOR_SITE, EmulatedInternet
 
 logger = get_logger("manta.swarm")
 
 GRACE_SECONDS = 60.0  # a peer finishing its round on SIGTERM may need an averaging timeout or two
+LOOPBACK = "127.0.0.1"
 
 
 def console_script(name: str) -> str:
@@ -55,6 +65,9 @@ class SwarmOptions:
     seed: int = 0
     worker_threads: int = 0  # 0: the machine's cores shared among the peers
     extra_toml: str = ""
+    # False: each peer runs `rounds` committed rounds of its own (--max-rounds); True: every peer,
+    # joiners included, leaves once the swarm has committed `rounds` rounds (--until-round).
+    until_swarm_round: bool = False
 
 
 def task_toml(o: SwarmOptions) -> str:
@@ -68,13 +81,28 @@ def task_toml(o: SwarmOptions) -> str:
     )
 
 
+Signal = Literal["kill", "int", "term"]
+_SIGNALS = {"kill": signal.SIGKILL, "int": signal.SIGINT, "term": signal.SIGTERM}
+
+
 class LocalSwarm:
-    def __init__(self, options: SwarmOptions):
+    def __init__(
+        self,
+        options: SwarmOptions,
+        internet: EmulatedInternet | None = None,
+        placement: list[str] | None = None,
+    ):
+        """``placement[i]`` is the site of peer i (needed with ``internet``)."""
         self.o = options
         # Absolute: every process runs in this folder, so a relative path would point inside itself.
         self.dir = Path(options.run_dir).resolve()
+        self.internet = internet
+        self.placement = list(placement or [])
         self.procs: dict[str, subprocess.Popen] = {}
+        self.sites: dict[str, str | None] = {}
+        self.started_at: dict[str, float] = {}
         self._logs: list = []
+        self._exits_recorded: set[str] = set()
         self.started = time.time()
 
     # ------------------------------------------------------------------ processes
@@ -83,14 +111,31 @@ class LocalSwarm:
         threads = self.o.worker_threads or max(1, (os.cpu_count() or 1) // self.o.peers)
         return dict(os.environ, MANTA_WORKER_THREADS=str(threads), PYTHONUNBUFFERED="1")
 
-    def _spawn(self, name: str, args: list[str], folder: Path, env: dict | None = None) -> subprocess.Popen:
+    def _address(self, site: str | None) -> str:
+        return LOOPBACK if site is None else self.internet.sites[site].address
+
+    def _event(self, name: str, event: str, **extra) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        record = {"name": name, "event": event, "time": time.time(), "site": self.sites.get(name), **extra}
+        with open(self.dir / "processes.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def _spawn(
+        self, name: str, args: list[str], folder: Path, env: dict | None = None, site: str | None = None
+    ) -> subprocess.Popen:
         folder.mkdir(parents=True, exist_ok=True)
         log = open(folder / "log.txt", "w")
         self._logs.append(log)
-        proc = subprocess.Popen(
-            args, stdout=log, stderr=subprocess.STDOUT, env={**self._env(), **(env or {})}, cwd=self.dir
-        )
+        kwargs = dict(stdout=log, stderr=subprocess.STDOUT, env={**self._env(), **(env or {})}, cwd=self.dir)
+        if site is not None:
+            proc = self.internet.popen(site, args, **kwargs)
+        else:
+            proc = subprocess.Popen(args, **kwargs)
         self.procs[name] = proc
+        self.sites[name] = site
+        self.started_at[name] = time.time()
+        self._exits_recorded.discard(name)
+        self._event(name, "start", pid=proc.pid)
         return proc
 
     def start_aggregator(
@@ -102,13 +147,14 @@ class LocalSwarm:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "task.toml").write_text(task_toml(self.o))
         folder = self.dir / "aggregator"
+        site = AGGREGATOR_SITE if self.internet is not None else None
         args = [
             console_script("manta-aggregator"),
             "start",
             "--task",
             str(self.dir / "task.toml"),
             "--listen",
-            "127.0.0.1:0",
+            f"{self._address(site)}:0",
             "--identity",
             str(folder / "identity.key"),
             "--data-dir",
@@ -119,7 +165,7 @@ class LocalSwarm:
         if resume:
             args.append("--resume")
         args += list(extra_args)
-        proc = self._spawn("aggregator", args, folder)
+        proc = self._spawn("aggregator", args, folder, site=site)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             for line in (folder / "log.txt").read_text().splitlines():
@@ -134,8 +180,22 @@ class LocalSwarm:
     def peer_dir(self, i: int) -> Path:
         return self.dir / f"peer-{i}"
 
-    def start_peer(self, i: int, *extra: str, env: dict | None = None) -> subprocess.Popen:
+    def site_of(self, i: int) -> str | None:
+        if self.internet is None:
+            return None
+        if i < len(self.placement):
+            return self.placement[i]
+        raise ValueError(f"peer-{i} has no site; pass site= to start_peer")
+
+    def start_peer(
+        self, i: int, *extra: str, env: dict | None = None, site: str | None = None
+    ) -> subprocess.Popen:
         folder = self.peer_dir(i)
+        if self.internet is not None:
+            site = site or self.site_of(i)
+            while len(self.placement) <= i:
+                self.placement.append(site)
+            self.placement[i] = site
         args = [
             console_script("manta-peer"),
             "join",
@@ -143,31 +203,51 @@ class LocalSwarm:
             "--gpus",
             "none",
             "--listen",
-            "127.0.0.1:0",
+            f"{self._address(site)}:0",
             "--identity",
             str(folder / "identity.key"),
             "--data-dir",
             str(folder),
-            "--max-rounds",
+            "--until-round" if self.o.until_swarm_round else "--max-rounds",
             str(self.o.rounds),
         ]
+        if site is not None and self.internet.sites[site].nat:
+            args.append("--client-mode")  # behind a home router: others cannot connect in
         if self.o.cohorts > 1:
             args += ["--cohort", f"cohort-{i % self.o.cohorts}"]
-        return self._spawn(f"peer-{i}", [*args, *extra], folder, env)
+        return self._spawn(f"peer-{i}", [*args, *extra], folder, env, site=site)
+
+    def signal_peer(self, name: str, how: Signal) -> None:
+        """Send ``how`` (kill: kill -9; int: Ctrl-C; term: SIGTERM) to a process (a peer's agent)."""
+        proc = self.procs[name]
+        if proc.poll() is None:
+            proc.send_signal(_SIGNALS[how])
+            self._event(name, f"signal-{how}")
 
     def peer_names(self) -> list[str]:
         return [n for n in self.procs if n.startswith("peer-")]
 
+    def running_peers(self) -> list[str]:
+        return [n for n in self.peer_names() if self.procs[n].poll() is None]
+
     def peers_running(self) -> bool:
-        return any(self.procs[n].poll() is None for n in self.peer_names())
+        return bool(self.running_peers())
+
+    def record_exits(self) -> None:
+        """Log the exit of every process that has ended since the last call."""
+        for name, proc in self.procs.items():
+            if proc.poll() is not None and name not in self._exits_recorded:
+                self._exits_recorded.add(name)
+                self._event(name, "exit", returncode=proc.returncode)
 
     def stop(self, names: list[str] | None = None, grace: float = GRACE_SECONDS) -> None:
         """SIGTERM ``names`` (default: peers first, then the aggregator), kill what outlives ``grace``."""
         groups = [names] if names is not None else [self.peer_names(), ["aggregator"]]
         for group in groups:
-            live = [self.procs[n] for n in group if n in self.procs and self.procs[n].poll() is None]
-            for proc in live:
-                proc.send_signal(signal.SIGTERM)
+            names_live = [n for n in group if n in self.procs and self.procs[n].poll() is None]
+            live = [self.procs[n] for n in names_live]
+            for name in names_live:
+                self.signal_peer(name, "term")
             deadline = time.monotonic() + grace
             for proc in live:
                 try:
@@ -175,6 +255,7 @@ class LocalSwarm:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(10)
+        self.record_exits()
 
     def close(self) -> None:
         self.stop(grace=5.0)
@@ -183,8 +264,9 @@ class LocalSwarm:
 
     # ------------------------------------------------------------------ what the peers report
 
-    def rounds(self, i: int) -> list[dict]:
-        path = self.peer_dir(i) / "rounds.jsonl"
+    def rounds(self, i: int | str) -> list[dict]:
+        folder = self.dir / i if isinstance(i, str) else self.peer_dir(i)
+        path = folder / "rounds.jsonl"
         if not path.exists():
             return []
         out = []

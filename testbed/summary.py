@@ -1,12 +1,17 @@
 """What a finished local swarm did, from the files its processes left (``manta-swarm --summary``).
 
-Everything comes from the peers' own records (``rounds.jsonl``, ``final-state.pt``), not from the
-runner's bookkeeping, so the summary reports what the processes actually did:
+Everything comes from the peers' own records (``rounds.jsonl``, ``final-state.pt``), the runner's
+process log (``processes.jsonl``) and, on an emulated internet, the links' own counters, not from
+estimates, so the summary reports what the processes and the wire actually did:
 
 - ``rounds``: rounds committed by the swarm (distinct round numbers any peer committed);
 - ``total_samples``: samples the swarm processed in those rounds (each round's contributor sum);
 - ``samples_per_peer`` and ``time_split`` per peer (compute / averaging / other, seconds);
-- ``final_digests``: each peer's final state digest; ``identical_final_state`` whether they agree;
+- ``final_digests``: the final state digest of every peer that finished the run;
+  ``identical_final_state`` whether they agree (peers killed on the way are listed apart);
+- ``peers``, ``swarm`` and ``sites``: the figures of :mod:`testbed.figures` (how each peer ended,
+  rounds committed and aborted with reasons, compute utilization, time per stage, time to the first
+  committed contribution; bytes over each site's access link, wide-area bytes per sample);
 - ``ledger`` (path, size, root, latest checkpoint note) and ``credits`` per peer (training FLOPs,
   share, entries, revoked) from the aggregator's contribution ledger;
 - ``accuracy`` (classification) or ``epe`` (stereo): ``{"largest": ..., "smallest": ...}`` on the
@@ -19,42 +24,48 @@ import json
 from pathlib import Path
 from typing import Any
 
-from peer.local_swarm import LocalSwarm
 from protocol.logs import get_logger
+from testbed.figures import as_json, peer_figures, site_figures, swarm_figures
+from testbed.local_swarm import LocalSwarm
+from testbed.wan.rates import format_rate
+from testbed.wan.topology import LinkCounters
 
 logger = get_logger("manta.swarm")
 
 
-def progress_line(swarm: LocalSwarm, peers: int, total_rounds: int) -> tuple[int, str] | None:
+def progress_line(swarm: LocalSwarm, total_rounds: int) -> tuple[int, str] | None:
     """The newest round any peer committed and one line describing it (None before the first)."""
     newest: dict[str, Any] | None = None
-    cohorts, online = set(), 0
-    for i in range(peers):
-        reports = swarm.rounds(i)
+    cohorts = set()
+    for name in swarm.peer_names():
+        reports = swarm.rounds(name)
         committed = [r for r in reports if r["committed"]]
         if committed:
             last = committed[-1]
             if newest is None or last["round"] > newest["round"]:
                 newest = last
-        if reports:
+        if reports and swarm.procs[name].poll() is None:
             cohorts.add(reports[-1]["cohort"])
-        online += swarm.procs.get(f"peer-{i}") is not None and swarm.procs[f"peer-{i}"].poll() is None
     if newest is None:
         return None
     rate = newest["swarm_samples"] / max(newest["seconds"], 1e-6)
     return newest["round"], (
         f"round {newest['round'] + 1:>4}/{total_rounds}  loss {newest['loss']:.4f}  "
         f"{newest['swarm_samples']} samples at {rate:.0f}/s  {newest['contributors']} contributor(s) in "
-        f"{len(cohorts)} cohort(s), {online} peer(s) running  phase {newest['phase']}"
+        f"{len(cohorts)} cohort(s), {len(swarm.running_peers())} peer(s) running  phase {newest['phase']}"
     )
 
 
-def summarise(swarm: LocalSwarm, peers: int, wall_seconds: float, evaluate: bool = True) -> dict[str, Any]:
+def summarise(
+    swarm: LocalSwarm,
+    wall_seconds: float,
+    evaluate: bool = True,
+    link_counters: dict[str, LinkCounters] | None = None,
+) -> dict[str, Any]:
     committed_rounds: dict[int, int] = {}
-    samples_per_peer, time_split, digests = {}, {}, {}
-    for i in range(peers):
-        name = f"peer-{i}"
-        reports = [r for r in swarm.rounds(i) if r["committed"]]
+    samples_per_peer, time_split, digests, killed = {}, {}, {}, {}
+    for name in swarm.peer_names():
+        reports = [r for r in swarm.rounds(name) if r["committed"]]
         for r in reports:
             committed_rounds[r["round"]] = max(committed_rounds.get(r["round"], 0), r["swarm_samples"])
         samples_per_peer[name] = sum(r["samples"] for r in reports)
@@ -65,28 +76,52 @@ def summarise(swarm: LocalSwarm, peers: int, wall_seconds: float, evaluate: bool
             split["other"] += r["times"]["waiting"]
         time_split[name] = {k: round(v, 2) for k, v in split.items()}
         if reports:
-            digests[name] = reports[-1]["state_digest"]
+            # Only a peer that ran to the end holds the run's final state; one killed on the way
+            # holds whatever it had then.
+            (digests if swarm.procs[name].returncode == 0 else killed)[name] = reports[-1]["state_digest"]
+    total_samples = sum(committed_rounds.values())
+    peers = peer_figures(swarm.dir)
+    sites = None
+    if link_counters is not None and swarm.internet is not None:
+        configured = {
+            name: {
+                "nat": net.nat,
+                "link": {
+                    "uplink": format_rate(net.link.uplink_bps) if net.link.uplink_bps else "unshaped",
+                    "downlink": format_rate(net.link.downlink_bps) if net.link.downlink_bps else "unshaped",
+                    "delay_ms": net.link.delay_ms,
+                    "jitter_ms": net.link.jitter_ms,
+                    "loss_pct": net.link.loss_pct,
+                },
+            }
+            for name, net in swarm.internet.sites.items()
+        }
+        sites = site_figures(link_counters, configured, swarm.sites)
     summary: dict[str, Any] = {
         "task": swarm.o.task,
         "mode": swarm.o.mode,
-        "peers": peers,
+        "peers": swarm.o.peers,
         "cohorts": swarm.o.cohorts,
         "rounds": len(committed_rounds),
-        "total_samples": sum(committed_rounds.values()),
+        "total_samples": total_samples,
         "wall_time_s": round(wall_seconds, 1),
         "samples_per_peer": samples_per_peer,
         "time_split_s": time_split,
         "final_digests": digests,
         "identical_final_state": len(set(digests.values())) == 1 if digests else False,
+        "peers_stopped_early": killed,
         "run_dir": str(swarm.dir.resolve()),
-        **ledger_summary(swarm, peers),
+        "peers_detail": as_json(peers),
+        "swarm": swarm_figures(peers, sites, total_samples),
+        "sites": as_json(sites) if sites is not None else None,
+        **ledger_summary(swarm),
     }
     if evaluate:
-        summary.update(evaluate_final_state(swarm, peers))
+        summary.update(evaluate_final_state(swarm))
     return summary
 
 
-def ledger_summary(swarm: LocalSwarm, peers: int) -> dict[str, Any]:
+def ledger_summary(swarm: LocalSwarm) -> dict[str, Any]:
     """The aggregator's ledger (path, size, root, checkpoint) and each peer's credits in it."""
     from aggregator.ledger_store import LedgerError, LedgerStore
     from aggregator.rewards import compute_rewards
@@ -109,11 +144,11 @@ def ledger_summary(swarm: LocalSwarm, peers: int) -> dict[str, Any]:
         return {"ledger": {"path": str(path.resolve()), "error": str(e)}, "credits": {}}
     by_key = {p.public_key: p for p in rewards.peers}
     credits = {}
-    for i in range(peers):
-        key_file = swarm.peer_dir(i) / "identity.key"
+    for name in swarm.peer_names():
+        key_file = swarm.dir / name / "identity.key"
         if key_file.exists():
             reward = by_key.get(Identity.load(key_file).public_key_hex)
-            credits[f"peer-{i}"] = {
+            credits[name] = {
                 "credits": reward.credits if reward else 0,
                 "share": round(reward.share, 4) if reward else 0.0,
                 "entries": reward.entries if reward else 0,
@@ -122,11 +157,11 @@ def ledger_summary(swarm: LocalSwarm, peers: int) -> dict[str, Any]:
     return {"ledger": ledger, "credits": credits}
 
 
-def evaluate_final_state(swarm: LocalSwarm, peers: int) -> dict[str, Any]:
+def evaluate_final_state(swarm: LocalSwarm) -> dict[str, Any]:
     """Largest and smallest sub-network quality of the newest final state any peer saved."""
     from supernet.checkpoint import CheckpointError, load_checkpoint
 
-    candidates = [swarm.peer_dir(i) / "final-state.pt" for i in range(peers)]
+    candidates = [swarm.dir / name / "final-state.pt" for name in swarm.peer_names()]
     candidates = [p for p in candidates if p.exists()]
     if not candidates:
         return {"evaluation_error": "no peer saved a final state"}

@@ -17,9 +17,9 @@ import pytest
 
 from aggregator.ledger_store import LedgerStore
 from aggregator.rewards import compute_rewards
-from peer.local_swarm import LocalSwarm, SwarmOptions
 from protocol.identity import Identity
 from protocol.records import ContributionReceipt, Revocation, parse_sealed
+from testbed.local_swarm import LocalSwarm, SwarmOptions
 from tests.aggregator.ledger_helpers import tamper
 from tests.helpers import console_script
 

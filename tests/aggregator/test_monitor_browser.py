@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from peer.local_swarm import LocalSwarm, SwarmOptions
+from testbed.local_swarm import LocalSwarm, SwarmOptions
 from tests.aggregator.monitor_helpers import free_port, get_json
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from peer.local_swarm import LocalSwarm, SwarmOptions
+from testbed.local_swarm import LocalSwarm, SwarmOptions
 from tests.aggregator.monitor_helpers import free_port, get_json, http, parse_exposition
 
 pytestmark = pytest.mark.swarm

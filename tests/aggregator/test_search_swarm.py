@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from peer.local_swarm import LocalSwarm, SwarmOptions
 from protocol.identity import Identity
 from supernet.checkpoint import save_trained
 from supernet.search.run import SearchOptions, run_search
 from supernet.training import train
 from supernet.workload import workload_for
+from testbed.local_swarm import LocalSwarm, SwarmOptions
 from tests.helpers import console_script
 from tests.supernet.threads import single_torch_thread  # noqa: F401
 

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from peer.local_swarm import LocalSwarm, SwarmOptions, console_script
 from peer.node import RoundReport
 from peer.progress_display import ProgressDisplay
+from testbed.local_swarm import LocalSwarm, SwarmOptions, console_script
 
 
 def _report(committed=True) -> RoundReport:

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from peer.local_swarm import LocalSwarm, SwarmOptions
+from testbed.local_swarm import LocalSwarm, SwarmOptions
 from tests.helpers import console_script
 
 pytestmark = pytest.mark.swarm

@@ -1,0 +1,179 @@
+"""The swarm on an emulated internet: five network profiles in one run, their figures side by side.
+
+Each profile is one real ``manta-swarm`` run (an aggregator and 8 peer processes; with ``--sites``
+every site is a network namespace behind a shaped, delayed, lossy access link, see testbed/wan/):
+
+    loopback         --peers 8 --cohorts 4                       today's manta-swarm, 127.0.0.1
+    lan              --sites 4 (2 peers each), 1gbit both ways, 0.5 ms
+    broadband        --sites 4 (2 peers each), 50mbit up / 200mbit down, 40 ms, 0.1 % loss
+    home             --sites 8 (1 peer each), 20mbit up / 100mbit down, 80 ms, 0.5 % loss, 2 behind NAT
+    broadband-churn  broadband, and a peer killed with kill -9 every 60 s and a new one joining
+
+(``--delay`` is each site's one-way delay to the internet core, so two sites are twice that apart.)
+Every profile trains the same task for the same rounds and target samples per round. Printed per
+profile: rounds committed, samples, wall time, median round time, compute utilization and the split
+of in-round time by stage, aborted peer-rounds and their main reasons, wide-area bytes (counted by
+the kernel on each site's access link) in total, exchanged with the aggregator, and per training
+sample, the joiners' time to their first committed contribution, the final accuracy of the largest
+and smallest sub-network, whether the peers that finished hold one state, and the machine's load.
+
+    sudo python -m benchmarks.swarm_wan [--rounds 30] [--profiles loopback,lan,...] [--out DIR]
+
+Needs root (network namespaces) and iptables; takes about 45 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from testbed.local_swarm import console_script
+
+BROADBAND = ["--sites", "4", "--uplink", "50mbit", "--downlink", "200mbit", "--delay", "40", "--loss", "0.1"]
+PROFILES: dict[str, list[str]] = {
+    "loopback": ["--cohorts", "4"],
+    "lan": ["--sites", "4", "--uplink", "1gbit", "--downlink", "1gbit", "--delay", "0.5"],
+    "broadband": BROADBAND,
+    "home": [
+        "--sites",
+        "8",
+        "--uplink",
+        "20mbit",
+        "--downlink",
+        "100mbit",
+        "--delay",
+        "80",
+        "--loss",
+        "0.5",
+        "--nat",
+        "2",
+    ],  # fmt: skip
+    "broadband-churn": [*BROADBAND, "--churn", "every:60", "--churn-signal", "kill"],
+}
+
+
+def run_profile(name: str, extra: list[str], args) -> dict:
+    run_dir = args.out / name
+    cmd = [console_script("manta-swarm"), "--peers", str(args.peers), "--rounds", str(args.rounds),
+           "--target-samples", str(args.target_samples), *extra, *args.swarm_args, "--data-dir", str(run_dir),
+           "--summary", str(args.out / f"{name}.json")]  # fmt: skip
+    print(f"\n== {name}: {' '.join(['manta-swarm', *cmd[1:]])}", flush=True)
+    load_before = os.getloadavg()
+    started = time.monotonic()
+    done = subprocess.run(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"), text=True)
+    wall = time.monotonic() - started
+    if done.returncode != 0 or not (args.out / f"{name}.json").exists():
+        print(f"   {name} failed (exit {done.returncode}); logs under {run_dir}", flush=True)
+        return {"failed": True, "command": cmd}
+    summary = json.loads((args.out / f"{name}.json").read_text())
+    summary["bench"] = {"command": " ".join(["manta-swarm", *cmd[1:]]), "wall_s": round(wall, 1),
+                        "load_before": load_before, "load_after": os.getloadavg()}  # fmt: skip
+    (args.out / f"{name}.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _round_times(run_dir: Path) -> list[float]:
+    """Median over peers of each committed round's duration (end to end, as the peers report it)."""
+    by_round: dict[int, list[float]] = {}
+    for rounds in run_dir.glob("peer-*/rounds.jsonl"):
+        for line in rounds.read_text().splitlines():
+            r = json.loads(line)
+            if r.get("committed"):
+                by_round.setdefault(r["round"], []).append(r["seconds"])
+    return [statistics.median(v) for _, v in sorted(by_round.items())]
+
+
+def figures(summary: dict, run_dir: Path) -> dict[str, str]:
+    if summary.get("failed"):
+        return {"rounds committed": "failed"}
+    swarm = summary["swarm"]
+    stages = swarm["stages_s"]
+    total = sum(stages.values()) or 1.0
+    rounds = _round_times(run_dir)
+    quality = summary.get("accuracy") or {}
+    joiners = [v for v in swarm["joiners"].values() if v is not None]
+    out = {
+        "rounds committed": f"{summary['rounds']}",
+        "training samples": f"{summary['total_samples']}",
+        "wall time": f"{summary['wall_time_s']:.0f} s",
+        "round time (median)": f"{statistics.median(rounds):.1f} s" if rounds else "-",
+        "compute utilization": f"{100 * (swarm['compute_utilization'] or 0):.0f} %",
+        "in-round time: compute": f"{100 * stages['compute'] / total:.0f} %",
+        "  cohort stage": f"{100 * stages['cohort'] / total:.0f} %",
+        "  cross stage": f"{100 * stages['cross'] / total:.0f} %",
+        "  broadcast": f"{100 * stages['broadcast'] / total:.0f} %",
+        "  commit": f"{100 * stages['commit'] / total:.0f} %",
+        "  other": f"{100 * stages['other'] / total:.0f} %",
+        "aborted peer-rounds": f"{swarm['peer_rounds_aborted']} of "
+        f"{swarm['peer_rounds_aborted'] + swarm['peer_rounds_committed']}",
+        "wide-area MB sent": f"{swarm['wan_bytes'] / 1e6:.0f}" if "wan_bytes" in swarm else "-",
+        "  with the aggregator": f"{100 * swarm['wan_bytes_with_aggregator'] / max(1, swarm['wan_bytes']):.0f} %"
+        if "wan_bytes" in swarm
+        else "-",
+        "wide-area KB / sample": f"{swarm['wan_bytes_per_sample'] / 1e3:.1f}"
+        if swarm.get("wan_bytes_per_sample")
+        else "-",
+        "joiners": str(len(swarm["joiners"])),
+        "joiner to 1st contribution": f"median {statistics.median(joiners):.0f} s, max {max(joiners):.0f} s"
+        if joiners
+        else "-",
+        "accuracy largest": f"{100 * quality['largest']:.2f} %" if "largest" in quality else "-",
+        "accuracy smallest": f"{100 * quality['smallest']:.2f} %" if "smallest" in quality else "-",
+        "identical final state": str(summary["identical_final_state"]),
+        "load avg before / after": "{:.1f} / {:.1f}".format(
+            summary["bench"]["load_before"][0], summary["bench"]["load_after"][0]
+        ),
+    }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--peers", type=int, default=8)
+    parser.add_argument("--target-samples", type=int, default=256)
+    parser.add_argument("--profiles", default=",".join(PROFILES))
+    parser.add_argument("--out", type=Path, default=Path(f"swarm-wan-{time.strftime('%Y%m%d-%H%M%S')}"))
+    parser.add_argument("swarm_args", nargs="*", help="more manta-swarm options for every profile (after --)")
+    args = parser.parse_args()
+    names = args.profiles.split(",")
+    unknown = [n for n in names if n not in PROFILES]
+    if unknown:
+        sys.exit(f"unknown profile(s) {', '.join(unknown)}; choose from {', '.join(PROFILES)}")
+    if os.geteuid() != 0 and any("--sites" in PROFILES[n] for n in names):
+        sys.exit("the emulated-internet profiles need root (network namespaces); run with sudo")
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(
+        f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; results under {args.out}",
+        flush=True,
+    )
+    results = {name: run_profile(name, PROFILES[name], args) for name in names}
+    table = {name: figures(s, args.out / name) for name, s in results.items()}
+    rows = (
+        list(next(t for t in table.values() if len(t) > 1).keys())
+        if any(len(t) > 1 for t in table.values())
+        else []
+    )
+    print("\n| figure | " + " | ".join(names) + " |")
+    print("|---|" + "---:|" * len(names))
+    for row in rows:
+        print(f"| {row} | " + " | ".join(table[n].get(row, "-") for n in names) + " |")
+    for name, s in results.items():
+        if not s.get("failed"):
+            print(f"\n{name}: {s['bench']['command']}")
+            reasons = list(s["swarm"]["abort_reasons"].items())[:3]
+            if reasons:
+                print("  aborts: " + "; ".join(f"{n}x {r}" for r, n in reasons))
+    (args.out / "table.json").write_text(json.dumps(table, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""One ``manta-swarm`` run from start to summary: build the network (if any), start the aggregator
+and the peers, show progress, drive churn, stop everything, read the links' counters, summarise.
+
+Every wait is bounded and every exit path — the end of the run, Ctrl-C, SIGTERM, an error — stops
+every process and removes the emulated internet before returning.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from testbed.churn import ChurnDriver
+from testbed.local_swarm import LocalSwarm, SwarmOptions
+from testbed.summary import progress_line, summarise, write_summary
+from testbed.wan.scenario import ChurnPlan, Scenario
+from testbed.wan.topology import EmulatedInternet
+
+POLL_SECONDS = 1.0
+
+
+class RunFailed(RuntimeError):
+    """The run could not start (the aggregator exited, the network could not be built)."""
+
+
+def _placement(scenario: Scenario) -> list[str]:
+    return [site.name for site in scenario.sites for _ in range(site.peers)]
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def run_swarm(
+    options: SwarmOptions,
+    scenario: Scenario | None,
+    churn_plan: ChurnPlan | None,
+    say: Callable[[str], None],
+    summary_path: Path | None = None,
+) -> dict[str, Any]:
+    """Run the swarm described by ``options`` on ``scenario``'s emulated internet (None: on
+    127.0.0.1), with ``churn_plan`` (None: no churn)."""
+    previous_term = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM cleans up like Ctrl-C
+    internet = EmulatedInternet(scenario, options.run_dir) if scenario is not None else None
+    counters = None
+    started = time.monotonic()
+    swarm = None
+    try:
+        if internet is not None:
+            internet.start()
+            say(
+                f"emulated internet up: {len(scenario.sites)} site(s) + the aggregator's, "
+                f"{sum(s.nat for s in scenario.sites)} behind NAT (namespaces {internet.core[:-5]}-*)"
+            )
+        swarm = LocalSwarm(options, internet, _placement(scenario) if scenario else None)
+        try:
+            swarm.start_aggregator()
+        except RuntimeError as e:
+            raise RunFailed(str(e)) from None
+        say(
+            f"aggregator up; starting {options.peers} peer(s) ({options.mode}-parallel, "
+            f"{options.cohorts} cohort(s), {options.task})"
+        )
+        for i in range(options.peers):
+            swarm.start_peer(i)
+        churn = ChurnDriver(churn_plan, swarm, random.Random(options.seed), say) if churn_plan else None
+        _watch(swarm, options, churn, started, say)
+        failed = [n for n in swarm.peer_names() if swarm.procs[n].returncode not in (0, None, -9)]
+        failed = [n for n in failed if not (churn and n in churn.killed)]
+        if failed:
+            say(f"peer(s) {', '.join(failed)} exited with an error; see their log.txt")
+    except KeyboardInterrupt:
+        say("stopping: peers finish their round and leave (Ctrl-C again to kill)")
+        if swarm is not None:
+            try:
+                swarm.stop()
+            except KeyboardInterrupt:
+                swarm.stop(grace=0.0)
+    finally:
+        try:
+            if swarm is not None:
+                swarm.close()
+            if internet is not None and internet._started:
+                counters = internet.link_counters()
+        finally:
+            if internet is not None:
+                internet.close()
+            signal.signal(signal.SIGTERM, previous_term)
+    wall = time.monotonic() - started
+    say(
+        "all processes stopped"
+        + (" and the emulated internet removed" if internet else "")
+        + "; evaluating the final state"
+    )
+    summary = summarise(swarm, wall, link_counters=counters)
+    write_summary(summary, summary_path or swarm.dir / "summary.json")
+    return summary
+
+
+def _watch(swarm: LocalSwarm, options: SwarmOptions, churn: ChurnDriver | None, started: float, say) -> None:
+    """Until every peer has left: a progress line per committed round, churn on its schedule."""
+    shown, first_commit = -1, None
+    while swarm.peers_running():
+        time.sleep(POLL_SECONDS)
+        swarm.record_exits()
+        line = progress_line(swarm, options.rounds)
+        if line is not None:
+            if first_commit is None:
+                first_commit = time.monotonic()
+            if line[0] > shown:
+                shown = line[0]
+                say(f"[{time.monotonic() - started:6.0f}s] {line[1]}")
+        if churn is not None and first_commit is not None and shown + 1 < options.rounds:
+            churn.tick(time.monotonic() - first_commit)
+    swarm.record_exits()
