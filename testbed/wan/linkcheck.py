@@ -1,7 +1,7 @@
 """``manta-swarm --check-links``: does each emulated access link do what it was configured to do?
 
-For every site, between a process in the site's LAN and one in the core (so exactly that site's link
-is crossed), it measures:
+For every site, between a process in the site's LAN and a measurement host on the core (reached by
+an unshaped link, so exactly that site's access link is crossed), it measures:
 
 - the round trip (UDP echo; configured: twice the one-way delay), within 10 % or 2 ms;
 - loss each way (numbered UDP datagrams, paced at half the link's rate so that the rate limiter
@@ -29,7 +29,7 @@ from pathlib import Path
 from testbed.wan.netns import TestbedError, in_namespace
 from testbed.wan.rates import format_rate
 from testbed.wan.scenario import Scenario, SiteSpec
-from testbed.wan.topology import WAN_NET, EmulatedInternet, SiteNetwork
+from testbed.wan.topology import PROBE_HOST, EmulatedInternet, SiteNetwork
 
 RATE_TOLERANCE = 0.10
 RTT_TOLERANCE, RTT_SLACK_MS = 0.10, 2.0
@@ -57,32 +57,39 @@ def _probe(*args: str) -> list[str]:
 
 
 class _Pair:
-    """Runs one probe in the core and one in a site's LAN at the same time; returns both JSON results."""
+    """Runs one probe on the measurement host and one in a site's LAN at the same time; returns both
+    JSON results."""
 
     def __init__(self, net: EmulatedInternet, site: SiteNetwork):
+        if net.probe_namespace is None:
+            raise TestbedError(
+                "link checks need the measurement host: EmulatedInternet(..., probe_host=True)"
+            )
         self.net, self.site = net, site
-        self.core_ip = f"{WAN_NET}.{site.index}.1"
+        self.server_ip = PROBE_HOST
 
-    def run(self, core_args: list[str], site_args: list[str], timeout: float) -> tuple[dict, dict]:
-        core = subprocess.Popen(
-            in_namespace(self.net.core, _probe(*core_args)),
+    def run(self, server_args: list[str], site_args: list[str], timeout: float) -> tuple[dict, dict]:
+        server = subprocess.Popen(
+            in_namespace(self.net.probe_namespace, _probe(*server_args)),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
         try:
-            ready, _, _ = select.select([core.stderr], [], [], 15.0)
-            if not ready or core.stderr.readline().strip() != "ready":
-                raise TestbedError("a link probe in the core did not start within 15 s")
+            ready, _, _ = select.select([server.stderr], [], [], 15.0)
+            if not ready or server.stderr.readline().strip() != "ready":
+                raise TestbedError("a link probe on the measurement host did not start within 15 s")
             site_out = self.net.run_in(self.site.name, _probe(*site_args), timeout=timeout)
-            core_out, core_err = core.communicate(timeout=timeout)
+            server_out, server_err = server.communicate(timeout=timeout)
         finally:
-            if core.poll() is None:
-                core.kill()
-                core.wait(5)
-        if core.returncode != 0:
-            raise TestbedError(f"a link probe failed in the core: {core_err.strip().splitlines()[-1:]}")
-        return json.loads(core_out), json.loads(site_out)
+            if server.poll() is None:
+                server.kill()
+                server.wait(5)
+        if server.returncode != 0:
+            raise TestbedError(
+                f"a link probe failed on the measurement host: {server_err.strip().splitlines()[-1:]}"
+            )
+        return json.loads(server_out), json.loads(site_out)
 
 
 def _within(measured: float, configured: float, tolerance: float, slack: float = 0.0) -> bool:
@@ -90,7 +97,7 @@ def _within(measured: float, configured: float, tolerance: float, slack: float =
 
 
 def check_round_trip(pair: _Pair, spec: SiteSpec) -> CheckRow:
-    port = f"{pair.core_ip}:7001"
+    port = f"{pair.server_ip}:7001"
     _, out = pair.run(
         ["echo", "--listen", port, "--seconds", "8"],
         ["rtt", "--connect", port, "--count", "150", "--interval", "0.02"],
@@ -124,7 +131,7 @@ def check_loss(pair: _Pair, spec: SiteSpec, direction: str) -> CheckRow:
     # receiver takes without falling behind).
     pace = min(rate / 2, PROBES_PER_SECOND * size * 8)
     seconds = str(n * size * 8 / pace + 10)
-    port = f"{pair.core_ip}:7002"
+    port = f"{pair.server_ip}:7002"
     common = ["--count", str(n), "--rate", str(pace), "--size", str(size), "--seconds", seconds]
     if direction == "up":
         core, _ = pair.run(["count", "--listen", port, *common], ["blast", "--connect", port, *common], 120)
@@ -147,10 +154,10 @@ def check_rate(pair: _Pair, spec: SiteSpec, direction: str) -> CheckRow:
     configured = link.uplink_bps if direction == "up" else link.downlink_bps
     rtt_s = 2 * link.delay_ms / 1000
     seconds = max(6.0, 30 * rtt_s)
-    port = f"{pair.core_ip}:7003"
-    if direction == "up":  # the site sends, the core receives on the link's core end
+    port = f"{pair.server_ip}:7003"
+    if direction == "up":  # the site sends, the measurement host receives
         core, _ = pair.run(
-            ["recv", "--listen", port, "--device", f"s{pair.site.index}"],
+            ["recv", "--listen", port, "--device", "eth0"],
             ["send", "--connect", port, "--seconds", str(seconds)],
             timeout=seconds + 60,
         )
@@ -216,7 +223,7 @@ def check_site_link(
 
 def check_links(scenario: Scenario, workdir: Path, progress: Callable[[str], None] = print) -> list[CheckRow]:
     """Build the scenario's network and measure every site's link; the network is removed after."""
-    with EmulatedInternet(scenario, workdir) as net:
+    with EmulatedInternet(scenario, workdir, probe_host=True) as net:
         return [row for spec in scenario.sites for row in check_site_link(net, spec, progress=progress)]
 
 

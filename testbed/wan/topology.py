@@ -53,6 +53,8 @@ STATE_DIR = Path(os.environ.get("MANTA_TESTBED_STATE", "/run/manta-testbed"))
 AGGREGATOR_SITE = "aggregator"
 NAT_LAN = "192.168.1"
 WAN_NET = "10.255"  # access link k: 10.255.k.0/24
+PROBE_NET = "10.254.0"  # the link checks' measurement host, on the core
+PROBE_HOST = f"{PROBE_NET}.2"
 TCP_BUFFER_MAX = (
     16 * 2**20
 )  # as tuned hosts have it; Linux's 4-6 MiB default cannot fill 200 Mbit/s at 300 ms
@@ -138,11 +140,17 @@ def remove_stale(state_dir: Path = STATE_DIR) -> list[str]:
 class EmulatedInternet:
     """Builds the scenario's network on :meth:`start`; :meth:`close` removes every trace of it."""
 
-    def __init__(self, scenario: Scenario, workdir: Path, run_id: str | None = None):
+    def __init__(
+        self, scenario: Scenario, workdir: Path, run_id: str | None = None, probe_host: bool = False
+    ):
+        """``probe_host`` adds a measurement server on the core (an unshaped veth): link checks send
+        from there, so their traffic is forwarded through the links like everyone else's (a sender
+        inside the core itself would sit right behind the rate limiter and back off early)."""
         self.scenario = scenario
         self.workdir = Path(workdir).resolve()
         self.run_id = run_id or secrets.token_hex(3)
         self.core = f"{PREFIX}{self.run_id}-core"
+        self.probe_namespace = f"{PREFIX}{self.run_id}-probe" if probe_host else None
         self.sites: dict[str, SiteNetwork] = {}
         specs = [(AGGREGATOR_SITE, scenario.aggregator, False)] + [
             (s.name, s.link, s.nat) for s in scenario.sites
@@ -165,7 +173,8 @@ class EmulatedInternet:
 
     @property
     def namespace_names(self) -> list[str]:
-        return [self.core] + [n for s in self.sites.values() for n in (s.router, s.namespace)]
+        extra = [self.probe_namespace] if self.probe_namespace else []
+        return [self.core, *extra] + [n for s in self.sites.values() for n in (s.router, s.namespace)]
 
     # ------------------------------------------------------------------ building
 
@@ -184,6 +193,8 @@ class EmulatedInternet:
         (self.workdir / "links").mkdir(parents=True, exist_ok=True)
         try:
             self._namespace(self.core, forwarding=True)
+            if self.probe_namespace:
+                self._probe_host()
             for site in self.sites.values():
                 self._site(site)
         except BaseException:
@@ -201,6 +212,16 @@ class EmulatedInternet:
             sysctl(name, "net.ipv4.ip_forward", "1")
         sysctl(name, "net.ipv4.tcp_rmem", f"4096 131072 {TCP_BUFFER_MAX}")
         sysctl(name, "net.ipv4.tcp_wmem", f"4096 16384 {TCP_BUFFER_MAX}")
+
+    def _probe_host(self) -> None:
+        ns = self.probe_namespace
+        self._namespace(ns)
+        ip(self.core, "link", "add", "probe0", "type", "veth", "peer", "name", "eth0", "netns", ns)
+        ip(self.core, "addr", "add", f"{PROBE_NET}.1/24", "dev", "probe0")
+        ip(ns, "addr", "add", f"{PROBE_HOST}/24", "dev", "eth0")
+        ip(self.core, "link", "set", "probe0", "up")
+        ip(ns, "link", "set", "eth0", "up")
+        ip(ns, "route", "add", "default", "via", f"{PROBE_NET}.1")
 
     def _site(self, s: SiteNetwork) -> None:
         k, lan = s.index, s.address.rsplit(".", 1)[0]

@@ -40,7 +40,7 @@ def _json(text: str) -> dict:
 
 def test_a_links_rate_and_round_trip_match_their_settings(tmp_path):
     scenario = uniform_scenario(1, 1, LinkProfile(20_000_000, 50_000_000, 15, 0, 0))
-    with EmulatedInternet(scenario, tmp_path) as net:
+    with EmulatedInternet(scenario, tmp_path, probe_host=True) as net:
         rows = check_site_link(
             net, scenario.sites[0], ("round trip", "uplink rate", "downlink rate"), progress=lambda _: None
         )
@@ -50,7 +50,7 @@ def test_a_links_rate_and_round_trip_match_their_settings(tmp_path):
 
 def test_loss_each_way_matches_its_setting(tmp_path):
     scenario = uniform_scenario(1, 1, LinkProfile(20_000_000, 20_000_000, 2, 0, 2.0))
-    with EmulatedInternet(scenario, tmp_path) as net:
+    with EmulatedInternet(scenario, tmp_path, probe_host=True) as net:
         rows = check_site_link(
             net, scenario.sites[0], ("uplink loss", "downlink loss"), progress=lambda _: None
         )
