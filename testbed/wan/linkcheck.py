@@ -134,8 +134,8 @@ def check_loss(pair: _Pair, spec: SiteSpec, direction: str) -> CheckRow:
     port = f"{pair.server_ip}:7002"
     common = ["--count", str(n), "--rate", str(pace), "--size", str(size), "--seconds", seconds]
     if direction == "up":
-        core, _ = pair.run(["count", "--listen", port, *common], ["blast", "--connect", port, *common], 120)
-        result = core
+        server, _ = pair.run(["count", "--listen", port, *common], ["blast", "--connect", port, *common], 120)
+        result = server
     else:
         _, site = pair.run(["blast", "--listen", port, *common], ["count", "--connect", port, *common], 120)
         result = site
@@ -156,12 +156,12 @@ def check_rate(pair: _Pair, spec: SiteSpec, direction: str) -> CheckRow:
     seconds = max(6.0, 30 * rtt_s)
     port = f"{pair.server_ip}:7003"
     if direction == "up":  # the site sends, the measurement host receives
-        core, _ = pair.run(
+        server, _ = pair.run(
             ["recv", "--listen", port, "--device", "eth0"],
             ["send", "--connect", port, "--seconds", str(seconds)],
             timeout=seconds + 60,
         )
-        samples = core["samples"]
+        samples = server["samples"]
     else:
         _, site = pair.run(
             ["send", "--listen", port, "--seconds", str(seconds)],
