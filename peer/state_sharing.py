@@ -90,8 +90,15 @@ class StateSharer(StateHandoffGrace, DecentralizedAverager):
             return dict(self._meta), [t.clone() for t in shared], self.tensor_infos
 
     def download(self, timeout: float = 60.0) -> tuple[int, float, int, list[torch.Tensor], str] | None:
-        """The best verified state another peer serves: (round, tiebreak, attempt, tensors, digest), or None."""
-        result = self.load_state_from_peers(wait=True, timeout=timeout)
+        """The best verified state another peer serves: (round, tiebreak, attempt, tensors, digest), or None
+        (also when no download finished within ``timeout`` s: the caller carries on with its own state)."""
+        try:
+            result = self.load_state_from_peers(wait=True, timeout=timeout)
+        except TimeoutError:
+            logger.warning(
+                f"no peer's state arrived within {timeout:.0f} s; keeping this peer's state for now"
+            )
+            return None
         if result is None:
             return None
         meta, tensors = result

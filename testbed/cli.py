@@ -145,6 +145,7 @@ def main(
     churn_signal,
     churn_replace,
     check_links,
+    time_limit,
 ) -> None:
     """Start the swarm, show its progress, stop every process, and write the summary."""
     from protocol.runtime import prepare_process, start_orphan_reaper
@@ -237,7 +238,7 @@ def main(
     click.echo(f"run directory: {run_dir.resolve()}")
     try:
         churn_plan = scenario.churn if scenario is not None else plan  # churn works on loopback too
-        summary = run_swarm(options, scenario, churn_plan, click.echo, summary_path)
+        summary = run_swarm(options, scenario, churn_plan, click.echo, summary_path, time_limit)
     except (RunFailed, TestbedError) as e:
         raise UserError(str(e)) from None
     from testbed.figures import PeerFigures, SiteFigures

@@ -41,9 +41,11 @@ def run_swarm(
     churn_plan: ChurnPlan | None,
     say: Callable[[str], None],
     summary_path: Path | None = None,
+    time_limit: float | None = None,
 ) -> dict[str, Any]:
     """Run the swarm described by ``options`` on ``scenario``'s emulated internet (None: on
-    127.0.0.1), with ``churn_plan`` (None: no churn)."""
+    127.0.0.1), with ``churn_plan`` (None: no churn). After ``time_limit`` seconds the peers are
+    asked to leave (they finish their round), whatever the swarm has reached."""
     previous_term = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM cleans up like Ctrl-C
     internet = EmulatedInternet(scenario, options.run_dir) if scenario is not None else None
     counters = None
@@ -68,7 +70,7 @@ def run_swarm(
         for i in range(options.peers):
             swarm.start_peer(i)
         churn = ChurnDriver(churn_plan, swarm, random.Random(options.seed), say) if churn_plan else None
-        _watch(swarm, options, churn, started, say)
+        _watch(swarm, options, churn, started, say, time_limit)
         failed = [n for n in swarm.peer_names() if swarm.procs[n].returncode not in (0, None, -9)]
         failed = [n for n in failed if not (churn and n in churn.killed)]
         if failed:
@@ -101,11 +103,17 @@ def run_swarm(
     return summary
 
 
-def _watch(swarm: LocalSwarm, options: SwarmOptions, churn: ChurnDriver | None, started: float, say) -> None:
+def _watch(
+    swarm: LocalSwarm, options: SwarmOptions, churn: ChurnDriver | None, started: float, say, time_limit=None
+) -> None:
     """Until every peer has left: a progress line per committed round, churn on its schedule."""
     shown, first_commit = -1, None
     while swarm.peers_running():
         time.sleep(POLL_SECONDS)
+        if time_limit is not None and time.monotonic() - started > time_limit:
+            say(f"time limit of {time_limit:.0f} s reached: the peers finish their round and leave")
+            swarm.stop()
+            break
         swarm.record_exits()
         line = progress_line(swarm, options.rounds)
         if line is not None:
