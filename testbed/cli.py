@@ -119,6 +119,12 @@ LINK_OPTIONS = ("uplink", "downlink", "delay", "jitter", "loss", "nat")
 @click.option(
     "--check-links", is_flag=True, help="Measure every emulated link against its settings, then exit."
 )
+@click.option(
+    "--time-limit",
+    type=click.FloatRange(1),
+    default=None,
+    help="Stop the run after this many seconds (peers finish their round and leave) [default: none].",
+)
 def main(
     peers,
     cohorts,
