@@ -1,7 +1,7 @@
 """MANTA's shared, dependency-light foundation.
 
-Wire records, identities and signatures, canonical encoding, the Merkle log math, and the process
-conventions every MANTA entry point follows. Nothing in this package imports torch or hivemind, so
+Wire records, identities and signatures, canonical encoding, the Merkle log math, signed notes and
+the DHT schema. Nothing in this package imports torch or hivemind (tests/test_layout.py), so
 auditors and tests can use it without the training stack.
 """
 
