@@ -7,12 +7,16 @@ how the multi-worker path is exercised on machines without GPUs).
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
 
-from protocol.logs import get_logger
+import psutil
 
-logger = get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -59,23 +63,41 @@ def discover_devices(gpus: str, cpu_workers: int = 1) -> list[WorkerDevice]:
     return [WorkerDevice("cpu", i, f"cpu ({os.cpu_count()} cores)", memory) for i in range(cpu_workers)]
 
 
-def _cuda_devices() -> list[WorkerDevice]:
-    import torch
+PROBE_TIMEOUT = 120.0  # seconds for the child that lists the GPUs (driver start-up can be slow)
 
-    # device_count() and get_device_properties() read NVML/driver data without creating a CUDA
-    # context in this (agent) process, which later forks hivemind's processes.
-    count = torch.cuda.device_count()
-    out = []
-    for i in range(count):
+
+def _cuda_devices() -> list[WorkerDevice]:
+    """The visible CUDA devices, listed by a child process. ``torch.cuda.get_device_properties``
+    creates a CUDA context in the process that calls it, and the agent later forks hivemind's
+    processes, which must not inherit one: so the agent itself never touches ``torch.cuda``."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", "from peer.devices import print_cuda_devices; print_cuda_devices()"],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "no output")
+        return [WorkerDevice(**d) for d in json.loads(done.stdout.strip().splitlines()[-1])]
+    except Exception as e:  # a broken driver must not stop a volunteer: the CPU remains
+        logger.warning(f"could not list GPUs ({type(e).__name__}: {e}); treating none as visible")
+        return []
+
+
+def print_cuda_devices() -> None:
+    """Print the visible CUDA devices as JSON (run in the child that :func:`_cuda_devices` starts)."""
+    import torch  # here only: this function runs in a throw-away child process
+
+    found = []
+    for i in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(i)
-        out.append(WorkerDevice("cuda", i, props.name, int(props.total_memory // 2**20)))
-    return out
+        found.append(dict(kind="cuda", index=i, name=props.name, memory_mb=int(props.total_memory // 2**20)))
+    print(json.dumps(found))
 
 
 def _memory_mb() -> int:
     try:
-        import psutil
-
         return int(psutil.virtual_memory().total // 2**20)
     except Exception:
         return 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -28,6 +30,20 @@ def test_without_a_gpu_all_falls_back_to_cpu_workers_and_explicit_gpus_are_an_er
     assert [d.index for d in discover_devices("none", cpu_workers=3)] == [0, 1, 2]
     with pytest.raises(ValueError, match="0 GPU"):
         discover_devices("0")
+
+
+def test_device_discovery_leaves_the_agent_without_torch_cuda():
+    # The agent forks hivemind's processes, which must not inherit a CUDA context: discovery runs in a
+    # child, so the agent process does not even import torch for it (on a GPU machine it would
+    # otherwise create a context in get_device_properties).
+    code = (
+        "import sys; from peer.devices import discover_devices; d = discover_devices('all'); "
+        "print(len(d), 'torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    count, torch_loaded = done.stdout.split()
+    assert int(count) >= 1 and torch_loaded == "False"
 
 
 def _entry(peer, host="h1", net="n1", cohort=None):
