@@ -7,20 +7,28 @@ publishes the sealed TaskSpec and re-stores it well before it expires. A second 
 at the first (``--initial-peers``) with the same task id adopts the spec already published instead of
 competing with it; either can bootstrap newcomers, and so can any running peer.
 
-It also keeps the run's checkpoints (:mod:`aggregator.checkpoints`): it downloads the peers' state
-every ``checkpoint_seconds`` and serves its newest checkpoint, so a run outlives its volunteers and
-``--resume`` continues it. The sealed spec it publishes is saved as ``<data-dir>/task.sealed`` so a
+It also keeps the run's checkpoints (:mod:`aggregator.checkpoints`): every ``checkpoint_seconds`` it
+fetches the newest committed state it has heard of (by digest, from the peers that held it) and
+serves its newest checkpoint, so a run outlives its volunteers and ``--resume`` continues it. The sealed spec it publishes is saved as ``<data-dir>/task.sealed`` so a
 resumed run publishes exactly the same task.
 """
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from aggregator.checkpoints import CheckpointKeeper
+from aggregator.contributions import ContributionDesk
+from aggregator.monitor.service import Monitor
+from aggregator.monitor.swarm_reader import read_swarm
+from hivemind_adapter.dht import peer_id as dht_peer_id
+from hivemind_adapter.dht import read_signed, start_dht, store
+from hivemind_adapter.dht import visible_maddrs as dht_visible_maddrs
+from hivemind_adapter.p2p import Endpoint
 from protocol.dht_schema import (
     TASKS_INDEX_KEY,
     MantaRecordValidator,
@@ -30,11 +38,11 @@ from protocol.dht_schema import (
     task_key,
 )
 from protocol.identity import Identity
-from protocol.logs import get_logger
 from protocol.netaddr import host_port_to_multiaddr
-from protocol.records import RecordRejected, Sealed, TaskSpec, seal
+from protocol.records import Sealed, TaskSpec, open_sealed, seal
+from supernet.workload import swarm_train_options, workload_for
 
-logger = get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 
 MULTIADDRS_FILE = "multiaddrs.txt"  # in the data dir: where this aggregator's DHT node listens
@@ -66,13 +74,12 @@ class BootstrapAggregator:
         self.published: Sealed[TaskSpec] | None = None
         self.keeper = None
         self.desk = None
+        self.endpoint: Endpoint | None = None  # the desk's and the keeper's calls and handlers
         self.monitor = None
         self._stop = threading.Event()
 
     def start(self) -> list[str]:
         """Start the DHT node and publish the task; returns the multiaddrs peers should use."""
-        import hivemind
-
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
         if self.config.dashboard:
             self._open_dashboard()  # first: a taken port fails before the DHT node starts
@@ -80,18 +87,17 @@ class BootstrapAggregator:
         announce = [
             host_port_to_multiaddr(a, "--announce", allow_port_zero=False) for a in self.config.announce
         ]
-        self.dht = hivemind.DHT(
-            initial_peers=list(self.config.initial_peers),
+        self.dht = start_dht(
+            initial_peers=self.config.initial_peers,
             host_maddrs=host,
             announce_maddrs=announce or None,
             identity_path=str(self.config.data_dir / "p2p.key"),
-            check_if_identity_free=False,
-            record_validators=[MantaRecordValidator(self.task_id)],
-            start=True,
+            validators=[MantaRecordValidator(self.task_id)],
         )
         self.published = self._choose_spec()
         (self.config.data_dir / "task.sealed").write_bytes(self.published.wire)
         self._publish()
+        self.endpoint = Endpoint(self.dht, "manta-aggregator")
         if self.config.checkpoint_seconds > 0 or self.config.resume or self.config.receipts:
             self._start_checkpoints()
         if self.config.receipts:
@@ -105,13 +111,11 @@ class BootstrapAggregator:
 
     def _open_dashboard(self) -> None:
         """Serve the dashboard (raises aggregator.monitor.server.DashboardError if it cannot listen)."""
-        from aggregator.monitor.service import Monitor
 
         self.monitor = Monitor(self.config.data_dir, self.identity.public_key)
         self.monitor.serve(self.config.dashboard, fallback=self.config.dashboard_fallback)
 
     def _watch_swarm(self) -> None:
-        from aggregator.monitor.swarm_reader import read_swarm
 
         dht, task_id = self.dht, self.task_id
         self.monitor.watch(
@@ -122,13 +126,12 @@ class BootstrapAggregator:
         )
 
     def _start_checkpoints(self) -> None:
-        from aggregator.checkpoints import StateSharer
-        from supernet.workload import swarm_train_options, workload_for
 
         task = self.published.record
         workload = workload_for(task.task, swarm_train_options(task))
-        self.keeper = StateSharer(
+        self.keeper = CheckpointKeeper(
             self.dht,
+            self.endpoint,
             self.task_id,
             workload,
             self.config.data_dir / "checkpoints",
@@ -136,13 +139,14 @@ class BootstrapAggregator:
         )
         if self.config.resume:
             self.keeper.resume()
-        threading.Thread(target=self._state_loop, name="manta-states", daemon=True).start()
+        if self.config.checkpoint_seconds > 0:
+            threading.Thread(target=self._checkpoint_loop, name="manta-checkpoints", daemon=True).start()
 
     def _open_desk(self) -> None:
-        from aggregator.contributions import ContributionDesk
 
         self.desk = ContributionDesk(
             self.dht,
+            self.endpoint,
             self.identity,
             self.published.record,
             self.config.data_dir / "ledger.sqlite",
@@ -152,68 +156,51 @@ class BootstrapAggregator:
             close_after=self.config.round_close_seconds,
         )
 
-    STATE_POLL_SECONDS = 2.0  # every round's state is downloaded (spot audits replay from it)
-
-    def _state_loop(self) -> None:
-        next_write = time.monotonic() + self.config.checkpoint_seconds
-        while not self._stop.wait(self.STATE_POLL_SECONDS):
+    def _checkpoint_loop(self) -> None:
+        while not self._stop.wait(self.config.checkpoint_seconds):
             try:
-                self.keeper.download(timeout=30.0)
-                if self.config.checkpoint_seconds > 0 and time.monotonic() >= next_write:
-                    next_write = time.monotonic() + self.config.checkpoint_seconds
-                    self.keeper.write_checkpoint()
-            except Exception as e:  # no peer online, a peer left mid-download: try again next time
-                logger.debug(f"state download failed: {type(e).__name__}: {e}")
+                self.keeper.write_checkpoint(timeout=30.0)
+            except Exception as e:  # a holder left mid-transfer, a disk error: try again next time
+                logger.warning(f"checkpoint not written: {type(e).__name__}: {e}")
 
     def visible_maddrs(self) -> list[str]:
-        peer_id = self.dht.peer_id.to_base58()
         if self.config.announce:
-            return [f"{host_port_to_multiaddr(a, '--announce')}/p2p/{peer_id}" for a in self.config.announce]
-        return [str(m) for m in self.dht.get_visible_maddrs()]
+            own = dht_peer_id(self.dht)
+            return [f"{host_port_to_multiaddr(a, '--announce')}/p2p/{own}" for a in self.config.announce]
+        return dht_visible_maddrs(self.dht)
 
     def _choose_spec(self) -> Sealed[TaskSpec]:
         """The saved spec when resuming; else adopt a spec another aggregator already publishes for
         this task id, else publish ours."""
-        from protocol.records import open_sealed
-
         if self.config.resume:
             return open_sealed((self.config.data_dir / "task.sealed").read_bytes(), TaskSpec)
-        found = self.dht.get(task_key(self.task_id), latest=True)
-        if found is not None and isinstance(found.value, dict):
-            for subkey, item in sorted(found.value.items()):
-                try:
-                    sealed = open_task_value(self.task_id, subkey, item.value)
-                except RecordRejected:
-                    continue
-                if sealed.public_key != self.identity.public_key:
-                    logger.info(f"adopting task {self.task_id} published by aggregator {subkey[:16]}")
-                    return sealed
+        published = read_signed(
+            self.dht, task_key(self.task_id), lambda sub, value: open_task_value(self.task_id, sub, value)
+        )
+        for sealed in sorted(published, key=lambda sealed: sealed.public_key):
+            if sealed.public_key != self.identity.public_key:
+                logger.info(
+                    f"adopting task {self.task_id} published by aggregator {sealed.public_key.hex()[:16]}"
+                )
+                return sealed
         return open_sealed(seal(self.spec, self.identity), TaskSpec)
 
     def _publish(self) -> bool:
-        from hivemind.utils import get_dht_time
-
-        expiration = get_dht_time() + 4 * self.config.refresh_seconds
-        ok = self.dht.store(
-            task_key(self.task_id), self.published.wire, expiration, subkey=self.published.public_key.hex()
+        ttl = 4 * self.config.refresh_seconds
+        ok = store(
+            self.dht, task_key(self.task_id), self.published.wire, ttl, subkey=self.published.public_key.hex()
         )
-        indexed = self.dht.store(TASKS_INDEX_KEY, self.published.wire, expiration, subkey=self.task_id)
+        indexed = store(self.dht, TASKS_INDEX_KEY, self.published.wire, ttl, subkey=self.task_id)
         if not (ok and indexed):
             logger.warning("the DHT did not accept the task record (will retry)")
-        return bool(ok and indexed)
+        return ok and indexed
 
     def peers_online(self) -> int:
-        found = self.dht.get(peers_key(self.task_id), latest=True)
-        if found is None or not isinstance(found.value, dict):
-            return 0
-        count = 0
-        for subkey, item in found.value.items():
-            try:
-                open_peer_value(self.task_id, subkey, item.value)
-                count += 1
-            except RecordRejected:
-                pass
-        return count
+        return len(
+            read_signed(
+                self.dht, peers_key(self.task_id), lambda sub, v: open_peer_value(self.task_id, sub, v)
+            )
+        )
 
     def serve_forever(self) -> None:
         """Keep the task published and report the swarm until SIGINT/SIGTERM."""
@@ -239,6 +226,9 @@ class BootstrapAggregator:
         if self.keeper is not None:
             self.keeper.shutdown()
             self.keeper = None
+        if self.endpoint is not None:
+            self.endpoint.close()
+            self.endpoint = None
         if self.dht is not None:
             self.dht.shutdown()
             self.dht = None

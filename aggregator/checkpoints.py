@@ -1,35 +1,40 @@
-"""The aggregator's checkpoints: the run survives every volunteer leaving.
+"""The aggregator's copies of the swarm's states: for audits, for checkpoints, for ``--resume``.
 
-Peers serve their state (parameters, optimizer state, round) through hivemind's state sharing under
-``{task}_state`` (see ``peer/state_sharing.py``). The aggregator joins the same averager key as one
-more sharer: every ``interval`` seconds it downloads the newest state the peers serve, checks it
-against the digest they advertise (hivemind checks nothing it downloads), and writes it as a
-:mod:`supernet.checkpoint` file ``checkpoints/round-NNNNNNNN.pt`` (keeping the newest ``keep``).
+Nothing is polled. Each receipt a peer delivers names the state its round started from (the result
+of the round before) and the group that held it; the keeper notes that. When a spot audit needs a
+start state, or a checkpoint is due, the keeper asks those peers for that exact state by digest
+(:mod:`hivemind_adapter.state_archive`) and keeps it only if it hashes to that digest. So no round is
+missed because a poll came at the wrong moment, and no state crosses the network unless it is used.
 
-It also *serves* its newest checkpoint, with the lowest priority among states of the same round, so
-a newcomer prefers a live peer's state but finds the aggregator's when no peer is left — which is how
-``manta-aggregator start --resume`` continues a run: it loads the newest checkpoint, serves it, and
-the first peers to join download it and carry on from the round after it.
+Checkpoints are :mod:`supernet.checkpoint` files ``checkpoints/round-NNNNNNNN.pt`` (the newest ``keep``
+are kept). The newest one is also *served* through hivemind's state sharing with the lowest priority
+among states of its round, so a newcomer prefers a live peer's state but finds the aggregator's when
+no peer is left — which is how ``manta-aggregator start --resume`` continues a run.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from hivemind.averaging import DecentralizedAverager
 
-from protocol.logs import get_logger
-from protocol.runtime import StateHandoffGrace
+from hivemind_adapter.p2p import Endpoint
+from hivemind_adapter.paged_blobs import BlobUnavailable
+from hivemind_adapter.state_archive import fetch_state
+from hivemind_adapter.state_sharing import StateSharer
 from supernet.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
 from supernet.state import consensus_count, digest, init_optimizer_state, state_tensors
 from supernet.workload import Workload
 
-logger = get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^round-(\d{8})\.pt$")
+AGGREGATOR_TIEBREAK = 0.0  # below every peer serving the same round (theirs are in (0, 0.5))
 
 
 def checkpoint_files(directory: Path) -> list[Path]:
@@ -44,61 +49,122 @@ def newest_checkpoint(directory: Path) -> Path | None:
     return files[-1] if files else None
 
 
-class StateSharer(StateHandoffGrace, DecentralizedAverager):
-    """Downloads, writes and serves the task's training state (see the module docstring).
+@dataclass
+class KnownState:
+    """A committed state the keeper has heard of: the round it ends and who held it."""
 
-    The class name is part of the wire protocol: hivemind names its RPC handlers after the servicer
-    class (``<prefix>::StateSharer.rpc_download_state``), so this class must be called exactly like the
-    peers' ``peer.state_sharing.StateSharer`` for either side to download from the other.
-    """
+    round: int
+    holders: list[str] = field(default_factory=list)  # peer ids, most recent first
 
+
+class CheckpointKeeper:
     def __init__(
-        self, dht, task_id: str, workload: Workload, directory: Path, *, keep: int = 5, cache: int = 8
+        self,
+        dht,
+        endpoint: Endpoint,
+        task_id: str,
+        workload: Workload,
+        directory: Path,
+        *,
+        keep: int = 5,
+        cache: int = 8,
     ):
-        self.workload, self.directory, self.keep = workload, Path(directory), keep
-        self.task_id = task_id
-        # Recent states by digest (what spot audits replay receipts from), the initial one included.
-        self._cache: dict[str, list[torch.Tensor]] = {}
-        self._cache_size = cache
-        self._cache_changed = threading.Condition()
-        self._written_round = -1
+        self.workload, self.directory, self.keep, self.task_id = workload, Path(directory), keep, task_id
+        self.endpoint = endpoint
         net = workload.build()
         optimizer = workload.make_optimizer(net)
         init_optimizer_state(net, optimizer)
         self.consensus = consensus_count(net, optimizer)
-        # contiguous (hivemind flattens with .view(-1)), as the peers' shared state is
-        template = [t.detach().contiguous().clone() for t in state_tensors(net, optimizer)]
-        self._remember(digest(template[: self.consensus]), template)
-        self._meta_lock = threading.Lock()
-        self.meta = {"round": -1, "digest": "", "tiebreak": 0.0, "attempt": 0}
-        super().__init__(
-            template,
-            dht,
-            prefix=f"{task_id}_state",
-            min_matchmaking_time=1.0,
-            request_timeout=0.5,
-            next_chunk_timeout=10.0,
-            allow_state_sharing=True,
-            start=True,
+        self.template = [t.detach().contiguous().clone() for t in state_tensors(net, optimizer)]
+        self._lock = threading.Lock()  # guards _known and _cache, never a transfer
+        self._known: dict[str, KnownState] = {}
+        self._cache: OrderedDict[str, tuple[int, int, list[torch.Tensor]]] = OrderedDict()
+        self._cache_size = cache
+        self._remember(digest(self.template[: self.consensus]), -1, 0, self.template)  # the initial state
+        self._written_round = -1
+        self.fetched_bytes = 0
+        self.sharer = StateSharer(self.template, dht, task_id, self.consensus)
+
+    # ------------------------------------------------------------------ what exists where
+
+    def learn(self, round_index: int, state_digest: str, holders: list[str]) -> None:
+        """The swarm committed ``state_digest`` as the result of ``round_index``; ``holders`` had it."""
+        with self._lock:
+            known = self._known.setdefault(state_digest, KnownState(round_index))
+            known.holders = list(dict.fromkeys([*holders, *known.holders]))[:16]
+            while len(self._known) > 64:
+                self._known.pop(next(iter(self._known)))
+
+    def newest_known(self) -> tuple[str, KnownState] | None:
+        with self._lock:
+            if not self._known:
+                return None
+            return max(self._known.items(), key=lambda item: item[1].round)
+
+    # ------------------------------------------------------------------ getting states
+
+    def _remember(
+        self, state_digest: str, round_index: int, attempt: int, tensors: list[torch.Tensor]
+    ) -> None:
+        with self._lock:
+            self._cache[state_digest] = (round_index, attempt, [t.clone() for t in tensors])
+            self._cache.move_to_end(state_digest)
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+
+    def state_for(self, state_digest: str, timeout: float = 30.0) -> list[torch.Tensor] | None:
+        """The state with this digest: from the cache, else from a peer that held it (checked against
+        the digest). None if no holder is known or none could serve it within ``timeout`` s."""
+        got = self._get(state_digest, timeout)
+        return None if got is None else [t.clone() for t in got[2]]
+
+    def _get(self, state_digest: str, timeout: float) -> tuple[int, int, list[torch.Tensor]] | None:
+        with self._lock:
+            cached = self._cache.get(state_digest)
+            known = self._known.get(state_digest)
+            holders = list(known.holders) if known else []
+        if cached is not None:
+            return cached
+        if not holders:
+            return None
+        try:
+            state = fetch_state(
+                self.endpoint, holders, self.task_id, state_digest, self.template, self.consensus, timeout
+            )
+        except BlobUnavailable as e:
+            logger.info(f"state {state_digest[:12]} could not be fetched: {e}")
+            return None
+        self.fetched_bytes += sum(t.numel() * t.element_size() for t in state.tensors)
+        round_index = known.round if known else state.round
+        self._remember(state_digest, round_index, state.attempt, state.tensors)
+        return round_index, state.attempt, state.tensors
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def write_checkpoint(self, timeout: float = 30.0) -> Path | None:
+        """Write the newest committed state as a checkpoint (if newer than the last one written) and
+        serve it; returns the file, or None if there was nothing new or it could not be fetched."""
+        newest = self.newest_known()
+        if newest is None or newest[1].round <= self._written_round:
+            return None
+        state_digest, known = newest
+        got = self._get(state_digest, timeout)
+        if got is None:
+            return None
+        round_index, attempt, tensors = got
+        path = save_checkpoint(
+            self.directory / f"round-{round_index:08d}.pt",
+            self.workload,
+            tensors,
+            round_index,
+            meta={"task_id": self.task_id, "attempt": attempt},
         )
-        self.state_sharing_priority = -1.0  # nothing worth serving until a state is loaded or downloaded
-
-    # ------------------------------------------------------------------ serving
-
-    def get_current_state(self):
-        # Called by hivemind when a peer downloads; must be self-consistent.
-        self._handed_off()
-        with self.get_tensors() as shared, self._meta_lock:
-            return dict(self.meta), [t.clone() for t in shared], self.tensor_infos
-
-    def _adopt(self, tensors: list[torch.Tensor], meta: dict) -> None:
-        with self.get_tensors() as shared:
-            for dst, src in zip(shared, tensors):
-                dst.copy_(src)
-        with self._meta_lock:
-            self.meta = {**meta, "tiebreak": 0.0}
-        # Below every peer serving the same round (their tie-breaks are in (0, 0.5)).
-        self.state_sharing_priority = float(meta["round"])
+        self._written_round = round_index
+        for old in checkpoint_files(self.directory)[: -self.keep]:
+            old.unlink(missing_ok=True)
+        self.sharer.publish(round_index, tensors, attempt, AGGREGATOR_TIEBREAK)
+        logger.info(f"checkpoint of round {round_index} written to {path}")
+        return path
 
     def resume(self, path: Path | None = None) -> int:
         """Serve the newest checkpoint (or ``path``); returns its round. CheckpointError if unusable."""
@@ -109,77 +175,21 @@ class StateSharer(StateHandoffGrace, DecentralizedAverager):
         task_id = loaded.meta.get("task_id")
         if task_id != self.task_id:
             raise CheckpointError(f"{path} belongs to task {task_id!r}, not {self.task_id!r}")
-        tensors = state_tensors(loaded.net, loaded.optimizer)
+        tensors = [t.detach().contiguous() for t in state_tensors(loaded.net, loaded.optimizer)]
         attempt = int(loaded.meta.get("attempt", 0))
-        self._adopt(tensors, {"round": loaded.round, "digest": loaded.digest, "attempt": attempt})
-        self._remember(loaded.digest, [t.detach().contiguous() for t in tensors])
+        self.sharer.publish(loaded.round, tensors, attempt, AGGREGATOR_TIEBREAK)
+        self._remember(loaded.digest, loaded.round, attempt, tensors)
         self._written_round = loaded.round
         logger.info(f"resuming task {self.task_id} from {path.name} (round {loaded.round})")
         return loaded.round
 
-    # ------------------------------------------------------------------ downloading
-
-    def download(self, timeout: float = 60.0) -> int | None:
-        """Download the newest state the swarm serves if it is newer than ours; returns its round."""
-        result = self.load_state_from_peers(wait=True, timeout=timeout)
-        if result is None:
-            return None
-        meta, tensors = result
-        if not isinstance(meta, dict) or int(meta.get("round", -1)) <= int(self.meta["round"]):
-            return None
-        tensors = list(tensors)
-        got = digest(tensors[: self.consensus])
-        if got != meta.get("digest"):
-            logger.warning(f"a peer served a state that does not match its digest ({got[:12]}); not kept")
-            return None
-        round_index = int(meta["round"])
-        self._adopt(tensors, {"round": round_index, "digest": got, "attempt": int(meta.get("attempt", 0))})
-        self._remember(got, tensors)
-        return round_index
-
-    def write_checkpoint(self) -> Path | None:
-        """Write the newest downloaded state as a checkpoint file (if not written yet)."""
-        with self._meta_lock:
-            meta = dict(self.meta)
-        if meta["round"] <= self._written_round:
-            return None
-        with self.get_tensors() as shared:
-            tensors = [t.clone() for t in shared]
-        round_index = int(meta["round"])
-        path = save_checkpoint(
-            self.directory / f"round-{round_index:08d}.pt",
-            self.workload,
-            tensors,
-            round_index,
-            meta={"task_id": self.task_id, "attempt": int(meta.get("attempt", 0))},
-        )
-        self._written_round = round_index
-        for old in checkpoint_files(self.directory)[: -self.keep]:
-            old.unlink(missing_ok=True)
-        logger.info(f"checkpoint of round {round_index} written to {path}")
-        return path
-
-    def fetch(self, timeout: float = 60.0) -> Path | None:
-        """Download the newest state and write it as a checkpoint (both only if it is new)."""
-        self.download(timeout)
-        return self.write_checkpoint()
-
-    # ------------------------------------------------------------------ states for audits
-
-    def _remember(self, state_digest: str, tensors: list[torch.Tensor]) -> None:
-        with self._cache_changed:
-            self._cache[state_digest] = [t.clone() for t in tensors]
-            while len(self._cache) > self._cache_size:
-                self._cache.pop(next(iter(self._cache)))
-            self._cache_changed.notify_all()
-
-    def state_for(self, state_digest: str, wait: float = 0.0) -> list[torch.Tensor] | None:
-        """The state with consensus digest ``state_digest``, if downloaded recently (waits up to ``wait``)."""
-        with self._cache_changed:
-            self._cache_changed.wait_for(lambda: state_digest in self._cache, timeout=wait)
-            found = self._cache.get(state_digest)
-            return None if found is None else [t.clone() for t in found]
-
     def newest_round(self) -> int:
         path = newest_checkpoint(self.directory)
         return -1 if path is None else int(read_checkpoint(path)["round"])
+
+    def stop_serving(self) -> None:
+        self.sharer.stop_serving()
+
+    def shutdown(self) -> None:
+        if self.sharer.is_alive():
+            self.sharer.shutdown()

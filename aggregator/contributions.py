@@ -20,9 +20,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
+import logging
 import queue
 import threading
 import time
@@ -32,9 +34,10 @@ from pathlib import Path
 from aggregator.audits import audit_receipt
 from aggregator.contribution_checks import SwarmFacts, check_round
 from aggregator.intake import ContributionIntake, Submission
-from aggregator.ledger_store import LedgerStore
-from aggregator.rewards import compute_rewards
-from protocol.aio import BackgroundLoop
+from hivemind_adapter.dht import peer_id, read_signed, store
+from hivemind_adapter.p2p import Endpoint
+from ledger.rewards import compute_rewards
+from ledger.store import LedgerStore
 from protocol.dht_schema import (
     aggregators_key,
     credits_handler,
@@ -47,12 +50,10 @@ from protocol.dht_schema import (
     submit_handler,
 )
 from protocol.identity import Identity
-from protocol.logs import get_logger
 from protocol.merkle import leaf_hash
 from protocol.records import (
     ContributionReceipt,
     IdentityBinding,
-    RecordRejected,
     RejectReason,
     Revocation,
     Sealed,
@@ -61,7 +62,7 @@ from protocol.records import (
     seal,
 )
 
-logger = get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 
 RECEIPT_TIMES_KEPT = 64  # per peer: enough to find a receipt's predecessor within the round window
@@ -71,6 +72,7 @@ class ContributionDesk:
     def __init__(
         self,
         dht,
+        endpoint: Endpoint,
         identity: Identity,
         spec: TaskSpec,
         ledger_path: Path,
@@ -107,8 +109,7 @@ class ContributionDesk:
         self._status: dict[bytes, dict] = {}  # leaf hash -> {"status": ..., ...}
         self._audits: queue.Queue = queue.Queue()
         self._stop = threading.Event()
-        self._loop = BackgroundLoop("manta-desk")
-        self._p2p = self._loop.run(dht.replicate_p2p(), timeout=30)
+        self.endpoint = endpoint
         self._register_handlers()
         self._publish_binding()
         self._threads = [
@@ -121,15 +122,15 @@ class ContributionDesk:
     # ------------------------------------------------------------------ network
 
     def _register_handlers(self) -> None:
-        from google.protobuf.wrappers_pb2 import BytesValue
-
         def wrap(fn):
-            async def handle(request, context):
+            async def handle(payload: bytes, sender: str) -> bytes:
+                # The handlers take the desk lock and touch SQLite: run them off the event loop, so
+                # one slow append never stalls every other call this endpoint answers.
                 try:
-                    reply = fn(request.value, context.remote_id.to_base58())
+                    reply = await asyncio.to_thread(fn, payload, sender)
                 except Exception as e:  # a bad request must never take the handler down
                     reply = {"status": "error", "detail": f"{type(e).__name__}: {e}"}
-                return BytesValue(value=json.dumps(reply).encode())
+                return json.dumps(reply).encode()
 
             return handle
 
@@ -138,31 +139,25 @@ class ContributionDesk:
             (status_handler(self.task_id), self.status),
             (credits_handler(self.task_id), self.credits),
         ):
-            self._loop.run(self._p2p.add_protobuf_handler(name, wrap(fn), BytesValue))
+            self.endpoint.serve(name, wrap(fn))
 
     def _publish_binding(self) -> None:
-        from hivemind.utils import get_dht_time
-
         binding = IdentityBinding(
-            peer_id=self.dht.peer_id.to_base58(),
+            peer_id=peer_id(self.dht),
             public_key=self.identity.public_key_hex,
             timestamp=int(time.time() * 1000),
         )
-        self.dht.store(
+        store(
+            self.dht,
             aggregators_key(self.task_id),
             seal(binding, self.identity),
-            get_dht_time() + 3600,
+            ttl=3600,
             subkey=self.identity.public_key_hex,
         )
 
     def _publish_checkpoint(self, note: str) -> None:
-        from hivemind.utils import get_dht_time
-
-        self.dht.store(
-            ledger_key(self.task_id),
-            note.encode(),
-            get_dht_time() + 3600,
-            subkey=self.identity.public_key_hex,
+        store(
+            self.dht, ledger_key(self.task_id), note.encode(), ttl=3600, subkey=self.identity.public_key_hex
         )
 
     # ------------------------------------------------------------------ handlers
@@ -170,19 +165,15 @@ class ContributionDesk:
     def submit(self, wire: bytes, sender: str) -> dict:
         leaf = leaf_hash(wire)
         with self._lock:
-            known = self._status.get(leaf)
-            if known is not None and known["status"] != "accepted":
-                return known
-            if known is not None or self.store.index_of(leaf) is not None:
-                # Exactly these bytes are already in the ledger: submitting them again is a replay.
-                self.counters[RejectReason.REPLAY.value] += 1
-                logger.info(f"receipt refused: replay of ledger entry {self.store.index_of(leaf)}")
-                return {
-                    "status": "rejected",
-                    "reason": RejectReason.REPLAY.value,
-                    "detail": "already in the ledger",
-                }
-            self._refresh_bindings()
+            settled = self._settled(leaf)
+        if settled is not None:
+            return settled
+        bindings = self._read_bindings()  # a DHT read: never under the lock
+        with self._lock:
+            settled = self._settled(leaf)  # the same bytes may have arrived meanwhile
+            if settled is not None:
+                return settled
+            self._learn(bindings)
             # The intake's own checks on this receipt alone (nothing is written by screen()).
             screening = self.intake.screen([Submission(wire, sender)])
             if screening.rejected:
@@ -196,7 +187,25 @@ class ContributionDesk:
             times.append(receipt.timestamp)
             del times[:-RECEIPT_TIMES_KEPT]
             self._status[leaf] = {"status": "queued", "round": receipt.round}
+            if self.states is not None:  # where the round's start state can be fetched for an audit
+                self.states.learn(receipt.round - 1, receipt.state_digest, [sender, *receipt.group_members])
             return self._status[leaf]
+
+    def _settled(self, leaf: bytes) -> dict | None:
+        """The answer for a receipt seen before (refused, or a replay of a ledger entry); else None."""
+        known = self._status.get(leaf)
+        if known is not None and known["status"] != "accepted":
+            return known
+        if known is not None or self.store.index_of(leaf) is not None:
+            # Exactly these bytes are already in the ledger: submitting them again is a replay.
+            self.counters[RejectReason.REPLAY.value] += 1
+            logger.info(f"receipt refused: replay of ledger entry {self.store.index_of(leaf)}")
+            return {
+                "status": "rejected",
+                "reason": RejectReason.REPLAY.value,
+                "detail": "already in the ledger",
+            }
+        return None
 
     def status(self, payload: bytes, sender: str) -> dict:
         leaf = bytes.fromhex(payload.decode())
@@ -256,30 +265,26 @@ class ContributionDesk:
 
     # ------------------------------------------------------------------ rounds
 
-    def _refresh_bindings(self) -> None:
-        """Learn peers' identity bindings from their signed announcements (owned DHT entries)."""
-        found = self.dht.get(peers_key(self.task_id), latest=True)
-        if found is None or not isinstance(found.value, dict):
-            return
-        for sub, item in found.value.items():
-            try:
-                announcement, binding = open_peer_value(self.task_id, sub, item.value)
-            except RecordRejected:
-                continue
+    def _read_bindings(self) -> list:
+        """Peers' signed announcements with their identity bindings (a bounded DHT read)."""
+        return read_signed(
+            self.dht, peers_key(self.task_id), lambda sub, value: open_peer_value(self.task_id, sub, value)
+        )
+
+    def _learn(self, announcements: list) -> None:
+        """Take in what :meth:`_read_bindings` found (under the lock)."""
+        for announcement, binding in announcements:
             self.intake.bindings[binding.record.peer_id] = binding
             if announcement.record.throughput_milli > 0:
                 self._throughput[announcement.record.peer_id] = announcement.record.throughput_milli / 1000
 
     def _swarm_round(self) -> int:
-        found = self.dht.get(progress_key(self.task_id), latest=True)
-        newest = -1
-        if found is not None and isinstance(found.value, dict):
-            for sub, item in found.value.items():
-                try:
-                    newest = max(newest, open_progress_value(self.task_id, sub, item.value).record.round)
-                except RecordRejected:
-                    continue
-        return newest
+        records = read_signed(
+            self.dht,
+            progress_key(self.task_id),
+            lambda sub, value: open_progress_value(self.task_id, sub, value),
+        )
+        return max((r.record.round for r in records), default=-1)
 
     def _close_loop(self) -> None:
         while not self._stop.wait(1.0):
@@ -292,20 +297,26 @@ class ContributionDesk:
         with self._lock:
             if not self._queued:
                 return
-            swarm_round = self._swarm_round()
+        # DHT reads (each bounded) before taking the lock: handlers must not wait behind them.
+        swarm_round, bindings = self._swarm_round(), self._read_bindings()
+        notes = []
+        with self._lock:
+            self._learn(bindings)
             due = [
                 r
                 for r in sorted(self._queued)
                 if force or swarm_round >= r + 2 or time.monotonic() - self._first_seen[r] > self.close_after
             ]
             for r in due:
-                self._close(r, max(swarm_round, r))
+                notes.append(self._close(r, max(swarm_round, r)))
+        if notes:
+            self._publish_checkpoint(notes[-1])
 
-    def _close(self, round_index: int, swarm_round: int) -> None:
+    def _close(self, round_index: int, swarm_round: int) -> str:
+        """Check and append one round's receipts; returns the new checkpoint note (to publish)."""
         subs = self._queued.pop(round_index)
         self._first_seen.pop(round_index, None)
         times = self._arrival.pop(round_index, [])
-        self._refresh_bindings()
         sealed = [parse_sealed(s.wire, ContributionReceipt) for s in subs]
         durations = {round_index: max(1.0, max(times) - min(times) + self._round_seconds_hint(round_index))}
         facts = SwarmFacts(
@@ -330,11 +341,11 @@ class ContributionDesk:
             self.counters["accepted"] += 1
             if self._selected_for_audit(accepted.wire):
                 self._audits.put(accepted)
-        self._publish_checkpoint(result.checkpoint.note)
         logger.info(
             f"round {round_index}: {len(result.accepted)} receipt(s) appended, {len(subs) - len(result.accepted)} "
             f"refused; ledger size {result.checkpoint.size}"
         )
+        return result.checkpoint.note
 
     def _compute_window(self, receipt: ContributionReceipt) -> float:
         """Seconds between this peer's previous receipt (or, for its first, this desk's start) and
@@ -369,7 +380,7 @@ class ContributionDesk:
     def audit(self, sealed: Sealed[ContributionReceipt]) -> bool | None:
         """Replay one accepted receipt; revoke it on a mismatch. None if its start state is unknown."""
         receipt = sealed.record
-        state = self.states.state_for(receipt.state_digest, wait=30.0)
+        state = self.states.state_for(receipt.state_digest, timeout=30.0)
         if state is None:
             self.counters["audit_skipped"] += 1
             logger.info(f"audit skipped: no copy of the start state of round {receipt.round}")
@@ -409,5 +420,10 @@ class ContributionDesk:
         for t in self._threads:
             t.join(timeout=120)
         logger.info(f"contributions: {dict(sorted(self.counters.items()))}; ledger size {self.store.size}")
-        self._loop.stop()
+        for name in (
+            submit_handler(self.task_id),
+            status_handler(self.task_id),
+            credits_handler(self.task_id),
+        ):
+            self.endpoint.unserve(name)
         self.store.close()

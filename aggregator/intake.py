@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from aggregator.ledger_store import LedgerStore, StoredCheckpoint
+from ledger.store import LedgerStore, StoredCheckpoint
 from protocol.identity import Identity
 from protocol.merkle import leaf_hash
 from protocol.records import (

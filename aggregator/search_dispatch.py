@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -26,24 +27,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from protocol.aio import BackgroundLoop
+from hivemind_adapter.dht import read_signed
+from hivemind_adapter.p2p import Endpoint
+from hivemind_adapter.paged_blobs import BlobServer
 from protocol.dht_schema import open_peer_value, peers_key
-from protocol.evaluation_requests import (
-    PAGE_BYTES,
-    checkpoint_handler,
-    error_page,
-    evaluate_handler,
-    sign_request,
-    write_page,
-)
+from protocol.evaluation_requests import checkpoint_handler, evaluate_handler, sign_request
 from protocol.identity import Identity
-from protocol.logs import get_logger
-from protocol.records import RecordRejected
+from protocol.pages import PAGE_BYTES
+from supernet.search.distributed import read_share_answer, share_request
 
 if TYPE_CHECKING:  # the search modules import torch; only the search itself needs them
     from supernet.search.distributed import SpotChecks
 
-logger = get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 
 class PeerFailed(RuntimeError):
@@ -52,17 +48,8 @@ class PeerFailed(RuntimeError):
 
 def online_peers(dht, task_id: str) -> list[str]:
     """Peer ids of the task's peers with a valid, not withdrawn announcement, sorted."""
-    found = dht.get(peers_key(task_id), latest=True)
-    peers = set()
-    if found is not None and isinstance(found.value, dict):
-        for sub, item in found.value.items():
-            try:
-                announcement, _ = open_peer_value(task_id, sub, item.value)
-            except RecordRejected:
-                continue
-            if announcement.record.throughput_milli > 0:  # 0: the peer withdrew
-                peers.add(announcement.record.peer_id)
-    return sorted(peers)
+    opened = read_signed(dht, peers_key(task_id), lambda sub, value: open_peer_value(task_id, sub, value)[0])
+    return sorted({a.record.peer_id for a in opened if a.record.throughput_milli > 0})  # 0: withdrawn
 
 
 def wait_for_peers(dht, task_id: str, seconds: float, settle: float = 2.0) -> list[str]:
@@ -83,36 +70,32 @@ class CheckpointServer:
     """Serves one checkpoint file in pages under ``manta/<task>/checkpoint`` (to anyone who names its
     SHA-256: the peers that train the task hold the same weights anyway)."""
 
-    def __init__(self, loop: BackgroundLoop, p2p, task_id: str, path: Path, page_bytes: int = PAGE_BYTES):
-        from google.protobuf.wrappers_pb2 import BytesValue
+    def __init__(self, endpoint: Endpoint, task_id: str, path: Path, page_bytes: int = PAGE_BYTES):
+        self._server = BlobServer(
+            endpoint,
+            checkpoint_handler(task_id),
+            page_bytes,
+            missing="this node serves no checkpoint with that SHA-256",
+        )
+        data = Path(path).read_bytes()
+        self.sha256 = hashlib.sha256(data).hexdigest()
+        self.data = data
 
-        self.data = Path(path).read_bytes()
-        self.sha256 = hashlib.sha256(self.data).hexdigest()
-        self.pages, self.page_bytes = 0, page_bytes
-        self._bytes = BytesValue
-        self._loop, self._p2p, self.task_id = loop, p2p, task_id
-        loop.run(p2p.add_protobuf_handler(checkpoint_handler(task_id), self._handle, BytesValue), timeout=30)
+    @property
+    def data(self) -> bytes:
+        return self._data
 
-    async def _handle(self, request, context):
-        try:
-            ask = json.loads(request.value)
-            offset = int(ask["offset"])
-            if ask["sha256"] != self.sha256:
-                reply = error_page("this node serves no checkpoint with that SHA-256")
-            elif not 0 <= offset < len(self.data):
-                reply = error_page(f"offset {offset} outside the file ({len(self.data)} bytes)")
-            else:
-                self.pages += 1
-                reply = write_page(len(self.data), offset, self.data[offset : offset + self.page_bytes])
-        except (ValueError, KeyError, TypeError) as e:
-            reply = error_page(f"malformed page request: {type(e).__name__}")
-        return self._bytes(value=reply)
+    @data.setter
+    def data(self, value: bytes) -> None:  # what is served under the checkpoint's SHA-256
+        self._data = value
+        self._server.put(self.sha256, value)
+
+    @property
+    def pages(self) -> int:
+        return self._server.pages_served
 
     def close(self) -> None:
-        try:
-            self._loop.run(self._p2p.remove_protobuf_handler(checkpoint_handler(self.task_id)), timeout=5)
-        except Exception:
-            pass
+        self._server.close()
 
 
 @dataclass
@@ -120,29 +103,19 @@ class SearchLink:
     """What every request of one search shares: this node, the aggregator's key, the checkpoint and
     the evaluator every peer must build."""
 
-    loop: BackgroundLoop
-    p2p: Any
-    peer_id: str
+    endpoint: Endpoint
     identity: Identity
     task_id: str
     checkpoint: dict[str, Any]  # sha256, size, digest, round
     evaluator: dict[str, int]  # evaluator_arguments()
     settings: dict[str, Any]  # the local evaluator's settings plus the checkpoint digest
 
-    def call(self, peer_id: str, payload: bytes, timeout: float) -> dict:
-        from google.protobuf.wrappers_pb2 import BytesValue
-        from hivemind.p2p import PeerID
+    @property
+    def peer_id(self) -> str:
+        return self.endpoint.peer_id
 
-        reply = self.loop.run(
-            self.p2p.call_protobuf_handler(
-                PeerID.from_base58(peer_id),
-                evaluate_handler(self.task_id),
-                BytesValue(value=payload),
-                BytesValue,
-            ),
-            timeout=timeout,
-        )
-        return json.loads(reply.value)
+    def call(self, peer_id: str, payload: bytes, timeout: float) -> dict:
+        return json.loads(self.endpoint.call(peer_id, evaluate_handler(self.task_id), payload, timeout))
 
 
 @dataclass
@@ -162,7 +135,6 @@ class RemotePeer:
         return self.peer_id[-8:]
 
     def evaluate(self, configs) -> dict[str, float]:
-        from supernet.search.distributed import read_share_answer, share_request
 
         started = time.perf_counter()
         try:

@@ -25,7 +25,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from protocol.identity import Identity
-from protocol.records import SwarmParams, TaskSpec
+from protocol.records import RecordRejected, SwarmParams, TaskSpec, open_sealed
+from supernet.workload import swarm_train_options, train_config
+from tasks import available_tasks
 
 DEFAULT_SWARM = dict(
     target_samples_per_round=1024,
@@ -44,7 +46,6 @@ class TaskFileError(ValueError):
 
 def build_task_spec(ref: str, identity: Identity, extra_aggregator_keys: tuple[str, ...] = ()) -> TaskSpec:
     """A TaskSpec for a built-in task name or a TOML file, signed-for by ``identity``."""
-    from tasks import available_tasks
 
     path = Path(ref)
     if path.suffix == ".toml" or path.exists():
@@ -90,7 +91,6 @@ def build_task_spec(ref: str, identity: Identity, extra_aggregator_keys: tuple[s
 def _check_trainable(spec: TaskSpec) -> None:
     """Refuse settings the supernet cannot train with (e.g. warm-up longer than the schedule) here,
     with one line, instead of in every volunteer's worker."""
-    from supernet.workload import swarm_train_options, train_config
 
     try:
         train_config(spec.task, swarm_train_options(spec))
@@ -101,7 +101,6 @@ def _check_trainable(spec: TaskSpec) -> None:
 def saved_task_spec(data_dir: Path, task_ref: str | None = None) -> TaskSpec:
     """The spec an earlier run in ``data_dir`` published (for ``--resume``); if ``task_ref`` is given,
     it must name the same task (a built-in name, a task id, or a TOML file with the same id)."""
-    from protocol.records import RecordRejected, open_sealed
 
     path = Path(data_dir) / "task.sealed"
     if not path.is_file():

@@ -26,7 +26,7 @@ import statistics
 import sys
 import time
 
-from protocol.runtime import prepare_process, start_orphan_reaper
+from hivemind_adapter.runtime import prepare_process, start_orphan_reaper
 
 prepare_process()
 
@@ -116,7 +116,6 @@ def _flat_worker(rank, barrier, out, initial_peers, numel, rounds, fp16):
 def _hier_worker(rank, barrier, out, initial_peers, ports, numel, rounds, fp16):
     """Ranks 0,1 form host/cohort A, ranks 2,3 host/cohort B; the lower rank of each runs the peer agent."""
     import hivemind
-    from hivemind.compression import Float16Compression
 
     from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
 
@@ -131,7 +130,7 @@ def _hier_worker(rank, barrier, out, initial_peers, ports, numel, rounds, fp16):
             "bench_hier",
             f"cohort-{host}",
             [torch.zeros(numel)],
-            cross_compression=Float16Compression() if fp16 else None,
+            cross_fp16=fp16,
             timeouts=AveragingTimeouts(
                 matchmaking=2.0, request=1.0, next_chunk=30.0, allreduce=120.0, step=120.0, commit=30.0
             ),

@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 
 from aggregator.intake import ContributionIntake
-from aggregator.ledger_store import LedgerStore
-from aggregator.ledger_verify import default_jobs, verify_ledger
+from ledger.store import LedgerStore
+from ledger.verify import default_jobs, verify_ledger
 from protocol.canonical import ascii_canonical_json
 from protocol.identity import Identity
 from protocol.merkle import root_from_leaf_hashes, verify_inclusion

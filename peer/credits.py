@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hivemind_adapter.dht import SwarmUnreachable, start_dht
+from hivemind_adapter.p2p import Endpoint
 from peer.receipts import AggregatorLink
 from peer.swarm_view import fetch_task
 from protocol.dht_schema import credits_handler
@@ -25,21 +27,18 @@ class CreditsError(RuntimeError):
 def fetch_credits(
     initial_peers: tuple[str, ...], task_id: str | None, identity: Identity, data_dir: Path
 ) -> dict:
-    import hivemind
-
     try:
-        dht = hivemind.DHT(initial_peers=list(initial_peers), client_mode=True, start=True)
-    except Exception as e:
-        raise CreditsError(
-            f"cannot reach the swarm: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-        ) from None
-    link = None
+        dht = start_dht(initial_peers=initial_peers, client_mode=True)
+    except SwarmUnreachable as e:
+        raise CreditsError(f"cannot reach the swarm: {e}") from None
+    endpoint = None
     try:
         try:
             spec = fetch_task(dht, task_id).record
         except LookupError as e:
             raise CreditsError(str(e)) from None
-        link = AggregatorLink(dht, spec.task_id, tuple(spec.aggregator_keys))
+        endpoint = Endpoint(dht, "manta-credits")
+        link = AggregatorLink(dht, endpoint, spec.task_id, tuple(spec.aggregator_keys))
         aggregators = link.aggregators()
         if not aggregators:
             raise CreditsError(f"no aggregator of task {spec.task_id} is reachable")
@@ -47,8 +46,8 @@ def fetch_credits(
         reply = link.call(peer_id, credits_handler(spec.task_id), identity.public_key_hex.encode())
         return check_credits(reply, key, spec.task_id, data_dir)
     finally:
-        if link is not None:
-            link.close()
+        if endpoint is not None:
+            endpoint.close()
         dht.shutdown()
 
 

@@ -3,7 +3,7 @@
 A peer arrives here with its host's contribution already reduced (its workers summed their gradients
 with torch.distributed): ``numerator`` = the sum over its samples of the per-sample gradient, and
 ``samples``. One round then runs three hivemind stages, each exact and all-or-nothing
-(:mod:`peer.exact_allreduce`):
+(:mod:`hivemind_adapter.allreduce`):
 
 1. **cohort** — the members of a cohort (same host or network: cheap links) average their numerators
    with equal weights; every member now holds ``sum_cohort / n_cohort``. Gathered metadata tells each
@@ -33,22 +33,19 @@ death makes the whole round abort the same way everywhere instead of leaving sur
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
-from hivemind.averaging.control import AveragingStage
-from hivemind.compression import CompressionBase, NoCompression
-from hivemind.dht import DHT
-from hivemind.utils import get_dht_time
 
-from peer.exact_allreduce import VerifiedAverager
-from protocol.logs import get_logger
+from hivemind_adapter.allreduce import VerifiedAverager, looking_for_group, member_ids, wire_compression
+from hivemind_adapter.dht import peer_id, read_entries, store
 from supernet.state import digest
 
-logger = get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 # Parts of 4 MiB instead of hivemind's 512 KiB: 8x fewer messages to serialise and stream per
 # all-reduce, which is what dominates on fast links (measured in benchmarks/averaging_bench.py).
@@ -102,23 +99,19 @@ class DHTCommitBoard:
     peers trust each other (tests, benchmarks). MANTA peers use the signed board of
     :mod:`peer.swarm_view` instead."""
 
-    def __init__(self, dht: DHT, run_id: str, ttl: float = 60.0):
+    def __init__(self, dht, run_id: str, ttl: float = 60.0):
         self.dht, self.key, self.ttl = dht, f"{run_id}_commits", ttl
-        self.peer_id = dht.peer_id.to_base58()
+        self.peer_id = peer_id(dht)
 
     def post(self, attempt: int, ok: bool, digest: str) -> None:
-        value = {"ok": ok, "digest": digest}
-        self.dht.store(self.key, value, get_dht_time() + self.ttl, subkey=f"{attempt}/{self.peer_id}")
+        store(self.dht, self.key, {"ok": ok, "digest": digest}, self.ttl, subkey=f"{attempt}/{self.peer_id}")
 
     def _entries(self) -> dict[tuple[int, str], dict]:
-        found = self.dht.get(self.key, latest=True)
-        if found is None or not isinstance(found.value, dict):
-            return {}
         out = {}
-        for sub, item in found.value.items():
-            attempt, _, peer = str(sub).partition("/")
-            if attempt.isdigit() and isinstance(item.value, dict):
-                out[int(attempt), peer] = item.value
+        for sub, value in read_entries(self.dht, self.key).items():
+            attempt, _, peer = sub.partition("/")
+            if attempt.isdigit() and isinstance(value, dict):
+                out[int(attempt), peer] = value
         return out
 
     def read(self, attempt: int) -> dict[str, dict]:
@@ -152,13 +145,13 @@ class HierarchicalAverager:
 
     def __init__(
         self,
-        dht: DHT,
+        dht,
         run_id: str,
         cohort: str,
         template: Sequence[torch.Tensor],
         *,
         per_cohort: bool = False,
-        cross_compression: CompressionBase | None = None,
+        cross_fp16: bool = False,
         timeouts: AveragingTimeouts = AveragingTimeouts(),
         client_mode: bool = False,
         commit_board: CommitBoard | None = None,
@@ -166,7 +159,7 @@ class HierarchicalAverager:
         self.dht, self.run_id, self.cohort, self.timeouts = dht, run_id, cohort, timeouts
         self.per_cohort = per_cohort
         self.client_mode = client_mode
-        self.peer_id = dht.peer_id.to_base58()
+        self.peer_id = peer_id(dht)
         self.board = commit_board or DHTCommitBoard(dht, run_id, ttl=max(60.0, 3 * timeouts.commit))
         # contiguous (hivemind flattens with .view(-1)), whatever the template's memory format
         self._buffer = [torch.zeros(t.shape, dtype=t.dtype) for t in template]
@@ -189,7 +182,7 @@ class HierarchicalAverager:
             self._buffer,
             dht,
             prefix=f"{run_id}_cross",
-            compression=cross_compression or NoCompression(),
+            compression=wire_compression(cross_fp16),
             **common,
         )
         self._sizes = {"cohort": None, "cross": None}
@@ -341,7 +334,7 @@ class HierarchicalAverager:
                 time.sleep(0.05)
                 # Only a step still looking for its group is cancelled: cancelling a running all-reduce
                 # races hivemind's own completion. A running one ends within its own timeouts.
-                if time.monotonic() >= next_check and control.stage == AveragingStage.LOOKING_FOR_GROUP:
+                if time.monotonic() >= next_check and looking_for_group(control):
                     next_check = time.monotonic() + 0.5
                     failed = self._failed_reports(round_index)
                     if failed:
@@ -354,7 +347,7 @@ class HierarchicalAverager:
                 if "could not find a group" in str(e) and deadline - time.monotonic() > 0.5:
                     continue  # nobody to meet yet: look again with the time that is left
                 raise RoundAborted(f"{name} stage failed: {type(e).__name__}: {e}") from e
-        return {str(k.to_base58() if hasattr(k, "to_base58") else k): v for k, v in gathered.items()}
+        return member_ids(gathered)
 
     def _failed_reports(self, round_index: int) -> list[str]:
         """Peers of this round that reported failure (anyone's, if the caller gave no roster)."""

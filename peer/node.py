@@ -23,7 +23,7 @@ stops every child process; a second Ctrl-C abandons the round.
 from __future__ import annotations
 
 import json
-import os
+import logging
 import signal
 import socket
 import threading
@@ -32,15 +32,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from hivemind.compression import Float16Compression
 
+from hivemind_adapter.dht import SwarmUnreachable, start_dht
+from hivemind_adapter.dht import peer_id as dht_peer_id
+from hivemind_adapter.p2p import Endpoint
+from hivemind_adapter.state_archive import StateArchive
+from hivemind_adapter.state_sharing import StateSharer, peer_tiebreak
 from peer.affinity import assign_cohorts, cohort_sizes, default_gateway_mac, host_id, network_id
 from peer.devices import WorkerDevice
 from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
 from peer.progress_display import ProgressDisplay
-from peer.receipts import FAULTS, AggregatorLink, ReceiptCourier, ReceiptOutbox, apply_fault
+from peer.receipts import AggregatorLink, ReceiptCourier, ReceiptOutbox
 from peer.search_service import EvaluationService
-from peer.state_sharing import StateSharer, peer_tiebreak
 from peer.swarm_view import (
     Announcer,
     ProgressBoard,
@@ -52,7 +55,6 @@ from peer.swarm_view import (
 from peer.worker import SharedBuffers, WorkerSpec, default_threads, worker_main
 from protocol.dht_schema import MantaRecordValidator
 from protocol.identity import Identity
-from protocol.logs import get_logger
 from protocol.netaddr import host_port_to_multiaddr, parse_host_port
 from protocol.records import (
     Affinity,
@@ -62,12 +64,13 @@ from protocol.records import (
     TaskSpec,
     averaging_group_id,
 )
+from supernet.checkpoint import save_checkpoint
 from supernet.sketch import encode_sketch, gradient_sketch, sketch_seed
 from supernet.state import consensus_count, digest, init_optimizer_state, state_tensors
 from supernet.training import phase_at
 from supernet.workload import swarm_train_options, workload_for
 
-logger = get_logger("manta.peer")
+logger = logging.getLogger("manta.peer")
 
 SETTLE_SECONDS = 4.0  # after announcing, before the first round reads the roster
 PROGRESS_EVERY = 1.0  # seconds between progress records while computing
@@ -137,28 +140,23 @@ class PeerNode:
     # ------------------------------------------------------------------ start-up
 
     def start(self) -> None:
-        import hivemind
-
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
         announce = [
             host_port_to_multiaddr(a, "--announce", allow_port_zero=False) for a in self.config.announce
         ]
         try:
-            self.dht = hivemind.DHT(
-                initial_peers=list(self.config.initial_peers),
+            self.dht = start_dht(
+                initial_peers=self.config.initial_peers,
                 host_maddrs=[host_port_to_multiaddr(self.config.listen, "--listen")],
                 announce_maddrs=announce or None,
                 client_mode=self.config.client_mode,
                 identity_path=str(self.config.data_dir / "p2p.key"),
-                check_if_identity_free=False,
-                start=True,
             )
-        except Exception as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            if "initial_peers responded" in first or "failed to connect to bootstrap peers" in first:
-                first = f"cannot reach any initial peer ({', '.join(self.config.initial_peers)})"
-            raise PeerStartError(first) from None
-        self.peer_id = self.dht.peer_id.to_base58()
+        except SwarmUnreachable as e:
+            raise PeerStartError(str(e)) from None
+        # One endpoint for every call this node makes or answers (search, receipts, state archive).
+        self._endpoint = Endpoint(self.dht, "manta-peer")
+        self.peer_id = dht_peer_id(self.dht)
         self._tiebreak = peer_tiebreak(self.peer_id)
         try:
             self.spec = fetch_task(self.dht, self.config.task_id, self.config.aggregator_key)
@@ -168,9 +166,7 @@ class PeerNode:
         self.dht.add_validators([MantaRecordValidator(task.task_id)])
         # The aggregator's search may ask this peer to evaluate sub-networks (peer/search_service.py);
         # served from before the announcement, so a peer the search sees online can answer.
-        self._search = EvaluationService(
-            self.dht, task.task_id, tuple(task.aggregator_keys), self.config.data_dir
-        )
+        self._search = self.open_evaluation_service(task)
         logger.info(
             f"peer {self.peer_id[-8:]} ({self.identity.fingerprint}) joined task {task.task_id}: {task.task}, "
             f"{task.mode}-parallel, aggregator {self.spec.public_key.hex()[:16]}"
@@ -197,11 +193,8 @@ class PeerNode:
         self._announced_at = time.monotonic()
         self._progress = ProgressBoard(self.dht, task.task_id, self.identity, self.peer_id)
         self._outbox = ReceiptOutbox(self.config.data_dir / "receipts", self.identity)
-        self._fault = os.environ.get("MANTA_FAULT") or None
-        if self._fault and self._fault not in FAULTS:
-            raise PeerStartError(f"MANTA_FAULT must be one of {', '.join(FAULTS)}")
         self._courier = ReceiptCourier(
-            self._outbox, AggregatorLink(self.dht, task.task_id, tuple(task.aggregator_keys))
+            self._outbox, AggregatorLink(self.dht, self._endpoint, task.task_id, tuple(task.aggregator_keys))
         )
         self._start_workers()
         self._sharer = StateSharer(
@@ -211,6 +204,7 @@ class PeerNode:
             self._consensus,
             client_mode=self.config.client_mode,
         )
+        self._archive = StateArchive(self._endpoint, task.task_id)
         self._reclaim_signals()
 
     def _start_workers(self) -> None:
@@ -280,18 +274,22 @@ class PeerNode:
         got = self._sharer.download(timeout=30.0)
         if got is None:
             return False
-        round_index, tiebreak, attempt, tensors, state_digest = got
         # Whatever we keep, the swarm has moved past the attempt that produced the served state.
-        self.attempt = max(self.attempt, attempt + 1)
-        if state_digest == self.state_digest or (round_index, tiebreak) <= (self.state_round, self._tiebreak):
+        self.attempt = max(self.attempt, got.attempt + 1)
+        if got.digest == self.state_digest or (got.round, got.tiebreak) <= (self.state_round, self._tiebreak):
             return False
-        for dst, src in zip(self._state_buf, tensors):
+        for dst, src in zip(self._state_buf, got.tensors):
             dst.copy_(src)
         self._ask_workers("load")
-        self.state_round = round_index
-        self.state_digest = self._sharer.publish(round_index, self._state_buf, attempt)
-        logger.info(f"loaded the swarm's state after round {round_index} (digest {state_digest[:12]})")
+        self.state_round = got.round
+        self._publish_state(got.round, got.attempt)
+        logger.info(f"loaded the swarm's state after round {got.round} (digest {got.digest[:12]})")
         return True
+
+    def _publish_state(self, round_index: int, attempt: int) -> None:
+        """Serve the current state to newcomers and keep it, by digest, for whoever needs it later."""
+        self.state_digest = self._sharer.publish(round_index, self._state_buf, attempt, self._tiebreak)
+        self._archive.add(round_index, attempt, self.state_digest, self._state_buf)
 
     def run(self) -> list[RoundReport]:
         task = self.spec.record
@@ -372,7 +370,7 @@ class PeerNode:
         if outcome.committed and stats["samples"] > 0:
             self._write_receipt(task, round_index, attempt, cohort, stats, work, start_digest, outcome)
         if outcome.committed:
-            self.state_digest = self._sharer.publish(round_index, self._state_buf, attempt)
+            self._publish_state(round_index, attempt)
         total = time.perf_counter() - t0
         averaging_s = sum(outcome.seconds.get(k, 0.0) for k in ("cohort", "cross", "broadcast"))
         return RoundReport(
@@ -486,7 +484,20 @@ class PeerNode:
             worker_samples=work["worker_samples"],
             grad_sketch=work["grad_sketch"],
         )
-        self._outbox.add(receipt, apply_fault(self._fault, receipt, self.identity, self._outbox))
+        self._outbox.add(receipt, self.receipt_wire(receipt))
+
+    # ------------------------------------------------------------------ what a test build may replace
+
+    def receipt_wire(self, receipt: ContributionReceipt) -> bytes | None:
+        """The bytes filed for ``receipt``; None: the receipt as this peer seals it. The test suite's
+        dishonest peers (tests/adversaries/) override this to cheat; an honest peer never does."""
+        return None
+
+    def open_evaluation_service(self, task: TaskSpec) -> EvaluationService:
+        """The service that answers the aggregator's search (a test build may substitute a liar)."""
+        return EvaluationService(
+            self._endpoint, task.task_id, tuple(task.aggregator_keys), self.config.data_dir
+        )
 
     def _publish_progress(
         self, round_index: int, samples: float, throughput: float, loss_sum: float, cohort: str
@@ -522,7 +533,7 @@ class PeerNode:
             self._grad_buf,
             timeouts=self.config.timeouts,
             client_mode=self.config.client_mode,
-            cross_compression=Float16Compression() if self.spec.record.params.cross_cohort_fp16 else None,
+            cross_fp16=self.spec.record.params.cross_cohort_fp16,
             per_cohort=self.spec.record.mode == "model",
             commit_board=SignedCommitBoard(self.dht, self.spec.record.task_id, self.identity, self.peer_id),
         )
@@ -530,7 +541,6 @@ class PeerNode:
 
     def save_state(self, path: Path | None = None) -> Path:
         """Write the current state as a supernet checkpoint (default ``<data dir>/final-state.pt``)."""
-        from supernet.checkpoint import save_checkpoint
 
         return save_checkpoint(
             path or self.config.data_dir / "final-state.pt",
@@ -575,7 +585,6 @@ class PeerNode:
             self._search.shutdown()
         if getattr(self, "_courier", None) is not None:
             self._courier.stop(flush_seconds=15.0)
-            self._courier.link.close()
         if self._announcer is not None:
             try:
                 self._announcer.withdraw()
@@ -596,6 +605,10 @@ class PeerNode:
                     part.shutdown()
                 except Exception:
                     pass
+        if getattr(self, "_archive", None) is not None:
+            self._archive.close()
+        if getattr(self, "_endpoint", None) is not None:
+            self._endpoint.close()
         if self.dht is not None:
             self.dht.shutdown()
 

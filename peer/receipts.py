@@ -10,33 +10,25 @@ validator. The outbox on disk is what makes delivery reliable: a receipt stays i
 ``<data dir>/receipts/pending/`` until a status call (``manta/<task>/status``) returns its ledger index
 with an inclusion proof that checks against the aggregator's signed checkpoint; it survives a peer
 restart and an aggregator outage (the courier simply retries).
-
-``MANTA_FAULT`` (test suite only) makes this peer dishonest in one way — ``forge`` (broken
-signature), ``replay`` (re-sends its first accepted receipt every round), ``inflate`` (claims ten
-times its samples) or ``fabricate`` (commits to a made-up gradient) — so the tests can check that the
-aggregator catches each one in a real swarm. ``search-lie`` is not a receipt fault (its receipts stay
-honest): the peer's search service answers with altered values (peer/search_service.py).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
-import random
 import threading
 import time
 from pathlib import Path
 
-from protocol.aio import BackgroundLoop
+from hivemind_adapter.dht import read_signed
+from hivemind_adapter.p2p import Endpoint
 from protocol.dht_schema import aggregators_key, open_aggregator_value, status_handler, submit_handler
 from protocol.identity import Identity
-from protocol.logs import get_logger
 from protocol.merkle import leaf_hash, verify_inclusion
-from protocol.records import Checkpoint, ContributionReceipt, RecordRejected, seal
+from protocol.records import Checkpoint, ContributionReceipt, parse_sealed, seal
 
-logger = get_logger(__name__)
-
-FAULTS = ("forge", "replay", "inflate", "fabricate", "search-lie")
+logger = logging.getLogger(__name__)
 
 
 class ReceiptOutbox:
@@ -76,7 +68,6 @@ class ReceiptOutbox:
 
     def settled_credit(self) -> int:
         """Credit of the receipts the ledger has proven included (training FLOPs)."""
-        from protocol.records import parse_sealed
 
         total = 0
         for path in (self.dir / "settled").glob("*.receipt"):
@@ -97,43 +88,18 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 
 class AggregatorLink:
-    """Calls to the task's aggregators over this node's libp2p daemon."""
+    """Calls to the task's aggregators, through the node's endpoint (which the caller owns)."""
 
-    def __init__(self, dht, task_id: str, aggregator_keys: tuple[str, ...]):
-        from google.protobuf.wrappers_pb2 import BytesValue
-
-        self.dht, self.task_id, self.keys = dht, task_id, set(aggregator_keys)
-        self._bytes = BytesValue
-        self._loop = BackgroundLoop("manta-receipts")
-        self._p2p = self._loop.run(dht.replicate_p2p(), timeout=30)
+    def __init__(self, dht, endpoint: Endpoint, task_id: str, aggregator_keys: tuple[str, ...]):
+        self.dht, self.endpoint, self.task_id, self.keys = dht, endpoint, task_id, set(aggregator_keys)
 
     def aggregators(self) -> dict[str, str]:
         """public key hex -> peer id of every aggregator of the task that published a binding."""
-        found = self.dht.get(aggregators_key(self.task_id), latest=True)
-        out = {}
-        if found is not None and isinstance(found.value, dict):
-            for sub, item in found.value.items():
-                try:
-                    binding = open_aggregator_value(sub, item.value)
-                except RecordRejected:
-                    continue
-                if sub in self.keys:
-                    out[sub] = binding.record.peer_id
-        return out
+        bindings = read_signed(self.dht, aggregators_key(self.task_id), open_aggregator_value)
+        return {b.public_key.hex(): b.record.peer_id for b in bindings if b.public_key.hex() in self.keys}
 
     def call(self, peer_id: str, handler: str, payload: bytes, timeout: float = 20.0) -> dict:
-        from hivemind.p2p import PeerID
-
-        reply = self._loop.run(
-            self._p2p.call_protobuf_handler(
-                PeerID.from_base58(peer_id), handler, self._bytes(value=payload), self._bytes
-            ),
-            timeout=timeout,
-        )
-        return json.loads(reply.value)
-
-    def close(self) -> None:
-        self._loop.stop()
+        return json.loads(self.endpoint.call(peer_id, handler, payload, timeout))
 
 
 def check_proof(reply: dict, wire: bytes, aggregator_key: str) -> bool:
@@ -209,38 +175,3 @@ class ReceiptCourier:
             time.sleep(self.interval)
         self._stop.set()
         self._thread.join(timeout=30)
-
-
-def apply_fault(
-    fault: str | None, receipt: ContributionReceipt, identity: Identity, outbox: ReceiptOutbox
-) -> bytes | None:
-    """The wire bytes a dishonest peer would send instead of the honest receipt (None: be honest)."""
-    if not fault or fault == "search-lie":  # search-lie: a fault of the search service only
-        return None
-    if fault == "forge":  # a signature that does not verify under the key the receipt names
-        wire = bytearray(seal(receipt, identity))
-        wire[-3] = ord("0") if wire[-3] != ord("0") else ord("1")
-        return bytes(wire)
-    if fault == "replay":
-        done = outbox.settled()
-        if done:
-            first = sorted(outbox.dir.glob("settled/*.receipt"))[0]
-            return first.read_bytes()
-        return None
-    if fault == "inflate":
-        members = list(receipt.group_members)
-        samples = list(receipt.group_samples)
-        samples[members.index(receipt.peer_id)] *= 10
-        claimed = receipt.model_copy(
-            update=dict(
-                samples=receipt.samples * 10,
-                worker_samples=tuple(w * 10 for w in receipt.worker_samples),
-                group_samples=tuple(samples),
-            )
-        )
-        return seal(ContributionReceipt(**claimed.model_dump()), identity)
-    if fault == "fabricate":
-        rng = random.Random(receipt.round)
-        fake = tuple(rng.randint(-(10**9), 10**9) for _ in receipt.grad_sketch)
-        return seal(ContributionReceipt(**{**receipt.model_dump(), "grad_sketch": fake}), identity)
-    raise ValueError(f"MANTA_FAULT: {fault!r} is not one of {', '.join(FAULTS)}")

@@ -15,10 +15,6 @@ torch runs on one thread):
    the same fixed validation subset on every peer, so the value of a config does not depend on who
    computed it;
 3. the answer is :func:`supernet.search.distributed.answer_share`'s, as JSON.
-
-``MANTA_FAULT=search-lie`` (test suite only, the convention of :mod:`peer.receipts`) makes the peer
-answer ``1 - value`` for every config, so the tests can check that the aggregator's spot checks catch
-a lying peer in a real swarm.
 """
 
 from __future__ import annotations
@@ -26,93 +22,73 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from peer.p2p_replica import own_replica
-from protocol.aio import BackgroundLoop
+from hivemind_adapter.p2p import Endpoint
+from hivemind_adapter.paged_blobs import BlobUnavailable, fetch_blob
 from protocol.evaluation_requests import (
     RequestRefused,
     checkpoint_handler,
     evaluate_handler,
     file_sha256,
     open_request,
-    read_page,
 )
-from protocol.logs import get_logger
+from supernet.checkpoint import CheckpointError, load_checkpoint
+from supernet.rng import TORCH_RNG_LOCK
+from supernet.search.distributed import answer_share
 
-logger = get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 KEEP_CHECKPOINTS = 2  # cached search checkpoints per peer (older ones are deleted)
 
 
 def fetch_checkpoint(
-    run, p2p, source: str, task_id: str, sha256: str, size: int, dest: Path, timeout: float = 60.0
+    endpoint: Endpoint, source: str, task_id: str, sha256: str, size: int, dest: Path, timeout: float = 60.0
 ) -> Path:
-    """Download the checkpoint ``sha256`` from peer ``source`` into ``dest`` (atomically), page by page.
-
-    ``run(coro, timeout)`` runs a coroutine on the loop ``p2p`` belongs to. Raises
-    :class:`RequestRefused` if the source does not serve it, or what arrives has another size or hash.
-    """
-    from google.protobuf.wrappers_pb2 import BytesValue
-    from hivemind.p2p import PeerID
-
-    peer = PeerID.from_base58(source)
-    hasher, offset = hashlib.sha256(), 0
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.{threading.get_ident()}.part")
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    """Download the checkpoint ``sha256`` from node ``source`` into ``dest`` (atomically), page by page.
+    Raises :class:`RequestRefused` if the source does not serve it, or what arrives has another size
+    or hash."""
     try:
-        with open(tmp, "wb") as out:
-            while offset < size:
-                ask = BytesValue(value=json.dumps({"sha256": sha256, "offset": offset}).encode())
-                reply = run(
-                    p2p.call_protobuf_handler(peer, checkpoint_handler(task_id), ask, BytesValue), timeout
-                )
-                header, data = read_page(reply.value)
-                if "error" in header:
-                    raise RequestRefused(f"checkpoint download refused by the requester: {header['error']}")
-                if header.get("size") != size or header.get("offset") != offset or not data:
-                    raise RequestRefused("checkpoint download: the pages do not match the requested size")
-                hasher.update(data)
-                out.write(data)
-                offset += len(data)
-        if offset != size or hasher.hexdigest() != sha256:
-            raise RequestRefused(f"checkpoint download: SHA-256 mismatch (got {hasher.hexdigest()[:16]})")
+        data = fetch_blob(endpoint, source, checkpoint_handler(task_id), sha256, timeout, max_bytes=size)
+    except BlobUnavailable as e:
+        raise RequestRefused(f"checkpoint download refused by the requester: {e}") from None
+    if len(data) != size:
+        raise RequestRefused("checkpoint download: the pages do not match the requested size")
+    got = hashlib.sha256(data).hexdigest()
+    if got != sha256:
+        raise RequestRefused(f"checkpoint download: SHA-256 mismatch (got {got[:16]})")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.{threading.get_ident()}.part")
+    try:
+        tmp.write_bytes(data)
         os.replace(tmp, dest)
-        return dest
     finally:
         tmp.unlink(missing_ok=True)
+    return dest
 
 
 class EvaluationService:
     """Serves ``manta/<task>/evaluate`` on the peer's libp2p daemon (see the module docstring)."""
 
-    def __init__(self, dht, task_id: str, aggregator_keys: tuple[str, ...], data_dir: Path):
-        from google.protobuf.wrappers_pb2 import BytesValue
-
-        self.task_id, self.keys = task_id, tuple(aggregator_keys)
+    def __init__(self, endpoint: Endpoint, task_id: str, aggregator_keys: tuple[str, ...], data_dir: Path):
+        self.endpoint, self.task_id, self.keys = endpoint, task_id, tuple(aggregator_keys)
         self.cache = Path(data_dir) / "search-checkpoints"
-        self.peer_id = dht.peer_id.to_base58()
+        self.peer_id = endpoint.peer_id
         self.counters = {"served": 0, "configs": 0, "refused": 0, "failed": 0}
-        self.lie = os.environ.get("MANTA_FAULT") == "search-lie"
-        self._bytes = BytesValue
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="manta-evaluate")
         self._loaded: dict[str, Any] = {}  # sha256 -> LoadedCheckpoint (only the last one is kept)
         self._evaluators: dict[tuple[str, str], Any] = {}
-        self._loop = BackgroundLoop("manta-search-service")
-        self._p2p = self._loop.run(own_replica(dht), timeout=30)
-        self._loop.run(
-            self._p2p.add_protobuf_handler(evaluate_handler(task_id), self._handle, BytesValue), timeout=30
-        )
+        endpoint.serve(evaluate_handler(task_id), self._handle)
 
-    async def _handle(self, request, context):
-        sender = context.remote_id.to_base58()
+    async def _handle(self, payload: bytes, sender: str) -> bytes:
         try:
             body = open_request(
-                request.value, task_id=self.task_id, aggregator_keys=self.keys, sender=sender, me=self.peer_id
+                payload, task_id=self.task_id, aggregator_keys=self.keys, sender=sender, me=self.peer_id
             )
             answer = await asyncio.get_running_loop().run_in_executor(self._executor, self._evaluate, body)
             reply = {"status": "ok", "answer": answer}
@@ -124,11 +100,9 @@ class EvaluationService:
             self.counters["failed"] += 1
             logger.warning(f"evaluation for {sender[-8:]} failed: {type(e).__name__}: {e}")
             reply = {"status": "error", "detail": f"{type(e).__name__}: {e}"}
-        return self._bytes(value=json.dumps(reply).encode())
+        return json.dumps(reply).encode()
 
     def _evaluate(self, body: dict) -> dict:
-        from supernet.rng import TORCH_RNG_LOCK
-        from supernet.search.distributed import answer_share
 
         loaded = self._checkpoint(body["checkpoint"], body["requester"])
         arguments = json.dumps(body["evaluator"], sort_keys=True)
@@ -149,22 +123,19 @@ class EvaluationService:
                 answer = answer_share(evaluator, body["share"], loaded.net.space, settings)
             except ValueError as e:  # other settings, configs outside the space: not ours to compute
                 raise RequestRefused(str(e)) from None
-        if self.lie:
-            answer["results"] = {k: 1.0 - v for k, v in answer["results"].items()}
         self.counters["served"] += 1
         self.counters["configs"] += configs
         logger.info(f"evaluated {configs} sub-network(s) for the aggregator's search")
         return answer
 
     def _checkpoint(self, named: dict, requester: str):
-        from supernet.checkpoint import CheckpointError, load_checkpoint
 
         sha = named["sha256"]
         if sha in self._loaded:
             return self._loaded[sha]
         path = self.cache / f"{sha}.pt"
         if not path.exists() or path.stat().st_size != named["size"] or file_sha256(path)[0] != sha:
-            fetch_checkpoint(self._loop.run, self._p2p, requester, self.task_id, sha, named["size"], path)
+            fetch_checkpoint(self.endpoint, requester, self.task_id, sha, named["size"], path)
             self._prune(keep=path)
         try:
             loaded = load_checkpoint(path)
@@ -183,10 +154,5 @@ class EvaluationService:
             path.unlink(missing_ok=True)
 
     def shutdown(self) -> None:
-        try:
-            self._loop.run(self._p2p.remove_protobuf_handler(evaluate_handler(self.task_id)), timeout=5)
-            self._loop.run(self._p2p.shutdown(), timeout=5)
-        except Exception:
-            pass  # the daemon may already be gone
+        self.endpoint.unserve(evaluate_handler(self.task_id))
         self._executor.shutdown(wait=True, cancel_futures=True)
-        self._loop.stop()

@@ -7,12 +7,12 @@ anything.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
 
-from hivemind.utils import get_dht_time
-
+from hivemind_adapter.dht import dht_time, read_entries
 from peer.affinity import RosterEntry
 from protocol.dht_schema import (
     TASKS_INDEX_KEY,
@@ -28,7 +28,6 @@ from protocol.dht_schema import (
     task_key,
 )
 from protocol.identity import Identity
-from protocol.logs import get_logger
 from protocol.records import (
     Affinity,
     DeviceInfo,
@@ -42,7 +41,7 @@ from protocol.records import (
     seal,
 )
 
-logger = get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 ANNOUNCE_TTL = 20.0  # an announcement not refreshed for this long drops out of the roster
 
@@ -51,11 +50,7 @@ class TaskNotFound(LookupError):
     """No usable task (one line for the volunteer)."""
 
 
-def _entries(dht, key: str) -> dict:
-    found = dht.get(key, latest=True)
-    if found is None or not isinstance(found.value, dict):
-        return {}
-    return {k: v.value for k, v in found.value.items()}
+_entries = read_entries
 
 
 def fetch_task(
@@ -137,7 +132,7 @@ class Announcer:
             self.dht.store(
                 peers_key(self.task_id),
                 value,
-                get_dht_time() + ANNOUNCE_TTL,
+                dht_time() + ANNOUNCE_TTL,
                 subkey=self.identity.public_key_hex,
             )
         )
@@ -208,7 +203,7 @@ class SignedCommitBoard:
         self.dht.store(
             commits_key(self.task_id),
             seal(record, self.identity),
-            get_dht_time() + self.ttl,
+            dht_time() + self.ttl,
             subkey=commit_subkey(attempt, self.identity.public_key_hex),
         )
 
@@ -269,7 +264,7 @@ class ProgressBoard:
             self.dht.store(
                 progress_key(self.task_id),
                 seal(record, self.identity),
-                get_dht_time() + PROGRESS_TTL,
+                dht_time() + PROGRESS_TTL,
                 subkey=self.identity.public_key_hex,
             )
         )

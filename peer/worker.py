@@ -27,12 +27,21 @@ Protocol (agent -> worker over a pipe; every request gets one reply):
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import traceback
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
+
+from console.logs import setup_logging
+from hivemind_adapter.runtime import set_parent_death_signal
+from supernet.state import init_optimizer_state, load_state_tensors, state_tensors
+from supernet.training import cohort_configs, maybe_sort_channels, optimizer_step, step_configs
+from supernet.workload import workload_for
+from tasks.sharding import SampleStream, augmentation_seed
 
 
 @dataclass(frozen=True)
@@ -70,12 +79,10 @@ class SharedBuffers:
 
 
 def worker_main(spec: WorkerSpec, conn, shared: SharedBuffers) -> None:
-    from protocol.logs import get_logger, setup_logging
-    from protocol.runtime import set_parent_death_signal
 
     set_parent_death_signal()
     setup_logging()
-    log = get_logger(f"peer.worker{spec.rank}")
+    log = logging.getLogger(f"peer.worker{spec.rank}")
     try:
         _serve(spec, conn, shared, log)
     except (EOFError, KeyboardInterrupt):
@@ -89,11 +96,6 @@ def worker_main(spec: WorkerSpec, conn, shared: SharedBuffers) -> None:
 
 
 def _serve(spec: WorkerSpec, conn, shared: SharedBuffers, log) -> None:
-    import torch.distributed as dist
-
-    from supernet.state import init_optimizer_state, load_state_tensors, state_tensors
-    from supernet.training import cohort_configs, maybe_sort_channels, optimizer_step, step_configs
-    from supernet.workload import workload_for
 
     torch.set_num_threads(max(1, spec.threads))
     device = torch.device(spec.device)
@@ -175,7 +177,6 @@ def _serve(spec: WorkerSpec, conn, shared: SharedBuffers, log) -> None:
 
 def _compute(workload, net, params, configs, device, spec, round_index, shared) -> dict:
     """Mini-batches from this worker's stream until the stop flag (at least one); the numerator."""
-    from tasks.sharding import SampleStream, augmentation_seed
 
     torch.manual_seed(augmentation_seed(spec.task_seed, round_index, spec.participant))
     stream = SampleStream(len(workload.task.train_set), spec.task_seed, round_index, spec.participant)

@@ -70,6 +70,11 @@ def credits_handler(task_id: str) -> str:
     return f"manta/{task_id}/credits"
 
 
+def state_handler(task_id: str) -> str:
+    """Pages of a recent committed state, by digest (hivemind_adapter.state_archive)."""
+    return f"manta/{task_id}/state"
+
+
 def task_key(task_id: str) -> str:
     return f"manta_{task_id}_task"
 

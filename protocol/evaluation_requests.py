@@ -1,4 +1,4 @@
-"""Signed requests for distributed search evaluation, and the pages a checkpoint travels in.
+"""Signed requests for distributed search evaluation.
 
 The aggregator's search (``manta-aggregator search``) asks online peers to evaluate sub-network
 configs on a checkpoint (``manta/<task>/evaluate``); each peer first downloads that checkpoint from the
@@ -18,10 +18,7 @@ Wire form of a request: ``manta/evaluate/v1\\n<body JSON>\\ned25519 <public key 
 the signature covering the first two lines (the same framing as sealed records, but the body is not a
 pydantic record: it carries a list of configs of any length up to :data:`MAX_REQUEST_BYTES`).
 
-Checkpoint pages: hivemind's unary p2p messages go through the daemon's persistent connection,
-whose limit is 4 MiB per message (``persistent_conn_max_msg_size``; hivemind itself streams anything
-over 2 MiB), so a checkpoint of any size travels in pages of :data:`PAGE_BYTES`: a request names the
-file's SHA-256 and an offset, a reply is a one-line JSON header (total size, offset) and the raw bytes.
+The checkpoint travels in pages (:mod:`protocol.pages`), keyed by the file's SHA-256.
 
 Pure Python, no torch, no hivemind: both the peer and the aggregator import it.
 """
@@ -40,21 +37,17 @@ from protocol.identity import Identity, verify_signature
 
 __all__ = [
     "MAX_AGE_MS",
-    "PAGE_BYTES",
     "RequestRefused",
     "checkpoint_handler",
     "evaluate_handler",
     "file_sha256",
     "open_request",
-    "read_page",
     "sign_request",
-    "write_page",
 ]
 
 PREFIX = b"manta/evaluate/v1"
 MAX_REQUEST_BYTES = 2 * 1024 * 1024  # far below the 4 MiB message limit; ~10,000 configs
 MAX_AGE_MS = 10 * 60 * 1000  # requests older (or further ahead) than this are refused: clocks drift
-PAGE_BYTES = 1024 * 1024  # one checkpoint page; a reply stays well under the 4 MiB message limit
 
 _TRAILER = re.compile(rb"ed25519 ([0-9a-f]{64}) ([0-9a-f]{128})")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -167,33 +160,11 @@ def open_request(
     return body
 
 
-def write_page(total: int, offset: int, data: bytes) -> bytes:
-    """One checkpoint page as sent: a JSON header line, then the raw bytes."""
-    return json.dumps({"size": total, "offset": offset}).encode() + b"\n" + data
-
-
-def read_page(reply: bytes) -> tuple[dict[str, Any], bytes]:
-    """``(header, data)`` of a :func:`write_page` reply; an error reply has ``header["error"]``."""
-    header, newline, data = reply.partition(b"\n")
-    try:
-        parsed = json.loads(header)
-    except ValueError:
-        parsed = None
-    if not newline or not isinstance(parsed, dict):
-        raise ValueError("checkpoint page: malformed reply")
-    return parsed, data
-
-
-def error_page(detail: str) -> bytes:
-    """A page reply that carries only an error (the requester does not serve that file, ...)."""
-    return json.dumps({"error": detail}).encode() + b"\n"
-
-
 def file_sha256(path: Path) -> tuple[str, int]:
     """SHA-256 (hex) and size of a file, read page by page."""
     h, size = hashlib.sha256(), 0
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(PAGE_BYTES), b""):
+        for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
             size += len(block)
     return h.hexdigest(), size

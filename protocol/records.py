@@ -50,6 +50,7 @@ the binding and the transport-level sender agree on peer id and key.
 from __future__ import annotations
 
 import enum
+import hashlib
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
@@ -553,7 +554,6 @@ def averaging_group_id(
     """The id of one averaging group as its members saw it: SHA-256 over the canonical JSON of the
     attempt, every member with the sample count it declared, and the state they started from. Members
     that agree on all of it name the same group; a receipt whose claim differs names another one."""
-    import hashlib
 
     body = canonical_json(
         {"task": task_id, "attempt": attempt, "members": list(members), "samples": list(samples),

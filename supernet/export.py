@@ -12,6 +12,7 @@ can be saved as a TorchScript archive (:func:`save_torchscript`) or a ``torch.ex
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -79,7 +80,6 @@ class StaticClassifier(nn.Module):
 
 def save_torchscript(model: nn.Module, path: str | Path) -> Path:
     """Script ``model`` (eval mode) and save it; load with ``torch.jit.load(path)``."""
-    import warnings
 
     path = Path(path)
     model = model.eval()

@@ -46,6 +46,8 @@ from supernet.training import (
     phase_at,
     step_configs,
 )
+from tasks import get_task
+from tasks.sharding import shard_indices
 from tasks.stereo.metrics import DEFAULT_SCALE_WEIGHTS, MultiScaleLoss, StereoMetrics
 
 __all__ = [
@@ -276,8 +278,6 @@ def train_stereo(
     Returns ``net``, ``task``, ``history``, ``evaluations``, ``final`` (rows of
     :func:`evaluate_stereo_subnets`), ``seconds`` (training only), ``steps`` and ``train_macs``.
     """
-    from tasks import get_task
-    from tasks.sharding import shard_indices
 
     say = progress or log.info
     if task is None:

@@ -53,6 +53,8 @@ from supernet.bn import recalibrate_bn
 from supernet.classification import DEFAULT_ACTIVATIONS, DEFAULT_UNIT_CHANNELS, ClassificationSupernet
 from supernet.config import SearchSpace, SubnetConfig, derive_seed, sandwich_configs
 from supernet.flops import training_flops_per_sample
+from tasks import get_task
+from tasks.sharding import shard_indices
 
 __all__ = [
     "TrainConfig",
@@ -608,8 +610,6 @@ def train(
     (``(step, rows)`` during training), ``final`` (rows of :func:`evaluate_subnets`), ``seconds``
     (training time, without the final evaluation), ``train_macs``.
     """
-    from tasks import get_task
-    from tasks.sharding import shard_indices
 
     say = progress or log.info
     if task is None:

@@ -22,7 +22,15 @@ import torch
 from torch import nn
 
 from supernet.config import SubnetConfig
-from supernet.training import TrainConfig
+from supernet.rng import TORCH_RNG_LOCK
+from supernet.training import (
+    TrainConfig,
+    accumulate_gradients,
+    batch_for_step,
+    evaluate_subnets,
+    make_optimizer,
+)
+from tasks import get_task
 
 __all__ = ["Workload", "family_of", "swarm_train_options", "train_config", "workload_for"]
 
@@ -60,7 +68,6 @@ class Workload:
         Weight initialisation seeds and draws from torch's global generator, so it holds
         :data:`supernet.rng.TORCH_RNG_LOCK`: a checkpoint written in one thread of the aggregator must
         not shift the augmentation draws an audit is replaying in another."""
-        from supernet.rng import TORCH_RNG_LOCK
 
         with TORCH_RNG_LOCK:
             if self.family == "stereo":
@@ -72,7 +79,6 @@ class Workload:
             return build_supernet(self.cfg, self.task.num_classes, self.task.input_size[0])
 
     def make_optimizer(self, net: nn.Module) -> torch.optim.Optimizer:
-        from supernet.training import make_optimizer
 
         return make_optimizer(net, self.cfg)
 
@@ -82,7 +88,6 @@ class Workload:
             from supernet.stereo_training import stereo_batch
 
             return stereo_batch(self.task.train_set, indices, self.cfg.channels_last)
-        from supernet.training import batch_for_step
 
         return batch_for_step(self.task.train_set, indices)
 
@@ -95,7 +100,6 @@ class Workload:
             from supernet.stereo_training import accumulate_stereo_gradients
 
             return accumulate_stereo_gradients(net, batch, configs, self.cfg)
-        from supernet.training import accumulate_gradients
 
         inputs, targets = batch
         return accumulate_gradients(net, inputs.to(device), targets.to(device), configs, self.cfg)
@@ -109,7 +113,6 @@ class Workload:
             from supernet.stereo_training import evaluate_stereo_subnets
 
             return evaluate_stereo_subnets(net, self.task, self.cfg, configs)
-        from supernet.training import evaluate_subnets
 
         return evaluate_subnets(net, self.task, self.cfg, configs)
 
@@ -119,7 +122,6 @@ def workload_for(task_name: str, train_options: dict[str, Any] | None = None, *,
 
     Raises ``ValueError`` with a one-line message for an unknown option or a bad value.
     """
-    from tasks import get_task
 
     cfg = train_config(task_name, train_options)
     if task is None:

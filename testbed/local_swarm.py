@@ -24,6 +24,7 @@ alive after a grace period is killed, so no process outlives the run.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -33,10 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from protocol.logs import get_logger
 from testbed.wan.topology import AGGREGATOR_SITE, EmulatedInternet
 
-logger = get_logger("manta.swarm")
+logger = logging.getLogger("manta.swarm")
 
 GRACE_SECONDS = 60.0  # a peer finishing its round on SIGTERM may need an averaging timeout or two
 LOOPBACK = "127.0.0.1"
@@ -188,8 +188,15 @@ class LocalSwarm:
         raise ValueError(f"peer-{i} has no site; pass site= to start_peer")
 
     def start_peer(
-        self, i: int, *extra: str, env: dict | None = None, site: str | None = None
+        self,
+        i: int,
+        *extra: str,
+        env: dict | None = None,
+        site: str | None = None,
+        command: list[str] | None = None,
     ) -> subprocess.Popen:
+        """Start peer ``i`` with ``manta-peer join`` (or ``command`` in its place, given the same
+        arguments: the test suite's dishonest peers)."""
         folder = self.peer_dir(i)
         if self.internet is not None:
             site = site or self.site_of(i)
@@ -197,7 +204,7 @@ class LocalSwarm:
                 self.placement.append(site)
             self.placement[i] = site
         args = [
-            console_script("manta-peer"),
+            *(command or [console_script("manta-peer")]),
             "join",
             *self.join_args,
             "--gpus",

@@ -21,16 +21,20 @@ estimates, so the summary reports what the processes and the wire actually did:
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
-from protocol.logs import get_logger
+from ledger.rewards import compute_rewards
+from ledger.store import LedgerError, LedgerStore
+from protocol.identity import Identity
+from supernet.checkpoint import CheckpointError, load_checkpoint
 from testbed.figures import as_json, peer_figures, site_figures, swarm_figures
 from testbed.local_swarm import LocalSwarm
 from testbed.wan.rates import format_rate
 from testbed.wan.topology import LinkCounters
 
-logger = get_logger("manta.swarm")
+logger = logging.getLogger("manta.swarm")
 
 
 def progress_line(swarm: LocalSwarm, total_rounds: int) -> tuple[int, str] | None:
@@ -123,9 +127,6 @@ def summarise(
 
 def ledger_summary(swarm: LocalSwarm) -> dict[str, Any]:
     """The aggregator's ledger (path, size, root, checkpoint) and each peer's credits in it."""
-    from aggregator.ledger_store import LedgerError, LedgerStore
-    from aggregator.rewards import compute_rewards
-    from protocol.identity import Identity
 
     path = swarm.dir / "aggregator" / "ledger.sqlite"
     if not path.exists():
@@ -159,7 +160,6 @@ def ledger_summary(swarm: LocalSwarm) -> dict[str, Any]:
 
 def evaluate_final_state(swarm: LocalSwarm) -> dict[str, Any]:
     """Largest and smallest sub-network quality of the newest final state any peer saved."""
-    from supernet.checkpoint import CheckpointError, load_checkpoint
 
     candidates = [swarm.dir / name / "final-state.pt" for name in swarm.peer_names()]
     candidates = [p for p in candidates if p.exists()]

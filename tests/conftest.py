@@ -14,7 +14,7 @@ import warnings
 
 import pytest
 
-from protocol.runtime import descendants, prepare_process, terminate_processes
+from hivemind_adapter.runtime import descendants, prepare_process, terminate_processes
 
 prepare_process()
 os.environ.setdefault("MANTA_LOG_LEVEL", "INFO")

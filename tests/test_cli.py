@@ -27,7 +27,7 @@ def test_console_script_help_and_version(script):
 def test_the_aggregator_command_line_is_built_without_loading_torch():
     # Its `search` sub-command takes manta-search's options; they must not drag torch (seconds) into
     # `manta-aggregator --help` or a usage error.
-    probe = "import sys, aggregator.cli, peer.cli, aggregator.ledger_cli; print(sorted({'torch', 'hivemind'} & set(sys.modules)))"
+    probe = "import sys, aggregator.cli, peer.cli, ledger.cli; print(sorted({'torch', 'hivemind'} & set(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

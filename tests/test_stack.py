@@ -16,7 +16,7 @@ import time
 
 import psutil
 
-from protocol.runtime import descendants
+from hivemind_adapter.runtime import descendants
 
 
 def test_torchvision_ops_load_with_this_torch():
@@ -72,7 +72,7 @@ def test_parent_death_signal_stops_a_child_when_its_parent_is_killed(tmp_path):
         import os, subprocess, sys, time
         child = subprocess.Popen([sys.executable, "-c", '''
         import os, time
-        from protocol.runtime import set_parent_death_signal
+        from hivemind_adapter.runtime import set_parent_death_signal
         assert set_parent_death_signal()
         open({str(pidfile)!r}, "w").write(str(os.getpid()))
         time.sleep(120)
@@ -100,7 +100,7 @@ def test_orphan_reaper_stops_the_tree_of_a_killed_process(tmp_path):
     pidfile = tmp_path / "grandchild.pid"
     code = textwrap.dedent(f"""
         import subprocess, sys, time
-        from protocol.runtime import start_orphan_reaper
+        from hivemind_adapter.runtime import start_orphan_reaper
         start_orphan_reaper()
         # A grandchild that, like p2pd, knows nothing about MANTA and would run on as an orphan.
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])

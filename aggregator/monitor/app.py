@@ -26,9 +26,9 @@ from typing import Any
 
 from aiohttp import web
 
-from aggregator.ledger_store import LedgerError
 from aggregator.monitor.ledger_view import ProofNotFound
 from aggregator.monitor.metrics import CONTENT_TYPE
+from ledger.store import LedgerError
 
 STATIC = Path(__file__).with_name("static")
 

@@ -9,15 +9,15 @@ the aggregator down.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 
 from aggregator.monitor.aggregates import SwarmAggregates
 from aggregator.monitor.swarm_reader import SwarmReading
-from protocol.logs import get_logger
 
-logger = get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 # Peers re-publish progress every second and a short round lasts a few seconds, so a reading every
 # second sees every round (and the last report of most of them) at the cost of two local DHT lookups.

@@ -12,15 +12,20 @@ seconds, so evaluating uses at most ``duty`` of one core however often checkpoin
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from protocol.logs import get_logger
+import torch
 
-logger = get_logger(__name__)
+from aggregator.checkpoints import newest_checkpoint
+from supernet.checkpoint import load_checkpoint
+from supernet.rng import TORCH_RNG_LOCK
+
+logger = logging.getLogger(__name__)
 
 
 def checkpoint_round(path: Path) -> int:
@@ -34,8 +39,6 @@ def evaluate_checkpoint(path: Path, task: Any = None) -> tuple[dict[str, Any], A
     Returns the result row for the dashboard and the loaded task (pass it back as ``task`` next time:
     loading the dataset once is enough). Raises :class:`supernet.checkpoint.CheckpointError`.
     """
-    from supernet.checkpoint import load_checkpoint
-    from supernet.rng import TORCH_RNG_LOCK
 
     started = time.monotonic()
     # Building the net and recalibrating BN seed and restore torch's global generator: never while a
@@ -82,7 +85,6 @@ class CheckpointEvaluator:
 
     def poll(self) -> bool:
         """Start evaluating the newest checkpoint if it is new and nothing is running; True if started."""
-        from aggregator.checkpoints import newest_checkpoint
 
         if self.busy or time.monotonic() < self._not_before:
             return False
@@ -96,7 +98,6 @@ class CheckpointEvaluator:
         return True
 
     def _run(self, path: Path) -> None:
-        import torch
 
         torch.set_num_threads(self.torch_threads)
         round_index = checkpoint_round(path)

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import threading
 from typing import Any
 
+from aiohttp import web
+
 from aggregator.monitor.app import build_app
-from protocol.logs import get_logger
 from protocol.netaddr import AddressError, parse_host_port
 
-logger = get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 DEFAULT_ADDRESS = "127.0.0.1:8080"
 
@@ -91,7 +93,6 @@ class DashboardServer:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
 
     async def _listen(self, host: str, port: int) -> int:
-        from aiohttp import web
 
         runner = web.AppRunner(build_app(self.monitor), access_log=None, handle_signals=False)
         await runner.setup()

@@ -8,22 +8,24 @@ methods are what the HTTP routes return; each builds a fresh JSON-able value and
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from aggregator.checkpoints import newest_checkpoint
 from aggregator.monitor.aggregates import SwarmAggregates
 from aggregator.monitor.collector import DEFAULT_INTERVAL, Collector
 from aggregator.monitor.evaluation import CheckpointEvaluator, checkpoint_round
 from aggregator.monitor.ledger_view import LEDGER_FILE, LedgerView
 from aggregator.monitor.metrics import render_metrics
+from aggregator.monitor.server import DashboardServer
 from aggregator.monitor.swarm_reader import SwarmReading
 from protocol.identity import fingerprint
-from protocol.logs import get_logger
 from protocol.records import TaskSpec
 
-logger = get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 
 def _phase_namer(task: TaskSpec) -> Callable[[int], str | None]:
@@ -76,7 +78,6 @@ class Monitor:
     def serve(self, address: str, *, fallback: bool = False) -> str:
         """Start the web server on ``address`` (HOST:PORT); returns its URL. DashboardError if it cannot
         listen there (with ``fallback``, a taken port is replaced by a free one on the same host)."""
-        from aggregator.monitor.server import DashboardServer
 
         self.server = DashboardServer(self)
         self.url = self.server.start(address, fallback=fallback)
@@ -188,7 +189,6 @@ class Monitor:
         }
 
     def _checkpoint_info(self) -> dict[str, Any] | None:
-        from aggregator.checkpoints import newest_checkpoint
 
         path = newest_checkpoint(self.checkpoints)
         if path is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from hivemind_adapter.dht import read_entries
 from protocol.dht_schema import open_peer_value, open_progress_value, peers_key, progress_key
 from protocol.records import PeerAnnouncement, PeerProgress, RecordRejected
 
@@ -24,11 +25,7 @@ class SwarmReading:
     rejected: int  # entries that failed verification in this reading
 
 
-def _entries(dht: Any, key: str) -> dict:
-    found = dht.get(key, latest=True)
-    if found is None or not isinstance(found.value, dict):
-        return {}
-    return {subkey: item.value for subkey, item in found.value.items()}
+_entries = read_entries
 
 
 def read_swarm(dht: Any, task_id: str) -> SwarmReading:

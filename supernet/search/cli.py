@@ -18,9 +18,9 @@ from typing import Any
 
 import click
 
+from console.commands import OneLineErrorsCommand, UserError
+from console.logs import setup_logging
 from protocol import __version__
-from protocol.cli_support import OneLineErrorsCommand, UserError
-from protocol.logs import setup_logging
 from supernet.checkpoint import CheckpointError
 from supernet.search.cost import InfeasibleBudget
 from supernet.search.latency import LatencyTableError, mean_abs_pct_error

@@ -19,6 +19,7 @@ from torch import nn
 from supernet.config import SearchSpace, SubnetConfig
 from supernet.search.latency import LatencyTable, unit_shapes
 from supernet.search.timing import example_inputs
+from supernet.stereo import StereoSupernet
 
 __all__ = ["CostModel", "FlopsCost", "InfeasibleBudget", "LatencyCost", "check_budget"]
 
@@ -72,7 +73,6 @@ class FlopsCost:
 
 def _flops_table(net: nn.Module, input_size: tuple[int, ...]) -> tuple[dict[tuple, int], int]:
     """Multiply-adds of every (unit, first/later block, kernel, expand) and of the fixed rest."""
-    from supernet.stereo import StereoSupernet
 
     family = "stereo" if isinstance(net, StereoSupernet) else "classification"
     if family == "classification" and len(input_size) == 2:

@@ -18,6 +18,7 @@ from torch import nn
 
 from supernet.config import SubnetConfig
 from supernet.export import save_torchscript
+from supernet.training import evaluate
 from supernet.workload import Workload
 
 __all__ = [
@@ -48,7 +49,6 @@ def evaluate_model(workload: Workload, model: nn.Module) -> float:
         from supernet.stereo_training import evaluate_stereo
 
         return float(evaluate_stereo(model, workload.task.val_set, workload.cfg.eval_batch_size)["epe"])
-    from supernet.training import evaluate
 
     task = workload.task
     return float(evaluate(model, task.val_set, task.metric, workload.cfg.eval_batch_size))

@@ -22,6 +22,7 @@ a stored table is reused exactly when the key matches, and rebuilt otherwise.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -170,7 +171,6 @@ def latency_key(
     net: nn.Module, family: str, input_size: Sequence[int], device: torch.device, threads: int
 ) -> str:
     """What a table is valid for: architecture, input size, device (and its hardware), threads, torch."""
-    import hashlib
 
     payload = json.dumps(
         [repr(net), family, list(input_size), device.type, device_name(device), threads, 1, torch.__version__]

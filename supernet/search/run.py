@@ -52,7 +52,7 @@ from supernet.search.latency import (
     validate,
 )
 from supernet.search.options import DIRECT_MAX_VALIDATION
-from supernet.search.pareto import pareto_front
+from supernet.search.pareto import pareto_front, plot_front
 from supernet.search.predictor import PredictorEvaluator, fit_with_holdout
 from supernet.search.timing import example_inputs, resolve_device, torch_threads
 
@@ -317,7 +317,6 @@ def _final(
 
 
 def _plot(path: Path, report: SearchReport) -> None:
-    from supernet.search.pareto import plot_front
 
     workload = report.loaded.workload
     task, metric = workload.cfg.task, workload.metric_name

@@ -8,6 +8,7 @@ followed by a synchronisation, so the time covers the kernels and not just their
 
 from __future__ import annotations
 
+import platform
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -53,7 +54,6 @@ def device_name(device: torch.device) -> str:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    import platform
 
     return platform.processor() or platform.machine()
 

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 __all__ = ["read_pfm", "write_pfm", "read_kitti_disparity", "write_kitti_disparity", "read_image"]
 
@@ -82,7 +83,6 @@ def read_kitti_disparity(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarra
 
     Raises ``ValueError`` naming the file when it is not a single-channel 16-bit PNG.
     """
-    from PIL import Image
 
     path = Path(path)
     try:
@@ -104,7 +104,6 @@ def write_kitti_disparity(
     path: str | os.PathLike, disparity: np.ndarray, valid: np.ndarray | None = None
 ) -> None:
     """Write a disparity map as a KITTI 16-bit PNG (rounded to 1/256 px; invalid pixels stored as 0)."""
-    from PIL import Image
 
     disparity = np.asarray(disparity, dtype=np.float64)
     if disparity.ndim != 2:
@@ -118,7 +117,6 @@ def write_kitti_disparity(
 
 def read_image(path: str | os.PathLike) -> np.ndarray:
     """Read an image file as float32 RGB in [0, 1], H×W×3 (grayscale is repeated to three channels)."""
-    from PIL import Image
 
     path = Path(path)
     try:

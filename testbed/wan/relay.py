@@ -34,7 +34,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from protocol.runtime import set_parent_death_signal
+from hivemind_adapter.runtime import set_parent_death_signal
 
 TUNSETIFF = 0x400454CA
 IFF_TAP, IFF_NO_PI = 0x0002, 0x1000

@@ -22,6 +22,7 @@ inside them and deletes them, and the next run deletes any set whose owner has d
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import select
@@ -33,7 +34,6 @@ from pathlib import Path
 
 import psutil
 
-from protocol.logs import get_logger
 from testbed.wan.netns import (
     PREFIX,
     TestbedError,
@@ -47,7 +47,7 @@ from testbed.wan.netns import (
 )
 from testbed.wan.scenario import LinkProfile, Scenario
 
-logger = get_logger("manta.testbed")
+logger = logging.getLogger("manta.testbed")
 
 STATE_DIR = Path(os.environ.get("MANTA_TESTBED_STATE", "/run/manta-testbed"))
 AGGREGATOR_SITE = "aggregator"

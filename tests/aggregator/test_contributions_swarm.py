@@ -1,6 +1,6 @@
 """Receipts, checks, spot audits and credits in a real local swarm with four dishonest peers.
 
-One honest peer and four that each cheat in one way (``MANTA_FAULT``, see peer/receipts.py): a
+One honest peer and four that each cheat in one way (tests/adversaries/dishonest_peer.py): a
 forged signature, a replayed receipt, an inflated sample count, a fabricated gradient. Every process
 is a real console script on 127.0.0.1; the ledger is the aggregator's real SQLite file.
 """
@@ -15,13 +15,14 @@ import time
 
 import pytest
 
-from aggregator.ledger_store import LedgerStore
-from aggregator.rewards import compute_rewards
+from ledger.rewards import compute_rewards
+from ledger.store import LedgerStore
 from protocol.identity import Identity
 from protocol.records import ContributionReceipt, Revocation, parse_sealed
 from testbed.local_swarm import LocalSwarm, SwarmOptions
-from tests.aggregator.ledger_helpers import tamper
+from tests.adversaries import dishonest_peer
 from tests.helpers import console_script
+from tests.ledger.helpers import tamper
 
 pytestmark = pytest.mark.swarm
 
@@ -46,7 +47,7 @@ def cheated_run(tmp_path_factory):
         # and must not disturb the random draws an audit replays (honest peers get no revocation).
         swarm.start_aggregator(extra_args=("--audit-fraction", "1.0", "--http", "127.0.0.1:0"))
         for i in range(5):
-            swarm.start_peer(i, env={"MANTA_FAULT": FAULTS[i]} if i in FAULTS else None)
+            swarm.start_peer(i, command=dishonest_peer.command(FAULTS[i]) if i in FAULTS else None)
         for i in range(5):
             assert swarm.procs[f"peer-{i}"].wait(timeout=900) == 0, (run / f"peer-{i}/log.txt").read_text()[
                 -3000:

@@ -8,12 +8,12 @@ import random
 import pytest
 
 from aggregator.intake import ContributionIntake, Submission
-from aggregator.ledger_store import LedgerError, LedgerStore
+from ledger.store import LedgerError, LedgerStore
 from protocol.canonical import canonical_json
 from protocol.identity import Identity
 from protocol.merkle import leaf_hash
 from protocol.records import RecordRejected, RejectReason
-from tests.aggregator.ledger_helpers import AGGREGATOR, ORIGIN
+from tests.ledger.helpers import AGGREGATOR, ORIGIN
 from tests.protocol.factories import (
     TASK,
     binding_wire,

@@ -11,13 +11,12 @@ import time
 
 import pytest
 
-from aggregator.ledger_store import LedgerStore
 from aggregator.monitor.app import STATIC
 from aggregator.monitor.server import DashboardError, DashboardServer, parse_dashboard_option, url_for
 from aggregator.monitor.service import Monitor
-from aggregator.rewards import compute_rewards
+from ledger.rewards import compute_rewards
+from ledger.store import LedgerStore
 from protocol.merkle import verify_inclusion
-from tests.aggregator.ledger_helpers import AGGREGATOR, build_ledger
 from tests.aggregator.monitor_helpers import (
     ALICE,
     announcement,
@@ -27,6 +26,7 @@ from tests.aggregator.monitor_helpers import (
     progress,
     reading,
 )
+from tests.ledger.helpers import AGGREGATOR, build_ledger
 
 
 @pytest.fixture

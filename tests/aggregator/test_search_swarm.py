@@ -3,7 +3,7 @@ generation, and the result is exactly that of a purely local search on the same 
 
 Every process is a real console script on 127.0.0.1 (one ``manta-aggregator start``, two
 ``manta-peer join`` that keep training while they evaluate, one ``manta-aggregator search``). In one
-test a peer lies (``MANTA_FAULT=search-lie``): the search's spot checks catch it and the result is
+test a peer lies (tests/adversaries/dishonest_peer.py, ``search-lie``): the search's spot checks catch it and the result is
 still the local one.
 """
 
@@ -24,6 +24,7 @@ from supernet.search.run import SearchOptions, run_search
 from supernet.training import train
 from supernet.workload import workload_for
 from testbed.local_swarm import LocalSwarm, SwarmOptions
+from tests.adversaries import dishonest_peer
 from tests.helpers import console_script
 from tests.supernet.threads import single_torch_thread  # noqa: F401
 
@@ -33,11 +34,11 @@ SMALL = dict(target_samples=96, batch_size=32, subnets=2, width_mult="0.25", hea
 SEARCH = dict(max_mflops=1000.0, evaluations=8, population=4, val_samples=48, bn_batches=1, latency_repeats=1)
 
 
-def _start(tmp_path: Path, env: dict[int, dict] | None = None) -> LocalSwarm:
+def _start(tmp_path: Path, commands: dict[int, list[str]] | None = None) -> LocalSwarm:
     swarm = LocalSwarm(SwarmOptions(peers=2, rounds=10_000, run_dir=tmp_path / "run", **SMALL))
     swarm.start_aggregator(checkpoint_every=2.0)
     for i in range(2):
-        swarm.start_peer(i, env=(env or {}).get(i))
+        swarm.start_peer(i, command=(commands or {}).get(i))
     return swarm
 
 
@@ -89,29 +90,18 @@ def _local(checkpoint: Path, tmp_path: Path):
 
 def _calls(initial: list[str], peer_id: str, task_id: str, payloads: list[bytes]) -> list[dict]:
     """Raw ``manta/<task>/evaluate`` calls from a fresh client node."""
-    import hivemind
-    from google.protobuf.wrappers_pb2 import BytesValue
-    from hivemind.p2p import PeerID
-
-    from peer.p2p_replica import own_replica
-    from protocol.aio import BackgroundLoop
+    from hivemind_adapter.dht import start_dht
+    from hivemind_adapter.p2p import Endpoint
     from protocol.evaluation_requests import evaluate_handler
 
-    dht = hivemind.DHT(initial_peers=initial, client_mode=True, start=True)
-    loop = BackgroundLoop()
+    dht = start_dht(initial_peers=initial, client_mode=True)
+    endpoint = Endpoint(dht, "test-client")
     try:
-        p2p = loop.run(own_replica(dht), timeout=30)
-        target, handler = PeerID.from_base58(peer_id), evaluate_handler(task_id)
         return [
-            json.loads(
-                loop.run(
-                    p2p.call_protobuf_handler(target, handler, BytesValue(value=p), BytesValue), 60
-                ).value
-            )
-            for p in payloads
+            json.loads(endpoint.call(peer_id, evaluate_handler(task_id), p, timeout=60)) for p in payloads
         ]
     finally:
-        loop.stop()
+        endpoint.close()
         dht.shutdown()
 
 
@@ -177,7 +167,7 @@ def test_a_lying_peer_is_caught_by_spot_checks_and_the_result_equals_local_searc
     t0 = time.monotonic()
     checkpoint = _trained_checkpoint(tmp_path)
     report, local = _local(checkpoint, tmp_path)
-    swarm = _start(tmp_path, env={1: {"MANTA_FAULT": "search-lie"}})
+    swarm = _start(tmp_path, commands={1: dishonest_peer.command("search-lie")})
     try:
         _wait_for(swarm, lambda: _joined(swarm), "peers joined")
         joined = re.search(r"peer (\S{8}) \([^)]*\) joined task", (swarm.peer_dir(1) / "log.txt").read_text())

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import random
 
-import hivemind
 import pytest
 
 from aggregator.search_dispatch import CheckpointServer, PeerFailed, RemotePeer, SearchLink
-from peer.p2p_replica import own_replica
+from hivemind_adapter.dht import start_dht, visible_maddrs
+from hivemind_adapter.p2p import Endpoint
 from peer.search_service import EvaluationService, fetch_checkpoint
-from protocol.aio import BackgroundLoop
-from protocol.evaluation_requests import PAGE_BYTES as PAGE
 from protocol.evaluation_requests import RequestRefused
 from protocol.identity import Identity
+from protocol.pages import PAGE_BYTES as PAGE
 from supernet.checkpoint import load_checkpoint, save_trained
 from supernet.search.accuracy import DirectEvaluator
 from supernet.search.distributed import evaluator_arguments
@@ -33,35 +32,33 @@ def pair(tmp_path):
                                            bn_calibration_batches=1))  # fmt: skip
     path = save_trained(tmp_path / "round-00000003.pt", workload, workload.build(), round_index=3)
     aggregator = Identity.generate()
-    search_dht = hivemind.DHT(host_maddrs=LOOPBACK, start=True)
-    peer_dht = hivemind.DHT(
-        host_maddrs=LOOPBACK, initial_peers=[str(m) for m in search_dht.get_visible_maddrs()], start=True
-    )
-    loop = BackgroundLoop()
-    p2p = loop.run(own_replica(search_dht), timeout=30)
-    server = CheckpointServer(loop, p2p, TASK, path, page_bytes=PAGE // 4)  # several pages
-    service = EvaluationService(peer_dht, TASK, (aggregator.public_key_hex,), tmp_path / "peer")
+    search_dht = start_dht(host_maddrs=LOOPBACK)
+    peer_dht = start_dht(host_maddrs=LOOPBACK, initial_peers=visible_maddrs(search_dht))
+    search_side, peer_side = Endpoint(search_dht, "search"), Endpoint(peer_dht, "peer")
+    server = CheckpointServer(search_side, TASK, path, page_bytes=PAGE // 4)  # several pages
+    service = EvaluationService(peer_side, TASK, (aggregator.public_key_hex,), tmp_path / "peer")
     loaded = load_checkpoint(path)
     local = DirectEvaluator(loaded.workload, loaded.net, val_samples=32, bn_batches=1, seed=5)
     link = SearchLink(
-        loop, p2p, search_dht.peer_id.to_base58(), aggregator, TASK,
+        search_side, aggregator, TASK,
         {"sha256": server.sha256, "size": len(server.data), "digest": loaded.digest, "round": 3},
         evaluator_arguments(local, 5), {**local.settings, "checkpoint": loaded.digest},
     )  # fmt: skip
     try:
-        yield link, server, service, peer_dht, loaded, local
+        yield link, server, service, peer_side, loaded, local
     finally:
         service.shutdown()
         server.close()
-        loop.stop()
+        search_side.close()
+        peer_side.close()
         peer_dht.shutdown()
         search_dht.shutdown()
 
 
 def test_a_peer_downloads_the_checkpoint_once_and_answers_what_this_process_computes(pair):
-    link, server, service, peer_dht, loaded, local = pair
+    link, server, service, peer_side, loaded, local = pair
     configs = [loaded.net.space.sample(random.Random(i)) for i in range(3)]
-    peer = RemotePeer(link, peer_dht.peer_id.to_base58(), timeout=120)
+    peer = RemotePeer(link, peer_side.peer_id, timeout=120)
     assert peer.evaluate(configs) == local.evaluate(configs)
     pages = server.pages
     assert pages == -(-len(server.data) // (PAGE // 4)) > 1
@@ -72,9 +69,9 @@ def test_a_peer_downloads_the_checkpoint_once_and_answers_what_this_process_comp
 
 
 def test_a_request_naming_another_state_digest_or_other_settings_is_refused(pair):
-    link, _server, service, peer_dht, loaded, _local = pair
+    link, _server, service, peer_side, loaded, _local = pair
     config = [loaded.net.space.sample(random.Random(0))]
-    target = peer_dht.peer_id.to_base58()
+    target = peer_side.peer_id
     wrong_digest = SearchLink(**{**vars(link), "checkpoint": {**link.checkpoint, "digest": "0" * 64}})
     with pytest.raises(PeerFailed, match="refused: the checkpoint's state digest"):
         RemotePeer(wrong_digest, target, timeout=120).evaluate(config)
@@ -85,16 +82,11 @@ def test_a_request_naming_another_state_digest_or_other_settings_is_refused(pair
 
 
 def test_a_download_that_does_not_hash_to_the_named_checkpoint_is_not_kept(pair, tmp_path):
-    link, server, _service, peer_dht, _loaded, _local = pair
-    loop = BackgroundLoop()
-    try:
-        p2p = loop.run(own_replica(peer_dht), timeout=30)
-        dest = tmp_path / "got.pt"
-        with pytest.raises(RequestRefused, match="serves no checkpoint with that SHA-256"):
-            fetch_checkpoint(loop.run, p2p, link.peer_id, TASK, "1" * 64, len(server.data), dest)
-        server.data = server.data[:-1] + bytes([server.data[-1] ^ 1])  # the server's copy is corrupted
-        with pytest.raises(RequestRefused, match="SHA-256 mismatch"):
-            fetch_checkpoint(loop.run, p2p, link.peer_id, TASK, server.sha256, len(server.data), dest)
-        assert not dest.exists() and not list(tmp_path.glob(".got.pt*"))
-    finally:
-        loop.stop()
+    link, server, _service, peer_side, _loaded, _local = pair
+    dest = tmp_path / "got.pt"
+    with pytest.raises(RequestRefused, match="serves no checkpoint with that SHA-256"):
+        fetch_checkpoint(peer_side, link.peer_id, TASK, "1" * 64, len(server.data), dest)
+    server.data = server.data[:-1] + bytes([server.data[-1] ^ 1])  # the server's copy is corrupted
+    with pytest.raises(RequestRefused, match="SHA-256 mismatch"):
+        fetch_checkpoint(peer_side, link.peer_id, TASK, server.sha256, len(server.data), dest)
+    assert not dest.exists() and not list(tmp_path.glob(".got.pt*"))

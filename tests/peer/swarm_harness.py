@@ -13,7 +13,7 @@ from typing import Any
 
 import hivemind
 
-from protocol.runtime import start_orphan_reaper
+from hivemind_adapter.runtime import start_orphan_reaper
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 

@@ -8,7 +8,6 @@ import time
 
 import pytest
 import torch
-from hivemind.compression import Float16Compression
 
 from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
 from tests.peer.swarm_harness import run_peers, start_bootstrap_dht
@@ -58,7 +57,7 @@ def _peer(
         cohort,
         [torch.zeros(s) for s in shapes],
         per_cohort=masked,
-        cross_compression=Float16Compression() if fp16 else None,
+        cross_fp16=fp16,
         timeouts=FAST,
     )
     try:

@@ -7,15 +7,7 @@ import json
 
 import pytest
 
-from protocol.evaluation_requests import (
-    MAX_AGE_MS,
-    RequestRefused,
-    error_page,
-    open_request,
-    read_page,
-    sign_request,
-    write_page,
-)
+from protocol.evaluation_requests import MAX_AGE_MS, RequestRefused, open_request, sign_request
 from protocol.identity import Identity
 
 AGGREGATOR = Identity.from_seed(b"a" * 32)
@@ -90,12 +82,3 @@ def test_a_body_that_is_not_an_object_is_refused_even_when_signed():
     )
     with pytest.raises(RequestRefused, match="not a JSON object"):
         _open(wire)
-
-
-def test_pages_carry_a_header_and_raw_bytes():
-    data = bytes(range(256)) * 3 + b"\n\n"
-    header, body = read_page(write_page(10_000, 512, data))
-    assert header == {"size": 10_000, "offset": 512} and body == data
-    assert read_page(error_page("no such file"))[0] == {"error": "no such file"}
-    with pytest.raises(ValueError, match="malformed"):
-        read_page(b"not json\n")

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aggregator.ledger_store import LedgerError, LedgerStore, connect_readonly
+from ledger.store import LedgerError, LedgerStore, connect_readonly
 from protocol.identity import fingerprint
 from protocol.merkle import (
     consistency_path,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from aggregator.ledger_store import LedgerStore
-from aggregator.rewards import compute_rewards
+from ledger.rewards import compute_rewards
+from ledger.store import LedgerStore
 from protocol.identity import Identity
 from protocol.merkle import leaf_hash
 from protocol.records import Revocation, seal
-from tests.aggregator.ledger_helpers import AGGREGATOR, PEERS, build_ledger
+from tests.ledger.helpers import AGGREGATOR, PEERS, build_ledger
 from tests.protocol.factories import peer_id_of, receipt_wire
 
 

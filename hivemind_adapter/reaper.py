@@ -7,7 +7,7 @@ the terminal's foreground group (Ctrl-C would no longer reach it). So a tiny wat
 fresh snapshot of the watched process's descendants and, once that process is gone, kills every
 process of the last snapshot (checking each one's start time, so a recycled pid is never hit).
 
-Run as ``python -m protocol.reaper PID``; :func:`protocol.runtime.start_orphan_reaper` does that.
+Run as ``python -m hivemind_adapter.reaper PID``; :func:`hivemind_adapter.runtime.start_orphan_reaper` does that.
 """
 
 from __future__ import annotations

@@ -53,8 +53,3 @@ def setup_logging(level: str | int | None = None) -> int:
     # so hivemind speaks only at DEBUG (or when HIVEMIND_LOGLEVEL is set explicitly).
     os.environ.setdefault("HIVEMIND_LOGLEVEL", "DEBUG" if level <= logging.DEBUG else "CRITICAL")
     return level
-
-
-def get_logger(name: str) -> logging.Logger:
-    """The logger for a MANTA module (``get_logger(__name__)``)."""
-    return logging.getLogger(name)

@@ -24,8 +24,15 @@ from collections.abc import AsyncIterator, Sequence
 import torch
 from hivemind.averaging import DecentralizedAverager
 from hivemind.averaging.allreduce import AllreduceException, AllReduceRunner, AveragingMode, BannedException
+from hivemind.averaging.control import AveragingStage, StepControl
 from hivemind.averaging.group_info import GroupInfo
-from hivemind.compression import NoCompression, deserialize_torch_tensor, serialize_torch_tensor
+from hivemind.compression import (
+    CompressionBase,
+    Float16Compression,
+    NoCompression,
+    deserialize_torch_tensor,
+    serialize_torch_tensor,
+)
 from hivemind.p2p import PeerID
 from hivemind.proto import averaging_pb2
 from hivemind.utils import MPFuture, get_dht_time
@@ -160,3 +167,19 @@ class VerifiedAverager(DecentralizedAverager):
             tensor.copy_(averaged)
         self.last_updated = get_dht_time()
         self._state_updated.set()
+
+
+def wire_compression(fp16: bool) -> CompressionBase:
+    """How tensors cross the wire in an all-reduce: halved to float16 (lossy), or exactly as they are."""
+    return Float16Compression() if fp16 else NoCompression()
+
+
+def looking_for_group(control: StepControl) -> bool:
+    """Whether a step started with ``wait=False`` is still gathering its group (so cancelling it is
+    safe: cancelling one whose all-reduce already runs races hivemind's own completion)."""
+    return control.stage == AveragingStage.LOOKING_FOR_GROUP
+
+
+def member_ids(gathered: dict) -> dict[str, object]:
+    """A finished step's gathered metadata keyed by base58 peer id."""
+    return {str(k.to_base58() if hasattr(k, "to_base58") else k): v for k, v in gathered.items()}

@@ -14,8 +14,8 @@ from typing import Any
 
 import click
 
+from console.logs import setup_logging
 from protocol import __version__
-from protocol.logs import setup_logging
 
 
 class UserError(click.ClickException):

@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from aggregator.ledger_store import LedgerError, LedgerStore
+from ledger.store import LedgerError, LedgerStore
 from protocol.identity import Identity
 from protocol.merkle import (
     consistency_proof,
@@ -19,7 +19,7 @@ from protocol.merkle import (
 )
 from protocol.note import open_note, parse_vkey
 from protocol.records import Checkpoint, Revocation, make_sealed
-from tests.aggregator.ledger_helpers import AGGREGATOR, ORIGIN, PEERS, build_ledger
+from tests.ledger.helpers import AGGREGATOR, ORIGIN, PEERS, build_ledger
 from tests.protocol.factories import sealed_receipt
 
 

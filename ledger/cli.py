@@ -21,10 +21,10 @@ from typing import Any
 
 import click
 
-from aggregator.ledger_store import LedgerStore
-from aggregator.ledger_verify import default_jobs, verify_ledger
-from aggregator.rewards import compute_rewards
-from protocol.cli_support import UserError, manta_group
+from console.commands import UserError, manta_group
+from ledger.rewards import compute_rewards
+from ledger.store import LedgerStore
+from ledger.verify import default_jobs, verify_ledger
 from protocol.identity import fingerprint
 from protocol.merkle import verify_inclusion
 from protocol.note import parse_vkey

@@ -3,7 +3,7 @@ import os
 import subprocess
 import sys
 
-from protocol.logs import resolve_level
+from console.logs import resolve_level
 
 
 def test_resolve_level_accepts_names_numbers_and_falls_back_to_info():
@@ -16,8 +16,8 @@ def test_resolve_level_accepts_names_numbers_and_falls_back_to_info():
 
 def test_manta_log_level_governs_a_fresh_process():
     code = (
-        "from protocol.logs import setup_logging, get_logger; setup_logging(); setup_logging();"
-        "log = get_logger('manta.test'); log.debug('dbg-line'); log.info('info-line'); log.warning('warn-line')"
+        "import logging; from console.logs import setup_logging; setup_logging(); setup_logging();"
+        "log = logging.getLogger('manta.test'); log.debug('dbg-line'); log.info('info-line'); log.warning('warn-line')"
     )
     env = dict(os.environ, MANTA_LOG_LEVEL="WARNING")
     quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)

@@ -6,12 +6,12 @@ import sqlite3
 
 import pytest
 
-from aggregator.ledger_store import LedgerStore
-from aggregator.ledger_verify import verify_ledger
+from ledger.store import LedgerStore
+from ledger.verify import verify_ledger
 from protocol.identity import Identity
 from protocol.merkle import MerkleFrontier, leaf_hash
 from protocol.records import Revocation, make_sealed
-from tests.aggregator.ledger_helpers import AGGREGATOR, PEERS, build_ledger, tamper
+from tests.ledger.helpers import AGGREGATOR, PEERS, build_ledger, tamper
 from tests.protocol.factories import resign
 
 

@@ -21,7 +21,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import warnings
 
 import psutil
@@ -36,7 +35,7 @@ def prepare_process() -> None:
     # hivemind scripts a helper with torch.jit at import; the deprecation notice is not the user's concern.
     warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
     if "hivemind" in sys.modules and os.environ["HIVEMIND_MEMORY_SHARING_STRATEGY"] != SHARING_STRATEGY:
-        raise RuntimeError("hivemind was imported before protocol.runtime.prepare_process()")
+        raise RuntimeError("hivemind was imported before hivemind_adapter.runtime.prepare_process()")
     if mp.get_start_method(allow_none=True) != "fork":
         mp.set_start_method("fork", force=True)
 
@@ -58,14 +57,14 @@ def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
 
 
 def start_orphan_reaper() -> subprocess.Popen:
-    """Start the watcher (:mod:`protocol.reaper`) that kills this process's descendants if it dies.
+    """Start the watcher (:mod:`hivemind_adapter.reaper`) that kills this process's descendants if it dies.
 
     Call it once, early, in every long-running MANTA process (peer, aggregator, swarm launcher). The
     watcher exits by itself after this process exits; a normal shutdown stops children first, so it
     then finds nothing to kill.
     """
     return subprocess.Popen(
-        [sys.executable, "-m", "protocol.reaper", str(os.getpid())],
+        [sys.executable, "-m", "hivemind_adapter.reaper", str(os.getpid())],
         stdin=subprocess.DEVNULL,
         close_fds=True,
     )
@@ -108,30 +107,3 @@ def _alive(p: psutil.Process) -> bool:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-class StateHandoffGrace:
-    """Mixin for a hivemind averager that serves state through ``get_current_state``: a clean stop.
-
-    hivemind hands a served state to the averager's own process as tensors whose file descriptors that
-    process then fetches from ours (multiprocessing's descriptor sharer). Shutting the averager down
-    mid-fetch resets that connection and the sharer prints a traceback in this process, so
-    :meth:`stop_serving` refuses new downloads and waits until :data:`HANDOFF_GRACE` seconds have passed
-    since the last hand-off (a fetch takes milliseconds). Subclasses call :meth:`_handed_off` in
-    ``get_current_state``. Pure attribute work: no hivemind import here.
-    """
-
-    HANDOFF_GRACE = 1.0
-    _last_handoff = float("-inf")
-
-    def _handed_off(self) -> None:
-        self._last_handoff = time.monotonic()
-
-    def stop_serving(self, grace: float | None = None) -> None:
-        try:
-            if self.allow_state_sharing:
-                self.allow_state_sharing = False
-        except OSError:  # the averager process is already gone: nothing in flight either
-            return
-        wait = self.HANDOFF_GRACE if grace is None else grace
-        time.sleep(max(0.0, self._last_handoff + wait - time.monotonic()))

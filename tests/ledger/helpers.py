@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aggregator.ledger_store import LedgerStore
+from ledger.store import LedgerStore
 from protocol.identity import Identity
 from tests.protocol.factories import sealed_receipt
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from protocol.cli_support import UserError
+from console.commands import UserError
 from protocol.identity import DEFAULT_IDENTITY_PATH, Identity, IdentityError
 
 

@@ -8,11 +8,11 @@ import subprocess
 
 import pytest
 
-from aggregator.ledger_store import LedgerStore
+from ledger.store import LedgerStore
 from protocol.merkle import tree_root
 from protocol.records import Checkpoint
-from tests.aggregator.ledger_helpers import AGGREGATOR, PEERS, build_ledger, tamper
 from tests.helpers import console_script
+from tests.ledger.helpers import AGGREGATOR, PEERS, build_ledger, tamper
 
 COMMANDS = [["verify"], ["show"], ["head"], ["proof", "--index", "3"], ["rewards"], ["rewards", "--json"]]
 

@@ -1,0 +1,75 @@
+"""Calls between nodes over libp2p: byte-in, byte-out handlers on the DHT node's daemon.
+
+``hivemind.DHT.replicate_p2p()`` caches one client per process, bound to the event loop that first
+asked for it: a second component with its own loop that reused it would wait forever (its
+coroutines need the first loop). So every component that talks to other nodes (the receipt courier,
+the search service, the state archive, the aggregator's desk) opens its own :class:`Endpoint`: a
+client of the same daemon (same peer id) on a background loop of its own. Handlers and calls carry
+plain bytes; what they mean is the caller's business (``protocol/``), and every call is bounded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from google.protobuf.wrappers_pb2 import BytesValue
+from hivemind.p2p import P2P, PeerID
+
+from hivemind_adapter.event_loop import BackgroundLoop
+
+Handler = Callable[[bytes, str], Awaitable[bytes]]  # (payload, sender's peer id) -> reply
+
+
+async def _daemon_address(_dht: Any, node: Any) -> Any:  # runs inside the DHT process
+    return node.p2p.daemon_listen_maddr
+
+
+async def own_replica(dht: Any) -> P2P:
+    """A new client of ``dht``'s daemon on the running loop (close with ``await p2p.shutdown()``)."""
+    return await P2P.replicate(dht.run_coroutine(_daemon_address))
+
+
+class Endpoint:
+    def __init__(self, dht: Any, name: str):
+        self.loop = BackgroundLoop(name)
+        self.p2p = self.loop.run(own_replica(dht), timeout=30)
+        self.peer_id = dht.peer_id.to_base58()
+        self._handlers: list[str] = []
+
+    def call(self, peer_id: str, handler: str, payload: bytes, timeout: float) -> bytes:
+        """``payload`` to ``handler`` on node ``peer_id``; its reply (TimeoutError after ``timeout`` s)."""
+        return self.loop.run(self.acall(peer_id, handler, payload), timeout=timeout)
+
+    async def acall(self, peer_id: str, handler: str, payload: bytes) -> bytes:
+        reply = await self.p2p.call_protobuf_handler(
+            PeerID.from_base58(peer_id), handler, BytesValue(value=payload), BytesValue
+        )
+        return reply.value
+
+    def serve(self, handler: str, fn: Handler) -> None:
+        """Answer ``handler`` with ``await fn(payload, sender)`` (it must not block the loop)."""
+
+        async def handle(request, context):
+            return BytesValue(value=await fn(request.value, context.remote_id.to_base58()))
+
+        self.loop.run(self.p2p.add_protobuf_handler(handler, handle, BytesValue), timeout=30)
+        self._handlers.append(handler)
+
+    def unserve(self, handler: str) -> None:
+        try:
+            self.loop.run(self.p2p.remove_protobuf_handler(handler), timeout=5)
+        except Exception:  # the daemon is gone: nothing to unregister
+            pass
+        if handler in self._handlers:
+            self._handlers.remove(handler)
+
+    def close(self) -> None:
+        """Stop answering, close the client; bounded (the daemon may already be gone)."""
+        for handler in self._handlers:
+            try:
+                self.loop.run(self.p2p.remove_protobuf_handler(handler), timeout=5)
+            except Exception:  # the daemon is gone: nothing to unregister
+                pass
+        self._handlers.clear()
+        self.loop.stop()
