@@ -55,7 +55,7 @@ class BootstrapConfig:
     initial_peers: tuple[str, ...] = ()
     data_dir: Path = Path("manta-aggregator")
     refresh_seconds: float = 30.0  # re-store the task this often; it expires after 4x this
-    checkpoint_seconds: float = 30.0  # download the swarm's state this often (0: no checkpoints)
+    checkpoint_seconds: float = 30.0  # checkpoint the newest committed state this often (0: none)
     keep_checkpoints: int = 5
     resume: bool = False
     receipts: bool = True  # take contribution receipts into <data-dir>/ledger.sqlite

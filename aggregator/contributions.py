@@ -15,7 +15,10 @@
 - **Audits.** A fraction of accepted receipts, chosen by an HMAC of the receipt under the
   aggregator's key (unpredictable to peers, reproducible for the operator), is replayed from the
   round's start state (:mod:`aggregator.audits`); a failure appends a revocation (credit withheld).
-  Start states come from the aggregator's state sharer, which downloads every new round's state.
+  Start states are fetched by digest from the peers that held them (:mod:`aggregator.checkpoints`).
+
+Concurrency: the libp2p handlers run in threads off the event loop; one lock guards the ledger and
+the desk's tables, and no DHT call is made while it is held (reads come first, publications after).
 """
 
 from __future__ import annotations
