@@ -21,12 +21,12 @@ import torch
 
 from protocol.records import ContributionReceipt
 from supernet.config import SubnetConfig
+from supernet.contribution import compute_contribution, contribution_sketch
 from supernet.rng import TORCH_RNG_LOCK
-from supernet.sketch import decode_sketch, gradient_sketch, sketch_distance, sketch_seed
+from supernet.sketch import decode_sketch, sketch_distance
 from supernet.state import init_optimizer_state, load_state_tensors
 from supernet.training import cohort_configs, step_configs
 from supernet.workload import Workload
-from tasks.sharding import SampleStream, augmentation_seed
 
 TOLERANCE = 0.05  # relative L2 distance of the sketches (see the module docstring for measurements)
 
@@ -68,20 +68,22 @@ def _replay(
     init_optimizer_state(net, optimizer)
     load_state_tensors(net, optimizer, state)
     configs = receipt_configs(net, receipt, workload)
-    params = list(net.parameters())
-    numerator = [torch.zeros(p.shape, dtype=p.dtype) for p in params]
-    batch = workload.cfg.batch_size
-    size = len(workload.task.train_set)
+    numerator = [torch.zeros(p.shape, dtype=p.dtype) for p in net.parameters()]
     for worker, count in enumerate(receipt.worker_samples):
-        participant = f"{receipt.peer_id}/{worker}"
-        torch.manual_seed(augmentation_seed(task_seed, receipt.round, participant))
-        stream = SampleStream(size, task_seed, receipt.round, participant)
-        for _ in range(count // batch):
-            indices = stream.take(batch)
-            workload.accumulate(net, workload.batch(indices), configs, torch.device("cpu"))
-            for acc, p in zip(numerator, params):
-                acc.add_(p.grad, alpha=len(indices))
-    mean = [n / max(1, receipt.samples) for n in numerator]
-    recomputed = gradient_sketch(mean, sketch_seed(task_seed, receipt.round), k=len(receipt.grad_sketch))
+        work = compute_contribution(
+            workload,
+            net,
+            configs,
+            "cpu",
+            task_seed,
+            receipt.round,
+            f"{receipt.peer_id}/{worker}",
+            go_on=lambda samples, count=count: samples < count,
+        )
+        for total, part in zip(numerator, work.numerator):
+            total.add_(part)
+    recomputed = contribution_sketch(
+        numerator, receipt.samples, task_seed, receipt.round, k=len(receipt.grad_sketch)
+    )
     distance = sketch_distance(decode_sketch(receipt.grad_sketch), recomputed)
     return distance <= TOLERANCE, distance

@@ -65,7 +65,8 @@ from protocol.records import (
     averaging_group_id,
 )
 from supernet.checkpoint import save_checkpoint
-from supernet.sketch import encode_sketch, gradient_sketch, sketch_seed
+from supernet.contribution import contribution_sketch
+from supernet.sketch import encode_sketch
 from supernet.state import consensus_count, digest, init_optimizer_state, state_tensors
 from supernet.training import phase_at
 from supernet.workload import swarm_train_options, workload_for
@@ -449,10 +450,10 @@ class PeerNode:
 
     def _commitments(self, task: TaskSpec, round_index: int, stats: dict) -> dict:
         """What the receipt commits to, taken from the host's gradient before averaging replaces it."""
-        samples = max(1, stats["samples"])
-        mean = [g / samples for g in self._grad_buf]
         try:
-            sketch = encode_sketch(gradient_sketch(mean, sketch_seed(task.seed, round_index)))
+            sketch = encode_sketch(
+                contribution_sketch(self._grad_buf, stats["samples"], task.seed, round_index)
+            )
         except ValueError:  # a non-finite gradient: the receipt says so by carrying no sketch
             sketch = ()
         return dict(

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 import traceback
 from dataclasses import dataclass
 
@@ -38,10 +37,10 @@ import torch.distributed as dist
 
 from console.logs import setup_logging
 from hivemind_adapter.runtime import set_parent_death_signal
+from supernet.contribution import WorkerContribution, compute_contribution
 from supernet.state import init_optimizer_state, load_state_tensors, state_tensors
 from supernet.training import cohort_configs, maybe_sort_channels, optimizer_step, step_configs
 from supernet.workload import workload_for
-from tasks.sharding import SampleStream, augmentation_seed
 
 
 @dataclass(frozen=True)
@@ -130,15 +129,15 @@ def _serve(spec: WorkerSpec, conn, shared: SharedBuffers, log) -> None:
                     configs, scale = cohort_configs(net, round_index, cfg, cohort_rank, num_cohorts)
                 else:
                     configs, scale = step_configs(net, round_index, cfg), 1.0
-                stats = _compute(workload, net, params, configs, device, spec, round_index, shared)
-                numerator = stats.pop("numerator")
+                work = _compute(workload, net, configs, device, spec, round_index, shared)
+                numerator = work.numerator
                 for t in numerator:
                     dist.all_reduce(t)  # the host stage: sum over this host's workers
                 if spec.rank == 0:
                     for dst, src in zip(shared.grads, numerator):
                         dst.copy_(src.to("cpu"))
                 count = torch.tensor(
-                    [float(stats["samples"]), stats["loss_sum"], float(stats["macs"])],
+                    [float(work.samples), work.loss_sum, float(work.macs)],
                     device=device,
                     dtype=torch.float64,
                 )
@@ -153,7 +152,7 @@ def _serve(spec: WorkerSpec, conn, shared: SharedBuffers, log) -> None:
                             train_macs=int(count[2].item()),
                             config_hashes=[c.hash for c in configs],
                             scale=scale,
-                            seconds=stats["seconds"],
+                            seconds=work.seconds,
                         ),
                     )
                 )
@@ -175,30 +174,22 @@ def _serve(spec: WorkerSpec, conn, shared: SharedBuffers, log) -> None:
         dist.destroy_process_group()
 
 
-def _compute(workload, net, params, configs, device, spec, round_index, shared) -> dict:
-    """Mini-batches from this worker's stream until the stop flag (at least one); the numerator."""
+def _compute(workload, net, configs, device, spec, round_index, shared) -> WorkerContribution:
+    """Mini-batches from this worker's stream until the agent raises the stop flag (at least one)."""
 
-    torch.manual_seed(augmentation_seed(spec.task_seed, round_index, spec.participant))
-    stream = SampleStream(len(workload.task.train_set), spec.task_seed, round_index, spec.participant)
-    numerator = [torch.zeros_like(p) for p in params]
-    loss_sum, samples, macs = 0.0, 0, 0
-    started = time.perf_counter()
-    while samples == 0 or not int(shared.stop[0]):
-        batch_indices = stream.take(workload.cfg.batch_size)
-        stats = workload.accumulate(net, workload.batch(batch_indices), configs, device)
-        n = len(batch_indices)
-        for acc, p in zip(numerator, params):
-            acc.add_(p.grad, alpha=n)  # per-sample gradient sum of this batch
-        loss_sum += stats["loss"] * n
-        samples += n
-        macs += stats.get("train_macs", 0)
+    def report(samples: int, loss_sum: float, macs: int) -> None:
         shared.progress[spec.rank] = torch.tensor([samples, loss_sum, macs], dtype=torch.float64)
-    return dict(
-        numerator=numerator,
-        samples=samples,
-        loss_sum=loss_sum,
-        macs=macs,
-        seconds=time.perf_counter() - started,
+
+    return compute_contribution(
+        workload,
+        net,
+        configs,
+        device,
+        spec.task_seed,
+        round_index,
+        spec.participant,
+        go_on=lambda _samples: not int(shared.stop[0]),
+        on_batch=report,
     )
 
 
