@@ -17,8 +17,9 @@
   round's start state (:mod:`aggregator.audits`); a failure appends a revocation (credit withheld).
   Start states are fetched by digest from the peers that held them (:mod:`aggregator.checkpoints`).
 
-Concurrency: the libp2p handlers run in threads off the event loop; one lock guards the ledger and
-the desk's tables, and no DHT call is made while it is held (reads come first, publications after).
+Concurrency: the ledger has a single writer (:mod:`aggregator.ledger_writer`). The libp2p handlers
+(run in threads off the event loop), the round-closing thread and the audits hand it their work and
+wait for the result; no DHT call is ever made on the writer (reads come first, publications after).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from pathlib import Path
 from aggregator.audits import audit_receipt
 from aggregator.contribution_checks import SwarmFacts, check_round
 from aggregator.intake import ContributionIntake, Submission
+from aggregator.ledger_writer import LedgerWriter
 from hivemind_adapter.dht import peer_id, read_signed, store
 from hivemind_adapter.p2p import Endpoint
 from ledger.rewards import compute_rewards
@@ -88,20 +90,24 @@ class ContributionDesk:
     ):
         self.dht, self.identity, self.spec = dht, identity, spec
         self.task_id = spec.task_id
-        self.store = LedgerStore.open(
-            ledger_path, create=True, origin=spec.ledger_origin, log_public_key=identity.public_key
+        # The ledger, the intake and the tables below belong to the writer thread: every method that
+        # touches them runs as a job there (self._ledger.run), never under a lock of its own.
+        self._ledger = LedgerWriter(
+            lambda: LedgerStore.open(
+                ledger_path, create=True, origin=spec.ledger_origin, log_public_key=identity.public_key
+            )
         )
+        self.store = self._ledger.store
         self.intake = ContributionIntake(
             self.store, identity, self.task_id, max_age_ms=spec.params.receipt_window_ms, require_binding=True
         )
         self.workload, self.states = workload, states
         self.audit_fraction, self.close_after, self.round_window = audit_fraction, close_after, round_window
-        self.counters: Counter[str] = Counter()  # accepted, each rejection reason, audits
+        self.counters: Counter[str] = Counter()  # accepted, each rejection reason, audits (the writer's)
         self._throughput: dict[str, float] = {}  # peer id -> announced samples/s
         # Ed25519 signatures are deterministic: a secret only this aggregator can derive, so peers
         # cannot predict which receipts will be audited.
         self._audit_key = identity.sign(f"manta-audit-selection/{spec.task_id}".encode())
-        self._lock = threading.Lock()  # the ledger and the status table
         self._queued: dict[int, list[Submission]] = {}
         self._first_seen: dict[int, float] = {}
         self._arrival: dict[int, list[float]] = {}
@@ -167,32 +173,33 @@ class ContributionDesk:
 
     def submit(self, wire: bytes, sender: str) -> dict:
         leaf = leaf_hash(wire)
-        with self._lock:
-            settled = self._settled(leaf)
+        settled = self._ledger.run(lambda _: self._settled(leaf))
         if settled is not None:
             return settled
-        bindings = self._read_bindings()  # a DHT read: never under the lock
-        with self._lock:
-            settled = self._settled(leaf)  # the same bytes may have arrived meanwhile
-            if settled is not None:
-                return settled
-            self._learn(bindings)
-            # The intake's own checks on this receipt alone (nothing is written by screen()).
-            screening = self.intake.screen([Submission(wire, sender)])
-            if screening.rejected:
-                rejection = screening.rejected[0]
-                return self._reject(leaf, rejection.reason, rejection.detail)
-            receipt = screening.accepted[0].record
-            self._queued.setdefault(receipt.round, []).append(Submission(wire, sender))
-            self._first_seen.setdefault(receipt.round, time.monotonic())
-            self._arrival.setdefault(receipt.round, []).append(receipt.timestamp / 1000)
-            times = self._receipt_times.setdefault(receipt.peer_id, [])
-            times.append(receipt.timestamp)
-            del times[:-RECEIPT_TIMES_KEPT]
-            self._status[leaf] = {"status": "queued", "round": receipt.round}
-            if self.states is not None:  # where the round's start state can be fetched for an audit
-                self.states.learn(receipt.round - 1, receipt.state_digest, [sender, *receipt.group_members])
-            return self._status[leaf]
+        bindings = self._read_bindings()  # a DHT read: before the work is handed to the writer
+        return self._ledger.run(lambda _: self._queue(leaf, wire, sender, bindings))
+
+    def _queue(self, leaf: bytes, wire: bytes, sender: str, bindings: list) -> dict:
+        settled = self._settled(leaf)  # the same bytes may have arrived meanwhile
+        if settled is not None:
+            return settled
+        self._learn(bindings)
+        # The intake's own checks on this receipt alone (nothing is written by screen()).
+        screening = self.intake.screen([Submission(wire, sender)])
+        if screening.rejected:
+            rejection = screening.rejected[0]
+            return self._reject(leaf, rejection.reason, rejection.detail)
+        receipt = screening.accepted[0].record
+        self._queued.setdefault(receipt.round, []).append(Submission(wire, sender))
+        self._first_seen.setdefault(receipt.round, time.monotonic())
+        self._arrival.setdefault(receipt.round, []).append(receipt.timestamp / 1000)
+        times = self._receipt_times.setdefault(receipt.peer_id, [])
+        times.append(receipt.timestamp)
+        del times[:-RECEIPT_TIMES_KEPT]
+        self._status[leaf] = {"status": "queued", "round": receipt.round}
+        if self.states is not None:  # where the round's start state can be fetched for an audit
+            self.states.learn(receipt.round - 1, receipt.state_digest, [sender, *receipt.group_members])
+        return self._status[leaf]
 
     def _settled(self, leaf: bytes) -> dict | None:
         """The answer for a receipt seen before (refused, or a replay of a ledger entry); else None."""
@@ -212,41 +219,22 @@ class ContributionDesk:
 
     def status(self, payload: bytes, sender: str) -> dict:
         leaf = bytes.fromhex(payload.decode())
-        with self._lock:
-            known = self._status.get(leaf)
-            if known is None:
-                index = self.store.index_of(leaf)
-                if index is None:
-                    return {"status": "unknown"}
-                known = {"status": "accepted", "index": index}
-            if known["status"] != "accepted":
-                return known
-            return {**known, **self._proof(known["index"])}
+        return self._ledger.run(lambda _: self._status_of(leaf))
+
+    def _status_of(self, leaf: bytes) -> dict:
+        known = self._status.get(leaf)
+        if known is None:
+            index = self.store.index_of(leaf)
+            if index is None:
+                return {"status": "unknown"}
+            known = {"status": "accepted", "index": index}
+        if known["status"] != "accepted":
+            return known
+        return {**known, **self._proof(known["index"])}
 
     def credits(self, payload: bytes, sender: str) -> dict:
         key = payload.decode()
-        with self._lock:
-            entries, revoked = [], set()
-            for index, data in self.store.entries():
-                sealed = parse_sealed(data, (ContributionReceipt, Revocation))
-                if isinstance(sealed.record, Revocation):
-                    revoked.add(sealed.record.entry_index)
-                elif sealed.public_key.hex() == key:
-                    entries.append((index, sealed.record, leaf_hash(data)))
-            rows = [
-                {
-                    "index": index,
-                    "round": r.round,
-                    "seq": r.seq,
-                    "samples": r.samples,
-                    "credit": r.credit,
-                    "revoked": index in revoked,
-                    "leaf_hash": leaf.hex(),
-                    **self._proof(index),
-                }
-                for index, r, leaf in entries
-            ]
-            rewards = compute_rewards((d for _, d in self.store.entries()), self.identity.public_key)
+        rows, rewards = self._ledger.run(lambda _: self._entries_of(key))
         mine = next((p for p in rewards.peers if p.public_key == key), None)
         return {
             "entries": rows,
@@ -254,6 +242,29 @@ class ContributionDesk:
             "share": mine.share if mine else 0.0,
             "total_credits": rewards.total_credits,
         }
+
+    def _entries_of(self, key: str) -> tuple[list[dict], object]:
+        entries, revoked = [], set()
+        for index, data in self.store.entries():
+            sealed = parse_sealed(data, (ContributionReceipt, Revocation))
+            if isinstance(sealed.record, Revocation):
+                revoked.add(sealed.record.entry_index)
+            elif sealed.public_key.hex() == key:
+                entries.append((index, sealed.record, leaf_hash(data)))
+        rows = [
+            {
+                "index": index,
+                "round": r.round,
+                "seq": r.seq,
+                "samples": r.samples,
+                "credit": r.credit,
+                "revoked": index in revoked,
+                "leaf_hash": leaf.hex(),
+                **self._proof(index),
+            }
+            for index, r, leaf in entries
+        ]
+        return rows, compute_rewards((d for _, d in self.store.entries()), self.identity.public_key)
 
     def _proof(self, index: int) -> dict:
         head = self.store.latest_checkpoint()
@@ -297,23 +308,22 @@ class ContributionDesk:
                 logger.warning(f"closing rounds failed: {type(e).__name__}: {e}")
 
     def close_due_rounds(self, force: bool = False) -> None:
-        with self._lock:
-            if not self._queued:
-                return
-        # DHT reads (each bounded) before taking the lock: handlers must not wait behind them.
+        if not self._ledger.run(lambda _: bool(self._queued)):
+            return
+        # DHT reads (each bounded) before the work goes to the writer: handlers must not wait behind them.
         swarm_round, bindings = self._swarm_round(), self._read_bindings()
-        notes = []
-        with self._lock:
-            self._learn(bindings)
-            due = [
-                r
-                for r in sorted(self._queued)
-                if force or swarm_round >= r + 2 or time.monotonic() - self._first_seen[r] > self.close_after
-            ]
-            for r in due:
-                notes.append(self._close(r, max(swarm_round, r)))
+        notes = self._ledger.run(lambda _: self._close_due(swarm_round, bindings, force))
         if notes:
             self._publish_checkpoint(notes[-1])
+
+    def _close_due(self, swarm_round: int, bindings: list, force: bool) -> list[str]:
+        self._learn(bindings)
+        due = [
+            r
+            for r in sorted(self._queued)
+            if force or swarm_round >= r + 2 or time.monotonic() - self._first_seen[r] > self.close_after
+        ]
+        return [self._close(r, max(swarm_round, r)) for r in due]
 
     def _close(self, round_index: int, swarm_round: int) -> str:
         """Check and append one round's receipts; returns the new checkpoint note (to publish)."""
@@ -385,32 +395,27 @@ class ContributionDesk:
         receipt = sealed.record
         state = self.states.state_for(receipt.state_digest, timeout=30.0)
         if state is None:
-            self.counters["audit_skipped"] += 1
+            self._ledger.run(lambda _: self.counters.update(["audit_skipped"]))
             logger.info(f"audit skipped: no copy of the start state of round {receipt.round}")
             return None
         passed, distance = audit_receipt(self.workload, state, receipt, self.spec.seed)
-        self.counters["audit_passed" if passed else "audit_failed"] += 1
+        self._ledger.run(lambda _: self.counters.update(["audit_passed" if passed else "audit_failed"]))
         if passed:
             logger.info(
                 f"audit passed: {receipt.peer_id[-8:]} round {receipt.round} (distance {distance:.1e})"
             )
             return True
-        with self._lock:
-            index = self.store.index_of(leaf_hash(sealed.wire))
-            checkpoint = self.store.revoke(
-                index,
-                f"{RejectReason.AUDIT_FAILED.value}: recomputed gradient differs (distance {distance:.3g})",
-                self.identity,
-                task_id=self.task_id,
-            )
-            self._status[leaf_hash(sealed.wire)] = {
-                "status": "accepted",
-                "index": index,
-                "revoked": True,
-            }
+        reason = f"{RejectReason.AUDIT_FAILED.value}: recomputed gradient differs (distance {distance:.3g})"
+        index, checkpoint = self._ledger.run(lambda _: self._revoke(leaf_hash(sealed.wire), reason))
         self._publish_checkpoint(checkpoint.note)
         logger.warning(f"audit FAILED: {receipt.peer_id[-8:]} round {receipt.round}: entry {index} revoked")
         return False
+
+    def _revoke(self, leaf: bytes, reason: str):
+        index = self.store.index_of(leaf)
+        checkpoint = self.store.revoke(index, reason, self.identity, task_id=self.task_id)
+        self._status[leaf] = {"status": "accepted", "index": index, "revoked": True}
+        return index, checkpoint
 
     # ------------------------------------------------------------------ stopping
 
@@ -422,11 +427,12 @@ class ContributionDesk:
         self._stop.set()
         for t in self._threads:
             t.join(timeout=120)
-        logger.info(f"contributions: {dict(sorted(self.counters.items()))}; ledger size {self.store.size}")
+        size = self._ledger.run(lambda store: store.size)
+        logger.info(f"contributions: {dict(sorted(self.counters.items()))}; ledger size {size}")
         for name in (
             submit_handler(self.task_id),
             status_handler(self.task_id),
             credits_handler(self.task_id),
         ):
             self.endpoint.unserve(name)
-        self.store.close()
+        self._ledger.close()  # runs what is still queued, then closes the store
