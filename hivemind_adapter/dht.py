@@ -27,7 +27,7 @@ class SwarmUnreachable(RuntimeError):
 def start_dht(
     *,
     initial_peers: Sequence[str] = (),
-    host_maddrs: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",),
+    host_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",),  # hivemind's default
     announce_maddrs: Sequence[str] | None = None,
     client_mode: bool = False,
     identity_path: str | None = None,

@@ -74,7 +74,8 @@ class StateSharer(DecentralizedAverager):
             client_mode=client_mode,
             start=True,
         )
-        self.state_sharing_priority = -1.0  # nothing worth serving until something is published
+        if not client_mode:  # (hivemind refuses a priority from a node that cannot serve)
+            self.state_sharing_priority = -1.0  # nothing worth serving until something is published
 
     @property
     def served(self) -> dict:

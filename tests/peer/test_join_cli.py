@@ -217,6 +217,15 @@ def test_a_second_aggregator_joins_the_first_and_bootstraps_a_newcomer(swarm, tm
     assert peer.wait(timeout=240) == 0, swarm.log("newcomer")[-3000:]
     assert "joined task digits-cli-test" in swarm.log("newcomer")
     assert second.poll() is None
+    # The bootstrap node it joined through goes away for good: the second aggregator still stops on
+    # SIGTERM within its bounded waits (it once hung in an unbounded DHT read until kill -9).
+    swarm.procs["aggregator"].send_signal(signal.SIGKILL)
+    swarm.procs["aggregator"].wait(timeout=30)
+    time.sleep(2)
+    second.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    assert second.wait(timeout=120) == 0, swarm.log("aggregator2")[-3000:]
+    print(f"the orphaned aggregator stopped {time.monotonic() - started:.1f} s after SIGTERM")
 
 
 def test_a_plain_hivemind_node_reads_the_published_task(swarm):

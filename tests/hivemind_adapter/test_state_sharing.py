@@ -1,0 +1,41 @@
+"""The one state sharer, as peers and the aggregator use it: a serving node's newest state reaches a
+newcomer checked against its digest, and a client-mode node (behind NAT: it serves nothing) can
+still download and publish."""
+
+from __future__ import annotations
+
+import torch
+
+from hivemind_adapter.dht import start_dht, visible_maddrs
+from hivemind_adapter.state_sharing import StateSharer
+from supernet.state import digest
+
+LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+
+
+def _state(seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(300, 100, generator=g), torch.randn(7, generator=g), torch.zeros(3)]
+
+
+def test_a_client_mode_node_downloads_the_served_state_and_publishes_its_own():
+    server_dht = start_dht(host_maddrs=LOOPBACK)
+    client_dht = start_dht(host_maddrs=LOOPBACK, initial_peers=visible_maddrs(server_dht), client_mode=True)
+    template = _state(0)
+    server = StateSharer(template, server_dht, "share-test", consensus=2)
+    client = StateSharer(template, client_dht, "share-test", consensus=2, client_mode=True)
+    try:
+        served = _state(1)
+        served_digest = server.publish(3, served, attempt=5, tiebreak=0.25)
+        assert served_digest == digest(served[:2])
+        got = client.download(timeout=60)
+        assert got is not None and (got.round, got.digest, got.attempt) == (3, served_digest, 5)
+        assert all(torch.equal(a, b) for a, b in zip(got.tensors, served))
+        # Publishing on a node that cannot serve only records what it holds (nothing is advertised).
+        assert client.publish(4, _state(2), attempt=6, tiebreak=0.5) == digest(_state(2)[:2])
+        assert client.served["round"] == 4
+    finally:
+        for part in (client, server):
+            part.shutdown()
+        client_dht.shutdown()
+        server_dht.shutdown()
