@@ -72,4 +72,8 @@ class Endpoint:
             except Exception:  # the daemon is gone: nothing to unregister
                 pass
         self._handlers.clear()
+        try:  # the replica's own client connection (not the daemon, which the DHT node owns)
+            self.loop.run(self.p2p.shutdown(), timeout=5)
+        except Exception:
+            pass
         self.loop.stop()

@@ -54,14 +54,16 @@ _entries = read_entries
 
 
 def fetch_task(
-    dht, task_id: str | None, aggregator_key: str | None = None, wait: float = 10.0
+    dht, task_id: str | None, aggregator_key: str | None = None, wait: float = 30.0
 ) -> Sealed[TaskSpec]:
-    """The verified TaskSpec of ``task_id`` (or of the only published task), waiting up to ``wait`` s."""
+    """The verified TaskSpec of ``task_id`` (or of the only published task), waiting up to ``wait`` s
+    (a fresh node's first reads can take seconds on a loaded machine: each read may use what is left)."""
     deadline = time.monotonic() + wait
     while True:
+        left = max(1.0, deadline - time.monotonic())
         if task_id is None:
             index = {}
-            for sub, value in _entries(dht, TASKS_INDEX_KEY).items():
+            for sub, value in _entries(dht, TASKS_INDEX_KEY, left).items():
                 try:
                     index[sub] = open_index_value(sub, value)
                 except RecordRejected:
@@ -75,7 +77,7 @@ def fetch_task(
                 task_id = candidates[0].record.task_id
         if task_id is not None:
             specs = []
-            for sub, value in _entries(dht, task_key(task_id)).items():
+            for sub, value in _entries(dht, task_key(task_id), left).items():
                 try:
                     specs.append(open_task_value(task_id, sub, value))
                 except RecordRejected as e:

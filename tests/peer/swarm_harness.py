@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import hivemind
+import torch
 
 from hivemind_adapter.runtime import start_orphan_reaper
 
@@ -24,6 +25,11 @@ def start_bootstrap_dht() -> tuple[hivemind.DHT, list[str]]:
 
 
 def _child(target: Callable, initial_peers: list[str], args: dict, results: mp.Queue, name: str) -> None:
+    # A forked child must not enter an OpenMP parallel region: if the parent ever ran one (any large
+    # torch op in an earlier test), the child inherits a thread pool whose threads did not survive
+    # the fork, and its first parallel op hangs. Seen as "the victim never reached round 0" when
+    # tests/hivemind_adapter ran first. One thread is what the peers of a real swarm get here anyway.
+    torch.set_num_threads(1)
     dht = None
     start_orphan_reaper()  # as a real peer does: if this process is killed, its DHT and p2pd die with it
     try:
