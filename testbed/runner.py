@@ -46,7 +46,10 @@ def run_swarm(
     """Run the swarm described by ``options`` on ``scenario``'s emulated internet (None: on
     127.0.0.1), with ``churn_plan`` (None: no churn). After ``time_limit`` seconds the peers are
     asked to leave (they finish their round), whatever the swarm has reached."""
-    previous_term = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM cleans up like Ctrl-C
+    # Ctrl-C and SIGTERM both clean up. SIGINT is set explicitly: a shell that starts a job in the
+    # background (CI, `make test &`) leaves SIGINT ignored, and Python then never raises
+    # KeyboardInterrupt, so the swarm would run on through a Ctrl-C.
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     internet = EmulatedInternet(scenario, options.run_dir) if scenario is not None else None
     counters = None
     started = time.monotonic()
@@ -91,7 +94,8 @@ def run_swarm(
         finally:
             if internet is not None:
                 internet.close()
-            signal.signal(signal.SIGTERM, previous_term)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     wall = time.monotonic() - started
     say(
         "all processes stopped"
