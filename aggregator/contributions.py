@@ -4,18 +4,15 @@
   sender's transport peer id must be the peer the receipt names, bound to its key by the binding in
   its announcement), task and timestamp are checked at once by :class:`ContributionIntake`'s rules
   and a refusal is answered with its reason; otherwise the receipt waits for its round to close.
-- **Round close.** A round closes when peers report working two rounds later, or ``close_after``
-  seconds after its first receipt. Its receipts then pass the swarm checks
-  (:mod:`aggregator.contribution_checks`) and the intake appends the survivors in its deterministic
-  order with a signed checkpoint, in one transaction; the checkpoint note is published in the DHT
-  under ``manta_<task>_ledger``.
+- **Round close** (:mod:`aggregator.round_closing`). A round closes when peers report working two
+  rounds later, or ``close_after`` seconds after its first receipt; the swarm checks and the intake
+  then append the survivors with a signed checkpoint, whose note is published in the DHT under
+  ``manta_<task>_ledger``.
 - **Proofs.** ``manta/<task>/status`` (a leaf hash) answers queued / accepted with index, inclusion
   proof and the latest checkpoint note / rejected with the reason; ``manta/<task>/credits`` (a public
   key) answers every entry of that key with proofs, revocations and the key's credit.
-- **Audits.** A fraction of accepted receipts, chosen by an HMAC of the receipt under the
-  aggregator's key (unpredictable to peers, reproducible for the operator), is replayed from the
-  round's start state (:mod:`aggregator.audits`); a failure appends a revocation (credit withheld).
-  Start states are fetched by digest from the peers that held them (:mod:`aggregator.checkpoints`).
+- **Audits** (:mod:`aggregator.auditing`). A fraction of accepted receipts is replayed from the
+  round's start state; a failure appends a revocation (credit withheld).
 
 Concurrency: the ledger has a single writer (:mod:`aggregator.ledger_writer`). The libp2p handlers
 (run in threads off the event loop), the round-closing thread and the audits hand it their work and
@@ -25,20 +22,17 @@ wait for the result; no DHT call is ever made on the writer (reads come first, p
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
 import logging
-import queue
 import threading
 import time
 from collections import Counter
 from pathlib import Path
 
-from aggregator.audits import audit_receipt
-from aggregator.contribution_checks import SwarmFacts, check_round
+from aggregator.auditing import SpotAuditor
 from aggregator.intake import ContributionIntake, Submission
 from aggregator.ledger_writer import LedgerWriter
+from aggregator.round_closing import RoundCloser
 from hivemind_adapter.dht import peer_id, read_signed, store
 from hivemind_adapter.p2p import Endpoint
 from ledger.rewards import compute_rewards
@@ -70,9 +64,6 @@ from protocol.records import (
 logger = logging.getLogger(__name__)
 
 
-RECEIPT_TIMES_KEPT = 64  # per peer: enough to find a receipt's predecessor within the round window
-
-
 class ContributionDesk:
     def __init__(
         self,
@@ -101,32 +92,21 @@ class ContributionDesk:
         self.intake = ContributionIntake(
             self.store, identity, self.task_id, max_age_ms=spec.params.receipt_window_ms, require_binding=True
         )
-        self.workload, self.states = workload, states
-        self.audit_fraction, self.close_after, self.round_window = audit_fraction, close_after, round_window
+        self.rounds = RoundCloser(self.intake, spec, close_after, round_window)
         self.counters: Counter[str] = Counter()  # accepted, each rejection reason, audits (the writer's)
         self._throughput: dict[str, float] = {}  # peer id -> announced samples/s
+        self._status: dict[bytes, dict] = {}  # leaf hash -> {"status": ..., ...}
+        self._stop = threading.Event()
         # Ed25519 signatures are deterministic: a secret only this aggregator can derive, so peers
         # cannot predict which receipts will be audited.
-        self._audit_key = identity.sign(f"manta-audit-selection/{spec.task_id}".encode())
-        self._queued: dict[int, list[Submission]] = {}
-        self._first_seen: dict[int, float] = {}
-        self._arrival: dict[int, list[float]] = {}
-        # Per peer, the timestamps (ms, its clock) of its recent receipts that passed the intake's
-        # screening: the time between two of them bounds how long it computed (SwarmFacts.peer_seconds).
-        self._receipt_times: dict[str, list[int]] = {}
-        self._started_ms = int(time.time() * 1000)
-        self._status: dict[bytes, dict] = {}  # leaf hash -> {"status": ..., ...}
-        self._audits: queue.Queue = queue.Queue()
-        self._stop = threading.Event()
+        secret = identity.sign(f"manta-audit-selection/{spec.task_id}".encode())
+        self.auditor = SpotAuditor(workload, states, spec.seed, secret, audit_fraction, self._on_verdict)
+        self.states = states
         self.endpoint = endpoint
         self._register_handlers()
         self._publish_binding()
-        self._threads = [
-            threading.Thread(target=self._close_loop, name="manta-round-close", daemon=True),
-            threading.Thread(target=self._audit_loop, name="manta-audits", daemon=True),
-        ]
-        for t in self._threads:
-            t.start()
+        self._closer = threading.Thread(target=self._close_loop, name="manta-round-close", daemon=True)
+        self._closer.start()
 
     # ------------------------------------------------------------------ network
 
@@ -190,12 +170,7 @@ class ContributionDesk:
             rejection = screening.rejected[0]
             return self._reject(leaf, rejection.reason, rejection.detail)
         receipt = screening.accepted[0].record
-        self._queued.setdefault(receipt.round, []).append(Submission(wire, sender))
-        self._first_seen.setdefault(receipt.round, time.monotonic())
-        self._arrival.setdefault(receipt.round, []).append(receipt.timestamp / 1000)
-        times = self._receipt_times.setdefault(receipt.peer_id, [])
-        times.append(receipt.timestamp)
-        del times[:-RECEIPT_TIMES_KEPT]
+        self.rounds.add(Submission(wire, sender), receipt)
         self._status[leaf] = {"status": "queued", "round": receipt.round}
         if self.states is not None:  # where the round's start state can be fetched for an audit
             self.states.learn(receipt.round - 1, receipt.state_digest, [sender, *receipt.group_members])
@@ -308,7 +283,7 @@ class ContributionDesk:
                 logger.warning(f"closing rounds failed: {type(e).__name__}: {e}")
 
     def close_due_rounds(self, force: bool = False) -> None:
-        if not self._ledger.run(lambda _: bool(self._queued)):
+        if not self._ledger.run(lambda _: self.rounds.waiting()):
             return
         # DHT reads (each bounded) before the work goes to the writer: handlers must not wait behind them.
         swarm_round, bindings = self._swarm_round(), self._read_bindings()
@@ -317,99 +292,42 @@ class ContributionDesk:
             self._publish_checkpoint(notes[-1])
 
     def _close_due(self, swarm_round: int, bindings: list, force: bool) -> list[str]:
+        """Close every due round (a writer job); the checkpoint notes to publish."""
         self._learn(bindings)
-        due = [
-            r
-            for r in sorted(self._queued)
-            if force or swarm_round >= r + 2 or time.monotonic() - self._first_seen[r] > self.close_after
-        ]
-        return [self._close(r, max(swarm_round, r)) for r in due]
-
-    def _close(self, round_index: int, swarm_round: int) -> str:
-        """Check and append one round's receipts; returns the new checkpoint note (to publish)."""
-        subs = self._queued.pop(round_index)
-        self._first_seen.pop(round_index, None)
-        times = self._arrival.pop(round_index, [])
-        sealed = [parse_sealed(s.wire, ContributionReceipt) for s in subs]
-        durations = {round_index: max(1.0, max(times) - min(times) + self._round_seconds_hint(round_index))}
-        facts = SwarmFacts(
-            swarm_round,
-            self.round_window,
-            dict(self._throughput),
-            durations,
-            self.spec.params.batch_size,
-            {(s.record.peer_id, round_index): self._compute_window(s.record) for s in sealed},
-        )
-        refused = check_round(sealed, facts)
-        for s in sealed:
-            if s.wire in refused:
-                self._reject(leaf_hash(s.wire), *refused[s.wire])
-        result = self.intake.admit([sub for sub in subs if sub.wire not in refused])
-        for rejection in result.rejected:
-            wire = [sub for sub in subs if sub.wire not in refused][rejection.position].wire
-            self._reject(leaf_hash(wire), rejection.reason, rejection.detail)
-        for accepted in result.accepted:
-            leaf = leaf_hash(accepted.wire)
-            self._status[leaf] = {"status": "accepted", "index": self.store.index_of(leaf)}
-            self.counters["accepted"] += 1
-            if self._selected_for_audit(accepted.wire):
-                self._audits.put(accepted)
-        logger.info(
-            f"round {round_index}: {len(result.accepted)} receipt(s) appended, {len(subs) - len(result.accepted)} "
-            f"refused; ledger size {result.checkpoint.size}"
-        )
-        return result.checkpoint.note
-
-    def _compute_window(self, receipt: ContributionReceipt) -> float:
-        """Seconds between this peer's previous receipt (or, for its first, this desk's start) and
-        ``receipt``: the time it can have spent computing that round."""
-        earlier = [t for t in self._receipt_times.get(receipt.peer_id, ()) if t < receipt.timestamp]
-        return max(0.0, (receipt.timestamp - max(earlier, default=self._started_ms)) / 1000)
-
-    def _round_seconds_hint(self, round_index: int) -> float:
-        """How long a round lasts: receipts arrive after it ended, so their spread understates it."""
-        return self.spec.params.target_samples_per_round / max(1.0, sum(self._throughput.values()))
+        notes = []
+        for r in self.rounds.due(swarm_round, force):
+            closed = self.rounds.close(r, max(swarm_round, r), self._throughput)
+            for wire, reason, detail in closed.refused:
+                self._reject(leaf_hash(wire), reason, detail)
+            for accepted in closed.accepted:
+                leaf = leaf_hash(accepted.wire)
+                self._status[leaf] = {"status": "accepted", "index": self.store.index_of(leaf)}
+                self.counters["accepted"] += 1
+                if self.auditor.selected(accepted.wire):
+                    self.auditor.enqueue(accepted)
+            logger.info(
+                f"round {r}: {len(closed.accepted)} receipt(s) appended, {len(closed.refused)} refused; "
+                f"ledger size {closed.ledger_size}"
+            )
+            notes.append(closed.checkpoint_note)
+        return notes
 
     # ------------------------------------------------------------------ audits
 
-    def _selected_for_audit(self, wire: bytes) -> bool:
-        if self.audit_fraction <= 0 or self.workload is None or self.states is None:
-            return False
-        mac = hmac.new(self._audit_key, wire, hashlib.sha256).digest()
-        return int.from_bytes(mac[:8], "big") / 2**64 < self.audit_fraction
-
-    def _audit_loop(self) -> None:
-        # On shutdown, the audits already chosen still run (shutdown waits a bounded time for them).
-        while not (self._stop.is_set() and self._audits.empty()):
-            try:
-                sealed: Sealed[ContributionReceipt] = self._audits.get(timeout=1.0)
-            except queue.Empty:
-                continue
-            try:
-                self.audit(sealed)
-            except Exception as e:
-                logger.warning(f"audit of a receipt of round {sealed.record.round} failed to run: {e}")
-
     def audit(self, sealed: Sealed[ContributionReceipt]) -> bool | None:
-        """Replay one accepted receipt; revoke it on a mismatch. None if its start state is unknown."""
-        receipt = sealed.record
-        state = self.states.state_for(receipt.state_digest, timeout=30.0)
-        if state is None:
-            self._ledger.run(lambda _: self.counters.update(["audit_skipped"]))
-            logger.info(f"audit skipped: no copy of the start state of round {receipt.round}")
-            return None
-        passed, distance = audit_receipt(self.workload, state, receipt, self.spec.seed)
-        self._ledger.run(lambda _: self.counters.update(["audit_passed" if passed else "audit_failed"]))
-        if passed:
-            logger.info(
-                f"audit passed: {receipt.peer_id[-8:]} round {receipt.round} (distance {distance:.1e})"
-            )
-            return True
+        """Replay one accepted receipt now (revoked on a mismatch); None if its start state is unknown."""
+        return self.auditor.audit(sealed)
+
+    def _on_verdict(self, sealed: Sealed[ContributionReceipt], passed: bool | None, distance: float) -> None:
+        outcome = "audit_skipped" if passed is None else "audit_passed" if passed else "audit_failed"
+        self._ledger.run(lambda _: self.counters.update([outcome]))
+        if passed is not False:
+            return
         reason = f"{RejectReason.AUDIT_FAILED.value}: recomputed gradient differs (distance {distance:.3g})"
         index, checkpoint = self._ledger.run(lambda _: self._revoke(leaf_hash(sealed.wire), reason))
         self._publish_checkpoint(checkpoint.note)
+        receipt = sealed.record
         logger.warning(f"audit FAILED: {receipt.peer_id[-8:]} round {receipt.round}: entry {index} revoked")
-        return False
 
     def _revoke(self, leaf: bytes, reason: str):
         index = self.store.index_of(leaf)
@@ -425,8 +343,8 @@ class ContributionDesk:
         except Exception as e:
             logger.warning(f"closing the last rounds failed: {e}")
         self._stop.set()
-        for t in self._threads:
-            t.join(timeout=120)
+        self._closer.join(timeout=30)
+        self.auditor.stop(timeout=120)  # the audits already chosen still run
         size = self._ledger.run(lambda store: store.size)
         logger.info(f"contributions: {dict(sorted(self.counters.items()))}; ledger size {size}")
         for name in (

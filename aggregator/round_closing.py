@@ -1,0 +1,99 @@
+"""Receipts wait for their round to close; then the swarm checks and the intake decide, in one go.
+
+A round closes when peers report working two rounds later, or ``close_after`` seconds after its first
+receipt. Its receipts then pass the swarm checks (:mod:`aggregator.contribution_checks`: group
+testimony, plausible samples for the time and throughput) and the intake appends the survivors in
+its deterministic order with a signed checkpoint, in one transaction.
+
+A :class:`RoundCloser` belongs to the ledger's writer thread (:mod:`aggregator.ledger_writer`): its
+tables are only touched by jobs there, so it takes no lock of its own.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from aggregator.contribution_checks import SwarmFacts, check_round
+from aggregator.intake import ContributionIntake, Submission
+from protocol.records import ContributionReceipt, RejectReason, Sealed, TaskSpec, parse_sealed
+
+RECEIPT_TIMES_KEPT = 64  # per peer: enough to find a receipt's predecessor within the round window
+
+
+@dataclass
+class ClosedRound:
+    """What closing one round decided."""
+
+    round: int
+    accepted: list[Sealed[ContributionReceipt]]  # appended, in ledger order (each with its wire)
+    refused: list[tuple[bytes, RejectReason, str]] = field(default_factory=list)  # (wire, reason, detail)
+    checkpoint_note: str = ""
+    ledger_size: int = 0
+
+
+class RoundCloser:
+    def __init__(self, intake: ContributionIntake, spec: TaskSpec, close_after: float, round_window: int):
+        self.intake, self.spec = intake, spec
+        self.close_after, self.round_window = close_after, round_window
+        self._queued: dict[int, list[Submission]] = {}
+        self._first_seen: dict[int, float] = {}
+        self._arrival: dict[int, list[float]] = {}
+        # Per peer, the timestamps (ms, its clock) of its recent receipts that passed the intake's
+        # screening: the time between two of them bounds how long it computed (SwarmFacts.peer_seconds).
+        self._receipt_times: dict[str, list[int]] = {}
+        self._started_ms = int(time.time() * 1000)
+
+    def add(self, submission: Submission, receipt: ContributionReceipt) -> None:
+        """Queue a screened receipt until its round closes."""
+        self._queued.setdefault(receipt.round, []).append(submission)
+        self._first_seen.setdefault(receipt.round, time.monotonic())
+        self._arrival.setdefault(receipt.round, []).append(receipt.timestamp / 1000)
+        times = self._receipt_times.setdefault(receipt.peer_id, [])
+        times.append(receipt.timestamp)
+        del times[:-RECEIPT_TIMES_KEPT]
+
+    def waiting(self) -> bool:
+        return bool(self._queued)
+
+    def due(self, swarm_round: int, force: bool = False) -> list[int]:
+        """The rounds to close now, oldest first (all of them if ``force``)."""
+        return [
+            r
+            for r in sorted(self._queued)
+            if force or swarm_round >= r + 2 or time.monotonic() - self._first_seen[r] > self.close_after
+        ]
+
+    def close(self, round_index: int, swarm_round: int, throughput: dict[str, float]) -> ClosedRound:
+        """Check and append one round's receipts (``throughput``: peer id -> announced samples/s)."""
+        subs = self._queued.pop(round_index)
+        self._first_seen.pop(round_index, None)
+        times = self._arrival.pop(round_index, [])
+        sealed = [parse_sealed(s.wire, ContributionReceipt) for s in subs]
+        hint = self.spec.params.target_samples_per_round / max(1.0, sum(throughput.values()))
+        # Receipts arrive after their round ended, so their spread understates how long it lasted.
+        durations = {round_index: max(1.0, max(times) - min(times) + hint)}
+        facts = SwarmFacts(
+            swarm_round,
+            self.round_window,
+            dict(throughput),
+            durations,
+            self.spec.params.batch_size,
+            {(s.record.peer_id, round_index): self._compute_window(s.record) for s in sealed},
+        )
+        refused = check_round(sealed, facts)
+        closed = ClosedRound(round_index, [])
+        closed.refused += [(s.wire, *refused[s.wire]) for s in sealed if s.wire in refused]
+        survivors = [sub for sub in subs if sub.wire not in refused]
+        result = self.intake.admit(survivors)
+        for rejection in result.rejected:
+            closed.refused.append((survivors[rejection.position].wire, rejection.reason, rejection.detail))
+        closed.accepted = list(result.accepted)
+        closed.checkpoint_note, closed.ledger_size = result.checkpoint.note, result.checkpoint.size
+        return closed
+
+    def _compute_window(self, receipt: ContributionReceipt) -> float:
+        """Seconds between this peer's previous receipt (or, for its first, the desk's start) and
+        ``receipt``: the time it can have spent computing that round."""
+        earlier = [t for t in self._receipt_times.get(receipt.peer_id, ()) if t < receipt.timestamp]
+        return max(0.0, (receipt.timestamp - max(earlier, default=self._started_ms)) / 1000)
