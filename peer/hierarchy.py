@@ -64,6 +64,30 @@ class AveragingTimeouts:
     commit: float = 20.0  # bound on collecting every contributor's commit report
 
 
+@dataclass(frozen=True)
+class Contributor:
+    """One peer whose host contribution is in a round's average, as the round's stages gather it."""
+
+    peer: str
+    cohort: str
+    samples: int
+    state: str  # digest of the state its gradient was computed from
+    client: bool  # a client-mode peer: it cannot serve, so it never leads its cohort
+
+    def to_wire(self) -> dict:
+        """What travels in hivemind's gathered metadata (msgpack: plain types only)."""
+        return {"peer": self.peer, "cohort": self.cohort, "samples": self.samples, "state": self.state,
+                "client": self.client}  # fmt: skip
+
+    @classmethod
+    def from_wire(cls, value: dict) -> Contributor:
+        try:
+            return cls(str(value["peer"]), str(value["cohort"]), int(value["samples"]), str(value["state"]),
+                       bool(value.get("client", False)))  # fmt: skip
+        except (KeyError, TypeError, ValueError) as e:
+            raise RoundAborted(f"a malformed contributor record: {e}") from None
+
+
 @dataclass
 class AveragingOutcome:
     """What one round of averaging produced, as seen by this peer."""
@@ -71,9 +95,7 @@ class AveragingOutcome:
     committed: bool
     reason: str = ""
     tensors: list[torch.Tensor] | None = None  # the average; None when the round was aborted
-    contributors: list[dict] = field(
-        default_factory=list
-    )  # {"peer", "cohort", "samples", "state", "client"} sorted by peer
+    contributors: list[Contributor] = field(default_factory=list)  # sorted by peer id
     cohort_members: list[str] = field(default_factory=list)
     leader: str = ""
     digest: str = ""
@@ -130,9 +152,9 @@ def _cohort_tag(cohort: str) -> str:
     return hashlib.sha256(cohort.encode()).hexdigest()[:16]
 
 
-def _round_bits(round_index: int, stage: int) -> str:
+def _round_bits(attempt: int, stage: int) -> str:
     # One group key per (round, stage) so a slow peer's cohort request can never meet a fast peer's broadcast.
-    return format(stage, "01b") + format(round_index % 1024, "010b")
+    return format(stage, "01b") + format(attempt % 1024, "010b")
 
 
 class HierarchicalAverager:
@@ -192,7 +214,7 @@ class HierarchicalAverager:
 
     def average(
         self,
-        round_index: int,
+        attempt: int,
         numerator: Sequence[torch.Tensor],
         samples: int,
         *,
@@ -202,8 +224,9 @@ class HierarchicalAverager:
         state_digest: str = "",
         expected_peers: Collection[str] = (),
     ) -> AveragingOutcome:
-        """Run one round. ``round_index`` names this averaging attempt: every participant passes the
-        same value and never reuses it (a retried step gets a new one). ``numerator`` is this host's sum of per-sample gradients (``samples`` of them);
+        """Average one round's host contributions. ``attempt`` (not the training round: a retried
+        round gets a new attempt) is what peers meet on; every participant passes the same value and
+        never reuses it. ``numerator`` is this host's sum of per-sample gradients (``samples`` of them);
         ``cohort_size`` and ``num_cohorts`` are the sizes the DHT roster expects (groups form as soon as
         they are full, else after the matchmaking time). ``scale`` multiplies a per-cohort result
         (see :func:`supernet.training.cohort_configs`); every peer must pass the same value.
@@ -213,13 +236,7 @@ class HierarchicalAverager:
         gradient from another model, or a round that silently left a known peer out, would make peers
         diverge. Never raises for network failures: a failed round comes back with
         ``committed=False`` and the reason."""
-        me = {
-            "peer": self.peer_id,
-            "cohort": self.cohort,
-            "samples": int(samples),
-            "state": state_digest,
-            "client": self.client_mode,
-        }
+        me = Contributor(self.peer_id, self.cohort, int(samples), state_digest, self.client_mode)
         outcome = AveragingOutcome(committed=False)
         self._expected = set(expected_peers) | {self.peer_id} if expected_peers else set()
         t_start = time.perf_counter()
@@ -232,13 +249,13 @@ class HierarchicalAverager:
             members = [me]
             if cohort_size > 1:
                 gathered = self._stage(
-                    self._cohort, "cohort", round_index, 0, cohort_size, weight=1.0, gather=me
+                    self._cohort, "cohort", attempt, 0, cohort_size, weight=1.0, gather=me.to_wire()
                 )
-                members = sorted(gathered.values(), key=lambda c: c["peer"])
+                members = sorted((Contributor.from_wire(m) for m in gathered.values()), key=lambda c: c.peer)
             outcome.seconds["cohort"] = time.perf_counter() - t_start
-            outcome.cohort_members = [m["peer"] for m in members]
+            outcome.cohort_members = [m.peer for m in members]
             # The leader must be able to serve others (client-mode peers cannot reduce or lead).
-            servers = [m["peer"] for m in members if not m.get("client")]
+            servers = [m.peer for m in members if not m.client]
             outcome.leader = (servers or outcome.cohort_members)[0]
             i_lead = outcome.leader == self.peer_id
 
@@ -253,13 +270,15 @@ class HierarchicalAverager:
                         self._to_cohort_mean(members)
                         weight = 1.0
                     if num_cohorts > 1:
-                        report = {"cohort": self.cohort, "members": members}
+                        report = {"cohort": self.cohort, "members": [m.to_wire() for m in members]}
                         gathered = self._stage(
-                            self._cross, "cross", round_index, 0, num_cohorts, weight=weight, gather=report
+                            self._cross, "cross", attempt, 0, num_cohorts, weight=weight, gather=report
                         )
-                        contributors = [m for r in gathered.values() for m in r["members"]]
+                        contributors = [
+                            Contributor.from_wire(m) for r in gathered.values() for m in r["members"]
+                        ]
                         cohorts = len(gathered)
-                    contributors.sort(key=lambda c: c["peer"])
+                    contributors.sort(key=lambda c: c.peer)
                     self._check_contributors(contributors, state_digest, expected_peers)
                     final = self._finish_average(contributors, cohorts, scale)
                     outcome.contributors = contributors
@@ -272,12 +291,12 @@ class HierarchicalAverager:
                 t0 = time.perf_counter()
                 stage = ("broadcast", t0)
                 final, lead_report = self._broadcast(
-                    round_index, len(members), i_lead, final, outcome, lead_abort
+                    attempt, len(members), i_lead, final, outcome, lead_abort
                 )
                 if lead_abort is not None:
                     raise RoundAborted(lead_abort)
                 if not i_lead:
-                    outcome.contributors = lead_report["contributors"]
+                    outcome.contributors = [Contributor.from_wire(c) for c in lead_report["contributors"]]
                     self._check_contributors(outcome.contributors, state_digest, expected_peers)
                 outcome.seconds["broadcast"] = time.perf_counter() - t0
             outcome.digest = digest(final)
@@ -289,7 +308,7 @@ class HierarchicalAverager:
             outcome.seconds.setdefault(stage[0], time.perf_counter() - stage[1])
 
         t0 = time.perf_counter()
-        committed, reason = self._commit(round_index, outcome)
+        committed, reason = self._commit(attempt, outcome)
         outcome.seconds["commit"] = time.perf_counter() - t0
         outcome.seconds["total"] = time.perf_counter() - t_start
         if committed and final is not None:
@@ -297,24 +316,26 @@ class HierarchicalAverager:
         else:
             outcome.reason = outcome.reason or reason
             logger.warning(
-                f"round {round_index}: averaging aborted, keeping previous values ({outcome.reason})"
+                f"attempt {attempt}: averaging aborted, keeping previous values ({outcome.reason})"
             )
         return outcome
 
     @staticmethod
-    def _check_contributors(contributors: list[dict], state_digest: str, expected: Collection[str]) -> None:
-        states = {c.get("state", "") for c in contributors}
+    def _check_contributors(
+        contributors: list[Contributor], state_digest: str, expected: Collection[str]
+    ) -> None:
+        states = {c.state for c in contributors}
         if len(states) > 1:
             raise RoundAborted(f"contributors started from {len(states)} different states")
         if state_digest and states != {state_digest}:
             raise RoundAborted("contributors started from another state than this peer")
-        missing = set(expected) - {c["peer"] for c in contributors}
+        missing = set(expected) - {c.peer for c in contributors}
         if missing:
             raise RoundAborted(f"{len(missing)} peer(s) of the roster did not contribute")
 
     # ------------------------------------------------------------------ stages
 
-    def _stage(self, averager: VerifiedAverager, name: str, round_index: int, stage: int, size: int, **step):
+    def _stage(self, averager: VerifiedAverager, name: str, attempt: int, stage: int, size: int, **step):
         """One hivemind step, bounded by ``timeouts.step``. Not finding a group yet is retried; a partial
         all-reduce is not (it cannot be repaired inside this round). While it waits, the stage watches
         the round's commit board, so one peer's abort reaches every peer within a second instead of
@@ -322,7 +343,7 @@ class HierarchicalAverager:
         if self._sizes[name] != size:
             averager.set_target_group_size(size)
             self._sizes[name] = size
-        averager.set_group_bits(_round_bits(round_index, stage))
+        averager.set_group_bits(_round_bits(attempt, stage))
         deadline = time.monotonic() + self.timeouts.step
         while True:
             remaining = deadline - time.monotonic()
@@ -336,7 +357,7 @@ class HierarchicalAverager:
                 # races hivemind's own completion. A running one ends within its own timeouts.
                 if time.monotonic() >= next_check and looking_for_group(control):
                     next_check = time.monotonic() + 0.5
-                    failed = self._failed_reports(round_index)
+                    failed = self._failed_reports(attempt)
                     if failed:
                         control.cancel()
                         raise RoundAborted(f"{name} stage abandoned: {', '.join(failed)} aborted the round")
@@ -349,29 +370,31 @@ class HierarchicalAverager:
                 raise RoundAborted(f"{name} stage failed: {type(e).__name__}: {e}") from e
         return member_ids(gathered)
 
-    def _failed_reports(self, round_index: int) -> list[str]:
+    def _failed_reports(self, attempt: int) -> list[str]:
         """Peers of this round that reported failure (anyone's, if the caller gave no roster)."""
         relevant = self._expected or None
         return sorted(
             p
-            for p, r in self.board.read(round_index).items()
+            for p, r in self.board.read(attempt).items()
             if not r.get("ok") and (relevant is None or p in relevant)
         )
 
-    def _to_cohort_mean(self, members: list[dict]) -> None:
+    def _to_cohort_mean(self, members: list[Contributor]) -> None:
         """Leader, per-cohort rounds: the cohort stage left ``sum / n_members``; make it the cohort's
         sample-weighted mean (zeros if the cohort processed no samples)."""
-        samples = sum(m["samples"] for m in members)
+        samples = sum(m.samples for m in members)
         factor = len(members) / samples if samples > 0 else 0.0
         with self._cohort.get_tensors() as buf:
             for b in buf:
                 b.mul_(factor)
 
-    def _finish_average(self, contributors: list[dict], cohorts: int, scale: float) -> list[torch.Tensor]:
+    def _finish_average(
+        self, contributors: list[Contributor], cohorts: int, scale: float
+    ) -> list[torch.Tensor]:
         """Leader: the final vector from the cross-stage result (every leader holds the same bytes, and
         computes the same product from them, so every leader's final vector is bit-identical)."""
         total = len(contributors)
-        samples = float(sum(c["samples"] for c in contributors))
+        samples = float(sum(c.samples for c in contributors))
         if samples <= 0:
             raise RoundAborted("no samples were contributed")
         with self._cross.get_tensors() as buf:
@@ -379,7 +402,7 @@ class HierarchicalAverager:
                 return [b * (cohorts * scale) for b in buf]
             return [b * (total / samples) for b in buf]  # buf = (sum of numerators) / contributors
 
-    def _broadcast(self, round_index, size, i_lead, final, outcome, lead_abort=None):
+    def _broadcast(self, attempt, size, i_lead, final, outcome, lead_abort=None):
         """Leader's final vector to every cohort member, exactly (weights 1 and 0, members send zeros).
         A leader that aborted still takes part, with ``ok: False``, so members stop waiting at once."""
         with self._cohort.get_tensors() as buf:
@@ -393,11 +416,11 @@ class HierarchicalAverager:
             report.update(
                 ok=lead_abort is None,
                 reason=lead_abort or "",
-                contributors=outcome.contributors,
+                contributors=[c.to_wire() for c in outcome.contributors],
                 digest=digest(final) if final is not None else "",
             )
         gathered = self._stage(
-            self._cohort, "cohort", round_index, 1, size, weight=1.0 if i_lead else 0.0, gather=report
+            self._cohort, "cohort", attempt, 1, size, weight=1.0 if i_lead else 0.0, gather=report
         )
         lead_reports = [r for r in gathered.values() if r.get("lead")]
         if len(lead_reports) != 1:
@@ -410,16 +433,16 @@ class HierarchicalAverager:
             raise RoundAborted("broadcast result differs from the leader's digest")
         return received, lead_reports[0]
 
-    def _commit(self, round_index: int, outcome: AveragingOutcome) -> tuple[bool, str]:
+    def _commit(self, attempt: int, outcome: AveragingOutcome) -> tuple[bool, str]:
         """Publish our result's digest and wait for every contributor's; commit only on full agreement."""
         ok = not outcome.reason and bool(outcome.digest)
-        self.board.post(round_index, ok, outcome.digest)
+        self.board.post(attempt, ok, outcome.digest)
         if not ok:
             return False, outcome.reason
-        expected = {c["peer"] for c in outcome.contributors}
+        expected = {c.peer for c in outcome.contributors}
         deadline = time.monotonic() + self.timeouts.commit
         while True:
-            reports = self.board.read(round_index)
+            reports = self.board.read(attempt)
             relevant = self._expected | expected
             failed = sorted(p for p, r in reports.items() if not r.get("ok") and p in relevant)
             if failed:

@@ -81,7 +81,7 @@ def _peer(
                     # which is gone once the peer exits
                     tensors=None if res.tensors is None else [t.numpy() for t in res.tensors],
                     leader=res.leader,
-                    contributors=[c["peer"] for c in res.contributors],
+                    contributors=[c.peer for c in res.contributors],
                 )
             )
         return out

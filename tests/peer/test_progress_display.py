@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from peer.node import RoundReport
 from peer.progress_display import ProgressDisplay
+from peer.round import RoundReport
 from testbed.local_swarm import LocalSwarm, SwarmOptions, console_script
 
 

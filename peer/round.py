@@ -1,0 +1,275 @@
+"""One training round of a peer, top to bottom.
+
+::
+
+    plan        = plan_round(roster)                  # who is online; cohorts by node affinity
+    host        = compute_until_target(plan)          # workers train until the swarm has enough
+                                                      # samples, then sum their gradients in the host
+    commitments = commit_to(host numerator)           # what the receipt will prove: taken before
+                                                      # averaging replaces the numerator
+    outcome     = averager.average(plan.attempt, ...) # cohort -> across cohorts -> back (hivemind),
+                                                      # exact; commits only if every contributor agrees
+    lr          = workers.apply(outcome)              # the same optimizer step everywhere, or none
+    receipt     = sign_receipt(...)                   # into the outbox; the courier delivers it
+    publish the new state                             # newcomers and laggards download it
+
+Everything a stage hands to the next is a typed value (:class:`RoundPlan`,
+:class:`~peer.worker_protocol.HostContribution`, :class:`Commitments`,
+:class:`~peer.hierarchy.AveragingOutcome`), and the round's result is one :class:`RoundReport`. The
+collaborators a round needs (DHT, worker pool, averager, outbox, ...) come in one
+:class:`RoundContext` that the peer's agent (:mod:`peer.node`) builds once at start-up.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from peer.affinity import assign_cohorts, cohort_sizes
+from peer.hierarchy import AveragingOutcome, HierarchicalAverager
+from peer.progress_display import ProgressDisplay
+from peer.receipts import ReceiptOutbox
+from peer.swarm_progress import SwarmProgress
+from peer.swarm_view import Announcer, read_roster
+from peer.worker_pool import WorkerPool
+from peer.worker_protocol import Compute, HostContribution
+from protocol.identity import Identity
+from protocol.records import ContributionReceipt, TaskSpec, averaging_group_id
+from supernet.contribution import contribution_sketch
+from supernet.sketch import encode_sketch
+from supernet.state import digest
+from supernet.training import TrainConfig, phase_at
+
+COMPUTE_POLL_SECONDS = 0.25  # how often the agent looks at the swarm's progress while workers train
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """Where this peer stands in a round: its cohort among the roster's, and whom it expects."""
+
+    round_index: int  # the training step: data stream, sub-networks, learning rate
+    attempt: int  # the swarm-wide averaging attempt (never repeats; a retried step gets a new one)
+    cohort: str
+    cohort_rank: int  # this cohort's position among the round's cohorts (model-parallel shares)
+    num_cohorts: int
+    cohort_size: int
+    roster: tuple[str, ...]  # peer ids online at the start: each of them must contribute
+
+
+@dataclass(frozen=True)
+class Commitments:
+    """What this peer's receipt commits to, taken from the host's gradient before averaging."""
+
+    grad_commitment: str  # digest of the host's gradient numerator
+    grad_sketch: tuple[int, ...]  # a random projection an audit replay is compared with (empty: non-finite)
+    worker_samples: tuple[int, ...]  # samples per worker of this host
+
+
+@dataclass
+class RoundReport:
+    """One round as this peer saw it (a line of ``<data dir>/rounds.jsonl``)."""
+
+    round: int
+    committed: bool
+    samples: int
+    loss: float
+    cohort: str
+    state_digest: str
+    seconds: float
+    contributors: int = 0
+    reason: str = ""
+    phase: str = ""
+    lr: float | None = None
+    swarm_samples: int = 0  # what the whole swarm processed in the round (from the contributors)
+    subnets: list[str] = field(default_factory=list)  # hashes of the sub-networks this peer trained
+    # where this peer's time went: its own mini-batches, the all-reduce stages (which include waiting
+    # in matchmaking for the other peers), and the rest (commit reports, roster, optimizer step)
+    times: dict[str, float] = field(default_factory=dict)
+    # the same split by stage: compute, cohort, cross, broadcast, commit, other
+    stages: dict[str, float] = field(default_factory=dict)
+    attempt: int = -1  # the swarm-wide averaging attempt this round ran in
+
+
+@dataclass
+class RoundContext:
+    """The collaborators of a round, built once by the agent. Callables are the agent's: the round
+    asks for an averager and publishes states without knowing how those are kept."""
+
+    task: TaskSpec
+    train_config: TrainConfig
+    peer_id: str
+    identity: Identity
+    dht: object
+    workers: WorkerPool
+    progress: SwarmProgress
+    announcer: Announcer
+    outbox: ReceiptOutbox
+    display: ProgressDisplay
+    stop: threading.Event  # set by Ctrl-C: close the computation early, finish the round
+    averager_for: Callable[[str], HierarchicalAverager]  # the averager of a cohort (kept across rounds)
+    state_digest: Callable[[], str]  # digest of the state the round starts from
+    state_round: Callable[[], int]  # the round that state is the result of
+    publish_state: Callable[[int, int], None]  # (round, attempt): serve the state just committed
+    seal_receipt: Callable[[ContributionReceipt], bytes | None]  # the wire bytes (None: honest seal)
+    roster_size: int = 0  # peers online in the last round's roster (for the progress display)
+
+
+def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
+    """Train step ``round_index`` in averaging attempt ``attempt``; never raises for a failed round
+    (the report says it aborted and why)."""
+    started = time.perf_counter()
+    plan = plan_round(ctx, round_index, attempt)
+    averager = ctx.averager_for(plan.cohort)
+
+    host, compute_seconds = compute_until_target(ctx, plan)
+    start_digest = ctx.state_digest()
+    commitments = commit_to(ctx.workers, host, ctx.task.seed, round_index)
+
+    outcome = averager.average(
+        plan.attempt,
+        ctx.workers.host_numerator(),
+        host.samples,
+        scale=host.scale,
+        cohort_size=plan.cohort_size,
+        num_cohorts=plan.num_cohorts,
+        state_digest=start_digest,
+        expected_peers=plan.roster,
+    )
+    lr = ctx.workers.apply(round_index, outcome.tensors if outcome.committed else None)
+
+    if outcome.committed and host.samples > 0:
+        receipt = build_receipt(ctx, plan, host, commitments, start_digest, outcome)
+        ctx.outbox.add(receipt, ctx.seal_receipt(receipt))
+    if outcome.committed:
+        ctx.publish_state(round_index, attempt)
+    return _report(ctx, plan, host, outcome, lr, compute_seconds, time.perf_counter() - started)
+
+
+# ------------------------------------------------------------------ the stages, in order
+
+
+def plan_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundPlan:
+    """Read the roster (re-announcing if this peer dropped out of it) and assign cohorts: every peer
+    computes the same assignment from the same roster."""
+    roster = read_roster(ctx.dht, ctx.task.task_id)
+    if ctx.peer_id not in {p.entry.peer_id for p in roster}:
+        ctx.announcer.announce()
+        roster = read_roster(ctx.dht, ctx.task.task_id)
+    ctx.roster_size = len(roster)
+    assignment = assign_cohorts([p.entry for p in roster], ctx.task.params.max_group_size)
+    cohort = assignment.get(ctx.peer_id, f"solo-{ctx.peer_id[-8:]}")
+    cohort_ids = sorted(set(assignment.values()) | {cohort})
+    sizes = cohort_sizes(assignment)
+    return RoundPlan(
+        round_index,
+        attempt,
+        cohort,
+        cohort_ids.index(cohort),
+        len(cohort_ids),
+        sizes.get(cohort, 1),
+        tuple(p.entry.peer_id for p in roster),
+    )
+
+
+def compute_until_target(ctx: RoundContext, plan: RoundPlan) -> tuple[HostContribution, float]:
+    """Let the workers train until the swarm has (projected) processed the round's target number of
+    samples (:mod:`peer.swarm_progress`), or until Ctrl-C; returns the host's contribution and the
+    computation's wall time."""
+    ctx.progress.begin(plan.round_index, plan.cohort, ctx.state_round())
+    ctx.workers.start_compute(Compute(plan.round_index, ctx.task.mode, plan.cohort_rank, plan.num_cohorts))
+    while (host := ctx.workers.computed(timeout=COMPUTE_POLL_SECONDS)) is None:
+        if ctx.workers.stop_flag_raised:
+            continue  # the workers are finishing their mini-batch and reducing
+        estimate = ctx.progress.look(*ctx.workers.progress())
+        ctx.display.computing(
+            plan.round_index, estimate.own, estimate.throughput, estimate.swarm, ctx.progress.target
+        )
+        if ctx.progress.target_reached(estimate) or ctx.stop.is_set():
+            ctx.workers.raise_stop_flag()
+            ctx.display.averaging(plan.round_index)
+    wall = ctx.progress.finish(host.samples, host.loss)
+    ctx.announcer.throughput = ctx.progress.throughput  # what the roster shows of this peer next
+    return host, wall
+
+
+def commit_to(workers: WorkerPool, host: HostContribution, task_seed: int, round_index: int) -> Commitments:
+    """The receipt's commitments to the host's gradient numerator, before averaging overwrites it."""
+    numerator = workers.host_numerator()
+    try:
+        sketch = encode_sketch(contribution_sketch(numerator, host.samples, task_seed, round_index))
+    except ValueError:  # a non-finite gradient: the receipt says so by carrying no sketch
+        sketch = ()
+    return Commitments(digest(numerator), tuple(sketch), workers.worker_samples())
+
+
+def build_receipt(
+    ctx: RoundContext,
+    plan: RoundPlan,
+    host: HostContribution,
+    commitments: Commitments,
+    start_digest: str,
+    outcome: AveragingOutcome,
+) -> ContributionReceipt:
+    """This round's ContributionReceipt: what this peer computed, from which state, in which group."""
+    members = tuple(c.peer for c in outcome.contributors)
+    samples = tuple(c.samples for c in outcome.contributors)
+    task = ctx.task
+    return ContributionReceipt(
+        task_id=task.task_id,
+        round=plan.round_index,
+        peer_id=ctx.peer_id,
+        public_key=ctx.identity.public_key_hex,
+        seq=ctx.outbox.next_seq(),
+        cohort_id=plan.cohort,
+        subnet_hashes=tuple(dict.fromkeys(host.config_hashes)),
+        samples=host.samples,
+        flops_per_sample=max(1, host.train_macs // host.samples),
+        grad_commitment=commitments.grad_commitment,
+        state_digest=start_digest,
+        group_id=averaging_group_id(task.task_id, plan.attempt, members, samples, start_digest),
+        group_members=members,
+        timestamp=int(time.time() * 1000),
+        group_samples=samples,
+        worker_samples=commitments.worker_samples,
+        grad_sketch=commitments.grad_sketch,
+    )
+
+
+def _report(
+    ctx: RoundContext,
+    plan: RoundPlan,
+    host: HostContribution,
+    outcome: AveragingOutcome,
+    lr: float | None,
+    compute_seconds: float,
+    total: float,
+) -> RoundReport:
+    averaging = sum(outcome.seconds.get(k, 0.0) for k in ("cohort", "cross", "broadcast"))
+    stages = {"compute": compute_seconds} | {
+        k: outcome.seconds.get(k, 0.0) for k in ("cohort", "cross", "broadcast", "commit")
+    }
+    stages["other"] = max(0.0, total - sum(stages.values()))
+    return RoundReport(
+        plan.round_index,
+        outcome.committed,
+        host.samples,
+        host.loss,
+        plan.cohort,
+        ctx.state_digest(),
+        total,
+        len(outcome.contributors),
+        outcome.reason,
+        phase=phase_at(plan.round_index, ctx.train_config).name,
+        lr=lr,
+        swarm_samples=sum(c.samples for c in outcome.contributors),
+        subnets=list(host.config_hashes),
+        times=dict(
+            compute=compute_seconds,
+            averaging=averaging,
+            waiting=max(0.0, total - compute_seconds - averaging),
+        ),
+        stages={k: round(v, 4) for k, v in stages.items()},
+        attempt=plan.attempt,
+    )

@@ -1,0 +1,97 @@
+"""How far the swarm is in the current round, and when this peer should stop computing.
+
+Like hivemind's ``ProgressTracker``: every peer publishes its own progress (samples so far, its
+throughput) every :data:`PUBLISH_EVERY` seconds under the task's signed progress key, reads everyone
+else's, and from both *projects* the swarm's total. A round's computation closes when the projected
+total reaches the round's sample target. Projected, because every started mini-batch is finished:
+this peer's running batches count in full, the other peers' (extrapolated by their throughput, see
+:func:`peer.swarm_view.swarm_samples`) half a batch each on average, so the round ends near the
+target instead of a batch per peer past it. A fast peer thus contributes more samples than a slow
+one, and nobody idles for a fixed share.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from peer.swarm_view import ProgressBoard, swarm_samples
+
+logger = logging.getLogger(__name__)
+
+PUBLISH_EVERY = 1.0  # seconds between this peer's progress records while it computes
+
+
+@dataclass(frozen=True)
+class SwarmEstimate:
+    """One look at the round: this host's samples, the others', and the projection that decides."""
+
+    own: float
+    others: float
+    projected: float
+    throughput: float  # this peer's samples/s, as the others extrapolate it
+
+    @property
+    def swarm(self) -> float:
+        return self.own + self.others
+
+
+class SwarmProgress:
+    """This peer's view of the swarm's progress in one round at a time (one thread uses it)."""
+
+    def __init__(self, board: ProgressBoard, peer_id: str, batch_size: int, devices: int, target: int):
+        self.board, self.peer_id = board, peer_id
+        self.batch_size, self.devices, self.target = batch_size, devices, target
+        self.throughput = 0.0  # samples/s over the last round's computation (0: none measured yet)
+        self._finished: tuple[int, int, float] | None = None  # (round, samples, loss) last computed
+        self._round, self._cohort, self._state_round = -1, "", -1
+        self._started = 0.0
+        self._next_publish = 0.0
+
+    def begin(self, round_index: int, cohort: str, state_round: int) -> None:
+        self._round, self._cohort, self._state_round = round_index, cohort, state_round
+        self._started = time.perf_counter()
+        self._next_publish = 0.0
+
+    def look(self, samples: float, loss_sum: float) -> SwarmEstimate:
+        """Publish this host's ``samples`` (at most every :data:`PUBLISH_EVERY` s) and project the swarm's
+        total from everyone's latest records."""
+        elapsed = time.perf_counter() - self._started
+        # Only finished mini-batches are counted, so the rate within this round lags behind at first:
+        # the last round's rate is the better figure once there is one.
+        rate = self.throughput or samples / max(elapsed, 1e-6)
+        if time.perf_counter() >= self._next_publish:
+            self._next_publish = time.perf_counter() + PUBLISH_EVERY
+            self._publish(samples, rate, loss_sum)
+        others, other_peers = swarm_samples(
+            self.board.read(), self._round, int(time.time() * 1000), self.peer_id
+        )
+        projected = samples + self.devices * self.batch_size + others + other_peers * self.batch_size / 2
+        return SwarmEstimate(samples, others, projected, rate)
+
+    def target_reached(self, estimate: SwarmEstimate) -> bool:
+        return estimate.projected >= self.target
+
+    def finish(self, samples: int, loss: float) -> float:
+        """The round's computation is over: measure this peer's throughput, publish the final count.
+        Returns the computation's wall time."""
+        wall = time.perf_counter() - self._started
+        self.throughput = samples / max(wall, 1e-6)
+        self._finished = (self._round, int(samples), float(loss))
+        self._publish(samples, self.throughput, loss * samples)
+        return wall
+
+    def _publish(self, samples: float, throughput: float, loss_sum: float) -> None:
+        try:
+            self.board.publish(
+                self._round,
+                int(samples),
+                throughput,
+                loss_sum / samples if samples else 0.0,
+                self._cohort,
+                self._state_round,
+                self._finished,
+            )
+        except Exception as e:  # a transient DHT failure: the next report retries
+            logger.debug(f"progress report failed: {e}")

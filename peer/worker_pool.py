@@ -1,0 +1,176 @@
+"""The agent's side of its workers: one process per device, started, asked and stopped here.
+
+The workers are spawned (never forked: the agent forks hivemind's processes, and a CUDA context
+must not be inherited) and share :class:`~peer.worker_protocol.SharedBuffers` with the agent. This is
+the only agent-side code that speaks :mod:`peer.worker_protocol`; a round sees typed methods.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Sequence
+
+import torch
+
+from peer.devices import WorkerDevice
+from peer.worker import WorkerSpec, default_threads, worker_main
+from peer.worker_protocol import (
+    Applied,
+    Apply,
+    Compute,
+    HostContribution,
+    Load,
+    Loaded,
+    SharedBuffers,
+    Stop,
+    WorkerFailed,
+)
+
+POLL_SECONDS = 0.05
+STOP_GRACE_SECONDS = 10.0
+
+
+class WorkerDied(RuntimeError):
+    """A worker process ended or reported a failure; the peer cannot go on with this round."""
+
+
+class WorkerPool:
+    """One worker per device, all of one host, acting as one: every request goes to every worker
+    and is complete when every worker has answered (rank 0 answers for the host)."""
+
+    def __init__(
+        self,
+        devices: Sequence[WorkerDevice],
+        shared: SharedBuffers,
+        *,
+        task_name: str,
+        task_seed: int,
+        participant_prefix: str,
+        train_options: dict,
+    ):
+        self.shared = shared
+        self._workers: list[tuple[torch.multiprocessing.Process, object]] = []
+        ctx = torch.multiprocessing.get_context("spawn")
+        port = _free_port()
+        threads = default_threads(len(devices))
+        for rank, device in enumerate(devices):
+            parent, child = ctx.Pipe()
+            spec = WorkerSpec(
+                rank,
+                len(devices),
+                device.torch_device,
+                port,
+                task_name,
+                task_seed,
+                f"{participant_prefix}/{rank}",
+                train_options,
+                threads,
+            )
+            proc = ctx.Process(target=worker_main, args=(spec, child, shared), daemon=True)
+            proc.start()
+            self._workers.append((proc, parent))
+
+    @property
+    def size(self) -> int:
+        return len(self._workers)
+
+    # ------------------------------------------------------------------ the round's requests
+
+    def start_compute(self, request: Compute) -> None:
+        """Start the round's computation; poll :meth:`computed` while deciding when to stop it."""
+        self.shared.stop.zero_()
+        self.shared.progress.zero_()
+        self._send(request)
+
+    def raise_stop_flag(self) -> None:
+        """The swarm has (or will have) enough samples: workers finish their mini-batch and reduce."""
+        self.shared.stop[0] = 1
+
+    @property
+    def stop_flag_raised(self) -> bool:
+        return bool(int(self.shared.stop[0]))
+
+    def progress(self) -> tuple[float, float]:
+        """Samples and loss sum over every worker so far in this round (finished mini-batches)."""
+        samples, loss_sum, _ = (float(x) for x in self.shared.progress.sum(dim=0))
+        return samples, loss_sum
+
+    def worker_samples(self) -> tuple[int, ...]:
+        """Each worker's sample count this round (what the receipt lists)."""
+        return tuple(int(x) for x in self.shared.progress[:, 0].tolist())
+
+    def computed(self, timeout: float) -> HostContribution | None:
+        """The host's contribution once every worker has reduced; None if still busy after ``timeout``."""
+        replies = self._replies(timeout)
+        return None if replies is None else _only(replies, HostContribution)
+
+    def host_numerator(self) -> list[torch.Tensor]:
+        """After :meth:`computed`: the host's gradient numerator (the shared buffer itself)."""
+        return self.shared.grads
+
+    def apply(self, round_index: int, swarm_average: Sequence[torch.Tensor] | None) -> float | None:
+        """Take the round's optimizer step from ``swarm_average`` (None: the round aborted, no step);
+        returns the step's learning rate."""
+        if swarm_average is not None:
+            for dst, src in zip(self.shared.grads, swarm_average):
+                dst.copy_(src)
+        self._send(Apply(round_index, swarm_average is not None))
+        return _only(self._replies(None), Applied).lr
+
+    def load(self, state: Sequence[torch.Tensor]) -> None:
+        """Make ``state`` every worker's model and optimizer state."""
+        for dst, src in zip(self.shared.state, state):
+            dst.copy_(src)
+        self._send(Load())
+        _only(self._replies(None), Loaded)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _send(self, request) -> None:
+        for _, conn in self._workers:
+            conn.send(request)
+
+    def _replies(self, timeout: float | None) -> list | None:
+        """Every worker's reply to the last request; None if one is still busy after ``timeout`` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        replies = []
+        for proc, conn in self._workers:
+            while not conn.poll(POLL_SECONDS):
+                if not proc.is_alive():
+                    raise WorkerDied(f"worker {proc.pid} died (exit code {proc.exitcode})")
+                if deadline is not None and time.monotonic() > deadline:
+                    return None
+            replies.append(conn.recv())
+        for reply in replies:
+            if isinstance(reply, WorkerFailed):
+                raise WorkerDied(f"worker failed: {reply.message}")
+        return replies
+
+    def stop(self) -> None:
+        """Ask every worker to leave, kill what has not within the grace (bounded)."""
+        for _proc, conn in self._workers:
+            try:
+                conn.send(Stop())
+            except OSError:
+                pass
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        for proc, _ in self._workers:
+            proc.join(timeout=max(0.1, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+
+
+def _only(replies: list, kind: type):
+    """Rank 0's reply, after checking every worker answered with ``kind``."""
+    for reply in replies:
+        if not isinstance(reply, kind):
+            raise WorkerDied(f"a worker answered {type(reply).__name__} instead of {kind.__name__}")
+    return replies[0]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
