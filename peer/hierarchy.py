@@ -35,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -50,6 +50,9 @@ logger = logging.getLogger(__name__)
 # Parts of 4 MiB instead of hivemind's 512 KiB: 8x fewer messages to serialise and stream per
 # all-reduce, which is what dominates on fast links (measured in benchmarks/averaging_bench.py).
 PART_SIZE_BYTES = 4 * 2**20
+# A leaving peer looks for its group this many matchmaking periods before it gives up: partners who are
+# there find each other within one (groups form when full, else after the matchmaking time).
+LEAVING_GRACE_FACTOR = 3
 
 
 @dataclass(frozen=True)
@@ -177,8 +180,12 @@ class HierarchicalAverager:
         timeouts: AveragingTimeouts = AveragingTimeouts(),
         client_mode: bool = False,
         commit_board: CommitBoard | None = None,
+        leaving: Callable[[], bool] = lambda: False,
     ):
         self.dht, self.run_id, self.cohort, self.timeouts = dht, run_id, cohort, timeouts
+        # Ctrl-C: the round goes on while its group forms or runs, but a peer that is leaving does not
+        # wait out the whole step timeout for partners who are not there (they left before it).
+        self.leaving = leaving
         self.per_cohort = per_cohort
         self.client_mode = client_mode
         self.peer_id = peer_id(dht)
@@ -344,7 +351,8 @@ class HierarchicalAverager:
             averager.set_target_group_size(size)
             self._sizes[name] = size
         averager.set_group_bits(_round_bits(attempt, stage))
-        deadline = time.monotonic() + self.timeouts.step
+        started = time.monotonic()
+        deadline = started + self.timeouts.step
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0.5:
@@ -361,10 +369,25 @@ class HierarchicalAverager:
                     if failed:
                         control.cancel()
                         raise RoundAborted(f"{name} stage abandoned: {', '.join(failed)} aborted the round")
+                    if (
+                        self.leaving()
+                        and time.monotonic() - started > LEAVING_GRACE_FACTOR * self.timeouts.matchmaking
+                    ):
+                        control.cancel()
+                        raise RoundAborted(
+                            f"{name} stage abandoned: this peer is leaving and no group formed"
+                        )
             try:
                 gathered = control.result()
                 break
             except Exception as e:
+                if (
+                    self.leaving()
+                    and time.monotonic() - started > LEAVING_GRACE_FACTOR * self.timeouts.matchmaking
+                ):
+                    raise RoundAborted(
+                        f"{name} stage abandoned: this peer is leaving and no group formed"
+                    ) from e
                 if "could not find a group" in str(e) and deadline - time.monotonic() > 0.5:
                     continue  # nobody to meet yet: look again with the time that is left
                 raise RoundAborted(f"{name} stage failed: {type(e).__name__}: {e}") from e

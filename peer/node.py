@@ -275,6 +275,8 @@ class PeerNode:
             if report.committed:
                 self.state_round = report.round
                 committed, failed_in_a_row = committed + 1, 0
+            elif self._stop.is_set():
+                break  # leaving: no point catching up with a swarm this peer is about to leave
             else:
                 failed_in_a_row += 1
                 self.catch_up()  # repairs divergence and brings us to the swarm's round
@@ -305,6 +307,7 @@ class PeerNode:
             cross_fp16=task.params.cross_cohort_fp16,
             per_cohort=task.mode == "model",
             commit_board=SignedCommitBoard(self.dht, task.task_id, self.identity, self.peer_id),
+            leaving=self._stop.is_set,
         )
         self._reclaim_signals()
         return self._averager

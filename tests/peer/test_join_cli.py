@@ -119,15 +119,19 @@ class Swarm:
             time.sleep(0.5)
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        """Peers first, then the aggregator, as an operator would: a leaving peer delivers its last
+        receipts to the aggregator instead of retrying an aggregator that is gone."""
+        peers = [n for n in self.procs if n != "aggregator"]
+        for group in (peers, ["aggregator"]):
+            for name in group:
+                if self.procs[name].poll() is None:
+                    self.procs[name].send_signal(signal.SIGTERM)
+            for name in group:
+                try:
+                    self.procs[name].wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    self.procs[name].kill()
+                    self.procs[name].wait(5)
 
 
 @pytest.fixture
