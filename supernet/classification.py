@@ -24,6 +24,7 @@ from torch import nn
 
 from supernet.config import RandomLike, SearchSpace, SubnetConfig
 from supernet.elastic import (
+    ElasticConv2d,
     ElasticUnit,
     Permutation,
     conv_output_size,
@@ -130,15 +131,34 @@ class ClassificationSupernet(nn.Module):
         )
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(self.head_channels, num_classes)
-        for m in [*self.stem.modules(), *self.head.modules()]:
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out")
-        nn.init.normal_(self.classifier.weight, 0, 0.01)
-        nn.init.zeros_(self.classifier.bias)
+        self.reset_parameters()
         self.active: SubnetConfig = space.largest()
         # Run activations in channels-last memory format (parameters stay contiguous): on CPU the
         # depthwise-convolution backward is several times faster. Numerically the same network.
         self.channels_last = True
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """The initial weights, drawn from ``generator`` (``None``: torch's global one, as a plain
+        constructor does; :func:`supernet.training.build_supernet` passes one seeded by the config).
+
+        Convolutions He-normal (fan-out), batch norms scale 1 (0 for the last BN of residual blocks)
+        and shift 0 with fresh statistics, the classifier N(0, 0.01²) with zero bias, kernel
+        transformations the identity. Modules are visited in registration order, so the same
+        generator state always gives the same weights."""
+        for m in self.modules():
+            if isinstance(m, ElasticConv2d):
+                m.reset_parameters(generator)
+            elif isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", generator=generator)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.reset_parameters()
+            elif isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0.0, 0.01, generator=generator)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
 
     # ---- configs --------------------------------------------------------------------------------
     def largest_config(self) -> SubnetConfig:

@@ -157,16 +157,27 @@ class ElasticConv2d(nn.Module):
         self.kernel_transform = bool(kernel_transform) and len(sizes) > 1
         k = self.max_kernel
         self.weight = nn.Parameter(torch.empty(out_channels, 1 if depthwise else in_channels, k, k))
-        nn.init.kaiming_normal_(self.weight, mode="fan_out")
         if bias:
-            self.bias = nn.Parameter(torch.zeros(out_channels))
+            self.bias = nn.Parameter(torch.empty(out_channels))
         else:
             self.register_parameter("bias", None)
         self.kernel_transforms = nn.ParameterDict()
         if self.kernel_transform:
             chain = sizes[::-1]
             for big, small in pairwise(chain):
-                self.kernel_transforms[f"{big}to{small}"] = nn.Parameter(torch.eye(small * small))
+                taps = small * small
+                self.kernel_transforms[f"{big}to{small}"] = nn.Parameter(torch.empty(taps, taps))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """He-normal weight (fan-out), zero bias, identity kernel transformations; the weight is drawn
+        from ``generator`` (``None``: torch's global generator, as torch's own layers do)."""
+        nn.init.kaiming_normal_(self.weight, mode="fan_out", generator=generator)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+        for matrix in self.kernel_transforms.values():
+            nn.init.eye_(matrix)
 
     # ---- helpers --------------------------------------------------------------------------------
     def _chain(self, kernel_size: int) -> list[int]:
@@ -252,7 +263,9 @@ class ElasticConv2d(nn.Module):
             padding=k // 2,
             groups=in_channels if self.depthwise else 1,
             bias=self.bias is not None,
-        )
+            device="meta",  # no initial draws from torch's global generator: the weights are copied
+            dtype=weight.dtype,
+        ).to_empty(device=weight.device)
         conv.weight.copy_(weight)
         if self.bias is not None:
             conv.bias.copy_(self.bias[:out_channels])
@@ -325,7 +338,19 @@ class ElasticBatchNorm2d(nn.BatchNorm2d):
 
     All sub-networks share (and in training mode update) one set of running statistics, so they are
     only meaningful after :func:`supernet.recalibrate_bn` for the sub-network to be evaluated.
+    ``zero_init``: the scale starts at 0 rather than 1 (the last BN of a residual block).
     """
+
+    def __init__(self, num_features: int, *, zero_init: bool = False, **kwargs) -> None:
+        super().__init__(num_features, **kwargs)
+        self.zero_init = bool(zero_init)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Fresh statistics, shift 0, scale 1 (0 with ``zero_init``); nothing random."""
+        super().reset_parameters()
+        if self.affine and getattr(self, "zero_init", False):  # BatchNorm2d.__init__ calls this first
+            nn.init.zeros_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         channels = x.shape[1]
@@ -383,7 +408,9 @@ class ElasticLinear(nn.Linear):
     @torch.no_grad()
     def export(self, in_features: int, out_features: int | None = None) -> nn.Linear:
         out_features = self.out_features if out_features is None else out_features
-        linear = nn.Linear(in_features, out_features, bias=self.bias is not None)
+        linear = nn.Linear(  # on meta: no draws from torch's global generator, the weights are copied
+            in_features, out_features, bias=self.bias is not None, device="meta", dtype=self.weight.dtype
+        ).to_empty(device=self.weight.device)
         linear.weight.copy_(self.weight[:out_features, :in_features])
         if self.bias is not None:
             linear.bias.copy_(self.bias[:out_features])
@@ -447,11 +474,9 @@ class ElasticMBConv(nn.Module):
         )
         self.depthwise_bn = ElasticBatchNorm2d(mid)
         self.project_conv = ElasticConv2d(mid, out_channels)
-        self.project_bn = ElasticBatchNorm2d(out_channels)
-        self.act = make_activation(activation)
         self.residual = self.stride == 1 and self.in_channels == self.out_channels
-        if self.residual and zero_init_residual:
-            nn.init.zeros_(self.project_bn.weight)
+        self.project_bn = ElasticBatchNorm2d(out_channels, zero_init=self.residual and zero_init_residual)
+        self.act = make_activation(activation)
 
     def _mid(self, expand_ratio: float) -> int:
         return make_divisible(self.in_channels * expand_ratio, self.channel_divisor)

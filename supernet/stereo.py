@@ -46,6 +46,7 @@ from torch import nn
 from supernet.bn import recalibrate_bn
 from supernet.config import RandomLike, SearchSpace, SubnetConfig, make_rng
 from supernet.elastic import (
+    ElasticConv2d,
     ElasticUnit,
     Masks,
     Permutation,
@@ -54,6 +55,7 @@ from supernet.elastic import (
     prefix_masks,
 )
 from supernet.export import make_activation
+from supernet.init import torch_default_
 
 __all__ = [
     "StereoSupernet",
@@ -318,6 +320,23 @@ class StereoSupernet(nn.Module):
         self.redir = _conv_bn_act(widths[2], self.redir_channels, 1, activation)
         self.decoder = StereoDecoder(widths[5], skips, self.decoder_channels, self.disparity_scale)
         self.active = self.space.largest()
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """The initial weights, drawn from ``generator`` (``None``: torch's global one; see
+        :mod:`supernet.init` for why :func:`supernet.stereo_training.build_stereo_supernet` passes one).
+
+        The elastic convolutions He-normal (fan-out) with identity kernel transformations, batch
+        norms scale 1 (0 for the last BN of residual blocks) and shift 0, the plain convolutions of
+        stem, redirection and decoder torch's defaults; in registration order, so the same generator
+        state always gives the same weights."""
+        for m in self.modules():
+            if isinstance(m, ElasticConv2d):
+                m.reset_parameters(generator)
+            elif isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.reset_parameters()
+            elif isinstance(m, (nn.modules.conv._ConvNd, nn.Linear)):
+                torch_default_(m, generator)
 
     # ---- configs ----------------------------------------------------------------------------------
     def sample_config(self, rng: RandomLike) -> SubnetConfig:

@@ -35,6 +35,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from supernet.config import SubnetConfig, derive_seed
+from supernet.init import build_initialised
 from supernet.stereo import StereoSupernet
 from supernet.training import (
     TrainConfig,
@@ -111,10 +112,12 @@ class StereoTrainConfig(TrainConfig):
 
 
 def build_stereo_supernet(cfg: StereoTrainConfig) -> StereoSupernet:
-    """The stereo supernet ``cfg`` describes, initial weights fixed by ``cfg.seed`` (global RNG untouched)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derive_seed("init", cfg.seed) % (2**63))
-        net = StereoSupernet(
+    """The stereo supernet ``cfg`` describes, initial weights drawn from a generator seeded by
+    ``cfg.seed`` (:func:`supernet.init.build_initialised`: torch's global generator is neither read
+    nor advanced, so builds in concurrent threads give the same weights)."""
+    generator = torch.Generator().manual_seed(derive_seed("init", cfg.seed) % (2**63))
+    net = build_initialised(
+        lambda: StereoSupernet(
             cfg.space(),
             widths=cfg.unit_channels,
             stem_channels=cfg.stem_channels,
@@ -123,7 +126,9 @@ def build_stereo_supernet(cfg: StereoTrainConfig) -> StereoSupernet:
             activation=cfg.activation,
             channel_divisor=cfg.channel_divisor,
             kernel_transform=cfg.kernel_transform,
-        )
+        ),
+        generator,
+    )
     net = net.to(cfg.device)
     if cfg.channels_last:
         net = net.to(memory_format=torch.channels_last)

@@ -53,6 +53,7 @@ from supernet.bn import recalibrate_bn
 from supernet.classification import DEFAULT_ACTIVATIONS, DEFAULT_UNIT_CHANNELS, ClassificationSupernet
 from supernet.config import SearchSpace, SubnetConfig, derive_seed, sandwich_configs
 from supernet.flops import training_flops_per_sample
+from supernet.init import build_initialised
 from tasks import get_task
 from tasks.sharding import shard_indices
 
@@ -311,10 +312,12 @@ def maybe_sort_channels(
 
 
 def build_supernet(cfg: TrainConfig, num_classes: int, in_channels: int) -> ClassificationSupernet:
-    """The supernet ``cfg`` describes, with initial weights fixed by ``cfg.seed`` (global RNG untouched)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derive_seed("init", cfg.seed) % (2**63))
-        net = ClassificationSupernet(
+    """The supernet ``cfg`` describes, with initial weights drawn from a generator seeded by
+    ``cfg.seed`` (:func:`supernet.init.build_initialised`: torch's global generator is neither read
+    nor advanced, so builds in concurrent threads give the same weights)."""
+    generator = torch.Generator().manual_seed(derive_seed("init", cfg.seed) % (2**63))
+    net = build_initialised(
+        lambda: ClassificationSupernet(
             num_classes,
             in_channels,
             cfg.space(),
@@ -327,7 +330,9 @@ def build_supernet(cfg: TrainConfig, num_classes: int, in_channels: int) -> Clas
             stem_stride=cfg.stem_stride,
             dropout=cfg.dropout,
             kernel_transform=cfg.kernel_transform,
-        )
+        ),
+        generator,
+    )
     return net.to(cfg.device)
 
 

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from supernet.config import SearchSpace, SubnetConfig, derive_seed
+from supernet.init import build_initialised, reset_torch_defaults
 
 __all__ = ["AccuracyPredictor", "PredictorEvaluator", "encode", "fit_with_holdout"]
 
@@ -42,22 +43,25 @@ def encode(cfg: SubnetConfig, space: SearchSpace) -> list[float]:
 class AccuracyPredictor:
     """MLP (``layers`` hidden layers of ``hidden`` units, ReLU) regressing the metric from the encoding.
 
-    Targets are standardised for training; training is full-batch AdamW with a fixed seed (in a forked
-    RNG: global state untouched), so the same data gives the same predictor.
+    Targets are standardised for training; training is full-batch AdamW from initial weights drawn
+    from a generator seeded by ``seed`` (torch's global generator is not used: a search may run in a
+    thread beside others), so the same data gives the same predictor.
     """
 
     def __init__(self, space: SearchSpace, hidden: int = 128, layers: int = 2, seed: int = 0) -> None:
         self.space = space
         dim = len(encode(space.largest(), space))
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed("predictor", seed) % (2**63))
+        def mlp() -> nn.Sequential:
             modules: list[nn.Module] = []
             width = dim
             for _ in range(layers):
                 modules += [nn.Linear(width, hidden), nn.ReLU()]
                 width = hidden
             modules.append(nn.Linear(width, 1))
-            self.model = nn.Sequential(*modules)
+            return nn.Sequential(*modules)
+
+        generator = torch.Generator().manual_seed(derive_seed("predictor", seed) % (2**63))
+        self.model = build_initialised(mlp, generator, reset_torch_defaults)
         self.mean, self.std = 0.0, 1.0
         self.seed = seed
 
