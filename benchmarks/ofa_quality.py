@@ -31,7 +31,6 @@ from supernet import save_torchscript
 from supernet.training import (
     TrainConfig,
     accumulate_gradients,
-    batch_for_step,
     build_supernet,
     evaluate,
     evaluate_subnets,
@@ -40,6 +39,7 @@ from supernet.training import (
     recalibrate_for_evaluation,
     step_configs,
     train,
+    training_batch,
 )
 from tasks import get_task, shard_indices
 
@@ -56,13 +56,15 @@ def seconds_per_step(cfg: TrainConfig, task, steps: int = 5) -> float:
     of a throw-away supernet with the same settings."""
     net = build_supernet(cfg, task.num_classes, task.input_size[0])
     optimizer = make_optimizer(net, cfg)
+    generator = torch.Generator().manual_seed(cfg.seed)  # augmentation draws, as train() makes them
     started = 0.0
     for step in range(steps + 1):
         if step == 1:
             started = time.perf_counter()  # step 0 is a warm-up
         indices = shard_indices(len(task.train_set), cfg.seed, step, ["probe"], "probe", cfg.batch_size)
-        inputs, targets = batch_for_step(task.train_set, indices)
-        accumulate_gradients(net, inputs, targets, step_configs(net, step, cfg), cfg, task.loss)
+        inputs, targets = training_batch(task, indices, generator)
+        configs = step_configs(net, step, cfg)
+        accumulate_gradients(net, inputs, targets, configs, cfg, task.loss, generator=generator)
         optimizer_step(net, optimizer, step, cfg)
     return (time.perf_counter() - started) / steps
 

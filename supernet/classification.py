@@ -12,6 +12,12 @@ Layout (MobileNetV3-like, sized for small images by default)::
 ``forward`` returns logits in training mode (what the losses take) and softmax probabilities per class
 in eval mode (the inference output, as the exported model does); ``logits(x)`` always returns logits.
 The active sub-network is chosen with :meth:`set_active` (default: the largest).
+
+Randomness comes only from explicit ``torch.Generator`` arguments, never from torch's global
+generator, which all threads of a process share (an audit replaying a peer's gradient in one thread
+of the aggregator must not see another thread's draws): :meth:`reset_parameters` draws the initial
+weights from one, and the dropout mask is drawn from the ``generator`` given to :meth:`logits` /
+:meth:`forward` for that one computation (the module holds none, so threads never share one).
 """
 
 from __future__ import annotations
@@ -43,6 +49,13 @@ DEFAULT_UNIT_CHANNELS = (24, 40, 80, 112, 160)
 DEFAULT_ACTIVATIONS = ("relu", "relu", "hswish", "hswish", "hswish")
 
 
+def _dropout(x: torch.Tensor, p: float, generator: torch.Generator) -> torch.Tensor:
+    """Inverted dropout (what ``nn.Dropout`` computes) with the keep-mask drawn from ``generator``
+    on the CPU, so it is the same on every device."""
+    keep = torch.rand(x.shape, generator=generator) >= p
+    return x * keep.to(device=x.device, dtype=x.dtype) / (1.0 - p)
+
+
 class ClassificationSupernet(nn.Module):
     """A once-for-all classification supernet with ``space.num_units`` (default 5) elastic units.
 
@@ -56,7 +69,8 @@ class ClassificationSupernet(nn.Module):
         activations: one per unit (``relu``, ``relu6``, ``hswish``, ``silu``); the stem uses the first,
             the head the last.
         stem_stride: 1 for 32×32 inputs (5 stride-2 units bring them to 1×1), 2 for ImageNet sizes.
-        dropout: before the classifier, training only.
+        dropout: before the classifier, training only, with its mask drawn from the ``generator``
+            passed to :meth:`logits` (no generator: no dropout; see :meth:`logits`).
         kernel_transform: learned kernel-transformation matrices (True) or plain centre crops.
     """
 
@@ -129,7 +143,9 @@ class ClassificationSupernet(nn.Module):
             nn.BatchNorm2d(self.head_channels),
             make_activation(self.activations[-1]),
         )
-        self.dropout = nn.Dropout(dropout)
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout: {dropout} is not in [0, 1)")
+        self.dropout = float(dropout)
         self.classifier = nn.Linear(self.head_channels, num_classes)
         self.reset_parameters()
         self.active: SubnetConfig = space.largest()
@@ -180,7 +196,11 @@ class ClassificationSupernet(nn.Module):
         return zip(self.units, cfg.depths, cfg.kernel_sizes, cfg.expand_ratios, strict=True)
 
     # ---- forward --------------------------------------------------------------------------------
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
+    def logits(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Logits of the active sub-network. In training mode with ``dropout > 0``, the dropout mask
+        comes from ``generator`` (a CPU generator, per computation); without one no dropout is
+        applied: the forward passes that give none (BN recalibration) only need the batch-norm
+        statistics, all of which lie before the dropout."""
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         x = self.stem(x)
@@ -190,11 +210,13 @@ class ClassificationSupernet(nn.Module):
             x = unit(x, depth, kernels, expands)
         x = self.head(x)
         x = torch.flatten(torch.mean(x, dim=(2, 3)), 1)
-        return self.classifier(self.dropout(x))
+        if self.training and self.dropout > 0.0 and generator is not None:
+            x = _dropout(x, self.dropout, generator)
+        return self.classifier(x)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits in training mode, softmax probabilities in eval mode."""
-        logits = self.logits(x)
+    def forward(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Logits in training mode, softmax probabilities in eval mode (``generator``: see :meth:`logits`)."""
+        logits = self.logits(x, generator)
         return logits if self.training else torch.softmax(logits, dim=1)
 
     # ---- export ---------------------------------------------------------------------------------

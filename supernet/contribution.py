@@ -6,6 +6,11 @@ These are the steps a receipt commits to: a worker's deterministic sample stream
 the round's sub-networks, per-sample gradient sums, and the sketch of the mean gradient
 (:mod:`supernet.sketch`). They used to be written out twice (``peer/worker.py`` and
 ``aggregator/audits.py``): if the two copies drift, honest peers get revoked. Now there is one.
+
+The random draws (augmentation, dropout) come from one ``torch.Generator`` that
+:func:`compute_contribution` seeds from :func:`tasks.sharding.augmentation_seed` and passes down,
+never from torch's global generator: a spot audit replaying a peer's gradient in one thread of the
+aggregator gets the same numbers whatever other threads draw meanwhile.
 """
 
 from __future__ import annotations
@@ -45,16 +50,21 @@ def compute_contribution(
     on_batch: Callable[[int, float, int], None] | None = None,
 ) -> WorkerContribution:
     """Mini-batches of ``participant``'s stream for ``round_index`` while ``go_on(samples so far)``
-    (at least one). ``on_batch(samples, loss_sum, macs)`` after each, for progress reports."""
+    (at least one). ``on_batch(samples, loss_sum, macs)`` after each, for progress reports.
+
+    The mini-batches' augmentation and dropout are drawn from a generator of this call's own, seeded
+    by ``(task_seed, round_index, participant)``: the peer and its auditor draw the same, in any
+    thread."""
     params = list(net.parameters())
-    torch.manual_seed(augmentation_seed(task_seed, round_index, participant))  # augmentation draws
+    generator = torch.Generator().manual_seed(augmentation_seed(task_seed, round_index, participant))
     stream = SampleStream(len(workload.task.train_set), task_seed, round_index, participant)
     numerator = [torch.zeros_like(p) for p in params]
     loss_sum, samples, macs = 0.0, 0, 0
     started = time.perf_counter()
     while samples == 0 or go_on(samples):
         indices = stream.take(workload.cfg.batch_size)
-        stats = workload.accumulate(net, workload.batch(indices), configs, device)
+        batch = workload.batch(indices, generator)
+        stats = workload.accumulate(net, batch, configs, device, generator)
         for acc, p in zip(numerator, params):
             acc.add_(p.grad, alpha=len(indices))  # the batch's per-sample gradient sum
         loss_sum += stats["loss"] * len(indices)

@@ -198,7 +198,8 @@ def evaluate_stereo(
     was_training = model.training
     model.eval()
     metrics = StereoMetrics()
-    for batch in DataLoader(dataset, batch_size=batch_size):
+    # An own generator: a DataLoader draws a (here unused) worker seed, from the global one otherwise.
+    for batch in DataLoader(dataset, batch_size=batch_size, generator=torch.Generator()):
         batch = _to(batch, torch.device(device), channels_last)
         metrics.update(model(batch["left"], batch["right"]), batch["disparity"], batch["valid"])
     model.train(was_training)
@@ -259,7 +260,7 @@ def mean_disparity_baseline(task, batches: int = 32, batch_size: int = 8) -> dic
         count += int(batch["valid"].sum())
     mean = total / max(count, 1)
     metrics = StereoMetrics()
-    for batch in DataLoader(task.val_set, batch_size=16):
+    for batch in DataLoader(task.val_set, batch_size=16, generator=torch.Generator()):
         metrics.update(torch.full_like(batch["disparity"], mean), batch["disparity"], batch["valid"])
     return {"mean_disparity": mean, **metrics.compute()}
 
@@ -291,42 +292,40 @@ def train_stereo(
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed("data", cfg.seed) % (2**63))
-            net = build_stereo_supernet(cfg)
-            optimizer = make_optimizer(net, cfg)
-            loss = MultiScaleLoss(cfg.scale_weights, cfg.loss_kind)
-            history, evaluations, total_macs = [], [], 0
-            started = time.perf_counter()
-            for step in range(cfg.total_steps):
-                if max_seconds is not None and time.perf_counter() - started > max_seconds:
-                    say(f"time limit {max_seconds:.0f}s reached after {step} of {cfg.total_steps} steps")
-                    break
-                if maybe_sort_channels(net, step, cfg, optimizer):
-                    say(f"step {step}: sorted channels by importance ({phase_at(step, cfg).name} phase)")
-                indices = shard_indices(
-                    len(task.train_set), cfg.seed, step, [participant], participant, cfg.batch_size
+        net = build_stereo_supernet(cfg)
+        optimizer = make_optimizer(net, cfg)
+        loss = MultiScaleLoss(cfg.scale_weights, cfg.loss_kind)
+        history, evaluations, total_macs = [], [], 0
+        started = time.perf_counter()
+        for step in range(cfg.total_steps):
+            if max_seconds is not None and time.perf_counter() - started > max_seconds:
+                say(f"time limit {max_seconds:.0f}s reached after {step} of {cfg.total_steps} steps")
+                break
+            if maybe_sort_channels(net, step, cfg, optimizer):
+                say(f"step {step}: sorted channels by importance ({phase_at(step, cfg).name} phase)")
+            indices = shard_indices(
+                len(task.train_set), cfg.seed, step, [participant], participant, cfg.batch_size
+            )
+            batch = stereo_batch(task.train_set, indices)
+            stats = accumulate_stereo_gradients(net, batch, step_configs(net, step, cfg), cfg, loss)
+            if not math.isfinite(stats["loss"]):
+                raise FloatingPointError(
+                    f"step {step}: loss is {stats['loss']} (lower lr or clip gradients)"
                 )
-                batch = stereo_batch(task.train_set, indices)
-                stats = accumulate_stereo_gradients(net, batch, step_configs(net, step, cfg), cfg, loss)
-                if not math.isfinite(stats["loss"]):
-                    raise FloatingPointError(
-                        f"step {step}: loss is {stats['loss']} (lower lr or clip gradients)"
-                    )
-                lr = optimizer_step(net, optimizer, step, cfg)
-                total_macs += stats["train_macs"]
-                elapsed = time.perf_counter() - started
-                history.append({"step": step, "loss": stats["loss"], "lr": lr, "seconds": elapsed})
-                if cfg.log_every and (step + 1) % cfg.log_every == 0:
-                    say(
-                        f"step {step + 1}/{cfg.total_steps} loss {stats['loss']:.4f} lr {lr:.5f} {elapsed:.0f}s"
-                    )
-                if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.total_steps:
-                    rows = evaluate_stereo_subnets(net, task, cfg)
-                    evaluations.append((step + 1, rows))
-                    say(f"step {step + 1}: {_format(rows)}")
-            seconds = time.perf_counter() - started
-            final = evaluate_stereo_subnets(net, task, cfg) if final_eval else []
+            lr = optimizer_step(net, optimizer, step, cfg)
+            total_macs += stats["train_macs"]
+            elapsed = time.perf_counter() - started
+            history.append({"step": step, "loss": stats["loss"], "lr": lr, "seconds": elapsed})
+            if cfg.log_every and (step + 1) % cfg.log_every == 0:
+                say(
+                    f"step {step + 1}/{cfg.total_steps} loss {stats['loss']:.4f} lr {lr:.5f} {elapsed:.0f}s"
+                )
+            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.total_steps:
+                rows = evaluate_stereo_subnets(net, task, cfg)
+                evaluations.append((step + 1, rows))
+                say(f"step {step + 1}: {_format(rows)}")
+        seconds = time.perf_counter() - started
+        final = evaluate_stereo_subnets(net, task, cfg) if final_eval else []
     finally:
         torch.set_num_threads(previous_threads)
     if final:

@@ -31,8 +31,11 @@ over ``total_steps``. **Evaluation**: largest, smallest and a few random sub-net
 recalibration on training batches.
 
 Determinism: sub-networks come from :func:`supernet.config.sandwich_configs` (hash of the seed and the
-step); initial weights from ``cfg.seed`` inside a forked torch RNG; data from
-:func:`tasks.sharding.shard_indices`. Global RNG state of the caller is left as it was.
+step); data from :func:`tasks.sharding.shard_indices`; initial weights, augmentation and dropout from
+explicit ``torch.Generator`` objects seeded from ``cfg.seed`` (:mod:`supernet.init`,
+:func:`training_batch`, the ``generator`` of :func:`accumulate_gradients`). Torch's global generator
+is never seeded nor relied on: threads share it, and a computation that must be replayed exactly (a
+spot audit in one thread of the aggregator) cannot depend on what other threads draw from it.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ __all__ = [
     "accumulate_sandwich",
     "optimizer_step",
     "batch_for_step",
+    "training_batch",
     "calibration_loader",
     "recalibrate_for_evaluation",
     "evaluate",
@@ -105,7 +109,7 @@ class TrainConfig:
     channel_divisor: int = 8
     activations: tuple[str, ...] = DEFAULT_ACTIVATIONS
     stem_stride: int = 1
-    dropout: float = 0.0
+    dropout: float = 0.0  # mask drawn from the generator given to accumulate_gradients
     kernel_transform: bool = True
     # schedule
     total_steps: int = 1000
@@ -464,19 +468,24 @@ def accumulate_gradients(
     configs: Sequence[SubnetConfig],
     cfg: TrainConfig,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    *,
+    generator: torch.Generator | None = None,
 ) -> dict[str, Any]:
     """Zero the gradients, then forward/backward each sub-network of ``configs`` on one batch.
 
     Gradients are summed over the sub-networks; no optimizer step is taken. With distillation on, the
     teacher is the largest sub-network: if ``configs[0]`` is it (the sandwich rule puts it first), its
     detached predictions are reused; otherwise it is run once without gradients. ``loss_fn`` defaults
-    to cross-entropy with ``cfg.label_smoothing``.
+    to cross-entropy with ``cfg.label_smoothing``. Dropout masks (``cfg.dropout > 0``, which then
+    needs it) are drawn from ``generator``, the computation's own: never torch's global one.
 
     Returns ``loss`` (mean total loss over the sub-networks), per-sub-network ``losses``,
     ``task_losses`` and ``distill_losses``, ``config_hashes``, ``samples`` (batch size) and
     ``train_macs`` — the multiply-adds this call spent (``3 × forward`` per trained sample, plus a
     teacher-only forward if one was needed), which is what the ledger credits.
     """
+    if cfg.dropout > 0 and generator is None:
+        raise ValueError(f"generator: dropout {cfg.dropout} draws its masks from an explicit generator")
     device = next(net.parameters()).device
     inputs, targets = inputs.to(device), targets.to(device)
     if loss_fn is None:
@@ -489,7 +498,7 @@ def accumulate_gradients(
         net,
         configs,
         cfg,
-        forward=lambda: net.logits(inputs),
+        forward=lambda: net.logits(inputs, generator),
         task_loss=lambda logits: loss_fn(logits, targets),
         soft_targets=lambda logits: F.softmax(logits.detach() / T, dim=1),
         distill_loss=lambda logits, probs: distillation_loss(logits, probs, T),
@@ -509,6 +518,18 @@ def batch_for_step(dataset: Dataset, indices: Sequence[int]) -> tuple[torch.Tens
     return inputs, targets
 
 
+def training_batch(
+    task, indices: Sequence[int], generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training samples ``indices`` of ``task``, collated and augmented (``task.augmentation``,
+    if any) with draws from ``generator``: the same generator state gives the same batch, whatever
+    other threads draw meanwhile."""
+    inputs, targets = batch_for_step(task.train_set, indices)
+    if task.augmentation is not None:
+        inputs = task.augmentation(inputs, generator)
+    return inputs, targets
+
+
 def calibration_loader(dataset: Dataset, cfg: TrainConfig, seed: int = 0) -> DataLoader:
     """Shuffled training batches for BN recalibration, in a fixed order (seeded generator)."""
     generator = torch.Generator().manual_seed(derive_seed("bn-calibration", cfg.seed, seed) % (2**63))
@@ -520,12 +541,15 @@ def recalibrate_for_evaluation(
 ) -> None:
     """BN recalibration of ``sub`` on ``cfg.bn_calibration_batches`` training batches, reproducibly.
 
-    The batches (order and augmentation draws) are fixed by ``cfg.seed``, in a forked torch RNG, so
-    evaluating the same parameters twice gives the same statistics, and the caller's RNG is untouched.
+    The batches' order and their augmentation are drawn from generators seeded by ``cfg.seed``, the
+    same for every sub-network, so evaluating the same parameters twice gives the same statistics in
+    any thread; torch's global generator is not used.
     """
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derive_seed("bn-augmentation", cfg.seed) % (2**63))
-        recalibrate_bn(net, sub, calibration_loader(task.train_set, cfg), cfg.bn_calibration_batches)
+    generator = torch.Generator().manual_seed(derive_seed("bn-augmentation", cfg.seed) % (2**63))
+    batches = calibration_loader(task.train_set, cfg)
+    if task.augmentation is not None:
+        batches = ((task.augmentation(x, generator), y) for x, y in batches)
+    recalibrate_bn(net, sub, batches, cfg.bn_calibration_batches)
 
 
 @torch.no_grad()
@@ -536,7 +560,8 @@ def evaluate(
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
-    for inputs, targets in DataLoader(dataset, batch_size=batch_size):
+    # An own generator: a DataLoader draws a (here unused) worker seed, from the global one otherwise.
+    for inputs, targets in DataLoader(dataset, batch_size=batch_size, generator=torch.Generator()):
         outputs = model(inputs.to(device))
         total += metric(outputs, targets.to(device)) * len(targets)
         count += len(targets)
@@ -619,37 +644,37 @@ def train(
     say = progress or log.info
     if task is None:
         task = get_task(cfg.task, **cfg.task_options)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derive_seed("data", cfg.seed) % (2**63))  # augmentation and dropout draws
-        net = build_supernet(cfg, task.num_classes, task.input_size[0])
-        optimizer = make_optimizer(net, cfg)
-        history, evaluations, total_macs = [], [], 0
-        started = time.perf_counter()
-        for step in range(cfg.total_steps):
-            if maybe_sort_channels(net, step, cfg, optimizer):
-                say(f"step {step}: sorted channels by importance ({phase_at(step, cfg).name} phase)")
-            indices = shard_indices(
-                len(task.train_set), cfg.seed, step, [participant], participant, cfg.batch_size
+    # One generator for the run's augmentation and dropout draws, in step order.
+    generator = torch.Generator().manual_seed(derive_seed("data", cfg.seed) % (2**63))
+    net = build_supernet(cfg, task.num_classes, task.input_size[0])
+    optimizer = make_optimizer(net, cfg)
+    history, evaluations, total_macs = [], [], 0
+    started = time.perf_counter()
+    for step in range(cfg.total_steps):
+        if maybe_sort_channels(net, step, cfg, optimizer):
+            say(f"step {step}: sorted channels by importance ({phase_at(step, cfg).name} phase)")
+        indices = shard_indices(
+            len(task.train_set), cfg.seed, step, [participant], participant, cfg.batch_size
+        )
+        inputs, targets = training_batch(task, indices, generator)
+        configs = step_configs(net, step, cfg)
+        stats = accumulate_gradients(net, inputs, targets, configs, cfg, task.loss, generator=generator)
+        lr = optimizer_step(net, optimizer, step, cfg)
+        total_macs += stats["train_macs"]
+        elapsed = time.perf_counter() - started
+        history.append({"step": step, "loss": stats["loss"], "lr": lr, "seconds": elapsed})
+        if cfg.log_every and (step + 1) % cfg.log_every == 0:
+            phase = phase_at(step, cfg)
+            say(
+                f"step {step + 1}/{cfg.total_steps} [{phase.name}{phase.stage or ''}] "
+                f"loss {stats['loss']:.4f} lr {lr:.4f} {elapsed:.0f}s"
             )
-            inputs, targets = batch_for_step(task.train_set, indices)
-            configs = step_configs(net, step, cfg)
-            stats = accumulate_gradients(net, inputs, targets, configs, cfg, task.loss)
-            lr = optimizer_step(net, optimizer, step, cfg)
-            total_macs += stats["train_macs"]
-            elapsed = time.perf_counter() - started
-            history.append({"step": step, "loss": stats["loss"], "lr": lr, "seconds": elapsed})
-            if cfg.log_every and (step + 1) % cfg.log_every == 0:
-                phase = phase_at(step, cfg)
-                say(
-                    f"step {step + 1}/{cfg.total_steps} [{phase.name}{phase.stage or ''}] "
-                    f"loss {stats['loss']:.4f} lr {lr:.4f} {elapsed:.0f}s"
-                )
-            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.total_steps:
-                rows = evaluate_subnets(net, task, cfg)
-                evaluations.append((step + 1, rows))
-                say(f"step {step + 1}: {_format_rows(rows, task.metric_name)}")
-        seconds = time.perf_counter() - started
-        final = evaluate_subnets(net, task, cfg)
+        if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.total_steps:
+            rows = evaluate_subnets(net, task, cfg)
+            evaluations.append((step + 1, rows))
+            say(f"step {step + 1}: {_format_rows(rows, task.metric_name)}")
+    seconds = time.perf_counter() - started
+    final = evaluate_subnets(net, task, cfg)
     say(f"final after {seconds:.0f}s: {_format_rows(final, task.metric_name)}")
     return {
         "net": net,

@@ -26,9 +26,9 @@ from supernet.rng import TORCH_RNG_LOCK
 from supernet.training import (
     TrainConfig,
     accumulate_gradients,
-    batch_for_step,
     evaluate_subnets,
     make_optimizer,
+    training_batch,
 )
 from tasks import get_task
 
@@ -82,27 +82,36 @@ class Workload:
 
         return make_optimizer(net, self.cfg)
 
-    def batch(self, indices: Sequence[int]) -> Any:
-        """Training samples ``indices`` as one batch (what :meth:`accumulate` takes)."""
+    def batch(self, indices: Sequence[int], generator: torch.Generator) -> Any:
+        """Training samples ``indices`` as one batch (what :meth:`accumulate` takes), with the task's
+        random augmentation drawn from ``generator`` (stereo tasks have none)."""
         if self.family == "stereo":
             from supernet.stereo_training import stereo_batch
 
             return stereo_batch(self.task.train_set, indices, self.cfg.channels_last)
 
-        return batch_for_step(self.task.train_set, indices)
+        return training_batch(self.task, indices, generator)
 
     def accumulate(
-        self, net: nn.Module, batch: Any, configs: Sequence[SubnetConfig], device: torch.device
+        self,
+        net: nn.Module,
+        batch: Any,
+        configs: Sequence[SubnetConfig],
+        device: torch.device,
+        generator: torch.Generator,
     ) -> dict[str, Any]:
         """Zero the gradients and sum the gradients of ``configs`` on ``batch`` (no optimizer step);
-        the statistics of :func:`supernet.training.accumulate_sandwich` (``loss``, ``samples``, ...)."""
+        the statistics of :func:`supernet.training.accumulate_sandwich` (``loss``, ``samples``, ...).
+        Dropout masks, if any, are drawn from ``generator`` (the stereo supernet has no dropout)."""
         if self.family == "stereo":
             from supernet.stereo_training import accumulate_stereo_gradients
 
             return accumulate_stereo_gradients(net, batch, configs, self.cfg)
 
         inputs, targets = batch
-        return accumulate_gradients(net, inputs.to(device), targets.to(device), configs, self.cfg)
+        return accumulate_gradients(
+            net, inputs.to(device), targets.to(device), configs, self.cfg, generator=generator
+        )
 
     def evaluate(
         self, net: nn.Module, configs: dict[str, SubnetConfig] | None = None

@@ -17,7 +17,7 @@ from pathlib import Path
 from torchvision.datasets import CIFAR10
 
 from tasks.registry import DatasetError, Task, classification_loss, register_task
-from tasks.transforms import pil_image_transform
+from tasks.transforms import crop_and_flip, pil_image_transform
 
 __all__ = ["cifar10_task", "CIFAR10_FILES", "CIFAR10_FOLDER"]
 
@@ -44,20 +44,10 @@ def cifar10_task(data_dir: str | None = None, augment: bool = True, label_smooth
     missing = [name for name in CIFAR10_FILES if not (root / CIFAR10_FOLDER / name).is_file()]
     if missing:
         raise DatasetError(f"cifar10: missing {', '.join(missing)}; expected {layout(root)}")
-    options = {"augment": augment, "hflip": True, "crop_padding": 4}
+    transform = pil_image_transform(32, CIFAR10_MEAN, CIFAR10_STD)
     try:
-        train_set = CIFAR10(
-            str(root),
-            train=True,
-            download=False,
-            transform=pil_image_transform(True, 32, CIFAR10_MEAN, CIFAR10_STD, **options),
-        )
-        val_set = CIFAR10(
-            str(root),
-            train=False,
-            download=False,
-            transform=pil_image_transform(False, 32, CIFAR10_MEAN, CIFAR10_STD),
-        )
+        train_set = CIFAR10(str(root), train=True, download=False, transform=transform)
+        val_set = CIFAR10(str(root), train=False, download=False, transform=transform)
     except (RuntimeError, OSError, ValueError, EOFError) as exc:
         reason = str(exc).split("\n")[0] or type(exc).__name__
         raise DatasetError(
@@ -71,6 +61,7 @@ def cifar10_task(data_dir: str | None = None, augment: bool = True, label_smooth
         train_set=train_set,
         val_set=val_set,
         loss=classification_loss(label_smoothing),
+        augmentation=crop_and_flip(32, hflip=True, crop_padding=4) if augment else None,
         classes=tuple(train_set.classes),
         options={"data_dir": str(root), "augment": augment},
     )

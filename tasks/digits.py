@@ -3,6 +3,7 @@
 Real data that ships inside the scikit-learn wheel, so it needs no download. Images are scaled to
 [0, 1] and resized (bilinear, antialiased) to ``image_size``×``image_size`` once; the train /
 validation split is stratified and fixed by ``split_seed`` (default 0: 1,437 train, 360 validation).
+Training batches get a small random affine jitter (``augment``; ``Task.augmentation``).
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from tasks.registry import Task, classification_loss, register_task
-from tasks.transforms import tensor_image_transform
+from tasks.transforms import affine_jitter, tensor_image_transform
 
 __all__ = ["TensorImageDataset", "digits_task", "stratified_split"]
 
 
 class TensorImageDataset(Dataset):
-    """Images held in one N×C×H×W float tensor, labels in an N tensor, a v2 transform per item."""
+    """Images held in one N×C×H×W float tensor, labels in an N tensor, a deterministic v2 transform
+    per item (random augmentation is applied to batches: ``Task.augmentation``)."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform: v2.Transform | None = None):
         if len(images) != len(labels):
@@ -77,12 +79,9 @@ def digits_task(
         name="digits",
         num_classes=10,
         input_size=(1, image_size, image_size),
-        train_set=TensorImageDataset(
-            train_images, labels_t[train_idx], tensor_image_transform(True, mean, std, augment)
-        ),
-        val_set=TensorImageDataset(
-            images[val_idx], labels_t[val_idx], tensor_image_transform(False, mean, std)
-        ),
+        train_set=TensorImageDataset(train_images, labels_t[train_idx], tensor_image_transform(mean, std)),
+        val_set=TensorImageDataset(images[val_idx], labels_t[val_idx], tensor_image_transform(mean, std)),
+        augmentation=affine_jitter(mean, std) if augment else None,
         loss=classification_loss(label_smoothing),
         classes=tuple(str(c) for c in range(10)),
         options={"image_size": image_size, "val_fraction": val_fraction, "split_seed": split_seed},

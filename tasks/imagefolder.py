@@ -23,7 +23,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from tasks.digits import stratified_split
 from tasks.registry import DatasetError, Task, classification_loss, register_task
-from tasks.transforms import IMAGENET_MEAN, IMAGENET_STD, pil_image_transform
+from tasks.transforms import IMAGENET_MEAN, IMAGENET_STD, crop_and_flip, pil_image_transform
 
 __all__ = ["imagefolder_task"]
 
@@ -74,17 +74,13 @@ def imagefolder_task(
     channels = 1 if grayscale else 3
     mean, std = ((0.5,), (0.5,)) if grayscale else (IMAGENET_MEAN, IMAGENET_STD)
 
-    def transform(train: bool):
-        return pil_image_transform(
-            train, image_size, mean, std, augment=augment, hflip=hflip, grayscale=grayscale
-        )
-
+    transform = pil_image_transform(image_size, mean, std, grayscale=grayscale)
     if (root / "train").is_dir():
         val_root = root / "val"
         if not val_root.is_dir():
             raise DatasetError(f"imagefolder: {root}/train exists but {val_root} does not ({_LAYOUT})")
-        train_set = _open(root / "train", transform(True))
-        val_set = _open(val_root, transform(False))
+        train_set = _open(root / "train", transform)
+        val_set = _open(val_root, transform)
         if train_set.classes != val_set.classes:
             raise DatasetError(
                 f"imagefolder: class folders differ between {root / 'train'} ({len(train_set.classes)}) "
@@ -92,9 +88,8 @@ def imagefolder_task(
             )
         classes = train_set.classes
     else:
-        full_train = _open(root, transform(True))
-        full_val = ImageFolder(str(root), transform=transform(False))
-        labels = np.asarray(full_train.targets)
+        full = _open(root, transform)
+        labels = np.asarray(full.targets)
         if len(labels) < 2:
             raise DatasetError(f"imagefolder: {root} has {len(labels)} image(s); need at least 2 to split")
         train_idx, val_idx = stratified_split(labels, val_fraction, split_seed)
@@ -103,8 +98,8 @@ def imagefolder_task(
                 f"imagefolder: too few images in {root} for val_fraction={val_fraction}; "
                 "add images or give train/ and val/ folders"
             )
-        train_set, val_set = Subset(full_train, train_idx.tolist()), Subset(full_val, val_idx.tolist())
-        classes = full_train.classes
+        train_set, val_set = Subset(full, train_idx.tolist()), Subset(full, val_idx.tolist())
+        classes = full.classes
     return Task(
         name="imagefolder",
         num_classes=len(classes),
@@ -112,6 +107,7 @@ def imagefolder_task(
         train_set=train_set,
         val_set=val_set,
         loss=classification_loss(label_smoothing),
+        augmentation=crop_and_flip(image_size, hflip=hflip) if augment else None,
         classes=tuple(classes),
         options={"data_dir": str(root), "image_size": image_size, "val_fraction": val_fraction},
     )

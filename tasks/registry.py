@@ -1,8 +1,9 @@
 """The task registry: ``get_task(name, data_dir=None, **opts) -> Task``.
 
 A :class:`Task` bundles what a training run needs from its data: the train and validation datasets
-(torch ``Dataset`` objects with ``torchvision.transforms.v2`` transforms), the input size, and the
-loss and metric. Built-in tasks register themselves with :func:`register_task`; their modules are
+(torch ``Dataset`` objects with deterministic ``torchvision.transforms.v2`` transforms), the random
+training augmentation applied to batches (:mod:`tasks.augmentation`), the input size, and the loss
+and metric. Built-in tasks register themselves with :func:`register_task`; their modules are
 imported on first use, so ``import tasks`` stays cheap.
 """
 
@@ -12,11 +13,14 @@ import importlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
+
+if TYPE_CHECKING:  # importing it loads torchvision; ``import tasks`` stays cheap
+    from tasks.augmentation import Augmentation
 
 __all__ = [
     "DatasetError",
@@ -62,6 +66,9 @@ class Task:
     ``loss(logits, targets)`` is the training loss; ``metric(outputs, targets)`` the validation
     metric of one batch (a mean over samples, so a weighted mean over batches is the dataset value),
     higher is better when ``higher_is_better``. ``input_size`` is (channels, height, width).
+    Both datasets give deterministic samples; ``augmentation(inputs, generator)`` (if any) is the
+    random augmentation of a batch of training inputs, drawn from the generator of the computation
+    that forms the batch, never from torch's global one (see :mod:`tasks.augmentation`).
     """
 
     name: str
@@ -75,6 +82,7 @@ class Task:
     higher_is_better: bool = True
     classes: tuple[str, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
+    augmentation: Augmentation | None = None
 
     def __repr__(self) -> str:
         return (

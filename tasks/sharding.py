@@ -174,8 +174,8 @@ class SampleStream:
 
 
 def augmentation_seed(task_seed: int | str, round: int, participant: str) -> int:
-    """The torch seed a participant's round starts from (augmentation and dropout draws), so anyone
-    replaying its mini-batches in order (an audit) draws exactly the same random numbers."""
+    """The seed of the ``torch.Generator`` a participant's round draws from (augmentation and dropout),
+    so anyone replaying its mini-batches in order (an audit) draws exactly the same random numbers."""
     return _seed("augmentation", task_seed, int(round), str(participant)) % (2**63)
 
 

@@ -29,12 +29,15 @@ def test_digits_is_real_32x32_data_with_a_fixed_split():
     assert len(task.val_set) == pytest.approx(0.2 * 1797, abs=10)
     x, y = task.val_set[0]
     assert x.shape == (1, 32, 32) and x.dtype == torch.float32 and 0 <= y < 10
-    # validation items are deterministic, training items are augmented
+    # validation items are deterministic, training items are augmented (batch-wise, from a generator)
     assert torch.equal(task.val_set[3][0], task.val_set[3][0])
-    assert not torch.equal(task.train_set[3][0], task.train_set[3][0])
+    item = task.train_set[3][0][None]
+    assert torch.equal(item, task.train_set[3][0][None])  # the dataset itself draws nothing
+    generator = torch.Generator().manual_seed(0)
+    assert not torch.equal(task.augmentation(item, generator), task.augmentation(item, generator))
     again = get_task("digits", augment=False)
     assert torch.equal(again.val_set.images, task.val_set.images)
-    assert torch.equal(again.train_set[5][0], again.train_set[5][0])
+    assert torch.equal(again.train_set[5][0], again.train_set[5][0]) and again.augmentation is None
     labels = task.val_set.labels.numpy()
     assert set(np.bincount(labels, minlength=10)) <= set(range(33, 40))  # stratified
     logits = torch.zeros(4, 10)
