@@ -22,7 +22,6 @@ import torch
 from protocol.records import ContributionReceipt
 from supernet.config import SubnetConfig
 from supernet.contribution import compute_contribution, contribution_sketch
-from supernet.rng import TORCH_RNG_LOCK
 from supernet.sketch import decode_sketch, sketch_distance
 from supernet.state import init_optimizer_state, load_state_tensors
 from supernet.training import cohort_configs, step_configs
@@ -54,15 +53,9 @@ def audit_receipt(
 ) -> tuple[bool, float]:
     """Replay ``receipt``'s work from ``state``; returns (passed, relative sketch distance).
 
-    Holds :data:`supernet.rng.TORCH_RNG_LOCK`: the replay re-draws the peer's augmentation from the
-    global torch generator, which no other thread of the aggregator may touch meanwhile."""
-    with TORCH_RNG_LOCK:
-        return _replay(workload, state, receipt, task_seed)
-
-
-def _replay(
-    workload: Workload, state: list[torch.Tensor], receipt: ContributionReceipt, task_seed: int
-) -> tuple[bool, float]:
+    Needs no lock against the aggregator's other threads: the replay's random draws (initialisation,
+    the peer's augmentation and dropout) all come from generators it seeds itself
+    (:func:`supernet.contribution.compute_contribution`), never from torch's global generator."""
     net = workload.build()
     optimizer = workload.make_optimizer(net)
     init_optimizer_state(net, optimizer)

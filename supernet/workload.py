@@ -10,6 +10,12 @@ one object and no ``if stereo`` branches.
 The configuration comes from a plain dict of :class:`~supernet.training.TrainConfig` (or
 :class:`~supernet.stereo_training.StereoTrainConfig`) fields, which is what travels in task
 specifications and checkpoints.
+
+Randomness: every operation that draws (initialisation, augmentation, dropout) takes its draws from
+an explicit ``torch.Generator`` — seeded from the configuration in :meth:`Workload.build` and BN
+recalibration, given by the caller to :meth:`Workload.batch` and :meth:`Workload.accumulate` — never
+from torch's global generator, which every thread shares: so a workload may be used from several
+threads at once (an audit replaying a peer's gradient while a checkpoint is built) without a lock.
 """
 
 from __future__ import annotations
@@ -22,7 +28,6 @@ import torch
 from torch import nn
 
 from supernet.config import SubnetConfig
-from supernet.rng import TORCH_RNG_LOCK
 from supernet.training import (
     TrainConfig,
     accumulate_gradients,
@@ -63,20 +68,15 @@ class Workload:
         return size[-2:] if self.family == "stereo" else size
 
     def build(self) -> nn.Module:
-        """The supernet with its initial weights (fixed by the seed).
+        """The supernet with its initial weights, drawn from a generator seeded by the config's seed
+        (the same in every thread and process; see :mod:`supernet.init`)."""
+        if self.family == "stereo":
+            from supernet.stereo_training import build_stereo_supernet
 
-        Weight initialisation seeds and draws from torch's global generator, so it holds
-        :data:`supernet.rng.TORCH_RNG_LOCK`: a checkpoint written in one thread of the aggregator must
-        not shift the augmentation draws an audit is replaying in another."""
+            return build_stereo_supernet(self.cfg)
+        from supernet.training import build_supernet
 
-        with TORCH_RNG_LOCK:
-            if self.family == "stereo":
-                from supernet.stereo_training import build_stereo_supernet
-
-                return build_stereo_supernet(self.cfg)
-            from supernet.training import build_supernet
-
-            return build_supernet(self.cfg, self.task.num_classes, self.task.input_size[0])
+        return build_supernet(self.cfg, self.task.num_classes, self.task.input_size[0])
 
     def make_optimizer(self, net: nn.Module) -> torch.optim.Optimizer:
 

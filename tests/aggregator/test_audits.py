@@ -1,5 +1,6 @@
 """A spot audit replays a receipt with the very function the peer's workers ran: an honest receipt
-passes (whatever happened to torch's generator in between), a fabricated or inflated one fails."""
+passes (whatever happened to torch's generator in between, or happens in another thread meanwhile),
+a fabricated or inflated one fails."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from supernet.state import init_optimizer_state, state_tensors
 from supernet.training import step_configs
 from supernet.workload import workload_for
 from tests.protocol.factories import peer_id_of, receipt
+from tests.supernet.threads import another_thread_reseeding_the_global_generator
 from tests.supernet.threads import single_torch_thread  # noqa: F401
 
 SEED, ROUND, PER_WORKER = 7, 3, 64
@@ -56,6 +58,8 @@ def test_an_honest_receipt_passes_and_altered_ones_fail():
     torch.rand(1000)
     passed, distance = audit_receipt(workload, state, honest, SEED)
     assert passed and distance < 1e-6, distance
+    with another_thread_reseeding_the_global_generator():  # and no lock is needed against it
+        assert audit_receipt(workload, state, honest, SEED) == (passed, distance)
 
     fabricated = honest.model_copy(update=dict(grad_sketch=tuple(-v for v in honest.grad_sketch)))
     passed, distance = audit_receipt(workload, state, fabricated, SEED)

@@ -12,38 +12,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 
 from supernet.contribution import compute_contribution
 from supernet.training import accumulate_gradients, recalibrate_for_evaluation, step_configs
 from supernet.workload import workload_for
+from tests.supernet.threads import another_thread_reseeding_the_global_generator
 from tests.supernet.threads import single_torch_thread  # noqa: F401
 
 TINY = dict(width_mult=0.25, head_channels=32, channel_divisor=4, batch_size=16, num_subnets=2)
-
-
-@contextmanager
-def another_thread_reseeding_the_global_generator() -> Iterator[list[int]]:
-    """A thread that seeds torch's global generator and draws from it until the block ends."""
-    stop, rounds = threading.Event(), [0]
-
-    def churn() -> None:
-        while not stop.is_set():
-            torch.manual_seed(rounds[0])
-            torch.rand(64)
-            rounds[0] += 1
-
-    thread = threading.Thread(target=churn, daemon=True)
-    thread.start()
-    try:
-        yield rounds
-    finally:
-        stop.set()
-        thread.join(timeout=60)
-    assert rounds[0] > 0, "the other thread never ran"
 
 
 def _same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
