@@ -309,17 +309,13 @@ def train_stereo(
             batch = stereo_batch(task.train_set, indices)
             stats = accumulate_stereo_gradients(net, batch, step_configs(net, step, cfg), cfg, loss)
             if not math.isfinite(stats["loss"]):
-                raise FloatingPointError(
-                    f"step {step}: loss is {stats['loss']} (lower lr or clip gradients)"
-                )
+                raise FloatingPointError(f"step {step}: loss is {stats['loss']} (lower lr or clip gradients)")
             lr = optimizer_step(net, optimizer, step, cfg)
             total_macs += stats["train_macs"]
             elapsed = time.perf_counter() - started
             history.append({"step": step, "loss": stats["loss"], "lr": lr, "seconds": elapsed})
             if cfg.log_every and (step + 1) % cfg.log_every == 0:
-                say(
-                    f"step {step + 1}/{cfg.total_steps} loss {stats['loss']:.4f} lr {lr:.5f} {elapsed:.0f}s"
-                )
+                say(f"step {step + 1}/{cfg.total_steps} loss {stats['loss']:.4f} lr {lr:.5f} {elapsed:.0f}s")
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.total_steps:
                 rows = evaluate_stereo_subnets(net, task, cfg)
                 evaluations.append((step + 1, rows))

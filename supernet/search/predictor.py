@@ -51,6 +51,7 @@ class AccuracyPredictor:
     def __init__(self, space: SearchSpace, hidden: int = 128, layers: int = 2, seed: int = 0) -> None:
         self.space = space
         dim = len(encode(space.largest(), space))
+
         def mlp() -> nn.Sequential:
             modules: list[nn.Module] = []
             width = dim

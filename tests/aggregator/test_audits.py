@@ -14,8 +14,10 @@ from supernet.state import init_optimizer_state, state_tensors
 from supernet.training import step_configs
 from supernet.workload import workload_for
 from tests.protocol.factories import peer_id_of, receipt
-from tests.supernet.threads import another_thread_reseeding_the_global_generator
-from tests.supernet.threads import single_torch_thread  # noqa: F401
+from tests.supernet.threads import (
+    another_thread_reseeding_the_global_generator,
+    single_torch_thread,  # noqa: F401
+)
 
 SEED, ROUND, PER_WORKER = 7, 3, 64
 

@@ -18,8 +18,10 @@ import torch
 from supernet.contribution import compute_contribution
 from supernet.training import accumulate_gradients, recalibrate_for_evaluation, step_configs
 from supernet.workload import workload_for
-from tests.supernet.threads import another_thread_reseeding_the_global_generator
-from tests.supernet.threads import single_torch_thread  # noqa: F401
+from tests.supernet.threads import (
+    another_thread_reseeding_the_global_generator,
+    single_torch_thread,  # noqa: F401
+)
 
 TINY = dict(width_mult=0.25, head_channels=32, channel_divisor=4, batch_size=16, num_subnets=2)
 
