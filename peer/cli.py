@@ -97,6 +97,7 @@ def join(
     prepare_process()
     from peer.devices import discover_devices
     from peer.node import JoinConfig, PeerNode, PeerStartError
+    from peer.worker_pool import WorkerDied
     from protocol.netaddr import AddressError, check_peer_multiaddr, host_port_to_multiaddr
 
     log = logging.getLogger("manta.peer")
@@ -141,6 +142,8 @@ def join(
         )
     except KeyboardInterrupt:
         log.info("round abandoned")
+    except WorkerDied as e:
+        raise UserError(f"{e}; the worker's error is in the log above") from None
     finally:
         node.shutdown()
 

@@ -90,6 +90,12 @@ def _serve(spec: WorkerSpec, conn, shared: SharedBuffers, log) -> None:
     device = torch.device(spec.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        # Full fp32 convolutions and matmuls (no TF32): the aggregator audits a receipt by replaying
+        # its gradient on the CPU. Measured on an H100 (scripts/gpu_join_check.sh): with TF32 a GPU
+        # peer's sketch lay 1.9-2.4e-2 from the replay, close to the audit's 0.05 tolerance; without
+        # it 2.6-4.6e-4.
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
     workload = workload_for(spec.task_name, {**spec.train_config, "device": str(device)})
     cfg = workload.cfg
     net = workload.build().to(device)

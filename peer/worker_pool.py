@@ -141,7 +141,11 @@ class WorkerPool:
                     raise WorkerDied(f"worker {proc.pid} died (exit code {proc.exitcode})")
                 if deadline is not None and time.monotonic() > deadline:
                     return None
-            replies.append(conn.recv())
+            try:
+                replies.append(conn.recv())
+            except (EOFError, OSError) as e:  # the worker died while sending (or its pipe broke)
+                proc.join(timeout=5)
+                raise WorkerDied(f"worker {proc.pid} went away (exit code {proc.exitcode}): {e}") from None
         for reply in replies:
             if isinstance(reply, WorkerFailed):
                 raise WorkerDied(f"worker failed: {reply.message}")
