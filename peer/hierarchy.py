@@ -108,14 +108,17 @@ class AveragingOutcome:
 class CommitBoard(Protocol):
     """Where participants post and read their end-of-attempt reports (see the module docstring)."""
 
-    def post(self, attempt: int, ok: bool, digest: str) -> None: ...
+    def post(self, attempt: int, ok: bool, digest: str, left: bool = False) -> None:
+        """``left``: a departure notice for ``attempt`` (not an attempt run; see :meth:`latest_attempt`)."""
+        ...
 
     def read(self, attempt: int) -> dict[str, dict]:
         """peer id -> {"ok": bool, "digest": str} for every report of ``attempt`` seen so far."""
         ...
 
     def latest_attempt(self) -> int:
-        """The highest attempt anyone reported recently (-1 if none): where the swarm is."""
+        """The highest attempt anyone reported recently, departure notices aside (-1 if none): where
+        the swarm is."""
         ...
 
 
@@ -128,8 +131,9 @@ class DHTCommitBoard:
         self.dht, self.key, self.ttl = dht, f"{run_id}_commits", ttl
         self.peer_id = peer_id(dht)
 
-    def post(self, attempt: int, ok: bool, digest: str) -> None:
-        store(self.dht, self.key, {"ok": ok, "digest": digest}, self.ttl, subkey=f"{attempt}/{self.peer_id}")
+    def post(self, attempt: int, ok: bool, digest: str, left: bool = False) -> None:
+        value = {"ok": ok, "digest": digest, "left": left}
+        store(self.dht, self.key, value, self.ttl, subkey=f"{attempt}/{self.peer_id}")
 
     def _entries(self) -> dict[tuple[int, str], dict]:
         out = {}
@@ -143,7 +147,7 @@ class DHTCommitBoard:
         return {peer: r for (a, peer), r in self._entries().items() if a == attempt}
 
     def latest_attempt(self) -> int:
-        return max((a for a, _ in self._entries()), default=-1)
+        return max((a for (a, _), r in self._entries().items() if not r.get("left")), default=-1)
 
 
 class RoundAborted(Exception):
@@ -489,6 +493,14 @@ class HierarchicalAverager:
         """The attempt to use after ``after``: one past the highest anyone posted, so peers whose
         aborts took different times meet again on the same attempt."""
         return max(after, self.board.latest_attempt()) + 1
+
+    def leave(self, attempt: int) -> None:
+        """Tell the swarm this peer will not take part in ``attempt``: peers whose roster still lists
+        it abandon that attempt within a second instead of waiting for it until their step timeout."""
+        try:
+            self.board.post(attempt, False, "", left=True)
+        except Exception as e:  # the DHT may be unreachable; the others then time out as before
+            logger.debug(f"departure notice failed: {e}")
 
     def shutdown(self) -> None:
         for averager in (self._cohort, self._cross):

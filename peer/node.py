@@ -284,6 +284,8 @@ class PeerNode:
                 if limit is not None and failed_in_a_row >= max(10, 3 * limit):
                     logger.warning(f"giving up after {failed_in_a_row} aborted rounds in a row")
                     break
+        if self._averager is not None:
+            self._averager.leave(self.attempt)  # the swarm's next attempt goes on without this peer
         return self.reports
 
     def _reached_until_round(self) -> bool:

@@ -192,7 +192,7 @@ class SignedCommitBoard:
     def __init__(self, dht, task_id: str, identity: Identity, peer_id: str, ttl: float = 90.0):
         self.dht, self.task_id, self.identity, self.peer_id, self.ttl = dht, task_id, identity, peer_id, ttl
 
-    def post(self, attempt: int, ok: bool, digest: str) -> None:
+    def post(self, attempt: int, ok: bool, digest: str, left: bool = False) -> None:
         record = RoundCommit(
             task_id=self.task_id,
             attempt=attempt,
@@ -201,6 +201,7 @@ class SignedCommitBoard:
             ok=ok,
             digest=digest,
             timestamp=int(time.time() * 1000),
+            left=left,
         )
         self.dht.store(
             commits_key(self.task_id),
@@ -222,7 +223,7 @@ class SignedCommitBoard:
         return {r.peer_id: {"ok": r.ok, "digest": r.digest} for r in self._records() if r.attempt == attempt}
 
     def latest_attempt(self) -> int:
-        return max((r.attempt for r in self._records()), default=-1)
+        return max((r.attempt for r in self._records() if not r.left), default=-1)
 
 
 PROGRESS_TTL = 30.0  # a peer that stopped reporting drops out of the round's sample count

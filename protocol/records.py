@@ -319,6 +319,10 @@ class RoundCommit(SealedRecord):
     ok: bool
     digest: Annotated[str, StringConstraints(max_length=64, pattern=r"^(?:[0-9a-f]{32}|[0-9a-f]{64})?$")]
     timestamp: Int53
+    # The peer is leaving and will not take part in ``attempt`` (``ok`` is False): peers whose roster
+    # still lists it abandon the attempt at once instead of waiting for it until their step timeout.
+    # Not an attempt anyone ran, so it does not move the swarm's attempt counter.
+    left: bool = False
 
 
 class PeerProgress(SealedRecord):
