@@ -67,6 +67,10 @@ def _fields(peer: Identity, seq: int, now_ms: int) -> dict:
         "group_id": hashlib.sha256(b"group%d" % seq).hexdigest()[:32],
         "group_members": tuple(sorted({pid, _peer_id(b"m1"), _peer_id(b"m2"), _peer_id(b"m3")})),
         "timestamp": now_ms,
+        # the optional claims, empty: the canonical encoding writes every field, defaults included
+        "group_samples": (),
+        "worker_samples": (),
+        "grad_sketch": (),
     }
 
 
