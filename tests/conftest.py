@@ -28,7 +28,7 @@ class LeakedProcessWarning(UserWarning):
 def reap_child_processes(request: pytest.FixtureRequest):
     before = {p.pid for p in descendants()}
     yield
-    leaked = [p for p in descendants() if p.pid not in before]
+    leaked = [p for p in descendants() if p.pid not in before and not _python_helper(p)]
     stopped = terminate_processes(list(reversed(leaked)), timeout=5.0)
     if stopped:
         names = ", ".join(sorted({_describe(p) for p in stopped}))
@@ -43,6 +43,15 @@ def reap_child_processes(request: pytest.FixtureRequest):
 def reap_at_session_end():
     yield
     terminate_processes(list(reversed(descendants())), timeout=5.0)
+
+
+def _python_helper(p) -> bool:
+    """multiprocessing's resource tracker: started once by the first ``spawn`` of this process and
+    meant to live as long as it does (the session-end reaper stops it), not a leak of one test."""
+    try:
+        return any("multiprocessing.resource_tracker" in part for part in p.cmdline())
+    except Exception:
+        return False
 
 
 def _describe(p) -> str:

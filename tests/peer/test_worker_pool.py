@@ -1,0 +1,73 @@
+"""The worker pool with a real spawned CPU worker: a round's computation through the typed protocol,
+the shared progress it reports, and a worker killed mid-round surfacing as ``WorkerDied`` (which the
+CLI turns into one line) instead of a pipe error or a hang."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from peer.devices import WorkerDevice
+from peer.worker_pool import WorkerDied, WorkerPool
+from peer.worker_protocol import Compute, HostContribution, SharedBuffers
+from supernet.state import init_optimizer_state, state_tensors
+from supernet.workload import workload_for
+
+OPTIONS = {"seed": 3, "batch_size": 16, "num_subnets": 2, "width_mult": 0.25, "head_channels": 64}
+
+
+@pytest.fixture
+def pool(monkeypatch):
+    monkeypatch.setenv("MANTA_WORKER_THREADS", "1")
+    workload = workload_for("digits", OPTIONS)
+    net = workload.build()
+    optimizer = workload.make_optimizer(net)
+    init_optimizer_state(net, optimizer)
+    shared = SharedBuffers.create(list(net.parameters()), state_tensors(net, optimizer), 1)
+    devices = [WorkerDevice("cpu", 0, "test cpu", 1024)]
+    pool = WorkerPool(
+        devices,
+        shared,
+        task_name="digits",
+        task_seed=3,
+        participant_prefix="peer-test",
+        train_options=OPTIONS,
+    )
+    try:
+        yield pool
+    finally:
+        pool.stop()
+
+
+def _computed(pool: WorkerPool, timeout: float) -> HostContribution:
+    deadline = time.monotonic() + timeout
+    while (host := pool.computed(timeout=0.25)) is None:
+        assert time.monotonic() < deadline, "the worker did not finish its mini-batch"
+    return host
+
+
+def test_a_round_computes_applies_and_a_killed_worker_is_reported(pool):
+    pool.start_compute(Compute(round_index=0, mode="data", cohort_rank=0, num_cohorts=1))
+    pool.raise_stop_flag()  # at least one mini-batch is always processed
+    host = _computed(pool, 120)
+    assert host.samples == OPTIONS["batch_size"] == sum(pool.worker_samples())
+    assert len(host.config_hashes) == OPTIONS["num_subnets"] and host.loss > 0
+    numerator = pool.host_numerator()
+    assert any(bool(t.abs().sum() > 0) for t in numerator) and all(
+        bool(torch.isfinite(t).all()) for t in numerator
+    )
+    before = [t.clone() for t in pool.shared.state]
+    assert (
+        pool.apply(0, [t / host.samples for t in numerator]) is not None
+    )  # a learning rate: a step was taken
+    assert any(not torch.equal(a, b) for a, b in zip(before, pool.shared.state))
+
+    pool.start_compute(Compute(round_index=1, mode="data", cohort_rank=0, num_cohorts=1))
+    proc = pool._workers[0][0]
+    os.kill(proc.pid, signal.SIGKILL)
+    with pytest.raises(WorkerDied, match="worker"):
+        _computed(pool, 60)
