@@ -35,6 +35,13 @@ def test_two_dht_nodes_bootstrap_store_get_and_leave_no_process():
     import hivemind
     from hivemind.utils import get_dht_time
 
+    # Earlier tests may have left process-lifetime helpers (multiprocessing's resource tracker);
+    # only what this test starts has to be gone after it.
+    before = {p.pid for p in descendants()}
+
+    def started_here():
+        return [p for p in descendants() if p.pid not in before]
+
     first = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
     second = None
     try:
@@ -47,7 +54,7 @@ def test_two_dht_nodes_bootstrap_store_get_and_leave_no_process():
         found = first.get("manta-test-key", latest=True)
         assert found is not None and found.value == {"round": 7}
 
-        p2pd = [p for p in descendants() if p.name() == "p2pd"]
+        p2pd = [p for p in started_here() if p.name() == "p2pd"]
         assert len(p2pd) == 2, "each DHT node runs its own p2pd daemon"
     finally:
         if second is not None:
@@ -55,9 +62,9 @@ def test_two_dht_nodes_bootstrap_store_get_and_leave_no_process():
         first.shutdown()
 
     deadline = time.monotonic() + 10
-    while descendants() and time.monotonic() < deadline:
+    while started_here() and time.monotonic() < deadline:
         time.sleep(0.1)
-    survivors = [f"{p.pid}:{p.name()}" for p in descendants()]
+    survivors = [f"{p.pid}:{p.name()}" for p in started_here()]
     assert survivors == [], f"processes outlived shutdown: {survivors}"
     assert not any(
         p.info["name"] == "p2pd" and p.info["ppid"] == os.getpid()
