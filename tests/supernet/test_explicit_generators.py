@@ -55,15 +55,17 @@ def test_a_build_leaves_the_global_generator_alone():
 
     builder = threading.Thread(target=build_repeatedly, daemon=True)
     builder.start()
+    deadline = time.monotonic() + 120  # bounded: a builder that died must fail the test, not hang it
     try:
         torch.manual_seed(1234)
         draws = []
-        while builds[0] < 3:  # the builds run in here
+        while builds[0] < 3 and builder.is_alive() and time.monotonic() < deadline:  # the builds run in here
             draws.append(torch.rand(1))
             time.sleep(0.001)
     finally:
         stop.set()
         builder.join(timeout=120)
+    assert builds[0] >= 3, "the builds never ran while the other thread drew"
     torch.manual_seed(1234)
     assert torch.equal(torch.cat(draws), torch.rand(len(draws)))
 
