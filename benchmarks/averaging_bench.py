@@ -113,6 +113,19 @@ def _flat_worker(rank, barrier, out, initial_peers, numel, rounds, fp16):
 # ---------------------------------------------------------------------------- (iii) MANTA hierarchical
 
 
+def _agents_roster(dht, size: int) -> list[str]:
+    """The agents' peer ids (the commit quorum counts them), exchanged through the DHT."""
+    from hivemind_adapter.dht import peer_id, read_entries, store
+
+    store(dht, "bench_hier_roster", True, 600.0, subkey=peer_id(dht))
+    deadline = time.monotonic() + 60
+    while len(found := read_entries(dht, "bench_hier_roster")) < size:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {len(found)} of {size} agents found each other")
+        time.sleep(0.2)
+    return sorted(found)
+
+
 def _hier_worker(rank, barrier, out, initial_peers, ports, numel, rounds, fp16):
     """Ranks 0,1 form host/cohort A, ranks 2,3 host/cohort B; the lower rank of each runs the peer agent."""
     import hivemind
@@ -135,6 +148,7 @@ def _hier_worker(rank, barrier, out, initial_peers, ports, numel, rounds, fp16):
                 matchmaking=2.0, request=1.0, next_chunk=30.0, allreduce=120.0, step=120.0, commit=30.0
             ),
         )
+        roster = _agents_roster(dht, 2)
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{ports[host]}", rank=local_rank, world_size=2
@@ -147,7 +161,9 @@ def _hier_worker(rank, barrier, out, initial_peers, ports, numel, rounds, fp16):
         t0 = time.perf_counter()
         dist.all_reduce(vec)  # (a) host stage: the sum over this host's workers
         if agent:  # (b)+(c) cohort and cross-cohort stages; a cohort here is one host
-            outcome = averager.average(r, [vec], 2 * samples, cohort_size=1, num_cohorts=2)
+            outcome = averager.average(
+                r, [vec], 2 * samples, cohort_size=1, num_cohorts=2, expected_peers=roster
+            )
             if not outcome.committed:
                 raise RuntimeError(f"round {r} aborted: {outcome.reason}")
             vec = outcome.tensors[0]

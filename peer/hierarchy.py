@@ -23,11 +23,14 @@ counts) before the cross stage, which then averages one mean per cohort with equ
 that a cohort's sub-networks did not touch has a zero gradient there, so that cohort adds nothing to
 it: untouched weights are neither diluted by other cohorts' zeros nor zeroed.
 
-No silent divergence: after the broadcast every participant publishes the digest of its result in the
-DHT under the round's commit key and waits until every contributor named in the result has reported.
-The round commits only if all of them report success with the same digest; otherwise every
-participant keeps its previous values and the outcome says why. A dead peer never reports, so its
-death makes the whole round abort the same way everywhere instead of leaving survivors different.
+Partial participation: a stage waits for its partners only as long as recent rounds suggest
+(:mod:`peer.deadlines`), then goes on with whoever came: a cohort member whose cohort never gathers
+carries its own contribution to the cross stage as a cohort of one, a leader whose cross group never
+forms finishes with its cohort alone. Every group key carries the start state's digest, so a peer that
+missed a commit (and holds an older state) never meets the others until it caught up. Whatever groups
+formed, the result that commits is the one a quorum of the roster holds (:mod:`peer.round_commit`):
+the exact mean over exactly the contributors it names, bit for bit on every peer that commits it.
+A peer outside that quorum keeps its previous values and knows it (its outcome says why).
 """
 
 from __future__ import annotations
@@ -37,12 +40,12 @@ import logging
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
-
 import torch
 
 from hivemind_adapter.allreduce import VerifiedAverager, looking_for_group, member_ids, wire_compression
-from hivemind_adapter.dht import peer_id, read_entries, store
+from hivemind_adapter.dht import peer_id
+from peer.deadlines import StageDeadlines
+from peer.round_commit import CommitBoard, DHTCommitBoard, await_commit, await_quorum_reports
 from supernet.state import digest
 
 logger = logging.getLogger(__name__)
@@ -105,53 +108,12 @@ class AveragingOutcome:
     seconds: dict[str, float] = field(default_factory=dict)  # wall time per stage
 
 
-class CommitBoard(Protocol):
-    """Where participants post and read their end-of-attempt reports (see the module docstring)."""
-
-    def post(self, attempt: int, ok: bool, digest: str, left: bool = False) -> None:
-        """``left``: a departure notice for ``attempt`` (not an attempt run; see :meth:`latest_attempt`)."""
-        ...
-
-    def read(self, attempt: int) -> dict[str, dict]:
-        """peer id -> {"ok": bool, "digest": str} for every report of ``attempt`` seen so far."""
-        ...
-
-    def latest_attempt(self) -> int:
-        """The highest attempt anyone reported recently, departure notices aside (-1 if none): where
-        the swarm is."""
-        ...
-
-
-class DHTCommitBoard:
-    """An unsigned board under ``{run_id}_commits`` (subkey ``<attempt>/<peer id>``), for swarms whose
-    peers trust each other (tests, benchmarks). MANTA peers use the signed board of
-    :mod:`peer.swarm_view` instead."""
-
-    def __init__(self, dht, run_id: str, ttl: float = 60.0):
-        self.dht, self.key, self.ttl = dht, f"{run_id}_commits", ttl
-        self.peer_id = peer_id(dht)
-
-    def post(self, attempt: int, ok: bool, digest: str, left: bool = False) -> None:
-        value = {"ok": ok, "digest": digest, "left": left}
-        store(self.dht, self.key, value, self.ttl, subkey=f"{attempt}/{self.peer_id}")
-
-    def _entries(self) -> dict[tuple[int, str], dict]:
-        out = {}
-        for sub, value in read_entries(self.dht, self.key).items():
-            attempt, _, peer = sub.partition("/")
-            if attempt.isdigit() and isinstance(value, dict):
-                out[int(attempt), peer] = value
-        return out
-
-    def read(self, attempt: int) -> dict[str, dict]:
-        return {peer: r for (a, peer), r in self._entries().items() if a == attempt}
-
-    def latest_attempt(self) -> int:
-        return max((a for (a, _), r in self._entries().items() if not r.get("left")), default=-1)
-
-
 class RoundAborted(Exception):
-    """A stage failed; the round keeps everyone's previous values."""
+    """A stage failed; the round keeps this peer's previous values."""
+
+
+class NoGroup(RoundAborted):
+    """A stage found nobody to meet before its deadline (the partners died, stalled or never came)."""
 
 
 def _cohort_tag(cohort: str) -> str:
@@ -159,9 +121,11 @@ def _cohort_tag(cohort: str) -> str:
     return hashlib.sha256(cohort.encode()).hexdigest()[:16]
 
 
-def _round_bits(attempt: int, stage: int) -> str:
-    # One group key per (round, stage) so a slow peer's cohort request can never meet a fast peer's broadcast.
-    return format(stage, "01b") + format(attempt % 1024, "010b")
+def _round_bits(attempt: int, stage: int, state_digest: str) -> str:
+    """One group key per (attempt, stage, start state): a slow peer's cohort request never meets a fast
+    peer's broadcast, and peers that start from different states never average together."""
+    state = int(state_digest[:4], 16) if state_digest else 0
+    return format(stage, "01b") + format(attempt % 1024, "010b") + format(state, "016b")
 
 
 class HierarchicalAverager:
@@ -188,12 +152,13 @@ class HierarchicalAverager:
     ):
         self.dht, self.run_id, self.cohort, self.timeouts = dht, run_id, cohort, timeouts
         # Ctrl-C: the round goes on while its group forms or runs, but a peer that is leaving does not
-        # wait out the whole step timeout for partners who are not there (they left before it).
+        # wait out the whole deadline for partners who are not there (they left before it).
         self.leaving = leaving
         self.per_cohort = per_cohort
         self.client_mode = client_mode
         self.peer_id = peer_id(dht)
         self.board = commit_board or DHTCommitBoard(dht, run_id, ttl=max(60.0, 3 * timeouts.commit))
+        self.deadlines = StageDeadlines(timeouts.matchmaking, timeouts.step)
         # contiguous (hivemind flattens with .view(-1)), whatever the template's memory format
         self._buffer = [torch.zeros(t.shape, dtype=t.dtype) for t in template]
         common = dict(
@@ -219,7 +184,7 @@ class HierarchicalAverager:
             **common,
         )
         self._sizes = {"cohort": None, "cross": None}
-        self._expected: set[str] = set()
+        self._superseded: Callable[[], bool] = lambda: False
 
     # ------------------------------------------------------------------ the round
 
@@ -233,7 +198,8 @@ class HierarchicalAverager:
         cohort_size: int,
         num_cohorts: int,
         state_digest: str = "",
-        expected_peers: Collection[str] = (),
+        expected_peers: Collection[str],
+        superseded: Callable[[], bool] = lambda: False,
     ) -> AveragingOutcome:
         """Average one round's host contributions. ``attempt`` (not the training round: a retried
         round gets a new attempt) is what peers meet on; every participant passes the same value and
@@ -242,14 +208,14 @@ class HierarchicalAverager:
         they are full, else after the matchmaking time). ``scale`` multiplies a per-cohort result
         (see :func:`supernet.training.cohort_configs`); every peer must pass the same value.
 
-        The round commits only if every contributor computed its gradient from the same state
-        (``state_digest``) and every peer in ``expected_peers`` (this peer's roster) contributed: a
-        gradient from another model, or a round that silently left a known peer out, would make peers
-        diverge. Never raises for network failures: a failed round comes back with
-        ``committed=False`` and the reason."""
+        ``expected_peers`` is this peer's roster: the result commits once a quorum of it holds the
+        same digest (see :mod:`peer.round_commit`).
+        Only peers that started from ``state_digest`` meet. ``superseded`` tells a peer still looking
+        for a group that the swarm has moved on to a later round (it then gives up at once). Never raises for network failures: a
+        failed round comes back with ``committed=False`` and the reason."""
         me = Contributor(self.peer_id, self.cohort, int(samples), state_digest, self.client_mode)
         outcome = AveragingOutcome(committed=False)
-        self._expected = set(expected_peers) | {self.peer_id} if expected_peers else set()
+        self._superseded = superseded
         t_start = time.perf_counter()
         final: list[torch.Tensor] | None = None
         stage = ("cohort", t_start)  # the stage in progress: a failure's time is charged to it
@@ -259,10 +225,13 @@ class HierarchicalAverager:
                     b.copy_(t)
             members = [me]
             if cohort_size > 1:
-                gathered = self._stage(
-                    self._cohort, "cohort", attempt, 0, cohort_size, weight=1.0, gather=me.to_wire()
-                )
-                members = sorted((Contributor.from_wire(m) for m in gathered.values()), key=lambda c: c.peer)
+                try:
+                    gathered = self._stage(
+                        self._cohort, "cohort", attempt, 0, cohort_size, state_digest, weight=1.0, gather=me.to_wire()
+                    )  # fmt: skip
+                    members = sorted((Contributor.from_wire(m) for m in gathered.values()), key=lambda c: c.peer)
+                except NoGroup as e:
+                    logger.info(f"attempt {attempt}: {e}; this peer goes on as a cohort of one")
             outcome.seconds["cohort"] = time.perf_counter() - t_start
             outcome.cohort_members = [m.peer for m in members]
             # The leader must be able to serve others (client-mode peers cannot reduce or lead).
@@ -274,23 +243,9 @@ class HierarchicalAverager:
             if i_lead:
                 t0 = time.perf_counter()
                 stage = ("cross", t0)
-                contributors, cohorts = list(members), 1
                 try:
-                    weight = float(len(members))
-                    if self.per_cohort:
-                        self._to_cohort_mean(members)
-                        weight = 1.0
-                    if num_cohorts > 1:
-                        report = {"cohort": self.cohort, "members": [m.to_wire() for m in members]}
-                        gathered = self._stage(
-                            self._cross, "cross", attempt, 0, num_cohorts, weight=weight, gather=report
-                        )
-                        contributors = [
-                            Contributor.from_wire(m) for r in gathered.values() for m in r["members"]
-                        ]
-                        cohorts = len(gathered)
-                    contributors.sort(key=lambda c: c.peer)
-                    self._check_contributors(contributors, state_digest, expected_peers)
+                    contributors, cohorts = self._cross_stage(attempt, members, num_cohorts, state_digest)
+                    self._check_contributors(contributors, state_digest)
                     final = self._finish_average(contributors, cohorts, scale)
                     outcome.contributors = contributors
                 except RoundAborted as e:
@@ -302,13 +257,13 @@ class HierarchicalAverager:
                 t0 = time.perf_counter()
                 stage = ("broadcast", t0)
                 final, lead_report = self._broadcast(
-                    attempt, len(members), i_lead, final, outcome, lead_abort
+                    attempt, len(members), i_lead, final, outcome, state_digest, lead_abort
                 )
                 if lead_abort is not None:
                     raise RoundAborted(lead_abort)
                 if not i_lead:
                     outcome.contributors = [Contributor.from_wire(c) for c in lead_report["contributors"]]
-                    self._check_contributors(outcome.contributors, state_digest, expected_peers)
+                    self._check_contributors(outcome.contributors, state_digest)
                 outcome.seconds["broadcast"] = time.perf_counter() - t0
             outcome.digest = digest(final)
         except RoundAborted as e:
@@ -319,7 +274,7 @@ class HierarchicalAverager:
             outcome.seconds.setdefault(stage[0], time.perf_counter() - stage[1])
 
         t0 = time.perf_counter()
-        committed, reason = self._commit(attempt, outcome)
+        committed, reason = self._commit(attempt, outcome, set(expected_peers) | {self.peer_id})
         outcome.seconds["commit"] = time.perf_counter() - t0
         outcome.seconds["total"] = time.perf_counter() - t_start
         if committed and final is not None:
@@ -331,36 +286,71 @@ class HierarchicalAverager:
             )
         return outcome
 
+    def _cross_stage(
+        self, attempt: int, members: list[Contributor], num_cohorts: int, state_digest: str
+    ) -> tuple[list[Contributor], int]:
+        """Leader: meet the other cohorts' leaders; returns every contributor and the number of cohorts
+        in the result. No group before the deadline: this cohort's result stands alone."""
+        weight = float(len(members))
+        if self.per_cohort:
+            self._to_cohort_mean(members)
+            weight = 1.0
+        # Both averagers share one buffer: without a cross stage the cohort's result is already where
+        # _finish_average reads it.
+        if num_cohorts <= 1:
+            return sorted(members, key=lambda c: c.peer), 1
+        report = {"cohort": self.cohort, "members": [m.to_wire() for m in members]}
+        try:
+            gathered = self._stage(
+                self._cross, "cross", attempt, 0, num_cohorts, state_digest, weight=weight, gather=report
+            )
+        except NoGroup as e:
+            logger.info(f"attempt {attempt}: {e}; this cohort's result stands alone")
+            return sorted(members, key=lambda c: c.peer), 1
+        cohort_names = [str(r.get("cohort", "")) for r in gathered.values()]
+        if self.per_cohort and len(set(cohort_names)) != len(cohort_names):
+            # A cohort that split (one part missed the other) would count its sub-networks twice.
+            raise RoundAborted("a cohort reached the cross stage in two parts")
+        contributors = [Contributor.from_wire(m) for r in gathered.values() for m in r["members"]]
+        return sorted(contributors, key=lambda c: c.peer), len(gathered)
+
     @staticmethod
-    def _check_contributors(
-        contributors: list[Contributor], state_digest: str, expected: Collection[str]
-    ) -> None:
+    def _check_contributors(contributors: list[Contributor], state_digest: str) -> None:
         states = {c.state for c in contributors}
         if len(states) > 1:
             raise RoundAborted(f"contributors started from {len(states)} different states")
         if state_digest and states != {state_digest}:
             raise RoundAborted("contributors started from another state than this peer")
-        missing = set(expected) - {c.peer for c in contributors}
-        if missing:
-            raise RoundAborted(f"{len(missing)} peer(s) of the roster did not contribute")
 
     # ------------------------------------------------------------------ stages
 
-    def _stage(self, averager: VerifiedAverager, name: str, attempt: int, stage: int, size: int, **step):
-        """One hivemind step, bounded by ``timeouts.step``. Not finding a group yet is retried; a partial
-        all-reduce is not (it cannot be repaired inside this round). While it waits, the stage watches
-        the round's commit board, so one peer's abort reaches every peer within a second instead of
-        each one sitting out its own timeout (which would scatter the peers over the next round)."""
+    def _stage(
+        self,
+        averager: VerifiedAverager,
+        name: str,
+        attempt: int,
+        stage: int,
+        size: int,
+        state_digest: str,
+        watch: str = "",
+        **step,
+    ):
+        """One hivemind step. Not finding a group yet is retried until the stage's deadline (from
+        recent rounds, :mod:`peer.deadlines`), then :class:`NoGroup`; a partial all-reduce is not
+        retried (it cannot be repaired inside this round). ``watch``: a peer whose failure report on
+        the commit board ends the wait at once (a member's cohort leader, during the broadcast)."""
         if self._sizes[name] != size:
             averager.set_target_group_size(size)
             self._sizes[name] = size
-        averager.set_group_bits(_round_bits(attempt, stage))
+        averager.set_group_bits(_round_bits(attempt, stage, state_digest))
+        chosen = self.deadlines.deadline(name if stage == 0 else "broadcast")
         started = time.monotonic()
-        deadline = started + self.timeouts.step
+        deadline = started + chosen.seconds
+        no_group = f"{name if stage == 0 else 'broadcast'} stage: no group within {chosen.describe()}"
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0.5:
-                raise RoundAborted(f"{name} stage: no group formed within {self.timeouts.step:.0f} s")
+                raise NoGroup(no_group)
             control = averager.step(timeout=remaining, allow_retries=False, wait=False, **step)
             next_check = time.monotonic() + 0.5
             while not control.done():
@@ -369,42 +359,36 @@ class HierarchicalAverager:
                 # races hivemind's own completion. A running one ends within its own timeouts.
                 if time.monotonic() >= next_check and looking_for_group(control):
                     next_check = time.monotonic() + 0.5
-                    failed = self._failed_reports(attempt)
-                    if failed:
+                    if watch and self._reported_failure(attempt, watch):
                         control.cancel()
-                        raise RoundAborted(f"{name} stage abandoned: {', '.join(failed)} aborted the round")
-                    if (
-                        self.leaving()
-                        and time.monotonic() - started > LEAVING_GRACE_FACTOR * self.timeouts.matchmaking
-                    ):
+                        raise RoundAborted(f"{name} stage abandoned: {watch[-8:]} aborted the round")
+                    if self._leaving_for(started):
                         control.cancel()
-                        raise RoundAborted(
-                            f"{name} stage abandoned: this peer is leaving and no group formed"
-                        )
+                        raise RoundAborted(f"{name} stage abandoned: this peer is leaving and no group formed")
+                    # Not in the broadcast: the other cohorts may rightly be done while ours still broadcasts.
+                    if stage == 0 and self._superseded():
+                        control.cancel()
+                        raise RoundAborted(f"{name} stage abandoned: the swarm moved on to a later round")
             try:
                 gathered = control.result()
                 break
             except Exception as e:
-                if (
-                    self.leaving()
-                    and time.monotonic() - started > LEAVING_GRACE_FACTOR * self.timeouts.matchmaking
-                ):
-                    raise RoundAborted(
-                        f"{name} stage abandoned: this peer is leaving and no group formed"
-                    ) from e
-                if "could not find a group" in str(e) and deadline - time.monotonic() > 0.5:
-                    continue  # nobody to meet yet: look again with the time that is left
+                if self._leaving_for(started):
+                    raise RoundAborted(f"{name} stage abandoned: this peer is leaving and no group formed") from e
+                if "could not find a group" in str(e):
+                    if deadline - time.monotonic() > 0.5:
+                        continue  # nobody to meet yet: look again with the time that is left
+                    raise NoGroup(no_group) from e
                 raise RoundAborted(f"{name} stage failed: {type(e).__name__}: {e}") from e
+        self.deadlines.record(name if stage == 0 else "broadcast", time.monotonic() - started)
         return member_ids(gathered)
 
-    def _failed_reports(self, attempt: int) -> list[str]:
-        """Peers of this round that reported failure (anyone's, if the caller gave no roster)."""
-        relevant = self._expected or None
-        return sorted(
-            p
-            for p, r in self.board.read(attempt).items()
-            if not r.get("ok") and (relevant is None or p in relevant)
-        )
+    def _leaving_for(self, started: float) -> bool:
+        return self.leaving() and time.monotonic() - started > LEAVING_GRACE_FACTOR * self.timeouts.matchmaking
+
+    def _reported_failure(self, attempt: int, peer: str) -> bool:
+        report = self.board.read(attempt).get(peer)
+        return report is not None and not report.get("ok")
 
     def _to_cohort_mean(self, members: list[Contributor]) -> None:
         """Leader, per-cohort rounds: the cohort stage left ``sum / n_members``; make it the cohort's
@@ -429,7 +413,7 @@ class HierarchicalAverager:
                 return [b * (cohorts * scale) for b in buf]
             return [b * (total / samples) for b in buf]  # buf = (sum of numerators) / contributors
 
-    def _broadcast(self, attempt, size, i_lead, final, outcome, lead_abort=None):
+    def _broadcast(self, attempt, size, i_lead, final, outcome, state_digest, lead_abort=None):
         """Leader's final vector to every cohort member, exactly (weights 1 and 0, members send zeros).
         A leader that aborted still takes part, with ``ok: False``, so members stop waiting at once."""
         with self._cohort.get_tensors() as buf:
@@ -447,8 +431,9 @@ class HierarchicalAverager:
                 digest=digest(final) if final is not None else "",
             )
         gathered = self._stage(
-            self._cohort, "cohort", attempt, 1, size, weight=1.0 if i_lead else 0.0, gather=report
-        )
+            self._cohort, "cohort", attempt, 1, size, state_digest, watch="" if i_lead else outcome.leader,
+            weight=1.0 if i_lead else 0.0, gather=report,
+        )  # fmt: skip
         lead_reports = [r for r in gathered.values() if r.get("lead")]
         if len(lead_reports) != 1:
             raise RoundAborted(f"broadcast group had {len(lead_reports)} leaders instead of 1")
@@ -460,32 +445,24 @@ class HierarchicalAverager:
             raise RoundAborted("broadcast result differs from the leader's digest")
         return received, lead_reports[0]
 
-    def _commit(self, attempt: int, outcome: AveragingOutcome) -> tuple[bool, str]:
-        """Publish our result's digest and wait for every contributor's; commit only on full agreement."""
+    def _commit(self, attempt: int, outcome: AveragingOutcome, roster: set[str]) -> tuple[bool, str]:
+        """Publish our result's digest; commit once a quorum of the roster holds the same one."""
         ok = not outcome.reason and bool(outcome.digest)
         self.board.post(attempt, ok, outcome.digest)
         if not ok:
             return False, outcome.reason
-        expected = {c.peer for c in outcome.contributors}
-        deadline = time.monotonic() + self.timeouts.commit
-        while True:
-            reports = self.board.read(attempt)
-            relevant = self._expected | expected
-            failed = sorted(p for p, r in reports.items() if not r.get("ok") and p in relevant)
-            if failed:
-                return False, f"peer(s) {', '.join(failed)} reported a failed round"
-            digests = {reports[p]["digest"] for p in expected if p in reports}
-            if len(digests) > 1:
-                return False, "contributors ended the round with different results"
-            missing = expected - reports.keys()
-            if not missing:
-                return True, ""
-            if time.monotonic() > deadline:
-                return (
-                    False,
-                    f"no commit report from {len(missing)} contributor(s): {', '.join(sorted(missing))}",
-                )
-            time.sleep(0.02)
+        started = time.monotonic()
+        chosen = self.deadlines.deadline("commit", ceiling=self.timeouts.commit)
+        decision = await_commit(self.board, attempt, outcome.digest, roster, chosen.seconds)
+        if decision.committed:
+            self.deadlines.record("commit", time.monotonic() - started)
+        return decision.committed, decision.reason
+
+    def settle(self, attempt: int, roster: Collection[str]) -> bool:
+        """After this peer's ``attempt`` failed: wait (bounded by the attempt's stage deadlines) until a
+        quorum of ``roster`` finished it too, so that the next attempt starts together and the state
+        the others just committed is there to catch up with."""
+        return await_quorum_reports(self.board, attempt, set(roster) | {self.peer_id}, self.deadlines.total())
 
     # ------------------------------------------------------------------ helpers
 
@@ -495,8 +472,8 @@ class HierarchicalAverager:
         return max(after, self.board.latest_attempt()) + 1
 
     def leave(self, attempt: int) -> None:
-        """Tell the swarm this peer will not take part in ``attempt``: peers whose roster still lists
-        it abandon that attempt within a second instead of waiting for it until their step timeout."""
+        """Tell the swarm this peer will not take part in ``attempt``: its cohort stops waiting for it
+        as leader at once, and the commit quorum no longer counts it (:mod:`peer.round_commit`)."""
         try:
             self.board.post(attempt, False, "", left=True)
         except Exception as e:  # the DHT may be unreachable; the others then time out as before

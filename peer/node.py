@@ -53,6 +53,7 @@ from supernet.workload import Workload, swarm_train_options, workload_for
 logger = logging.getLogger("manta.peer")
 
 SETTLE_SECONDS = 4.0  # after announcing, before the first round reads the roster
+CATCH_UP_TRIES = 5  # state downloads in a row while the swarm stays ahead
 
 
 @dataclass(frozen=True)
@@ -157,10 +158,6 @@ class PeerNode:
             self.config.cohort,
             throughput=1.0,  # replaced by the measured figure after the first round
         )
-        # Announce before the (slow) worker start, so peers starting together see each other in time.
-        self._announcer.announce()
-        self._announcer.keep_fresh()
-        self._announced_at = time.monotonic()
         self._outbox = ReceiptOutbox(self.config.data_dir / "receipts", self.identity)
         self._courier = ReceiptCourier(
             self._outbox, AggregatorLink(self.dht, self._endpoint, task.task_id, tuple(task.aggregator_keys))
@@ -246,8 +243,21 @@ class PeerNode:
         self.state_digest = self._sharer.publish(round_index, self._shared.state, attempt, self._tiebreak)
         self._archive.add(round_index, attempt, self.state_digest, self._shared.state)
 
+    def catch_up_with_swarm(self) -> None:
+        """Download states while the swarm computes a later round than ours (bounded: a state nobody
+        serves yet ends it; the round loop looks again before the next round)."""
+        for _ in range(CATCH_UP_TRIES):
+            if self._round.progress.swarm_round() <= self.state_round + 1 or not self.catch_up():
+                return
+
     def run(self) -> list[RoundReport]:
         self.catch_up()
+        self.catch_up_with_swarm()
+        # Announced only now, holding the swarm's state with its workers running: a peer that is in
+        # the roster is one that can average (the commit quorum counts the roster).
+        self._announcer.announce()
+        self._announcer.keep_fresh()
+        self._announced_at = time.monotonic()
         # Let peers that started together find each other in the roster before the first round.
         time.sleep(max(0.0, SETTLE_SECONDS - (time.monotonic() - self._announced_at)))
         committed, failed_in_a_row = 0, 0
@@ -256,6 +266,8 @@ class PeerNode:
             and not self._reached_until_round()
             and (self.config.max_rounds is None or committed < self.config.max_rounds)
         ):
+            # A round computed from an old state could only abort: the others' groups are keyed by theirs.
+            self.catch_up_with_swarm()
             report = run_round(self._round, self.state_round + 1, self.attempt)
             self.reports.append(report)
             # Every round, committed or aborted, is one attempt for the whole swarm; the next one is past

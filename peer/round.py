@@ -8,7 +8,8 @@
     commitments = commit_to(host numerator)           # what the receipt will prove: taken before
                                                       # averaging replaces the numerator
     outcome     = averager.average(plan.attempt, ...) # cohort -> across cohorts -> back (hivemind),
-                                                      # exact; commits only if every contributor agrees
+                                                      # exact over whoever came; commits once a quorum
+                                                      # of the roster holds the same result
     lr          = workers.apply(outcome)              # the same optimizer step everywhere, or none
     receipt     = sign_receipt(...)                   # into the outbox; the courier delivers it
     publish the new state                             # newcomers and laggards download it
@@ -55,7 +56,7 @@ class RoundPlan:
     cohort_rank: int  # this cohort's position among the round's cohorts (model-parallel shares)
     num_cohorts: int
     cohort_size: int
-    roster: tuple[str, ...]  # peer ids online at the start: each of them must contribute
+    roster: tuple[str, ...]  # peer ids online at the start: a quorum of them must hold the result
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,13 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
     plan = plan_round(ctx, round_index, attempt)
     averager = ctx.averager_for(plan.cohort)
 
-    host, compute_seconds = compute_until_target(ctx, plan)
+    host, compute_seconds, ahead = compute_until_target(ctx, plan)
+    if ahead > plan.round_index:
+        # This peer's state is older than the swarm's: its groups (keyed by state) would find nobody.
+        # No averaging; the round loop catches up instead.
+        ctx.workers.apply(round_index, None)
+        outcome = AveragingOutcome(committed=False, reason=f"behind the swarm (it computes round {ahead})")
+        return _report(ctx, plan, host, outcome, None, compute_seconds, time.perf_counter() - started)
     start_digest = ctx.state_digest()
     commitments = commit_to(ctx.workers, host, ctx.task.seed, round_index)
 
@@ -136,6 +143,7 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
         num_cohorts=plan.num_cohorts,
         state_digest=start_digest,
         expected_peers=plan.roster,
+        superseded=lambda: ctx.progress.swarm_round() > plan.round_index,
     )
     lr = ctx.workers.apply(round_index, outcome.tensors if outcome.committed else None)
 
@@ -144,6 +152,8 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
         ctx.outbox.add(receipt, ctx.seal_receipt(receipt))
     if outcome.committed:
         ctx.publish_state(round_index, attempt)
+    elif not ctx.stop.is_set():
+        averager.settle(plan.attempt, plan.roster)  # the others finish this attempt; then catch up
     return _report(ctx, plan, host, outcome, lr, compute_seconds, time.perf_counter() - started)
 
 
@@ -173,25 +183,28 @@ def plan_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundPlan:
     )
 
 
-def compute_until_target(ctx: RoundContext, plan: RoundPlan) -> tuple[HostContribution, float]:
+def compute_until_target(ctx: RoundContext, plan: RoundPlan) -> tuple[HostContribution, float, int]:
     """Let the workers train until the swarm has (projected) processed the round's target number of
-    samples (:mod:`peer.swarm_progress`), or until Ctrl-C; returns the host's contribution and the
-    computation's wall time."""
+    samples (:mod:`peer.swarm_progress`), until another peer is seen computing a later round (this
+    peer is behind), or until Ctrl-C; returns the host's contribution, the computation's wall time and
+    the latest round seen computed elsewhere."""
     ctx.progress.begin(plan.round_index, plan.cohort, ctx.state_round())
     ctx.workers.start_compute(Compute(plan.round_index, ctx.task.mode, plan.cohort_rank, plan.num_cohorts))
+    ahead = -1
     while (host := ctx.workers.computed(timeout=COMPUTE_POLL_SECONDS)) is None:
         if ctx.workers.stop_flag_raised:
             continue  # the workers are finishing their mini-batch and reducing
         estimate = ctx.progress.look(*ctx.workers.progress())
+        ahead = max(ahead, estimate.swarm_round)
         ctx.display.computing(
             plan.round_index, estimate.own, estimate.throughput, estimate.swarm, ctx.progress.target
         )
-        if ctx.progress.target_reached(estimate) or ctx.stop.is_set():
+        if ctx.progress.target_reached(estimate) or ctx.stop.is_set() or ahead > plan.round_index:
             ctx.workers.raise_stop_flag()
             ctx.display.averaging(plan.round_index)
     wall = ctx.progress.finish(host.samples, host.loss)
     ctx.announcer.throughput = ctx.progress.throughput  # what the roster shows of this peer next
-    return host, wall
+    return host, wall, ahead
 
 
 def commit_to(workers: WorkerPool, host: HostContribution, task_seed: int, round_index: int) -> Commitments:

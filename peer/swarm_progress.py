@@ -21,6 +21,7 @@ from peer.swarm_view import ProgressBoard, swarm_samples
 logger = logging.getLogger(__name__)
 
 PUBLISH_EVERY = 1.0  # seconds between this peer's progress records while it computes
+FRESH_MS = 10_000  # a progress record this recent (ms) shows which round its peer computes
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class SwarmEstimate:
     others: float
     projected: float
     throughput: float  # this peer's samples/s, as the others extrapolate it
+    swarm_round: int = -1  # the latest round another peer's fresh record shows it computing
 
     @property
     def swarm(self) -> float:
@@ -64,11 +66,21 @@ class SwarmProgress:
         if time.perf_counter() >= self._next_publish:
             self._next_publish = time.perf_counter() + PUBLISH_EVERY
             self._publish(samples, rate, loss_sum)
-        others, other_peers = swarm_samples(
-            self.board.read(), self._round, int(time.time() * 1000), self.peer_id
-        )
+        records = self.board.read()
+        now_ms = int(time.time() * 1000)
+        others, other_peers = swarm_samples(records, self._round, now_ms, self.peer_id)
         projected = samples + self.devices * self.batch_size + others + other_peers * self.batch_size / 2
-        return SwarmEstimate(samples, others, projected, rate)
+        return SwarmEstimate(samples, others, projected, rate, self._latest_round(records, now_ms))
+
+    def swarm_round(self) -> int:
+        """The latest round another peer's fresh progress record shows it computing (-1: none)."""
+        return self._latest_round(self.board.read(), int(time.time() * 1000))
+
+    def _latest_round(self, records, now_ms: int) -> int:
+        return max(
+            (r.round for r in records if r.peer_id != self.peer_id and now_ms - r.timestamp < FRESH_MS),
+            default=-1,
+        )
 
     def target_reached(self, estimate: SwarmEstimate) -> bool:
         return estimate.projected >= self.target

@@ -43,7 +43,7 @@ from protocol.records import (
 
 logger = logging.getLogger(__name__)
 
-ANNOUNCE_TTL = 20.0  # an announcement not refreshed for this long drops out of the roster
+ANNOUNCE_TTL = 12.0  # an announcement not refreshed for this long drops out of the roster (a dead peer too)
 
 
 class TaskNotFound(LookupError):
@@ -220,7 +220,11 @@ class SignedCommitBoard:
         return out
 
     def read(self, attempt: int) -> dict[str, dict]:
-        return {r.peer_id: {"ok": r.ok, "digest": r.digest} for r in self._records() if r.attempt == attempt}
+        return {
+            r.peer_id: {"ok": r.ok, "digest": r.digest, "left": r.left}
+            for r in self._records()
+            if r.attempt == attempt
+        }
 
     def latest_attempt(self) -> int:
         return max((r.attempt for r in self._records() if not r.left), default=-1)

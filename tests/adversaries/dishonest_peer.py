@@ -9,7 +9,9 @@ peer does. The faults live here, in test code, and nowhere in ``peer/``:
 - ``replay``: re-sends its first accepted receipt every round;
 - ``inflate``: claims ten times the samples it computed;
 - ``fabricate``: commits to a made-up gradient sketch;
-- ``search-lie``: receipts stay honest, but the search service answers ``1 - value`` for every config.
+- ``search-lie``: receipts stay honest, but the search service answers ``1 - value`` for every config;
+- ``silent``: announces itself like any peer (a signed roster entry, kept fresh) and never averages:
+  a laptop gone to sleep, or a key that wants to stall the swarm.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from peer.node import PeerNode
 from peer.search_service import EvaluationService
 from protocol.records import ContributionReceipt, TaskSpec, seal
 
-FAULTS = ("forge", "replay", "inflate", "fabricate", "search-lie")
+FAULTS = ("forge", "replay", "inflate", "fabricate", "search-lie", "silent")
+SILENT_SECONDS = 600.0  # how long a silent peer stays announced at most (Ctrl-C ends it sooner)
 
 
 def dishonest_wire(fault: str, peer: PeerNode, receipt: ContributionReceipt) -> bytes | None:
@@ -60,6 +63,14 @@ class LyingEvaluationService(EvaluationService):
 
 def dishonest_node(fault: str) -> type[PeerNode]:
     class DishonestPeer(PeerNode):
+        def run(self):
+            if fault != "silent":
+                return super().run()
+            self._announcer.announce()
+            self._announcer.keep_fresh()
+            self._stop.wait(timeout=SILENT_SECONDS)
+            return self.reports
+
         def receipt_wire(self, receipt: ContributionReceipt) -> bytes | None:
             return dishonest_wire(fault, self, receipt)
 

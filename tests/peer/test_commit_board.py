@@ -1,12 +1,19 @@
-"""The signed commit board on a real hivemind DHT: a departure notice makes the peers that expect the
-leaver abandon its attempt, without moving the swarm's attempt counter (which would make them skip
-past the notice and wait for the leaver until their step timeout, as they did before: 62 s)."""
+"""The signed commit board on a real hivemind DHT, and the quorum rule that decides on it.
+
+A departure notice fails its attempt without moving the swarm's attempt counter (which would make the
+others skip past the notice). A result commits once a quorum of the roster holds it: never two results
+of one attempt, never a wait for peers that cannot change the outcome.
+"""
 
 from __future__ import annotations
+
+import itertools
+import time
 
 import pytest
 
 from hivemind_adapter.dht import peer_id, start_dht, visible_maddrs
+from peer.round_commit import await_commit, await_quorum_reports, is_quorum
 from peer.swarm_view import SignedCommitBoard
 from protocol.dht_schema import MantaRecordValidator
 from protocol.identity import Identity
@@ -37,7 +44,58 @@ def test_a_departure_notice_fails_its_attempt_but_does_not_count_as_one(two_boar
 
     assert stayer.latest_attempt() == 3  # so the stayer's next attempt is 4, the one the notice names
     reports = stayer.read(4)
-    assert reports == {leaver.peer_id: {"ok": False, "digest": ""}}
+    assert reports == {leaver.peer_id: {"ok": False, "digest": "", "left": True}}
     # an attempt someone actually ran (and failed) does move the counter
     leaver.post(4, False, "")
     assert stayer.latest_attempt() == 4
+
+
+def test_two_quorums_of_one_roster_always_share_a_peer():
+    roster = [f"peer-{i}" for i in range(6)]
+    for size in range(1, 7):
+        for a in itertools.combinations(roster, size):
+            for b in itertools.combinations(sorted(set(roster) - set(a)), 6 - size):
+                assert not (is_quorum(a, roster) and is_quorum(b, roster)), (a, b)
+    assert is_quorum(roster[:4], roster) and not is_quorum(roster[:3], roster)  # a strict majority
+    # Rosters read a moment apart may differ by one peer (a joiner): majorities of both still meet.
+    joined = [*roster, "joiner"]
+    for a in itertools.combinations(roster, 4):
+        for b in itertools.combinations([p for p in joined if p not in a], 4):
+            assert not is_quorum(b, joined), (a, b)
+    assert not is_quorum(["stranger", "other"], roster[:1])  # peers outside the roster do not count
+    assert not is_quorum([], [])
+
+
+def test_a_result_commits_once_a_quorum_holds_it_without_waiting_for_the_rest(two_boards):
+    stayer, other = two_boards
+    digest = "cd" * 32
+    roster = {stayer.peer_id, other.peer_id, "QmSilentPeerThatNeverAverages"}
+    stayer.post(7, True, digest)
+    other.post(7, True, digest)
+    started = time.monotonic()
+    decision = await_commit(stayer, 7, digest, roster, deadline_seconds=30)
+    assert decision.committed and decision.agreeing == 2, decision
+    assert time.monotonic() - started < 10, "waited for the silent peer"
+
+
+def test_a_result_the_others_contradict_is_given_up_at_once(two_boards):
+    stayer, other = two_boards
+    stayer.post(8, True, "aa" * 32)
+    other.post(8, True, "bb" * 32)
+    started = time.monotonic()
+    decision = await_commit(stayer, 8, "aa" * 32, [stayer.peer_id, other.peer_id], deadline_seconds=30)
+    assert not decision.committed and "no quorum for this result" in decision.reason, decision
+    assert time.monotonic() - started < 10
+    # Half of the roster, the other half silent: it waits, bounded.
+    lonely = await_commit(stayer, 8, "aa" * 32, [stayer.peer_id, "QmSilentPeer"], deadline_seconds=1.0)
+    assert not lonely.committed and "within 1 s" in lonely.reason
+
+
+def test_a_departed_peer_no_longer_counts_in_the_roster(two_boards):
+    stayer, leaver = two_boards
+    leaver.post(9, False, "", left=True)
+    stayer.post(9, True, "ee" * 32)
+    decision = await_commit(stayer, 9, "ee" * 32, {stayer.peer_id, leaver.peer_id}, deadline_seconds=30)
+    assert decision.committed, decision
+    assert await_quorum_reports(stayer, 9, {stayer.peer_id, leaver.peer_id}, deadline_seconds=5)
+    assert not await_quorum_reports(stayer, 10, {stayer.peer_id, leaver.peer_id}, deadline_seconds=0.5)

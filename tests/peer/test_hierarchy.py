@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from hivemind_adapter.dht import peer_id, read_entries, store
 from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
 from tests.peer.swarm_harness import run_peers, start_bootstrap_dht
 
@@ -36,6 +37,17 @@ def _crafted_masks(key: str) -> list[torch.Tensor]:
     return masks
 
 
+def _roster(dht, run_id: str, size: int) -> list[str]:
+    """Every peer's id, as the real roster (signed announcements) would list them: each peer posts its
+    own and waits (bounded) until all ``size`` are visible."""
+    store(dht, f"{run_id}_roster", True, 300.0, subkey=peer_id(dht))
+    deadline = time.monotonic() + 60
+    while len(found := read_entries(dht, f"{run_id}_roster")) < size:
+        assert time.monotonic() < deadline, f"only {len(found)} of {size} peers posted their id"
+        time.sleep(0.2)
+    return sorted(found)
+
+
 def _peer(
     dht,
     *,
@@ -61,17 +73,22 @@ def _peer(
         timeouts=FAST,
     )
     try:
+        roster = _roster(dht, run_id, len(PEERS))  # a dead peer stays listed, as it would until its TTL
         out = []
         for r, (cohort_size, num_cohorts) in enumerate(sizes):
             grads = _grads(seed, shapes)
             if masked:
                 grads = [g * m for g, m in zip(grads, _crafted_masks(mask_key))]
             numerator = [g * samples for g in grads]
-            if events is not None and r == 0:
-                events[0].set()  # entering round 0's averaging
-            res = averager.average(r, numerator, samples, cohort_size=cohort_size, num_cohorts=num_cohorts)
-            if events is not None and r == 0:
-                events[1].set()  # round 0 is over for this peer
+            if events is not None and r == 1:
+                events[0].set()  # entering round 1's averaging
+            res = averager.average(
+                r, numerator, samples, cohort_size=cohort_size, num_cohorts=num_cohorts, expected_peers=roster
+            )
+            if events is not None and r == 1:
+                events[1].set()  # round 1 is over for this peer
+            if not res.committed:
+                averager.settle(r, roster)  # as the round loop does: the others finish the attempt first
             out.append(
                 dict(
                     committed=res.committed,
@@ -82,6 +99,7 @@ def _peer(
                     tensors=None if res.tensors is None else [t.numpy() for t in res.tensors],
                     leader=res.leader,
                     contributors=[c.peer for c in res.contributors],
+                    seconds=res.seconds,
                 )
             )
         return out
@@ -164,32 +182,37 @@ def test_a_peer_killed_mid_round_leaves_the_survivors_identical_and_the_next_rou
     import multiprocessing as mp
 
     shapes = [(4_000, 4_000)]  # 64 MB: the all-reduce lasts over a second on this machine
-    args = _args("hier-kill", sizes=[(2, 2), (2, 2)], shapes=shapes)
-    args["p2"]["sizes"] = [(2, 2), (1, 2)]  # after the death, p2's roster shows it alone in rack-b
+    # Round 0 gives the peers a history of how long groups take (their deadlines follow it); the
+    # victim dies in round 1; round 2 runs without it.
+    args = _args("hier-kill", sizes=[(2, 2), (2, 2), (2, 2)], shapes=shapes)
+    args["p2"]["sizes"] = [(2, 2), (2, 2), (1, 2)]  # after the death, p2's roster shows it alone in rack-b
     entered, finished = mp.get_context("fork").Event(), mp.get_context("fork").Event()
     args["p3"]["events"] = (entered, finished)
     killed_mid_round = []
 
     def kill_p3_mid_round(procs):
-        assert entered.wait(timeout=120), "the victim never reached round 0"
-        time.sleep(0.5)  # inside matchmaking or the all-reduce of round 0
+        assert entered.wait(timeout=120), "the victim never reached round 1"
+        time.sleep(0.5)  # inside matchmaking or the all-reduce of round 1
         killed_mid_round.append(not finished.is_set())
         os.kill(procs["p3"].pid, signal.SIGKILL)
 
     results = _run("hier-kill", args, on_started=kill_p3_mid_round, timeout=400)
-    assert killed_mid_round == [True], "the victim finished round 0 before it was killed"
+    assert killed_mid_round == [True], "the victim finished round 1 before it was killed"
     assert results["p3"] is None, "the victim was killed before it could report"
     survivors = [results[n] for n in ("p0", "p1", "p2")]
-    first = [s[0] for s in survivors]
-    # Round 0: all commit with one digest, or all abort and keep their previous values; never a mix.
-    assert len({f["committed"] for f in first}) == 1, [f["reason"] for f in first]
-    if first[0]["committed"]:
-        assert len({f["digest"] for f in first}) == 1
-    else:
-        assert all(f["tensors"] is None and f["reason"] for f in first)
-    # Round 1 without the victim: the survivors average among themselves, identically.
-    second = [s[1] for s in survivors]
-    assert all(s["committed"] for s in second), [s["reason"] for s in second]
+    assert all(s[0]["committed"] for s in survivors), [s[0]["reason"] for s in survivors]
+    first = [s[1] for s in survivors]
+    # Round 1: whoever commits holds one result, named by its contributors; whoever does not keeps its
+    # previous values and says why (partial participation: a death costs its own contribution, and
+    # at most the round of the peers whose all-reduce it broke).
+    committed = [f for f in first if f["committed"]]
+    assert len({f["digest"] for f in committed}) <= 1, [f["reason"] for f in first]
+    assert all(f["tensors"] is None and f["reason"] for f in first if not f["committed"])
+    assert all(f["contributors"] == committed[0]["contributors"] for f in committed)
+    # Round 2 without the victim (still in everyone's roster, as until its announcement expires):
+    # three of four are a quorum, and the survivors average among themselves, identically.
+    second = [s[2] for s in survivors]
+    assert all(s["committed"] for s in second), [(s["reason"], s["seconds"]) for s in second]
     assert len({s["digest"] for s in second}) == 1
     total = 3 + 5 + 2
     want = sum(_grads(seed, shapes)[0] * n for seed, n in ((0, 3), (1, 5), (2, 2))) / total

@@ -287,22 +287,6 @@ def test_kill_9_of_a_peer_leaves_none_of_its_processes(swarm):
     assert not alive, f"left running after kill -9: {[(p.pid, p.name()) for p in alive]}"
 
 
-def test_a_late_joiner_loads_the_current_state_and_then_trains_in_step(swarm):
-    swarm.join("early", "--max-rounds", "14")
-    swarm.wait_for(lambda: len(swarm.rounds("early")) >= 3, 240, "three rounds of the early peer")
-    swarm.join("late", "--max-rounds", "5")
-    assert swarm.procs["late"].wait(timeout=400) == 0, swarm.log("late")[-3000:]
-    loaded = re.search(r"loaded the swarm's state after round (\d+)", swarm.log("late"))
-    assert loaded, swarm.log("late")[-3000:]
-    assert int(loaded.group(1)) >= 2
-    early, late = swarm.rounds("early"), swarm.rounds("late")
-    shared = [r for r in late if late[r]["committed"] and r in early and early[r]["committed"]]
-    assert shared, (early, late)
-    for r in shared:
-        assert late[r]["digest"] == early[r]["digest"]
-    assert any(late[r]["contributors"] == 2 for r in shared)
-
-
 class socket_closed_port:
     """A local port with nothing listening on it."""
 

@@ -1,0 +1,66 @@
+"""How long a round's averaging stages wait for their partners, from what the swarm has been doing.
+
+A fixed timeout is wrong both ways: long enough for the slowest link it makes every death cost that
+long, and short enough for a fast swarm it cuts off a merely slow peer. So each stage (cohort, cross,
+broadcast) keeps the time its last few successful rounds took to find their group and finish, and a
+peer waits a few times the slowest of those before it goes on without the missing partners (or gives
+the round up). Arrivals are spread by the last mini-batch each peer finishes and by link speed, and
+both show in these figures. The wait never falls below a few matchmaking periods (hivemind forms a
+group that is not full only after one) and never exceeds the configured step timeout.
+
+One peer thread uses an instance; nothing here is shared.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+HISTORY = 8  # successful stages remembered per stage name
+
+
+@dataclass(frozen=True)
+class StageDeadline:
+    """The wait chosen for one stage, and why (for the log line that explains a give-up)."""
+
+    seconds: float
+    slowest_recent: float | None  # None: no history yet, the initial wait
+
+    def describe(self) -> str:
+        if self.slowest_recent is None:
+            return f"{self.seconds:.1f} s (no history yet)"
+        return f"{self.seconds:.1f} s (recent groups took up to {self.slowest_recent:.1f} s)"
+
+
+class StageDeadlines:
+    """``deadline(stage)`` = clamp(``factor`` x slowest recent stage + 2 matchmaking periods,
+    3 matchmaking periods, ``ceiling``); ``initial`` until the stage has any history."""
+
+    def __init__(self, matchmaking: float, ceiling: float, *, factor: float = 3.0, initial: float | None = None):
+        self.matchmaking, self.ceiling, self.factor = matchmaking, ceiling, factor
+        self.floor = min(ceiling, 3.0 * matchmaking)
+        self.initial = min(ceiling, initial if initial is not None else 10.0 * matchmaking)
+        self._history: dict[str, deque[float]] = {}
+
+    def record(self, stage: str, seconds: float) -> None:
+        """A stage that found its group and finished, in ``seconds`` from when this peer entered it."""
+        self._history.setdefault(stage, deque(maxlen=HISTORY)).append(max(0.0, seconds))
+
+    def deadline(self, stage: str, ceiling: float | None = None) -> StageDeadline:
+        """The wait for ``stage``; ``ceiling`` overrides the default bound (the commit has its own)."""
+        top = self.ceiling if ceiling is None else ceiling
+        history = self._history.get(stage)
+        if not history:
+            return StageDeadline(min(top, self.initial), None)
+        slowest = max(history)
+        wait = self.factor * slowest + 2.0 * self.matchmaking
+        return StageDeadline(min(top, max(self.floor, wait)), slowest)
+
+    def total(self) -> float:
+        """How long a whole attempt lasts at most, over the stages this peer has seen run (a peer that
+        failed early waits this long for the rest at most)."""
+        seen = [self.deadline(stage).seconds for stage in self._history]
+        return sum(seen) if seen else self.initial

@@ -1,0 +1,137 @@
+"""When one averaging attempt's result becomes the swarm's: digests on a board, and a quorum.
+
+After its stages every participant posts the digest of its result (or a failure) under the attempt.
+A peer commits its result once the peers that posted *the same digest* are more than half of its
+roster (the peers online when the round began, less those that posted a departure notice for the
+attempt). Two such majorities share a peer, and a peer posts one digest per attempt, so at most one
+result of an attempt can commit, even when the swarm split into groups that never met. Nobody waits
+for the peers outside that majority: a peer that died, stalled or never averaged costs only its own
+contribution. A peer whose result does not reach a majority keeps its previous values, and the round
+loop then catches it up from the peers that committed (its stale state also keeps it out of their
+next groups, which are keyed by state).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Protocol
+
+from hivemind_adapter.dht import peer_id, read_entries, store
+
+COMMIT_POLL_SECONDS = 0.1  # how often a peer re-reads the board while it waits for a quorum
+
+
+class CommitBoard(Protocol):
+    """Where participants post and read their end-of-attempt reports."""
+
+    def post(self, attempt: int, ok: bool, digest: str, left: bool = False) -> None:
+        """``left``: a departure notice for ``attempt`` (not an attempt run; see :meth:`latest_attempt`)."""
+        ...
+
+    def read(self, attempt: int) -> dict[str, dict]:
+        """peer id -> {"ok": bool, "digest": str, "left": bool} for every report of ``attempt`` seen."""
+        ...
+
+    def latest_attempt(self) -> int:
+        """The highest attempt anyone reported recently, departure notices aside (-1 if none): where
+        the swarm is."""
+        ...
+
+
+class DHTCommitBoard:
+    """An unsigned board under ``{run_id}_commits`` (subkey ``<attempt>/<peer id>``), for swarms whose
+    peers trust each other (tests, benchmarks). MANTA peers use the signed board of
+    :mod:`peer.swarm_view` instead."""
+
+    def __init__(self, dht, run_id: str, ttl: float = 60.0):
+        self.dht, self.key, self.ttl = dht, f"{run_id}_commits", ttl
+        self.peer_id = peer_id(dht)
+
+    def post(self, attempt: int, ok: bool, digest: str, left: bool = False) -> None:
+        value = {"ok": ok, "digest": digest, "left": left}
+        store(self.dht, self.key, value, self.ttl, subkey=f"{attempt}/{self.peer_id}")
+
+    def _entries(self) -> dict[tuple[int, str], dict]:
+        out = {}
+        for sub, value in read_entries(self.dht, self.key).items():
+            attempt, _, peer = sub.partition("/")
+            if attempt.isdigit() and isinstance(value, dict):
+                out[int(attempt), peer] = value
+        return out
+
+    def read(self, attempt: int) -> dict[str, dict]:
+        return {peer: r for (a, peer), r in self._entries().items() if a == attempt}
+
+    def latest_attempt(self) -> int:
+        return max((a for (a, _), r in self._entries().items() if not r.get("left")), default=-1)
+
+
+def is_quorum(peers: Collection[str], roster: Collection[str]) -> bool:
+    """Whether ``peers`` are more than half of ``roster``.
+
+    A strict majority, not "half with a tie-break": peers read the roster at slightly different
+    times, and strict majorities of two rosters that differ by one peer (a joiner or a leaver seen by
+    some peers only) still always share a peer; tie-broken halves do not."""
+    members = set(roster)
+    return 2 * len(set(peers) & members) > len(members)
+
+
+@dataclass(frozen=True)
+class CommitDecision:
+    committed: bool
+    reason: str = ""
+    agreeing: int = 0  # peers that posted this peer's digest when it decided
+
+
+def await_commit(
+    board: CommitBoard,
+    attempt: int,
+    digest: str,
+    roster: Collection[str],
+    deadline_seconds: float,
+) -> CommitDecision:
+    """Wait (at most ``deadline_seconds``) until the peers that posted ``digest`` for ``attempt`` are
+    a quorum of ``roster``. Gives up early once that can no longer happen (too many roster peers
+    posted a failure or another digest). This peer's own report must already be on the board."""
+    deadline = time.monotonic() + deadline_seconds
+    while True:
+        reports = board.read(attempt)
+        # A peer that announced its departure from this attempt never posts a result for it, so
+        # leaving it out of the roster cannot make two results quorums (they still share a peer).
+        members = set(roster) - {p for p, r in reports.items() if r.get("left")}
+        agreeing = {p for p, r in reports.items() if r.get("ok") and r.get("digest") == digest}
+        if is_quorum(agreeing, members):
+            return CommitDecision(True, "", len(agreeing))
+        undecided = members - reports.keys()
+        if not is_quorum(agreeing | undecided, members):
+            others = len([p for p in members & reports.keys() if p not in agreeing])
+            return CommitDecision(
+                False,
+                f"no quorum for this result: {len(agreeing & members)} of {len(members)} roster peer(s) hold it, "
+                f"{others} reported a failure or another result",
+                len(agreeing),
+            )
+        if time.monotonic() > deadline:
+            return CommitDecision(
+                False,
+                f"no quorum within {deadline_seconds:.0f} s: {len(agreeing & members)} of {len(members)} roster "
+                f"peer(s) reported this result, {len(undecided)} reported nothing",
+                len(agreeing),
+            )
+        time.sleep(COMMIT_POLL_SECONDS)
+
+
+def await_quorum_reports(board: CommitBoard, attempt: int, roster: Collection[str], deadline_seconds: float) -> bool:
+    """Wait (at most ``deadline_seconds``) until a quorum of ``roster`` posted anything for ``attempt``
+    (a result, a failure or a departure). A peer whose attempt failed early waits here before its next
+    round: the others are still in this attempt, and meeting them in the next one needs them there
+    (and the state they commit now is what it must catch up with). Returns whether they did."""
+    deadline = time.monotonic() + deadline_seconds
+    while True:
+        if is_quorum(board.read(attempt).keys(), roster):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(COMMIT_POLL_SECONDS)
