@@ -5,19 +5,25 @@ need the swarm: the round window, the averaging group the receipt names, the pee
 throughput and the gradient statistics. They return rejections instead of raising, because some of
 them (the group) judge receipts against each other.
 
-Group agreement. Members of one averaging group name the same ``group_id`` and list the same
-``group_members`` with the same ``group_samples`` (what each declared in the all-reduce). A receipt
-is refused when the other members' receipts of its group, by majority, disagree with it: about the
-members, or about its own sample count — so a peer cannot claim more samples than its group saw,
-nor a group it was not in. (A peer that lies about someone else loses its own receipt; in a group of
-two the two receipts contradict each other and both are refused.)
+Group agreement. A receipt names its averaging group by ``group_id`` (attempt, start state and the
+Merkle root over every contributor's sample count) and proves, with an inclusion proof, that this
+root counts it with exactly the samples it claims (:mod:`protocol.averaging_group`). A round commits
+one result, over one set of contributors, on every peer that commits it (the commit quorum), and only
+committed rounds produce receipts: honest receipts of one round all name one group. So a receipt is
+refused when its proof does not hold (it claims samples its group did not count), or when another
+group is named by at least as many of the round's receipts as its own — a peer that inflates its
+count or invents a group names a group of its own, which nobody else names. (In a group of two the
+two receipts contradict each other and both are refused.) Receipts are compared by root, never by
+member list: nothing here grows with the group beyond one count per group id.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from protocol.averaging_group import GroupMembership, proves_membership
 from protocol.records import ContributionReceipt, RejectReason, Sealed
 
 PLAUSIBILITY_SLACK = 3.0  # announced throughput is a recent average; allow bursts up to 3x
@@ -50,11 +56,13 @@ def check_round(
         reason = _window(sealed.record, facts) or _finite(sealed.record) or _plausible(sealed.record, facts)
         if reason:
             rejected[sealed.wire] = reason
-    by_peer_round = {(s.record.peer_id, s.record.round): s.record for s in receipts}
+    # One testimony per peer and round: how many of the round's peers name each group.
+    latest = {(s.record.peer_id, s.record.round): s.record for s in receipts}
+    named = Counter((r.round, _group_key(r)) for r in latest.values())
     for sealed in receipts:
         if sealed.wire in rejected:
             continue
-        reason = _group(sealed.record, by_peer_round)
+        reason = _group(sealed.record, named)
         if reason:
             rejected[sealed.wire] = reason
     return rejected
@@ -75,7 +83,7 @@ def _window(r: ContributionReceipt, facts: SwarmFacts) -> tuple[RejectReason, st
 
 
 def _finite(r: ContributionReceipt) -> tuple[RejectReason, str] | None:
-    if not r.grad_sketch or not r.worker_samples or not r.group_samples:
+    if not r.grad_sketch or not r.worker_samples:
         return RejectReason.NON_FINITE, "the receipt carries no gradient sketch or sample breakdown"
     if all(v == 0 for v in r.grad_sketch):
         return RejectReason.NON_FINITE, "the gradient sketch is all zeros"
@@ -96,28 +104,20 @@ def _plausible(r: ContributionReceipt, facts: SwarmFacts) -> tuple[RejectReason,
     return None
 
 
-def _group(
-    r: ContributionReceipt,
-    by_peer_round: Mapping[tuple[str, int], ContributionReceipt],
-) -> tuple[RejectReason, str] | None:
-    own = dict(zip(r.group_members, r.group_samples))
-    if own.get(r.peer_id) != r.samples:
-        return RejectReason.GROUP_MISMATCH, "its own entry in group_samples is not its sample count"
-    verdicts = []
-    for member in r.group_members:
-        if member == r.peer_id:
-            continue
-        other = by_peer_round.get((member, r.round))
-        if other is None:
-            continue  # that member's receipt has not arrived (or was refused): no testimony
-        agrees = (
-            other.group_id == r.group_id
-            and other.group_members == r.group_members
-            and dict(zip(other.group_members, other.group_samples)).get(r.peer_id) == r.samples
-        )
-        verdicts.append(agrees)
-    if verdicts and sum(not v for v in verdicts) * 2 >= len(verdicts) and not all(verdicts):
+def _group_key(r: ContributionReceipt) -> tuple:
+    """What receipts of one group agree on. The id already hashes the rest, but the attempt it also
+    hashes is not in the receipt, so the aggregator cannot recompute it: it compares all of them."""
+    return r.group_id, r.group_root, r.group_size, r.state_digest
+
+
+def _group(r: ContributionReceipt, named: Counter) -> tuple[RejectReason, str] | None:
+    membership = GroupMembership(r.group_root, r.group_size, r.group_index, r.group_proof)
+    if not proves_membership(r.peer_id, r.samples, membership):
+        return RejectReason.GROUP_MISMATCH, "its group's root does not count it with the samples it claims"
+    own = named[r.round, _group_key(r)]
+    rivals = [n for (rnd, group), n in named.items() if rnd == r.round and group != _group_key(r)]
+    if rivals and max(rivals) >= own:
         return RejectReason.GROUP_MISMATCH, (
-            f"{sum(not v for v in verdicts)} of {len(verdicts)} group member(s) saw another group or sample count"
+            f"{max(rivals)} of the round's receipts name another group, {own} name this one"
         )
     return None

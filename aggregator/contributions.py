@@ -173,7 +173,9 @@ class ContributionDesk:
         self.rounds.add(Submission(wire, sender), receipt)
         self._status[leaf] = {"status": "queued", "round": receipt.round}
         if self.states is not None:  # where the round's start state can be fetched for an audit
-            self.states.learn(receipt.round - 1, receipt.state_digest, [sender, *receipt.group_members])
+            self.states.learn(
+                receipt.round - 1, receipt.state_digest, [sender]
+            )  # its group's others say so in their own receipts
         return self._status[leaf]
 
     def _settled(self, leaf: bytes) -> dict | None:

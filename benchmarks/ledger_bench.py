@@ -35,6 +35,7 @@ from pathlib import Path
 from aggregator.intake import ContributionIntake
 from ledger.store import LedgerStore
 from ledger.verify import default_jobs, verify_ledger
+from protocol.averaging_group import group_membership
 from protocol.canonical import ascii_canonical_json
 from protocol.identity import Identity
 from protocol.merkle import root_from_leaf_hashes, verify_inclusion
@@ -65,12 +66,23 @@ def _fields(peer: Identity, seq: int, now_ms: int) -> dict:
         "grad_commitment": hashlib.sha256(b"g%d-%s" % (seq, peer.public_key)).hexdigest(),
         "state_digest": hashlib.sha256(b"s%d" % seq).hexdigest(),
         "group_id": hashlib.sha256(b"group%d" % seq).hexdigest()[:32],
-        "group_members": tuple(sorted({pid, _peer_id(b"m1"), _peer_id(b"m2"), _peer_id(b"m3")})),
+        **_group_of_four(pid),
         "timestamp": now_ms,
         # the optional claims, empty: the canonical encoding writes every field, defaults included
-        "group_samples": (),
         "worker_samples": (),
         "grad_sketch": (),
+    }
+
+
+def _group_of_four(pid: str) -> dict:
+    """The receipt's group fields: this peer and three others, 256 samples each (a proof of 2 hashes)."""
+    members = sorted({pid, _peer_id(b"m1"), _peer_id(b"m2"), _peer_id(b"m3")})
+    view = group_membership([(m, 256) for m in members], pid)
+    return {
+        "group_root": view.root,
+        "group_size": view.size,
+        "group_index": view.index,
+        "group_proof": view.proof,
     }
 
 

@@ -36,8 +36,9 @@ from peer.swarm_progress import SwarmProgress
 from peer.swarm_view import Announcer, read_roster
 from peer.worker_pool import WorkerPool
 from peer.worker_protocol import Compute, HostContribution
+from protocol.averaging_group import averaging_group_id, group_membership
 from protocol.identity import Identity
-from protocol.records import ContributionReceipt, TaskSpec, averaging_group_id
+from protocol.records import ContributionReceipt, TaskSpec
 from supernet.contribution import contribution_sketch
 from supernet.sketch import encode_sketch
 from supernet.state import digest
@@ -226,8 +227,7 @@ def build_receipt(
     outcome: AveragingOutcome,
 ) -> ContributionReceipt:
     """This round's ContributionReceipt: what this peer computed, from which state, in which group."""
-    members = tuple(c.peer for c in outcome.contributors)
-    samples = tuple(c.samples for c in outcome.contributors)
+    group = group_membership([(c.peer, c.samples) for c in outcome.contributors], ctx.peer_id)
     task = ctx.task
     return ContributionReceipt(
         task_id=task.task_id,
@@ -241,10 +241,12 @@ def build_receipt(
         flops_per_sample=max(1, host.train_macs // host.samples),
         grad_commitment=commitments.grad_commitment,
         state_digest=start_digest,
-        group_id=averaging_group_id(task.task_id, plan.attempt, members, samples, start_digest),
-        group_members=members,
+        group_id=averaging_group_id(task.task_id, plan.attempt, group, start_digest),
+        group_root=group.root,
+        group_size=group.size,
+        group_index=group.index,
+        group_proof=group.proof,
         timestamp=int(time.time() * 1000),
-        group_samples=samples,
         worker_samples=commitments.worker_samples,
         grad_sketch=commitments.grad_sketch,
     )

@@ -3,7 +3,7 @@
 Records
 -------
 :class:`TaskSpec` (``manta/task/v1``), :class:`PeerAnnouncement` (``manta/announce/v1``),
-:class:`IdentityBinding` (``manta/binding/v1``), :class:`ContributionReceipt` (``manta/receipt/v1``),
+:class:`IdentityBinding` (``manta/binding/v1``), :class:`ContributionReceipt` (``manta/receipt/v2``),
 :class:`Revocation` (``manta/revocation/v1``), :class:`RoundCommit` (``manta/commit/v1``) and
 :class:`PeerProgress` (``manta/progress/v1``) are sealed (signed); :class:`Checkpoint` travels as a
 C2SP signed note instead (see :mod:`protocol.note`). Every model forbids unknown fields, takes strict
@@ -25,7 +25,7 @@ Sealing
 ``seal(record, identity) -> bytes`` gives the wire form (``make_sealed`` gives it already opened, as a
 :class:`Sealed`), which is also the ledger entry::
 
-    manta/receipt/v1\\n                       <- domain prefix: record type and version
+    manta/receipt/v2\\n                       <- domain prefix: record type and version
     {"cohort_id":...,"timestamp":...}\\n      <- RFC 8785 canonical JSON of the full record
     ed25519 <64 hex public key> <128 hex signature>
 
@@ -50,13 +50,13 @@ the binding and the transport-level sender agree on peer id and key.
 from __future__ import annotations
 
 import enum
-import hashlib
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
+from protocol.averaging_group import MAX_PROOF_HASHES
 from protocol.canonical import (
     MAX_SAFE_INTEGER,
     ascii_canonical_json,
@@ -245,6 +245,7 @@ class ContributionReceipt(SealedRecord):
     """What a peer contributed to one round, sealed by the peer's key; one ledger entry."""
 
     RECORD_TYPE: ClassVar[str] = "receipt"
+    VERSION: ClassVar[int] = 2  # 2: the group is a Merkle root and this peer's proof, not a member list
     MAX_WIRE_BYTES: ClassVar[int] = 32 * 1024
 
     task_id: Name
@@ -259,26 +260,26 @@ class ContributionReceipt(SealedRecord):
     grad_commitment: Hex32  # SHA-256 of the exact gradient payload the peer shared
     state_digest: Hex32  # SHA-256 digest of the model/optimizer state the gradient was computed from
     group_id: HexId
-    group_members: Annotated[tuple[PeerId, ...], Field(min_length=1, max_length=256)]
+    # The group commits to its contributors instead of listing them (:mod:`protocol.averaging_group`):
+    # the Merkle root over every (peer, samples), how many there are, and the proof that this peer is
+    # leaf ``group_index`` with exactly ``samples``. O(log n) in the group's size, never capped by it.
+    group_root: Hex32
+    group_size: Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER)]
+    group_index: Int53
+    group_proof: Annotated[tuple[Hex32, ...], Field(max_length=MAX_PROOF_HASHES)]
     timestamp: Int53
-    # What the aggregator checks the claim against (empty in receipts that predate them):
-    # every member's sample count as the averaging group saw it (aligned with group_members), the
+    # What the aggregator checks the claim against (empty in receipts that predate them): the
     # samples of each of the peer's workers (their streams are what an audit replays), and a fixed
     # random projection of the peer's mean gradient x 10^9 (what an audit compares, with a tolerance).
-    group_samples: Annotated[tuple[Int53, ...], Field(max_length=256)] = ()
     worker_samples: Annotated[tuple[Int53, ...], Field(max_length=64)] = ()
     grad_sketch: Annotated[tuple[SignedInt53, ...], Field(max_length=64)] = ()
 
     @model_validator(mode="after")
-    def _members_are_a_set_with_the_peer(self) -> ContributionReceipt:
-        if len(set(self.group_members)) != len(self.group_members):
-            raise ValueError("group_members lists a peer twice")
-        if self.peer_id not in self.group_members:
-            raise ValueError("group_members must include the receipt's own peer_id")
+    def _fields_agree(self) -> ContributionReceipt:
+        if self.group_index >= self.group_size:
+            raise ValueError("group_index must lie inside the group (below group_size)")
         if len(set(self.subnet_hashes)) != len(self.subnet_hashes):
             raise ValueError("subnet_hashes lists a sub-network twice")
-        if self.group_samples and len(self.group_samples) != len(self.group_members):
-            raise ValueError("group_samples must give one count per group member")
         if self.worker_samples and sum(self.worker_samples) != self.samples:
             raise ValueError("worker_samples must add up to samples")
         return self
@@ -550,17 +551,3 @@ def check_binding(
             RejectReason.UNBOUND_PEER,
             f"the receipt came from {sender_peer_id}, not from the bound {bound.peer_id}",
         )
-
-
-def averaging_group_id(
-    task_id: str, attempt: int, members: tuple[str, ...], samples: tuple[int, ...], state_digest: str
-) -> str:
-    """The id of one averaging group as its members saw it: SHA-256 over the canonical JSON of the
-    attempt, every member with the sample count it declared, and the state they started from. Members
-    that agree on all of it name the same group; a receipt whose claim differs names another one."""
-
-    body = canonical_json(
-        {"task": task_id, "attempt": attempt, "members": list(members), "samples": list(samples),
-         "state": state_digest}
-    )  # fmt: skip
-    return hashlib.sha256(body).hexdigest()

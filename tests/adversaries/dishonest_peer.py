@@ -23,6 +23,7 @@ from pathlib import Path
 import peer.cli
 from peer.node import PeerNode
 from peer.search_service import EvaluationService
+from protocol.averaging_group import averaging_group_id, group_membership
 from protocol.records import ContributionReceipt, TaskSpec, seal
 
 FAULTS = ("forge", "replay", "inflate", "fabricate", "search-lie", "silent")
@@ -39,12 +40,17 @@ def dishonest_wire(fault: str, peer: PeerNode, receipt: ContributionReceipt) -> 
         settled = sorted(peer._outbox.dir.glob("settled/*.receipt"))
         return settled[0].read_bytes() if settled else None
     if fault == "inflate":
-        samples = list(receipt.group_samples)
-        samples[list(receipt.group_members).index(receipt.peer_id)] *= 10
+        # The honest group's root does not count ten times its samples (the proof would fail), so the
+        # inflated claim comes with a group of its own, which no other receipt of the round names.
+        view = group_membership([(receipt.peer_id, receipt.samples * 10)], receipt.peer_id)
         claimed = receipt.model_dump() | dict(
             samples=receipt.samples * 10,
             worker_samples=tuple(w * 10 for w in receipt.worker_samples),
-            group_samples=tuple(samples),
+            group_id=averaging_group_id(receipt.task_id, receipt.round, view, receipt.state_digest),
+            group_root=view.root,
+            group_size=view.size,
+            group_index=view.index,
+            group_proof=view.proof,
         )
         return seal(ContributionReceipt(**claimed), peer.identity)
     if fault == "fabricate":

@@ -1,32 +1,37 @@
-"""The swarm-level receipt checks, on real signed receipts of a three-member averaging group."""
+"""The swarm-level receipt checks, on real signed receipts of a three-member averaging group (named by
+the Merkle root over its members' sample counts, each receipt proving its own)."""
 
 from __future__ import annotations
 
 import pytest
 
 from aggregator.contribution_checks import SwarmFacts, check_round
+from protocol.averaging_group import averaging_group_id, group_membership
 from protocol.identity import Identity
-from protocol.records import RejectReason, averaging_group_id
-from tests.protocol.factories import peer_id_of, sealed_receipt
+from protocol.records import RejectReason
+from tests.protocol.factories import group_fields, peer_id_of, sealed_receipt
 
 PEERS = [Identity.generate() for _ in range(3)]
 IDS = tuple(sorted(peer_id_of(p) for p in PEERS))
 SAMPLES = {IDS[0]: 64, IDS[1]: 96, IDS[2]: 32}
 STATE = "ab" * 32
-GROUP = averaging_group_id("t", 7, IDS, tuple(SAMPLES[p] for p in IDS), STATE)
 
 
-def _receipt(identity: Identity, **overrides):
+def _group(samples: dict[str, int], peer: str) -> dict:
+    """The group fields of ``peer``'s receipt, for a group whose members saw ``samples``."""
+    view = group_membership(list(samples.items()), peer)
+    return dict(group_id=averaging_group_id("t", 7, view, STATE), **group_fields(view))
+
+
+def _receipt(identity: Identity, group: dict[str, int] = SAMPLES, **overrides):
     peer = peer_id_of(identity)
     fields = dict(
         round=5,
         samples=SAMPLES[peer],
         state_digest=STATE,
-        group_id=GROUP,
-        group_members=IDS,
-        group_samples=tuple(SAMPLES[p] for p in IDS),
         worker_samples=(SAMPLES[peer],),
         grad_sketch=(12, -7, 3),
+        **_group(group, peer),
     )
     fields.update(overrides)
     if "samples" in overrides and "worker_samples" not in overrides:
@@ -50,23 +55,55 @@ def test_an_honest_group_passes():
 def test_a_peer_claiming_more_samples_than_its_group_saw_is_refused_and_only_it():
     liar = PEERS[0]
     peer = peer_id_of(liar)
-    claimed = dict(SAMPLES, **{peer: SAMPLES[peer] * 2})
-    bad = _receipt(liar, samples=claimed[peer], group_samples=tuple(claimed[p] for p in IDS))
-    receipts = [bad] + [_receipt(p) for p in PEERS[1:]]
-    refused = check_round(receipts, FACTS)
-    assert list(refused) == [bad.wire]
-    assert refused[bad.wire][0] is RejectReason.GROUP_MISMATCH
+    honest = [_receipt(p) for p in PEERS[1:]]
+    # In the honest group, twice its samples: the group's root does not count that, the proof fails.
+    in_honest_group = _receipt(liar, samples=SAMPLES[peer] * 2)
+    # With a group of its own that counts them: a group that no other receipt of the round names.
+    own_group = _receipt(liar, dict(SAMPLES, **{peer: SAMPLES[peer] * 2}), samples=SAMPLES[peer] * 2)
+    for bad, why in (
+        (in_honest_group, "does not count it"),
+        (own_group, "2 of the round's receipts name another"),
+    ):
+        refused = check_round([bad, *honest], FACTS)
+        assert list(refused) == [bad.wire], refused
+        assert refused[bad.wire][0] is RejectReason.GROUP_MISMATCH and why in refused[bad.wire][1]
 
 
 def test_a_peer_naming_a_group_it_was_not_in_is_refused():
     outsider = Identity.generate()
-    members = (*IDS, peer_id_of(outsider))
-    bad = sealed_receipt(
-        outsider, 1, round=5, samples=50, state_digest=STATE, group_id=GROUP, group_members=members,
-        group_samples=(*[SAMPLES[p] for p in IDS], 50), worker_samples=(50,), grad_sketch=(1, 2),
-    )  # fmt: skip
-    refused = check_round([bad] + [_receipt(p) for p in PEERS], FACTS)
-    assert list(refused) == [bad.wire] and refused[bad.wire][0] is RejectReason.GROUP_MISMATCH
+    me = peer_id_of(outsider)
+    extended = group_membership([*SAMPLES.items(), (me, 50)], me)  # the members' counts, and itself
+    honest_id = _receipt(PEERS[0]).record.group_id
+    forged = [
+        # the real group's id with a root that counts the outsider: the id is the one the members
+        # name, but the proof is checked against the root it comes with, and that root is not theirs
+        dict(group_id=honest_id, **group_fields(extended)),
+        # a group of its own that includes the real members: named by nobody else
+        dict(group_id=averaging_group_id("t", 7, extended, STATE), **group_fields(extended)),
+    ]
+    for fields in forged:
+        bad = sealed_receipt(
+            outsider,
+            1,
+            round=5,
+            samples=50,
+            state_digest=STATE,
+            worker_samples=(50,),
+            grad_sketch=(1, 2),
+            **fields,
+        )
+        refused = check_round([bad] + [_receipt(p) for p in PEERS], FACTS)
+        assert list(refused) == [bad.wire] and refused[bad.wire][0] is RejectReason.GROUP_MISMATCH
+
+
+def test_two_receipts_that_contradict_each_other_are_both_refused():
+    a, b = PEERS[:2]
+    pair = {peer_id_of(a): SAMPLES[peer_id_of(a)], peer_id_of(b): SAMPLES[peer_id_of(b)]}
+    inflated = dict(pair, **{peer_id_of(b): 300})  # plausible at its throughput: only the group can tell
+    receipts = [_receipt(a, pair), _receipt(b, inflated, samples=300)]
+    refused = check_round(receipts, FACTS)
+    assert set(refused) == {r.wire for r in receipts}, "nobody can tell which of the two lies"
+    assert {v[0] for v in refused.values()} == {RejectReason.GROUP_MISMATCH}
 
 
 def test_samples_beyond_the_announced_throughput_are_implausible():
@@ -87,7 +124,7 @@ def test_the_time_since_a_peers_previous_receipt_bounds_its_samples():
     assert check_round([_receipt(p) for p in PEERS], SwarmFacts(5, 3, slow, {5: 2.0}, 32, windows)) == {}
     claimed = dict(SAMPLES, **{IDS[1]: 200})
     slow_peer = next(p for p in PEERS if peer_id_of(p) == IDS[1])
-    greedy = _receipt(slow_peer, samples=200, group_samples=tuple(claimed[p] for p in IDS))
+    greedy = _receipt(slow_peer, claimed, samples=200)
     refused = check_round([greedy], SwarmFacts(5, 3, slow, {5: 2.0}, 32, windows))
     assert refused[greedy.wire][0] is RejectReason.IMPLAUSIBLE
 

@@ -102,7 +102,8 @@ def test_each_dishonest_peer_is_refused_or_revoked_with_the_right_reason(cheated
     # replay: the old receipt's bytes are refused as a replay; the ledger holds each receipt once.
     assert "receipt refused: replay" in log
     assert len(set(entries)) == len(entries)
-    # inflate: ten times the samples its averaging group saw: refused by the group's testimony.
+    # inflate: ten times the samples its averaging group saw, in a group of its own that no other
+    # receipt of the round names (the real group's root does not count them).
     assert re.search(r"receipt refused: (group_mismatch|implausible_samples)", log)
     assert _key(swarm, 3) not in by_key
     # fabricate: accepted (it looks fine) and then revoked by a spot audit.

@@ -58,7 +58,7 @@ CASES = {
         {},
     ),
     RejectReason.WRONG_RECORD: lambda: ([], binding_wire(PEER), {}),
-    RejectReason.UNSUPPORTED_VERSION: lambda: ([], receipt_wire(PEER, 1).replace(b"/v1\n", b"/v9\n", 1), {}),
+    RejectReason.UNSUPPORTED_VERSION: lambda: ([], receipt_wire(PEER, 1).replace(b"/v2\n", b"/v9\n", 1), {}),
     RejectReason.BAD_SIGNATURE: lambda: (
         [],
         receipt_wire(PEER, 1).replace(b'"samples":256', b'"samples":257'),
@@ -184,9 +184,7 @@ def test_identity_bindings(store):
             Submission(
                 receipt_wire(PEER, 2), sender_peer_id=fake_peer_id(b"mallory")
             ),  # relayed by someone else
-            Submission(
-                receipt_wire(OTHER, 1, peer_id=mine, group_members=(mine,)), sender_peer_id=mine
-            ),  # key not bound to mine
+            Submission(receipt_wire(OTHER, 1, peer_id=mine), sender_peer_id=mine),  # key not bound to mine
             Submission(
                 receipt_wire(OTHER, 2), sender_peer_id=peer_id_of(OTHER)
             ),  # no binding for this peer id

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import time
 
+from protocol.averaging_group import GroupMembership, group_membership
 from protocol.identity import Identity
 from protocol.records import ContributionReceipt, IdentityBinding, SwarmParams, TaskSpec, make_sealed, seal
 
@@ -30,8 +31,21 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def group_fields(membership: GroupMembership) -> dict:
+    """A receipt's group fields from one member's view of its group."""
+    return dict(
+        group_root=membership.root,
+        group_size=membership.size,
+        group_index=membership.index,
+        group_proof=membership.proof,
+    )
+
+
 def receipt(identity: Identity, seq: int, **overrides) -> ContributionReceipt:
+    """A valid receipt; its group is this peer and one other member, unless ``overrides`` say otherwise
+    (a changed ``samples`` keeps the group as it was: the proof then no longer matches it)."""
     peer = peer_id_of(identity)
+    group = group_membership([(peer, 256), (fake_peer_id(b"other-member"), 128)], peer)
     fields = dict(
         task_id=TASK,
         round=seq,
@@ -45,7 +59,7 @@ def receipt(identity: Identity, seq: int, **overrides) -> ContributionReceipt:
         grad_commitment=hashlib.sha256(b"grad%d" % seq).hexdigest(),
         state_digest=hashlib.sha256(b"state%d" % seq).hexdigest(),
         group_id="0f" * 16,
-        group_members=(peer, fake_peer_id(b"other-member")),
+        **group_fields(group),
         timestamp=now_ms(),
     )
     fields.update(overrides)

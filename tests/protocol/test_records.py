@@ -101,7 +101,8 @@ def test_every_record_seals_and_opens(kind):
     record = make()
     wire = seal(record, signer)
     prefix, body, trailer = wire.split(b"\n")
-    assert prefix == f"manta/{kind}/v1".encode()
+    assert prefix == f"manta/{kind}/v{type(record).VERSION}".encode()
+    assert type(record).VERSION == (2 if kind == "receipt" else 1)  # receipts: v2 since groups are roots
     assert body == canonical_json(record.model_dump(mode="json"))
     assert trailer == b"ed25519 " + signer.public_key_hex.encode() + b" " + trailer.split(b" ")[2]
     opened = open_sealed(wire, type(record))
@@ -120,13 +121,11 @@ def test_receipt_fields_and_credit():
     assert r.credit == 300_000
     for field in (
         "task_id round peer_id public_key seq cohort_id subnet_hashes samples flops_per_sample "
-        "grad_commitment state_digest group_id group_members timestamp"
+        "grad_commitment state_digest group_id group_root group_size group_index group_proof timestamp"
     ).split():
         assert field in ContributionReceipt.model_fields
-    with pytest.raises(pydantic.ValidationError, match="include the receipt's own peer_id"):
-        receipt(PEER, 1, group_members=(fake_peer_id(b"x"),))
-    with pytest.raises(pydantic.ValidationError, match="twice"):
-        receipt(PEER, 1, group_members=(peer_id_of(PEER), peer_id_of(PEER)))
+    with pytest.raises(pydantic.ValidationError, match="inside the group"):
+        receipt(PEER, 1, group_index=2, group_size=2)
     with pytest.raises(pydantic.ValidationError, match="twice"):
         receipt(PEER, 1, subnet_hashes=("aa" * 32, "aa" * 32))
 
@@ -197,7 +196,7 @@ def test_wrong_type():
     for bad in [
         _edit(samples="256"),
         _edit(samples=True),
-        _edit(group_members="x"),
+        _edit(group_proof="x"),
         _edit(subnet_hashes=[1]),
     ]:
         assert _rejected(bad).reason is RejectReason.WRONG_TYPE
@@ -208,8 +207,8 @@ def test_wrong_type():
 def test_oversize():
     assert _rejected(_wire() + b"x" * 40_000).reason is RejectReason.OVERSIZE  # the wire form
     assert _rejected(_edit(cohort_id="a" * 500)).reason is RejectReason.OVERSIZE  # a string
-    members = [peer_id_of(PEER)] + [fake_peer_id(b"%d" % i) for i in range(300)]
-    assert _rejected(_edit(group_members=members)).reason is RejectReason.OVERSIZE  # a list
+    proof = ["ab" * 32] * 65  # more hashes than any tree of 2^64 leaves needs
+    assert _rejected(_edit(group_proof=proof)).reason is RejectReason.OVERSIZE  # a list
 
 
 def test_non_canonical():
@@ -231,7 +230,7 @@ def test_wrong_record_and_unsupported_version():
         is RejectReason.WRONG_RECORD
     )
     assert (
-        _rejected(_wire().replace(b"manta/receipt/v1", b"manta/receipt/v2", 1)).reason
+        _rejected(_wire().replace(b"manta/receipt/v2", b"manta/receipt/v1", 1)).reason
         is RejectReason.UNSUPPORTED_VERSION
     )
     assert open_sealed(
