@@ -39,7 +39,9 @@ class StageDeadlines:
     """``deadline(stage)`` = clamp(``factor`` x slowest recent stage + 2 matchmaking periods,
     3 matchmaking periods, ``ceiling``); ``initial`` until the stage has any history."""
 
-    def __init__(self, matchmaking: float, ceiling: float, *, factor: float = 3.0, initial: float | None = None):
+    def __init__(
+        self, matchmaking: float, ceiling: float, *, factor: float = 3.0, initial: float | None = None
+    ):
         self.matchmaking, self.ceiling, self.factor = matchmaking, ceiling, factor
         self.floor = min(ceiling, 3.0 * matchmaking)
         self.initial = min(ceiling, initial if initial is not None else 10.0 * matchmaking)

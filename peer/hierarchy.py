@@ -40,6 +40,7 @@ import logging
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
+
 import torch
 
 from hivemind_adapter.allreduce import VerifiedAverager, looking_for_group, member_ids, wire_compression
@@ -229,7 +230,9 @@ class HierarchicalAverager:
                     gathered = self._stage(
                         self._cohort, "cohort", attempt, 0, cohort_size, state_digest, weight=1.0, gather=me.to_wire()
                     )  # fmt: skip
-                    members = sorted((Contributor.from_wire(m) for m in gathered.values()), key=lambda c: c.peer)
+                    members = sorted(
+                        (Contributor.from_wire(m) for m in gathered.values()), key=lambda c: c.peer
+                    )
                 except NoGroup as e:
                     logger.info(f"attempt {attempt}: {e}; this peer goes on as a cohort of one")
             outcome.seconds["cohort"] = time.perf_counter() - t_start
@@ -364,7 +367,9 @@ class HierarchicalAverager:
                         raise RoundAborted(f"{name} stage abandoned: {watch[-8:]} aborted the round")
                     if self._leaving_for(started):
                         control.cancel()
-                        raise RoundAborted(f"{name} stage abandoned: this peer is leaving and no group formed")
+                        raise RoundAborted(
+                            f"{name} stage abandoned: this peer is leaving and no group formed"
+                        )
                     # Not in the broadcast: the other cohorts may rightly be done while ours still broadcasts.
                     if stage == 0 and self._superseded():
                         control.cancel()
@@ -374,7 +379,9 @@ class HierarchicalAverager:
                 break
             except Exception as e:
                 if self._leaving_for(started):
-                    raise RoundAborted(f"{name} stage abandoned: this peer is leaving and no group formed") from e
+                    raise RoundAborted(
+                        f"{name} stage abandoned: this peer is leaving and no group formed"
+                    ) from e
                 if "could not find a group" in str(e):
                     if deadline - time.monotonic() > 0.5:
                         continue  # nobody to meet yet: look again with the time that is left
@@ -384,7 +391,9 @@ class HierarchicalAverager:
         return member_ids(gathered)
 
     def _leaving_for(self, started: float) -> bool:
-        return self.leaving() and time.monotonic() - started > LEAVING_GRACE_FACTOR * self.timeouts.matchmaking
+        return (
+            self.leaving() and time.monotonic() - started > LEAVING_GRACE_FACTOR * self.timeouts.matchmaking
+        )
 
     def _reported_failure(self, attempt: int, peer: str) -> bool:
         report = self.board.read(attempt).get(peer)

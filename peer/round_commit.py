@@ -123,7 +123,9 @@ def await_commit(
         time.sleep(COMMIT_POLL_SECONDS)
 
 
-def await_quorum_reports(board: CommitBoard, attempt: int, roster: Collection[str], deadline_seconds: float) -> bool:
+def await_quorum_reports(
+    board: CommitBoard, attempt: int, roster: Collection[str], deadline_seconds: float
+) -> bool:
     """Wait (at most ``deadline_seconds``) until a quorum of ``roster`` posted anything for ``attempt``
     (a result, a failure or a departure). A peer whose attempt failed early waits here before its next
     round: the others are still in this attempt, and meeting them in the next one needs them there

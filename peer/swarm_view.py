@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from hivemind_adapter.dht import dht_time, read_entries
 from peer.affinity import RosterEntry
+from peer.verified_records import VerifiedRecords
 from protocol.dht_schema import (
     TASKS_INDEX_KEY,
     commit_subkey,
@@ -167,12 +168,18 @@ class RosterPeer:
     announcement: PeerAnnouncement
 
 
+# Announcements are re-read every round and re-sent unchanged between refreshes: verified once each.
+_announcements = VerifiedRecords(
+    lambda task_and_sub, value: open_peer_value(task_and_sub[0], task_and_sub[1], value)
+)
+
+
 def read_roster(dht, task_id: str) -> list[RosterPeer]:
     """The peers currently offering work on ``task_id`` (verified, not withdrawn), sorted by peer id."""
     peers = {}
     for sub, value in _entries(dht, peers_key(task_id)).items():
         try:
-            announcement, _binding = open_peer_value(task_id, sub, value)
+            announcement, _binding = _announcements.open((task_id, sub), value)
         except RecordRejected:
             continue
         a = announcement.record
@@ -191,6 +198,7 @@ class SignedCommitBoard:
 
     def __init__(self, dht, task_id: str, identity: Identity, peer_id: str, ttl: float = 90.0):
         self.dht, self.task_id, self.identity, self.peer_id, self.ttl = dht, task_id, identity, peer_id, ttl
+        self.verified = VerifiedRecords(lambda sub, value: open_commit_value(task_id, sub, value))
 
     def post(self, attempt: int, ok: bool, digest: str, left: bool = False) -> None:
         record = RoundCommit(
@@ -210,21 +218,22 @@ class SignedCommitBoard:
             subkey=commit_subkey(attempt, self.identity.public_key_hex),
         )
 
-    def _records(self) -> list[RoundCommit]:
+    def _records(self, attempt: int | None = None) -> list[RoundCommit]:
+        """Verified reports (of ``attempt`` only, if given: the subkey names it, so the others' are
+        skipped before any check; a subkey that lies about its attempt fails the check)."""
+        prefix = None if attempt is None else f"{attempt}/"
         out = []
         for sub, value in _entries(self.dht, commits_key(self.task_id)).items():
+            if prefix is not None and not str(sub).startswith(prefix):
+                continue
             try:
-                out.append(open_commit_value(self.task_id, sub, value).record)
+                out.append(self.verified.open(sub, value).record)
             except RecordRejected:
                 continue
         return out
 
     def read(self, attempt: int) -> dict[str, dict]:
-        return {
-            r.peer_id: {"ok": r.ok, "digest": r.digest, "left": r.left}
-            for r in self._records()
-            if r.attempt == attempt
-        }
+        return {r.peer_id: {"ok": r.ok, "digest": r.digest, "left": r.left} for r in self._records(attempt)}
 
     def latest_attempt(self) -> int:
         return max((r.attempt for r in self._records() if not r.left), default=-1)
@@ -238,6 +247,7 @@ class ProgressBoard:
 
     def __init__(self, dht, task_id: str, identity: Identity, peer_id: str):
         self.dht, self.task_id, self.identity, self.peer_id = dht, task_id, identity, peer_id
+        self.verified = VerifiedRecords(lambda sub, value: open_progress_value(task_id, sub, value))
 
     def publish(
         self,
@@ -281,7 +291,7 @@ class ProgressBoard:
         out = []
         for sub, value in _entries(self.dht, progress_key(self.task_id)).items():
             try:
-                out.append(open_progress_value(self.task_id, sub, value).record)
+                out.append(self.verified.open(sub, value).record)
             except RecordRejected:
                 continue
         return out

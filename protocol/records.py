@@ -305,9 +305,9 @@ class Revocation(SealedRecord):
 class RoundCommit(SealedRecord):
     """A peer's report at the end of an averaging attempt: did it succeed, and with which result.
 
-    Every participant publishes one in the DHT and an attempt commits only when every contributor
-    reports ``ok`` with the same ``digest`` (see ``peer.hierarchy``); sealing it means nobody can abort
-    other peers' rounds, or fake agreement, in another peer's name.
+    Every participant publishes one in the DHT and a result commits once a quorum of the roster
+    reports ``ok`` with the same ``digest`` (see ``peer.round_commit``); sealing it means nobody can
+    abort other peers' rounds, or fake agreement, in another peer's name.
     """
 
     RECORD_TYPE: ClassVar[str] = "commit"

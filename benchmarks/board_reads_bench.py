@@ -1,0 +1,148 @@
+"""What one read of the commit board and of the progress board costs a peer, before and after issue 16.
+
+A real hivemind DHT (two nodes, one writes, the other reads) holds what a swarm of N peers leaves
+there: every peer's signed progress record, and its signed commit report for each of the last
+``--attempts`` attempts (the board's TTL keeps about that many). Each read is timed both ways in the
+same run, on the same entries:
+
+- before: every entry opened and its Ed25519 signature checked at every read (the commit board also
+  for other attempts' reports), as each poll did;
+- now: entries verified once (:mod:`peer.verified_records`), other attempts' reports skipped by their
+  subkey before any check.
+
+The DHT get itself is the same both ways and is timed separately. Prints, per N, the median
+milliseconds per read and the ratio, and how many signature checks one read needs (the repeated
+reads' figure, once the cache holds the entries).
+
+    python -m benchmarks.board_reads_bench [--peers 8 16 32 64] [--attempts 18] [--reads 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+from hivemind_adapter.runtime import prepare_process
+
+prepare_process()
+
+from hivemind_adapter.dht import dht_time, peer_id, read_entries, start_dht, visible_maddrs  # noqa: E402
+from peer.swarm_view import ProgressBoard, SignedCommitBoard  # noqa: E402
+from protocol.dht_schema import (  # noqa: E402
+    MantaRecordValidator,
+    commit_subkey,
+    commits_key,
+    open_commit_value,
+    open_progress_value,
+    progress_key,
+)
+from protocol.identity import Identity  # noqa: E402
+from protocol.records import PeerProgress, RoundCommit, seal  # noqa: E402
+from tests.protocol.factories import fake_peer_id  # noqa: E402
+
+TASK = "board-bench"
+
+
+def _fill(dht, peers: int, attempts: int) -> None:
+    """Store what ``peers`` peers leave on both boards after ``attempts`` attempts."""
+    now = int(time.time() * 1000)
+    for i in range(peers):
+        me = Identity.generate()
+        pid = fake_peer_id(b"bench-%d" % i)
+        for a in range(attempts):
+            commit = RoundCommit(
+                task_id=TASK, attempt=a, peer_id=pid, public_key=me.public_key_hex, ok=True,
+                digest="ab" * 32, timestamp=now, left=False,
+            )  # fmt: skip
+            dht.store(
+                commits_key(TASK),
+                seal(commit, me),
+                dht_time() + 600,
+                subkey=commit_subkey(a, me.public_key_hex),
+            )
+        progress = PeerProgress(
+            task_id=TASK, peer_id=pid, public_key=me.public_key_hex, round=attempts, samples=64,
+            throughput_milli=50_000, loss_micro=1_000_000, cohort_id="host-a", state_round=attempts,
+            timestamp=now, finished_round=attempts - 1, finished_samples=64, finished_loss_micro=1_000_000,
+        )  # fmt: skip
+        dht.store(progress_key(TASK), seal(progress, me), dht_time() + 600, subkey=me.public_key_hex)
+
+
+def _median_ms(fn, reads: int) -> float:
+    times = []
+    for _ in range(reads):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+def _open_all(entries: dict, opener) -> int:
+    ok = 0
+    for sub, value in entries.items():
+        try:
+            opener(TASK, sub, value)
+            ok += 1
+        except Exception:  # noqa: BLE001 - a bad entry is skipped, as the boards do
+            continue
+    return ok
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--peers", type=int, nargs="+", default=[8, 16, 32, 64])
+    ap.add_argument("--attempts", type=int, default=18, help="attempts whose reports are on the board")
+    ap.add_argument("--reads", type=int, default=20)
+    args = ap.parse_args()
+    print(f"command: python -m benchmarks.board_reads_bench {' '.join(os.sys.argv[1:])}".rstrip())
+    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
+    header = (
+        f"{'peers':>5} | {'commit read ms: before':>22} {'now':>6} {'ratio':>6} {'checks/read':>12} | "
+        f"{'progress read ms: before':>24} {'now':>6} {'ratio':>6} | {'DHT get ms':>10}"
+    )
+    print(header)
+    print("-" * len(header))
+    for n in args.peers:
+        print(_row(n, args.attempts, args.reads), flush=True)
+
+
+def _row(n: int, attempts: int, reads: int) -> str:
+    """One table row: both boards of an ``n``-peer swarm, read ``reads`` times each way."""
+    validator = [MantaRecordValidator(TASK)]
+    writer = start_dht(host_maddrs=["/ip4/127.0.0.1/tcp/0"], validators=validator)
+    reader = start_dht(
+        initial_peers=visible_maddrs(writer), host_maddrs=["/ip4/127.0.0.1/tcp/0"], validators=validator
+    )
+    try:
+        _fill(writer, n, attempts)
+        me = Identity.generate()
+        commits = SignedCommitBoard(reader, TASK, me, peer_id(reader))
+        progress = ProgressBoard(reader, TASK, me, peer_id(reader))
+        attempt = attempts - 1
+        assert len(commits.read(attempt)) == n and len(progress.read()) == n, "entries missing"
+        get = _median_ms(lambda: read_entries(reader, commits_key(TASK)), reads)
+        before_c = _median_ms(
+            lambda: _open_all(read_entries(reader, commits_key(TASK)), open_commit_value), reads
+        )
+        now_c = _median_ms(lambda: commits.read(attempt), reads)
+        before_p = _median_ms(
+            lambda: _open_all(read_entries(reader, progress_key(TASK)), open_progress_value), reads
+        )
+        now_p = _median_ms(lambda: progress.read(), reads)
+        checked = commits.verified.counts[0]
+        commits.read(attempt)
+        checks = commits.verified.counts[0] - checked
+        return (
+            f"{n:>5} | {before_c:>22.1f} {now_c:>6.1f} {before_c / now_c:>5.1f}x "
+            f"{n * attempts:>5} -> {checks:<4} | {before_p:>24.1f} {now_p:>6.1f} {before_p / now_p:>5.1f}x | "
+            f"{get:>10.1f}"
+        )  # fmt: skip
+    finally:
+        reader.shutdown()
+        writer.shutdown()
+
+
+if __name__ == "__main__":
+    main()
