@@ -35,6 +35,7 @@ from aggregator.ledger_writer import LedgerWriter
 from aggregator.round_closing import RoundCloser
 from hivemind_adapter.dht import peer_id, read_signed, store
 from hivemind_adapter.p2p import Endpoint
+from hivemind_adapter.verified_records import VerifiedRecords
 from ledger.rewards import compute_rewards
 from ledger.store import LedgerStore
 from protocol.dht_schema import (
@@ -62,6 +63,8 @@ from protocol.records import (
 )
 
 logger = logging.getLogger(__name__)
+
+BINDINGS_REFRESH = 10.0  # seconds a read of the peers' announcements serves receipts for
 
 
 class ContributionDesk:
@@ -95,6 +98,12 @@ class ContributionDesk:
         self.rounds = RoundCloser(self.intake, spec, close_after, round_window)
         self.counters: Counter[str] = Counter()  # accepted, each rejection reason, audits (the writer's)
         self._throughput: dict[str, float] = {}  # peer id -> announced samples/s
+        # Announcements: each verified once, and re-read from the DHT per receipt only when the sender
+        # is not known yet or the last read is older than BINDINGS_REFRESH (not once per receipt).
+        self._announcements = VerifiedRecords(lambda sub, value: open_peer_value(spec.task_id, sub, value))
+        self._bindings_lock = threading.Lock()  # guards _bindings_read_at and _bound
+        self._bindings_read_at = float("-inf")
+        self._bound: set[str] = set()  # peer ids whose binding the intake holds
         self._status: dict[bytes, dict] = {}  # leaf hash -> {"status": ..., ...}
         self._stop = threading.Event()
         # Ed25519 signatures are deterministic: a secret only this aggregator can derive, so peers
@@ -156,7 +165,7 @@ class ContributionDesk:
         settled = self._ledger.run(lambda _: self._settled(leaf))
         if settled is not None:
             return settled
-        bindings = self._read_bindings()  # a DHT read: before the work is handed to the writer
+        bindings = self._bindings_for(sender)  # a DHT read if needed: before the work goes to the writer
         return self._ledger.run(lambda _: self._queue(leaf, wire, sender, bindings))
 
     def _queue(self, leaf: bytes, wire: bytes, sender: str, bindings: list) -> dict:
@@ -257,15 +266,28 @@ class ContributionDesk:
     # ------------------------------------------------------------------ rounds
 
     def _read_bindings(self) -> list:
-        """Peers' signed announcements with their identity bindings (a bounded DHT read)."""
-        return read_signed(
-            self.dht, peers_key(self.task_id), lambda sub, value: open_peer_value(self.task_id, sub, value)
-        )
+        """Peers' signed announcements with their identity bindings (a bounded DHT read; each entry's
+        signatures are checked the first time it is seen only)."""
+        found = read_signed(self.dht, peers_key(self.task_id), self._announcements.open)
+        with self._bindings_lock:
+            self._bindings_read_at = time.monotonic()
+        return found
+
+    def _bindings_for(self, sender: str) -> list:
+        """What a receipt from ``sender`` needs read first: nothing if the last read (recent enough)
+        already bound the sender, else a fresh read (a newcomer's first receipt)."""
+        with self._bindings_lock:
+            fresh = time.monotonic() - self._bindings_read_at < BINDINGS_REFRESH
+            if fresh and sender in self._bound:
+                return []
+        return self._read_bindings()
 
     def _learn(self, announcements: list) -> None:
         """Take in what :meth:`_read_bindings` found (under the lock)."""
         for announcement, binding in announcements:
             self.intake.bindings[binding.record.peer_id] = binding
+            with self._bindings_lock:  # only now may a receipt from this peer skip the read
+                self._bound.add(binding.record.peer_id)
             if announcement.record.throughput_milli > 0:
                 self._throughput[announcement.record.peer_id] = announcement.record.throughput_milli / 1000
 

@@ -7,7 +7,7 @@ same run, on the same entries:
 
 - before: every entry opened and its Ed25519 signature checked at every read (the commit board also
   for other attempts' reports), as each poll did;
-- now: entries verified once (:mod:`peer.verified_records`), other attempts' reports skipped by their
+- now: entries verified once (:mod:`hivemind_adapter.verified_records`), other attempts' reports skipped by their
   subkey before any check.
 
 The DHT get itself is the same both ways and is timed separately. Prints, per N, the median

@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass
 
 from hivemind_adapter.dht import dht_time, read_entries
+from hivemind_adapter.verified_records import VerifiedRecords
 from peer.affinity import RosterEntry
-from peer.verified_records import VerifiedRecords
 from protocol.dht_schema import (
     TASKS_INDEX_KEY,
     commit_subkey,

@@ -168,7 +168,9 @@ def test_a_silent_peer_a_joiner_and_a_kill_cost_the_others_at_most_one_round(tmp
         aborted = [r for r in rounds[first:-1] if not r["committed"]]  # the last: the kill's round
         assert not aborted, [r["reason"] for r in aborted]
     assert not swarm.rounds(3), "the silent peer never ran a round"
-    loaded = re.search(r"loaded the swarm's state after round (\d+)", (tmp_path / "peer-4/log.txt").read_text())
+    loaded = re.search(
+        r"loaded the swarm's state after round (\d+)", (tmp_path / "peer-4/log.txt").read_text()
+    )
     assert loaded and int(loaded.group(1)) >= 1, "the joiner did not start from the swarm's state"
     joiner = {r["round"]: r for r in _committed(swarm, 4)}
     others = {r["round"]: r for r in _committed(swarm, 0)}
@@ -180,7 +182,9 @@ def test_a_silent_peer_a_joiner_and_a_kill_cost_the_others_at_most_one_round(tmp
     for i in survivors:
         after = [r for r in swarm.rounds(i) if r["round"] > killed_after][:-1]  # the last: Ctrl-C's
         assert sum(not r["committed"] for r in after) <= 1, [r["reason"] for r in after]
-    later = [{r["round"]: r for r in _committed(swarm, i) if r["round"] > killed_after + 1} for i in survivors]
+    later = [
+        {r["round"]: r for r in _committed(swarm, i) if r["round"] > killed_after + 1} for i in survivors
+    ]
     common = sorted(set(later[0]) & set(later[1]) & set(later[2]))
     assert common, [sorted(x) for x in later]
     for r in common:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from peer.verified_records import VerifiedRecords
+from hivemind_adapter.verified_records import VerifiedRecords
 from protocol.dht_schema import commit_subkey, open_commit_value
 from protocol.identity import Identity
 from protocol.records import RecordRejected, RoundCommit, seal
