@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from protocol.canonical import canonical_json
-from protocol.merkle import inclusion_path, leaf_hash, root_from_leaf_hashes, verify_inclusion
+from protocol.merkle import inclusion_proof, tree_root, verify_inclusion
 
 MAX_PROOF_HASHES = 64  # a tree of 2^64 leaves: no swarm comes near it
 
@@ -47,11 +47,10 @@ def group_membership(members: Sequence[tuple[str, int]], peer_id: str) -> GroupM
         raise ValueError("a contributor is listed twice")
     if peer_id not in ids:
         raise ValueError(f"{peer_id} is not among the group's contributors")
-    hashes = [leaf_hash(member_leaf(p, n)) for p, n in ordered]
+    leaves = [member_leaf(p, n) for p, n in ordered]
     index = ids.index(peer_id)
-    levels = _levels(hashes)
-    proof = inclusion_path(index, len(hashes), levels)
-    return GroupMembership(levels(0, len(hashes)).hex(), len(hashes), index, tuple(h.hex() for h in proof))
+    proof = inclusion_proof(leaves, index)
+    return GroupMembership(tree_root(leaves).hex(), len(leaves), index, tuple(h.hex() for h in proof))
 
 
 def proves_membership(peer_id: str, samples: int, membership: GroupMembership) -> bool:
@@ -79,15 +78,3 @@ def averaging_group_id(task_id: str, attempt: int, membership: GroupMembership, 
          "state": state_digest}
     )  # fmt: skip
     return hashlib.sha256(body).hexdigest()
-
-
-def _levels(leaf_hashes: list[bytes]):
-    """``subtree_hash(lo, hi)`` over ``leaf_hashes``, memoised (proofs touch O(log n) subtrees)."""
-    memo: dict[tuple[int, int], bytes] = {}
-
-    def subtree(lo: int, hi: int) -> bytes:
-        if (lo, hi) not in memo:
-            memo[lo, hi] = root_from_leaf_hashes(leaf_hashes[lo:hi])
-        return memo[lo, hi]
-
-    return subtree
