@@ -37,7 +37,7 @@ def _key(swarm: LocalSwarm, i: int) -> str:
 def cheated_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("cheaters")
     options = SwarmOptions(
-        peers=5, rounds=6, run_dir=run, target_samples=128, batch_size=32, subnets=2, width_mult="0.25",
+        peers=5, rounds=4, run_dir=run, target_samples=128, batch_size=32, subnets=2, width_mult="0.25",
         head_channels=64,
     )  # fmt: skip
     swarm = LocalSwarm(options)

@@ -66,8 +66,11 @@ def _committed(swarm: LocalSwarm, i: int) -> list[dict]:
     return [r for r in swarm.rounds(i) if r["committed"]]
 
 
-def test_manta_swarm_trains_above_chance_with_identical_state_and_a_summary(tmp_path):
-    run, summary_path = tmp_path / "run", tmp_path / "summary.json"
+@pytest.fixture(scope="module")
+def manta_swarm_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """One ``manta-swarm`` run as `make demo` starts it, shared by the tests that read its results
+    (the summary, and the aggregator's checkpoints a resumed run continues from)."""
+    where = tmp_path_factory.mktemp("manta-swarm")
     done = subprocess.run(
         [
             console_script("manta-swarm"),
@@ -84,14 +87,20 @@ def test_manta_swarm_trains_above_chance_with_identical_state_and_a_summary(tmp_
             "--data-dir",
             "run",  # relative, as `make demo`'s default folder is
             "--summary",
-            str(summary_path),
+            str(where / "summary.json"),
         ],
         capture_output=True,
         text=True,
         timeout=900,
         env=_env(),
-        cwd=tmp_path,
+        cwd=where,
     )
+    return where, done
+
+
+def test_manta_swarm_trains_above_chance_with_identical_state_and_a_summary(manta_swarm_run):
+    where, done = manta_swarm_run
+    run, summary_path = where / "run", where / "summary.json"
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Traceback" not in done.stdout + done.stderr
     assert re.search(r"round +24/24 ", done.stdout), done.stdout  # progress lines were shown
@@ -192,30 +201,28 @@ def test_a_silent_peer_a_joiner_and_a_kill_cost_the_others_at_most_one_round(tmp
         assert all(x[r]["contributors"] == 3 for x in later)
 
 
-def test_resume_continues_from_the_aggregators_newest_checkpoint(tmp_path):
-    options = SwarmOptions(peers=2, rounds=4, run_dir=tmp_path, **SMALL)
-    first = LocalSwarm(options)
-    try:
-        first.start_aggregator(checkpoint_every=2.0)
-        for i in range(2):
-            first.start_peer(i)
-        for i in range(2):
-            assert first.procs[f"peer-{i}"].wait(timeout=600) == 0
-    finally:
-        first.close()  # every volunteer has left and the aggregator is stopped
-    checkpoints = sorted((tmp_path / "aggregator" / "checkpoints").glob("round-*.pt"))
-    assert checkpoints, (tmp_path / "aggregator" / "log.txt").read_text()[-3000:]
+def test_resume_continues_from_the_aggregators_newest_checkpoint(manta_swarm_run):
+    """`manta-aggregator start --resume` on the data directory of the finished manta-swarm run above
+    (every volunteer has left and its aggregator is stopped): a newcomer starts from the newest
+    checkpoint and the rounds go on from there."""
+    where, done = manta_swarm_run
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run = where / "run"
+    checkpoints = sorted((run / "aggregator" / "checkpoints").glob("round-*.pt"))
+    assert checkpoints, (run / "aggregator" / "log.txt").read_text()[-3000:]
     saved_round = int(checkpoints[-1].stem.split("-")[1])
     assert saved_round >= 1
 
-    second = LocalSwarm(SwarmOptions(peers=1, rounds=2, run_dir=tmp_path, **SMALL))
+    # The run's own task (--resume reads it from the aggregator's data directory), one newcomer.
+    options = SwarmOptions(peers=1, rounds=2, run_dir=run, target_samples=64, subnets=2, width_mult="0.25")
+    second = LocalSwarm(options)
     try:
         second.start_aggregator(resume=True)
         newcomer = second.start_peer(5)
-        assert newcomer.wait(timeout=600) == 0, (tmp_path / "peer-5/log.txt").read_text()[-3000:]
+        assert newcomer.wait(timeout=600) == 0, (run / "peer-5/log.txt").read_text()[-3000:]
     finally:
         second.close()
-    log = (tmp_path / "peer-5" / "log.txt").read_text()
+    log = (run / "peer-5" / "log.txt").read_text()
     assert f"loaded the swarm's state after round {saved_round}" in log, log[-3000:]
     rounds = [r["round"] for r in _committed(second, 5)]
     assert rounds[:2] == [saved_round + 1, saved_round + 2], rounds

@@ -27,7 +27,7 @@ def _members(n: int, seed: int = 0) -> list[tuple[str, int]]:
     return [(fake_peer_id(b"member-%d" % i), rng.randint(1, 512)) for i in range(n)]
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 257, 1000])
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 257, 513])  # every member builds its own proof: n² hashes
 def test_every_member_proves_its_samples_against_one_root(n):
     members = _members(n)
     views = [group_membership(members, p) for p, _ in members]
