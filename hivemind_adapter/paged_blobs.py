@@ -3,17 +3,28 @@
 A :class:`BlobServer` answers one handler name for a set of blobs, each under a 64-hex key; blobs
 are added and removed while it runs (a lock guards the dict, never a whole request). :func:`fetch_blob`
 assembles one blob from a source page by page and lets the caller check the whole against its key;
-:func:`fetch_from_any` tries several sources in turn. Every call is bounded by its timeout.
+:func:`fetch_from_any` tries several sources in turn; :func:`fetch_spread` asks every source at once,
+a page each, so a blob held by k nodes arrives at up to k times one node's upload rate (on the open
+internet a joiner's download is bounded by its server's uplink, not by its own link). Every call is
+bounded by its timeout.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import math
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from hivemind_adapter.p2p import Endpoint
 from protocol.pages import PAGE_BYTES, error_page, page_request, parse_page_request, read_page, write_page
+
+logger = logging.getLogger(__name__)
+
+IN_FLIGHT_PER_SOURCE = 4  # page requests outstanding at each source at once
 
 
 class BlobUnavailable(RuntimeError):
@@ -106,3 +117,116 @@ def fetch_from_any(
         except ValueError as e:
             reasons.append(f"{source[-8:]}: {e}")
     raise BlobUnavailable("; ".join(reasons) or "no source to ask")
+
+
+async def _ask_page(
+    endpoint: Endpoint, source: str, handler: str, key: str, offset: int, timeout: float
+) -> tuple[int, bytes]:
+    """``(blob size, page)`` at ``offset`` from ``source``; BlobUnavailable with the reason."""
+    try:
+        reply = await asyncio.wait_for(endpoint.acall(source, handler, page_request(key, offset)), timeout)
+        header, data = read_page(reply)
+    except Exception as e:  # unreachable, gone, timed out, malformed: this source cannot serve it
+        raise BlobUnavailable(f"{source[-8:]}: {type(e).__name__}: {str(e)[:120]}") from None
+    if "error" in header:
+        raise BlobUnavailable(f"{source[-8:]}: {header['error']}")
+    size = header.get("size")
+    if not isinstance(size, int) or header.get("offset") != offset or not data:
+        raise BlobUnavailable(f"{source[-8:]}: malformed page at offset {offset}")
+    return size, data
+
+
+async def _gather_spread(
+    endpoint: Endpoint,
+    sources: list[str],
+    handler: str,
+    key: str,
+    timeout: float,
+    max_bytes: int,
+    size: int | None,
+) -> tuple[bytes, dict[str, int]]:
+    """The blob's bytes, its pages asked of every source at once (a few requests in flight at each;
+    a source that fails is dropped and its page goes back to the others), and pages per source."""
+    reasons: list[str] = []
+    pages: dict[int, bytes] = {}
+    served = {source: 0 for source in sources}
+    holders = list(sources)
+    if size is None:  # the first page that arrives fixes the size (and the page length) for everyone
+        queue = deque(sources)
+        while queue and not pages:
+            source = queue.popleft()
+            try:
+                size, first = await _ask_page(endpoint, source, handler, key, 0, timeout)
+            except BlobUnavailable as e:
+                reasons.append(str(e))
+                continue
+            if not 0 < size <= max_bytes:
+                reasons.append(f"{source[-8:]}: announced {size} bytes (at most {max_bytes})")
+                continue
+            pages[0], served[source], stride = first, 1, len(first)
+            holders = [source, *queue]
+        if not pages:
+            raise BlobUnavailable("; ".join(dict.fromkeys(reasons)) or "no source to ask")
+    else:  # known in advance (a state's size follows from the task): every page is asked at once
+        stride = PAGE_BYTES
+    todo = deque(range(len(pages) * stride, size, stride))
+    wanted = len(pages) + len(todo)
+
+    async def lane(source: str) -> None:
+        while len(pages) < wanted:
+            if not todo:  # the rest is in flight elsewhere; its page comes back here if that fails
+                await asyncio.sleep(0.01)
+                continue
+            offset = todo.popleft()
+            try:
+                total, data = await _ask_page(endpoint, source, handler, key, offset, timeout)
+                if total != size or len(data) != min(stride, size - offset):
+                    raise BlobUnavailable(f"{source[-8:]}: its pages do not fit the others'")
+            except BlobUnavailable as e:
+                todo.appendleft(offset)
+                reasons.append(str(e))
+                return
+            pages[offset] = data
+            served[source] += 1
+
+    # Several requests in flight at each source keep its link busy across round trips (measured on
+    # an 80 ms, 20 Mbit/s link: one at a time moved 25 MB at 8 Mbit/s, four at a time at 16).
+    await asyncio.gather(*(lane(source) for source in holders for _ in range(IN_FLIGHT_PER_SOURCE)))
+    if len(pages) < wanted:
+        missing = f"{wanted - len(pages)} of {wanted} pages unavailable: "
+        raise BlobUnavailable(missing + "; ".join(dict.fromkeys(reasons)))
+    return b"".join(pages[offset] for offset in sorted(pages)), served
+
+
+def fetch_spread(
+    endpoint: Endpoint,
+    sources: Iterable[str],
+    handler: str,
+    key: str,
+    check: Callable[[bytes], Any],
+    timeout: float,
+    max_bytes: int,
+    size: int | None = None,
+) -> Any:
+    """``check(blob)`` of the blob assembled from pages of every source at once (each page within
+    ``timeout`` s; ``size``: the exact size, if the caller knows it, so no page waits for a first). If the whole fails its check, some source served a wrong page: each source's own
+    copy is then tried in turn (:func:`fetch_from_any`), so one liar costs time, never the blob."""
+    sources = list(dict.fromkeys(sources))
+    pages = math.ceil(max_bytes / PAGE_BYTES) + 1
+    bound = timeout * (pages + len(sources) + 1)  # every request is bounded; so is their sum
+    future = asyncio.run_coroutine_threadsafe(
+        _gather_spread(endpoint, sources, handler, key, timeout, max_bytes, size), endpoint.loop.loop
+    )
+    try:
+        blob, served = future.result(bound)
+    except TimeoutError:
+        future.cancel()
+        raise BlobUnavailable(f"no complete copy of {key[:12]} within {bound:.0f} s") from None
+    try:
+        return check(blob)
+    except ValueError as e:
+        logger.warning(f"blob {key[:12]} assembled from {len(served)} source(s) failed its check ({e}); "
+                       "trying each source's own copy")  # fmt: skip
+    return fetch_from_any(
+        endpoint, [s for s in sources if s in served], handler, key, check, timeout, max_bytes
+    )

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from hivemind_adapter.p2p import Endpoint
-from hivemind_adapter.paged_blobs import BlobServer, fetch_from_any
+from hivemind_adapter.paged_blobs import BlobServer, fetch_spread
 from protocol.dht_schema import state_handler
 from supernet.state import digest
 
@@ -103,8 +103,9 @@ def fetch_state(
     consensus: int,
     timeout: float = 30.0,
 ) -> ArchivedState:
-    """The state with digest ``state_digest`` from the first of ``sources`` that holds it (checked:
-    its leading ``consensus`` tensors must hash to that digest). BlobUnavailable says why not."""
+    """The state with digest ``state_digest``, its pages spread over every one of ``sources`` that
+    holds it (checked: its leading ``consensus`` tensors must hash to that digest; a wrong copy is
+    found by trying each holder's own). BlobUnavailable says why not."""
 
     def check(blob: bytes) -> ArchivedState:
         round_index, attempt, tensors = decode_state(blob, template)
@@ -114,4 +115,4 @@ def fetch_state(
         return ArchivedState(round_index, attempt, got, tensors)
 
     size = state_bytes(template)
-    return fetch_from_any(endpoint, sources, state_handler(task_id), state_digest, check, timeout, size)
+    return fetch_spread(endpoint, sources, state_handler(task_id), state_digest, check, timeout, size, size)

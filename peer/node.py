@@ -32,6 +32,7 @@ from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.state_archive import StateArchive
 from hivemind_adapter.state_sharing import StateSharer, peer_tiebreak
 from peer.affinity import default_gateway_mac, host_id, network_id
+from peer.catch_up import committed_state
 from peer.devices import WorkerDevice
 from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
 from peer.progress_display import ProgressDisplay
@@ -39,7 +40,7 @@ from peer.receipts import AggregatorLink, ReceiptCourier, ReceiptOutbox
 from peer.round import RoundContext, RoundReport, run_round
 from peer.search_service import EvaluationService
 from peer.swarm_progress import SwarmProgress
-from peer.swarm_view import Announcer, ProgressBoard, SignedCommitBoard, fetch_task
+from peer.swarm_view import Announcer, ProgressBoard, SignedCommitBoard, fetch_task, read_roster
 from peer.worker_pool import WorkerPool
 from peer.worker_protocol import SharedBuffers
 from protocol.dht_schema import MantaRecordValidator
@@ -171,6 +172,7 @@ class PeerNode:
             client_mode=self.config.client_mode,
         )
         self._archive = StateArchive(self._endpoint, task.task_id)
+        self._commit_board = SignedCommitBoard(self.dht, task.task_id, self.identity, self.peer_id)
         self._round = RoundContext(
             task=task,
             train_config=self.workload.cfg,
@@ -223,9 +225,21 @@ class PeerNode:
     # ------------------------------------------------------------------ rounds
 
     def catch_up(self) -> bool:
-        """Adopt the best state another peer serves if it is ahead of ours: a newer round, or the same
-        round from the peer that wins the fixed tie-break. Returns whether the state was replaced."""
-        got = self._sharer.download(timeout=30.0)
+        """Adopt the newest state a quorum committed, fetched from all the peers that hold it
+        (peer/catch_up.py); when the board knows none, the best state another node serves. Either
+        only if it is ahead of ours: a newer round, or the same round and a quorum's result (or the
+        server that wins the fixed tie-break). Returns whether the state was replaced."""
+        task_id = self.spec.record.task_id
+        roster = [p.entry.peer_id for p in read_roster(self.dht, task_id)]
+        result, got = committed_state(
+            self._commit_board, roster, self._endpoint, task_id, self._shared.state, self._consensus,
+            self.state_digest,
+        )  # fmt: skip
+        if result is not None and result.digest == self.state_digest:
+            self.attempt = max(self.attempt, result.attempt + 1)
+            return False  # this peer holds what the swarm committed last
+        if got is None:
+            got = self._sharer.download(timeout=30.0)
         if got is None:
             return False
         # Whatever we keep, the swarm has moved past the attempt that produced the served state.
@@ -235,7 +249,9 @@ class PeerNode:
         self._workers.load(got.tensors)
         self.state_round = got.round
         self._publish_state(got.round, got.attempt)
-        logger.info(f"loaded the swarm's state after round {got.round} (digest {got.digest[:12]})")
+        quorum = result is not None and got.digest == result.digest
+        source = f"from {len(result.holders)} holder(s)" if quorum else "served by one node"
+        logger.info(f"loaded the swarm's state after round {got.round} (digest {got.digest[:12]}, {source})")
         return True
 
     def _publish_state(self, round_index: int, attempt: int) -> None:
@@ -320,7 +336,7 @@ class PeerNode:
             client_mode=self.config.client_mode,
             cross_fp16=task.params.cross_cohort_fp16,
             per_cohort=task.mode == "model",
-            commit_board=SignedCommitBoard(self.dht, task.task_id, self.identity, self.peer_id),
+            commit_board=self._commit_board,
             leaving=self._stop.is_set,
         )
         self._reclaim_signals()

@@ -137,3 +137,34 @@ def await_quorum_reports(
         if time.monotonic() > deadline:
             return False
         time.sleep(COMMIT_POLL_SECONDS)
+
+
+@dataclass(frozen=True)
+class CommittedResult:
+    """A result a quorum committed: the attempt, its digest, and the peers that reported holding it."""
+
+    attempt: int
+    digest: str
+    holders: tuple[str, ...]
+
+
+def newest_committed_result(
+    board: CommitBoard, roster: Collection[str], lookback: int = 8
+) -> CommittedResult | None:
+    """The newest result of the last ``lookback`` attempts that a quorum of ``roster`` reported (the
+    newest attempt is often still in progress), or None: what a peer that fell behind should load,
+    and from whom. The digest is the quorum's word, not one server's."""
+    latest = board.latest_attempt()
+    for attempt in range(latest, max(-1, latest - lookback), -1):
+        reports = board.read(attempt)
+        members = set(roster) - {p for p, r in reports.items() if r.get("left")}
+        by_digest: dict[str, set[str]] = {}
+        for p, r in reports.items():
+            if r.get("ok"):
+                by_digest.setdefault(r.get("digest", ""), set()).add(p)
+        for result, peers in by_digest.items():
+            if is_quorum(peers, members):
+                # Roster peers first: they are online; the others may have left since.
+                ordered = sorted(peers, key=lambda p: (p not in members, p))
+                return CommittedResult(attempt, result, tuple(ordered))
+    return None

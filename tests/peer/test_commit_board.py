@@ -13,7 +13,13 @@ import time
 import pytest
 
 from hivemind_adapter.dht import peer_id, start_dht, visible_maddrs
-from peer.round_commit import await_commit, await_quorum_reports, is_quorum
+from peer.round_commit import (
+    CommittedResult,
+    await_commit,
+    await_quorum_reports,
+    is_quorum,
+    newest_committed_result,
+)
 from peer.swarm_view import SignedCommitBoard
 from protocol.dht_schema import MantaRecordValidator
 from protocol.identity import Identity
@@ -99,3 +105,23 @@ def test_a_departed_peer_no_longer_counts_in_the_roster(two_boards):
     assert decision.committed, decision
     assert await_quorum_reports(stayer, 9, {stayer.peer_id, leaver.peer_id}, deadline_seconds=5)
     assert not await_quorum_reports(stayer, 10, {stayer.peer_id, leaver.peer_id}, deadline_seconds=0.5)
+
+
+def test_a_peer_catching_up_finds_the_newest_result_a_quorum_committed_and_its_holders(two_boards):
+    a, b = two_boards
+    roster = [a.peer_id, b.peer_id, "QmAbsentPeer"]  # 2 of 3 is a quorum
+    old, new, lone = "11" * 32, "22" * 32, "33" * 32
+    assert newest_committed_result(a, roster) is None  # an empty board: fall back to state sharing
+    for board in (a, b):
+        board.post(5, True, old)
+        board.post(6, True, new)
+    a.post(7, True, lone)  # the newest attempt is still running: one report is no quorum
+    b.post(7, False, "")
+    assert newest_committed_result(b, roster) == CommittedResult(6, new, tuple(sorted([a.peer_id, b.peer_id])))
+    # The same reports are no majority of a bigger roster; nor is a result only one peer reported.
+    assert newest_committed_result(a, [*roster, "QmOther1", "QmOther2"]) is None
+    assert newest_committed_result(a, [a.peer_id, "QmOther1", "QmOther2"]) is None
+    # A peer that posted a departure notice for an attempt is out of that attempt's roster.
+    b.post(8, False, "", left=True)
+    a.post(8, True, lone)
+    assert newest_committed_result(a, [a.peer_id, b.peer_id]) == CommittedResult(8, lone, (a.peer_id,))

@@ -178,9 +178,12 @@ def test_a_silent_peer_a_joiner_and_a_kill_cost_the_others_at_most_one_round(tmp
         assert not aborted, [r["reason"] for r in aborted]
     assert not swarm.rounds(3), "the silent peer never ran a round"
     loaded = re.search(
-        r"loaded the swarm's state after round (\d+)", (tmp_path / "peer-4/log.txt").read_text()
+        r"loaded the swarm's state after round (\d+) \(digest \w+, from (\d+) holder",
+        (tmp_path / "peer-4/log.txt").read_text(),
     )
     assert loaded and int(loaded.group(1)) >= 1, "the joiner did not start from the swarm's state"
+    # ... the state a quorum committed, its pages fetched from every peer that reported it (3 of them)
+    assert int(loaded.group(2)) >= 2, loaded.group(0)
     joiner = {r["round"]: r for r in _committed(swarm, 4)}
     others = {r["round"]: r for r in _committed(swarm, 0)}
     shared = sorted(r for r in set(joiner) & set(others) if r <= killed_after)
