@@ -1,7 +1,7 @@
 """Catching up with the swarm: the newest state a quorum committed, from every peer that holds it.
 
 A peer that joins, or whose round failed, needs the state the others hold now. The commit board says
-which result a majority of the roster committed last and which peers reported it; every peer keeps
+which state a majority of the roster holds after the last committed result, and who; every peer keeps
 its recent committed states by digest (:mod:`hivemind_adapter.state_archive`). So the peer asks all
 of those holders at once, a page each (:func:`hivemind_adapter.paged_blobs.fetch_spread`): on the
 open internet a download is bounded by the server's uplink, and k holders serve it up to k times as
@@ -21,7 +21,7 @@ from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.paged_blobs import BlobUnavailable
 from hivemind_adapter.state_archive import fetch_state
 from hivemind_adapter.state_sharing import SharedState
-from peer.round_commit import CommitBoard, CommittedResult, newest_committed_result
+from peer.round_commit import CommitBoard, CommittedState, newest_committed_state
 
 logger = logging.getLogger("manta.peer")
 
@@ -37,11 +37,11 @@ def committed_state(
     template: list[torch.Tensor],
     consensus: int,
     own_digest: str,
-) -> tuple[CommittedResult | None, SharedState | None]:
-    """``(result, state)``: the newest committed result (None if the board knows none) and its state,
-    fetched from its holders and checked against its digest (None if this peer already holds it, or
-    no holder could serve it: the caller falls back to state sharing)."""
-    result = newest_committed_result(board, roster)
+) -> tuple[CommittedState | None, SharedState | None]:
+    """``(newest, state)``: the newest state a quorum holds (None if the board knows none) and that
+    state, fetched from its holders and checked against its digest (None if this peer already holds
+    it, or no holder could serve it: the caller falls back to state sharing)."""
+    result = newest_committed_state(board, roster)
     if result is None or result.digest == own_digest:
         return result, None
     try:

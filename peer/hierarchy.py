@@ -480,6 +480,14 @@ class HierarchicalAverager:
         aborts took different times meet again on the same attempt."""
         return max(after, self.board.latest_attempt()) + 1
 
+    def report_state(self, attempt: int, result_digest: str, state_digest: str) -> None:
+        """After committing ``result_digest`` of ``attempt`` and applying it: say which state this
+        peer now holds (and serves), so peers catching up know whom to ask for it."""
+        try:
+            self.board.post(attempt, True, result_digest, state=state_digest)
+        except Exception as e:  # the DHT may be unreachable; catch-up then falls back to state sharing
+            logger.debug(f"state report failed: {e}")
+
     def leave(self, attempt: int) -> None:
         """Tell the swarm this peer will not take part in ``attempt``: its cohort stops waiting for it
         as leader at once, and the commit quorum no longer counts it (:mod:`peer.round_commit`)."""

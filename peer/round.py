@@ -153,6 +153,7 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
         ctx.outbox.add(receipt, ctx.seal_receipt(receipt))
     if outcome.committed:
         ctx.publish_state(round_index, attempt)
+        averager.report_state(plan.attempt, outcome.digest, ctx.state_digest())
     elif not ctx.stop.is_set():
         averager.settle(plan.attempt, plan.roster)  # the others finish this attempt; then catch up
     return _report(ctx, plan, host, outcome, lr, compute_seconds, time.perf_counter() - started)

@@ -26,12 +26,14 @@ COMMIT_POLL_SECONDS = 0.1  # how often a peer re-reads the board while it waits 
 class CommitBoard(Protocol):
     """Where participants post and read their end-of-attempt reports."""
 
-    def post(self, attempt: int, ok: bool, digest: str, left: bool = False) -> None:
-        """``left``: a departure notice for ``attempt`` (not an attempt run; see :meth:`latest_attempt`)."""
+    def post(self, attempt: int, ok: bool, digest: str, left: bool = False, state: str = "") -> None:
+        """``left``: a departure notice for ``attempt`` (not an attempt run; see :meth:`latest_attempt`).
+        ``state``: the state digest after committing ``digest`` (the same report, posted again)."""
         ...
 
     def read(self, attempt: int) -> dict[str, dict]:
-        """peer id -> {"ok": bool, "digest": str, "left": bool} for every report of ``attempt`` seen."""
+        """peer id -> {"ok": bool, "digest": str, "left": bool, "state": str} for every report of
+        ``attempt`` seen."""
         ...
 
     def latest_attempt(self) -> int:
@@ -49,8 +51,8 @@ class DHTCommitBoard:
         self.dht, self.key, self.ttl = dht, f"{run_id}_commits", ttl
         self.peer_id = peer_id(dht)
 
-    def post(self, attempt: int, ok: bool, digest: str, left: bool = False) -> None:
-        value = {"ok": ok, "digest": digest, "left": left}
+    def post(self, attempt: int, ok: bool, digest: str, left: bool = False, state: str = "") -> None:
+        value = {"ok": ok, "digest": digest, "left": left, "state": state}
         store(self.dht, self.key, value, self.ttl, subkey=f"{attempt}/{self.peer_id}")
 
     def _entries(self) -> dict[tuple[int, str], dict]:
@@ -140,31 +142,32 @@ def await_quorum_reports(
 
 
 @dataclass(frozen=True)
-class CommittedResult:
-    """A result a quorum committed: the attempt, its digest, and the peers that reported holding it."""
+class CommittedState:
+    """The state a quorum holds after a committed attempt, and the peers that reported holding it."""
 
     attempt: int
-    digest: str
+    digest: str  # of the state (parameters and optimizer state), not of the averaged result
     holders: tuple[str, ...]
 
 
-def newest_committed_result(
+def newest_committed_state(
     board: CommitBoard, roster: Collection[str], lookback: int = 8
-) -> CommittedResult | None:
-    """The newest result of the last ``lookback`` attempts that a quorum of ``roster`` reported (the
-    newest attempt is often still in progress), or None: what a peer that fell behind should load,
-    and from whom. The digest is the quorum's word, not one server's."""
+) -> CommittedState | None:
+    """The newest state of the last ``lookback`` attempts that a quorum of ``roster`` reports holding
+    after committing one result, or None: what a peer that fell behind should load, and from whom.
+    The digest is the majority's word, not one server's. (Peers report their state a moment after
+    the commit: until a quorum did, the attempt before it answers, and the next catch-up goes on.)"""
     latest = board.latest_attempt()
     for attempt in range(latest, max(-1, latest - lookback), -1):
         reports = board.read(attempt)
         members = set(roster) - {p for p, r in reports.items() if r.get("left")}
-        by_digest: dict[str, set[str]] = {}
+        by_state: dict[tuple[str, str], set[str]] = {}
         for p, r in reports.items():
-            if r.get("ok"):
-                by_digest.setdefault(r.get("digest", ""), set()).add(p)
-        for result, peers in by_digest.items():
+            if r.get("ok") and r.get("state"):
+                by_state.setdefault((r.get("digest", ""), r["state"]), set()).add(p)
+        for (_result, state), peers in by_state.items():
             if is_quorum(peers, members):
                 # Roster peers first: they are online; the others may have left since.
                 ordered = sorted(peers, key=lambda p: (p not in members, p))
-                return CommittedResult(attempt, result, tuple(ordered))
+                return CommittedState(attempt, state, tuple(ordered))
     return None

@@ -200,7 +200,7 @@ class SignedCommitBoard:
         self.dht, self.task_id, self.identity, self.peer_id, self.ttl = dht, task_id, identity, peer_id, ttl
         self.verified = VerifiedRecords(lambda sub, value: open_commit_value(task_id, sub, value))
 
-    def post(self, attempt: int, ok: bool, digest: str, left: bool = False) -> None:
+    def post(self, attempt: int, ok: bool, digest: str, left: bool = False, state: str = "") -> None:
         record = RoundCommit(
             task_id=self.task_id,
             attempt=attempt,
@@ -210,6 +210,7 @@ class SignedCommitBoard:
             digest=digest,
             timestamp=int(time.time() * 1000),
             left=left,
+            state=state,
         )
         self.dht.store(
             commits_key(self.task_id),
@@ -233,7 +234,10 @@ class SignedCommitBoard:
         return out
 
     def read(self, attempt: int) -> dict[str, dict]:
-        return {r.peer_id: {"ok": r.ok, "digest": r.digest, "left": r.left} for r in self._records(attempt)}
+        return {
+            r.peer_id: {"ok": r.ok, "digest": r.digest, "left": r.left, "state": r.state}
+            for r in self._records(attempt)
+        }
 
     def latest_attempt(self) -> int:
         return max((r.attempt for r in self._records() if not r.left), default=-1)

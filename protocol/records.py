@@ -324,6 +324,10 @@ class RoundCommit(SealedRecord):
     # still lists it abandon the attempt at once instead of waiting for it until their step timeout.
     # Not an attempt anyone ran, so it does not move the swarm's attempt counter.
     left: bool = False
+    # The digest of the training state this peer holds after committing ``digest`` (the report is
+    # posted again with it once the step is applied; empty before): a peer that falls behind loads
+    # the state a quorum reports holding, from those peers (``peer.catch_up``).
+    state: Annotated[str, StringConstraints(max_length=64, pattern=r"^(?:[0-9a-f]{32}|[0-9a-f]{64})?$")] = ""
 
 
 class PeerProgress(SealedRecord):

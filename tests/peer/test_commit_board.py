@@ -14,11 +14,11 @@ import pytest
 
 from hivemind_adapter.dht import peer_id, start_dht, visible_maddrs
 from peer.round_commit import (
-    CommittedResult,
+    CommittedState,
     await_commit,
     await_quorum_reports,
     is_quorum,
-    newest_committed_result,
+    newest_committed_state,
 )
 from peer.swarm_view import SignedCommitBoard
 from protocol.dht_schema import MantaRecordValidator
@@ -50,7 +50,7 @@ def test_a_departure_notice_fails_its_attempt_but_does_not_count_as_one(two_boar
 
     assert stayer.latest_attempt() == 3  # so the stayer's next attempt is 4, the one the notice names
     reports = stayer.read(4)
-    assert reports == {leaver.peer_id: {"ok": False, "digest": "", "left": True}}
+    assert reports == {leaver.peer_id: {"ok": False, "digest": "", "left": True, "state": ""}}
     # an attempt someone actually ran (and failed) does move the counter
     leaver.post(4, False, "")
     assert stayer.latest_attempt() == 4
@@ -107,21 +107,33 @@ def test_a_departed_peer_no_longer_counts_in_the_roster(two_boards):
     assert not await_quorum_reports(stayer, 10, {stayer.peer_id, leaver.peer_id}, deadline_seconds=0.5)
 
 
-def test_a_peer_catching_up_finds_the_newest_result_a_quorum_committed_and_its_holders(two_boards):
+def test_a_peer_catching_up_finds_the_newest_state_a_quorum_holds_and_its_holders(two_boards):
     a, b = two_boards
     roster = [a.peer_id, b.peer_id, "QmAbsentPeer"]  # 2 of 3 is a quorum
-    old, new, lone = "11" * 32, "22" * 32, "33" * 32
-    assert newest_committed_result(a, roster) is None  # an empty board: fall back to state sharing
+    r5, r6, r7 = "11" * 32, "22" * 32, "33" * 32  # averaged results
+    s5, s6, s7 = "aa" * 32, "bb" * 32, "cc" * 32  # the states after applying them
+    assert newest_committed_state(a, roster) is None  # an empty board: fall back to state sharing
     for board in (a, b):
-        board.post(5, True, old)
-        board.post(6, True, new)
-    a.post(7, True, lone)  # the newest attempt is still running: one report is no quorum
+        board.post(5, True, r5)
+        board.post(5, True, r5, state=s5)  # the same report again, once the step is applied
+        board.post(6, True, r6)
+    both = tuple(sorted([a.peer_id, b.peer_id]))
+    # Attempt 6 committed, but nobody has reported the state after it yet: attempt 5's answers.
+    assert newest_committed_state(b, roster) == CommittedState(5, s5, both)
+    a.post(6, True, r6, state=s6)
+    assert newest_committed_state(b, roster) == CommittedState(5, s5, both)  # one holder is no quorum
+    b.post(6, True, r6, state=s6)
+    a.post(7, True, r7)  # the newest attempt is still running
     b.post(7, False, "")
-    assert newest_committed_result(b, roster) == CommittedResult(6, new, tuple(sorted([a.peer_id, b.peer_id])))
-    # The same reports are no majority of a bigger roster; nor is a result only one peer reported.
-    assert newest_committed_result(a, [*roster, "QmOther1", "QmOther2"]) is None
-    assert newest_committed_result(a, [a.peer_id, "QmOther1", "QmOther2"]) is None
+    assert newest_committed_state(b, roster) == CommittedState(6, s6, both)
+    # The same reports are no majority of a bigger roster, nor is a state only one peer holds.
+    assert newest_committed_state(a, [*roster, "QmOther1", "QmOther2"]) is None
+    assert newest_committed_state(a, [a.peer_id, "QmOther1", "QmOther2"]) is None
+    # A peer that reports a state the others do not hold does not make it the swarm's.
+    b.post(6, True, r6, state=s7)
+    assert newest_committed_state(a, roster) == CommittedState(5, s5, both)
     # A peer that posted a departure notice for an attempt is out of that attempt's roster.
     b.post(8, False, "", left=True)
-    a.post(8, True, lone)
-    assert newest_committed_result(a, [a.peer_id, b.peer_id]) == CommittedResult(8, lone, (a.peer_id,))
+    a.post(8, True, r7)
+    a.post(8, True, r7, state=s7)
+    assert newest_committed_state(a, [a.peer_id, b.peer_id]) == CommittedState(8, s7, (a.peer_id,))
