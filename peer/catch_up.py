@@ -6,7 +6,7 @@ its recent committed states by digest (:mod:`hivemind_adapter.state_archive`). S
 of those holders at once, a page each (:func:`hivemind_adapter.paged_blobs.fetch_spread`): on the
 open internet a download is bounded by the server's uplink, and k holders serve it up to k times as
 fast. What arrives must hash to the quorum's digest, not to a digest its server chose. When the board
-knows no such result (the first peers of a run, or a run resumed from the aggregator's checkpoint
+knows no such state (the first peers of a run, or a run resumed from the aggregator's checkpoint
 with no peer left), hivemind's state sharing is the fallback (:class:`StateSharer`).
 """
 
