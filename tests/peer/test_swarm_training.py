@@ -211,6 +211,11 @@ def test_resume_continues_from_the_aggregators_newest_checkpoint(manta_swarm_run
     where, done = manta_swarm_run
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     run = where / "run"
+    events = [json.loads(line) for line in (run / "processes.jsonl").read_text().splitlines()]
+    exits = {
+        e["name"]: e["returncode"] for e in events if e["event"] == "exit" and e["name"].startswith("peer-")
+    }
+    assert exits == {"peer-0": 0, "peer-1": 0}, exits  # every volunteer of the first run left cleanly
     checkpoints = sorted((run / "aggregator" / "checkpoints").glob("round-*.pt"))
     assert checkpoints, (run / "aggregator" / "log.txt").read_text()[-3000:]
     saved_round = int(checkpoints[-1].stem.split("-")[1])
