@@ -209,8 +209,9 @@ def fetch_spread(
     size: int | None = None,
 ) -> Any:
     """``check(blob)`` of the blob assembled from pages of every source at once (each page within
-    ``timeout`` s; ``size``: the exact size, if the caller knows it, so no page waits for a first). If the whole fails its check, some source served a wrong page: each source's own
-    copy is then tried in turn (:func:`fetch_from_any`), so one liar costs time, never the blob."""
+    ``timeout`` s; ``size``: the exact size, if the caller knows it, so no page waits for a first).
+    If the whole fails its check, some source served a wrong page: each source's own copy is then
+    tried in turn (:func:`fetch_from_any`), so one liar costs time, never the blob."""
     sources = list(dict.fromkeys(sources))
     pages = math.ceil(max_bytes / PAGE_BYTES) + 1
     bound = timeout * (pages + len(sources) + 1)  # every request is bounded; so is their sum
