@@ -8,8 +8,9 @@ same optimizer step everywhere or none, sign a receipt, publish the new state. T
 surrounds the rounds: start-up, catching up, the loop that retries aborted rounds, and shutdown.
 
 A late joiner first downloads the newest state another peer serves (digest-checked) and continues
-from the round after it; a peer whose round aborted looks for a newer state the same way, so it
-catches up instead of drifting. Ctrl-C finishes the current round, withdraws the announcement and
+from the round after it, sitting out the round the swarm is computing when it arrives (the others
+read their rosters without it); a peer whose round aborted looks for a newer state the same way, so
+it catches up instead of drifting. Ctrl-C finishes the current round, withdraws the announcement and
 stops every child process; a second Ctrl-C abandons the round.
 """
 
@@ -38,6 +39,7 @@ from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
 from peer.progress_display import ProgressDisplay
 from peer.receipts import AggregatorLink, ReceiptCourier, ReceiptOutbox
 from peer.round import RoundContext, RoundReport, run_round
+from peer.round_commit import newest_committed_state
 from peer.search_service import EvaluationService
 from peer.swarm_progress import SwarmProgress
 from peer.swarm_view import Announcer, ProgressBoard, SignedCommitBoard, fetch_task, read_roster
@@ -55,6 +57,8 @@ logger = logging.getLogger("manta.peer")
 
 SETTLE_SECONDS = 4.0  # after announcing, before the first round reads the roster
 CATCH_UP_TRIES = 5  # state downloads in a row while the swarm stays ahead
+SIT_OUT_SECONDS = 180.0  # at most this long a newcomer waits for the round in progress to end
+SIT_OUT_POLL_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -266,6 +270,43 @@ class PeerNode:
             if self._round.progress.swarm_round() <= self.state_round + 1 or not self.catch_up():
                 return
 
+    def sit_out_round_in_progress(self) -> None:
+        """If the swarm is computing the round this peer would join, sit it out: say so on the commit
+        board and wait (bounded) until it ends, then start with the next one from its state.
+
+        Every peer reads its roster when its round begins, and only that roster counts for the
+        round's commit quorum. A newcomer that joined a round begun before its announcement could be a
+        contributor the others' quorum cannot count: landing in a cohort's group in place of a roster
+        peer, or splitting the group in two, it left no result with a quorum and the round aborted for
+        everyone (the silent-peer churn test caught this). Sitting out is safe either way: where a
+        roster does hold this peer, its departure notice takes it out of that attempt's quorum."""
+        self.catch_up_with_swarm()
+        running_round = self._round.progress.swarm_round()
+        if running_round < self.state_round + 1 or self._stop.is_set():
+            return  # nobody computes the round we would join: it begins with us in every roster
+        running = self._commit_board.latest_attempt() + 1
+        logger.info(
+            f"the swarm is computing round {running_round} (attempt {running}): taking part from the next one "
+            f"(waiting at most {SIT_OUT_SECONDS:.0f} s)"
+        )
+        try:
+            self._commit_board.post(running, False, "", left=True)
+        except Exception as e:  # the DHT may be unreachable; then the round we skip may time out
+            logger.debug(f"departure notice failed: {e}")
+        task_id, deadline = self.spec.record.task_id, time.monotonic() + SIT_OUT_SECONDS
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            others = [
+                p.entry.peer_id for p in read_roster(self.dht, task_id) if p.entry.peer_id != self.peer_id
+            ]
+            newest = newest_committed_state(self._commit_board, others)
+            if (
+                newest is not None and newest.attempt >= running
+            ) or self._commit_board.latest_attempt() > running:
+                break  # a quorum holds the round's state, or the swarm went past it (it aborted)
+            self._stop.wait(SIT_OUT_POLL_SECONDS)
+        self.attempt = max(self.attempt, running + 1)
+        self.catch_up()
+
     def run(self) -> list[RoundReport]:
         self.catch_up()
         self.catch_up_with_swarm()
@@ -276,6 +317,7 @@ class PeerNode:
         self._announced_at = time.monotonic()
         # Let peers that started together find each other in the roster before the first round.
         time.sleep(max(0.0, SETTLE_SECONDS - (time.monotonic() - self._announced_at)))
+        self.sit_out_round_in_progress()
         committed, failed_in_a_row = 0, 0
         while (
             not self._stop.is_set()
