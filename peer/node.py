@@ -59,6 +59,9 @@ SETTLE_SECONDS = 4.0  # after announcing, before the first round reads the roste
 CATCH_UP_TRIES = 5  # state downloads in a row while the swarm stays ahead
 SIT_OUT_SECONDS = 180.0  # at most this long a newcomer waits for the round in progress to end
 SIT_OUT_POLL_SECONDS = 0.5
+# After the first result of the round sat out is posted: how long its committed state may take to show
+# (a quorum's results, then their state reports) before the round counts as aborted.
+SIT_OUT_OUTCOME_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -279,11 +282,21 @@ class PeerNode:
         contributor the others' quorum cannot count: landing in a cohort's group in place of a roster
         peer, or splitting the group in two, it left no result with a quorum and the round aborted for
         everyone (the silent-peer churn test caught this). Sitting out is safe either way: where a
-        roster does hold this peer, its departure notice takes it out of that attempt's quorum."""
+        roster does hold this peer, its departure notice takes it out of that attempt's quorum. A swarm
+        that has committed nothing yet is still forming (its peers start together): nobody sits out."""
         self.catch_up_with_swarm()
         running_round = self._round.progress.swarm_round()
         if running_round < self.state_round + 1 or self._stop.is_set():
             return  # nobody computes the round we would join: it begins with us in every roster
+        task_id = self.spec.record.task_id
+
+        def others() -> list[str]:  # the roster without us: the running round's rosters may lack us
+            return [
+                p.entry.peer_id for p in read_roster(self.dht, task_id) if p.entry.peer_id != self.peer_id
+            ]
+
+        if newest_committed_state(self._commit_board, others()) is None:
+            return  # a swarm that never committed is forming: everyone takes part in its first rounds
         running = self._commit_board.latest_attempt() + 1
         logger.info(
             f"the swarm is computing round {running_round} (attempt {running}): taking part from the next one "
@@ -293,16 +306,18 @@ class PeerNode:
             self._commit_board.post(running, False, "", left=True)
         except Exception as e:  # the DHT may be unreachable; then the round we skip may time out
             logger.debug(f"departure notice failed: {e}")
-        task_id, deadline = self.spec.record.task_id, time.monotonic() + SIT_OUT_SECONDS
+        deadline, first_result = time.monotonic() + SIT_OUT_SECONDS, None
         while not self._stop.is_set() and time.monotonic() < deadline:
-            others = [
-                p.entry.peer_id for p in read_roster(self.dht, task_id) if p.entry.peer_id != self.peer_id
-            ]
-            newest = newest_committed_state(self._commit_board, others)
-            if (
-                newest is not None and newest.attempt >= running
-            ) or self._commit_board.latest_attempt() > running:
-                break  # a quorum holds the round's state, or the swarm went past it (it aborted)
+            newest = newest_committed_state(self._commit_board, others())
+            if newest is not None and newest.attempt >= running:
+                break  # a quorum holds the round's state: load it and take part in the next attempt
+            if first_result is None and self._commit_board.latest_attempt() >= running:
+                first_result = time.monotonic()
+            # Results are posted but no quorum's state follows: the attempt aborted, and its peers start
+            # the next one now. Waiting for one of them to finish that too would put this peer a whole
+            # attempt out of step with the swarm (seen: two peers that never met a third again).
+            if first_result is not None and time.monotonic() - first_result > SIT_OUT_OUTCOME_SECONDS:
+                break
             self._stop.wait(SIT_OUT_POLL_SECONDS)
         self.attempt = max(self.attempt, running + 1)
         self.catch_up()
