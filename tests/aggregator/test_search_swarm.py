@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -54,14 +55,21 @@ def _wait_for(swarm: LocalSwarm, ready, what: str, timeout: float = 180.0):
     raise AssertionError(f"no {what} within {timeout:.0f} s")
 
 
-def _search(swarm: LocalSwarm, checkpoint: Path, tmp_path: Path, *extra: str, stderr=subprocess.PIPE):
+def _search(
+    swarm: LocalSwarm,
+    checkpoint: Path,
+    tmp_path: Path,
+    *extra: str,
+    stderr=subprocess.PIPE,
+    latency: Path | None = None,
+):
     agg = swarm.dir / "aggregator"
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in SEARCH.items()]
     # No --initial-peers: the search finds the swarm through the aggregator's multiaddrs.txt.
     args = [
         console_script("manta-aggregator"), "search", "--data-dir", str(agg), "--identity",
         str(agg / "identity.key"), "--checkpoint", str(checkpoint),
-        "--latency-table", str(tmp_path / "latency.json"), "--json", str(tmp_path / "distributed.json"),
+        "--latency-table", str(latency or tmp_path / "latency.json"), "--json", str(tmp_path / "distributed.json"),
         *flags, *extra,
     ]  # fmt: skip
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True)
@@ -74,6 +82,26 @@ def _trained_checkpoint(tmp_path: Path) -> Path:
                                            log_every=0))  # fmt: skip
     trained = train(workload.cfg, workload.task, progress=lambda line: None)
     return save_trained(tmp_path / "digits.pt", workload, trained["net"], round_index=3)
+
+
+@dataclass(frozen=True)
+class LocalBaseline:
+    """A trained checkpoint and the search of it in this process alone: what a distributed search of
+    the same checkpoint must equal, value for value."""
+
+    checkpoint: Path
+    latency: Path  # the latency table both searches use
+    report: object
+    evaluated: dict
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory) -> LocalBaseline:
+    """Built once for the module, on a quiet machine (before any swarm of these tests starts)."""
+    folder = tmp_path_factory.mktemp("baseline")
+    checkpoint = _trained_checkpoint(folder)
+    report, evaluated = _local(checkpoint, folder)
+    return LocalBaseline(checkpoint, folder / "latency.json", report, evaluated)
 
 
 def _joined(swarm: LocalSwarm) -> bool:
@@ -105,19 +133,25 @@ def _calls(initial: list[str], peer_id: str, task_id: str, payloads: list[bytes]
         dht.shutdown()
 
 
-def test_search_spreads_over_live_peers_and_equals_local_search(tmp_path):
+def test_search_spreads_over_live_peers_and_equals_local_search(tmp_path, baseline):
     from protocol.evaluation_requests import sign_request
 
     t0 = time.monotonic()
-    # The local search runs first, on a quiet machine; it also builds the latency table both searches use.
-    checkpoint = _trained_checkpoint(tmp_path)
-    report, local = _local(checkpoint, tmp_path)
-    print(f"checkpoint trained and searched locally at {time.monotonic() - t0:.1f} s")
+    checkpoint, report, local = baseline.checkpoint, baseline.report, baseline.evaluated
     swarm = _start(tmp_path)
     try:
         _wait_for(swarm, lambda: _joined(swarm), "peers joined")
         print(f"peers joined at {time.monotonic() - t0:.1f} s")
-        search = _search(swarm, checkpoint, tmp_path, "--peers-wait", "60", "--peer-timeout", "120")
+        search = _search(
+            swarm,
+            checkpoint,
+            tmp_path,
+            "--peers-wait",
+            "60",
+            "--peer-timeout",
+            "120",
+            latency=baseline.latency,
+        )
         stdout, stderr = search.communicate(timeout=300)
         print(f"search done at {time.monotonic() - t0:.1f} s\n{stderr}")
         assert search.returncode == 0, stderr[-3000:]
@@ -163,17 +197,16 @@ def test_search_spreads_over_live_peers_and_equals_local_search(tmp_path):
     assert result["chosen"]["metric"] == report.final["metric"]
 
 
-def test_a_lying_peer_is_caught_by_spot_checks_and_the_result_equals_local_search(tmp_path):
+def test_a_lying_peer_is_caught_by_spot_checks_and_the_result_equals_local_search(tmp_path, baseline):
     t0 = time.monotonic()
-    checkpoint = _trained_checkpoint(tmp_path)
-    report, local = _local(checkpoint, tmp_path)
+    checkpoint, report, local = baseline.checkpoint, baseline.report, baseline.evaluated
     swarm = _start(tmp_path, commands={1: dishonest_peer.command("search-lie")})
     try:
         _wait_for(swarm, lambda: _joined(swarm), "peers joined")
         joined = re.search(r"peer (\S{8}) \([^)]*\) joined task", (swarm.peer_dir(1) / "log.txt").read_text())
         liar = joined.group(1)  # the last 8 characters of the lying peer's id
         search = _search(swarm, checkpoint, tmp_path, "--peers-wait", "60", "--peer-timeout", "120",
-                         "--verify-fraction", "0.1")  # fmt: skip
+                         "--verify-fraction", "0.1", latency=baseline.latency)  # fmt: skip
         stdout, stderr = search.communicate(timeout=300)
         print(f"search done at {time.monotonic() - t0:.1f} s\n{stderr}")
         assert search.returncode == 0, stderr[-3000:]
