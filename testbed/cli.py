@@ -267,6 +267,10 @@ def main(
     click.echo(f"summary: {summary_path or run_dir / 'summary.json'}")
     if not summary["rounds"]:
         raise UserError("the swarm committed no round; see the logs under " + str(run_dir))
+    if summary["failed_peers"]:
+        raise UserError(
+            f"peer(s) {', '.join(summary['failed_peers'])} exited with an error; see their log.txt under {run_dir}"
+        )
 
 
 def _check_links(scenario, data_dir: Path | None) -> None:

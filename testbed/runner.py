@@ -54,6 +54,7 @@ def run_swarm(
     counters = None
     started = time.monotonic()
     swarm = None
+    failed: list[str] = []  # peers that exited with an error (not the ones churn killed on purpose)
     try:
         if internet is not None:
             internet.start()
@@ -103,6 +104,7 @@ def run_swarm(
         + "; evaluating the final state"
     )
     summary = summarise(swarm, wall, link_counters=counters)
+    summary["failed_peers"] = failed
     write_summary(summary, summary_path or swarm.dir / "summary.json")
     return summary
 

@@ -147,7 +147,7 @@ def test_peers_join_train_together_and_hold_identical_state(swarm):
     names = ["alice", "bob", "carol"]
     extra = {"carol": ["--cpu-workers", "2"]}  # carol's two workers sum their gradients with gloo first
     for name in names:
-        swarm.join(name, "--max-rounds", "6", *extra.get(name, []))
+        swarm.join(name, "--max-rounds", "4", *extra.get(name, []))
     for name in names:
         assert swarm.procs[name].wait(timeout=400) == 0, swarm.log(name)[-3000:]
         assert "Traceback" not in swarm.log(name)
