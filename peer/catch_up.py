@@ -8,12 +8,17 @@ open internet a download is bounded by the server's uplink, and k holders serve 
 fast. What arrives must hash to the quorum's digest, not to a digest its server chose. When the board
 knows no such state (the first peers of a run, or a run resumed from the aggregator's checkpoint
 with no peer left), hivemind's state sharing is the fallback (:class:`StateSharer`).
+
+A newcomer that arrives while the swarm computes a round sits that attempt out and starts with the
+next one (:func:`sit_out_running_attempt`): the others' rosters for it were read without the newcomer.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+import threading
+import time
+from collections.abc import Callable, Collection
 
 import torch
 
@@ -25,6 +30,11 @@ from peer.round_commit import CommitBoard, CommittedState, newest_committed_stat
 
 logger = logging.getLogger("manta.peer")
 
+SIT_OUT_SECONDS = 180.0  # at most this long a newcomer waits for the attempt in progress to end
+SIT_OUT_POLL_SECONDS = 0.5
+# After the first result of the attempt sat out is posted: how long its committed state may take to show
+# (a quorum's results, then their state reports) before the attempt counts as aborted.
+SIT_OUT_OUTCOME_SECONDS = 5.0
 QUORUM_TIEBREAK = 1.0  # a quorum's result wins a tie against any one server's (theirs are in (0, 0.5))
 PAGE_TIMEOUT = 30.0  # seconds for one page from one holder
 
@@ -52,3 +62,49 @@ def committed_state(
     logger.debug(f"fetched state {result.digest[:12]} from {len(result.holders)} holder(s)")
     # The round number is its servers' word (the digest covers the tensors): they are a quorum's peers.
     return result, SharedState(got.round, got.digest, result.attempt, QUORUM_TIEBREAK, got.tensors)
+
+
+def sit_out_running_attempt(
+    board: CommitBoard,
+    others: Callable[[], Collection[str]],
+    stop: threading.Event,
+    announce: Callable[[int], None] = lambda attempt: None,
+    limit: float = SIT_OUT_SECONDS,
+    outcome_grace: float = SIT_OUT_OUTCOME_SECONDS,
+) -> int | None:
+    """For a newcomer whose swarm is computing a round: sit out the attempt in progress. Returns that
+    attempt (the caller takes part from the next one, after loading the state it committed), or None
+    if the swarm has committed nothing yet. ``others`` reads the roster without this peer; ``announce``
+    is told the attempt before the wait (to say so to the volunteer).
+
+    Every peer reads its roster when its attempt begins, and only that roster counts for the commit
+    quorum. A newcomer that joined an attempt begun before its announcement could be a contributor the
+    others' quorum cannot count: landing in a cohort's group in place of a roster peer, or splitting the
+    group in two, it left no result with a quorum and the round aborted for everyone. Sitting out is
+    safe either way: where a roster does hold this peer, its departure notice takes it out of that
+    attempt's quorum. A swarm that has committed nothing is still forming (its first peers start
+    together): everyone takes part at once.
+
+    The wait ends when a quorum holds the attempt's state, or ``outcome_grace`` after its first result
+    was posted without one (it aborted, and its peers start the next attempt now: waiting for one of
+    them to finish that too would put this peer a whole attempt out of step with the swarm), or after
+    ``limit`` seconds, or on ``stop``."""
+    if newest_committed_state(board, others()) is None:
+        return None
+    running = board.latest_attempt() + 1
+    try:
+        board.post(running, False, "", left=True)
+    except Exception as e:  # the DHT may be unreachable; then the attempt we skip may wait for us
+        logger.debug(f"departure notice failed: {e}")
+    announce(running)
+    deadline, first_result = time.monotonic() + limit, None
+    while not stop.is_set() and time.monotonic() < deadline:
+        newest = newest_committed_state(board, others())
+        if newest is not None and newest.attempt >= running:
+            break
+        if first_result is None and board.latest_attempt() >= running:
+            first_result = time.monotonic()
+        if first_result is not None and time.monotonic() - first_result > outcome_grace:
+            break
+        stop.wait(SIT_OUT_POLL_SECONDS)
+    return running

@@ -33,13 +33,12 @@ from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.state_archive import StateArchive
 from hivemind_adapter.state_sharing import StateSharer, peer_tiebreak
 from peer.affinity import default_gateway_mac, host_id, network_id
-from peer.catch_up import committed_state
+from peer.catch_up import SIT_OUT_SECONDS, committed_state, sit_out_running_attempt
 from peer.devices import WorkerDevice
 from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
 from peer.progress_display import ProgressDisplay
 from peer.receipts import AggregatorLink, ReceiptCourier, ReceiptOutbox
 from peer.round import RoundContext, RoundReport, run_round
-from peer.round_commit import newest_committed_state
 from peer.search_service import EvaluationService
 from peer.swarm_progress import SwarmProgress
 from peer.swarm_view import Announcer, ProgressBoard, SignedCommitBoard, fetch_task, read_roster
@@ -57,11 +56,6 @@ logger = logging.getLogger("manta.peer")
 
 SETTLE_SECONDS = 4.0  # after announcing, before the first round reads the roster
 CATCH_UP_TRIES = 5  # state downloads in a row while the swarm stays ahead
-SIT_OUT_SECONDS = 180.0  # at most this long a newcomer waits for the round in progress to end
-SIT_OUT_POLL_SECONDS = 0.5
-# After the first result of the round sat out is posted: how long its committed state may take to show
-# (a quorum's results, then their state reports) before the round counts as aborted.
-SIT_OUT_OUTCOME_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -274,52 +268,29 @@ class PeerNode:
                 return
 
     def sit_out_round_in_progress(self) -> None:
-        """If the swarm is computing the round this peer would join, sit it out: say so on the commit
-        board and wait (bounded) until it ends, then start with the next one from its state.
-
-        Every peer reads its roster when its round begins, and only that roster counts for the
-        round's commit quorum. A newcomer that joined a round begun before its announcement could be a
-        contributor the others' quorum cannot count: landing in a cohort's group in place of a roster
-        peer, or splitting the group in two, it left no result with a quorum and the round aborted for
-        everyone (the silent-peer churn test caught this). Sitting out is safe either way: where a
-        roster does hold this peer, its departure notice takes it out of that attempt's quorum. A swarm
-        that has committed nothing yet is still forming (its peers start together): nobody sits out."""
+        """A newcomer arriving while the swarm computes the round it would join sits that attempt out
+        and takes part from the next one (:func:`peer.catch_up.sit_out_running_attempt` says why)."""
         self.catch_up_with_swarm()
         running_round = self._round.progress.swarm_round()
         if running_round < self.state_round + 1 or self._stop.is_set():
             return  # nobody computes the round we would join: it begins with us in every roster
         task_id = self.spec.record.task_id
 
-        def others() -> list[str]:  # the roster without us: the running round's rosters may lack us
+        def others() -> list[str]:
             return [
                 p.entry.peer_id for p in read_roster(self.dht, task_id) if p.entry.peer_id != self.peer_id
             ]
 
-        if newest_committed_state(self._commit_board, others()) is None:
-            return  # a swarm that never committed is forming: everyone takes part in its first rounds
-        running = self._commit_board.latest_attempt() + 1
-        logger.info(
-            f"the swarm is computing round {running_round} (attempt {running}): taking part from the next one "
-            f"(waiting at most {SIT_OUT_SECONDS:.0f} s)"
-        )
-        try:
-            self._commit_board.post(running, False, "", left=True)
-        except Exception as e:  # the DHT may be unreachable; then the round we skip may time out
-            logger.debug(f"departure notice failed: {e}")
-        deadline, first_result = time.monotonic() + SIT_OUT_SECONDS, None
-        while not self._stop.is_set() and time.monotonic() < deadline:
-            newest = newest_committed_state(self._commit_board, others())
-            if newest is not None and newest.attempt >= running:
-                break  # a quorum holds the round's state: load it and take part in the next attempt
-            if first_result is None and self._commit_board.latest_attempt() >= running:
-                first_result = time.monotonic()
-            # Results are posted but no quorum's state follows: the attempt aborted, and its peers start
-            # the next one now. Waiting for one of them to finish that too would put this peer a whole
-            # attempt out of step with the swarm (seen: two peers that never met a third again).
-            if first_result is not None and time.monotonic() - first_result > SIT_OUT_OUTCOME_SECONDS:
-                break
-            self._stop.wait(SIT_OUT_POLL_SECONDS)
-        self.attempt = max(self.attempt, running + 1)
+        def say(attempt: int) -> None:
+            logger.info(
+                f"the swarm is computing round {running_round} (attempt {attempt}): taking part from the "
+                f"next one (waiting at most {SIT_OUT_SECONDS:.0f} s)"
+            )
+
+        sat_out = sit_out_running_attempt(self._commit_board, others, self._stop, say)
+        if sat_out is None:
+            return  # a swarm that committed nothing yet: take part at once
+        self.attempt = max(self.attempt, sat_out + 1)
         self.catch_up()
 
     def run(self) -> list[RoundReport]:

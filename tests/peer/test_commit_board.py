@@ -2,17 +2,21 @@
 
 A departure notice fails its attempt without moving the swarm's attempt counter (which would make the
 others skip past the notice). A result commits once a quorum of the roster holds it: never two results
-of one attempt, never a wait for peers that cannot change the outcome.
+of one attempt, never a wait for peers that cannot change the outcome. A newcomer sits out the
+attempt in progress (whose rosters may lack it) until its state is committed, or starts the next
+attempt with the swarm when it aborted.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 
 import pytest
 
 from hivemind_adapter.dht import peer_id, start_dht, visible_maddrs
+from peer.catch_up import sit_out_running_attempt
 from peer.round_commit import (
     CommittedState,
     await_commit,
@@ -137,3 +141,77 @@ def test_a_peer_catching_up_finds_the_newest_state_a_quorum_holds_and_its_holder
     a.post(8, True, r7)
     a.post(8, True, r7, state=s7)
     assert newest_committed_state(a, [a.peer_id, b.peer_id]) == CommittedState(8, s7, (a.peer_id,))
+
+
+def _sitting_out(board, others, **timing):
+    """Run :func:`sit_out_running_attempt` in a thread; returns (thread, result list, announced list)."""
+    result, announced, stop = [], [], threading.Event()
+    thread = threading.Thread(
+        target=lambda: result.append(
+            sit_out_running_attempt(board, lambda: others, stop, announced.append, **timing)
+        ),
+        daemon=True,
+    )
+    thread.start()
+    return thread, result, announced, stop
+
+
+def test_a_newcomer_joins_a_forming_swarm_at_once_and_posts_nothing(two_boards):
+    newcomer, peer = two_boards
+    stop = threading.Event()
+    roster = lambda: [peer.peer_id]  # noqa: E731
+    assert sit_out_running_attempt(newcomer, roster, stop) is None  # nothing committed yet
+    peer.post(0, True, "11" * 32)  # a result, but no state a quorum holds: still forming
+    assert sit_out_running_attempt(newcomer, roster, stop) is None
+    assert newcomer.peer_id not in newcomer.read(1) and newcomer.peer_id not in newcomer.read(0)
+
+
+def test_a_newcomer_sits_out_the_attempt_in_progress_until_its_state_is_committed(two_boards):
+    newcomer, peer = two_boards
+    peer.post(0, True, "11" * 32, state="aa" * 32)  # the swarm committed attempt 0; attempt 1 runs
+    thread, result, announced, _ = _sitting_out(newcomer, [peer.peer_id], outcome_grace=60.0)
+    _until(lambda: announced, "the newcomer to say which attempt it sits out")
+    assert announced == [1]
+    report = peer.read(1).get(newcomer.peer_id)
+    assert report is not None and report["left"], report  # out of attempt 1's quorum where a roster holds it
+    assert peer.latest_attempt() == 0  # and the notice does not move the swarm's attempt counter
+    thread.join(1.5)
+    assert thread.is_alive(), "stopped waiting before attempt 1 ended"
+    peer.post(1, True, "22" * 32)
+    thread.join(1.5)
+    assert thread.is_alive(), "a posted result is not yet a committed state (its grace is 60 s here)"
+    peer.post(1, True, "22" * 32, state="bb" * 32)
+    thread.join(10)
+    assert not thread.is_alive() and result == [1]
+
+
+def test_after_an_aborted_attempt_the_newcomer_starts_the_next_one_with_the_swarm(two_boards):
+    """Not once the next attempt is over: that would put it a whole attempt out of step for good."""
+    newcomer, peer = two_boards
+    peer.post(0, True, "11" * 32, state="aa" * 32)
+    thread, result, announced, _ = _sitting_out(newcomer, [peer.peer_id], outcome_grace=1.0)
+    _until(lambda: announced, "the newcomer to sit out attempt 1")
+    peer.post(1, False, "")  # attempt 1 aborted; its peers go on to attempt 2
+    thread.join(15)
+    assert not thread.is_alive() and result == [1]
+    assert peer.latest_attempt() == 1  # nobody posted attempt 2: the newcomer takes part in it
+
+
+def test_sitting_out_is_bounded_and_ends_on_stop(two_boards):
+    newcomer, peer = two_boards
+    peer.post(0, True, "11" * 32, state="aa" * 32)
+    thread, result, _, _ = _sitting_out(newcomer, [peer.peer_id], limit=1.0)
+    thread.join(15)  # nobody ever posts attempt 1
+    assert not thread.is_alive() and result == [1]
+    thread, result, announced, stop = _sitting_out(newcomer, [peer.peer_id])  # 180 s by default
+    _until(lambda: announced, "the newcomer to sit out again")
+    stop.set()  # Ctrl-C
+    thread.join(15)
+    assert not thread.is_alive() and result == [1]
+
+
+def _until(predicate, what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
