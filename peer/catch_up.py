@@ -66,7 +66,7 @@ def committed_state(
 
 def sit_out_running_attempt(
     board: CommitBoard,
-    others: Callable[[], Collection[str]],
+    others: Collection[str],
     stop: threading.Event,
     announce: Callable[[int], None] = lambda attempt: None,
     limit: float = SIT_OUT_SECONDS,
@@ -74,8 +74,9 @@ def sit_out_running_attempt(
 ) -> int | None:
     """For a newcomer whose swarm is computing a round: sit out the attempt in progress. Returns that
     attempt (the caller takes part from the next one, after loading the state it committed), or None
-    if the swarm has committed nothing yet. ``others`` reads the roster without this peer; ``announce``
-    is told the attempt before the wait (to say so to the volunteer).
+    if the swarm has committed nothing yet. ``others`` is the roster without this peer (read once: the
+    running attempt's rosters were fixed when it began); ``announce`` is told the attempt before the
+    wait (to say so to the volunteer).
 
     Every peer reads its roster when its attempt begins, and only that roster counts for the commit
     quorum. A newcomer that joined an attempt begun before its announcement could be a contributor the
@@ -89,7 +90,7 @@ def sit_out_running_attempt(
     was posted without one (it aborted, and its peers start the next attempt now: waiting for one of
     them to finish that too would put this peer a whole attempt out of step with the swarm), or after
     ``limit`` seconds, or on ``stop``."""
-    if newest_committed_state(board, others()) is None:
+    if newest_committed_state(board, others) is None:
         return None
     running = board.latest_attempt() + 1
     try:
@@ -99,7 +100,7 @@ def sit_out_running_attempt(
     announce(running)
     deadline, first_result = time.monotonic() + limit, None
     while not stop.is_set() and time.monotonic() < deadline:
-        newest = newest_committed_state(board, others())
+        newest = newest_committed_state(board, others)
         if newest is not None and newest.attempt >= running:
             break
         if first_result is None and board.latest_attempt() >= running:

@@ -274,12 +274,8 @@ class PeerNode:
         running_round = self._round.progress.swarm_round()
         if running_round < self.state_round + 1 or self._stop.is_set():
             return  # nobody computes the round we would join: it begins with us in every roster
-        task_id = self.spec.record.task_id
-
-        def others() -> list[str]:
-            return [
-                p.entry.peer_id for p in read_roster(self.dht, task_id) if p.entry.peer_id != self.peer_id
-            ]
+        roster = read_roster(self.dht, self.spec.record.task_id)
+        others = [p.entry.peer_id for p in roster if p.entry.peer_id != self.peer_id]
 
         def say(attempt: int) -> None:
             logger.info(

@@ -21,7 +21,7 @@ import pytest
 
 from protocol.identity import Identity
 from supernet.checkpoint import save_trained
-from supernet.search.run import SearchOptions, run_search
+from supernet.search.run import SearchOptions, SearchReport, run_search
 from supernet.training import train
 from supernet.workload import workload_for
 from testbed.local_swarm import LocalSwarm, SwarmOptions
@@ -91,7 +91,7 @@ class LocalBaseline:
 
     checkpoint: Path
     latency: Path  # the latency table both searches use
-    report: object
+    report: SearchReport
     evaluated: dict
 
 

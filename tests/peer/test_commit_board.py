@@ -27,6 +27,7 @@ from peer.round_commit import (
 from peer.swarm_view import SignedCommitBoard
 from protocol.dht_schema import MantaRecordValidator
 from protocol.identity import Identity
+from tests.helpers import wait_until
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 TASK = "digits-board-test"
@@ -144,11 +145,12 @@ def test_a_peer_catching_up_finds_the_newest_state_a_quorum_holds_and_its_holder
 
 
 def _sitting_out(board, others, **timing):
-    """Run :func:`sit_out_running_attempt` in a thread; returns (thread, result list, announced list)."""
+    """Run :func:`sit_out_running_attempt` in a thread: (thread, its result, the attempts it announced, its
+    stop event)."""
     result, announced, stop = [], [], threading.Event()
     thread = threading.Thread(
         target=lambda: result.append(
-            sit_out_running_attempt(board, lambda: others, stop, announced.append, **timing)
+            sit_out_running_attempt(board, others, stop, announced.append, **timing)
         ),
         daemon=True,
     )
@@ -159,7 +161,7 @@ def _sitting_out(board, others, **timing):
 def test_a_newcomer_joins_a_forming_swarm_at_once_and_posts_nothing(two_boards):
     newcomer, peer = two_boards
     stop = threading.Event()
-    roster = lambda: [peer.peer_id]  # noqa: E731
+    roster = [peer.peer_id]
     assert sit_out_running_attempt(newcomer, roster, stop) is None  # nothing committed yet
     peer.post(0, True, "11" * 32)  # a result, but no state a quorum holds: still forming
     assert sit_out_running_attempt(newcomer, roster, stop) is None
@@ -170,7 +172,7 @@ def test_a_newcomer_sits_out_the_attempt_in_progress_until_its_state_is_committe
     newcomer, peer = two_boards
     peer.post(0, True, "11" * 32, state="aa" * 32)  # the swarm committed attempt 0; attempt 1 runs
     thread, result, announced, _ = _sitting_out(newcomer, [peer.peer_id], outcome_grace=60.0)
-    _until(lambda: announced, "the newcomer to say which attempt it sits out")
+    wait_until(lambda: announced, 15, "the newcomer to say which attempt it sits out", poll=0.05)
     assert announced == [1]
     report = peer.read(1).get(newcomer.peer_id)
     assert report is not None and report["left"], report  # out of attempt 1's quorum where a roster holds it
@@ -190,7 +192,7 @@ def test_after_an_aborted_attempt_the_newcomer_starts_the_next_one_with_the_swar
     newcomer, peer = two_boards
     peer.post(0, True, "11" * 32, state="aa" * 32)
     thread, result, announced, _ = _sitting_out(newcomer, [peer.peer_id], outcome_grace=1.0)
-    _until(lambda: announced, "the newcomer to sit out attempt 1")
+    wait_until(lambda: announced, 15, "the newcomer to sit out attempt 1", poll=0.05)
     peer.post(1, False, "")  # attempt 1 aborted; its peers go on to attempt 2
     thread.join(15)
     assert not thread.is_alive() and result == [1]
@@ -204,14 +206,7 @@ def test_sitting_out_is_bounded_and_ends_on_stop(two_boards):
     thread.join(15)  # nobody ever posts attempt 1
     assert not thread.is_alive() and result == [1]
     thread, result, announced, stop = _sitting_out(newcomer, [peer.peer_id])  # 180 s by default
-    _until(lambda: announced, "the newcomer to sit out again")
+    wait_until(lambda: announced, 15, "the newcomer to sit out again", poll=0.05)
     stop.set()  # Ctrl-C
     thread.join(15)
     assert not thread.is_alive() and result == [1]
-
-
-def _until(predicate, what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)

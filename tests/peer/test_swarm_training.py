@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import psutil
@@ -17,7 +16,7 @@ import pytest
 
 from testbed.local_swarm import LocalSwarm, SwarmOptions
 from tests.adversaries import dishonest_peer
-from tests.helpers import console_script
+from tests.helpers import console_script, wait_until
 
 pytestmark = pytest.mark.swarm
 
@@ -38,14 +37,6 @@ def _processes_under(path: Path) -> list[psutil.Process]:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return found
-
-
-def _wait(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.5)
 
 
 def _run_to_end(swarm: LocalSwarm) -> LocalSwarm:
@@ -157,17 +148,28 @@ def test_a_silent_peer_a_joiner_and_a_kill_cost_the_others_at_most_one_round(tmp
         for i in honest:
             swarm.start_peer(i)
         swarm.start_peer(3, command=dishonest_peer.command("silent"))
-        _wait(lambda: all(len(_committed(swarm, i)) >= 2 for i in honest), 300, "two rounds of peers 0-2")
+        wait_until(
+            lambda: all(len(_committed(swarm, i)) >= 2 for i in honest), 300, "two rounds of peers 0-2"
+        )
         swarm.start_peer(4)
-        _wait(lambda: len(_committed(swarm, 4)) >= 1, 300, "a committed round of the joiner")
+        wait_until(lambda: len(_committed(swarm, 4)) >= 1, 300, "a committed round of the joiner")
+        # Each peer writes its round record after its own commit: peer 2's may come a moment after the
+        # joiner's. The kill comes after a round both recorded, so some round holds all four of them.
+        joined_at = _committed(swarm, 4)[0]["round"]
+        wait_until(lambda: any(r["round"] >= joined_at for r in swarm.rounds(2)), 60,
+                   "peer 2's record of the joiner's first round")  # fmt: skip
         victim = psutil.Process(swarm.procs["peer-2"].pid)
         family = [victim, *victim.children(recursive=True)]
         os.kill(victim.pid, signal.SIGKILL)
         killed_after = max(r["round"] for r in swarm.rounds(2))
-        _wait(lambda: all(len([r for r in _committed(swarm, i) if r["round"] > killed_after + 1]) >= 2
-                          for i in survivors), 300, "two rounds of the survivors after the kill")  # fmt: skip
-        _wait(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family), 30,
-              "the killed peer's workers and DHT to go")  # fmt: skip
+
+        def two_rounds_after_the_kill(i: int) -> bool:
+            return len([r for r in _committed(swarm, i) if r["round"] > killed_after + 1]) >= 2
+
+        wait_until(lambda: all(two_rounds_after_the_kill(i) for i in survivors), 300,
+                   "two rounds of the survivors after the kill")  # fmt: skip
+        wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family), 30,
+                   "the killed peer's workers and DHT to go")  # fmt: skip
     finally:
         swarm.stop(swarm.peer_names(), grace=5.0)
         swarm.close()
