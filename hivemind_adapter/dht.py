@@ -8,6 +8,7 @@ anything), and skips what its opener rejects. That loop used to be written out a
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -83,13 +84,27 @@ def store(
 
 def read_entries(dht: hivemind.DHT, key: str, timeout: float = READ_TIMEOUT) -> dict[str, Any]:
     """subkey -> raw value of every entry under ``key``; {} if none, or none arrived within ``timeout``."""
-    try:
-        found = dht.get(key, latest=True, return_future=True).result(timeout=timeout)
-    except TimeoutError:
-        return {}
-    if found is None or not isinstance(found.value, dict):
-        return {}
-    return {str(sub): item.value for sub, item in found.value.items()}
+    return read_entries_of_keys(dht, [key], timeout)[0]
+
+
+def read_entries_of_keys(
+    dht: hivemind.DHT, keys: Sequence[str], timeout: float = READ_TIMEOUT
+) -> list[dict[str, Any]]:
+    """:func:`read_entries` of each of ``keys``, the lookups in flight together (one ``timeout`` for
+    all; a key whose lookup has not finished by then reads as {})."""
+    futures = [dht.get(key, latest=True, return_future=True) for key in keys]
+    deadline = time.monotonic() + timeout
+    out = []
+    for future in futures:
+        try:
+            found = future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            found = None
+        if found is None or not isinstance(found.value, dict):
+            out.append({})
+        else:
+            out.append({str(sub): item.value for sub, item in found.value.items()})
+    return out
 
 
 def read_signed(

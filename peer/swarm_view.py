@@ -11,11 +11,13 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
-from hivemind_adapter.dht import dht_time, read_entries
+from hivemind_adapter.dht import dht_time, read_entries, read_entries_of_keys
 from hivemind_adapter.verified_records import VerifiedRecords
 from peer.affinity import RosterEntry
 from protocol.dht_schema import (
+    COMMIT_BUCKETS,
     TASKS_INDEX_KEY,
     commit_subkey,
     commits_key,
@@ -193,8 +195,12 @@ def read_roster(dht, task_id: str) -> list[RosterPeer]:
 
 class SignedCommitBoard:
     """The averaging commit board of a MANTA task: sealed RoundCommit records under
-    ``manta_T_commits``, which every node's validator checks, so no peer can abort other peers'
-    rounds or fake agreement in someone else's name."""
+    ``manta_T_commits_B``, which every node's validator checks, so no peer can abort other peers'
+    rounds or fake agreement in someone else's name.
+
+    Reports are spread over :data:`COMMIT_BUCKETS` keys by attempt: the read a peer repeats while it
+    waits for a quorum (:meth:`read`) fetches one bucket, about one attempt's reports, not every
+    attempt's the TTL keeps; :meth:`latest_attempt`, once a round, reads every bucket at once."""
 
     def __init__(self, dht, task_id: str, identity: Identity, peer_id: str, ttl: float = 90.0):
         self.dht, self.task_id, self.identity, self.peer_id, self.ttl = dht, task_id, identity, peer_id, ttl
@@ -213,18 +219,19 @@ class SignedCommitBoard:
             state=state,
         )
         self.dht.store(
-            commits_key(self.task_id),
+            commits_key(self.task_id, attempt),
             seal(record, self.identity),
             dht_time() + self.ttl,
             subkey=commit_subkey(attempt, self.identity.public_key_hex),
         )
 
-    def _records(self, attempt: int | None = None) -> list[RoundCommit]:
-        """Verified reports (of ``attempt`` only, if given: the subkey names it, so the others' are
-        skipped before any check; a subkey that lies about its attempt fails the check)."""
+    def _open(self, entries: dict[str, Any], attempt: int | None = None) -> list[RoundCommit]:
+        """Verified reports among ``entries`` (of ``attempt`` only, if given: the subkey names it, so
+        other attempts sharing its bucket are skipped before any check; a subkey that lies about its
+        attempt fails the check)."""
         prefix = None if attempt is None else f"{attempt}/"
         out = []
-        for sub, value in _entries(self.dht, commits_key(self.task_id)).items():
+        for sub, value in entries.items():
             if prefix is not None and not str(sub).startswith(prefix):
                 continue
             try:
@@ -234,13 +241,17 @@ class SignedCommitBoard:
         return out
 
     def read(self, attempt: int) -> dict[str, dict]:
+        entries = _entries(self.dht, commits_key(self.task_id, attempt))
         return {
             r.peer_id: {"ok": r.ok, "digest": r.digest, "left": r.left, "state": r.state}
-            for r in self._records(attempt)
+            for r in self._open(entries, attempt)
         }
 
     def latest_attempt(self) -> int:
-        return max((r.attempt for r in self._records() if not r.left), default=-1)
+        buckets = read_entries_of_keys(
+            self.dht, [commits_key(self.task_id, b) for b in range(COMMIT_BUCKETS)]
+        )
+        return max((r.attempt for e in buckets for r in self._open(e) if not r.left), default=-1)
 
 
 PROGRESS_TTL = 30.0  # a peer that stopped reporting drops out of the round's sample count

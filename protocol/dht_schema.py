@@ -12,8 +12,10 @@ nobody can overwrite another party's entry — the subkey must name the key that
 - ``manta_T_task``:  a sealed :class:`~protocol.records.TaskSpec` for task ``T`` from one of its aggregators;
 - ``manta_T_peers``: ``[announcement, binding]``: a sealed :class:`~protocol.records.PeerAnnouncement`
   for ``T`` and the sealed :class:`~protocol.records.IdentityBinding` of the same key and peer id.
-- ``manta_T_commits``: subkey ``<attempt>/<public key>``, a sealed :class:`~protocol.records.RoundCommit`
-  of that attempt by that key (one board for all attempts; entries expire within minutes).
+- ``manta_T_commits_B`` (B = attempt mod :data:`COMMIT_BUCKETS`): subkey ``<attempt>/<public key>``, a
+  sealed :class:`~protocol.records.RoundCommit` of that attempt by that key. Entries expire within
+  minutes; spread over buckets, a read of one attempt's reports fetches about that attempt's alone
+  instead of every attempt's the TTL keeps.
 - ``manta_T_progress``: subkey ``<public key>``, the sealed :class:`~protocol.records.PeerProgress` of that
   key (overwritten about once a second; expires within a minute of the peer leaving).
 - ``manta_T_aggregators``: subkey ``<public key>``, the sealed :class:`~protocol.records.IdentityBinding` of an
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import msgpack
@@ -83,8 +86,12 @@ def peers_key(task_id: str) -> str:
     return f"manta_{task_id}_peers"
 
 
-def commits_key(task_id: str) -> str:
-    return f"manta_{task_id}_commits"
+COMMIT_BUCKETS = 16  # keys the commit board is spread over; more than the attempts its TTL keeps
+
+
+def commits_key(task_id: str, attempt: int) -> str:
+    """The key of the commit-board bucket that holds ``attempt``'s reports."""
+    return f"manta_{task_id}_commits_{attempt % COMMIT_BUCKETS}"
 
 
 def progress_key(task_id: str) -> str:
@@ -127,14 +134,23 @@ def open_index_value(subkey: Any, value: Any) -> Sealed[TaskSpec]:
     return sealed
 
 
-def open_commit_value(task_id: str, subkey: Any, value: Any) -> Sealed[RoundCommit]:
-    """Check one entry of ``manta_T_commits``: a RoundCommit for ``task_id`` under ``<attempt>/<its key>``."""
+def open_commit_value(
+    task_id: str, subkey: Any, value: Any, bucket: int | None = None
+) -> Sealed[RoundCommit]:
+    """Check one entry of ``manta_T_commits_B``: a RoundCommit for ``task_id`` under ``<attempt>/<its
+    key>``, whose attempt belongs in bucket ``bucket`` (if given; a report in another bucket is never
+    read where it belongs, so it is refused rather than stored)."""
     sealed = open_sealed(_as_bytes(value), RoundCommit)
     record = sealed.record
     if record.task_id != task_id:
         raise RecordRejected(RejectReason.WRONG_TASK, f"commit for {record.task_id!r}")
     if subkey != commit_subkey(record.attempt, sealed.public_key.hex()):
         raise RecordRejected(RejectReason.BAD_SIGNATURE, "the subkey must be <attempt>/<signer's public key>")
+    if bucket is not None and record.attempt % COMMIT_BUCKETS != bucket:
+        raise RecordRejected(
+            RejectReason.MALFORMED,
+            f"attempt {record.attempt} belongs in commit bucket {record.attempt % COMMIT_BUCKETS}",
+        )
     return sealed
 
 
@@ -192,12 +208,13 @@ class MantaRecordValidator:
         checks: dict[str, Callable[[Any, Any], object]] = {
             task_key(task_id): lambda sk, v: open_task_value(task_id, sk, v),
             peers_key(task_id): lambda sk, v: open_peer_value(task_id, sk, v),
-            commits_key(task_id): lambda sk, v: open_commit_value(task_id, sk, v),
             progress_key(task_id): lambda sk, v: open_progress_value(task_id, sk, v),
             aggregators_key(task_id): open_aggregator_value,
             ledger_key(task_id): open_ledger_value,
             TASKS_INDEX_KEY: open_index_value,
         }
+        for bucket in range(COMMIT_BUCKETS):
+            checks[commits_key(task_id, bucket)] = partial(open_commit_value, task_id, bucket=bucket)
         self._checks = {dht_key_id(name): (name, check) for name, check in checks.items()}
         self.rejected: dict[str, int] = {}
 

@@ -9,6 +9,7 @@ import msgpack
 import pytest
 
 from protocol.dht_schema import (
+    COMMIT_BUCKETS,
     MantaRecordValidator,
     commit_subkey,
     commits_key,
@@ -104,24 +105,36 @@ def test_commit_reports_must_be_sealed_by_the_key_their_subkey_names():
         )
 
     good = seal(commit(peer), peer)
-    assert v.validate(record(commits_key(TASK_ID), commit_subkey(3, peer.public_key_hex), good))
+    assert v.validate(record(commits_key(TASK_ID, 3), commit_subkey(3, peer.public_key_hex), good))
     # Mallory cannot post a failure in the peer's name, nor file a report under another attempt.
     assert not v.validate(
         record(
-            commits_key(TASK_ID),
+            commits_key(TASK_ID, 3),
             commit_subkey(3, peer.public_key_hex),
             seal(commit(mallory, ok=False), mallory),
         )
     )
-    assert not v.validate(record(commits_key(TASK_ID), commit_subkey(4, peer.public_key_hex), good))
+    assert not v.validate(record(commits_key(TASK_ID, 3), commit_subkey(4, peer.public_key_hex), good))
     assert not v.validate(
         record(
-            commits_key(TASK_ID),
+            commits_key(TASK_ID, 3),
             commit_subkey(3, peer.public_key_hex),
             seal(commit(peer, task_id="other"), peer),
         )
     )
-    assert not v.validate(record(commits_key(TASK_ID), commit_subkey(3, peer.public_key_hex), {"ok": False}))
+    assert not v.validate(
+        record(commits_key(TASK_ID, 3), commit_subkey(3, peer.public_key_hex), {"ok": False})
+    )
+    # The board is spread over buckets by attempt: a report belongs in its attempt's bucket only
+    # (elsewhere nobody would read it), and attempts COMMIT_BUCKETS apart share one.
+    assert commits_key(TASK_ID, 3) != commits_key(TASK_ID, 4)
+    assert commits_key(TASK_ID, 3 + COMMIT_BUCKETS) == commits_key(TASK_ID, 3)
+    assert not v.validate(record(commits_key(TASK_ID, 4), commit_subkey(3, peer.public_key_hex), good))
+    later = seal(commit(peer, attempt=3 + COMMIT_BUCKETS), peer)
+    assert v.validate(
+        record(commits_key(TASK_ID, 3), commit_subkey(3 + COMMIT_BUCKETS, peer.public_key_hex), later)
+    )
+    assert v.rejected.get(f"{commits_key(TASK_ID, 4)}:malformed") == 1, v.rejected
 
 
 @pytest.mark.swarm
