@@ -35,7 +35,6 @@ from aggregator.ledger_writer import LedgerWriter
 from aggregator.round_closing import RoundCloser
 from hivemind_adapter.dht import peer_id, read_signed, store
 from hivemind_adapter.p2p import Endpoint
-from hivemind_adapter.verified_records import VerifiedRecords
 from ledger.rewards import compute_rewards
 from ledger.store import LedgerStore
 from protocol.dht_schema import (
@@ -61,6 +60,7 @@ from protocol.records import (
     parse_sealed,
     seal,
 )
+from protocol.verified_records import VerifiedRecords
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from hivemind_adapter.dht import dht_time, read_entries, read_entries_of_keys
-from hivemind_adapter.verified_records import VerifiedRecords
 from peer.affinity import RosterEntry
 from protocol.dht_schema import (
     COMMIT_BUCKETS,
@@ -43,6 +42,7 @@ from protocol.records import (
     TaskSpec,
     seal,
 )
+from protocol.verified_records import VerifiedRecords
 
 logger = logging.getLogger(__name__)
 

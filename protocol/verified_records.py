@@ -23,6 +23,7 @@ from protocol.records import RecordRejected
 T = TypeVar("T")
 
 DEFAULT_CAPACITY = 4096  # entries: a few rounds of every board of a swarm of hundreds
+_UNSEEN = object()  # what the cache answers for an entry it has not verified (an opener may return None)
 
 
 def _fingerprint(subkey: Any, value: Any) -> Hashable | None:
@@ -48,11 +49,11 @@ class VerifiedRecords(Generic[T]):
         key = _fingerprint(subkey, value)
         if key is not None:
             with self._lock:
-                known = self._seen.get(key)
-                if known is not None:
+                known = self._seen.get(key, _UNSEEN)
+                if known is not _UNSEEN:
                     self._seen.move_to_end(key)
                     self._hits += 1
-            if known is not None:
+            if known is not _UNSEEN:
                 if isinstance(known, RecordRejected):
                     raise known
                 return known

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from hivemind_adapter.verified_records import VerifiedRecords
 from protocol.dht_schema import commit_subkey, open_commit_value
 from protocol.identity import Identity
 from protocol.records import RecordRejected, RoundCommit, seal
+from protocol.verified_records import VerifiedRecords
 from tests.protocol.factories import peer_id_of
 
 TASK = "cache-test"
