@@ -25,7 +25,7 @@ from peer.round_commit import (
     newest_committed_state,
 )
 from peer.swarm_view import SignedCommitBoard
-from protocol.dht_schema import MantaRecordValidator
+from protocol.dht_schema import COMMIT_BUCKETS, MantaRecordValidator, commits_key
 from protocol.identity import Identity
 from tests.helpers import wait_until
 
@@ -59,6 +59,25 @@ def test_a_departure_notice_fails_its_attempt_but_does_not_count_as_one(two_boar
     # an attempt someone actually ran (and failed) does move the counter
     leaver.post(4, False, "")
     assert stayer.latest_attempt() == 4
+
+
+def test_attempts_that_share_a_bucket_are_read_apart_and_the_newest_is_found_in_any_bucket(two_boards):
+    """The board is spread over COMMIT_BUCKETS keys by attempt: a read returns its attempt's reports
+    only, though attempts COMMIT_BUCKETS apart share a key, and the newest attempt is found whichever
+    bucket holds it."""
+    writer, reader = two_boards
+    last = COMMIT_BUCKETS + 4
+    for attempt in range(last + 1):
+        writer.post(attempt, True, f"{attempt:064x}")
+    writer.post(last + 1, False, "", left=True)  # a departure notice does not count as an attempt
+    assert commits_key(TASK, 3) == commits_key(TASK, 3 + COMMIT_BUCKETS)
+    for attempt in (3, 3 + COMMIT_BUCKETS, last):
+        assert reader.read(attempt) == {
+            writer.peer_id: {"ok": True, "digest": f"{attempt:064x}", "left": False, "state": ""}
+        }
+    assert reader.latest_attempt() == last
+    writer.post(last + 2, False, "")  # an attempt run and failed, in another bucket
+    assert reader.latest_attempt() == last + 2
 
 
 def test_two_quorums_of_one_roster_always_share_a_peer():
