@@ -118,3 +118,19 @@ def read_signed(
         except RecordRejected:
             continue
     return out
+
+
+async def _validator_counts(_dht: hivemind.DHT, node: Any) -> tuple[int, int]:
+    """Runs in the DHT process, where hivemind validates what the node stores and receives."""
+    checked = cached = 0
+    for validator in getattr(node.protocol.record_validator, "_validators", ()):
+        counts = getattr(validator, "counts", None)
+        if isinstance(counts, tuple):
+            checked, cached = checked + counts[0], cached + counts[1]
+    return checked, cached
+
+
+def record_validator_counts(dht: hivemind.DHT, timeout: float = READ_TIMEOUT) -> tuple[int, int]:
+    """(entries checked, entries answered from a verdict cache) by the validators of ``dht``'s own
+    process that count them (MANTA's): what validating the records it handled has cost so far."""
+    return dht.run_coroutine(_validator_counts, return_future=True).result(timeout=timeout)

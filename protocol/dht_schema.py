@@ -54,6 +54,7 @@ from protocol.records import (
     TaskSpec,
     open_sealed,
 )
+from protocol.verified_records import DEFAULT_CAPACITY, VerifiedRecords
 
 TASKS_INDEX_KEY = "manta_tasks"  # subkey: task id, value: that task's sealed TaskSpec (for discovery)
 
@@ -200,11 +201,16 @@ def open_peer_value(
 class MantaRecordValidator:
     """hivemind record validator (duck-typed) for the MANTA keys of one task.
 
+    hivemind validates every entry of every lookup's answer, so each read of a board used to check
+    one Ed25519 signature per entry in the DHT process, however often the same entries came back.
+    Verdicts are kept per exact (key, subkey, value) bytes (``cache_capacity`` of them, least
+    recently used out first): a repeated entry costs a dictionary lookup, new bytes are checked.
+
     ``rejected`` counts what it dropped, by key name and reason, so an operator can see attacks.
     """
 
-    def __init__(self, task_id: str):
-        self.task_id = task_id
+    def __init__(self, task_id: str, cache_capacity: int = DEFAULT_CAPACITY):
+        self.task_id, self.cache_capacity = task_id, cache_capacity
         checks: dict[str, Callable[[Any, Any], object]] = {
             task_key(task_id): lambda sk, v: open_task_value(task_id, sk, v),
             peers_key(task_id): lambda sk, v: open_peer_value(task_id, sk, v),
@@ -216,25 +222,37 @@ class MantaRecordValidator:
         for bucket in range(COMMIT_BUCKETS):
             checks[commits_key(task_id, bucket)] = partial(open_commit_value, task_id, bucket=bucket)
         self._checks = {dht_key_id(name): (name, check) for name, check in checks.items()}
-        self.rejected: dict[str, int] = {}
+        self._verdicts = VerifiedRecords(self._check_wire, cache_capacity)
+        self.rejected: dict[str, int] = {}  # written by validate() only, on the DHT's event loop
+
+    def _check_wire(self, where: tuple[bytes, bytes], value: bytes) -> object:
+        """Decode and check one entry; ``where`` is (key id, packed subkey)."""
+        key_id, packed_subkey = where
+        _name, check = self._checks[key_id]
+        try:
+            subkey = msgpack.unpackb(packed_subkey, raw=False) if packed_subkey else None
+            decoded = msgpack.unpackb(value, raw=False, strict_map_key=False)
+        except Exception as e:  # undecodable bytes are as invalid as a bad signature
+            raise RecordRejected(RejectReason.MALFORMED, f"undecodable: {type(e).__name__}") from None
+        return check(subkey, decoded)
 
     def validate(self, record: Any) -> bool:
-        entry = self._checks.get(bytes(record.key))
+        key_id = bytes(record.key)
+        entry = self._checks.get(key_id)
         if entry is None:
             return True  # not a MANTA key of this task
-        name, check = entry
         try:
-            subkey = msgpack.unpackb(record.subkey, raw=False) if record.subkey else None
-            value = msgpack.unpackb(record.value, raw=False, strict_map_key=False)
-            check(subkey, value)
+            self._verdicts.open((key_id, bytes(record.subkey or b"")), bytes(record.value))
             return True
         except RecordRejected as e:
-            reason = str(e.reason)
-        except Exception as e:  # undecodable bytes are as invalid as a bad signature
-            reason = f"undecodable:{type(e).__name__}"
-        label = f"{name}:{reason}"
+            label = f"{entry[0]}:{e.reason}"
         self.rejected[label] = self.rejected.get(label, 0) + 1
         return False
+
+    @property
+    def counts(self) -> tuple[int, int]:
+        """(entries checked, entries answered from the verdict cache) so far."""
+        return self._verdicts.counts
 
     def sign_value(self, record: Any) -> bytes:
         return record.value  # values are sealed by their authors before they are stored
@@ -251,7 +269,7 @@ class MantaRecordValidator:
 
     # Pickling: the DHT process receives validators over a pipe; rebuild the closures there.
     def __reduce__(self):
-        return (MantaRecordValidator, (self.task_id,))
+        return (MantaRecordValidator, (self.task_id, self.cache_capacity))
 
 
 def _check_owner(sealed: Sealed[Any], subkey: Any) -> None:

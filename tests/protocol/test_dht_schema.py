@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import time
 
 import msgpack
@@ -135,6 +136,38 @@ def test_commit_reports_must_be_sealed_by_the_key_their_subkey_names():
         record(commits_key(TASK_ID, 3), commit_subkey(3 + COMMIT_BUCKETS, peer.public_key_hex), later)
     )
     assert v.rejected.get(f"{commits_key(TASK_ID, 4)}:malformed") == 1, v.rejected
+
+
+def test_the_validator_checks_each_distinct_entry_once_and_still_drops_every_forged_copy():
+    """hivemind validates every entry of every lookup's answer: the same bytes get one signature
+    check, however often they come back; a forgery is dropped (and counted) each time."""
+    peer, mallory = Identity.generate(), Identity.generate()
+    v = MantaRecordValidator(TASK_ID)
+
+    def commit_by(identity: Identity) -> bytes:
+        return seal(
+            RoundCommit(
+                task_id=TASK_ID, attempt=3, peer_id=peer_id_of(identity), public_key=identity.public_key_hex,
+                ok=True, digest="ab" * 16, timestamp=now_ms(),
+            ),
+            identity,
+        )  # fmt: skip
+
+    good = record(commits_key(TASK_ID, 3), commit_subkey(3, peer.public_key_hex), commit_by(peer))
+    # Mallory's report filed under the peer's subkey: in the peer's name.
+    forged = record(commits_key(TASK_ID, 3), commit_subkey(3, peer.public_key_hex), commit_by(mallory))
+    assert all(v.validate(good) for _ in range(3))
+    assert not any(v.validate(forged) for _ in range(2))
+    assert v.counts == (2, 3)  # two distinct entries checked; two repeats of one, one of the other
+    assert v.rejected == {f"{commits_key(TASK_ID, 3)}:bad_signature": 2}
+    # The same bytes under another key are another entry (the bucket is part of what is checked).
+    assert not v.validate(
+        record(commits_key(TASK_ID, 4), commit_subkey(3, peer.public_key_hex), commit_by(peer))
+    )
+    # Without a cache every copy is checked again; the capacity survives the pipe to the DHT process.
+    uncached = pickle.loads(pickle.dumps(MantaRecordValidator(TASK_ID, cache_capacity=0)))
+    assert uncached.cache_capacity == 0
+    assert all(uncached.validate(good) for _ in range(3)) and uncached.counts == (3, 0)
 
 
 @pytest.mark.swarm
