@@ -2,21 +2,23 @@
 
 A real hivemind DHT (two nodes, one writes, the other reads) holds what a swarm of N peers leaves
 there: every peer's signed progress record, and its signed commit report for each of the last
-``--attempts`` attempts (the board's TTL keeps about that many). Each read is timed every way in the
-same run, on the same entries:
+``--attempts`` attempts (the board's TTL keeps about that many). hivemind's DHT process runs the
+record validator on every entry of every lookup's answer, so a read costs signature checks there as
+well as in the peer. Each read is timed every way in the same run, on the same entries:
 
-- checked: every entry opened and its Ed25519 signature checked at every read, all attempts' reports
-  under one key (the boards before issue 16);
-- one key: entries verified once (:mod:`hivemind_adapter.verified_records`), other attempts' reports
-  skipped by their subkey, still all attempts under one key (the first step of issue 16; the same
-  reports are stored under that key too, which the validator no longer knows and lets through);
-- buckets: the board as it is now, spread over ``COMMIT_BUCKETS`` keys by attempt, so a read fetches
-  about one attempt's reports.
+- checked: all attempts' reports under one key, every entry checked at every read, by the peer and by
+  its DHT process (the board before issue 16);
+- one key: the same, but the peer verifies each entry once (:mod:`protocol.verified_records`) and
+  skips other attempts' reports by subkey (this board until the commit-bucket change);
+- buckets, DHT re-checks: the board spread over ``COMMIT_BUCKETS`` keys by attempt (a read fetches
+  about one attempt's reports), the DHT process still checking every entry it is handed;
+- now: buckets, and the validator keeps its verdicts, so the DHT process checks each entry once.
 
-Prints, per N, the median milliseconds of the read a peer repeats while it waits for a quorum (one
-attempt's reports) each way and the ratios, what finding the newest attempt costs (once a round: one
-key, or every bucket at once), how many signature checks a repeated read needs, and the progress
-board's read, checked and cached.
+The one-key layout is stored under its old key name, which the bench's validator checks as the old
+one did. Prints, per N, the median milliseconds of the read a peer repeats while it waits for a
+quorum (one attempt's reports) each way and the ratios, what finding the newest attempt costs (once a
+round), how many signature checks a repeated read needs (in the peer, and in the DHT process), and
+the progress board's read, checked and now.
 
     python -m benchmarks.board_reads_bench [--peers 8 16 32 64] [--attempts 18] [--reads 20]
 """
@@ -27,28 +29,48 @@ import argparse
 import os
 import statistics
 import time
+from functools import partial
 
 from hivemind_adapter.runtime import prepare_process
 
 prepare_process()
 
-from hivemind_adapter.dht import dht_time, peer_id, read_entries, start_dht, visible_maddrs  # noqa: E402
-from hivemind_adapter.verified_records import VerifiedRecords  # noqa: E402
+from hivemind_adapter.dht import (  # noqa: E402
+    dht_time,
+    peer_id,
+    read_entries,
+    record_validator_counts,
+    start_dht,
+    visible_maddrs,
+)
 from peer.swarm_view import ProgressBoard, SignedCommitBoard  # noqa: E402
 from protocol.dht_schema import (  # noqa: E402
     MantaRecordValidator,
     commit_subkey,
     commits_key,
+    dht_key_id,
     open_commit_value,
     open_progress_value,
     progress_key,
 )
 from protocol.identity import Identity  # noqa: E402
 from protocol.records import PeerProgress, RoundCommit, seal  # noqa: E402
+from protocol.verified_records import DEFAULT_CAPACITY, VerifiedRecords  # noqa: E402
 from tests.protocol.factories import fake_peer_id  # noqa: E402
 
 TASK = "board-bench"
 ONE_KEY = f"manta_{TASK}_commits"  # the board's single key before it was spread over buckets
+
+
+class _WithOneKey(MantaRecordValidator):
+    """MANTA's validator, also checking the old single-key board (as the validator before buckets)."""
+
+    def __init__(self, task_id: str, cache_capacity: int = DEFAULT_CAPACITY):
+        super().__init__(task_id, cache_capacity)
+        self._checks[dht_key_id(ONE_KEY)] = (ONE_KEY, partial(open_commit_value, task_id))
+
+    def __reduce__(self):
+        return (_WithOneKey, (self.task_id, self.cache_capacity))
 
 
 def _fill(dht, peers: int, attempts: int) -> None:
@@ -116,9 +138,9 @@ def main() -> None:
     print(f"command: python -m benchmarks.board_reads_bench {' '.join(os.sys.argv[1:])}".rstrip())
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
     header = (
-        f"{'peers':>5} | {'attempt read ms: checked':>24} {'one key':>7} {'buckets':>7} "
-        f"{'vs checked':>10} {'vs one key':>10} {'checks/read':>12} | "
-        f"{'newest attempt ms: one key':>26} {'buckets':>7} | {'progress ms: checked':>20} {'cached':>6}"
+        f"{'peers':>5} | {'attempt read ms: checked':>24} {'one key':>7} {'buckets':>7} {'now':>6} "
+        f"{'vs checked':>10} {'vs one key':>10} | {'checks/read: peer':>17} {'DHT':>9} | "
+        f"{'newest attempt ms: one key':>26} {'now':>6} | {'progress ms: checked':>20} {'now':>6} {'ratio':>6}"
     )
     print(header)
     print("-" * len(header))
@@ -128,41 +150,52 @@ def main() -> None:
 
 def _row(n: int, attempts: int, reads: int) -> str:
     """One table row: both boards of an ``n``-peer swarm, read ``reads`` times each way."""
-    validator = [MantaRecordValidator(TASK)]
-    writer = start_dht(host_maddrs=["/ip4/127.0.0.1/tcp/0"], validators=validator)
-    reader = start_dht(
-        initial_peers=visible_maddrs(writer), host_maddrs=["/ip4/127.0.0.1/tcp/0"], validators=validator
+    writer = start_dht(host_maddrs=["/ip4/127.0.0.1/tcp/0"], validators=[_WithOneKey(TASK)])
+    # Two readers: one whose DHT process re-checks every entry it is handed (as before), one that
+    # keeps verdicts (now).
+    old, new = (
+        start_dht(
+            initial_peers=visible_maddrs(writer),
+            host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+            validators=[_WithOneKey(TASK, cache_capacity=capacity)],
+        )
+        for capacity in (0, DEFAULT_CAPACITY)
     )
     try:
         _fill(writer, n, attempts)
         me = Identity.generate()
-        commits = SignedCommitBoard(reader, TASK, me, peer_id(reader))
-        progress = ProgressBoard(reader, TASK, me, peer_id(reader))
+        old_board = SignedCommitBoard(old, TASK, me, peer_id(old))
+        commits = SignedCommitBoard(new, TASK, me, peer_id(new))
+        progress = ProgressBoard(new, TASK, me, peer_id(new))
         one_key = VerifiedRecords(lambda sub, value: open_commit_value(TASK, sub, value))
         attempt = attempts - 1
         assert len(commits.read(attempt)) == n and len(progress.read()) == n, "entries missing"
-        assert _one_key_read(reader, attempt, one_key) == n, "entries missing under the single key"
-        assert commits.latest_attempt() == _one_key_latest(reader, one_key) == attempt
-        checked_c = _median_ms(lambda: _open_all(read_entries(reader, ONE_KEY), open_commit_value), reads)
-        one_key_c = _median_ms(lambda: _one_key_read(reader, attempt, one_key), reads)
-        buckets_c = _median_ms(lambda: commits.read(attempt), reads)
-        one_key_latest = _median_ms(lambda: _one_key_latest(reader, one_key), reads)
-        buckets_latest = _median_ms(commits.latest_attempt, reads)
+        assert _one_key_read(old, attempt, one_key) == n, "entries missing under the single key"
+        assert commits.latest_attempt() == _one_key_latest(old, one_key) == attempt
+        checked_c = _median_ms(lambda: _open_all(read_entries(old, ONE_KEY), open_commit_value), reads)
+        one_key_c = _median_ms(lambda: _one_key_read(old, attempt, one_key), reads)
+        buckets_c = _median_ms(lambda: old_board.read(attempt), reads)
+        now_c = _median_ms(lambda: commits.read(attempt), reads)
+        one_key_latest = _median_ms(lambda: _one_key_latest(old, one_key), reads)
+        now_latest = _median_ms(commits.latest_attempt, reads)
         checked_p = _median_ms(
-            lambda: _open_all(read_entries(reader, progress_key(TASK)), open_progress_value), reads
+            lambda: _open_all(read_entries(old, progress_key(TASK)), open_progress_value), reads
         )
-        cached_p = _median_ms(lambda: progress.read(), reads)
-        before = commits.verified.counts[0]
+        now_p = _median_ms(lambda: progress.read(), reads)
+        peer_checks = commits.verified.counts[0]
+        dht_checks = record_validator_counts(new)[0]
         commits.read(attempt)
-        checks = commits.verified.counts[0] - before
+        peer_checks = commits.verified.counts[0] - peer_checks
+        dht_checks = record_validator_counts(new)[0] - dht_checks
         return (
-            f"{n:>5} | {checked_c:>24.1f} {one_key_c:>7.1f} {buckets_c:>7.1f} "
-            f"{checked_c / buckets_c:>9.1f}x {one_key_c / buckets_c:>9.1f}x {n * attempts:>5} -> {checks:<4} | "
-            f"{one_key_latest:>26.1f} {buckets_latest:>7.1f} | {checked_p:>20.1f} {cached_p:>6.1f}"
+            f"{n:>5} | {checked_c:>24.1f} {one_key_c:>7.1f} {buckets_c:>7.1f} {now_c:>6.1f} "
+            f"{checked_c / now_c:>9.1f}x {one_key_c / now_c:>9.1f}x | "
+            f"{f'{n * attempts} -> {peer_checks}':>17} {f'{n * attempts} -> {dht_checks}':>9} | "
+            f"{one_key_latest:>26.1f} {now_latest:>6.1f} | {checked_p:>20.1f} {now_p:>6.1f} {checked_p / now_p:>5.1f}x"
         )  # fmt: skip
     finally:
-        reader.shutdown()
-        writer.shutdown()
+        for dht in (new, old, writer):
+            dht.shutdown()
 
 
 if __name__ == "__main__":
