@@ -231,10 +231,11 @@ class MantaRecordValidator:
         _name, check = self._checks[key_id]
         try:
             subkey = msgpack.unpackb(packed_subkey, raw=False) if packed_subkey else None
-            decoded = msgpack.unpackb(value, raw=False, strict_map_key=False)
-        except Exception as e:  # undecodable bytes are as invalid as a bad signature
+            return check(subkey, msgpack.unpackb(value, raw=False, strict_map_key=False))
+        except RecordRejected:
+            raise
+        except Exception as e:  # undecodable or oddly shaped bytes are as invalid as a bad signature
             raise RecordRejected(RejectReason.MALFORMED, f"undecodable: {type(e).__name__}") from None
-        return check(subkey, decoded)
 
     def validate(self, record: Any) -> bool:
         key_id = bytes(record.key)

@@ -170,6 +170,34 @@ def test_the_validator_checks_each_distinct_entry_once_and_still_drops_every_for
     assert all(uncached.validate(good) for _ in range(3)) and uncached.counts == (3, 0)
 
 
+def test_odd_values_under_every_manta_key_are_refused_never_raised():
+    """Whatever bytes a stranger stores under a MANTA key, the validator answers False (and counts
+    it); an exception would escape into hivemind's request handling instead."""
+    v = MantaRecordValidator(TASK_ID, cache_capacity=0)
+    keys = [task_key(TASK_ID), peers_key(TASK_ID), commits_key(TASK_ID, 0), commits_key(TASK_ID, 7)]
+    odd_values = [
+        None,
+        5,
+        -1.5,
+        "text",
+        b"\xff\x00",
+        [],
+        [b"a"],
+        [1, 2],
+        {"a": 1},
+        {1: [b"x"]},
+        [[b"a"], b"b"],
+    ]
+    odd_subkeys = [None, 3, "3/ab", b"\x00", [1]]
+    for key in keys:
+        for subkey in odd_subkeys:
+            for value in odd_values:
+                assert not v.validate(record(key, subkey, value)), (key, subkey, value)
+    garbled = Record(dht_key_id(keys[0]), b"\xc1", b"\xc1", time.time() + 60)  # 0xc1: never valid msgpack
+    assert not v.validate(garbled)
+    assert sum(v.rejected.values()) == len(keys) * len(odd_subkeys) * len(odd_values) + 1
+
+
 @pytest.mark.swarm
 def test_nodes_with_the_validator_drop_forged_records():
     import hivemind
