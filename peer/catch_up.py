@@ -100,10 +100,11 @@ def sit_out_running_attempt(
     announce(running)
     deadline, first_result = time.monotonic() + limit, None
     while not stop.is_set() and time.monotonic() < deadline:
-        newest = newest_committed_state(board, others)
+        latest = board.latest_attempt()  # one read of every bucket per poll, for both checks
+        newest = newest_committed_state(board, others, latest=latest)
         if newest is not None and newest.attempt >= running:
             break
-        if first_result is None and board.latest_attempt() >= running:
+        if first_result is None and latest >= running:
             first_result = time.monotonic()
         if first_result is not None and time.monotonic() - first_result > outcome_grace:
             break

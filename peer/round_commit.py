@@ -151,13 +151,15 @@ class CommittedState:
 
 
 def newest_committed_state(
-    board: CommitBoard, roster: Collection[str], lookback: int = 8
+    board: CommitBoard, roster: Collection[str], lookback: int = 8, latest: int | None = None
 ) -> CommittedState | None:
     """The newest state of the last ``lookback`` attempts that a quorum of ``roster`` reports holding
     after committing one result, or None: what a peer that fell behind should load, and from whom.
     The digest is the majority's word, not one server's. (Peers report their state a moment after
-    the commit: until a quorum did, the attempt before it answers, and the next catch-up goes on.)"""
-    latest = board.latest_attempt()
+    the commit: until a quorum did, the attempt before it answers, and the next catch-up goes on.)
+    ``latest``: the board's :meth:`~CommitBoard.latest_attempt`, if the caller just read it."""
+    if latest is None:
+        latest = board.latest_attempt()
     for attempt in range(latest, max(-1, latest - lookback), -1):
         reports = board.read(attempt)
         members = set(roster) - {p for p, r in reports.items() if r.get("left")}
