@@ -174,6 +174,15 @@ def wire_compression(fp16: bool) -> CompressionBase:
     return Float16Compression() if fp16 else NoCompression()
 
 
+def wire_rounded(tensor: torch.Tensor, fp16: bool) -> torch.Tensor:
+    """``tensor`` as it arrives after crossing :func:`wire_compression`'s wire: a value already in that
+    form crosses it again unchanged (what lets an fp16 wire carry a broadcast exactly)."""
+    if not fp16:
+        return tensor
+    finfo = torch.finfo(torch.float16)
+    return tensor.to(torch.float32).clamp(finfo.min, finfo.max).to(torch.float16).to(tensor.dtype)
+
+
 def looking_for_group(control: StepControl) -> bool:
     """Whether a step started with ``wait=False`` is still gathering its group (so cancelling it is
     safe: cancelling one whose all-reduce already runs races hivemind's own completion)."""

@@ -43,8 +43,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hivemind_adapter.allreduce import VerifiedAverager, looking_for_group, member_ids, wire_compression
+from hivemind_adapter.allreduce import (
+    VerifiedAverager,
+    looking_for_group,
+    member_ids,
+    wire_compression,
+    wire_rounded,
+)
 from hivemind_adapter.dht import peer_id
+from peer.cross_tree import DEFAULT_FANOUT, JoinedGroup, TreeGroup, cross_groups
 from peer.deadlines import StageDeadlines
 from peer.round_commit import CommitBoard, DHTCommitBoard, await_commit, await_quorum_reports
 from supernet.state import digest
@@ -122,11 +129,18 @@ def _cohort_tag(cohort: str) -> str:
     return hashlib.sha256(cohort.encode()).hexdigest()[:16]
 
 
-def _round_bits(attempt: int, stage: int, state_digest: str) -> str:
-    """One group key per (attempt, stage, start state): a slow peer's cohort request never meets a fast
-    peer's broadcast, and peers that start from different states never average together."""
+def _round_bits(attempt: int, stage: int, state_digest: str, level: int = 0, group: int = 0) -> str:
+    """One group key per (attempt, stage, start state, tree group): a slow peer's cohort request never
+    meets a fast peer's broadcast, peers that start from different states never average together, and
+    each cross-cohort tree group (:mod:`peer.cross_tree`) gathers apart from the others."""
     state = int(state_digest[:4], 16) if state_digest else 0
-    return format(stage, "01b") + format(attempt % 1024, "010b") + format(state, "016b")
+    return (
+        format(stage, "01b")
+        + format(level % 8, "03b")
+        + format(group % 256, "08b")
+        + format(attempt % 1024, "010b")
+        + format(state, "016b")
+    )
 
 
 class HierarchicalAverager:
@@ -146,6 +160,7 @@ class HierarchicalAverager:
         *,
         per_cohort: bool = False,
         cross_fp16: bool = False,
+        cross_group_size: int = DEFAULT_FANOUT,
         timeouts: AveragingTimeouts = AveragingTimeouts(),
         client_mode: bool = False,
         commit_board: CommitBoard | None = None,
@@ -156,6 +171,7 @@ class HierarchicalAverager:
         # wait out the whole deadline for partners who are not there (they left before it).
         self.leaving = leaving
         self.per_cohort = per_cohort
+        self.cross_fp16, self.cross_group_size = cross_fp16, cross_group_size
         self.client_mode = client_mode
         self.peer_id = peer_id(dht)
         self.board = commit_board or DHTCommitBoard(dht, run_id, ttl=max(60.0, 3 * timeouts.commit))
@@ -198,6 +214,7 @@ class HierarchicalAverager:
         scale: float = 1.0,
         cohort_size: int,
         num_cohorts: int,
+        cohort_rank: int = 0,
         state_digest: str = "",
         expected_peers: Collection[str],
         superseded: Callable[[], bool] = lambda: False,
@@ -206,7 +223,8 @@ class HierarchicalAverager:
         round gets a new attempt) is what peers meet on; every participant passes the same value and
         never reuses it. ``numerator`` is this host's sum of per-sample gradients (``samples`` of them);
         ``cohort_size`` and ``num_cohorts`` are the sizes the DHT roster expects (groups form as soon as
-        they are full, else after the matchmaking time). ``scale`` multiplies a per-cohort result
+        they are full, else after the matchmaking time), ``cohort_rank`` this cohort's place among them
+        (which cross-cohort groups its leader meets, :mod:`peer.cross_tree`). ``scale`` multiplies a per-cohort result
         (see :func:`supernet.training.cohort_configs`); every peer must pass the same value.
 
         ``expected_peers`` is this peer's roster: the result commits once a quorum of it holds the
@@ -243,25 +261,26 @@ class HierarchicalAverager:
             i_lead = outcome.leader == self.peer_id
 
             lead_abort = None
+            # members wait for their leader's whole climb up the cross-cohort tree and back
+            tree_depth = (
+                len(cross_groups(cohort_rank, num_cohorts, self.cross_group_size)) if num_cohorts > 1 else 0
+            )
             if i_lead:
                 t0 = time.perf_counter()
                 stage = ("cross", t0)
-                try:
-                    contributors, cohorts = self._cross_stage(attempt, members, num_cohorts, state_digest)
-                    self._check_contributors(contributors, state_digest)
-                    final = self._finish_average(contributors, cohorts, scale)
-                    outcome.contributors = contributors
-                except RoundAborted as e:
-                    if len(members) == 1:
-                        raise
-                    lead_abort = str(e)  # still broadcast, so the cohort learns it at once
+                final, outcome.contributors, lead_abort = self._across_cohorts(
+                    attempt, members, num_cohorts, cohort_rank, state_digest, scale
+                )
+                if lead_abort is not None and len(members) == 1:
+                    raise RoundAborted(lead_abort)
                 outcome.seconds["cross"] = time.perf_counter() - t0
             if len(members) > 1:
                 t0 = time.perf_counter()
                 stage = ("broadcast", t0)
                 final, lead_report = self._broadcast(
-                    attempt, len(members), i_lead, final, outcome, state_digest, lead_abort
-                )
+                    self._cohort, "cohort", attempt, len(members), outcome.leader, final,
+                    outcome.contributors, lead_abort, state_digest, patience=max(1, tree_depth),
+                )  # fmt: skip
                 if lead_abort is not None:
                     raise RoundAborted(lead_abort)
                 if not i_lead:
@@ -289,33 +308,105 @@ class HierarchicalAverager:
             )
         return outcome
 
-    def _cross_stage(
-        self, attempt: int, members: list[Contributor], num_cohorts: int, state_digest: str
-    ) -> tuple[list[Contributor], int]:
-        """Leader: meet the other cohorts' leaders; returns every contributor and the number of cohorts
-        in the result. No group before the deadline: this cohort's result stands alone."""
-        weight = float(len(members))
+    def _across_cohorts(
+        self,
+        attempt: int,
+        members: list[Contributor],
+        num_cohorts: int,
+        cohort_rank: int,
+        state_digest: str,
+        scale: float,
+    ) -> tuple[list[torch.Tensor] | None, list[Contributor], str | None]:
+        """Leader: up the cross-cohort tree (:mod:`peer.cross_tree`) and back down. Returns the final
+        vector (None if aborted), its contributors and the reason it aborted (None if it did not). A
+        group that never forms leaves the result below it standing alone at that level; an abort on
+        the way travels down with the result's place, so every group below learns it at once."""
         if self.per_cohort:
             self._to_cohort_mean(members)
-            weight = 1.0
         # Both averagers share one buffer: without a cross stage the cohort's result is already where
         # _finish_average reads it.
-        if num_cohorts <= 1:
-            return sorted(members, key=lambda c: c.peer), 1
-        report = {"cohort": self.cohort, "members": [m.to_wire() for m in members]}
-        try:
-            gathered = self._stage(
-                self._cross, "cross", attempt, 0, num_cohorts, state_digest, weight=weight, gather=report
-            )
-        except NoGroup as e:
-            logger.info(f"attempt {attempt}: {e}; this cohort's result stands alone")
-            return sorted(members, key=lambda c: c.peer), 1
-        cohort_names = [str(r.get("cohort", "")) for r in gathered.values()]
-        if self.per_cohort and len(set(cohort_names)) != len(cohort_names):
-            # A cohort that split (one part missed the other) would count its sub-networks twice.
-            raise RoundAborted("a cohort reached the cross stage in two parts")
-        contributors = [Contributor.from_wire(m) for r in gathered.values() for m in r["members"]]
-        return sorted(contributors, key=lambda c: c.peer), len(gathered)
+        tree = cross_groups(cohort_rank, num_cohorts, self.cross_group_size) if num_cohorts > 1 else []
+        contributors, cohorts, joined, abort = self._climb(attempt, members, tree, state_digest)
+        final = None
+        if abort is None and (not joined or joined[-1].head == self.peer_id):
+            try:  # this peer carried the result as far as it went: it computes the final vector
+                self._check_contributors(contributors, state_digest)
+                final = self._finish_average(contributors, len(cohorts), scale)
+                if self.cross_fp16 and len(tree) > 1:
+                    # The way down crosses fp16 wires too: values already in fp16 cross them unchanged,
+                    # so every leader ends with the bytes whose digest the heads announce.
+                    final = [wire_rounded(t, fp16=True) for t in final]
+            except RoundAborted as e:
+                abort = str(e)
+        for step in reversed(joined):
+            i_head = step.head == self.peer_id
+            try:
+                received, report = self._broadcast(
+                    self._cross, "cross", attempt, step.participants, step.head, final, contributors, abort,
+                    state_digest, level=step.group.level, group=step.group.index, patience=len(tree),
+                    what="cross-cohort head",
+                )  # fmt: skip
+                if not i_head:
+                    contributors = [Contributor.from_wire(c) for c in report["contributors"]]
+                    self._check_contributors(contributors, state_digest)
+                    final = received
+            except RoundAborted as e:
+                if not i_head:  # the groups this peer leads below learn it on the way down
+                    final, abort = None, str(e)
+                elif abort is None:  # a head keeps its result; the members that missed it know it
+                    logger.info(f"attempt {attempt}: level {step.group.level} broadcast: {e}")
+        return final, contributors, abort
+
+    def _climb(
+        self, attempt: int, members: list[Contributor], tree: list[TreeGroup], state_digest: str
+    ) -> tuple[list[Contributor], list[str], list[JoinedGroup], str | None]:
+        """Leader: average this cohort's result up the tree as long as this peer is the head of what it
+        carries. Returns the contributors and cohorts now in the buffer, the groups below the top that it
+        met (the last one's head goes on if it is not this peer) and the reason the climb broke (None if
+        it did not)."""
+        contributors = sorted(members, key=lambda c: c.peer)
+        cohorts = [self.cohort]
+        joined: list[JoinedGroup] = []
+        for group in tree:
+            if group.size <= 1:
+                continue  # the only unit of its group: nothing to average at this level
+            # weights: contributors (their mean is in the buffer), or cohorts (a sum of cohort means)
+            weight = float(len(cohorts) if self.per_cohort else len(contributors))
+            report = {
+                "cohorts": cohorts,
+                "members": [c.to_wire() for c in contributors],
+                "client": self.client_mode,
+            }
+            try:
+                gathered = self._stage(
+                    self._cross, "cross", attempt, 0, group.size, state_digest, level=group.level,
+                    group=group.index, patience=group.level, weight=weight, gather=report,
+                )  # fmt: skip
+            except NoGroup as e:
+                logger.info(f"attempt {attempt}: {e}; level {group.level} goes on with what it has")
+                continue
+            except RoundAborted as e:
+                return contributors, cohorts, joined, str(e)
+            try:
+                cohorts = [str(name) for r in gathered.values() for name in r["cohorts"]]
+                contributors = sorted(
+                    (Contributor.from_wire(m) for r in gathered.values() for m in r["members"]), key=lambda c: c.peer
+                )  # fmt: skip
+            except (KeyError, TypeError) as e:
+                return contributors, cohorts, joined, f"a malformed cross-cohort report: {e}"
+            except RoundAborted as e:
+                return contributors, cohorts, joined, str(e)
+            if self.per_cohort and len(set(cohorts)) != len(cohorts):
+                # A cohort that split (one part missed the other) would count its sub-networks twice.
+                return contributors, cohorts, joined, "a cohort reached the cross stage in two parts"
+            if group.level == len(tree):
+                break  # the top: every member holds the same bytes and computes the final vector itself
+            servers = sorted(p for p, r in gathered.items() if not r.get("client", False))
+            head = (servers or sorted(gathered))[0]
+            joined.append(JoinedGroup(group, len(gathered), head))
+            if head != self.peer_id:
+                break  # the head carries this group's result on and brings the final one back
+        return contributors, cohorts, joined, None
 
     @staticmethod
     def _check_contributors(contributors: list[Contributor], state_digest: str) -> None:
@@ -336,6 +427,9 @@ class HierarchicalAverager:
         size: int,
         state_digest: str,
         watch: str = "",
+        level: int = 0,
+        group: int = 0,
+        patience: int = 1,
         **step,
     ):
         """One hivemind step. Not finding a group yet is retried until the stage's deadline (from
@@ -345,11 +439,13 @@ class HierarchicalAverager:
         if self._sizes[name] != size:
             averager.set_target_group_size(size)
             self._sizes[name] = size
-        averager.set_group_bits(_round_bits(attempt, stage, state_digest))
+        averager.set_group_bits(_round_bits(attempt, stage, state_digest, level, group))
         chosen = self.deadlines.deadline(name if stage == 0 else "broadcast")
         started = time.monotonic()
-        deadline = started + chosen.seconds
+        deadline = started + chosen.seconds * patience
         no_group = f"{name if stage == 0 else 'broadcast'} stage: no group within {chosen.describe()}"
+        if patience > 1:
+            no_group += f" x {patience} (tree levels)"
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0.5:
@@ -422,36 +518,54 @@ class HierarchicalAverager:
                 return [b * (cohorts * scale) for b in buf]
             return [b * (total / samples) for b in buf]  # buf = (sum of numerators) / contributors
 
-    def _broadcast(self, attempt, size, i_lead, final, outcome, state_digest, lead_abort=None):
-        """Leader's final vector to every cohort member, exactly (weights 1 and 0, members send zeros).
-        A leader that aborted still takes part, with ``ok: False``, so members stop waiting at once."""
-        with self._cohort.get_tensors() as buf:
+    def _broadcast(
+        self,
+        averager: VerifiedAverager,
+        name: str,
+        attempt: int,
+        size: int,
+        head: str,
+        final: list[torch.Tensor] | None,
+        contributors: list[Contributor],
+        abort: str | None,
+        state_digest: str,
+        *,
+        level: int = 0,
+        group: int = 0,
+        patience: int = 1,
+        what: str = "cohort leader",
+    ) -> tuple[list[torch.Tensor], dict]:
+        """The head's final vector to every member of a group it led, exactly (weights 1 and 0, members
+        send zeros). A head that aborted still takes part, with ``ok: False``, so members stop waiting
+        at once. Returns what arrived and the head's report; raises if the head aborted."""
+        i_head = head == self.peer_id
+        with averager.get_tensors() as buf:
             for i, b in enumerate(buf):
-                if i_lead and final is not None:
+                if i_head and final is not None:
                     b.copy_(final[i])
                 else:
-                    b.zero_()  # weight 0 and zeros: what we receive is exactly the leader's vector
-        report = {"lead": i_lead}
-        if i_lead:
+                    b.zero_()  # weight 0 and zeros: what we receive is exactly the head's vector
+        report = {"lead": i_head}
+        if i_head:
             report.update(
-                ok=lead_abort is None,
-                reason=lead_abort or "",
-                contributors=[c.to_wire() for c in outcome.contributors],
+                ok=abort is None and final is not None,
+                reason=abort or "",
+                contributors=[c.to_wire() for c in contributors],
                 digest=digest(final) if final is not None else "",
             )
         gathered = self._stage(
-            self._cohort, "cohort", attempt, 1, size, state_digest, watch="" if i_lead else outcome.leader,
-            weight=1.0 if i_lead else 0.0, gather=report,
+            averager, name, attempt, 1, size, state_digest, level=level, group=group, patience=patience,
+            watch="" if i_head else head, weight=1.0 if i_head else 0.0, gather=report,
         )  # fmt: skip
         lead_reports = [r for r in gathered.values() if r.get("lead")]
         if len(lead_reports) != 1:
             raise RoundAborted(f"broadcast group had {len(lead_reports)} leaders instead of 1")
         if not lead_reports[0].get("ok", False):
-            raise RoundAborted(f"the cohort leader aborted: {lead_reports[0].get('reason', '')}")
-        with self._cohort.get_tensors() as buf:
+            raise RoundAborted(f"the {what} aborted: {lead_reports[0].get('reason', '')}")
+        with averager.get_tensors() as buf:
             received = [b.clone() for b in buf]
-        if not i_lead and digest(received) != lead_reports[0]["digest"]:
-            raise RoundAborted("broadcast result differs from the leader's digest")
+        if not i_head and digest(received) != lead_reports[0]["digest"]:
+            raise RoundAborted(f"broadcast result differs from the {what}'s digest")
         return received, lead_reports[0]
 
     def _commit(self, attempt: int, outcome: AveragingOutcome, roster: set[str]) -> tuple[bool, str]:

@@ -359,6 +359,7 @@ class PeerNode:
             timeouts=self.config.timeouts,
             client_mode=self.config.client_mode,
             cross_fp16=task.params.cross_cohort_fp16,
+            cross_group_size=task.params.cross_group_size,
             per_cohort=task.mode == "model",
             commit_board=self._commit_board,
             leaving=self._stop.is_set,

@@ -142,6 +142,7 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
         scale=host.scale,
         cohort_size=plan.cohort_size,
         num_cohorts=plan.num_cohorts,
+        cohort_rank=plan.cohort_rank,
         state_digest=start_digest,
         expected_peers=plan.roster,
         superseded=lambda: ctx.progress.swarm_round() > plan.round_index,

@@ -173,6 +173,9 @@ class SwarmParams(StrictModel):
     # fp16 on the wire between cohorts (halves WAN traffic); the same for every peer, since every
     # member of an exact all-reduce must receive the same bytes.
     cross_cohort_fp16: bool = False
+    # Cohort leaders per cross-cohort all-reduce group: more cohorts than this average up a tree of
+    # such groups (peer/cross_tree.py), so no group grows with the swarm.
+    cross_group_size: Annotated[int, Field(ge=2, le=256)] = 8
     # The schedule: learning rate (warm-up + cosine) and progressive-shrinking phases follow the round
     # number over ``total_rounds``; rounds past it keep the last phase and the final learning rate.
     total_rounds: Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER)] = 1000

@@ -131,10 +131,10 @@ def _args(run_id, masked=False, sizes=((2, 2),), shapes=SHAPES):
     }
 
 
-def _run(run_id, args, **kw):
+def _run(run_id, args, target=_peer, **kw):
     boot, maddrs = start_bootstrap_dht()
     try:
-        return run_peers(_peer, maddrs, args, **kw)
+        return run_peers(target, maddrs, args, **kw)
     finally:
         boot.shutdown()
 
@@ -233,3 +233,86 @@ def test_fp16_cross_cohort_stage_keeps_every_peer_bit_identical():
         torch.testing.assert_close(
             torch.from_numpy(got), want, rtol=2e-3, atol=2e-3
         )  # fp16 on the wire: ~3 decimal digits
+
+
+# ---------------------------------------------------------------- more cohorts than one group holds
+
+# name: (cohort rank, seed, samples); one peer a cohort. 21 samples: the final factor 5/21 is no power of
+# two, so a result is not in fp16 by chance.
+TREE = {f"t{i}": (i, 10 + i, n) for i, n in enumerate((3, 5, 2, 7, 4))}
+
+
+def _tree_peer(dht, *, rank, seed, samples, rounds, fp16, run_id):
+    """A cohort leader of 5 cohorts whose cross-cohort groups hold 2: a 3-level tree
+    (:mod:`peer.cross_tree`). ``rounds`` is how many rounds it takes part in before it dies."""
+    averager = HierarchicalAverager(
+        dht, run_id, f"c{rank}", [torch.zeros(s) for s in SHAPES], cross_fp16=fp16, cross_group_size=2, timeouts=FAST
+    )  # fmt: skip
+    try:
+        roster = _roster(dht, run_id, len(TREE))
+        out = []
+        for r in range(rounds):
+            numerator = [g * samples for g in _grads(seed)]
+            res = averager.average(
+                r, numerator, samples, cohort_size=1, num_cohorts=len(TREE), cohort_rank=rank, expected_peers=roster
+            )  # fmt: skip
+            if not res.committed:
+                averager.settle(r, roster)
+            out.append(
+                dict(
+                    committed=res.committed,
+                    reason=res.reason,
+                    digest=res.digest,
+                    tensors=None if res.tensors is None else [t.numpy() for t in res.tensors],
+                    contributors=sorted(c.peer for c in res.contributors),
+                )
+            )
+        return out
+    finally:
+        averager.shutdown()
+
+
+def _tree_args(run_id: str, fp16: bool, rounds: dict[str, int]) -> dict:
+    return {
+        name: dict(rank=rank, seed=seed, samples=n, rounds=rounds.get(name, 2), fp16=fp16, run_id=run_id)
+        for name, (rank, seed, n) in TREE.items()
+    }
+
+
+def _tree_mean(names) -> list[torch.Tensor]:
+    total = sum(TREE[n][2] for n in names)
+    return [sum(_grads(TREE[n][1])[i] * TREE[n][2] for n in names) / total for i in range(len(SHAPES))]
+
+
+def test_five_cohorts_in_groups_of_two_climb_a_tree_to_the_exact_mean_even_without_one_of_them():
+    # t1 dies after round 0 and stays in every roster: in round 1 its level-1 partner t0 meets nobody
+    # there and carries its own result up alone.
+    results = _run(
+        "hier-tree", _tree_args("hier-tree", fp16=False, rounds={"t1": 1}), _tree_peer, timeout=300
+    )
+    first = [results[n][0] for n in TREE]
+    assert all(r["committed"] for r in first), [r["reason"] for r in first]
+    assert len({r["digest"] for r in first}) == 1, "every cohort leader must hold bit-identical tensors"
+    assert all(len(r["contributors"]) == 5 for r in first)
+    for got, want in zip(first[0]["tensors"], _tree_mean(TREE)):
+        torch.testing.assert_close(torch.from_numpy(got), want, rtol=1e-5, atol=1e-6)
+
+    survivors = [n for n in TREE if n != "t1"]
+    second = [results[n][1] for n in survivors]
+    assert all(r["committed"] for r in second), [r["reason"] for r in second]
+    assert len({r["digest"] for r in second}) == 1
+    assert all(len(r["contributors"]) == 4 for r in second), [r["contributors"] for r in second]
+    for got, want in zip(second[0]["tensors"], _tree_mean(survivors)):
+        torch.testing.assert_close(torch.from_numpy(got), want, rtol=1e-5, atol=1e-6)
+
+
+def test_an_fp16_tree_brings_every_leader_the_same_bytes():
+    # The way down crosses fp16 wires: only values already in fp16 cross them unchanged.
+    results = _run(
+        "hier-tree16", _tree_args("hier-tree16", fp16=True, rounds={n: 1 for n in TREE}), _tree_peer
+    )
+    rounds = [results[n][0] for n in TREE]
+    assert all(r["committed"] for r in rounds), [r["reason"] for r in rounds]
+    assert len({r["digest"] for r in rounds}) == 1, "compression must not make leaders differ"
+    for got, want in zip(rounds[0]["tensors"], _tree_mean(TREE)):
+        torch.testing.assert_close(torch.from_numpy(got), want, rtol=2e-3, atol=2e-3)

@@ -1,0 +1,61 @@
+"""Which cross-cohort groups a cohort leader meets, when there are more cohorts than one group holds.
+
+One hivemind all-reduce group costs each member a message exchange with every other member, and it
+forms only when all of them are looking at once: with a hundred cohorts, one group of a hundred
+leaders is both slow to gather and fragile (any one of them late or dead breaks it). So the cohorts'
+results climb a tree instead: at level 1, groups of at most ``fanout`` consecutive cohorts average;
+the head of each group (one of its members) meets the heads of up to ``fanout - 1`` other groups at
+level 2; and so on until one group holds everything. Every member of that top group holds the same
+bytes and computes the final vector; it then travels back down the groups below (each head to the
+group it led), so every leader ends with the same bytes.
+
+Every step is an exact weighted all-reduce (weights: contributors, or cohorts in model-parallel
+rounds), so the top holds the exact mean over every contributor whose group made it up; a group that
+misses its level carries on with what it has, and the round's commit quorum decides which result
+stands (:mod:`peer.round_commit`). Each leader computes the same tree from the same roster, so the
+plan needs no coordination: only the heads are chosen on the way, from whoever actually came.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_FANOUT = 8  # leaders per cross-cohort group: 8 x 8 = 64 cohorts in two levels
+
+
+@dataclass(frozen=True)
+class TreeGroup:
+    """One all-reduce group a leader's result passes through on its way up."""
+
+    level: int  # 1: groups of cohorts; 2: groups of level-1 groups; ...
+    index: int  # which group of its level (consecutive units, in cohort order)
+    size: int  # how many units (cohorts, or groups of the level below) it should hold
+
+
+def cross_groups(cohort_rank: int, num_cohorts: int, fanout: int = DEFAULT_FANOUT) -> list[TreeGroup]:
+    """The groups, bottom up, that the leader of cohort ``cohort_rank`` (of ``num_cohorts``) passes
+    through. Empty with one cohort; one group of all cohorts while they fit in ``fanout`` (a flat
+    cross stage). Each level splits its units into ``ceil(units / fanout)`` groups of near-equal size,
+    so no group is a lonely remainder."""
+    if fanout < 2:
+        raise ValueError(f"a cross-cohort group must hold at least 2 leaders, not {fanout}")
+    if not 0 <= cohort_rank < num_cohorts:
+        raise ValueError(f"cohort rank {cohort_rank} is outside 0..{num_cohorts - 1}")
+    groups: list[TreeGroup] = []
+    unit, units, level = cohort_rank, num_cohorts, 1
+    while units > 1:
+        count = -(-units // fanout)
+        index = unit * count // units
+        size = sum(1 for u in range(units) if u * count // units == index)
+        groups.append(TreeGroup(level, index, size))
+        unit, units, level = index, count, level + 1
+    return groups
+
+
+@dataclass(frozen=True)
+class JoinedGroup:
+    """A tree group a leader actually met: who came, and which of them carries the result on."""
+
+    group: TreeGroup
+    participants: int
+    head: str  # the peer that goes up from here and brings the result back down

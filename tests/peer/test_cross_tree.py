@@ -1,0 +1,42 @@
+"""The cross-cohort tree's plan: every leader computes the same bounded groups from the roster alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from peer.cross_tree import TreeGroup, cross_groups
+
+
+@pytest.mark.parametrize("fanout", [2, 3, 8])
+@pytest.mark.parametrize("num_cohorts", [2, 5, 8, 9, 16, 17, 64, 100])
+def test_every_group_is_bounded_and_all_cohorts_meet_in_one_top_group(num_cohorts: int, fanout: int):
+    paths = [cross_groups(rank, num_cohorts, fanout) for rank in range(num_cohorts)]
+    depth = len(paths[0])
+    assert all(len(p) == depth for p in paths), "every leader climbs the same number of levels"
+    assert fanout ** (depth - 1) < num_cohorts <= fanout**depth, "no level more than the fanout needs"
+    units = num_cohorts
+    for level in range(depth):
+        members: dict[int, set[int]] = {}  # group index -> the units (groups below) that meet in it
+        for rank, path in enumerate(paths):
+            below = path[level - 1].index if level else rank
+            members.setdefault(path[level].index, set()).add(below)
+        assert set().union(*members.values()) == set(range(units)), "every unit belongs to one group"
+        sizes = [len(m) for m in members.values()]
+        assert max(sizes) <= fanout and max(sizes) - min(sizes) <= 1, sizes
+        for path in paths:  # each leader is told its group's true size
+            assert path[level].size == len(members[path[level].index])
+            assert path[level].level == level + 1
+        units = len(members)
+    assert units == 1 and {p[-1] for p in paths} == {TreeGroup(depth, 0, paths[0][-1].size)}
+
+
+def test_few_cohorts_meet_flat_and_one_cohort_meets_nobody():
+    assert cross_groups(0, 1) == []
+    assert cross_groups(3, 8, fanout=8) == [TreeGroup(1, 0, 8)]
+    assert cross_groups(4, 5, fanout=2) == [TreeGroup(1, 2, 1), TreeGroup(2, 1, 1), TreeGroup(3, 0, 2)]
+
+
+@pytest.mark.parametrize("rank, cohorts, fanout", [(-1, 4, 2), (4, 4, 2), (0, 4, 1)])
+def test_an_impossible_plan_is_refused(rank: int, cohorts: int, fanout: int):
+    with pytest.raises(ValueError):
+        cross_groups(rank, cohorts, fanout)
