@@ -115,12 +115,49 @@ class ExactAllReduceRunner(AllReduceRunner):
         return None
 
 
+# hivemind's matchmaking re-reads its group key from the DHT as soon as the last read found no better
+# leader: while a peer waits for partners, one lookup (several DHT requests) follows another without
+# pause. Measured with 8 thin peers (benchmarks/swarm_scale.py), that was ~1600 DHT requests per peer
+# per round, most of the swarm's DHT traffic. Spaced this far apart, a leader that declares itself is
+# still found well within one matchmaking period.
+GROUP_KEY_READ_SPACING = 0.5
+
+
+def _spaced_reads(key_manager) -> None:
+    """Let ``key_manager`` look its group key up at most every :data:`GROUP_KEY_READ_SPACING` s."""
+    read = key_manager.get_averagers
+    last = [float("-inf")]
+
+    async def get_averagers(group_key, only_active: bool):
+        wait = last[0] + GROUP_KEY_READ_SPACING - asyncio.get_running_loop().time()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        last[0] = asyncio.get_running_loop().time()
+        return await read(group_key, only_active)
+
+    key_manager.get_averagers = get_averagers
+
+
 class VerifiedAverager(DecentralizedAverager):
     """A DecentralizedAverager whose steps are exact (bit-identical across members) and all-or-nothing
     locally: on any partial failure the step raises and the averaged tensors keep their old values.
 
     Use it like the base class; ``step()`` returns the gathered metadata of every group member.
     """
+
+    # hivemind builds its matchmaking inside the averager's process; this is where MANTA's spacing of
+    # group-key reads is put in (see _spaced_reads).
+    @property
+    def _matchmaking(self):
+        try:
+            return self.__dict__["_manta_matchmaking"]
+        except KeyError:
+            raise AttributeError("_matchmaking") from None
+
+    @_matchmaking.setter
+    def _matchmaking(self, matchmaking) -> None:
+        _spaced_reads(matchmaking.group_key_manager)
+        self.__dict__["_manta_matchmaking"] = matchmaking
 
     def set_target_group_size(self, size: int | None, wait: bool = True):
         """Form groups as soon as ``size`` members joined (cohorts grow and shrink between rounds)."""
@@ -132,6 +169,26 @@ class VerifiedAverager(DecentralizedAverager):
         try:
             self._matchmaking.target_group_size = size
             self._matchmaking.potential_leaders.target_group_size = size
+            future.set_result(None)
+        except BaseException as e:
+            if not future.done():
+                future.set_exception(e)
+
+    def set_follow_only(self, follow: bool) -> None:
+        """Take the next steps as a follower only (or, with ``False``, as this averager was built):
+        it never leads a group nor accepts members, and reduces no part. A group then cannot form
+        without a peer that may lead: what a broadcast needs, whose receivers must not meet among
+        themselves while the sender is still busy (hivemind forms any group of ``min_group_size``
+        once the matchmaking time has passed)."""
+        client = follow or self.client_mode
+        self.mode = AveragingMode.CLIENT if client else AveragingMode.NODE  # what this step gathers
+        future = MPFuture()
+        self._outer_pipe.send(("_set_follow_only", [], dict(client=client, future=future)))
+        future.result()
+
+    async def _set_follow_only(self, client: bool, future: MPFuture):
+        try:
+            self._matchmaking.client_mode = client  # no declaring, and join requests are refused
             future.set_result(None)
         except BaseException as e:
             if not future.done():

@@ -201,6 +201,7 @@ class HierarchicalAverager:
             **common,
         )
         self._sizes = {"cohort": None, "cross": None}
+        self._following = {"cohort": False, "cross": False}
         self._superseded: Callable[[], bool] = lambda: False
 
     # ------------------------------------------------------------------ the round
@@ -439,6 +440,12 @@ class HierarchicalAverager:
         if self._sizes[name] != size:
             averager.set_target_group_size(size)
             self._sizes[name] = size
+        # A broadcast's receivers only follow: they must not form a group of their own without the
+        # sender while it is still busy with the stage before.
+        follow_only = stage == 1 and bool(watch)
+        if self._following[name] != follow_only:
+            averager.set_follow_only(follow_only)
+            self._following[name] = follow_only
         averager.set_group_bits(_round_bits(attempt, stage, state_digest, level, group))
         chosen = self.deadlines.deadline(name if stage == 0 else "broadcast")
         started = time.monotonic()
