@@ -1,0 +1,415 @@
+"""Thin peers at 8, 16, 32 and 64: what a round's protocol costs each peer as the swarm grows.
+
+A thin peer runs everything of a round that crosses the network, exactly as a real peer does, and
+nothing else: a DHT node with MANTA's record validator, a signed announcement kept fresh in the
+roster, cohorts by node affinity (``max_group_size`` 4: every peer is on this host, so cohorts of 4),
+the progress board read and written while it "computes" (a fixed ``--compute`` seconds instead of
+training), then the hierarchical averaging (cohort, the cross-cohort tree of groups of at most
+``--cross-group`` leaders, broadcast) of a random gradient of the real size, and the signed commit
+board's quorum. No workers, no state downloads, no receipts.
+
+Per swarm size it prints, over the measured rounds, per peer: the round time, the share of rounds
+that committed, DHT requests made, bytes sent (counted by the kernel: each peer's processes, its
+p2pd daemon included, sit in their own cgroup, and an iptables rule per cgroup counts their output),
+and memory (the proportional set size of all of a peer's processes). The gradient is the size of
+the digits supernet's at width 0.5 by default (what the swarm benchmarks train).
+
+    python -m benchmarks.swarm_scale [--peers 8 16 32 64] [--rounds 5] [--compute 2]
+
+Needs root (cgroups, iptables). Every cgroup and rule it makes is removed, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import multiprocessing as mp
+import os
+import queue
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hivemind_adapter.runtime import prepare_process, start_orphan_reaper
+
+prepare_process()
+
+import hivemind  # noqa: E402
+import torch  # noqa: E402
+from hivemind.dht.protocol import DHTProtocol  # noqa: E402
+
+from hivemind_adapter.dht import peer_id, start_dht, visible_maddrs  # noqa: E402
+from peer.affinity import assign_cohorts, cohort_sizes  # noqa: E402
+from peer.hierarchy import AveragingTimeouts, HierarchicalAverager  # noqa: E402
+from peer.swarm_progress import SwarmProgress  # noqa: E402
+from peer.swarm_view import Announcer, ProgressBoard, SignedCommitBoard, read_roster  # noqa: E402
+from protocol.dht_schema import MantaRecordValidator  # noqa: E402
+from protocol.identity import Identity  # noqa: E402
+from protocol.records import Affinity, DeviceInfo  # noqa: E402
+
+TASK = "scale"
+CGROUP_ROOT = Path("/sys/fs/cgroup/unified")
+LOOK_EVERY = 0.25  # as the real round looks at the swarm's progress while its workers train
+TIMEOUTS = AveragingTimeouts(
+    matchmaking=2.0, request=1.0, next_chunk=10.0, allreduce=120.0, step=60.0, commit=20.0
+)
+
+# DHT requests this process's DHT node makes, by kind (counted inside the DHT's own process).
+_REQUESTS: collections.Counter[str] = collections.Counter()
+
+
+def _counted(kind: str, call):
+    @functools.wraps(call)
+    async def counting(self, *args, **kwargs):
+        _REQUESTS[kind] += 1
+        return await call(self, *args, **kwargs)
+
+    return counting
+
+
+for _kind in ("call_ping", "call_store", "call_find"):
+    setattr(DHTProtocol, _kind, _counted(_kind, getattr(DHTProtocol, _kind)))
+
+
+async def _request_counts(_dht, _node) -> dict[str, int]:
+    return dict(_REQUESTS)
+
+
+# DHT reads and writes the round's own code asks for, in the thin peer's main process (the averagers'
+# matchmaking makes its own, in their processes): what the requests above serve.
+_ROUND_CALLS: collections.Counter[str] = collections.Counter()
+
+
+def _counted_sync(kind: str, call):
+    @functools.wraps(call)
+    def counting(*args, **kwargs):
+        _ROUND_CALLS[kind] += 1
+        return call(*args, **kwargs)
+
+    return counting
+
+
+hivemind.DHT.get = _counted_sync("get", hivemind.DHT.get)
+hivemind.DHT.store = _counted_sync("store", hivemind.DHT.store)
+
+
+@dataclass(frozen=True)
+class ThinOptions:
+    shapes: tuple[tuple[int, ...], ...]
+    rounds: int
+    compute: float
+    cross_group: int
+    cohort_size: int = 4
+
+
+@dataclass
+class PeerFigures:
+    """What one thin peer measured over its rounds (sent back to the benchmark)."""
+
+    round_seconds: list[float] = field(default_factory=list)
+    committed: int = 0
+    reasons: list[str] = field(default_factory=list)
+    dht_requests: int = 0
+    requests_by_kind: dict[str, int] = field(default_factory=dict)
+    round_calls: dict[str, int] = field(default_factory=dict)
+    cohorts: int = 0
+
+
+def _thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, done, results) -> None:
+    (CGROUP_ROOT / cgroup / "cgroup.procs").write_text(str(os.getpid()))  # its p2pd and children follow
+    torch.set_num_threads(1)
+    dht = start_dht(initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    averager = None
+    try:
+        dht.add_validators([MantaRecordValidator(TASK)])
+        identity, me = Identity.generate(), peer_id(dht)
+        announcer = Announcer(
+            dht, identity, TASK, me, (DeviceInfo(kind="cpu", name="thin", memory_mb=0),),
+            Affinity(host_id="0" * 16, network_id="0" * 16), "auto", throughput=1.0,
+        )  # fmt: skip
+        announcer.announce()
+        announcer.keep_fresh()
+        progress = SwarmProgress(ProgressBoard(dht, TASK, identity, me), me, 64, 1, 10**9)
+        board = SignedCommitBoard(dht, TASK, identity, me)
+        ready.put(index)
+        if not go.wait(timeout=900):
+            return
+        start_counts, start_calls = dht.run_coroutine(_request_counts), dict(_ROUND_CALLS)
+        figures, attempt = PeerFigures(), -1
+        generator = torch.Generator().manual_seed(index)
+        for round_index in range(opts.rounds):
+            started = time.perf_counter()
+            roster = read_roster(dht, TASK)
+            assignment = assign_cohorts([p.entry for p in roster], opts.cohort_size)
+            cohort = assignment.get(me, f"solo-{me[-8:]}")
+            cohort_ids = sorted(set(assignment.values()) | {cohort})
+            if averager is None or averager.cohort != cohort:
+                if averager is not None:
+                    averager.shutdown()
+                averager = HierarchicalAverager(
+                    dht, TASK, cohort, [torch.zeros(s) for s in opts.shapes], timeouts=TIMEOUTS,
+                    commit_board=board, cross_group_size=opts.cross_group,
+                )  # fmt: skip
+            attempt = averager.next_attempt(attempt)
+            progress.begin(round_index, cohort, round_index - 1)
+            samples, computing = 0, time.perf_counter()
+            while samples == 0 or time.perf_counter() - computing < opts.compute:
+                samples += 16
+                progress.look(samples, 0.0)
+                time.sleep(LOOK_EVERY)
+            progress.finish(samples, 0.0)
+            numerator = [torch.randn(s, generator=generator) for s in opts.shapes]
+            outcome = averager.average(
+                attempt, numerator, samples, cohort_size=cohort_sizes(assignment).get(cohort, 1),
+                num_cohorts=len(cohort_ids), cohort_rank=cohort_ids.index(cohort),
+                expected_peers=[p.entry.peer_id for p in roster],
+            )  # fmt: skip
+            if outcome.committed:
+                figures.committed += 1
+                averager.report_state(attempt, outcome.digest, outcome.digest)
+            else:
+                figures.reasons.append(outcome.reason)
+                averager.settle(attempt, [p.entry.peer_id for p in roster])
+            figures.round_seconds.append(time.perf_counter() - started)
+            figures.cohorts = len(cohort_ids)
+        end_counts = dht.run_coroutine(_request_counts)
+        figures.dht_requests = sum(end_counts.values()) - sum(start_counts.values())
+        figures.requests_by_kind = {k: v - start_counts.get(k, 0) for k, v in end_counts.items()}
+        figures.round_calls = {k: v - start_calls.get(k, 0) for k, v in _ROUND_CALLS.items()}
+        results.put((index, figures))
+        done.wait(timeout=600)  # stay in the swarm until every peer has finished its rounds
+    finally:
+        if averager is not None:
+            averager.shutdown()
+        dht.shutdown()
+
+
+# ------------------------------------------------------------------ kernel counters
+
+
+def _iptables(*args: str) -> str:
+    return subprocess.run(["iptables", "-w", *args], check=True, capture_output=True, text=True).stdout
+
+
+class PeerAccounts:
+    """One cgroup per thin peer and an iptables rule counting the bytes its processes send."""
+
+    def __init__(self, tag: str, count: int):
+        self.chain = f"MSCALE{tag}"[:28]
+        self.root = f"manta-scale-{tag}"
+        self.cgroups = [f"{self.root}/peer-{i}" for i in range(count)]
+        for group in self.cgroups:
+            (CGROUP_ROOT / group).mkdir(parents=True, exist_ok=True)
+        _iptables("-N", self.chain)
+        _iptables("-I", "OUTPUT", "-j", self.chain)
+        for group in self.cgroups:
+            _iptables("-A", self.chain, "-m", "cgroup", "--path", group, "-j", "RETURN")
+
+    def bytes_sent(self) -> list[int]:
+        out = _iptables("-L", self.chain, "-v", "-n", "-x")
+        by_group = {line.split()[-1]: int(line.split()[1]) for line in out.splitlines() if " cgroup " in line}
+        return [by_group.get(group, 0) for group in self.cgroups]
+
+    def pss_mib(self) -> list[float]:
+        """Each peer's proportional set size: its processes' share of the memory they use."""
+        sizes = []
+        for group in self.cgroups:
+            total = 0
+            for pid in (CGROUP_ROOT / group / "cgroup.procs").read_text().split():
+                try:
+                    rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+                except OSError:
+                    continue
+                total += next(
+                    (int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Pss:")), 0
+                )
+            sizes.append(total / 1024)
+        return sizes
+
+    def kill(self) -> None:
+        """SIGKILL every process still in a peer's cgroup (its agent, DHT, averagers and p2pd)."""
+        for group in self.cgroups:
+            try:
+                (CGROUP_ROOT / group / "cgroup.kill").write_text("1")
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        subprocess.run(["iptables", "-w", "-D", "OUTPUT", "-j", self.chain], capture_output=True)
+        subprocess.run(["iptables", "-w", "-F", self.chain], capture_output=True)
+        subprocess.run(["iptables", "-w", "-X", self.chain], capture_output=True)
+        self.kill()
+        deadline = time.monotonic() + 30
+        for group in [*self.cgroups, self.root]:
+            while (CGROUP_ROOT / group).exists():
+                try:
+                    (CGROUP_ROOT / group).rmdir()  # refused while an exiting process is still inside
+                except OSError:
+                    if time.monotonic() > deadline:
+                        print(f"swarm_scale: could not remove cgroup {group}", file=sys.stderr)
+                        break
+                    time.sleep(0.2)
+
+
+# ------------------------------------------------------------------ one swarm size
+
+
+@dataclass
+class ScaleRow:
+    peers: int
+    cohorts: int
+    started_s: float
+    round_s: float
+    committed: float
+    dht_requests: float
+    sent_mb: float
+    pss_mib: float
+    load: float
+    reasons: collections.Counter = field(default_factory=collections.Counter)
+    requests_by_kind: dict[str, float] = field(default_factory=dict)
+    round_calls: dict[str, float] = field(default_factory=dict)
+
+
+def run_size(n: int, opts: ThinOptions) -> ScaleRow:
+    ctx = mp.get_context("fork")
+    ready, results = ctx.Queue(), ctx.Queue()
+    go, done = ctx.Event(), ctx.Event()
+    accounts = PeerAccounts(f"{os.getpid()}x{n}", n)
+    boot = start_dht(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    procs = []
+    try:
+        initial = visible_maddrs(boot)
+        t0 = time.monotonic()
+        for i in range(n):
+            p = ctx.Process(
+                target=_thin_peer, args=(i, initial, opts, accounts.cgroups[i], ready, go, done, results)
+            )  # fmt: skip
+            p.start()
+            procs.append(p)
+        for k in range(n):
+            while True:
+                try:
+                    ready.get(timeout=5)
+                    break
+                except queue.Empty:
+                    if dead := [i for i, p in enumerate(procs) if p.exitcode is not None]:
+                        raise RuntimeError(f"thin peer(s) {dead} exited during start-up") from None
+                    if time.monotonic() - t0 > 900:
+                        raise RuntimeError(f"only {k} of {n} thin peers started within 900 s") from None
+            print(f"\r  {n} peers: {k + 1} started ({time.monotonic() - t0:.0f} s)", end="", flush=True)
+        started = time.monotonic() - t0
+        time.sleep(5)  # announcements reach every roster
+        sent_before = accounts.bytes_sent()
+        go.set()
+        figures: dict[int, PeerFigures] = {}
+        deadline = time.monotonic() + opts.rounds * 300
+        while len(figures) < n and time.monotonic() < deadline:
+            try:
+                index, got = results.get(timeout=5)
+                figures[index] = got
+            except queue.Empty:
+                pass
+            print(f"\r  {n} peers: {len(figures)} of {n} finished their rounds", end="", flush=True)
+        print()
+        sent = [after - before for after, before in zip(accounts.bytes_sent(), sent_before)]
+        pss = accounts.pss_mib()
+        load = os.getloadavg()[0]
+        done.set()
+        rounds = [s for f in figures.values() for s in f.round_seconds]
+        return ScaleRow(
+            peers=n,
+            cohorts=max((f.cohorts for f in figures.values()), default=0),
+            started_s=started,
+            round_s=statistics.median(rounds) if rounds else float("nan"),
+            committed=sum(f.committed for f in figures.values()) / max(1, n * opts.rounds),
+            dht_requests=statistics.mean(f.dht_requests / opts.rounds for f in figures.values())
+            if figures
+            else 0.0,
+            sent_mb=statistics.mean(sent) / opts.rounds / 1e6,
+            pss_mib=statistics.mean(pss),
+            load=load,
+            reasons=collections.Counter(r.split(":")[0][:60] for f in figures.values() for r in f.reasons),
+            requests_by_kind=_per_peer_round([f.requests_by_kind for f in figures.values()], opts.rounds),
+            round_calls=_per_peer_round([f.round_calls for f in figures.values()], opts.rounds),
+        )
+    finally:
+        done.set()
+        go.set()
+        deadline = time.monotonic() + 30  # peers that finished shut down on their own
+        for p in procs:
+            p.join(timeout=max(0.1, deadline - time.monotonic()))
+        accounts.kill()  # the rest (interrupted mid-round), with every process they started
+        for p in procs:
+            p.join(timeout=5)
+        boot.shutdown()
+        accounts.close()
+
+
+def _per_peer_round(counts: list[dict[str, int]], rounds: int) -> dict[str, float]:
+    total: collections.Counter[str] = collections.Counter()
+    for c in counts:
+        total.update(c)
+    return {k: round(v / max(1, len(counts)) / rounds, 1) for k, v in sorted(total.items())}
+
+
+def _digits_shapes() -> tuple[tuple[int, ...], ...]:
+    """The gradient shapes of the digits supernet at width 0.5 (what the swarm benchmarks train)."""
+    from supernet.workload import workload_for
+
+    net = workload_for("digits", {"width_mult": 0.5}).build()
+    return tuple(tuple(p.shape) for p in net.parameters())
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peers", type=int, nargs="+", default=[8, 16, 32, 64])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--compute", type=float, default=2.0, help="seconds a thin peer 'computes' per round")
+    parser.add_argument("--cross-group", type=int, default=8, help="cohort leaders per cross-cohort group")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        print("swarm_scale: needs root (one cgroup and iptables rule per peer)", file=sys.stderr)
+        return 2
+    start_orphan_reaper()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill cleans up as Ctrl-C does
+    shapes = _digits_shapes()
+    numel = sum(torch.Size(s).numel() for s in shapes)
+    opts = ThinOptions(shapes, args.rounds, args.compute, args.cross_group)
+    print(f"command: python -m benchmarks.swarm_scale {' '.join(sys.argv[1:])}".rstrip())
+    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
+    print(f"gradient: {numel * 4 / 1e6:.1f} MB ({len(shapes)} tensors); cohorts of 4; {args.rounds} rounds")
+    rows = []
+    for n in args.peers:
+        rows.append(run_size(n, opts))
+        r = rows[-1]
+        print(
+            f"  {n} peers: median round {r.round_s:.1f} s, {r.committed:.0%} committed, "
+            f"{r.dht_requests:.0f} DHT requests and {r.sent_mb:.1f} MB sent per peer per round, "
+            f"{r.pss_mib:.0f} MiB per peer; aborts: {dict(r.reasons) or 'none'}\n"
+            f"    DHT requests by kind: {r.requests_by_kind}; the round's own DHT calls: {r.round_calls}",
+            flush=True,
+        )
+    base = rows[0]
+    print()
+    header = (
+        f"{'peers':>5} {'cohorts':>7} {'start-up':>9} {'round':>7} {'committed':>9} "
+        f"{'DHT req/peer/round':>18} {'x':>5} {'MB sent/peer/round':>18} {'x':>5} {'MiB/peer':>8} {'load':>5}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(
+            f"{r.peers:>5} {r.cohorts:>7} {r.started_s:>8.0f}s {r.round_s:>6.1f}s {r.committed:>9.0%} "
+            f"{r.dht_requests:>18.0f} {r.dht_requests / max(base.dht_requests, 1e-9):>4.1f}x "
+            f"{r.sent_mb:>18.1f} {r.sent_mb / max(base.sent_mb, 1e-9):>4.1f}x {r.pss_mib:>8.0f} {r.load:>5.1f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
