@@ -27,10 +27,12 @@ import functools
 import multiprocessing as mp
 import os
 import queue
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,6 +205,7 @@ class PeerAccounts:
         self.chain = f"MSCALE{tag}"[:28]
         self.root = f"manta-scale-{tag}"
         self.cgroups = [f"{self.root}/peer-{i}" for i in range(count)]
+        self.flags = Path(tempfile.mkdtemp(prefix="manta-scale-"))
         for group in self.cgroups:
             (CGROUP_ROOT / group).mkdir(parents=True, exist_ok=True)
         _iptables("-N", self.chain)
@@ -244,6 +247,7 @@ class PeerAccounts:
         subprocess.run(["iptables", "-w", "-F", self.chain], capture_output=True)
         subprocess.run(["iptables", "-w", "-X", self.chain], capture_output=True)
         self.kill()
+        shutil.rmtree(self.flags, ignore_errors=True)
         deadline = time.monotonic() + 30
         for group in [*self.cgroups, self.root]:
             while (CGROUP_ROOT / group).exists():
@@ -257,6 +261,42 @@ class PeerAccounts:
 
 
 # ------------------------------------------------------------------ one swarm size
+
+
+START_BATCH = 8
+MEMORY_RESERVE_MIB = 2048  # never start more peers (nor run rounds) with less than this available
+
+
+class DidNotFit(Exception):
+    def __init__(self, started: int, available_mib: float, during_rounds: bool = False):
+        when = "during their rounds" if during_rounds else "then"
+        super().__init__(f"{started} peers started, {when} only {available_mib:.0f} MiB of memory was left")
+
+
+class FileFlag:
+    """A flag the benchmark raises for its peers. Not a multiprocessing.Event: a peer killed (by the
+    kernel, out of memory) while it held the Event's lock would leave the benchmark hanging on it."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def set(self) -> None:
+        self.path.touch()
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not self.path.exists():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+        return True
+
+
+def _available_mib() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024
+    return float("inf")
 
 
 @dataclass
@@ -278,30 +318,35 @@ class ScaleRow:
 def run_size(n: int, opts: ThinOptions) -> ScaleRow:
     ctx = mp.get_context("fork")
     ready, results = ctx.Queue(), ctx.Queue()
-    go, done = ctx.Event(), ctx.Event()
     accounts = PeerAccounts(f"{os.getpid()}x{n}", n)
+    go, done = FileFlag(accounts.flags / "go"), FileFlag(accounts.flags / "done")
     boot = start_dht(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
     procs = []
     try:
         initial = visible_maddrs(boot)
         t0 = time.monotonic()
-        for i in range(n):
-            p = ctx.Process(
-                target=_thin_peer, args=(i, initial, opts, accounts.cgroups[i], ready, go, done, results)
-            )  # fmt: skip
-            p.start()
-            procs.append(p)
-        for k in range(n):
-            while True:
-                try:
-                    ready.get(timeout=5)
-                    break
-                except queue.Empty:
-                    if dead := [i for i, p in enumerate(procs) if p.exitcode is not None]:
-                        raise RuntimeError(f"thin peer(s) {dead} exited during start-up") from None
-                    if time.monotonic() - t0 > 900:
-                        raise RuntimeError(f"only {k} of {n} thin peers started within 900 s") from None
-            print(f"\r  {n} peers: {k + 1} started ({time.monotonic() - t0:.0f} s)", end="", flush=True)
+        for batch in range(0, n, START_BATCH):  # in batches, watching memory: where it stops is a result
+            if (available := _available_mib()) < MEMORY_RESERVE_MIB:
+                raise DidNotFit(batch, available)
+            for i in range(batch, min(n, batch + START_BATCH)):
+                p = ctx.Process(
+                    target=_thin_peer, args=(i, initial, opts, accounts.cgroups[i], ready, go, done, results)
+                )  # fmt: skip
+                p.start()
+                procs.append(p)
+            for k in range(batch, min(n, batch + START_BATCH)):
+                while True:
+                    try:
+                        ready.get(timeout=5)
+                        break
+                    except queue.Empty:
+                        if dead := [i for i, p in enumerate(procs) if p.exitcode is not None]:
+                            raise RuntimeError(f"thin peer(s) {dead} exited during start-up") from None
+                        if time.monotonic() - t0 > 900:
+                            raise RuntimeError(f"only {k} of {n} thin peers started within 900 s") from None
+                print(f"\r  {n} peers: {k + 1} started ({time.monotonic() - t0:.0f} s)", end="", flush=True)
+        if (available := _available_mib()) < MEMORY_RESERVE_MIB:
+            raise DidNotFit(n, available)
         started = time.monotonic() - t0
         time.sleep(5)  # announcements reach every roster
         sent_before = accounts.bytes_sent()
@@ -309,6 +354,8 @@ def run_size(n: int, opts: ThinOptions) -> ScaleRow:
         figures: dict[int, PeerFigures] = {}
         deadline = time.monotonic() + opts.rounds * 300
         while len(figures) < n and time.monotonic() < deadline:
+            if (available := _available_mib()) < MEMORY_RESERVE_MIB:
+                raise DidNotFit(n, available, during_rounds=True)
             try:
                 index, got = results.get(timeout=5)
                 figures[index] = got
@@ -344,8 +391,9 @@ def run_size(n: int, opts: ThinOptions) -> ScaleRow:
         for p in procs:
             p.join(timeout=max(0.1, deadline - time.monotonic()))
         accounts.kill()  # the rest (interrupted mid-round), with every process they started
+        deadline = time.monotonic() + 10
         for p in procs:
-            p.join(timeout=5)
+            p.join(timeout=max(0.1, deadline - time.monotonic()))
         boot.shutdown()
         accounts.close()
 
@@ -385,7 +433,11 @@ def main(argv=None) -> int:
     print(f"gradient: {numel * 4 / 1e6:.1f} MB ({len(shapes)} tensors); cohorts of 4; {args.rounds} rounds")
     rows = []
     for n in args.peers:
-        rows.append(run_size(n, opts))
+        try:
+            rows.append(run_size(n, opts))
+        except DidNotFit as e:
+            print(f"\n  {n} peers do not fit on this machine: {e}", flush=True)
+            break
         r = rows[-1]
         print(
             f"  {n} peers: median round {r.round_s:.1f} s, {r.committed:.0%} committed, "
@@ -394,6 +446,8 @@ def main(argv=None) -> int:
             f"    DHT requests by kind: {r.requests_by_kind}; the round's own DHT calls: {r.round_calls}",
             flush=True,
         )
+    if not rows:
+        return 1
     base = rows[0]
     print()
     header = (

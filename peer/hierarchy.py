@@ -11,7 +11,9 @@ with torch.distributed): ``numerator`` = the sum over its samples of the per-sam
 2. **cross** — only cohort leaders meet, weighted by their cohort's member count, so only one copy of
    each cohort's vector crosses the wide-area links. Each leader now holds ``sum_all / n_all`` and, from
    the gathered metadata, every contributor's sample count and sub-network, from which it computes the
-   denominator and the final average.
+   denominator and the final average. With more cohorts than ``cross_group_size``, the leaders climb a
+   tree of groups of at most that many instead, and the final vector comes back down the same groups
+   (:mod:`peer.cross_tree`).
 3. **broadcast** — the leader shares the final vector with its cohort: it steps with weight 1, members
    with weight 0 and zeroed tensors, so what members receive *is* the leader's vector, bit for bit.
 
