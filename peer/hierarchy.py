@@ -264,15 +264,13 @@ class HierarchicalAverager:
             i_lead = outcome.leader == self.peer_id
 
             lead_abort = None
-            # members wait for their leader's whole climb up the cross-cohort tree and back
-            tree_depth = (
-                len(cross_groups(cohort_rank, num_cohorts, self.cross_group_size)) if num_cohorts > 1 else 0
-            )
+            # the cross-cohort groups this cohort's leader meets; members wait for its whole climb and back
+            tree = cross_groups(cohort_rank, num_cohorts, self.cross_group_size) if num_cohorts > 1 else []
             if i_lead:
                 t0 = time.perf_counter()
                 stage = ("cross", t0)
                 final, outcome.contributors, lead_abort = self._across_cohorts(
-                    attempt, members, num_cohorts, cohort_rank, state_digest, scale
+                    attempt, members, tree, state_digest, scale
                 )
                 if lead_abort is not None and len(members) == 1:
                     raise RoundAborted(lead_abort)
@@ -282,7 +280,7 @@ class HierarchicalAverager:
                 stage = ("broadcast", t0)
                 final, lead_report = self._broadcast(
                     self._cohort, "cohort", attempt, len(members), outcome.leader, final,
-                    outcome.contributors, lead_abort, state_digest, patience=max(1, tree_depth),
+                    outcome.contributors, lead_abort, state_digest, patience=max(1, len(tree)),
                 )  # fmt: skip
                 if lead_abort is not None:
                     raise RoundAborted(lead_abort)
@@ -315,8 +313,7 @@ class HierarchicalAverager:
         self,
         attempt: int,
         members: list[Contributor],
-        num_cohorts: int,
-        cohort_rank: int,
+        tree: list[TreeGroup],
         state_digest: str,
         scale: float,
     ) -> tuple[list[torch.Tensor] | None, list[Contributor], str | None]:
@@ -328,7 +325,6 @@ class HierarchicalAverager:
             self._to_cohort_mean(members)
         # Both averagers share one buffer: without a cross stage the cohort's result is already where
         # _finish_average reads it.
-        tree = cross_groups(cohort_rank, num_cohorts, self.cross_group_size) if num_cohorts > 1 else []
         contributors, cohorts, joined, abort = self._climb(attempt, members, tree, state_digest)
         final = None
         if abort is None and (not joined or joined[-1].head == self.peer_id):

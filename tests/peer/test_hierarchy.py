@@ -48,6 +48,21 @@ def _roster(dht, run_id: str, size: int) -> list[str]:
     return sorted(found)
 
 
+def _outcome(res) -> dict:
+    """A round's outcome as a peer process sends it back to the test."""
+    return dict(
+        committed=res.committed,
+        reason=res.reason,
+        digest=res.digest,
+        # numpy pickles by value: a torch tensor would reference this process's memory, which is gone
+        # once the peer exits
+        tensors=None if res.tensors is None else [t.numpy() for t in res.tensors],
+        leader=res.leader,
+        contributors=[c.peer for c in res.contributors],  # sorted by peer id
+        seconds=res.seconds,
+    )
+
+
 def _peer(
     dht,
     *,
@@ -89,19 +104,7 @@ def _peer(
                 events[1].set()  # round 1 is over for this peer
             if not res.committed:
                 averager.settle(r, roster)  # as the round loop does: the others finish the attempt first
-            out.append(
-                dict(
-                    committed=res.committed,
-                    reason=res.reason,
-                    digest=res.digest,
-                    # numpy pickles by value: a torch tensor would reference this process's memory,
-                    # which is gone once the peer exits
-                    tensors=None if res.tensors is None else [t.numpy() for t in res.tensors],
-                    leader=res.leader,
-                    contributors=[c.peer for c in res.contributors],
-                    seconds=res.seconds,
-                )
-            )
+            out.append(_outcome(res))
         return out
     finally:
         averager.shutdown()
@@ -258,15 +261,7 @@ def _tree_peer(dht, *, rank, seed, samples, rounds, fp16, run_id):
             )  # fmt: skip
             if not res.committed:
                 averager.settle(r, roster)
-            out.append(
-                dict(
-                    committed=res.committed,
-                    reason=res.reason,
-                    digest=res.digest,
-                    tensors=None if res.tensors is None else [t.numpy() for t in res.tensors],
-                    contributors=sorted(c.peer for c in res.contributors),
-                )
-            )
+            out.append(_outcome(res))
         return out
     finally:
         averager.shutdown()
