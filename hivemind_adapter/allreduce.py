@@ -26,6 +26,7 @@ from hivemind.averaging import DecentralizedAverager
 from hivemind.averaging.allreduce import AllreduceException, AllReduceRunner, AveragingMode, BannedException
 from hivemind.averaging.control import AveragingStage, StepControl
 from hivemind.averaging.group_info import GroupInfo
+from hivemind.averaging.matchmaking import MatchmakingException
 from hivemind.compression import (
     CompressionBase,
     Float16Compression,
@@ -41,6 +42,12 @@ from hivemind.utils.asyncio import amap_in_executor, as_aiter, azip
 
 class PartialAllReduceError(AllreduceException):
     """Part of the vector was not averaged over the whole group; nothing was written."""
+
+
+class AllReduceBroke(MatchmakingException):
+    """A step's group formed and its all-reduce failed (partial, a member silent, a reducer gone):
+    nothing was written. hivemind reports every such failure as a MatchmakingException, like a group
+    that never formed; this subclass tells them apart (and hivemind's step still handles it as one)."""
 
 
 class ExactAllReduceRunner(AllReduceRunner):
@@ -194,6 +201,12 @@ class VerifiedAverager(DecentralizedAverager):
             if not future.done():
                 future.set_exception(e)
 
+    async def _aggregate_with_group(self, group_info: GroupInfo, min_vector_size: int, **kwargs):
+        try:
+            return await super()._aggregate_with_group(group_info, min_vector_size, **kwargs)
+        except MatchmakingException as e:  # hivemind's wrapping of whatever broke the all-reduce
+            raise AllReduceBroke(str(e)) from e
+
     async def _run_allreduce_inplace_(
         self, tensors: Sequence[torch.Tensor], group_info: GroupInfo, group_id: bytes | None = None, **kwargs
     ):
@@ -238,6 +251,13 @@ def wire_rounded(tensor: torch.Tensor, fp16: bool) -> torch.Tensor:
         return tensor
     finfo = torch.finfo(torch.float16)
     return tensor.to(torch.float32).clamp(finfo.min, finfo.max).to(torch.float16).to(tensor.dtype)
+
+
+def broke_inside_allreduce(error: BaseException) -> bool:
+    """Whether a step failed after its group formed, in the all-reduce itself (a member that was
+    included and then went silent, a reducer that failed). A :class:`VerifiedAverager` writes nothing
+    then, so the step may be taken again with the same tensors."""
+    return isinstance(error, AllReduceBroke)
 
 
 def looking_for_group(control: StepControl) -> bool:

@@ -61,8 +61,11 @@ class StageDeadlines:
         wait = self.factor * slowest + 2.0 * self.matchmaking
         return StageDeadline(min(top, max(self.floor, wait)), slowest)
 
-    def total(self) -> float:
-        """How long a whole attempt lasts at most, over the stages this peer has seen run (a peer that
-        failed early waits this long for the rest at most)."""
-        seen = [self.deadline(stage).seconds for stage in self._history]
+    def total(self, levels: int = 1) -> float:
+        """How long a whole attempt lasts at most, over the stages this peer has seen run: what a peer
+        that failed early, or finished early, waits for the rest at most. ``levels``: the cross-cohort
+        tree's depth this attempt (each level has its own cross stage and broadcast)."""
+        # a member's broadcast waits for its leader's whole climb: one broadcast deadline per level
+        per_level = {"cross": levels, "broadcast": levels}
+        seen = [self.deadline(stage).seconds * per_level.get(stage, 1) for stage in self._history]
         return sum(seen) if seen else self.initial

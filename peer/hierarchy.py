@@ -47,6 +47,7 @@ import torch
 
 from hivemind_adapter.allreduce import (
     VerifiedAverager,
+    broke_inside_allreduce,
     looking_for_group,
     member_ids,
     wire_compression,
@@ -55,7 +56,13 @@ from hivemind_adapter.allreduce import (
 from hivemind_adapter.dht import peer_id
 from peer.cross_tree import DEFAULT_FANOUT, JoinedGroup, TreeGroup, cross_groups
 from peer.deadlines import StageDeadlines
-from peer.round_commit import CommitBoard, DHTCommitBoard, await_commit, await_quorum_reports
+from peer.round_commit import (
+    CommitBoard,
+    DHTCommitBoard,
+    await_attempt_decided,
+    await_commit,
+    await_quorum_reports,
+)
 from supernet.state import digest
 
 logger = logging.getLogger(__name__)
@@ -116,6 +123,7 @@ class AveragingOutcome:
     leader: str = ""
     digest: str = ""
     seconds: dict[str, float] = field(default_factory=dict)  # wall time per stage
+    regrouped: list[str] = field(default_factory=list)  # stages whose all-reduce broke and formed again
 
 
 class RoundAborted(Exception):
@@ -150,7 +158,9 @@ class HierarchicalAverager:
 
     ``template`` gives the shapes and dtypes; all peers of a run must use the same. ``per_cohort``
     selects the model-parallel combination (see the module docstring); without it the result is the
-    sample-weighted mean over every contributor (data-parallel rounds).
+    sample-weighted mean over every contributor (data-parallel rounds). ``averager_type`` builds the
+    two hivemind averagers (a subclass that fails on purpose is how tests kill a peer at an exact
+    point of a stage).
     """
 
     def __init__(
@@ -167,6 +177,7 @@ class HierarchicalAverager:
         client_mode: bool = False,
         commit_board: CommitBoard | None = None,
         leaving: Callable[[], bool] = lambda: False,
+        averager_type: type[VerifiedAverager] = VerifiedAverager,
     ):
         self.dht, self.run_id, self.cohort, self.timeouts = dht, run_id, cohort, timeouts
         # Ctrl-C: the round goes on while its group forms or runs, but a peer that is leaving does not
@@ -192,10 +203,10 @@ class HierarchicalAverager:
             start=True,
         )
         # Both averagers run on the same shared-memory buffer; their steps are strictly sequential.
-        self._cohort = VerifiedAverager(
+        self._cohort = averager_type(
             self._buffer, dht, prefix=f"{run_id}_cohort_{_cohort_tag(cohort)}", **common
         )
-        self._cross = VerifiedAverager(
+        self._cross = averager_type(
             self._buffer,
             dht,
             prefix=f"{run_id}_cross",
@@ -204,6 +215,9 @@ class HierarchicalAverager:
         )
         self._sizes = {"cohort": None, "cross": None}
         self._following = {"cohort": False, "cross": False}
+        self._levels = 1  # the cross-cohort tree's depth in the attempt under way (it sets its deadlines)
+        self._regrouped: list[str] = []  # this attempt's stages whose all-reduce broke and formed again
+        self._broadcasts_taken = 0  # broadcast stages this peer took part in, this attempt
         self._superseded: Callable[[], bool] = lambda: False
 
     # ------------------------------------------------------------------ the round
@@ -241,6 +255,10 @@ class HierarchicalAverager:
         t_start = time.perf_counter()
         final: list[torch.Tensor] | None = None
         stage = ("cohort", t_start)  # the stage in progress: a failure's time is charged to it
+        # the cross-cohort groups this cohort's leader meets; members wait for its whole climb and back
+        tree = cross_groups(cohort_rank, num_cohorts, self.cross_group_size) if num_cohorts > 1 else []
+        self._levels = max(1, len(tree))
+        self._regrouped, self._broadcasts_taken = [], 0
         try:
             with self._cohort.get_tensors() as buf:
                 for b, t in zip(buf, numerator):
@@ -264,8 +282,6 @@ class HierarchicalAverager:
             i_lead = outcome.leader == self.peer_id
 
             lead_abort = None
-            # the cross-cohort groups this cohort's leader meets; members wait for its whole climb and back
-            tree = cross_groups(cohort_rank, num_cohorts, self.cross_group_size) if num_cohorts > 1 else []
             if i_lead:
                 t0 = time.perf_counter()
                 stage = ("cross", t0)
@@ -300,6 +316,7 @@ class HierarchicalAverager:
         committed, reason = self._commit(attempt, outcome, set(expected_peers) | {self.peer_id})
         outcome.seconds["commit"] = time.perf_counter() - t0
         outcome.seconds["total"] = time.perf_counter() - t_start
+        outcome.regrouped = list(self._regrouped)
         if committed and final is not None:
             outcome.committed, outcome.tensors = True, final  # fresh tensors, not views of the shared buffer
         else:
@@ -395,6 +412,10 @@ class HierarchicalAverager:
                 return contributors, cohorts, joined, f"a malformed cross-cohort report: {e}"
             except RoundAborted as e:
                 return contributors, cohorts, joined, str(e)
+            if len({c.peer for c in contributors}) != len(contributors):
+                # A peer whose all-reduce broke only for itself went on alone, while the group it
+                # left holds its contribution: counted twice, the mean would not be over its names.
+                return contributors, cohorts, joined, "a contributor reached the cross stage twice"
             if self.per_cohort and len(set(cohorts)) != len(cohorts):
                 # A cohort that split (one part missed the other) would count its sub-networks twice.
                 return contributors, cohorts, joined, "a cohort reached the cross stage in two parts"
@@ -432,9 +453,14 @@ class HierarchicalAverager:
         **step,
     ):
         """One hivemind step. Not finding a group yet is retried until the stage's deadline (from
-        recent rounds, :mod:`peer.deadlines`), then :class:`NoGroup`; a partial all-reduce is not
-        retried (it cannot be repaired inside this round). ``watch``: a peer whose failure report on
-        the commit board ends the wait at once (a member's cohort leader, during the broadcast)."""
+        recent rounds, :mod:`peer.deadlines`), then :class:`NoGroup`. An all-reduce that broke (a
+        member was included in the group and then went silent: it died, slept, or gave up on the
+        group before its leader's start message reached it) wrote nothing here, and the others it
+        broke for look for each other again: it is retried once, with at least two matchmaking
+        periods left to find them; if they are not found, it is :class:`NoGroup` (this peer's own
+        contribution is intact, and :meth:`_climb` refuses a contributor that arrives twice).
+        ``watch``: a peer whose failure report on the commit board ends the wait at once (a member's
+        cohort leader, during the broadcast)."""
         if self._sizes[name] != size:
             averager.set_target_group_size(size)
             self._sizes[name] = size
@@ -444,17 +470,23 @@ class HierarchicalAverager:
         if self._following[name] != follow_only:
             averager.set_follow_only(follow_only)
             self._following[name] = follow_only
-        averager.set_group_bits(_round_bits(attempt, stage, state_digest, level, group))
+        bits = _round_bits(attempt, stage, state_digest, level, group)
         chosen = self.deadlines.deadline(name if stage == 0 else "broadcast")
         started = time.monotonic()
         deadline = started + chosen.seconds * patience
         no_group = f"{name if stage == 0 else 'broadcast'} stage: no group within {chosen.describe()}"
         if patience > 1:
             no_group += f" x {patience} (tree levels)"
+        broken: Exception | None = None  # the all-reduce that broke once already, if one did
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0.5:
+                if broken is not None:
+                    raise NoGroup(f"{no_group} again after its all-reduce broke ({broken})") from broken
                 raise NoGroup(no_group)
+            # Before every step: hivemind moves the group bits on once a group assembles (for its own
+            # Moshpit-style rounds), and a step taken again after a broken all-reduce must meet the same peers.
+            averager.set_group_bits(bits)
             control = averager.step(timeout=remaining, allow_retries=False, wait=False, **step)
             next_check = time.monotonic() + 0.5
             while not control.done():
@@ -477,6 +509,8 @@ class HierarchicalAverager:
                         raise RoundAborted(f"{name} stage abandoned: the swarm moved on to a later round")
             try:
                 gathered = control.result()
+                if broken is not None:
+                    self._regrouped.append(name if stage == 0 else f"{name} broadcast")
                 break
             except Exception as e:
                 if self._leaving_for(started):
@@ -486,7 +520,16 @@ class HierarchicalAverager:
                 if "could not find a group" in str(e):
                     if deadline - time.monotonic() > 0.5:
                         continue  # nobody to meet yet: look again with the time that is left
+                    if broken is not None:
+                        raise NoGroup(f"{no_group} again after its all-reduce broke ({broken})") from broken
                     raise NoGroup(no_group) from e
+                if broke_inside_allreduce(e) and broken is None:
+                    broken = e
+                    deadline = max(deadline, time.monotonic() + 2.0 * self.timeouts.matchmaking + 0.5)
+                    logger.info(
+                        f"attempt {attempt}: {name} stage: {e}; looking for the rest of the group again"
+                    )
+                    continue
                 raise RoundAborted(f"{name} stage failed: {type(e).__name__}: {e}") from e
         self.deadlines.record(name if stage == 0 else "broadcast", time.monotonic() - started)
         return member_ids(gathered)
@@ -544,6 +587,7 @@ class HierarchicalAverager:
         send zeros). A head that aborted still takes part, with ``ok: False``, so members stop waiting
         at once. Returns what arrived and the head's report; raises if the head aborted."""
         i_head = head == self.peer_id
+        self._broadcasts_taken += 1
         with averager.get_tensors() as buf:
             for i, b in enumerate(buf):
                 if i_head and final is not None:
@@ -581,16 +625,29 @@ class HierarchicalAverager:
             return False, outcome.reason
         started = time.monotonic()
         chosen = self.deadlines.deadline("commit", ceiling=self.timeouts.commit)
-        decision = await_commit(self.board, attempt, outcome.digest, roster, chosen.seconds)
+        # Peers do not finish together: a cohort of one has no broadcast, the top of the tree is done
+        # before the groups below it. Recent commits say how long the others take to post once they
+        # are all as far as this peer; it also waits out the broadcasts it had no part in, as long as
+        # they may take. (Not the whole attempt's deadlines: a dead peer in the roster, undecided
+        # forever, would then hold the survivors in very different waits and out of step.)
+        skipped = max(0, self._levels - self._broadcasts_taken) * self.deadlines.deadline("broadcast").seconds
+        decision = await_commit(self.board, attempt, outcome.digest, roster, chosen.seconds + skipped)
         if decision.committed:
             self.deadlines.record("commit", time.monotonic() - started)
         return decision.committed, decision.reason
 
     def settle(self, attempt: int, roster: Collection[str]) -> bool:
-        """After this peer's ``attempt`` failed: wait (bounded by the attempt's stage deadlines) until a
-        quorum of ``roster`` finished it too, so that the next attempt starts together and the state
-        the others just committed is there to catch up with."""
-        return await_quorum_reports(self.board, attempt, set(roster) | {self.peer_id}, self.deadlines.total())
+        """After this peer's ``attempt`` failed: wait until the others are done with it too, so that
+        the next attempt starts together and the state the others just committed is there to catch up
+        with. Done is a quorum of ``roster`` reported (bounded by the attempt's stage deadlines) and
+        its outcome is decided: a result holds a quorum, or none can (bounded by how long the others
+        wait for their commit: a peer that died in the roster keeps a result that lacks it undecided).
+        Returns whether both happened."""
+        everyone = set(roster) | {self.peer_id}
+        if not await_quorum_reports(self.board, attempt, everyone, self.deadlines.total(self._levels)):
+            return False
+        commit_wait = self.deadlines.deadline("commit", ceiling=self.timeouts.commit).seconds
+        return await_attempt_decided(self.board, attempt, everyone, commit_wait)
 
     # ------------------------------------------------------------------ helpers
 

@@ -141,6 +141,34 @@ def await_quorum_reports(
         time.sleep(COMMIT_POLL_SECONDS)
 
 
+def attempt_decided(reports: dict[str, dict], roster: Collection[str]) -> bool:
+    """Whether an attempt's outcome is settled, from its ``reports``: one result holds a quorum of
+    ``roster`` (its holders commit it now), or no result can reach one any more, not even one that
+    only the peers yet to report would hold (everyone who posted a result then gives up now)."""
+    members = set(roster) - {p for p, r in reports.items() if r.get("left")}
+    holders: dict[str, set[str]] = {}
+    for peer, report in reports.items():
+        if report.get("ok") and peer in members:
+            holders.setdefault(str(report.get("digest")), set()).add(peer)
+    if any(is_quorum(h, members) for h in holders.values()):
+        return True
+    undecided = members - reports.keys()
+    return not any(is_quorum(h | undecided, members) for h in [*holders.values(), set()])
+
+
+def await_attempt_decided(
+    board: CommitBoard, attempt: int, roster: Collection[str], deadline_seconds: float
+) -> bool:
+    """Wait (at most ``deadline_seconds``) until :func:`attempt_decided`. Returns whether it was."""
+    deadline = time.monotonic() + deadline_seconds
+    while True:
+        if attempt_decided(board.read(attempt), roster):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(COMMIT_POLL_SECONDS)
+
+
 @dataclass(frozen=True)
 class CommittedState:
     """The state a quorum holds after a committed attempt, and the peers that reported holding it."""

@@ -19,6 +19,8 @@ from hivemind_adapter.dht import peer_id, start_dht, visible_maddrs
 from peer.catch_up import sit_out_running_attempt
 from peer.round_commit import (
     CommittedState,
+    attempt_decided,
+    await_attempt_decided,
     await_commit,
     await_quorum_reports,
     is_quorum,
@@ -129,6 +131,38 @@ def test_a_departed_peer_no_longer_counts_in_the_roster(two_boards):
     assert decision.committed, decision
     assert await_quorum_reports(stayer, 9, {stayer.peer_id, leaver.peer_id}, deadline_seconds=5)
     assert not await_quorum_reports(stayer, 10, {stayer.peer_id, leaver.peer_id}, deadline_seconds=0.5)
+
+
+def test_an_attempt_is_decided_once_a_result_holds_a_quorum_or_none_can():
+    roster = ["p0", "p1", "p2", "p3"]
+    ok = {"ok": True, "digest": "d1"}
+    # Two of four hold d1 and one failed: the fourth, silent (dead, or still averaging), could make
+    # d1 a quorum, so the holders of d1 still wait for their commit.
+    waiting = {"p0": ok, "p1": ok, "p2": {"ok": False, "digest": ""}}
+    assert not attempt_decided(waiting, roster)
+    assert attempt_decided({**waiting, "p3": ok}, roster)  # d1 holds 3 of 4: committed
+    assert attempt_decided({**waiting, "p3": {"ok": True, "digest": "d2"}}, roster)  # nobody can commit
+    assert attempt_decided({**waiting, "p3": {"ok": False, "digest": "", "left": True}}, roster)  # 2 of 3
+    # Nothing posted yet, or only failures from a minority: the silent majority may still agree.
+    assert not attempt_decided({}, roster)
+    assert not attempt_decided({"p0": {"ok": False, "digest": ""}}, roster)
+    assert attempt_decided({p: {"ok": False, "digest": ""} for p in roster[:2]}, roster)
+    assert not attempt_decided(
+        {"p0": {"ok": True, "digest": "d1"}, "stranger": ok}, roster
+    )  # outsiders do not count
+
+
+def test_a_failed_peer_waits_until_the_attempt_is_decided_bounded(two_boards):
+    stayer, other = two_boards
+    roster = {stayer.peer_id, other.peer_id, "QmSilentPeer"}
+    stayer.post(11, False, "")
+    other.post(11, True, "ab" * 32)
+    started = time.monotonic()
+    assert not await_attempt_decided(stayer, 11, roster, deadline_seconds=1.0)  # the silent peer could agree
+    assert 1.0 <= time.monotonic() - started < 10
+    other.post(12, True, "ab" * 32)
+    threading.Timer(0.5, lambda: stayer.post(12, True, "ab" * 32)).start()
+    assert await_attempt_decided(other, 12, roster, deadline_seconds=30)
 
 
 def test_a_peer_catching_up_finds_the_newest_state_a_quorum_holds_and_its_holders(two_boards):

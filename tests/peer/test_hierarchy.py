@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from hivemind_adapter.allreduce import VerifiedAverager
 from hivemind_adapter.dht import peer_id, read_entries, store
 from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
 from tests.peer.swarm_harness import run_peers, start_bootstrap_dht
@@ -189,14 +190,18 @@ def test_a_peer_killed_mid_round_leaves_the_survivors_identical_and_the_next_rou
     # victim dies in round 1; round 2 runs without it.
     args = _args("hier-kill", sizes=[(2, 2), (2, 2), (2, 2)], shapes=shapes)
     args["p2"]["sizes"] = [(2, 2), (2, 2), (1, 2)]  # after the death, p2's roster shows it alone in rack-b
-    entered, finished = mp.get_context("fork").Event(), mp.get_context("fork").Event()
-    args["p3"]["events"] = (entered, finished)
+    events = {name: (mp.get_context("fork").Event(), mp.get_context("fork").Event()) for name in PEERS}
+    for name, pair in events.items():
+        args[name]["events"] = pair
     killed_mid_round = []
 
     def kill_p3_mid_round(procs):
-        assert entered.wait(timeout=120), "the victim never reached round 1"
+        # Once everyone is in round 1: a victim done with round 0 before its cohort partner (it may
+        # commit on the others' quorum) would otherwise die inside that partner's round 0.
+        for name, (entered, _) in events.items():
+            assert entered.wait(timeout=120), f"{name} never reached round 1"
         time.sleep(0.5)  # inside matchmaking or the all-reduce of round 1
-        killed_mid_round.append(not finished.is_set())
+        killed_mid_round.append(not events["p3"][1].is_set())
         os.kill(procs["p3"].pid, signal.SIGKILL)
 
     results = _run("hier-kill", args, on_started=kill_p3_mid_round, timeout=400)
@@ -311,3 +316,70 @@ def test_an_fp16_tree_brings_every_leader_the_same_bytes():
     assert len({r["digest"] for r in rounds}) == 1, "compression must not make leaders differ"
     for got, want in zip(rounds[0]["tensors"], _tree_mean(TREE)):
         torch.testing.assert_close(torch.from_numpy(got), want, rtol=2e-3, atol=2e-3)
+
+
+# ---------------------------------------------------------------- a member lost inside the all-reduce
+
+
+class _KilledInItsAllReduce(VerifiedAverager):
+    """A peer killed (``kill -9`` of its agent; the reaper takes the rest) at the moment an all-reduce
+    starts once the file ``armed`` names exists: the others' group includes it, and it never sends
+    them a byte."""
+
+    armed = ""  # set before the peers are forked
+
+    async def _run_allreduce_inplace_(self, tensors, group_info, group_id=None, **kwargs):
+        if os.path.exists(self.armed):
+            os.kill(os.getppid(), signal.SIGKILL)
+            os._exit(1)
+        return await super()._run_allreduce_inplace_(tensors, group_info, group_id, **kwargs)
+
+
+# hivemind names a servicer's RPC handlers after its class: the victim must answer as the others do.
+_KilledInItsAllReduce.__name__ = VerifiedAverager.__name__
+
+
+def _lone_cohort_peer(dht, *, rank, seed, samples, victim, run_id):
+    """A cohort of one among three: its leader meets the other two in one cross-cohort group."""
+    averager = HierarchicalAverager(
+        dht, run_id, f"c{rank}", [torch.zeros(s) for s in SHAPES], timeouts=FAST,
+        averager_type=_KilledInItsAllReduce if victim else VerifiedAverager,
+    )  # fmt: skip
+    try:
+        roster = _roster(dht, run_id, 3)
+        out = []
+        for r in range(2):
+            if victim and r == 1:
+                open(_KilledInItsAllReduce.armed, "w").close()
+            numerator = [g * samples for g in _grads(seed)]
+            res = averager.average(
+                r, numerator, samples, cohort_size=1, num_cohorts=3, cohort_rank=rank, expected_peers=roster
+            )  # fmt: skip
+            out.append(dict(_outcome(res), regrouped=res.regrouped))
+        return out
+    finally:
+        averager.shutdown()
+
+
+def test_a_group_that_loses_a_member_inside_its_all_reduce_forms_again_without_it(tmp_path, monkeypatch):
+    # The victim dies right as round 1's cross-cohort all-reduce starts. The other two find the
+    # all-reduce broken (a sender that never sent, a reducer that never answered), wrote nothing, and
+    # meet again without it: the round costs the swarm the victim's contribution, not the round.
+    names = {"v0": (0, 20, 3, False), "v1": (1, 21, 5, False), "v2": (2, 22, 4, True)}
+    args = {
+        name: dict(rank=rank, seed=seed, samples=n, victim=victim, run_id="hier-regroup")
+        for name, (rank, seed, n, victim) in names.items()
+    }
+    monkeypatch.setattr(_KilledInItsAllReduce, "armed", str(tmp_path / "armed"))
+    results = _run("hier-regroup", args, _lone_cohort_peer, timeout=300)
+    assert results["v2"] is None, "the victim reported: it was not killed"
+    first = [results[n][0] for n in ("v0", "v1")]
+    assert all(r["committed"] and r["regrouped"] == [] for r in first), [r["reason"] for r in first]
+    second = [results[n][1] for n in ("v0", "v1")]
+    assert all(r["committed"] for r in second), [(r["reason"], r["seconds"]) for r in second]
+    assert all(r["regrouped"] == ["cross"] for r in second), [r["regrouped"] for r in second]
+    assert second[0]["digest"] == second[1]["digest"]
+    assert len(second[0]["contributors"]) == 2
+    want = [(_grads(20)[i] * 3 + _grads(21)[i] * 5) / 8 for i in range(len(SHAPES))]
+    for got, expected in zip(second[0]["tensors"], want):
+        torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,52 @@
+"""Stage deadlines follow what recent rounds took, within their floor and ceiling."""
+
+from __future__ import annotations
+
+import pytest
+
+from peer.deadlines import StageDeadlines
+
+
+def test_a_stage_without_history_waits_the_initial_time_within_the_ceiling():
+    assert StageDeadlines(2.0, 60.0).deadline("cohort").seconds == 20.0  # ten matchmaking periods
+    assert StageDeadlines(2.0, 15.0).deadline("cohort").seconds == 15.0
+    assert StageDeadlines(2.0, 60.0, initial=7.0).deadline("cohort").slowest_recent is None
+
+
+def test_a_deadline_is_a_multiple_of_the_slowest_recent_stage_plus_two_matchmaking_periods():
+    d = StageDeadlines(2.0, 60.0)
+    for seconds in (1.0, 3.0, 2.0):
+        d.record("cross", seconds)
+    chosen = d.deadline("cross")
+    assert chosen.seconds == pytest.approx(3 * 3.0 + 2 * 2.0)
+    assert chosen.slowest_recent == 3.0
+    assert "up to 3.0 s" in chosen.describe()
+
+
+def test_a_deadline_stays_between_three_matchmaking_periods_and_the_ceiling():
+    d = StageDeadlines(2.0, 30.0)
+    d.record("cohort", 0.01)
+    assert d.deadline("cohort").seconds == 6.0
+    d.record("broadcast", 100.0)
+    assert d.deadline("broadcast").seconds == 30.0
+    assert d.deadline("broadcast", ceiling=20.0).seconds == 20.0
+
+
+def test_only_the_last_rounds_count():
+    d = StageDeadlines(1.0, 60.0)
+    d.record("cohort", 10.0)
+    for _ in range(8):
+        d.record("cohort", 1.0)  # the slow round has left the history
+    assert d.deadline("cohort").slowest_recent == 1.0
+
+
+def test_an_attempt_lasts_the_stages_seen_with_each_tree_level_crossed_and_broadcast_again():
+    d = StageDeadlines(1.0, 60.0)
+    assert d.total() == 10.0  # nothing seen yet: the initial wait
+    d.record("cohort", 2.0)  # deadline 8
+    d.record("cross", 4.0)  # 14
+    d.record("broadcast", 1.0)  # 5
+    d.record("commit", 0.1)  # 3 (the floor)
+    assert d.total() == pytest.approx(8 + 14 + 5 + 3)
+    # three levels: a member's broadcast waits for its leader's climb up three groups and back
+    assert d.total(levels=3) == pytest.approx(8 + 3 * 14 + 3 * 5 + 3)
