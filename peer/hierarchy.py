@@ -26,13 +26,15 @@ that a cohort's sub-networks did not touch has a zero gradient there, so that co
 it: untouched weights are neither diluted by other cohorts' zeros nor zeroed.
 
 Partial participation: a stage waits for its partners only as long as recent rounds suggest
-(:mod:`peer.deadlines`), then goes on with whoever came: a cohort member whose cohort never gathers
-carries its own contribution to the cross stage as a cohort of one, a leader whose cross group never
-forms finishes with its cohort alone. Every group key carries the start state's digest, so a peer that
-missed a commit (and holds an older state) never meets the others until it caught up. Whatever groups
-formed, the result that commits is the one a quorum of the roster holds (:mod:`peer.round_commit`):
-the exact mean over exactly the contributors it names, bit for bit on every peer that commits it.
-A peer outside that quorum keeps its previous values and knows it (its outcome says why).
+(:mod:`peer.deadlines`; each stage is one step of :mod:`peer.averaging_stage`), then goes on with
+whoever came: a cohort member whose cohort never gathers carries its own contribution to the cross
+stage as a cohort of one, a leader whose cross group never forms finishes with its cohort alone, and
+a group whose all-reduce broke meets again without the member that broke it. Every group key
+carries the start state's digest, so a peer that missed a commit (and holds an older state) never
+meets the others until it caught up. Whatever groups formed, the result that commits is the one a
+quorum of the roster holds (:mod:`peer.round_commit`): the exact mean over exactly the contributors
+it names, bit for bit on every peer that commits it. A peer outside that quorum keeps its previous
+values and knows it (its outcome says why).
 """
 
 from __future__ import annotations
@@ -45,15 +47,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hivemind_adapter.allreduce import (
-    VerifiedAverager,
-    broke_inside_allreduce,
-    looking_for_group,
-    member_ids,
-    wire_compression,
-    wire_rounded,
-)
+from hivemind_adapter.allreduce import VerifiedAverager, wire_compression, wire_rounded
 from hivemind_adapter.dht import peer_id
+from peer.averaging_stage import AveragingTimeouts, NoGroup, RoundAborted, StageRunner
 from peer.cross_tree import DEFAULT_FANOUT, JoinedGroup, TreeGroup, cross_groups
 from peer.deadlines import StageDeadlines
 from peer.round_commit import (
@@ -70,21 +66,6 @@ logger = logging.getLogger(__name__)
 # Parts of 4 MiB instead of hivemind's 512 KiB: 8x fewer messages to serialise and stream per
 # all-reduce, which is what dominates on fast links (measured in benchmarks/averaging_bench.py).
 PART_SIZE_BYTES = 4 * 2**20
-# A leaving peer looks for its group this many matchmaking periods before it gives up: partners who are
-# there find each other within one (groups form when full, else after the matchmaking time).
-LEAVING_GRACE_FACTOR = 3
-
-
-@dataclass(frozen=True)
-class AveragingTimeouts:
-    """Seconds. Every hivemind wait is bounded: a dead peer must cost a timeout, never a hang."""
-
-    matchmaking: float = 2.0  # how long a peer declares itself looking for a group
-    request: float = 1.0  # must stay below `matchmaking` (hivemind breaks cyclic join waits with it)
-    next_chunk: float = 10.0  # a sender or reducer silent for this long is dropped from the group
-    allreduce: float = 120.0  # bound on one whole all-reduce
-    step: float = 60.0  # bound on finding a group for one stage (the broadcast waits for the cross stage)
-    commit: float = 20.0  # bound on collecting every contributor's commit report
 
 
 @dataclass(frozen=True)
@@ -126,31 +107,9 @@ class AveragingOutcome:
     regrouped: list[str] = field(default_factory=list)  # stages whose all-reduce broke and formed again
 
 
-class RoundAborted(Exception):
-    """A stage failed; the round keeps this peer's previous values."""
-
-
-class NoGroup(RoundAborted):
-    """A stage found nobody to meet before its deadline (the partners died, stalled or never came)."""
-
-
 def _cohort_tag(cohort: str) -> str:
     # hivemind prefixes may not contain '.', and peers must agree on the tag: hash the cohort name.
     return hashlib.sha256(cohort.encode()).hexdigest()[:16]
-
-
-def _round_bits(attempt: int, stage: int, state_digest: str, level: int = 0, group: int = 0) -> str:
-    """One group key per (attempt, stage, start state, tree group): a slow peer's cohort request never
-    meets a fast peer's broadcast, peers that start from different states never average together, and
-    each cross-cohort tree group (:mod:`peer.cross_tree`) gathers apart from the others."""
-    state = int(state_digest[:4], 16) if state_digest else 0
-    return (
-        format(stage, "01b")
-        + format(level % 8, "03b")
-        + format(group % 256, "08b")
-        + format(attempt % 1024, "010b")
-        + format(state, "016b")
-    )
 
 
 class HierarchicalAverager:
@@ -180,9 +139,6 @@ class HierarchicalAverager:
         averager_type: type[VerifiedAverager] = VerifiedAverager,
     ):
         self.dht, self.run_id, self.cohort, self.timeouts = dht, run_id, cohort, timeouts
-        # Ctrl-C: the round goes on while its group forms or runs, but a peer that is leaving does not
-        # wait out the whole deadline for partners who are not there (they left before it).
-        self.leaving = leaving
         self.per_cohort = per_cohort
         self.cross_fp16, self.cross_group_size = cross_fp16, cross_group_size
         self.client_mode = client_mode
@@ -213,12 +169,11 @@ class HierarchicalAverager:
             compression=wire_compression(cross_fp16),
             **common,
         )
-        self._sizes = {"cohort": None, "cross": None}
-        self._following = {"cohort": False, "cross": False}
+        # Ctrl-C: the round goes on while its group forms or runs, but a peer that is leaving does not
+        # wait out the whole deadline for partners who are not there (they left before it).
+        self._stages = StageRunner(self.deadlines, self.board, timeouts, leaving)
         self._levels = 1  # the cross-cohort tree's depth in the attempt under way (it sets its deadlines)
-        self._regrouped: list[str] = []  # this attempt's stages whose all-reduce broke and formed again
         self._broadcasts_taken = 0  # broadcast stages this peer took part in, this attempt
-        self._superseded: Callable[[], bool] = lambda: False
 
     # ------------------------------------------------------------------ the round
 
@@ -251,14 +206,14 @@ class HierarchicalAverager:
         failed round comes back with ``committed=False`` and the reason."""
         me = Contributor(self.peer_id, self.cohort, int(samples), state_digest, self.client_mode)
         outcome = AveragingOutcome(committed=False)
-        self._superseded = superseded
+        self._stages.begin_attempt(superseded)
         t_start = time.perf_counter()
         final: list[torch.Tensor] | None = None
         stage = ("cohort", t_start)  # the stage in progress: a failure's time is charged to it
         # the cross-cohort groups this cohort's leader meets; members wait for its whole climb and back
         tree = cross_groups(cohort_rank, num_cohorts, self.cross_group_size) if num_cohorts > 1 else []
         self._levels = max(1, len(tree))
-        self._regrouped, self._broadcasts_taken = [], 0
+        self._broadcasts_taken = 0
         try:
             with self._cohort.get_tensors() as buf:
                 for b, t in zip(buf, numerator):
@@ -266,7 +221,7 @@ class HierarchicalAverager:
             members = [me]
             if cohort_size > 1:
                 try:
-                    gathered = self._stage(
+                    gathered = self._stages.run(
                         self._cohort, "cohort", attempt, 0, cohort_size, state_digest, weight=1.0, gather=me.to_wire()
                     )  # fmt: skip
                     members = sorted(
@@ -316,7 +271,7 @@ class HierarchicalAverager:
         committed, reason = self._commit(attempt, outcome, set(expected_peers) | {self.peer_id})
         outcome.seconds["commit"] = time.perf_counter() - t0
         outcome.seconds["total"] = time.perf_counter() - t_start
-        outcome.regrouped = list(self._regrouped)
+        outcome.regrouped = list(self._stages.regrouped)
         if committed and final is not None:
             outcome.committed, outcome.tensors = True, final  # fresh tensors, not views of the shared buffer
         else:
@@ -394,7 +349,7 @@ class HierarchicalAverager:
                 "client": self.client_mode,
             }
             try:
-                gathered = self._stage(
+                gathered = self._stages.run(
                     self._cross, "cross", attempt, 0, group.size, state_digest, level=group.level,
                     group=group.index, patience=group.level, weight=weight, gather=report,
                 )  # fmt: skip
@@ -435,113 +390,6 @@ class HierarchicalAverager:
             raise RoundAborted(f"contributors started from {len(states)} different states")
         if state_digest and states != {state_digest}:
             raise RoundAborted("contributors started from another state than this peer")
-
-    # ------------------------------------------------------------------ stages
-
-    def _stage(
-        self,
-        averager: VerifiedAverager,
-        name: str,
-        attempt: int,
-        stage: int,
-        size: int,
-        state_digest: str,
-        watch: str = "",
-        level: int = 0,
-        group: int = 0,
-        patience: int = 1,
-        **step,
-    ):
-        """One hivemind step. Not finding a group yet is retried until the stage's deadline (from
-        recent rounds, :mod:`peer.deadlines`), then :class:`NoGroup`. An all-reduce that broke (a
-        member was included in the group and then went silent: it died, slept, or gave up on the
-        group before its leader's start message reached it) wrote nothing here, and the others it
-        broke for look for each other again: it is retried once, with at least two matchmaking
-        periods left to find them; if they are not found, it is :class:`NoGroup` (this peer's own
-        contribution is intact, and :meth:`_climb` refuses a contributor that arrives twice).
-        ``watch``: a peer whose failure report on the commit board ends the wait at once (a member's
-        cohort leader, during the broadcast)."""
-        if self._sizes[name] != size:
-            averager.set_target_group_size(size)
-            self._sizes[name] = size
-        # A broadcast's receivers only follow: they must not form a group of their own without the
-        # sender while it is still busy with the stage before.
-        follow_only = stage == 1 and bool(watch)
-        if self._following[name] != follow_only:
-            averager.set_follow_only(follow_only)
-            self._following[name] = follow_only
-        bits = _round_bits(attempt, stage, state_digest, level, group)
-        chosen = self.deadlines.deadline(name if stage == 0 else "broadcast")
-        started = time.monotonic()
-        deadline = started + chosen.seconds * patience
-        no_group = f"{name if stage == 0 else 'broadcast'} stage: no group within {chosen.describe()}"
-        if patience > 1:
-            no_group += f" x {patience} (tree levels)"
-        broken: Exception | None = None  # the all-reduce that broke once already, if one did
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0.5:
-                if broken is not None:
-                    raise NoGroup(f"{no_group} again after its all-reduce broke ({broken})") from broken
-                raise NoGroup(no_group)
-            # Before every step: hivemind moves the group bits on once a group assembles (for its own
-            # Moshpit-style rounds), and a step taken again after a broken all-reduce must meet the same peers.
-            averager.set_group_bits(bits)
-            control = averager.step(timeout=remaining, allow_retries=False, wait=False, **step)
-            next_check = time.monotonic() + 0.5
-            while not control.done():
-                time.sleep(0.05)
-                # Only a step still looking for its group is cancelled: cancelling a running all-reduce
-                # races hivemind's own completion. A running one ends within its own timeouts.
-                if time.monotonic() >= next_check and looking_for_group(control):
-                    next_check = time.monotonic() + 0.5
-                    if watch and self._reported_failure(attempt, watch):
-                        control.cancel()
-                        raise RoundAborted(f"{name} stage abandoned: {watch[-8:]} aborted the round")
-                    if self._leaving_for(started):
-                        control.cancel()
-                        raise RoundAborted(
-                            f"{name} stage abandoned: this peer is leaving and no group formed"
-                        )
-                    # Not in the broadcast: the other cohorts may rightly be done while ours still broadcasts.
-                    if stage == 0 and self._superseded():
-                        control.cancel()
-                        raise RoundAborted(f"{name} stage abandoned: the swarm moved on to a later round")
-            try:
-                gathered = control.result()
-                if broken is not None:
-                    self._regrouped.append(name if stage == 0 else f"{name} broadcast")
-                break
-            except Exception as e:
-                if self._leaving_for(started):
-                    raise RoundAborted(
-                        f"{name} stage abandoned: this peer is leaving and no group formed"
-                    ) from e
-                if "could not find a group" in str(e):
-                    if deadline - time.monotonic() > 0.5:
-                        continue  # nobody to meet yet: look again with the time that is left
-                    if broken is not None:
-                        raise NoGroup(f"{no_group} again after its all-reduce broke ({broken})") from broken
-                    raise NoGroup(no_group) from e
-                if broke_inside_allreduce(e) and broken is None:
-                    broken = e
-                    deadline = max(deadline, time.monotonic() + 2.0 * self.timeouts.matchmaking + 0.5)
-                    logger.info(
-                        f"attempt {attempt}: {name} stage: {e}; looking for the rest of the group again"
-                    )
-                    continue
-                raise RoundAborted(f"{name} stage failed: {type(e).__name__}: {e}") from e
-        self.deadlines.record(name if stage == 0 else "broadcast", time.monotonic() - started)
-        return member_ids(gathered)
-
-    def _leaving_for(self, started: float) -> bool:
-        return (
-            self.leaving() and time.monotonic() - started > LEAVING_GRACE_FACTOR * self.timeouts.matchmaking
-        )
-
-    def _reported_failure(self, attempt: int, peer: str) -> bool:
-        report = self.board.read(attempt).get(peer)
-        return report is not None and not report.get("ok")
 
     def _to_cohort_mean(self, members: list[Contributor]) -> None:
         """Leader, per-cohort rounds: the cohort stage left ``sum / n_members``; make it the cohort's
@@ -602,7 +450,7 @@ class HierarchicalAverager:
                 contributors=[c.to_wire() for c in contributors],
                 digest=digest(final) if final is not None else "",
             )
-        gathered = self._stage(
+        gathered = self._stages.run(
             averager, name, attempt, 1, size, state_digest, level=level, group=group, patience=patience,
             watch="" if i_head else head, weight=1.0 if i_head else 0.0, gather=report,
         )  # fmt: skip

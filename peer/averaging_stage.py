@@ -1,0 +1,191 @@
+"""One stage of a round's averaging: one hivemind step, bounded by a deadline from recent rounds.
+
+:mod:`peer.hierarchy` decides which stages a peer takes (its cohort, the cross-cohort tree, the
+broadcasts back down) and what travels in them; this module takes one of them. It sets the group
+key (attempt, stage, start state, tree group), the group size and whether this peer only follows,
+then steps until a group forms and its all-reduce finishes, the stage's deadline passes
+(:class:`NoGroup`), or the stage cannot succeed any more (:class:`RoundAborted`: the peer it waits
+for reported a failure, the swarm moved on, this peer is leaving, the all-reduce failed).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hivemind_adapter.allreduce import VerifiedAverager, broke_inside_allreduce, looking_for_group, member_ids
+from peer.deadlines import StageDeadlines
+from peer.round_commit import CommitBoard
+
+logger = logging.getLogger(__name__)
+
+# A leaving peer looks for its group this many matchmaking periods before it gives up: partners who are
+# there find each other within one (groups form when full, else after the matchmaking time).
+LEAVING_GRACE_FACTOR = 3
+
+
+@dataclass(frozen=True)
+class AveragingTimeouts:
+    """Seconds. Every hivemind wait is bounded: a dead peer must cost a timeout, never a hang."""
+
+    matchmaking: float = 2.0  # how long a peer declares itself looking for a group
+    request: float = 1.0  # must stay below `matchmaking` (hivemind breaks cyclic join waits with it)
+    next_chunk: float = 10.0  # a sender or reducer silent for this long is dropped from the group
+    allreduce: float = 120.0  # bound on one whole all-reduce
+    step: float = 60.0  # bound on finding a group for one stage (the broadcast waits for the cross stage)
+    commit: float = 20.0  # bound on collecting every contributor's commit report
+
+
+class RoundAborted(Exception):
+    """A stage failed; the round keeps this peer's previous values."""
+
+
+class NoGroup(RoundAborted):
+    """A stage found nobody to meet before its deadline (the partners died, stalled or never came)."""
+
+
+def round_bits(attempt: int, stage: int, state_digest: str, level: int = 0, group: int = 0) -> str:
+    """One group key per (attempt, stage, start state, tree group): a slow peer's cohort request never
+    meets a fast peer's broadcast, peers that start from different states never average together, and
+    each cross-cohort tree group (:mod:`peer.cross_tree`) gathers apart from the others."""
+    state = int(state_digest[:4], 16) if state_digest else 0
+    return (
+        format(stage, "01b")
+        + format(level % 8, "03b")
+        + format(group % 256, "08b")
+        + format(attempt % 1024, "010b")
+        + format(state, "016b")
+    )
+
+
+class StageRunner:
+    """Takes the stages of one peer's rounds, one at a time (one thread uses an instance)."""
+
+    def __init__(
+        self,
+        deadlines: StageDeadlines,
+        board: CommitBoard,
+        timeouts: AveragingTimeouts,
+        leaving: Callable[[], bool],
+    ):
+        self.deadlines, self.board, self.timeouts, self.leaving = deadlines, board, timeouts, leaving
+        # What each averager was last told (by stage name): telling it again costs a round trip to its process.
+        self._sizes: dict[str, int] = {}
+        self._following: dict[str, bool] = {}
+        self.superseded: Callable[[], bool] = lambda: False
+        self.regrouped: list[str] = []  # this attempt's stages whose all-reduce broke and formed again
+
+    def begin_attempt(self, superseded: Callable[[], bool]) -> None:
+        """``superseded`` tells a peer still looking for a group that the swarm moved on to a later round."""
+        self.superseded, self.regrouped = superseded, []
+
+    def run(
+        self,
+        averager: VerifiedAverager,
+        name: str,
+        attempt: int,
+        stage: int,
+        size: int,
+        state_digest: str,
+        watch: str = "",
+        level: int = 0,
+        group: int = 0,
+        patience: int = 1,
+        **step,
+    ) -> dict:
+        """One hivemind step (``stage`` 0: a stage's own averaging, 1: a broadcast); returns the gathered
+        metadata by peer id. Not finding a group yet is retried until the stage's deadline (from recent
+        rounds, :mod:`peer.deadlines`, times ``patience``), then :class:`NoGroup`. An all-reduce that
+        broke (a member was included in the group and then went silent: it died, slept, or gave up
+        on the group before its leader's start message reached it) wrote nothing here, and the others
+        it broke for look for each other again: it is retried once, with at least two matchmaking
+        periods left to find them; if they are not found, it is :class:`NoGroup` (this peer's own
+        contribution is intact; :mod:`peer.hierarchy` refuses a contributor that arrives twice).
+        ``watch``: a peer whose failure report on the commit board ends the wait at once (a member's
+        cohort leader, during the broadcast)."""
+        if self._sizes.get(name) != size:
+            averager.set_target_group_size(size)
+            self._sizes[name] = size
+        # A broadcast's receivers only follow: they must not form a group of their own without the
+        # sender while it is still busy with the stage before.
+        follow_only = stage == 1 and bool(watch)
+        if self._following.get(name, False) != follow_only:
+            averager.set_follow_only(follow_only)
+            self._following[name] = follow_only
+        bits = round_bits(attempt, stage, state_digest, level, group)
+        kind = name if stage == 0 else "broadcast"
+        chosen = self.deadlines.deadline(kind)
+        started = time.monotonic()
+        deadline = started + chosen.seconds * patience
+        no_group = f"{kind} stage: no group within {chosen.describe()}"
+        if patience > 1:
+            no_group += f" x {patience} (tree levels)"
+        broken: Exception | None = None  # the all-reduce that broke once already, if one did
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0.5:
+                raise self._no_group(no_group, broken)
+            # Before every step: hivemind moves the group bits on once a group assembles (for its own
+            # Moshpit-style rounds), and a step taken again after a broken all-reduce must meet the same peers.
+            averager.set_group_bits(bits)
+            control = averager.step(timeout=remaining, allow_retries=False, wait=False, **step)
+            next_check = time.monotonic() + 0.5
+            while not control.done():
+                time.sleep(0.05)
+                # Only a step still looking for its group is cancelled: cancelling a running all-reduce
+                # races hivemind's own completion. A running one ends within its own timeouts.
+                if time.monotonic() >= next_check and looking_for_group(control):
+                    next_check = time.monotonic() + 0.5
+                    if watch and self._reported_failure(attempt, watch):
+                        control.cancel()
+                        raise RoundAborted(f"{name} stage abandoned: {watch[-8:]} aborted the round")
+                    if self._leaving_for(started):
+                        control.cancel()
+                        raise RoundAborted(
+                            f"{name} stage abandoned: this peer is leaving and no group formed"
+                        )
+                    # Not in the broadcast: the other cohorts may rightly be done while ours still broadcasts.
+                    if stage == 0 and self.superseded():
+                        control.cancel()
+                        raise RoundAborted(f"{name} stage abandoned: the swarm moved on to a later round")
+            try:
+                gathered = control.result()
+                if broken is not None:
+                    self.regrouped.append(name if stage == 0 else f"{name} broadcast")
+                break
+            except Exception as e:
+                if self._leaving_for(started):
+                    raise RoundAborted(
+                        f"{name} stage abandoned: this peer is leaving and no group formed"
+                    ) from e
+                if "could not find a group" in str(e):
+                    if deadline - time.monotonic() > 0.5:
+                        continue  # nobody to meet yet: look again with the time that is left
+                    raise self._no_group(no_group, broken) from e
+                if broke_inside_allreduce(e) and broken is None:
+                    broken = e
+                    deadline = max(deadline, time.monotonic() + 2.0 * self.timeouts.matchmaking + 0.5)
+                    logger.info(
+                        f"attempt {attempt}: {name} stage: {e}; looking for the rest of the group again"
+                    )
+                    continue
+                raise RoundAborted(f"{name} stage failed: {type(e).__name__}: {e}") from e
+        self.deadlines.record(kind, time.monotonic() - started)
+        return member_ids(gathered)
+
+    @staticmethod
+    def _no_group(no_group: str, broken: Exception | None) -> NoGroup:
+        if broken is None:
+            return NoGroup(no_group)
+        return NoGroup(f"{no_group} again after its all-reduce broke ({broken})")
+
+    def _leaving_for(self, started: float) -> bool:
+        return (
+            self.leaving() and time.monotonic() - started > LEAVING_GRACE_FACTOR * self.timeouts.matchmaking
+        )
+
+    def _reported_failure(self, attempt: int, peer: str) -> bool:
+        report = self.board.read(attempt).get(peer)
+        return report is not None and not report.get("ok")
