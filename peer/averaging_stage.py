@@ -103,6 +103,8 @@ class StageRunner:
         it broke for look for each other again: it is retried once, with at least two matchmaking
         periods left to find them; if they are not found, it is :class:`NoGroup` (this peer's own
         contribution is intact; :mod:`peer.hierarchy` refuses a contributor that arrives twice).
+        Not in a broadcast: its head is its only reducer, so whoever broke it, there is nothing to
+        form again (:mod:`peer.hierarchy` lets the head keep its result).
         ``watch``: a peer whose failure report on the commit board ends the wait at once (a member's
         cohort leader, during the broadcast)."""
         if self._sizes.get(name) != size:
@@ -153,7 +155,7 @@ class StageRunner:
             try:
                 gathered = control.result()
                 if broken is not None:
-                    self.regrouped.append(name if stage == 0 else f"{name} broadcast")
+                    self.regrouped.append(name)
                 break
             except Exception as e:
                 if self._leaving_for(started):
@@ -164,7 +166,7 @@ class StageRunner:
                     if deadline - time.monotonic() > 0.5:
                         continue  # nobody to meet yet: look again with the time that is left
                     raise self._no_group(no_group, broken) from e
-                if broke_inside_allreduce(e) and broken is None:
+                if stage == 0 and broke_inside_allreduce(e) and broken is None:
                     broken = e
                     deadline = max(deadline, time.monotonic() + 2.0 * self.timeouts.matchmaking + 0.5)
                     logger.info(

@@ -433,7 +433,12 @@ class HierarchicalAverager:
     ) -> tuple[list[torch.Tensor], dict]:
         """The head's final vector to every member of a group it led, exactly (weights 1 and 0, members
         send zeros). A head that aborted still takes part, with ``ok: False``, so members stop waiting
-        at once. Returns what arrived and the head's report; raises if the head aborted."""
+        at once. Returns what arrived and the head's report; raises if the head aborted.
+
+        A head whose broadcast fails keeps its result: members only follow, so the head reduces every
+        part; a member that vanished inside the all-reduce (it breaks it for the head alone) took
+        nothing from the others, who received the head's vector whole, and members the group never
+        reached know it themselves (their step fails). Their death costs their vote, not the head's."""
         i_head = head == self.peer_id
         self._broadcasts_taken += 1
         with averager.get_tensors() as buf:
@@ -450,10 +455,18 @@ class HierarchicalAverager:
                 contributors=[c.to_wire() for c in contributors],
                 digest=digest(final) if final is not None else "",
             )
-        gathered = self._stages.run(
-            averager, name, attempt, 1, size, state_digest, level=level, group=group, patience=patience,
-            watch="" if i_head else head, weight=1.0 if i_head else 0.0, gather=report,
-        )  # fmt: skip
+        try:
+            gathered = self._stages.run(
+                averager, name, attempt, 1, size, state_digest, level=level, group=group, patience=patience,
+                watch="" if i_head else head, weight=1.0 if i_head else 0.0, gather=report,
+            )  # fmt: skip
+        except RoundAborted as e:
+            if not (i_head and report["ok"]):
+                raise
+            logger.info(
+                f"attempt {attempt}: broadcast to the group this peer leads: {e}; it keeps its result"
+            )
+            return final, report
         lead_reports = [r for r in gathered.values() if r.get("lead")]
         if len(lead_reports) != 1:
             raise RoundAborted(f"broadcast group had {len(lead_reports)} leaders instead of 1")

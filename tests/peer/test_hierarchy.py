@@ -321,57 +321,74 @@ def test_an_fp16_tree_brings_every_leader_the_same_bytes():
 # ---------------------------------------------------------------- a member lost inside the all-reduce
 
 
-class _KilledInItsAllReduce(VerifiedAverager):
-    """A peer killed (``kill -9`` of its agent; the reaper takes the rest) at the moment an all-reduce
-    starts once the file ``armed`` names exists: the others' group includes it, and it never sends
-    them a byte."""
+class _KilledInAnAllReduce(VerifiedAverager):
+    """A peer killed (``kill -9`` of its agent; the reaper takes the rest) the moment this averager's
+    second all-reduce starts, if the peer armed itself (a file ``armed.<its peer id>``): the others'
+    group includes it, and it never sends them a byte."""
 
     armed = ""  # set before the peers are forked
 
     async def _run_allreduce_inplace_(self, tensors, group_info, group_id=None, **kwargs):
-        if os.path.exists(self.armed):
+        self._all_reduces = getattr(self, "_all_reduces", 0) + 1  # this averager process's own count
+        if self._all_reduces == 2 and os.path.exists(f"{self.armed}.{self.peer_id.to_base58()}"):
             os.kill(os.getppid(), signal.SIGKILL)
             os._exit(1)
         return await super()._run_allreduce_inplace_(tensors, group_info, group_id, **kwargs)
 
 
 # hivemind names a servicer's RPC handlers after its class: the victim must answer as the others do.
-_KilledInItsAllReduce.__name__ = VerifiedAverager.__name__
+_KilledInAnAllReduce.__name__ = VerifiedAverager.__name__
 
 
-def _lone_cohort_peer(dht, *, rank, seed, samples, victim, run_id):
-    """A cohort of one among three: its leader meets the other two in one cross-cohort group."""
+def _arm(dht) -> None:
+    open(f"{_KilledInAnAllReduce.armed}.{peer_id(dht)}", "w").close()
+
+
+def _mortal_peer(dht, *, peers, cohort, rank, num_cohorts, seed, samples, victim, rounds, run_id):
+    """A peer whose averagers die in their second all-reduce if it is the victim: ``victim`` is True,
+    or "last" for the peer with the largest id (never its cohort's leader)."""
     averager = HierarchicalAverager(
-        dht, run_id, f"c{rank}", [torch.zeros(s) for s in SHAPES], timeouts=FAST,
-        averager_type=_KilledInItsAllReduce if victim else VerifiedAverager,
+        dht, run_id, cohort, [torch.zeros(s) for s in SHAPES], timeouts=FAST, averager_type=_KilledInAnAllReduce
     )  # fmt: skip
     try:
-        roster = _roster(dht, run_id, 3)
+        roster = _roster(dht, run_id, peers)
+        if victim is True or (victim == "last" and peer_id(dht) == roster[-1]):
+            _arm(dht)
         out = []
-        for r in range(2):
-            if victim and r == 1:
-                open(_KilledInItsAllReduce.armed, "w").close()
+        for r in range(rounds):
             numerator = [g * samples for g in _grads(seed)]
             res = averager.average(
-                r, numerator, samples, cohort_size=1, num_cohorts=3, cohort_rank=rank, expected_peers=roster
+                r, numerator, samples, cohort_size=peers // num_cohorts, num_cohorts=num_cohorts,
+                cohort_rank=rank, expected_peers=roster,
             )  # fmt: skip
-            out.append(dict(_outcome(res), regrouped=res.regrouped))
+            out.append(dict(_outcome(res), regrouped=res.regrouped, me=peer_id(dht)))
         return out
     finally:
         averager.shutdown()
 
 
 def test_a_group_that_loses_a_member_inside_its_all_reduce_forms_again_without_it(tmp_path, monkeypatch):
-    # The victim dies right as round 1's cross-cohort all-reduce starts. The other two find the
-    # all-reduce broken (a sender that never sent, a reducer that never answered), wrote nothing, and
-    # meet again without it: the round costs the swarm the victim's contribution, not the round.
-    names = {"v0": (0, 20, 3, False), "v1": (1, 21, 5, False), "v2": (2, 22, 4, True)}
+    # Three cohorts of one. The victim dies right as round 1's cross-cohort all-reduce starts (its
+    # second). The other two find the all-reduce broken (a sender that never sent, a reducer that never
+    # answered), wrote nothing, and meet again without it: the round costs the swarm the victim's
+    # contribution, not the round.
+    names = {"v0": (20, 3, False), "v1": (21, 5, False), "v2": (22, 4, True)}
     args = {
-        name: dict(rank=rank, seed=seed, samples=n, victim=victim, run_id="hier-regroup")
-        for name, (rank, seed, n, victim) in names.items()
+        name: dict(
+            peers=3,
+            cohort=f"c{rank}",
+            rank=rank,
+            num_cohorts=3,
+            seed=seed,
+            samples=n,
+            victim=victim,
+            rounds=2,
+            run_id="hier-regroup",
+        )  # fmt: skip
+        for rank, (name, (seed, n, victim)) in enumerate(names.items())
     }
-    monkeypatch.setattr(_KilledInItsAllReduce, "armed", str(tmp_path / "armed"))
-    results = _run("hier-regroup", args, _lone_cohort_peer, timeout=300)
+    monkeypatch.setattr(_KilledInAnAllReduce, "armed", str(tmp_path / "armed"))
+    results = _run("hier-regroup", args, _mortal_peer, timeout=300)
     assert results["v2"] is None, "the victim reported: it was not killed"
     first = [results[n][0] for n in ("v0", "v1")]
     assert all(r["committed"] and r["regrouped"] == [] for r in first), [r["reason"] for r in first]
@@ -382,4 +399,38 @@ def test_a_group_that_loses_a_member_inside_its_all_reduce_forms_again_without_i
     assert len(second[0]["contributors"]) == 2
     want = [(_grads(20)[i] * 3 + _grads(21)[i] * 5) / 8 for i in range(len(SHAPES))]
     for got, expected in zip(second[0]["tensors"], want):
+        torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_member_lost_inside_its_cohort_broadcast_costs_only_its_own_vote(tmp_path, monkeypatch):
+    # One cohort of four. The member with the largest id (never the leader) dies as the broadcast
+    # starts (its second all-reduce, after the cohort stage). The leader is the broadcast's only
+    # reducer: the others receive its vector whole, and it keeps its result although its all-reduce
+    # lost a sender. The result is the mean over all four contributions, the victim's included (its
+    # gradient was averaged in the cohort stage), and three of four hold it.
+    args = {
+        name: dict(
+            peers=len(PEERS),
+            cohort="rack",
+            rank=0,
+            num_cohorts=1,
+            seed=seed,
+            samples=n,
+            victim="last",
+            rounds=1,
+            run_id="hier-bcast-kill",
+        )  # fmt: skip
+        for name, (_, seed, n, _) in PEERS.items()
+    }
+    monkeypatch.setattr(_KilledInAnAllReduce, "armed", str(tmp_path / "armed"))
+    results = _run("hier-bcast-kill", args, _mortal_peer, timeout=300)
+    dead = [n for n, r in results.items() if r is None]
+    assert len(dead) == 1, "exactly the victim must have died"
+    survivors = [results[n][0] for n in PEERS if n not in dead]
+    assert all(r["committed"] for r in survivors), [(r["reason"], r["seconds"]) for r in survivors]
+    assert len({r["digest"] for r in survivors}) == 1
+    assert all(len(r["contributors"]) == 4 for r in survivors)
+    total = sum(n for _, _, n, _ in PEERS.values())
+    want = [sum(_grads(s)[i] * n for _, s, n, _ in PEERS.values()) / total for i in range(len(SHAPES))]
+    for got, expected in zip(survivors[0]["tensors"], want):
         torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-5, atol=1e-6)
