@@ -46,8 +46,9 @@ class PartialAllReduceError(AllreduceException):
 
 class AllReduceBroke(MatchmakingException):
     """A step's group formed and its all-reduce failed (partial, a member silent, a reducer gone):
-    nothing was written. hivemind reports every such failure as a MatchmakingException, like a group
-    that never formed; this subclass tells them apart (and hivemind's step still handles it as one)."""
+    nothing was written, so the step may be taken again with the same tensors. hivemind reports every
+    such failure as a MatchmakingException, like a group that never formed; this subclass tells them
+    apart (and hivemind's step still handles it as one)."""
 
 
 class ExactAllReduceRunner(AllReduceRunner):
@@ -251,13 +252,6 @@ def wire_rounded(tensor: torch.Tensor, fp16: bool) -> torch.Tensor:
         return tensor
     finfo = torch.finfo(torch.float16)
     return tensor.to(torch.float32).clamp(finfo.min, finfo.max).to(torch.float16).to(tensor.dtype)
-
-
-def broke_inside_allreduce(error: BaseException) -> bool:
-    """Whether a step failed after its group formed, in the all-reduce itself (a member that was
-    included and then went silent, a reducer that failed). A :class:`VerifiedAverager` writes nothing
-    then, so the step may be taken again with the same tensors."""
-    return isinstance(error, AllReduceBroke)
 
 
 def looking_for_group(control: StepControl) -> bool:

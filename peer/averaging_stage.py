@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hivemind_adapter.allreduce import VerifiedAverager, broke_inside_allreduce, looking_for_group, member_ids
+from hivemind_adapter.allreduce import AllReduceBroke, VerifiedAverager, looking_for_group, member_ids
 from peer.deadlines import StageDeadlines
 from peer.round_commit import CommitBoard
 
@@ -166,7 +166,7 @@ class StageRunner:
                     if deadline - time.monotonic() > 0.5:
                         continue  # nobody to meet yet: look again with the time that is left
                     raise self._no_group(no_group, broken) from e
-                if stage == 0 and broke_inside_allreduce(e) and broken is None:
+                if stage == 0 and isinstance(e, AllReduceBroke) and broken is None:
                     broken = e
                     deadline = max(deadline, time.monotonic() + 2.0 * self.timeouts.matchmaking + 0.5)
                     logger.info(

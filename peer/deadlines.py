@@ -63,8 +63,8 @@ class StageDeadlines:
 
     def total(self, levels: int = 1) -> float:
         """How long a whole attempt lasts at most, over the stages this peer has seen run: what a peer
-        that failed early, or finished early, waits for the rest at most. ``levels``: the cross-cohort
-        tree's depth this attempt (each level has its own cross stage and broadcast)."""
+        that failed early waits for the rest at most. ``levels``: the cross-cohort tree's depth this
+        attempt (each level has its own cross stage and broadcast)."""
         # a member's broadcast waits for its leader's whole climb: one broadcast deadline per level
         per_level = {"cross": levels, "broadcast": levels}
         seen = [self.deadline(stage).seconds * per_level.get(stage, 1) for stage in self._history]

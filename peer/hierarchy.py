@@ -485,14 +485,13 @@ class HierarchicalAverager:
         if not ok:
             return False, outcome.reason
         started = time.monotonic()
-        chosen = self.deadlines.deadline("commit", ceiling=self.timeouts.commit)
         # Peers do not finish together: a cohort of one has no broadcast, the top of the tree is done
         # before the groups below it. Recent commits say how long the others take to post once they
         # are all as far as this peer; it also waits out the broadcasts it had no part in, as long as
         # they may take. (Not the whole attempt's deadlines: a dead peer in the roster, undecided
         # forever, would then hold the survivors in very different waits and out of step.)
         skipped = max(0, self._levels - self._broadcasts_taken) * self.deadlines.deadline("broadcast").seconds
-        decision = await_commit(self.board, attempt, outcome.digest, roster, chosen.seconds + skipped)
+        decision = await_commit(self.board, attempt, outcome.digest, roster, self._commit_wait() + skipped)
         if decision.committed:
             self.deadlines.record("commit", time.monotonic() - started)
         return decision.committed, decision.reason
@@ -507,8 +506,11 @@ class HierarchicalAverager:
         everyone = set(roster) | {self.peer_id}
         if not await_quorum_reports(self.board, attempt, everyone, self.deadlines.total(self._levels)):
             return False
-        commit_wait = self.deadlines.deadline("commit", ceiling=self.timeouts.commit).seconds
-        return await_attempt_decided(self.board, attempt, everyone, commit_wait)
+        return await_attempt_decided(self.board, attempt, everyone, self._commit_wait())
+
+    def _commit_wait(self) -> float:
+        """How long a peer that posted its result waits for a quorum to hold it, by recent commits."""
+        return self.deadlines.deadline("commit", ceiling=self.timeouts.commit).seconds
 
     # ------------------------------------------------------------------ helpers
 

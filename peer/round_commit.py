@@ -14,7 +14,7 @@ next groups, which are keyed by state).
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -132,9 +132,15 @@ def await_quorum_reports(
     (a result, a failure or a departure). A peer whose attempt failed early waits here before its next
     round: the others are still in this attempt, and meeting them in the next one needs them there
     (and the state they commit now is what it must catch up with). Returns whether they did."""
+    return _poll(lambda: is_quorum(board.read(attempt).keys(), roster), deadline_seconds)
+
+
+def _poll(condition: Callable[[], bool], deadline_seconds: float) -> bool:
+    """Re-check ``condition`` every :data:`COMMIT_POLL_SECONDS` until it holds (True) or
+    ``deadline_seconds`` passed (False)."""
     deadline = time.monotonic() + deadline_seconds
     while True:
-        if is_quorum(board.read(attempt).keys(), roster):
+        if condition():
             return True
         if time.monotonic() > deadline:
             return False
@@ -160,13 +166,7 @@ def await_attempt_decided(
     board: CommitBoard, attempt: int, roster: Collection[str], deadline_seconds: float
 ) -> bool:
     """Wait (at most ``deadline_seconds``) until :func:`attempt_decided`. Returns whether it was."""
-    deadline = time.monotonic() + deadline_seconds
-    while True:
-        if attempt_decided(board.read(attempt), roster):
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(COMMIT_POLL_SECONDS)
+    return _poll(lambda: attempt_decided(board.read(attempt), roster), deadline_seconds)
 
 
 @dataclass(frozen=True)
