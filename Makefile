@@ -39,9 +39,11 @@ DEMO_ARGS ?=
 demo: venv
 	$(VENV)/bin/manta-swarm --peers 3 --rounds 30 $(DEMO_ARGS)
 
-# The default suite: everything but `slow` (benchmark-sized runs, browser tests).
+# The default suite: everything but `slow` (benchmark-sized runs, browser tests), in two phases:
+# the tests that share the machine on parallel workers (JOBS, default: up to 4 cores), then the swarm
+# and `exclusive` tests one at a time (scripts/run_tests.sh says why).
 test: venv system-tools
-	$(PY) -m pytest $(PYTEST_ARGS)
+	@scripts/run_tests.sh $(PY) $(PYTEST_ARGS)
 
 # Everything, including `slow`.
 test-all: venv system-tools

@@ -3,6 +3,9 @@
 # sees it and holds the editable MANTA install. See the Makefile header for the why.
 set -euo pipefail
 python=$1 key=$2 venv=$3 stamp=${4:-$3/.manta-deps-$2}
+# The interpreter the venvs are made from, as an absolute path outside any venv: make puts .venv/bin
+# first on PATH, so "python3" may be the very .venv this script is about to replace.
+python=$("$python" -c 'import sys; print(getattr(sys, "_base_executable", None) or sys.executable)')
 cache=${MANTA_CACHE_DIR:-$HOME/.cache/manta}
 pyver=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 deps="$cache/deps-py$pyver-$key"

@@ -26,10 +26,13 @@ from testbed.wan.scenario import LinkProfile, uniform_scenario
 from testbed.wan.topology import EmulatedInternet, remove_stale
 from tests.helpers import console_script
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "tc", "iptables")),
-    reason="the emulated internet needs root, iproute2 and iptables (make test installs iptables)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "tc", "iptables")),
+        reason="the emulated internet needs root, iproute2 and iptables (make test installs iptables)",
+    ),
+    pytest.mark.exclusive,  # measures rates and round trips: nothing may compete for the CPU
+]
 
 PROBE = [sys.executable, "-m", "testbed.wan.probe"]
 
