@@ -41,7 +41,7 @@ from peer.receipts import AggregatorLink, ReceiptCourier, ReceiptOutbox
 from peer.round import RoundContext, RoundReport, run_round
 from peer.search_service import EvaluationService
 from peer.swarm_progress import SwarmProgress
-from peer.swarm_view import Announcer, ProgressBoard, SignedCommitBoard, fetch_task, read_roster
+from peer.swarm_view import PROGRESS_TTL, Announcer, ProgressBoard, SignedCommitBoard, fetch_task, read_roster
 from peer.worker_pool import WorkerPool
 from peer.worker_protocol import SharedBuffers
 from protocol.dht_schema import MantaRecordValidator
@@ -271,9 +271,12 @@ class PeerNode:
         """A newcomer arriving while the swarm computes the round it would join sits that attempt out
         and takes part from the next one (:func:`peer.catch_up.sit_out_running_attempt` says why)."""
         self.catch_up_with_swarm()
-        running_round = self._round.progress.swarm_round()
+        # Computing or still averaging: over slow links a round's averaging outlasts the freshness of
+        # its last compute record, and a newcomer that took such a swarm for idle joined an attempt
+        # whose rosters lack it (measured: a joiner that never contributed in four minutes).
+        running_round = self._round.progress.swarm_round(fresh_ms=int(PROGRESS_TTL * 1000))
         if running_round < self.state_round + 1 or self._stop.is_set():
-            return  # nobody computes the round we would join: it begins with us in every roster
+            return  # nobody works on the round we would join: it begins with us in every roster
         roster = read_roster(self.dht, self.spec.record.task_id)
         others = [p.entry.peer_id for p in roster if p.entry.peer_id != self.peer_id]
 
@@ -300,6 +303,10 @@ class PeerNode:
         # Let peers that started together find each other in the roster before the first round.
         time.sleep(max(0.0, SETTLE_SECONDS - (time.monotonic() - self._announced_at)))
         self.sit_out_round_in_progress()
+        # The state we loaded came from an attempt that may have been followed by aborted ones: start
+        # where the swarm is, as after every round (an older attempt meets nobody, and the others'
+        # rosters then wait for this peer's report of an attempt it never takes part in).
+        self.attempt = max(self.attempt, self._commit_board.latest_attempt() + 1)
         committed, failed_in_a_row = 0, 0
         while (
             not self._stop.is_set()

@@ -84,13 +84,16 @@ class SwarmProgress:
         projected = samples + self.devices * self.batch_size + others + other_peers * self.batch_size / 2
         return SwarmEstimate(samples, others, projected, rate, self._latest_round(records, now_ms))
 
-    def swarm_round(self) -> int:
-        """The latest round another peer's fresh progress record shows it computing (-1: none)."""
-        return self._latest_round(self._read(), int(time.time() * 1000))
+    def swarm_round(self, fresh_ms: int = FRESH_MS) -> int:
+        """The latest round another peer's progress record of the last ``fresh_ms`` shows it computing
+        (-1: none). A peer publishes its last record of a round when its computation ends, and then
+        averages: with ``fresh_ms`` up to :data:`~peer.swarm_view.PROGRESS_TTL` (how long records stay),
+        this is also the round the swarm is still averaging."""
+        return self._latest_round(self._read(), int(time.time() * 1000), fresh_ms)
 
-    def _latest_round(self, records, now_ms: int) -> int:
+    def _latest_round(self, records, now_ms: int, fresh_ms: int = FRESH_MS) -> int:
         return max(
-            (r.round for r in records if r.peer_id != self.peer_id and now_ms - r.timestamp < FRESH_MS),
+            (r.round for r in records if r.peer_id != self.peer_id and now_ms - r.timestamp < fresh_ms),
             default=-1,
         )
 
