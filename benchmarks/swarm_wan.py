@@ -96,6 +96,17 @@ def _round_times(run_dir: Path) -> list[float]:
     return [statistics.median(v) for _, v in sorted(by_round.items())]
 
 
+def _joiners_within(swarm: dict, seconds: float) -> str:
+    """Of the joiners that ran at least ``seconds`` (churn kills some sooner), how many had a committed
+    contribution within ``seconds`` of their start."""
+    lived = swarm.get("joiners_lived_s", {})
+    ran = [name for name, s in lived.items() if s is None or s >= seconds]
+    if not ran:
+        return "-"
+    within = [n for n in ran if (swarm["joiners"].get(n) or float("inf")) <= seconds]
+    return f"{len(within)} of {len(ran)}"
+
+
 def figures(summary: dict, run_dir: Path) -> dict[str, str]:
     if summary.get("failed"):
         return {"rounds committed": "failed"}
@@ -127,6 +138,7 @@ def figures(summary: dict, run_dir: Path) -> dict[str, str]:
         if swarm.get("wan_bytes_per_sample")
         else "-",
         "joiners": str(len(swarm["joiners"])),
+        "joiners that ran 60 s: contributed within 60 s": _joiners_within(swarm, 60.0),
         "joiner to 1st contribution": f"median {statistics.median(joiners):.0f} s, max {max(joiners):.0f} s"
         if joiners
         else "-",

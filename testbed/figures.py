@@ -38,6 +38,7 @@ class PeerFigures:
     span_s: float = 0.0  # from its first round's start to its last round's end
     stages_s: dict[str, float] = field(default_factory=dict)
     first_contribution_s: float | None = None  # from its start to its first committed contribution
+    lived_s: float | None = None  # from its start to its exit (None: still running)
 
 
 @dataclass
@@ -130,6 +131,8 @@ def peer_figures(run_dir: Path) -> list[PeerFigures]:
             span = rounds[-1]["time"] - (rounds[0]["time"] - rounds[0]["seconds"])
             fig.span_s = round(span, 2)
             fig.compute_utilization = round(stages["compute"] / span, 4) if span > 0 else None
+        exit_ = next((e for e in reversed(evs) if e["event"] == "exit"), None)
+        fig.lived_s = round(exit_["time"] - started, 1) if exit_ is not None else None
         contributed = [r for r in committed if r["samples"] > 0]
         if contributed:
             fig.first_contribution_s = round(contributed[0]["time"] - started, 1)
@@ -177,6 +180,8 @@ def swarm_figures(
         "peer_rounds_aborted": sum(p.rounds_aborted for p in peers),
         "abort_reasons": dict(reasons.most_common()),
         "joiners": {p.name: p.first_contribution_s for p in peers if p.joiner},
+        # How long each joiner ran: one killed (churn) before it could contribute says nothing of joining.
+        "joiners_lived_s": {p.name: p.lived_s for p in peers if p.joiner},
     }
     if sites is not None:
         wan = sum(s.sent_bytes for s in sites)

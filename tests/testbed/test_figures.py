@@ -1,0 +1,56 @@
+"""The run's figures from the files a manta-swarm run writes (processes.jsonl, each peer's
+rounds.jsonl), written here in their real format."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from testbed.figures import peer_figures, swarm_figures
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _round(n: int, at: float, committed: bool, samples: int = 64) -> dict:
+    return {
+        "round": n, "attempt": n, "committed": committed, "samples": samples, "time": at, "seconds": 10.0,
+        "reason": "" if committed else "no quorum within 6 s: 2 of 4 roster peer(s) reported this result",
+        "times": {"compute": 4.0, "averaging": 5.0, "waiting": 1.0},
+        "stages": {"compute": 4.0, "cohort": 2.0, "cross": 2.0, "broadcast": 1.0, "commit": 0.5, "other": 0.5},
+    }  # fmt: skip
+
+
+def test_joiners_first_contribution_and_how_long_they_ran(tmp_path):
+    _write_jsonl(tmp_path / "processes.jsonl", [
+        {"name": "peer-0", "event": "start", "time": 100.0},
+        {"name": "peer-1", "event": "start", "time": 150.0},  # joins after the first commit (at 120)
+        {"name": "peer-2", "event": "start", "time": 160.0},
+        {"name": "peer-2", "event": "signal-kill", "time": 190.0},
+        {"name": "peer-2", "event": "exit", "time": 191.0, "returncode": -9},
+        {"name": "peer-0", "event": "signal-term", "time": 300.0},
+        {"name": "peer-0", "event": "exit", "time": 302.0, "returncode": 0},
+        {"name": "peer-1", "event": "signal-term", "time": 300.0},
+        {"name": "peer-1", "event": "exit", "time": 303.0, "returncode": 0},
+    ])  # fmt: skip
+    _write_jsonl(tmp_path / "peer-0" / "rounds.jsonl", [_round(0, 120.0, True), _round(1, 200.0, True)])
+    # peer-1: its first round aborted, its second committed without samples, its third contributed
+    _write_jsonl(
+        tmp_path / "peer-1" / "rounds.jsonl",
+        [_round(1, 180.0, False), _round(2, 200.0, True, samples=0), _round(3, 215.5, True)],
+    )
+    _write_jsonl(tmp_path / "peer-2" / "rounds.jsonl", [_round(1, 185.0, False)])
+
+    peers = {p.name: p for p in peer_figures(tmp_path)}
+    assert not peers["peer-0"].joiner and peers["peer-1"].joiner and peers["peer-2"].joiner
+    assert peers["peer-1"].first_contribution_s == 65.5  # 215.5 - 150: the round with samples
+    assert peers["peer-2"].first_contribution_s is None
+    assert (peers["peer-0"].lived_s, peers["peer-1"].lived_s, peers["peer-2"].lived_s) == (202.0, 153.0, 31.0)
+    assert (peers["peer-2"].ended, peers["peer-1"].rounds_aborted) == ("killed", 1)
+
+    swarm = swarm_figures(list(peers.values()), None, total_samples=256)
+    assert swarm["joiners"] == {"peer-1": 65.5, "peer-2": None}
+    assert swarm["joiners_lived_s"] == {"peer-1": 153.0, "peer-2": 31.0}
+    assert swarm["peer_rounds_committed"] == 4 and swarm["peer_rounds_aborted"] == 2
