@@ -62,6 +62,12 @@ class StateSharer(DecentralizedAverager):
         self._meta_lock = threading.Lock()  # guards _meta, which must match the shared tensors
         self._meta = {"round": -1, "digest": "", "tiebreak": 0.0, "attempt": 0}
         self._last_handoff = float("-inf")
+        self.downloads_served = 0  # states handed to downloading nodes (in this, the host process)
+        # Offered to downloaders only from the first publish on: peers that start together all hold
+        # the same initial state, and each one's start-up download went to the others, which were
+        # starting too (measured: 8 peers on 2 cores each waited its whole 30 s for a state equal to
+        # its own).
+        self._may_serve = not client_mode
         super().__init__(
             [t.detach().cpu().contiguous().clone() for t in template],  # hivemind flattens with .view(-1)
             dht,
@@ -70,12 +76,10 @@ class StateSharer(DecentralizedAverager):
             request_timeout=0.5,
             # hivemind uses this (not the caller's timeout) per streamed chunk of a state download.
             next_chunk_timeout=10.0,
-            allow_state_sharing=not client_mode,
+            allow_state_sharing=False,
             client_mode=client_mode,
             start=True,
         )
-        if not client_mode:  # (hivemind refuses a priority from a node that cannot serve)
-            self.state_sharing_priority = -1.0  # nothing worth serving until something is published
 
     @property
     def served(self) -> dict:
@@ -98,13 +102,16 @@ class StateSharer(DecentralizedAverager):
             }
         # Downloaders try the highest priority first: the newest round, then one fixed server among
         # equals, so nodes that diverged converge on the same state instead of swapping states at random.
-        if self.allow_state_sharing:  # a client-mode node serves nothing, so it advertises nothing
+        if self._may_serve:  # a client-mode node serves nothing, so it advertises nothing
             self.state_sharing_priority = float(round_index) + tiebreak
+            if not self.allow_state_sharing:
+                self.allow_state_sharing = True  # declares it, with the priority just set
         return state_digest
 
     def get_current_state(self):
         # Called in this (host) process by hivemind when a node downloads; must be self-consistent.
         self._last_handoff = time.monotonic()
+        self.downloads_served += 1
         with self.get_tensors() as shared, self._meta_lock:
             return dict(self._meta), [t.clone() for t in shared], self.tensor_infos
 
@@ -134,6 +141,7 @@ class StateSharer(DecentralizedAverager):
         )
 
     def stop_serving(self, grace: float | None = None) -> None:
+        self._may_serve = False  # a publish after this must not offer the state again
         try:
             if self.allow_state_sharing:
                 self.allow_state_sharing = False

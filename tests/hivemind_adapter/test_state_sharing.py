@@ -1,8 +1,10 @@
 """The one state sharer, as peers and the aggregator use it: a serving node's newest state reaches a
-newcomer checked against its digest, and a client-mode node (behind NAT: it serves nothing) can
-still download and publish."""
+newcomer checked against its digest, a node offers nothing before it published a state, and a
+client-mode node (behind NAT: it serves nothing) can still download and publish."""
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -39,3 +41,32 @@ def test_a_client_mode_node_downloads_the_served_state_and_publishes_its_own():
             part.shutdown()
         client_dht.shutdown()
         server_dht.shutdown()
+
+
+def test_a_node_offers_its_state_only_once_it_published_one():
+    """Peers that start together hold the same initial state: asking each other for it only costs
+    their start-up (it used to take a loaded peer its whole download timeout)."""
+    first_dht = start_dht(host_maddrs=LOOPBACK)
+    second_dht = start_dht(host_maddrs=LOOPBACK, initial_peers=visible_maddrs(first_dht))
+    template = _state(0)
+    first = StateSharer(template, first_dht, "share-start", consensus=2)
+    second = StateSharer(template, second_dht, "share-start", consensus=2)
+    try:
+        assert second.download(timeout=60) is None
+        assert first.downloads_served == 0  # nobody asked it for its initial state
+        served_digest = first.publish(0, _state(3), attempt=0, tiebreak=0.3)
+        got = None
+        for _ in range(40):  # its declaration reaches the DHT in the background
+            got = second.download(timeout=60)
+            if got is not None:
+                break
+            time.sleep(0.25)
+        assert got is not None and got.digest == served_digest and first.downloads_served == 1
+        first.stop_serving(grace=0.0)
+        first.publish(1, _state(4), attempt=1, tiebreak=0.3)  # while leaving: recorded, not offered
+        assert first.served["round"] == 1 and not first.allow_state_sharing
+    finally:
+        for part in (second, first):
+            part.shutdown()
+        second_dht.shutdown()
+        first_dht.shutdown()
