@@ -5,7 +5,8 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -27,3 +28,22 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str, poll:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(poll)
+
+
+@contextmanager
+def two_task_dhts(task_id: str) -> Iterator[tuple]:
+    """Two real hivemind DHT nodes on 127.0.0.1, the second bootstrapped from the first, both checking
+    MANTA's records of ``task_id`` as every MANTA node does; shut down on exit."""
+    from hivemind_adapter.dht import start_dht, visible_maddrs
+    from protocol.dht_schema import MantaRecordValidator
+
+    loopback = ["/ip4/127.0.0.1/tcp/0"]
+    first = start_dht(host_maddrs=loopback)
+    second = start_dht(host_maddrs=loopback, initial_peers=visible_maddrs(first))
+    try:
+        for dht in (first, second):
+            dht.add_validators([MantaRecordValidator(task_id)])
+        yield first, second
+    finally:
+        second.shutdown()
+        first.shutdown()

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from hivemind_adapter.dht import peer_id, start_dht, visible_maddrs
+from hivemind_adapter.dht import peer_id
 from peer.catch_up import sit_out_running_attempt
 from peer.round_commit import (
     CommittedState,
@@ -27,25 +27,17 @@ from peer.round_commit import (
     newest_committed_state,
 )
 from peer.swarm_view import SignedCommitBoard
-from protocol.dht_schema import COMMIT_BUCKETS, MantaRecordValidator, commits_key
+from protocol.dht_schema import COMMIT_BUCKETS, commits_key
 from protocol.identity import Identity
-from tests.helpers import wait_until
+from tests.helpers import two_task_dhts, wait_until
 
-LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 TASK = "digits-board-test"
 
 
 @pytest.fixture
 def two_boards():
-    first = start_dht(host_maddrs=LOOPBACK)
-    second = start_dht(host_maddrs=LOOPBACK, initial_peers=visible_maddrs(first))
-    try:
-        for dht in (first, second):
-            dht.add_validators([MantaRecordValidator(TASK)])
-        yield [SignedCommitBoard(d, TASK, Identity.generate(), peer_id(d)) for d in (first, second)]
-    finally:
-        second.shutdown()
-        first.shutdown()
+    with two_task_dhts(TASK) as dhts:
+        yield [SignedCommitBoard(d, TASK, Identity.generate(), peer_id(d)) for d in dhts]
 
 
 def test_a_departure_notice_fails_its_attempt_but_does_not_count_as_one(two_boards):

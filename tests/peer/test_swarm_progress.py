@@ -7,31 +7,22 @@ import time
 
 import pytest
 
-from hivemind_adapter.dht import peer_id, start_dht, visible_maddrs
+from hivemind_adapter.dht import peer_id
 from peer.swarm_progress import FRESH_MS, SwarmProgress
 from peer.swarm_view import PROGRESS_TTL, ProgressBoard
-from protocol.dht_schema import MantaRecordValidator
 from protocol.identity import Identity
-from tests.helpers import wait_until
+from tests.helpers import two_task_dhts, wait_until
 
-LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 TASK = "digits-progress-test"
 
 
 @pytest.fixture
 def two_peers():
-    first = start_dht(host_maddrs=LOOPBACK)
-    second = start_dht(host_maddrs=LOOPBACK, initial_peers=visible_maddrs(first))
-    try:
-        peers = []
-        for dht in (first, second):
-            dht.add_validators([MantaRecordValidator(TASK)])
-            board = ProgressBoard(dht, TASK, Identity.generate(), peer_id(dht))
-            peers.append(SwarmProgress(board, peer_id(dht), batch_size=16, devices=1, target=256))
-        yield peers
-    finally:
-        second.shutdown()
-        first.shutdown()
+    with two_task_dhts(TASK) as dhts:
+        yield [
+            SwarmProgress(ProgressBoard(d, TASK, Identity.generate(), peer_id(d)), peer_id(d), 16, 1, 256)
+            for d in dhts
+        ]
 
 
 def test_a_round_the_others_average_is_still_theirs_after_their_last_compute_record(two_peers):
