@@ -306,6 +306,41 @@ def test_five_cohorts_in_groups_of_two_climb_a_tree_to_the_exact_mean_even_witho
         torch.testing.assert_close(torch.from_numpy(got), want, rtol=1e-5, atol=1e-6)
 
 
+def _late_leader_peer(dht, *, rank, seed, samples, late, run_id):
+    """A cohort leader of 3 cohorts of one that enters the cross stage ``late`` seconds after it
+    could (its last mini-batch, its link or its machine held it up)."""
+    averager = HierarchicalAverager(dht, run_id, f"c{rank}", [torch.zeros(s) for s in SHAPES], timeouts=FAST)
+    try:
+        roster = _roster(dht, run_id, 3)
+        time.sleep(late)
+        numerator = [g * samples for g in _grads(seed)]
+        res = averager.average(
+            0, numerator, samples, cohort_size=1, num_cohorts=3, cohort_rank=rank, expected_peers=roster
+        )
+        return _outcome(res)
+    finally:
+        averager.shutdown()
+
+
+def test_a_cohort_leader_arriving_after_one_matchmaking_period_still_joins_the_whole_group():
+    # Without the wait for the whole group, the two on time formed a group of their own after one
+    # matchmaking period (2 s), the late one found nobody left, and the round committed without it.
+    late = {"l0": (30, 3, 0.0), "l1": (31, 5, 0.0), "l2": (32, 4, 1.5 * FAST.matchmaking)}
+    args = {
+        name: dict(rank=rank, seed=seed, samples=n, late=delay, run_id="hier-late")
+        for rank, (name, (seed, n, delay)) in enumerate(late.items())
+    }
+    results = _run("hier-late", args, _late_leader_peer, timeout=300)
+    outcomes = [results[n] for n in late]
+    assert all(r["committed"] for r in outcomes), [r["reason"] for r in outcomes]
+    assert len({r["digest"] for r in outcomes}) == 1
+    assert all(len(r["contributors"]) == 3 for r in outcomes), [r["contributors"] for r in outcomes]
+    total = sum(n for _, n, _ in late.values())
+    want = [sum(_grads(seed)[i] * n for seed, n, _ in late.values()) / total for i in range(len(SHAPES))]
+    for got, expected in zip(outcomes[0]["tensors"], want):
+        torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-5, atol=1e-6)
+
+
 def test_an_fp16_tree_brings_every_leader_the_same_bytes():
     # The way down crosses fp16 wires: only values already in fp16 cross them unchanged.
     results = _run(
