@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from hivemind_adapter.allreduce import AllReduceBroke, VerifiedAverager, looking_for_group, member_ids
@@ -102,6 +102,7 @@ class StageRunner:
         level: int = 0,
         group: int = 0,
         patience: int = 1,
+        units: Sequence[Collection[str]] = (),
         **step,
     ) -> dict:
         """One hivemind step (``stage`` 0: a stage's own averaging, 1: a broadcast); returns the gathered
@@ -115,10 +116,13 @@ class StageRunner:
         Not in a broadcast: its head is its only reducer, so whoever broke it, there is nothing to
         form again (:mod:`peer.hierarchy` lets the head keep its result).
         ``watch``: a peer whose failure report on the commit board ends the wait at once (a member's
-        cohort leader, during the broadcast)."""
-        if self._sizes.get(name) != size:
-            averager.set_target_group_size(size)
-            self._sizes[name] = size
+        cohort leader, during the broadcast).
+        ``units``: the peer ids behind each member the group expects (``size`` of them; empty: not
+        checked). A unit all of whose peers posted a departure notice for ``attempt`` (a newcomer
+        sitting the attempt out, a volunteer that stopped) will not come: the group stops waiting for
+        it at once, and with nobody else left the stage ends as :class:`NoGroup`. Without this, a
+        roster read just before a newcomer sat out cost its cohort partner the whole deadline, and the
+        other cohorts' members, waiting for their leaders, gave up on the broadcast."""
         # A broadcast's receivers only follow: they must not form a group of their own without the
         # sender while it is still busy with the stage before.
         follow_only = stage == 1 and bool(watch)
@@ -135,16 +139,22 @@ class StageRunner:
             no_group += f" x {patience} (tree levels)"
         broken: Exception | None = None  # the all-reduce that broke once already, if one did
         first_step = True  # only the first waits for the whole group (GATHER_PERIODS)
+        expected = size - self._departed_units(attempt, units)  # shrinks as units leave the attempt
+        if expected <= 1 < size:
+            raise NoGroup(f"{kind} stage: every other member left attempt {attempt}")
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0.5:
                 raise self._no_group(no_group, broken)
+            if self._sizes.get(name) != expected:
+                averager.set_target_group_size(expected)
+                self._sizes[name] = expected
             # Before every step: hivemind moves the group bits on once a group assembles (for its own
             # Moshpit-style rounds), and a step taken again after a broken all-reduce must meet the same peers.
             averager.set_group_bits(bits)
             gather = min(GATHER_PERIODS * self.timeouts.matchmaking, 0.5 * chosen.seconds, remaining - 1.0)
             # (a pair cannot split; a step after the first looks for whoever is left)
-            if first_step and stage == 0 and size > 2 and gather > self.timeouts.matchmaking:
+            if first_step and stage == 0 and expected > 2 and gather > self.timeouts.matchmaking:
                 step["scheduled_time"] = dht_time() + gather
             else:
                 step.pop("scheduled_time", None)
@@ -169,6 +179,20 @@ class StageRunner:
                     if stage == 0 and self.superseded():
                         control.cancel()
                         raise RoundAborted(f"{name} stage abandoned: the swarm moved on to a later round")
+                    coming = size - self._departed_units(attempt, units)
+                    if coming < expected:
+                        logger.info(
+                            f"attempt {attempt}: {kind} stage: {size - coming} member(s) left the attempt; "
+                            f"gathering {coming} of {size}"
+                        )
+                        expected = coming
+                        if expected <= 1:
+                            control.cancel()
+                            raise NoGroup(f"{kind} stage: every other member left attempt {attempt}")
+                        # Not cancelled and stepped again: members that already joined stay joined, and a
+                        # group that is not full begins when its leader's wait ends (GATHER_PERIODS).
+                        averager.set_target_group_size(expected)
+                        self._sizes[name] = expected
             try:
                 gathered = control.result()
                 if broken is not None:
@@ -204,6 +228,13 @@ class StageRunner:
         return (
             self.leaving() and time.monotonic() - started > LEAVING_GRACE_FACTOR * self.timeouts.matchmaking
         )
+
+    def _departed_units(self, attempt: int, units: Sequence[Collection[str]]) -> int:
+        """How many of ``units`` have every peer's departure notice for ``attempt`` on the board."""
+        if len(units) < 2:
+            return 0
+        left = {p for p, r in self.board.read(attempt).items() if r.get("left")}
+        return sum(1 for unit in units if unit and set(unit) <= left)
 
     def _reported_failure(self, attempt: int, peer: str) -> bool:
         report = self.board.read(attempt).get(peer)

@@ -59,3 +59,17 @@ class JoinedGroup:
     group: TreeGroup
     participants: int
     head: str  # the peer that goes up from here and brings the result back down
+
+
+def units_of(group: TreeGroup, num_cohorts: int, fanout: int = DEFAULT_FANOUT) -> list[list[int]]:
+    """The cohort ranks under each unit of ``group`` (a cohort at level 1, a group of the level below
+    higher up), units in order: a unit all of whose peers left the attempt will not come, and the
+    group need not wait for it."""
+    units: dict[int, list[int]] = {}
+    for rank in range(num_cohorts):
+        path = cross_groups(rank, num_cohorts, fanout)
+        if path[group.level - 1].index != group.index:
+            continue
+        unit = path[group.level - 2].index if group.level > 1 else rank
+        units.setdefault(unit, []).append(rank)
+    return [units[u] for u in sorted(units)]

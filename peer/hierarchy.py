@@ -50,7 +50,7 @@ import torch
 from hivemind_adapter.allreduce import VerifiedAverager, wire_compression, wire_rounded
 from hivemind_adapter.dht import peer_id
 from peer.averaging_stage import AveragingTimeouts, NoGroup, RoundAborted, StageRunner
-from peer.cross_tree import DEFAULT_FANOUT, JoinedGroup, TreeGroup, cross_groups
+from peer.cross_tree import DEFAULT_FANOUT, JoinedGroup, TreeGroup, cross_groups, units_of
 from peer.deadlines import StageDeadlines
 from peer.round_commit import (
     CommitBoard,
@@ -137,6 +137,7 @@ class HierarchicalAverager:
         commit_board: CommitBoard | None = None,
         leaving: Callable[[], bool] = lambda: False,
         averager_type: type[VerifiedAverager] = VerifiedAverager,
+        deadlines: StageDeadlines | None = None,
     ):
         self.dht, self.run_id, self.cohort, self.timeouts = dht, run_id, cohort, timeouts
         self.per_cohort = per_cohort
@@ -144,7 +145,9 @@ class HierarchicalAverager:
         self.client_mode = client_mode
         self.peer_id = peer_id(dht)
         self.board = commit_board or DHTCommitBoard(dht, run_id, ttl=max(60.0, 3 * timeouts.commit))
-        self.deadlines = StageDeadlines(timeouts.matchmaking, timeouts.step)
+        # A peer that changes cohort keeps what its stages took so far (``deadlines``): the same machine
+        # and links, where starting over waited the initial deadline for a partner that never came.
+        self.deadlines = deadlines or StageDeadlines(timeouts.matchmaking, timeouts.step)
         # contiguous (hivemind flattens with .view(-1)), whatever the template's memory format
         self._buffer = [torch.zeros(t.shape, dtype=t.dtype) for t in template]
         common = dict(
@@ -174,6 +177,7 @@ class HierarchicalAverager:
         self._stages = StageRunner(self.deadlines, self.board, timeouts, leaving)
         self._levels = 1  # the cross-cohort tree's depth in the attempt under way (it sets its deadlines)
         self._broadcasts_taken = 0  # broadcast stages this peer took part in, this attempt
+        self._cohort_peers: list[tuple[str, ...]] = []  # the roster's peers of each cohort, this attempt
 
     # ------------------------------------------------------------------ the round
 
@@ -189,6 +193,7 @@ class HierarchicalAverager:
         cohort_rank: int = 0,
         state_digest: str = "",
         expected_peers: Collection[str],
+        cohorts: Sequence[Collection[str]] = (),
         superseded: Callable[[], bool] = lambda: False,
     ) -> AveragingOutcome:
         """Average one round's host contributions. ``attempt`` (not the training round: a retried
@@ -200,7 +205,9 @@ class HierarchicalAverager:
         (see :func:`supernet.training.cohort_configs`); every peer must pass the same value.
 
         ``expected_peers`` is this peer's roster: the result commits once a quorum of it holds the
-        same digest (see :mod:`peer.round_commit`).
+        same digest (see :mod:`peer.round_commit`). ``cohorts``: the roster's peers of each cohort, by
+        rank (empty: unknown); a stage stops waiting for members whose peers all posted a departure
+        notice for the attempt (:class:`~peer.averaging_stage.StageRunner`).
         Only peers that started from ``state_digest`` meet. ``superseded`` tells a peer still looking
         for a group that the swarm has moved on to a later round (it then gives up at once). Never raises for network failures: a
         failed round comes back with ``committed=False`` and the reason."""
@@ -214,6 +221,7 @@ class HierarchicalAverager:
         tree = cross_groups(cohort_rank, num_cohorts, self.cross_group_size) if num_cohorts > 1 else []
         self._levels = max(1, len(tree))
         self._broadcasts_taken = 0
+        self._cohort_peers = [tuple(c) for c in cohorts] if len(cohorts) == num_cohorts else []
         try:
             with self._cohort.get_tensors() as buf:
                 for b, t in zip(buf, numerator):
@@ -221,8 +229,10 @@ class HierarchicalAverager:
             members = [me]
             if cohort_size > 1:
                 try:
+                    units = [(p,) for p in self._cohort_peers[cohort_rank]] if self._cohort_peers else []
                     gathered = self._stages.run(
-                        self._cohort, "cohort", attempt, 0, cohort_size, state_digest, weight=1.0, gather=me.to_wire()
+                        self._cohort, "cohort", attempt, 0, cohort_size, state_digest, units=units,
+                        weight=1.0, gather=me.to_wire(),
                     )  # fmt: skip
                     members = sorted(
                         (Contributor.from_wire(m) for m in gathered.values()), key=lambda c: c.peer
@@ -351,7 +361,8 @@ class HierarchicalAverager:
             try:
                 gathered = self._stages.run(
                     self._cross, "cross", attempt, 0, group.size, state_digest, level=group.level,
-                    group=group.index, patience=group.level, weight=weight, gather=report,
+                    group=group.index, patience=group.level, units=self._units(group),
+                    weight=weight, gather=report,
                 )  # fmt: skip
             except NoGroup as e:
                 logger.info(f"attempt {attempt}: {e}; level {group.level} goes on with what it has")
@@ -382,6 +393,15 @@ class HierarchicalAverager:
             if head != self.peer_id:
                 break  # the head carries this group's result on and brings the final one back
         return contributors, cohorts, joined, None
+
+    def _units(self, group: TreeGroup) -> list[tuple[str, ...]]:
+        """The roster's peers behind each unit of a cross-cohort group (empty: unknown)."""
+        if not self._cohort_peers:
+            return []
+        return [
+            tuple(p for rank in unit for p in self._cohort_peers[rank])
+            for unit in units_of(group, len(self._cohort_peers), self.cross_group_size)
+        ]
 
     @staticmethod
     def _check_contributors(contributors: list[Contributor], state_digest: str) -> None:

@@ -355,7 +355,9 @@ class PeerNode:
         """The cohort's averager; a new one (and the old one shut down) when this peer changes cohort."""
         if self._averager is not None and self._averager.cohort == cohort:
             return self._averager
+        deadlines = None
         if self._averager is not None:
+            deadlines = self._averager.deadlines
             self._averager.shutdown()
         task = self.spec.record
         self._averager = HierarchicalAverager(
@@ -370,6 +372,7 @@ class PeerNode:
             per_cohort=task.mode == "model",
             commit_board=self._commit_board,
             leaving=self._stop.is_set,
+            deadlines=deadlines,
         )
         self._reclaim_signals()
         return self._averager

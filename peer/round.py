@@ -58,6 +58,7 @@ class RoundPlan:
     num_cohorts: int
     cohort_size: int
     roster: tuple[str, ...]  # peer ids online at the start: a quorum of them must hold the result
+    cohorts: tuple[tuple[str, ...], ...] = ()  # the roster's peers of each cohort, by rank
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,7 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
         cohort_rank=plan.cohort_rank,
         state_digest=start_digest,
         expected_peers=plan.roster,
+        cohorts=plan.cohorts,
         superseded=lambda: ctx.progress.swarm_round() > plan.round_index,
     )
     lr = ctx.workers.apply(round_index, outcome.tensors if outcome.committed else None)
@@ -175,6 +177,9 @@ def plan_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundPlan:
     cohort = assignment.get(ctx.peer_id, f"solo-{ctx.peer_id[-8:]}")
     cohort_ids = sorted(set(assignment.values()) | {cohort})
     sizes = cohort_sizes(assignment)
+    peers_of: dict[str, list[str]] = {cohort: [ctx.peer_id]} if ctx.peer_id not in assignment else {}
+    for peer, name in sorted(assignment.items()):
+        peers_of.setdefault(name, []).append(peer)
     return RoundPlan(
         round_index,
         attempt,
@@ -183,6 +188,7 @@ def plan_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundPlan:
         len(cohort_ids),
         sizes.get(cohort, 1),
         tuple(p.entry.peer_id for p in roster),
+        tuple(tuple(peers_of[name]) for name in cohort_ids),
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from peer.cross_tree import TreeGroup, cross_groups
+from peer.cross_tree import TreeGroup, cross_groups, units_of
 
 
 @pytest.mark.parametrize("fanout", [2, 3, 8])
@@ -40,3 +40,21 @@ def test_few_cohorts_meet_flat_and_one_cohort_meets_nobody():
 def test_an_impossible_plan_is_refused(rank: int, cohorts: int, fanout: int):
     with pytest.raises(ValueError):
         cross_groups(rank, cohorts, fanout)
+
+
+@pytest.mark.parametrize("fanout", [2, 3, 8])
+@pytest.mark.parametrize("num_cohorts", [2, 5, 9, 17, 64])
+def test_a_groups_units_hold_exactly_the_cohorts_that_climb_through_it(num_cohorts: int, fanout: int):
+    for rank in range(num_cohorts):
+        for level, group in enumerate(cross_groups(rank, num_cohorts, fanout), start=1):
+            units = units_of(group, num_cohorts, fanout)
+            assert len(units) == group.size, "one unit per member the group expects"
+            assert any(rank in unit for unit in units)
+            climbing = {
+                r for r in range(num_cohorts) if cross_groups(r, num_cohorts, fanout)[level - 1] == group
+            }
+            assert sorted(r for unit in units for r in unit) == sorted(climbing)
+            # a unit is one cohort at level 1, one whole group of the level below higher up
+            for unit in units:
+                below = {cross_groups(r, num_cohorts, fanout)[level - 2] if level > 1 else r for r in unit}
+                assert len(below) == 1

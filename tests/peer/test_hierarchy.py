@@ -12,6 +12,7 @@ import torch
 from hivemind_adapter.allreduce import VerifiedAverager
 from hivemind_adapter.dht import peer_id, read_entries, store
 from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
+from peer.round_commit import DHTCommitBoard
 from tests.peer.swarm_harness import run_peers, start_bootstrap_dht
 
 pytestmark = pytest.mark.swarm
@@ -469,3 +470,65 @@ def test_a_member_lost_inside_its_cohort_broadcast_costs_only_its_own_vote(tmp_p
     want = [sum(_grads(s)[i] * n for _, s, n, _ in PEERS.values()) / total for i in range(len(SHAPES))]
     for got, expected in zip(survivors[0]["tensors"], want):
         torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- members that left the attempt
+
+
+def _sitting_out_peer(dht, *, name, cohorts, run_id, seed=0, samples=0, leaves=False):
+    """Peer ``name`` of ``cohorts`` (names by cohort rank). One that ``leaves`` posts a departure
+    notice for attempt 0, as a newcomer sitting it out does, and stays online until the others are
+    done; the others average, with the roster's cohorts as their plan."""
+    store(dht, f"{run_id}_names", name, 300.0, subkey=peer_id(dht))
+    roster = _roster(dht, run_id, sum(len(c) for c in cohorts))
+    ids = {n: p for p, n in read_entries(dht, f"{run_id}_names").items()}
+    assert len(ids) == len(roster), "every peer posts its name before its roster entry"
+    if leaves:
+        DHTCommitBoard(dht, run_id, ttl=300.0).post(0, False, "", left=True)
+        deadline = time.monotonic() + 120
+        while not read_entries(dht, f"{run_id}_done") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return None
+    rank = next(r for r, c in enumerate(cohorts) if name in c)
+    averager = HierarchicalAverager(dht, run_id, f"c{rank}", [torch.zeros(s) for s in SHAPES], timeouts=FAST)
+    try:
+        numerator = [g * samples for g in _grads(seed)]
+        res = averager.average(
+            0, numerator, samples, cohort_size=len(cohorts[rank]), num_cohorts=len(cohorts), cohort_rank=rank,
+            expected_peers=roster, cohorts=[[ids[n] for n in c] for c in cohorts],
+        )  # fmt: skip
+        return _outcome(res) | {"deadline": averager.deadlines.deadline("cohort").seconds}
+    finally:
+        store(dht, f"{run_id}_done", True, 300.0, subkey=peer_id(dht))
+        averager.shutdown()
+
+
+def test_a_stage_stops_waiting_for_members_whose_peers_left_the_attempt():
+    # s1 of cohort 0 and the whole of cohort 1 (s2) sit attempt 0 out, after s0 and s3 read a roster
+    # that holds them. Before, s0 and s3 waited for s1 through their gathering time and then for s2
+    # through the cross stage's whole deadline (20 s here); now both stages see the departures on the
+    # board: the cohort's group forms without s1 and the cross stage ends at once.
+    cohorts = [["s0", "s1", "s3"], ["s2"]]
+    averaging = {"s0": (40, 6), "s3": (43, 2)}
+    args = {
+        name: dict(name=name, cohorts=cohorts, run_id="hier-left")
+        | (
+            dict(seed=averaging[name][0], samples=averaging[name][1])
+            if name in averaging
+            else dict(leaves=True)
+        )
+        for name in ("s0", "s1", "s2", "s3")
+    }
+    results = _run("hier-left", args, _sitting_out_peer, timeout=240)
+    outcomes = [results[n] for n in averaging]
+    assert all(r["committed"] for r in outcomes), [r["reason"] for r in outcomes]
+    assert len({r["digest"] for r in outcomes}) == 1
+    assert all(len(r["contributors"]) == 2 for r in outcomes)
+    total = sum(n for _, n in averaging.values())
+    want = [sum(_grads(seed)[i] * n for seed, n in averaging.values()) / total for i in range(len(SHAPES))]
+    for got, expected in zip(outcomes[0]["tensors"], want):
+        torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-5, atol=1e-6)
+    # A wait that noticed nothing ends at the deadline itself.
+    for r in outcomes:
+        waited = sum(r["seconds"].get(stage, 0.0) for stage in ("cohort", "cross", "broadcast"))
+        assert waited < r["deadline"], (r["seconds"], r["deadline"])
