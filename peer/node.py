@@ -267,16 +267,18 @@ class PeerNode:
             if self._round.progress.swarm_round() <= self.state_round + 1 or not self.catch_up():
                 return
 
-    def sit_out_round_in_progress(self) -> None:
+    def sit_out_round_in_progress(self) -> bool:
         """A newcomer arriving while the swarm computes the round it would join sits that attempt out
-        and takes part from the next one (:func:`peer.catch_up.sit_out_running_attempt` says why)."""
-        self.catch_up_with_swarm()
+        and takes part from the next one (:func:`peer.catch_up.sit_out_running_attempt` says why). It
+        downloads no state before the wait: the state that attempt commits is the one it needs, and
+        each intermediate one cost a download (3-8 s each, two of them, on the churn benchmark).
+        Returns whether it sat an attempt out."""
         # Computing or still averaging: over slow links a round's averaging outlasts the freshness of
         # its last compute record, and a newcomer that took such a swarm for idle joined an attempt
         # whose rosters lack it (measured: a joiner that never contributed in four minutes).
         running_round = self._round.progress.swarm_round(fresh_ms=int(PROGRESS_TTL * 1000))
         if running_round < self.state_round + 1 or self._stop.is_set():
-            return  # nobody works on the round we would join: it begins with us in every roster
+            return False  # nobody works on the round we would join: it begins with us in every roster
         roster = read_roster(self.dht, self.spec.record.task_id)
         others = [p.entry.peer_id for p in roster if p.entry.peer_id != self.peer_id]
 
@@ -288,21 +290,22 @@ class PeerNode:
 
         sat_out = sit_out_running_attempt(self._commit_board, others, self._stop, say)
         if sat_out is None:
-            return  # a swarm that committed nothing yet: take part at once
+            return False  # a swarm that committed nothing yet: take part at once
         self.attempt = max(self.attempt, sat_out + 1)
         self.catch_up()
+        return True
 
     def run(self) -> list[RoundReport]:
         self.catch_up()
-        self.catch_up_with_swarm()
         # Announced only now, holding the swarm's state with its workers running: a peer that is in
         # the roster is one that can average (the commit quorum counts the roster).
         self._announcer.announce()
         self._announcer.keep_fresh()
         self._announced_at = time.monotonic()
-        # Let peers that started together find each other in the roster before the first round.
-        time.sleep(max(0.0, SETTLE_SECONDS - (time.monotonic() - self._announced_at)))
-        self.sit_out_round_in_progress()
+        if not self.sit_out_round_in_progress():
+            # Let peers that started together find each other in the roster before the first round
+            # (a newcomer that sat an attempt out was in the roster for all of it).
+            time.sleep(max(0.0, SETTLE_SECONDS - (time.monotonic() - self._announced_at)))
         # The state we loaded came from an attempt that may have been followed by aborted ones: start
         # where the swarm is, as after every round (an older attempt meets nobody, and the others'
         # rosters then wait for this peer's report of an attempt it never takes part in).
