@@ -103,6 +103,7 @@ class StageRunner:
         group: int = 0,
         patience: int = 1,
         units: Sequence[Collection[str]] = (),
+        live: Collection[str] | None = None,
         **step,
     ) -> dict:
         """One hivemind step (``stage`` 0: a stage's own averaging, 1: a broadcast); returns the gathered
@@ -122,7 +123,12 @@ class StageRunner:
         sitting the attempt out, a volunteer that stopped) will not come: the group stops waiting for
         it at once, and with nobody else left the stage ends as :class:`NoGroup`. Without this, a
         roster read just before a newcomer sat out cost its cohort partner the whole deadline, and the
-        other cohorts' members, waiting for their leaders, gave up on the broadcast."""
+        other cohorts' members, waiting for their leaders, gave up on the broadcast.
+        ``live``: the peers that posted on the commit board in this peer's previous attempt (None: no
+        previous attempt). The first step's wait for the whole group (:data:`GATHER_PERIODS`) waits
+        only for units with a live peer: one that announced itself and never averages (a sleeping
+        laptop, a key that only squats in the roster) would otherwise cost every round that wait. It
+        may still join if it comes in time."""
         # A broadcast's receivers only follow: they must not form a group of their own without the
         # sender while it is still busy with the stage before.
         follow_only = stage == 1 and bool(watch)
@@ -139,16 +145,19 @@ class StageRunner:
             no_group += f" x {patience} (tree levels)"
         broken: Exception | None = None  # the all-reduce that broke once already, if one did
         first_step = True  # only the first waits for the whole group (GATHER_PERIODS)
-        expected = size - self._departed_units(attempt, units)  # shrinks as units leave the attempt
+        departed, quiet = self._absent_units(attempt, units, live)
+        expected = size - departed  # shrinks as units leave the attempt
         if expected <= 1 < size:
             raise NoGroup(f"{kind} stage: every other member left attempt {attempt}")
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0.5:
                 raise self._no_group(no_group, broken)
-            if self._sizes.get(name) != expected:
-                averager.set_target_group_size(expected)
-                self._sizes[name] = expected
+            gathering = first_step  # this step waits for the whole group
+            target = self._target(expected, quiet, gathering)
+            if self._sizes.get(name) != target:
+                averager.set_target_group_size(target)
+                self._sizes[name] = target
             # Before every step: hivemind moves the group bits on once a group assembles (for its own
             # Moshpit-style rounds), and a step taken again after a broken all-reduce must meet the same peers.
             averager.set_group_bits(bits)
@@ -179,7 +188,8 @@ class StageRunner:
                     if stage == 0 and self.superseded():
                         control.cancel()
                         raise RoundAborted(f"{name} stage abandoned: the swarm moved on to a later round")
-                    coming = size - self._departed_units(attempt, units)
+                    departed, quiet = self._absent_units(attempt, units, live)
+                    coming = size - departed
                     if coming < expected:
                         logger.info(
                             f"attempt {attempt}: {kind} stage: {size - coming} member(s) left the attempt; "
@@ -191,8 +201,9 @@ class StageRunner:
                             raise NoGroup(f"{kind} stage: every other member left attempt {attempt}")
                         # Not cancelled and stepped again: members that already joined stay joined, and a
                         # group that is not full begins when its leader's wait ends (GATHER_PERIODS).
-                        averager.set_target_group_size(expected)
-                        self._sizes[name] = expected
+                        target = self._target(expected, quiet, gathering)
+                        averager.set_target_group_size(target)
+                        self._sizes[name] = target
             try:
                 gathered = control.result()
                 if broken is not None:
@@ -229,12 +240,26 @@ class StageRunner:
             self.leaving() and time.monotonic() - started > LEAVING_GRACE_FACTOR * self.timeouts.matchmaking
         )
 
-    def _departed_units(self, attempt: int, units: Sequence[Collection[str]]) -> int:
-        """How many of ``units`` have every peer's departure notice for ``attempt`` on the board."""
+    @staticmethod
+    def _target(expected: int, quiet: int, gathering: bool) -> int:
+        """The group size a step forms at once: a gathering step's, as soon as every unit that showed
+        life is in (at least a pair)."""
+        return expected - quiet if gathering and expected - quiet >= 2 else expected
+
+    def _absent_units(
+        self, attempt: int, units: Sequence[Collection[str]], live: Collection[str] | None
+    ) -> tuple[int, int]:
+        """``(departed, quiet)``: how many of ``units`` have every peer's departure notice for
+        ``attempt`` on the board, and how many others have no peer in ``live`` (0 if ``live`` is None)."""
         if len(units) < 2:
-            return 0
+            return 0, 0
         left = {p for p, r in self.board.read(attempt).items() if r.get("left")}
-        return sum(1 for unit in units if unit and set(unit) <= left)
+        departed = [bool(unit) and set(unit) <= left for unit in units]
+        quiet = 0
+        if live is not None:
+            live = set(live)
+            quiet = sum(1 for unit, gone in zip(units, departed) if not gone and not set(unit) & live)
+        return sum(departed), quiet
 
     def _reported_failure(self, attempt: int, peer: str) -> bool:
         report = self.board.read(attempt).get(peer)

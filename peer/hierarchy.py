@@ -178,6 +178,7 @@ class HierarchicalAverager:
         self._levels = 1  # the cross-cohort tree's depth in the attempt under way (it sets its deadlines)
         self._broadcasts_taken = 0  # broadcast stages this peer took part in, this attempt
         self._cohort_peers: list[tuple[str, ...]] = []  # the roster's peers of each cohort, this attempt
+        self._previous_attempt: int | None = None  # the last attempt this averager took part in
 
     # ------------------------------------------------------------------ the round
 
@@ -222,6 +223,8 @@ class HierarchicalAverager:
         self._levels = max(1, len(tree))
         self._broadcasts_taken = 0
         self._cohort_peers = [tuple(c) for c in cohorts] if len(cohorts) == num_cohorts else []
+        live = self._live_peers() if self._cohort_peers else None
+        self._previous_attempt = attempt
         try:
             with self._cohort.get_tensors() as buf:
                 for b, t in zip(buf, numerator):
@@ -232,7 +235,7 @@ class HierarchicalAverager:
                     units = [(p,) for p in self._cohort_peers[cohort_rank]] if self._cohort_peers else []
                     gathered = self._stages.run(
                         self._cohort, "cohort", attempt, 0, cohort_size, state_digest, units=units,
-                        weight=1.0, gather=me.to_wire(),
+                        live=live, weight=1.0, gather=me.to_wire(),
                     )  # fmt: skip
                     members = sorted(
                         (Contributor.from_wire(m) for m in gathered.values()), key=lambda c: c.peer
@@ -251,7 +254,7 @@ class HierarchicalAverager:
                 t0 = time.perf_counter()
                 stage = ("cross", t0)
                 final, outcome.contributors, lead_abort = self._across_cohorts(
-                    attempt, members, tree, state_digest, scale
+                    attempt, members, tree, state_digest, scale, live
                 )
                 if lead_abort is not None and len(members) == 1:
                     raise RoundAborted(lead_abort)
@@ -291,6 +294,19 @@ class HierarchicalAverager:
             )
         return outcome
 
+    def _live_peers(self) -> set[str] | None:
+        """The peers that posted anything (a result, a failure, a departure notice) for this averager's
+        previous attempt: the ones that showed life lately (None: no previous attempt, or nothing
+        posted in it seen)."""
+        if self._previous_attempt is None:
+            return None
+        try:
+            reported = set(self.board.read(self._previous_attempt))
+        except Exception as e:  # the DHT may fail a read; then every member is waited for
+            logger.debug(f"could not read attempt {self._previous_attempt}'s reports: {e}")
+            return None
+        return (reported | {self.peer_id}) if reported else None
+
     def _across_cohorts(
         self,
         attempt: int,
@@ -298,6 +314,7 @@ class HierarchicalAverager:
         tree: list[TreeGroup],
         state_digest: str,
         scale: float,
+        live: set[str] | None = None,
     ) -> tuple[list[torch.Tensor] | None, list[Contributor], str | None]:
         """Leader: up the cross-cohort tree (:mod:`peer.cross_tree`) and back down. Returns the final
         vector (None if aborted), its contributors and the reason it aborted (None if it did not). A
@@ -307,7 +324,7 @@ class HierarchicalAverager:
             self._to_cohort_mean(members)
         # Both averagers share one buffer: without a cross stage the cohort's result is already where
         # _finish_average reads it.
-        contributors, cohorts, joined, abort = self._climb(attempt, members, tree, state_digest)
+        contributors, cohorts, joined, abort = self._climb(attempt, members, tree, state_digest, live)
         final = None
         if abort is None and (not joined or joined[-1].head == self.peer_id):
             try:  # this peer carried the result as far as it went: it computes the final vector
@@ -339,7 +356,12 @@ class HierarchicalAverager:
         return final, contributors, abort
 
     def _climb(
-        self, attempt: int, members: list[Contributor], tree: list[TreeGroup], state_digest: str
+        self,
+        attempt: int,
+        members: list[Contributor],
+        tree: list[TreeGroup],
+        state_digest: str,
+        live: set[str] | None = None,
     ) -> tuple[list[Contributor], list[str], list[JoinedGroup], str | None]:
         """Leader: average this cohort's result up the tree as long as this peer is the head of what it
         carries. Returns the contributors and cohorts now in the buffer, the groups below the top that it
@@ -361,7 +383,7 @@ class HierarchicalAverager:
             try:
                 gathered = self._stages.run(
                     self._cross, "cross", attempt, 0, group.size, state_digest, level=group.level,
-                    group=group.index, patience=group.level, units=self._units(group),
+                    group=group.index, patience=group.level, units=self._units(group), live=live,
                     weight=weight, gather=report,
                 )  # fmt: skip
             except NoGroup as e:

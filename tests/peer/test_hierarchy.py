@@ -11,6 +11,7 @@ import torch
 
 from hivemind_adapter.allreduce import VerifiedAverager
 from hivemind_adapter.dht import peer_id, read_entries, store
+from peer.averaging_stage import GATHER_PERIODS
 from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
 from peer.round_commit import DHTCommitBoard
 from tests.peer.swarm_harness import run_peers, start_bootstrap_dht
@@ -532,3 +533,64 @@ def test_a_stage_stops_waiting_for_members_whose_peers_left_the_attempt():
     for r in outcomes:
         waited = sum(r["seconds"].get(stage, 0.0) for stage in ("cohort", "cross", "broadcast"))
         assert waited < r["deadline"], (r["seconds"], r["deadline"])
+
+
+def _with_a_silent_member_peer(dht, *, name, cohorts, run_id, seed=0, samples=0, silent=False):
+    """Peer ``name`` of ``cohorts``: a ``silent`` one is in the roster and never averages nor posts
+    (a key that announced itself and stays quiet); the others average attempts 0 and 1."""
+    store(dht, f"{run_id}_names", name, 300.0, subkey=peer_id(dht))
+    roster = _roster(dht, run_id, sum(len(c) for c in cohorts))
+    ids = {n: p for p, n in read_entries(dht, f"{run_id}_names").items()}
+    if silent:
+        deadline = time.monotonic() + 120
+        while len(read_entries(dht, f"{run_id}_done")) < len(roster) - 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return None
+    rank = next(r for r, c in enumerate(cohorts) if name in c)
+    averager = HierarchicalAverager(dht, run_id, f"c{rank}", [torch.zeros(s) for s in SHAPES], timeouts=FAST)
+    try:
+        out = []
+        for attempt in (0, 1):
+            numerator = [g * samples for g in _grads(seed + attempt)]
+            res = averager.average(
+                attempt, numerator, samples, cohort_size=len(cohorts[rank]), num_cohorts=len(cohorts),
+                cohort_rank=rank, expected_peers=roster, cohorts=[[ids[n] for n in c] for c in cohorts],
+            )  # fmt: skip
+            out.append(_outcome(res))
+        return out
+    finally:
+        store(dht, f"{run_id}_done", True, 300.0, subkey=peer_id(dht))
+        averager.shutdown()
+
+
+def test_a_silent_roster_member_costs_the_gathering_wait_only_until_it_showed_no_life():
+    # q2 is in the roster, in q0 and q1's cohort, and never averages. Attempt 0 knows nothing of it
+    # and waits its whole gathering time (3 matchmaking periods) for it; from attempt 1 on, a member
+    # that posted nothing in the previous attempt is not waited for, and the pair begins at once.
+    cohorts = [["q0", "q1", "q2"]]
+    averaging = {"q0": (50, 3), "q1": (52, 4)}
+    args = {
+        name: dict(name=name, cohorts=cohorts, run_id="hier-quiet")
+        | (
+            dict(seed=averaging[name][0], samples=averaging[name][1])
+            if name in averaging
+            else dict(silent=True)
+        )
+        for name in ("q0", "q1", "q2")
+    }
+    results = _run("hier-quiet", args, _with_a_silent_member_peer, timeout=240)
+    for attempt in (0, 1):
+        outcomes = [results[n][attempt] for n in averaging]
+        assert all(r["committed"] for r in outcomes), [r["reason"] for r in outcomes]
+        assert len({r["digest"] for r in outcomes}) == 1
+        total = sum(n for _, n in averaging.values())
+        want = [
+            sum(_grads(s + attempt)[i] * n for s, n in averaging.values()) / total for i in range(len(SHAPES))
+        ]
+        for got, expected in zip(outcomes[0]["tensors"], want):
+            torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-5, atol=1e-6)
+    gathering = GATHER_PERIODS * FAST.matchmaking
+    first = [results[n][0]["seconds"]["cohort"] for n in averaging]
+    second = [results[n][1]["seconds"]["cohort"] for n in averaging]
+    assert min(first) >= gathering - 1.0, first  # nothing known yet: the whole wait
+    assert max(second) < gathering - 1.0, second  # the pair formed without waiting for q2
