@@ -33,6 +33,7 @@ LEAVING_GRACE_FACTOR = 3
 # holding each of two results in 26 of 36 aborted peer-rounds). A missing member costs the others
 # this wait; a fixed number of periods, so that such waits do not lengthen the deadlines they feed.
 GATHER_PERIODS = 3.0
+ONLINE_CHECK_SECONDS = 2.0  # how often a broadcast's receiver reads the roster for its sender
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,10 @@ class StageRunner:
         board: CommitBoard,
         timeouts: AveragingTimeouts,
         leaving: Callable[[], bool],
+        online: Callable[[], Collection[str]] | None = None,
     ):
         self.deadlines, self.board, self.timeouts, self.leaving = deadlines, board, timeouts, leaving
+        self.online = online  # the roster's peers now (None: unknown)
         # What each averager was last told (by stage name): telling it again costs a round trip to its process.
         self._sizes: dict[str, int] = {}
         self._following: dict[str, bool] = {}
@@ -117,7 +120,9 @@ class StageRunner:
         Not in a broadcast: its head is its only reducer, so whoever broke it, there is nothing to
         form again (:mod:`peer.hierarchy` lets the head keep its result).
         ``watch``: a peer whose failure report on the commit board ends the wait at once (a member's
-        cohort leader, during the broadcast).
+        cohort leader, during the broadcast), as does its dropping out of the roster (``online``,
+        every :data:`ONLINE_CHECK_SECONDS`): a leader killed mid-round cost its members the whole
+        broadcast deadline (60 s on the churn benchmark), long after its announcement expired.
         ``units``: the peer ids behind each member the group expects (``size`` of them; empty: not
         checked). A unit all of whose peers posted a departure notice for ``attempt`` (a newcomer
         sitting the attempt out, a volunteer that stopped) will not come: the group stops waiting for
@@ -170,6 +175,7 @@ class StageRunner:
             first_step = False
             control = averager.step(timeout=remaining, allow_retries=False, wait=False, **step)
             next_check = time.monotonic() + 0.5
+            next_online = time.monotonic() + ONLINE_CHECK_SECONDS
             while not control.done():
                 time.sleep(0.05)
                 # Only a step still looking for its group is cancelled: cancelling a running all-reduce
@@ -179,6 +185,13 @@ class StageRunner:
                     if watch and self._reported_failure(attempt, watch):
                         control.cancel()
                         raise RoundAborted(f"{name} stage abandoned: {watch[-8:]} aborted the round")
+                    if watch and self.online is not None and time.monotonic() >= next_online:
+                        next_online = time.monotonic() + ONLINE_CHECK_SECONDS
+                        if not self._is_online(watch):
+                            control.cancel()
+                            raise RoundAborted(
+                                f"{name} stage abandoned: {watch[-8:]} left the roster (its announcement expired)"
+                            )
                     if self._leaving_for(started):
                         control.cancel()
                         raise RoundAborted(
@@ -239,6 +252,13 @@ class StageRunner:
         return (
             self.leaving() and time.monotonic() - started > LEAVING_GRACE_FACTOR * self.timeouts.matchmaking
         )
+
+    def _is_online(self, peer: str) -> bool:
+        try:
+            return peer in set(self.online())
+        except Exception as e:  # a failed roster read proves nothing
+            logger.debug(f"could not read the roster: {e}")
+            return True
 
     @staticmethod
     def _target(expected: int, quiet: int, gathering: bool) -> int:

@@ -39,6 +39,7 @@ values and knows it (its outcome says why).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import time
@@ -138,6 +139,7 @@ class HierarchicalAverager:
         leaving: Callable[[], bool] = lambda: False,
         averager_type: type[VerifiedAverager] = VerifiedAverager,
         deadlines: StageDeadlines | None = None,
+        online: Callable[[], Collection[str]] | None = None,
     ):
         self.dht, self.run_id, self.cohort, self.timeouts = dht, run_id, cohort, timeouts
         self.per_cohort = per_cohort
@@ -148,6 +150,9 @@ class HierarchicalAverager:
         # A peer that changes cohort keeps what its stages took so far (``deadlines``): the same machine
         # and links, where starting over waited the initial deadline for a partner that never came.
         self.deadlines = deadlines or StageDeadlines(timeouts.matchmaking, timeouts.step)
+        # The peers in the roster now (None: not known here): one whose announcement expired died or
+        # lost its link, and will neither lead a broadcast nor report a result.
+        self.online = online
         # contiguous (hivemind flattens with .view(-1)), whatever the template's memory format
         self._buffer = [torch.zeros(t.shape, dtype=t.dtype) for t in template]
         common = dict(
@@ -174,7 +179,7 @@ class HierarchicalAverager:
         )
         # Ctrl-C: the round goes on while its group forms or runs, but a peer that is leaving does not
         # wait out the whole deadline for partners who are not there (they left before it).
-        self._stages = StageRunner(self.deadlines, self.board, timeouts, leaving)
+        self._stages = StageRunner(self.deadlines, self.board, timeouts, leaving, online)
         self._levels = 1  # the cross-cohort tree's depth in the attempt under way (it sets its deadlines)
         self._broadcasts_taken = 0  # broadcast stages this peer took part in, this attempt
         self._cohort_peers: list[tuple[str, ...]] = []  # the roster's peers of each cohort, this attempt
@@ -533,7 +538,10 @@ class HierarchicalAverager:
         # they may take. (Not the whole attempt's deadlines: a dead peer in the roster, undecided
         # forever, would then hold the survivors in very different waits and out of step.)
         skipped = max(0, self._levels - self._broadcasts_taken) * self.deadlines.deadline("broadcast").seconds
-        decision = await_commit(self.board, attempt, outcome.digest, roster, self._commit_wait() + skipped)
+        decision = await_commit(
+            self.board, attempt, outcome.digest, roster, self._commit_wait() + skipped,
+            never=lambda: self._never_reporting(attempt, roster),
+        )  # fmt: skip
         if decision.committed:
             self.deadlines.record("commit", time.monotonic() - started)
         return decision.committed, decision.reason
@@ -546,9 +554,21 @@ class HierarchicalAverager:
         wait for their commit: a peer that died in the roster keeps a result that lacks it undecided).
         Returns whether both happened."""
         everyone = set(roster) | {self.peer_id}
-        if not await_quorum_reports(self.board, attempt, everyone, self.deadlines.total(self._levels)):
+        never = functools.partial(self._never_reporting, attempt, everyone)
+        if not await_quorum_reports(self.board, attempt, everyone, self.deadlines.total(self._levels), never):
             return False
-        return await_attempt_decided(self.board, attempt, everyone, self._commit_wait())
+        return await_attempt_decided(self.board, attempt, everyone, self._commit_wait(), never)
+
+    def _never_reporting(self, attempt: int, roster: Collection[str]) -> set[str]:
+        """Roster peers that will not report for ``attempt``: gone from the roster, or already in a
+        later attempt (attempts only grow)."""
+        try:
+            gone = set(roster) - set(self.online()) - {self.peer_id} if self.online is not None else set()
+            later = {p for p, a in self.board.latest_by_peer().items() if a > attempt}
+        except Exception as e:  # a failed read proves nothing: wait on as without it
+            logger.debug(f"could not tell which peers left attempt {attempt}: {e}")
+            return set()
+        return (gone | later) & set(roster)
 
     def _commit_wait(self) -> float:
         """How long a peer that posted its result waits for a quorum to hold it, by recent commits."""

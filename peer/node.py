@@ -376,6 +376,7 @@ class PeerNode:
             commit_board=self._commit_board,
             leaving=self._stop.is_set,
             deadlines=deadlines,
+            online=lambda: [p.entry.peer_id for p in read_roster(self.dht, task.task_id)],
         )
         self._reclaim_signals()
         return self._averager

@@ -21,6 +21,7 @@ from typing import Protocol
 from hivemind_adapter.dht import peer_id, read_entries, store
 
 COMMIT_POLL_SECONDS = 0.1  # how often a peer re-reads the board while it waits for a quorum
+NEVER_POLL_SECONDS = 2.0  # how often it asks which roster peers will never report (a roster and every bucket)
 
 
 class CommitBoard(Protocol):
@@ -39,6 +40,11 @@ class CommitBoard(Protocol):
     def latest_attempt(self) -> int:
         """The highest attempt anyone reported recently, departure notices aside (-1 if none): where
         the swarm is."""
+        ...
+
+    def latest_by_peer(self) -> dict[str, int]:
+        """Each peer's highest attempt reported recently, departure notices aside: a peer that reported
+        a later attempt than the one being decided will never report in that one."""
         ...
 
 
@@ -69,6 +75,13 @@ class DHTCommitBoard:
     def latest_attempt(self) -> int:
         return max((a for (a, _), r in self._entries().items() if not r.get("left")), default=-1)
 
+    def latest_by_peer(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for (a, peer), r in self._entries().items():
+            if not r.get("left"):
+                out[peer] = max(a, out.get(peer, -1))
+        return out
+
 
 def is_quorum(peers: Collection[str], roster: Collection[str]) -> bool:
     """Whether ``peers`` are more than half of ``roster``.
@@ -93,11 +106,19 @@ def await_commit(
     digest: str,
     roster: Collection[str],
     deadline_seconds: float,
+    never: Callable[[], Collection[str]] | None = None,
 ) -> CommitDecision:
     """Wait (at most ``deadline_seconds``) until the peers that posted ``digest`` for ``attempt`` are
     a quorum of ``roster``. Gives up early once that can no longer happen (too many roster peers
-    posted a failure or another digest). This peer's own report must already be on the board."""
+    posted a failure or another digest). This peer's own report must already be on the board.
+
+    ``never`` (asked every :data:`NEVER_POLL_SECONDS`): roster peers that will not report for ``attempt``
+    (gone from the roster, or already in a later attempt). They only hasten giving up: a result
+    still commits only with a strict majority of the whole roster, so two peers that see different
+    peers gone can never commit different results; without them, a peer left alone by a death or by
+    the others' moving on waited out the whole commit deadline (40-66 s on the churn benchmark)."""
     deadline = time.monotonic() + deadline_seconds
+    gone_or_later = _Throttled(never)
     while True:
         reports = board.read(attempt)
         # A peer that announced its departure from this attempt never posts a result for it, so
@@ -107,12 +128,14 @@ def await_commit(
         if is_quorum(agreeing, members):
             return CommitDecision(True, "", len(agreeing))
         undecided = members - reports.keys()
-        if not is_quorum(agreeing | undecided, members):
+        silent = gone_or_later() & undecided
+        if not is_quorum(agreeing | (undecided - silent), members):
             others = len([p for p in members & reports.keys() if p not in agreeing])
+            gone = f", {len(silent)} gone or in a later attempt" if silent else ""
             return CommitDecision(
                 False,
                 f"no quorum for this result: {len(agreeing & members)} of {len(members)} roster peer(s) hold it, "
-                f"{others} reported a failure or another result",
+                f"{others} reported a failure or another result{gone}",
                 len(agreeing),
             )
         if time.monotonic() > deadline:
@@ -126,13 +149,32 @@ def await_commit(
 
 
 def await_quorum_reports(
-    board: CommitBoard, attempt: int, roster: Collection[str], deadline_seconds: float
+    board: CommitBoard,
+    attempt: int,
+    roster: Collection[str],
+    deadline_seconds: float,
+    never: Callable[[], Collection[str]] | None = None,
 ) -> bool:
     """Wait (at most ``deadline_seconds``) until a quorum of ``roster`` posted anything for ``attempt``
-    (a result, a failure or a departure). A peer whose attempt failed early waits here before its next
-    round: the others are still in this attempt, and meeting them in the next one needs them there
-    (and the state they commit now is what it must catch up with). Returns whether they did."""
-    return _poll(lambda: is_quorum(board.read(attempt).keys(), roster), deadline_seconds)
+    (a result, a failure or a departure), or is done with it otherwise (``never``: gone, or in a
+    later attempt). A peer whose attempt failed early waits here before its next round: the others
+    are still in this attempt, and meeting them in the next one needs them there (and the state they
+    commit now is what it must catch up with). Returns whether they did."""
+    done = _Throttled(never)
+    return _poll(lambda: is_quorum(set(board.read(attempt)) | done(), roster), deadline_seconds)
+
+
+class _Throttled:
+    """``never()``, asked at most every :data:`NEVER_POLL_SECONDS` (it reads the roster and every
+    bucket of the board), first after that long (most waits end sooner); the last answer in between."""
+
+    def __init__(self, never: Callable[[], Collection[str]] | None):
+        self.never, self.last, self.at = never, set(), time.monotonic()
+
+    def __call__(self) -> set[str]:
+        if self.never is not None and time.monotonic() - self.at >= NEVER_POLL_SECONDS:
+            self.last, self.at = set(self.never()), time.monotonic()
+        return self.last
 
 
 def _poll(condition: Callable[[], bool], deadline_seconds: float) -> bool:
@@ -147,10 +189,13 @@ def _poll(condition: Callable[[], bool], deadline_seconds: float) -> bool:
         time.sleep(COMMIT_POLL_SECONDS)
 
 
-def attempt_decided(reports: dict[str, dict], roster: Collection[str]) -> bool:
+def attempt_decided(
+    reports: dict[str, dict], roster: Collection[str], never: Collection[str] = frozenset()
+) -> bool:
     """Whether an attempt's outcome is settled, from its ``reports``: one result holds a quorum of
     ``roster`` (its holders commit it now), or no result can reach one any more, not even one that
-    only the peers yet to report would hold (everyone who posted a result then gives up now)."""
+    only the peers yet to report would hold (everyone who posted a result then gives up now).
+    ``never``: roster peers that will not report (gone, or in a later attempt)."""
     members = set(roster) - {p for p, r in reports.items() if r.get("left")}
     holders: dict[str, set[str]] = {}
     for peer, report in reports.items():
@@ -158,15 +203,20 @@ def attempt_decided(reports: dict[str, dict], roster: Collection[str]) -> bool:
             holders.setdefault(str(report.get("digest")), set()).add(peer)
     if any(is_quorum(h, members) for h in holders.values()):
         return True
-    undecided = members - reports.keys()
+    undecided = members - reports.keys() - set(never)
     return not any(is_quorum(h | undecided, members) for h in [*holders.values(), set()])
 
 
 def await_attempt_decided(
-    board: CommitBoard, attempt: int, roster: Collection[str], deadline_seconds: float
+    board: CommitBoard,
+    attempt: int,
+    roster: Collection[str],
+    deadline_seconds: float,
+    never: Callable[[], Collection[str]] | None = None,
 ) -> bool:
     """Wait (at most ``deadline_seconds``) until :func:`attempt_decided`. Returns whether it was."""
-    return _poll(lambda: attempt_decided(board.read(attempt), roster), deadline_seconds)
+    done = _Throttled(never)
+    return _poll(lambda: attempt_decided(board.read(attempt), roster, done()), deadline_seconds)
 
 
 @dataclass(frozen=True)

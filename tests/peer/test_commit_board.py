@@ -125,6 +125,36 @@ def test_a_departed_peer_no_longer_counts_in_the_roster(two_boards):
     assert not await_quorum_reports(stayer, 10, {stayer.peer_id, leaver.peer_id}, deadline_seconds=0.5)
 
 
+def test_peers_gone_or_in_a_later_attempt_end_the_wait_for_a_quorum_but_never_make_one(two_boards):
+    # A roster of four: the stayer holds its result, "QmDead" was killed (gone from the roster) and
+    # the other peer already reported a later attempt. Neither will report in attempt 20: the wait
+    # for a quorum ends once the board shows it (before, it ran out the whole commit deadline).
+    stayer, other = two_boards
+    roster = [stayer.peer_id, other.peer_id, "QmDead", "QmSlow"]
+    stayer.post(20, True, "cc" * 32)
+    other.post(21, False, "")
+    assert stayer.latest_by_peer() == {stayer.peer_id: 20, other.peer_id: 21}
+    asked = []
+
+    def never() -> set[str]:
+        asked.append(time.monotonic())
+        return {"QmDead"} | {p for p, a in stayer.latest_by_peer().items() if a > 20}
+
+    started = time.monotonic()
+    decision = await_commit(stayer, 20, "cc" * 32, roster, deadline_seconds=60, never=never)
+    assert not decision.committed and "2 gone or in a later attempt" in decision.reason, decision
+    assert time.monotonic() - started < 30 and len(asked) == 1
+    # A peer that settles after a failed attempt stops waiting for them too.
+    assert await_quorum_reports(stayer, 20, roster, deadline_seconds=60, never=never)
+    assert await_attempt_decided(stayer, 20, roster, deadline_seconds=60, never=never)
+    # They never count towards a quorum: a result held by 1 of 4, the rest gone, does not commit,
+    # and without them the same wait still runs to its deadline.
+    assert attempt_decided({stayer.peer_id: {"ok": True, "digest": "cc" * 32}}, roster, {"QmDead", "QmSlow"})
+    assert not attempt_decided({stayer.peer_id: {"ok": True, "digest": "cc" * 32}}, roster)
+    lonely = await_commit(stayer, 20, "cc" * 32, roster, deadline_seconds=1.0)
+    assert not lonely.committed and "within 1 s" in lonely.reason
+
+
 def test_an_attempt_is_decided_once_a_result_holds_a_quorum_or_none_can():
     roster = ["p0", "p1", "p2", "p3"]
     ok = {"ok": True, "digest": "d1"}
