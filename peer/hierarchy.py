@@ -538,10 +538,23 @@ class HierarchicalAverager:
         # they may take. (Not the whole attempt's deadlines: a dead peer in the roster, undecided
         # forever, would then hold the survivors in very different waits and out of step.)
         skipped = max(0, self._levels - self._broadcasts_taken) * self.deadlines.deadline("broadcast").seconds
+        never = functools.partial(self._never_reporting, attempt, roster)
         decision = await_commit(
-            self.board, attempt, outcome.digest, roster, self._commit_wait() + skipped,
-            never=lambda: self._never_reporting(attempt, roster),
-        )  # fmt: skip
+            self.board, attempt, outcome.digest, roster, self._commit_wait() + skipped, never
+        )
+        if decision.timed_out and decision.agreeing > 1:
+            # Others hold this result and the rest are neither gone nor done: another cohort's head
+            # may still be in its broadcast to a member that died, and posts after it (measured: it
+            # did, 1 s after its cohort's partners gave up on it, and the swarm split into peers that
+            # committed and peers that could not catch up for 75 s). Wait on, once, that long.
+            decision = await_commit(
+                self.board,
+                attempt,
+                outcome.digest,
+                roster,
+                self.deadlines.deadline("broadcast").seconds,
+                never,
+            )
         if decision.committed:
             self.deadlines.record("commit", time.monotonic() - started)
         return decision.committed, decision.reason

@@ -98,6 +98,7 @@ class CommitDecision:
     committed: bool
     reason: str = ""
     agreeing: int = 0  # peers that posted this peer's digest when it decided
+    timed_out: bool = False  # the deadline ended it (the outcome may still be undecided)
 
 
 def await_commit(
@@ -144,6 +145,7 @@ def await_commit(
                 f"no quorum within {deadline_seconds:.0f} s: {len(agreeing & members)} of {len(members)} roster "
                 f"peer(s) reported this result, {len(undecided)} reported nothing",
                 len(agreeing),
+                timed_out=True,
             )
         time.sleep(COMMIT_POLL_SECONDS)
 

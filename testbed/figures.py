@@ -38,7 +38,7 @@ class PeerFigures:
     span_s: float = 0.0  # from its first round's start to its last round's end
     stages_s: dict[str, float] = field(default_factory=dict)
     first_contribution_s: float | None = None  # from its start to its first committed contribution
-    lived_s: float | None = None  # from its start to its exit (None: still running)
+    lived_s: float | None = None  # from its start until it was signalled or exited (None: still running)
 
 
 @dataclass
@@ -131,8 +131,9 @@ def peer_figures(run_dir: Path) -> list[PeerFigures]:
             span = rounds[-1]["time"] - (rounds[0]["time"] - rounds[0]["seconds"])
             fig.span_s = round(span, 2)
             fig.compute_utilization = round(stages["compute"] / span, 4) if span > 0 else None
-        exit_ = next((e for e in reversed(evs) if e["event"] == "exit"), None)
-        fig.lived_s = round(exit_["time"] - started, 1) if exit_ is not None else None
+        # Until it was told to stop or killed: a peer asked to leave has no more rounds to show.
+        end = next((e for e in evs if e["event"].startswith("signal-") or e["event"] == "exit"), None)
+        fig.lived_s = round(end["time"] - started, 1) if end is not None else None
         contributed = [r for r in committed if r["samples"] > 0]
         if contributed:
             fig.first_contribution_s = round(contributed[0]["time"] - started, 1)

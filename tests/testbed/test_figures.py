@@ -34,6 +34,10 @@ def test_joiners_first_contribution_and_how_long_they_ran(tmp_path):
         {"name": "peer-0", "event": "exit", "time": 302.0, "returncode": 0},
         {"name": "peer-1", "event": "signal-term", "time": 300.0},
         {"name": "peer-1", "event": "exit", "time": 303.0, "returncode": 0},
+        # a joiner the run's end asked to leave 20 s after its start: it finishes its round (40 s more)
+        {"name": "peer-3", "event": "start", "time": 280.0},
+        {"name": "peer-3", "event": "signal-term", "time": 300.0},
+        {"name": "peer-3", "event": "exit", "time": 340.0, "returncode": 0},
     ])  # fmt: skip
     _write_jsonl(tmp_path / "peer-0" / "rounds.jsonl", [_round(0, 120.0, True), _round(1, 200.0, True)])
     # peer-1: its first round aborted, its second committed without samples, its third contributed
@@ -47,10 +51,12 @@ def test_joiners_first_contribution_and_how_long_they_ran(tmp_path):
     assert not peers["peer-0"].joiner and peers["peer-1"].joiner and peers["peer-2"].joiner
     assert peers["peer-1"].first_contribution_s == 65.5  # 215.5 - 150: the round with samples
     assert peers["peer-2"].first_contribution_s is None
-    assert (peers["peer-0"].lived_s, peers["peer-1"].lived_s, peers["peer-2"].lived_s) == (202.0, 153.0, 31.0)
+    # how long each ran: until it was told to stop or killed (no round of its own comes after that)
+    lived = [peers[f"peer-{i}"].lived_s for i in range(4)]
+    assert lived == [200.0, 150.0, 30.0, 20.0]
     assert (peers["peer-2"].ended, peers["peer-1"].rounds_aborted) == ("killed", 1)
 
     swarm = swarm_figures(list(peers.values()), None, total_samples=256)
-    assert swarm["joiners"] == {"peer-1": 65.5, "peer-2": None}
-    assert swarm["joiners_lived_s"] == {"peer-1": 153.0, "peer-2": 31.0}
+    assert swarm["joiners"] == {"peer-1": 65.5, "peer-2": None, "peer-3": None}
+    assert swarm["joiners_lived_s"] == {"peer-1": 150.0, "peer-2": 30.0, "peer-3": 20.0}
     assert swarm["peer_rounds_committed"] == 4 and swarm["peer_rounds_aborted"] == 2
