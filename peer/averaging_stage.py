@@ -122,7 +122,9 @@ class StageRunner:
         ``watch``: a peer whose failure report on the commit board ends the wait at once (a member's
         cohort leader, during the broadcast), as does its dropping out of the roster (``online``,
         every :data:`ONLINE_CHECK_SECONDS`): a leader killed mid-round cost its members the whole
-        broadcast deadline (60 s on the churn benchmark), long after its announcement expired.
+        broadcast deadline (60 s on the churn benchmark), long after its announcement expired. A
+        unit whose peers all dropped out counts as departed, as with a departure notice (a leader
+        killed inside the cross stage's all-reduce left the other leader looking for it for 57 s).
         ``units``: the peer ids behind each member the group expects (``size`` of them; empty: not
         checked). A unit all of whose peers posted a departure notice for ``attempt`` (a newcomer
         sitting the attempt out, a volunteer that stopped) will not come: the group stops waiting for
@@ -176,6 +178,7 @@ class StageRunner:
             control = averager.step(timeout=remaining, allow_retries=False, wait=False, **step)
             next_check = time.monotonic() + 0.5
             next_online = time.monotonic() + ONLINE_CHECK_SECONDS
+            offline: set[str] = set()  # the units' peers gone from the roster, as last read
             while not control.done():
                 time.sleep(0.05)
                 # Only a step still looking for its group is cancelled: cancelling a running all-reduce
@@ -185,9 +188,12 @@ class StageRunner:
                     if watch and self._reported_failure(attempt, watch):
                         control.cancel()
                         raise RoundAborted(f"{name} stage abandoned: {watch[-8:]} aborted the round")
-                    if watch and self.online is not None and time.monotonic() >= next_online:
+                    if (watch or units) and self.online is not None and time.monotonic() >= next_online:
                         next_online = time.monotonic() + ONLINE_CHECK_SECONDS
-                        if not self._is_online(watch):
+                        roster_now = self._roster_now()
+                        if roster_now is not None:
+                            offline = {p for unit in units for p in unit} - roster_now
+                        if watch and roster_now is not None and watch not in roster_now:
                             control.cancel()
                             raise RoundAborted(
                                 f"{name} stage abandoned: {watch[-8:]} left the roster (its announcement expired)"
@@ -201,11 +207,11 @@ class StageRunner:
                     if stage == 0 and self.superseded():
                         control.cancel()
                         raise RoundAborted(f"{name} stage abandoned: the swarm moved on to a later round")
-                    departed, quiet = self._absent_units(attempt, units, live)
+                    departed, quiet = self._absent_units(attempt, units, live, offline)
                     coming = size - departed
                     if coming < expected:
                         logger.info(
-                            f"attempt {attempt}: {kind} stage: {size - coming} member(s) left the attempt; "
+                            f"attempt {attempt}: {kind} stage: {size - coming} member(s) left the attempt or the roster; "
                             f"gathering {coming} of {size}"
                         )
                         expected = coming
@@ -253,12 +259,15 @@ class StageRunner:
             self.leaving() and time.monotonic() - started > LEAVING_GRACE_FACTOR * self.timeouts.matchmaking
         )
 
-    def _is_online(self, peer: str) -> bool:
+    def _roster_now(self) -> set[str] | None:
+        """The peers in the roster now; None if the read failed or looks incomplete (it must hold this
+        peer's own announcement): a failed read proves nobody gone."""
         try:
-            return peer in set(self.online())
-        except Exception as e:  # a failed roster read proves nothing
+            peers = set(self.online())
+        except Exception as e:
             logger.debug(f"could not read the roster: {e}")
-            return True
+            return None
+        return peers if self.board.peer_id in peers else None
 
     @staticmethod
     def _target(expected: int, quiet: int, gathering: bool) -> int:
@@ -267,13 +276,18 @@ class StageRunner:
         return expected - quiet if gathering and expected - quiet >= 2 else expected
 
     def _absent_units(
-        self, attempt: int, units: Sequence[Collection[str]], live: Collection[str] | None
+        self,
+        attempt: int,
+        units: Sequence[Collection[str]],
+        live: Collection[str] | None,
+        offline: Collection[str] = (),
     ) -> tuple[int, int]:
-        """``(departed, quiet)``: how many of ``units`` have every peer's departure notice for
-        ``attempt`` on the board, and how many others have no peer in ``live`` (0 if ``live`` is None)."""
+        """``(departed, quiet)``: how many of ``units`` have every peer gone (a departure notice for
+        ``attempt`` on the board, or ``offline``: out of the roster, dead), and how many others have
+        no peer in ``live`` (0 if ``live`` is None)."""
         if len(units) < 2:
             return 0, 0
-        left = {p for p, r in self.board.read(attempt).items() if r.get("left")}
+        left = {p for p, r in self.board.read(attempt).items() if r.get("left")} | set(offline)
         departed = [bool(unit) and set(unit) <= left for unit in units]
         quiet = 0
         if live is not None:

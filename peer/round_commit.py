@@ -27,6 +27,8 @@ NEVER_POLL_SECONDS = 2.0  # how often it asks which roster peers will never repo
 class CommitBoard(Protocol):
     """Where participants post and read their end-of-attempt reports."""
 
+    peer_id: str  # whose reports :meth:`post` writes
+
     def post(self, attempt: int, ok: bool, digest: str, left: bool = False, state: str = "") -> None:
         """``left``: a departure notice for ``attempt`` (not an attempt run; see :meth:`latest_attempt`).
         ``state``: the state digest after committing ``digest`` (the same report, posted again)."""
