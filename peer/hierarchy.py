@@ -538,23 +538,10 @@ class HierarchicalAverager:
         # they may take. (Not the whole attempt's deadlines: a dead peer in the roster, undecided
         # forever, would then hold the survivors in very different waits and out of step.)
         skipped = max(0, self._levels - self._broadcasts_taken) * self.deadlines.deadline("broadcast").seconds
-        never = functools.partial(self._never_reporting, attempt, roster)
         decision = await_commit(
-            self.board, attempt, outcome.digest, roster, self._commit_wait() + skipped, never
-        )
-        if decision.timed_out and decision.agreeing > 1:
-            # Others hold this result and the rest are neither gone nor done: another cohort's head
-            # may still be in its broadcast to a member that died, and posts after it (measured: it
-            # did, 1 s after its cohort's partners gave up on it, and the swarm split into peers that
-            # committed and peers that could not catch up for 75 s). Wait on, once, that long.
-            decision = await_commit(
-                self.board,
-                attempt,
-                outcome.digest,
-                roster,
-                self.deadlines.deadline("broadcast").seconds,
-                never,
-            )
+            self.board, attempt, outcome.digest, roster, self._commit_wait() + skipped,
+            never=lambda: self._never_reporting(attempt, roster),
+        )  # fmt: skip
         if decision.committed:
             self.deadlines.record("commit", time.monotonic() - started)
         return decision.committed, decision.reason
@@ -573,15 +560,18 @@ class HierarchicalAverager:
         return await_attempt_decided(self.board, attempt, everyone, self._commit_wait(), never)
 
     def _never_reporting(self, attempt: int, roster: Collection[str]) -> set[str]:
-        """Roster peers that will not report for ``attempt``: gone from the roster, or already in a
-        later attempt (attempts only grow)."""
+        """Roster peers that will not report for ``attempt``: gone from the roster (their
+        announcement expired: dead, or cut off). Empty where the roster is not known here."""
+        if self.online is None:
+            return set()
         try:
-            gone = set(roster) - set(self.online()) - {self.peer_id} if self.online is not None else set()
-            later = {p for p, a in self.board.latest_by_peer().items() if a > attempt}
+            online = set(self.online())
         except Exception as e:  # a failed read proves nothing: wait on as without it
             logger.debug(f"could not tell which peers left attempt {attempt}: {e}")
             return set()
-        return (gone | later) & set(roster)
+        if self.peer_id not in online:  # an incomplete read (this peer's own announcement is missing)
+            return set()
+        return set(roster) - online
 
     def _commit_wait(self) -> float:
         """How long a peer that posted its result waits for a quorum to hold it, by recent commits."""

@@ -21,7 +21,7 @@ from typing import Protocol
 from hivemind_adapter.dht import peer_id, read_entries, store
 
 COMMIT_POLL_SECONDS = 0.1  # how often a peer re-reads the board while it waits for a quorum
-NEVER_POLL_SECONDS = 2.0  # how often it asks which roster peers will never report (a roster and every bucket)
+NEVER_POLL_SECONDS = 2.0  # how often it asks which roster peers will never report (a roster read)
 
 
 class CommitBoard(Protocol):
@@ -42,11 +42,6 @@ class CommitBoard(Protocol):
     def latest_attempt(self) -> int:
         """The highest attempt anyone reported recently, departure notices aside (-1 if none): where
         the swarm is."""
-        ...
-
-    def latest_by_peer(self) -> dict[str, int]:
-        """Each peer's highest attempt reported recently, departure notices aside: a peer that reported
-        a later attempt than the one being decided will never report in that one."""
         ...
 
 
@@ -77,13 +72,6 @@ class DHTCommitBoard:
     def latest_attempt(self) -> int:
         return max((a for (a, _), r in self._entries().items() if not r.get("left")), default=-1)
 
-    def latest_by_peer(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for (a, peer), r in self._entries().items():
-            if not r.get("left"):
-                out[peer] = max(a, out.get(peer, -1))
-        return out
-
 
 def is_quorum(peers: Collection[str], roster: Collection[str]) -> bool:
     """Whether ``peers`` are more than half of ``roster``.
@@ -100,7 +88,6 @@ class CommitDecision:
     committed: bool
     reason: str = ""
     agreeing: int = 0  # peers that posted this peer's digest when it decided
-    timed_out: bool = False  # the deadline ended it (the outcome may still be undecided)
 
 
 def await_commit(
@@ -116,7 +103,7 @@ def await_commit(
     posted a failure or another digest). This peer's own report must already be on the board.
 
     ``never`` (asked every :data:`NEVER_POLL_SECONDS`): roster peers that will not report for ``attempt``
-    (gone from the roster, or already in a later attempt). They only hasten giving up: a result
+    (gone from the roster: dead or cut off). They only hasten giving up: a result
     still commits only with a strict majority of the whole roster, so two peers that see different
     peers gone can never commit different results; without them, a peer left alone by a death or by
     the others' moving on waited out the whole commit deadline (40-66 s on the churn benchmark)."""
@@ -134,7 +121,7 @@ def await_commit(
         silent = gone_or_later() & undecided
         if not is_quorum(agreeing | (undecided - silent), members):
             others = len([p for p in members & reports.keys() if p not in agreeing])
-            gone = f", {len(silent)} gone or in a later attempt" if silent else ""
+            gone = f", {len(silent)} gone from the roster" if silent else ""
             return CommitDecision(
                 False,
                 f"no quorum for this result: {len(agreeing & members)} of {len(members)} roster peer(s) hold it, "
@@ -147,7 +134,6 @@ def await_commit(
                 f"no quorum within {deadline_seconds:.0f} s: {len(agreeing & members)} of {len(members)} roster "
                 f"peer(s) reported this result, {len(undecided)} reported nothing",
                 len(agreeing),
-                timed_out=True,
             )
         time.sleep(COMMIT_POLL_SECONDS)
 
@@ -160,8 +146,8 @@ def await_quorum_reports(
     never: Callable[[], Collection[str]] | None = None,
 ) -> bool:
     """Wait (at most ``deadline_seconds``) until a quorum of ``roster`` posted anything for ``attempt``
-    (a result, a failure or a departure), or is done with it otherwise (``never``: gone, or in a
-    later attempt). A peer whose attempt failed early waits here before its next round: the others
+    (a result, a failure or a departure), or is done with it otherwise (``never``: gone from the
+    roster). A peer whose attempt failed early waits here before its next round: the others
     are still in this attempt, and meeting them in the next one needs them there (and the state they
     commit now is what it must catch up with). Returns whether they did."""
     done = _Throttled(never)
@@ -199,7 +185,7 @@ def attempt_decided(
     """Whether an attempt's outcome is settled, from its ``reports``: one result holds a quorum of
     ``roster`` (its holders commit it now), or no result can reach one any more, not even one that
     only the peers yet to report would hold (everyone who posted a result then gives up now).
-    ``never``: roster peers that will not report (gone, or in a later attempt)."""
+    ``never``: roster peers that will not report (gone from the roster)."""
     members = set(roster) - {p for p, r in reports.items() if r.get("left")}
     holders: dict[str, set[str]] = {}
     for peer, report in reports.items():

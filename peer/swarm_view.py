@@ -248,18 +248,10 @@ class SignedCommitBoard:
         }
 
     def latest_attempt(self) -> int:
-        return max(self.latest_by_peer().values(), default=-1)
-
-    def latest_by_peer(self) -> dict[str, int]:
         buckets = read_entries_of_keys(
             self.dht, [commits_key(self.task_id, b) for b in range(COMMIT_BUCKETS)]
         )
-        out: dict[str, int] = {}
-        for e in buckets:
-            for r in self._open(e):
-                if not r.left:
-                    out[r.peer_id] = max(r.attempt, out.get(r.peer_id, -1))
-        return out
+        return max((r.attempt for e in buckets for r in self._open(e) if not r.left), default=-1)
 
 
 PROGRESS_TTL = 30.0  # a peer that stopped reporting drops out of the round's sample count

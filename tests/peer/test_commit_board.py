@@ -109,10 +109,10 @@ def test_a_result_the_others_contradict_is_given_up_at_once(two_boards):
     started = time.monotonic()
     decision = await_commit(stayer, 8, "aa" * 32, [stayer.peer_id, other.peer_id], deadline_seconds=30)
     assert not decision.committed and "no quorum for this result" in decision.reason, decision
-    assert time.monotonic() - started < 10 and not decision.timed_out  # decided: waiting longer cannot help
+    assert time.monotonic() - started < 10
     # Half of the roster, the other half silent: it waits, bounded.
     lonely = await_commit(stayer, 8, "aa" * 32, [stayer.peer_id, "QmSilentPeer"], deadline_seconds=1.0)
-    assert not lonely.committed and "within 1 s" in lonely.reason and lonely.timed_out
+    assert not lonely.committed and "within 1 s" in lonely.reason
 
 
 def test_a_departed_peer_no_longer_counts_in_the_roster(two_boards):
@@ -125,32 +125,30 @@ def test_a_departed_peer_no_longer_counts_in_the_roster(two_boards):
     assert not await_quorum_reports(stayer, 10, {stayer.peer_id, leaver.peer_id}, deadline_seconds=0.5)
 
 
-def test_peers_gone_or_in_a_later_attempt_end_the_wait_for_a_quorum_but_never_make_one(two_boards):
-    # A roster of four: the stayer holds its result, "QmDead" was killed (gone from the roster) and
-    # the other peer already reported a later attempt. Neither will report in attempt 20: the wait
-    # for a quorum ends once the board shows it (before, it ran out the whole commit deadline).
+def test_peers_gone_from_the_roster_end_the_wait_for_a_quorum_but_never_make_one(two_boards):
+    # A roster of four: the stayer holds its result, the other agrees, "QmDead" and "QmCutOff" are
+    # gone from the roster (killed, or cut off). They will not report in attempt 20: the wait for a
+    # quorum ends once that shows (before, it ran out the whole commit deadline).
     stayer, other = two_boards
-    roster = [stayer.peer_id, other.peer_id, "QmDead", "QmSlow"]
+    roster = [stayer.peer_id, other.peer_id, "QmDead", "QmCutOff"]
     stayer.post(20, True, "cc" * 32)
-    other.post(21, False, "")
-    assert stayer.latest_by_peer() == {stayer.peer_id: 20, other.peer_id: 21}
     asked = []
 
     def never() -> set[str]:
         asked.append(time.monotonic())
-        return {"QmDead"} | {p for p, a in stayer.latest_by_peer().items() if a > 20}
+        return {"QmDead", "QmCutOff"}
 
     started = time.monotonic()
     decision = await_commit(stayer, 20, "cc" * 32, roster, deadline_seconds=60, never=never)
-    assert not decision.committed and "2 gone or in a later attempt" in decision.reason, decision
+    assert not decision.committed and "2 gone from the roster" in decision.reason, decision
     assert time.monotonic() - started < 30 and len(asked) == 1
     # A peer that settles after a failed attempt stops waiting for them too.
-    assert await_quorum_reports(stayer, 20, roster, deadline_seconds=60, never=never)
+    assert await_quorum_reports(stayer, 20, [stayer.peer_id, "QmDead", "QmCutOff"], 60, never=never)
     assert await_attempt_decided(stayer, 20, roster, deadline_seconds=60, never=never)
-    # They never count towards a quorum: a result held by 1 of 4, the rest gone, does not commit,
-    # and without them the same wait still runs to its deadline.
-    assert attempt_decided({stayer.peer_id: {"ok": True, "digest": "cc" * 32}}, roster, {"QmDead", "QmSlow"})
-    assert not attempt_decided({stayer.peer_id: {"ok": True, "digest": "cc" * 32}}, roster)
+    # They never count towards a quorum: the other's agreeing report makes 2 of 4, not a quorum of
+    # the 2 left; and without them the same wait still runs to its deadline.
+    other.post(20, True, "cc" * 32)
+    assert not await_commit(stayer, 20, "cc" * 32, roster, deadline_seconds=60, never=never).committed
     lonely = await_commit(stayer, 20, "cc" * 32, roster, deadline_seconds=1.0)
     assert not lonely.committed and "within 1 s" in lonely.reason
 
