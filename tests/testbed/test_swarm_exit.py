@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers import console_script, wait_until
 
-pytestmark = pytest.mark.swarm
+pytestmark = [pytest.mark.swarm, pytest.mark.slow]  # a whole manta-swarm run (about 45 s): `make test-all`
 
 
 def _started_pid(events: str, name: str) -> int | None:
