@@ -504,6 +504,16 @@ def _sitting_out_peer(dht, *, name, cohorts, run_id, seed=0, samples=0, leaves=F
         averager.shutdown()
 
 
+def _named_peers(run_id: str, cohorts: list[list[str]], averaging: dict, others: dict) -> dict:
+    """Arguments for each named peer of ``cohorts``: (seed, samples) for those in ``averaging``,
+    ``others`` for the rest."""
+    return {
+        name: dict(name=name, cohorts=cohorts, run_id=run_id)
+        | (dict(seed=averaging[name][0], samples=averaging[name][1]) if name in averaging else others)
+        for name in sorted({n for c in cohorts for n in c})
+    }
+
+
 def test_a_stage_stops_waiting_for_members_whose_peers_left_the_attempt():
     # s1 of cohort 0 and the whole of cohort 1 (s2) sit attempt 0 out, after s0 and s3 read a roster
     # that holds them. Before, s0 and s3 waited for s1 through their gathering time and then for s2
@@ -511,15 +521,7 @@ def test_a_stage_stops_waiting_for_members_whose_peers_left_the_attempt():
     # board: the cohort's group forms without s1 and the cross stage ends at once.
     cohorts = [["s0", "s1", "s3"], ["s2"]]
     averaging = {"s0": (40, 6), "s3": (43, 2)}
-    args = {
-        name: dict(name=name, cohorts=cohorts, run_id="hier-left")
-        | (
-            dict(seed=averaging[name][0], samples=averaging[name][1])
-            if name in averaging
-            else dict(leaves=True)
-        )
-        for name in ("s0", "s1", "s2", "s3")
-    }
+    args = _named_peers("hier-left", cohorts, averaging, dict(leaves=True))
     results = _run("hier-left", args, _sitting_out_peer, timeout=240)
     outcomes = [results[n] for n in averaging]
     assert all(r["committed"] for r in outcomes), [r["reason"] for r in outcomes]
@@ -569,15 +571,7 @@ def test_a_silent_roster_member_costs_the_gathering_wait_only_until_it_showed_no
     # that posted nothing in the previous attempt is not waited for, and the pair begins at once.
     cohorts = [["q0", "q1", "q2"]]
     averaging = {"q0": (50, 3), "q1": (52, 4)}
-    args = {
-        name: dict(name=name, cohorts=cohorts, run_id="hier-quiet")
-        | (
-            dict(seed=averaging[name][0], samples=averaging[name][1])
-            if name in averaging
-            else dict(silent=True)
-        )
-        for name in ("q0", "q1", "q2")
-    }
+    args = _named_peers("hier-quiet", cohorts, averaging, dict(silent=True))
     results = _run("hier-quiet", args, _with_a_silent_member_peer, timeout=240)
     for attempt in (0, 1):
         outcomes = [results[n][attempt] for n in averaging]
