@@ -105,10 +105,10 @@ def await_commit(
     ``never`` (asked every :data:`NEVER_POLL_SECONDS`): roster peers that will not report for ``attempt``
     (gone from the roster: dead or cut off). They only hasten giving up: a result
     still commits only with a strict majority of the whole roster, so two peers that see different
-    peers gone can never commit different results; without them, a peer left alone by a death or by
-    the others' moving on waited out the whole commit deadline (40-66 s on the churn benchmark)."""
+    peers gone can never commit different results; without them, a peer left alone by deaths waited
+    out the whole commit deadline (40-66 s on the churn benchmark)."""
     deadline = time.monotonic() + deadline_seconds
-    gone_or_later = _Throttled(never)
+    gone = _Throttled(never)
     while True:
         reports = board.read(attempt)
         # A peer that announced its departure from this attempt never posts a result for it, so
@@ -118,14 +118,14 @@ def await_commit(
         if is_quorum(agreeing, members):
             return CommitDecision(True, "", len(agreeing))
         undecided = members - reports.keys()
-        silent = gone_or_later() & undecided
+        silent = gone() & undecided
         if not is_quorum(agreeing | (undecided - silent), members):
             others = len([p for p in members & reports.keys() if p not in agreeing])
-            gone = f", {len(silent)} gone from the roster" if silent else ""
+            said = f", {len(silent)} gone from the roster" if silent else ""
             return CommitDecision(
                 False,
                 f"no quorum for this result: {len(agreeing & members)} of {len(members)} roster peer(s) hold it, "
-                f"{others} reported a failure or another result{gone}",
+                f"{others} reported a failure or another result{said}",
                 len(agreeing),
             )
         if time.monotonic() > deadline:
@@ -155,8 +155,7 @@ def await_quorum_reports(
 
 
 class _Throttled:
-    """``never()``, asked at most every :data:`NEVER_POLL_SECONDS` (it reads the roster and every
-    bucket of the board), first after that long (most waits end sooner); the last answer in between."""
+    """``never()``, asked at most every :data:`NEVER_POLL_SECONDS` (it reads the roster), first after that long (most waits end sooner); the last answer in between."""
 
     def __init__(self, never: Callable[[], Collection[str]] | None):
         self.never, self.last, self.at = never, set(), time.monotonic()
