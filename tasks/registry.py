@@ -32,8 +32,15 @@ __all__ = [
     "register_task",
 ]
 
-# Modules that define built-in tasks (imported lazily by get_task / available_tasks).
-BUILTIN_TASK_MODULES = ("tasks.digits", "tasks.imagefolder", "tasks.cifar", "tasks.stereo.task")
+# The module that defines each built-in task, imported on first use: get_task imports only the one
+# it is asked for (each peer agent, worker and aggregator builds one task; the file-based ones import
+# torchvision's datasets), available_tasks all of them.
+BUILTIN_TASK_MODULES = {
+    "digits": "tasks.digits",
+    "imagefolder": "tasks.imagefolder",
+    "cifar10": "tasks.cifar",
+    "stereo-synthetic": "tasks.stereo.task",
+}
 
 _REGISTRY: dict[str, Callable[..., Task]] = {}
 
@@ -103,8 +110,10 @@ def register_task(name: str) -> Callable[[Callable[..., Task]], Callable[..., Ta
     return decorate
 
 
-def _load_builtins() -> None:
-    for module in BUILTIN_TASK_MODULES:
+def _load_builtins(name: str | None = None) -> None:
+    """Import the module of built-in task ``name``, or of every built-in task if it is not one."""
+    modules = [BUILTIN_TASK_MODULES[name]] if name in BUILTIN_TASK_MODULES else BUILTIN_TASK_MODULES.values()
+    for module in modules:
         importlib.import_module(module)
 
 
@@ -119,7 +128,7 @@ def get_task(name: str, data_dir: str | None = None, **opts: Any) -> Task:
     Unknown names or options raise ``ValueError``; a missing or malformed dataset directory raises
     :class:`DatasetError` (a ``ValueError``) with a one-line message.
     """
-    _load_builtins()
+    _load_builtins(name)
     factory = _REGISTRY.get(name)
     if factory is None:
         raise ValueError(f"task: unknown {name!r} (available: {', '.join(sorted(_REGISTRY))})")

@@ -1,6 +1,6 @@
-"""Image transforms for the classification tasks: deterministic per-sample ones
-(``torchvision.transforms.v2``) for the datasets, and the random training augmentation each task
-applies batch-wise.
+"""Image transforms for the classification tasks: deterministic per-sample ones for the datasets
+(``torchvision.transforms.v2`` for PIL images; a plain torch normalisation for tensors), and the
+random training augmentation each task applies batch-wise.
 
 The datasets' transforms have no randomness, so a sample is the same whoever loads it and whenever;
 training augmentation is a :class:`tasks.augmentation.ImageAugmentation` (``Task.augmentation``),
@@ -10,15 +10,19 @@ drawn from the explicit generator of the computation that forms the batch (see t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
-from torchvision.transforms import v2
 
 from tasks.augmentation import ImageAugmentation, normalised_black
+
+if TYPE_CHECKING:
+    from torchvision.transforms import v2
 
 __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
+    "Normalize",
     "tensor_image_transform",
     "pil_image_transform",
     "affine_jitter",
@@ -29,15 +33,39 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-def tensor_image_transform(mean: Sequence[float], std: Sequence[float]) -> v2.Transform:
+class Normalize:
+    """``(image - mean) / std`` per channel of a float C×H×W tensor, as ``v2.Normalize`` computes it
+    (the same operations in the same order, so the same bits).
+
+    Plain torch, so a tensor dataset needs no torchvision: importing it costs 2.5 s of CPU here (it
+    loads ``torch._dynamo``), which every peer agent paid at start only to build the digits task."""
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float]):
+        if len(mean) != len(std) or any(s == 0 for s in std):
+            raise ValueError(f"std: {list(std)} must match mean {list(mean)} and have no zero")
+        self.mean = [float(m) for m in mean]  # as v2.Normalize keeps them (exports read them)
+        self.std = [float(s) for s in std]
+        self._mean = torch.tensor(self.mean, dtype=torch.float32).view(-1, 1, 1)
+        self._std = torch.tensor(self.std, dtype=torch.float32).view(-1, 1, 1)
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        return image.sub(self._mean).div_(self._std)
+
+    def __repr__(self) -> str:
+        return f"Normalize(mean={self.mean}, std={self.std})"
+
+
+def tensor_image_transform(mean: Sequence[float], std: Sequence[float]) -> Normalize:
     """For float C×H×W tensors in [0, 1] (digits): normalise."""
-    return v2.Normalize(list(mean), list(std))
+    return Normalize(mean, std)
 
 
 def pil_image_transform(
     image_size: int, mean: Sequence[float], std: Sequence[float], *, grayscale: bool = False
 ) -> v2.Transform:
     """For PIL images (image folders, CIFAR): resize to ``image_size``, to float, normalise."""
+    from torchvision.transforms import v2  # only the file-based tasks need it (see Normalize)
+
     steps: list[v2.Transform] = [v2.ToImage()]
     if grayscale:
         steps.append(v2.Grayscale(1))

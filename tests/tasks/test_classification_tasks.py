@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +12,7 @@ import torch
 from PIL import Image
 
 from tasks import DatasetError, Task, available_tasks, get_task
-from tasks.digits import stratified_split
+from tasks.digits import load_digit_arrays, stratified_split
 
 
 def test_registry_lists_builtins_and_rejects_unknowns():
@@ -45,6 +47,36 @@ def test_digits_is_real_32x32_data_with_a_fixed_split():
     assert task.metric(logits, torch.tensor([1, 2, 0, 0])) == 0.5
     assert task.loss(logits, torch.tensor([1, 2, 3, 4])).item() > 0
     assert get_task("digits", image_size=16).train_set[0][0].shape == (1, 16, 16)
+
+
+def test_digits_are_sklearns_digits_resized_and_normalised_as_torchvision_does():
+    # The task is built without either library (a process that only builds it must not pay for
+    # importing them); what it gives must be what they give, bit for bit.
+    from sklearn.datasets import load_digits
+    from torchvision.transforms import v2
+
+    reference = load_digits()
+    pixels, target = load_digit_arrays()
+    assert np.array_equal(pixels, reference.images) and np.array_equal(target, reference.target)
+    task = get_task("digits", augment=False)
+    images = torch.from_numpy(np.asarray(reference.images, dtype=np.float32) / 16.0).unsqueeze(1)
+    images = v2.functional.resize(images, [32, 32], antialias=True).clamp_(0.0, 1.0)
+    _, val_idx = stratified_split(np.asarray(reference.target, dtype=np.int64), 0.2, 0)
+    normalize = v2.Normalize(task.val_set.transform.mean, task.val_set.transform.std)
+    for k in (0, 7, len(val_idx) - 1):
+        assert torch.equal(task.val_set[k][0], normalize(images[val_idx[k]]))
+
+
+def test_building_the_digits_task_imports_neither_torchvision_nor_sklearn():
+    # Every peer agent, worker and aggregator builds the task at start; a worker also augments.
+    code = (
+        "import sys, torch; from supernet.workload import workload_for; w = workload_for('digits'); w.build(); "
+        "w.task.augmentation(torch.zeros(4, 1, 32, 32), torch.Generator()); "
+        "print(sorted(m for m in ('torchvision', 'sklearn', 'tasks.cifar') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", out.stdout
 
 
 def test_stratified_split_is_disjoint_and_deterministic():
