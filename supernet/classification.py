@@ -147,7 +147,8 @@ class ClassificationSupernet(nn.Module):
             raise ValueError(f"dropout: {dropout} is not in [0, 1)")
         self.dropout = float(dropout)
         self.classifier = nn.Linear(self.head_channels, num_classes)
-        self.reset_parameters()
+        if not self.classifier.weight.is_meta:  # as ElasticConv2d: supernet.init draws them later
+            self.reset_parameters()
         self.active: SubnetConfig = space.largest()
         # Run activations in channels-last memory format (parameters stay contiguous): on CPU the
         # depthwise-convolution backward is several times faster. Numerically the same network.

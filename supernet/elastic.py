@@ -167,7 +167,8 @@ class ElasticConv2d(nn.Module):
             for big, small in pairwise(chain):
                 taps = small * small
                 self.kernel_transforms[f"{big}to{small}"] = nn.Parameter(torch.empty(taps, taps))
-        self.reset_parameters()
+        if not self.weight.is_meta:  # built on "meta" (supernet.init): there is nothing to draw yet,
+            self.reset_parameters()  # and normal_ on meta imports torch._dynamo (1.7 s of CPU)
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
