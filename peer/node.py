@@ -49,7 +49,7 @@ from protocol.identity import Identity
 from protocol.netaddr import host_port_to_multiaddr, parse_host_port
 from protocol.records import Affinity, ContributionReceipt, DeviceInfo, Sealed, TaskSpec
 from supernet.checkpoint import save_checkpoint
-from supernet.state import consensus_count, digest, init_optimizer_state, state_tensors
+from supernet.state import consensus_count, digest, fresh_state_tensors
 from supernet.workload import Workload, swarm_train_options, workload_for
 
 logger = logging.getLogger("manta.peer")
@@ -207,10 +207,9 @@ class PeerNode:
         train_options = swarm_train_options(task)
         self.workload = workload_for(task.task, train_options)
         net = self.workload.build()
-        optimizer = self.workload.make_optimizer(net)
-        init_optimizer_state(net, optimizer)
+        optimizer = self.workload.cfg.optimizer  # the workers make it; the agent holds its state
         self._shared = SharedBuffers.create(
-            list(net.parameters()), state_tensors(net, optimizer), len(self.devices)
+            list(net.parameters()), fresh_state_tensors(net, optimizer), len(self.devices)
         )
         self._consensus = consensus_count(net, optimizer)
         self.state_digest = digest(self._shared.state[: self._consensus])
