@@ -149,6 +149,7 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
         cohorts=plan.cohorts,
         superseded=lambda: ctx.progress.swarm_round() > plan.round_index,
     )
+    outcome = kept_when_leaving(outcome, plan.roster, ctx.peer_id, leaving=ctx.stop.is_set())
     lr = ctx.workers.apply(round_index, outcome.tensors if outcome.committed else None)
 
     if outcome.committed and host.samples > 0:
@@ -160,6 +161,26 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
     elif not ctx.stop.is_set():
         averager.settle(plan.attempt, plan.roster)  # the others finish this attempt; then catch up
     return _report(ctx, plan, host, outcome, lr, compute_seconds, time.perf_counter() - started)
+
+
+def kept_when_leaving(
+    outcome: AveragingOutcome, roster: tuple[str, ...], peer_id: str, *, leaving: bool
+) -> AveragingOutcome:
+    """The outcome a peer that is leaving applies: none, if it would be the only one holding it.
+
+    Peers stopped together (Ctrl-C to a local swarm, a site going down) finish their round; one that
+    had just begun the next finds every other member gone from it and would commit that round alone,
+    ending on a state nobody else holds. Leaving anyway, it keeps the state the swarm shares instead.
+    A peer that stays goes on alone (it is the swarm now), as does one whose roster held only itself.
+    """
+    alone = [c.peer for c in outcome.contributors] == [peer_id] and any(p != peer_id for p in roster)
+    if not (outcome.committed and leaving and alone):
+        return outcome
+    return AveragingOutcome(
+        committed=False,
+        reason="leaving, and every other peer left this round: its result would be this peer's alone",
+        seconds=outcome.seconds,
+    )
 
 
 # ------------------------------------------------------------------ the stages, in order
