@@ -44,7 +44,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -59,6 +59,7 @@ from peer.round_commit import (
     await_attempt_decided,
     await_commit,
     await_quorum_reports,
+    result_holds_quorum,
 )
 from supernet.state import digest
 
@@ -106,6 +107,29 @@ class AveragingOutcome:
     digest: str = ""
     seconds: dict[str, float] = field(default_factory=dict)  # wall time per stage
     regrouped: list[str] = field(default_factory=list)  # stages whose all-reduce broke and formed again
+    # The result this peer posted but saw no quorum for within its commit wait (None otherwise): if
+    # the others' reports make one after all, it commits late (committed_late).
+    pending: list[torch.Tensor] | None = None
+
+
+def committed_late(
+    outcome: AveragingOutcome, reports: dict[str, dict], roster: Collection[str]
+) -> AveragingOutcome:
+    """``outcome`` committed, if the result it gave up on holds a quorum in ``reports`` after all.
+
+    A peer that posted its result waits a bounded time for a quorum; a peer that posts the same
+    result later (a cohort head whose broadcast outlasted the others' commit wait) then sees the
+    quorum and commits, while the first gave up and kept its old state. Once the attempt settled, the
+    one that gave up checks again: the same rule as a commit, only later, so both hold one state.
+    Before, it found no quorum of holders of the new state to catch up with and fell behind the swarm
+    for up to 95 s (4-peer churn benchmark)."""
+    if (
+        outcome.committed
+        or outcome.pending is None
+        or not result_holds_quorum(reports, roster, outcome.digest)
+    ):
+        return outcome
+    return replace(outcome, committed=True, reason="", tensors=outcome.pending, pending=None)
 
 
 def _cohort_tag(cohort: str) -> str:
@@ -293,6 +317,8 @@ class HierarchicalAverager:
         if committed and final is not None:
             outcome.committed, outcome.tensors = True, final  # fresh tensors, not views of the shared buffer
         else:
+            if final is not None and not outcome.reason:  # posted as a result: it may still commit late
+                outcome.pending = final
             outcome.reason = outcome.reason or reason
             logger.warning(
                 f"attempt {attempt}: averaging aborted, keeping previous values ({outcome.reason})"
@@ -558,6 +584,25 @@ class HierarchicalAverager:
         if not await_quorum_reports(self.board, attempt, everyone, self.deadlines.total(self._levels), never):
             return False
         return await_attempt_decided(self.board, attempt, everyone, self._commit_wait(), never)
+
+    def commit_late(
+        self, attempt: int, roster: Collection[str], outcome: AveragingOutcome
+    ) -> AveragingOutcome:
+        """After :meth:`settle`: ``outcome`` committed if its result found a quorum after all
+        (:func:`committed_late`); as it was otherwise, or if the board cannot be read."""
+        if outcome.committed or outcome.pending is None:
+            return outcome
+        try:
+            reports = self.board.read(attempt)
+        except Exception as e:  # the DHT may fail a read; the round stays aborted, catch-up follows
+            logger.debug(f"could not read attempt {attempt}'s reports again: {e}")
+            return outcome
+        late = committed_late(outcome, reports, set(roster) | {self.peer_id})
+        if late.committed:
+            logger.info(
+                f"attempt {attempt}: its result reached a quorum after this peer gave up waiting: committed"
+            )
+        return late
 
     def _never_reporting(self, attempt: int, roster: Collection[str]) -> set[str]:
         """Roster peers that will not report for ``attempt``: gone from the roster (their

@@ -150,6 +150,9 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
         superseded=lambda: ctx.progress.swarm_round() > plan.round_index,
     )
     outcome = kept_when_leaving(outcome, plan.roster, ctx.peer_id, leaving=ctx.stop.is_set())
+    if not outcome.committed and not ctx.stop.is_set():
+        averager.settle(plan.attempt, plan.roster)  # the others finish this attempt; then catch up
+        outcome = averager.commit_late(plan.attempt, plan.roster, outcome)  # its result may commit yet
     lr = ctx.workers.apply(round_index, outcome.tensors if outcome.committed else None)
 
     if outcome.committed and host.samples > 0:
@@ -158,8 +161,6 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
     if outcome.committed:
         ctx.publish_state(round_index, attempt)
         averager.report_state(plan.attempt, outcome.digest, ctx.state_digest())
-    elif not ctx.stop.is_set():
-        averager.settle(plan.attempt, plan.roster)  # the others finish this attempt; then catch up
     return _report(ctx, plan, host, outcome, lr, compute_seconds, time.perf_counter() - started)
 
 

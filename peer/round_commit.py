@@ -115,7 +115,7 @@ def await_commit(
         # leaving it out of the roster cannot make two results quorums (they still share a peer).
         members = set(roster) - {p for p, r in reports.items() if r.get("left")}
         agreeing = {p for p, r in reports.items() if r.get("ok") and r.get("digest") == digest}
-        if is_quorum(agreeing, members):
+        if result_holds_quorum(reports, roster, digest):
             return CommitDecision(True, "", len(agreeing))
         undecided = members - reports.keys()
         silent = gone() & undecided
@@ -176,6 +176,14 @@ def _poll(condition: Callable[[], bool], deadline_seconds: float) -> bool:
         if time.monotonic() > deadline:
             return False
         time.sleep(COMMIT_POLL_SECONDS)
+
+
+def result_holds_quorum(reports: dict[str, dict], roster: Collection[str], digest: str) -> bool:
+    """Whether the peers that posted result ``digest`` in ``reports`` are a quorum of ``roster`` (less
+    the peers that posted a departure notice for the attempt): the rule every commit follows."""
+    members = set(roster) - {p for p, r in reports.items() if r.get("left")}
+    agreeing = {p for p, r in reports.items() if r.get("ok") and r.get("digest") == digest}
+    return bool(digest) and is_quorum(agreeing, members)
 
 
 def attempt_decided(

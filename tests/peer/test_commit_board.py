@@ -14,9 +14,11 @@ import threading
 import time
 
 import pytest
+import torch
 
 from hivemind_adapter.dht import peer_id
 from peer.catch_up import sit_out_running_attempt
+from peer.hierarchy import AveragingOutcome, committed_late
 from peer.round_commit import (
     CommittedState,
     attempt_decided,
@@ -183,6 +185,30 @@ def test_a_failed_peer_waits_until_the_attempt_is_decided_bounded(two_boards):
     other.post(12, True, "ab" * 32)
     threading.Timer(0.5, lambda: stayer.post(12, True, "ab" * 32)).start()
     assert await_attempt_decided(other, 12, roster, deadline_seconds=30)
+
+
+def test_a_result_that_finds_its_quorum_after_the_commit_wait_commits_late(two_boards):
+    # Run m of the churn benchmark: two peers posted a result and gave up waiting for a quorum; a
+    # cohort head posted the same result after its slow broadcast, saw the quorum and committed. The
+    # two that gave up commit it too once they look again, rather than fall behind the swarm.
+    early, late_head = two_boards
+    roster = [early.peer_id, late_head.peer_id, "QmKilledPeer"]  # 2 of 3 is a quorum
+    result = "5e" * 32
+    tensors = [torch.arange(3.0)]
+    gave_up = AveragingOutcome(committed=False, reason="no quorum within 6 s", digest=result, pending=tensors)
+    early.post(5, True, result)
+    assert not committed_late(gave_up, early.read(5), roster).committed  # still 1 of 3
+    late_head.post(5, True, result)
+    assert await_commit(late_head, 5, result, roster, 5.0).committed  # the head commits at once
+    late = committed_late(gave_up, early.read(5), roster)
+    assert late.committed and late.tensors is tensors and late.pending is None and not late.reason
+    # Only the result it posted, and only a strict majority of the roster, ever commits.
+    other = AveragingOutcome(committed=False, reason="no quorum", digest="77" * 32, pending=tensors)
+    assert not committed_late(other, early.read(5), roster).committed
+    assert not committed_late(gave_up, early.read(5), [*roster, "QmOther1", "QmOther2"]).committed
+    # A round that failed before it had a result to post has nothing to commit.
+    failed = AveragingOutcome(committed=False, reason="cohort stage failed", digest=result)
+    assert not committed_late(failed, early.read(5), roster).committed
 
 
 def test_a_peer_catching_up_finds_the_newest_state_a_quorum_holds_and_its_holders(two_boards):
