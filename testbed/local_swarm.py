@@ -103,6 +103,7 @@ class LocalSwarm:
         self.started_at: dict[str, float] = {}
         self._logs: list = []
         self._exits_recorded: set[str] = set()
+        self.signalled: dict[str, set[str]] = {}  # process name -> the signals sent to it ("term", ...)
         self.started = time.time()
 
     # ------------------------------------------------------------------ processes
@@ -229,6 +230,7 @@ class LocalSwarm:
         proc = self.procs[name]
         if proc.poll() is None:
             proc.send_signal(_SIGNALS[how])
+            self.signalled.setdefault(name, set()).add(how)
             self._event(name, f"signal-{how}")
 
     def peer_names(self) -> list[str]:
