@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +20,15 @@ def console_script(name: str) -> str:
     if not found:
         raise FileNotFoundError(f"{name} is not installed (run `make venv`)")
     return found
+
+
+def modules_loaded_by(code: str, modules: tuple[str, ...]) -> list[str]:
+    """Which of ``modules`` a fresh interpreter has imported after running ``code``: what a process
+    that does only that pays for at start."""
+    probe = f"{code}\nimport sys\nprint(','.join(m for m in {modules!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return [m for m in out.stdout.strip().split(",") if m]
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, what: str, poll: float = 0.5) -> None:
