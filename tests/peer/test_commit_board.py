@@ -151,6 +151,9 @@ def test_peers_gone_from_the_roster_end_the_wait_for_a_quorum_but_never_make_one
     # the 2 left; and without them the same wait still runs to its deadline.
     other.post(20, True, "cc" * 32)
     assert not await_commit(stayer, 20, "cc" * 32, roster, deadline_seconds=60, never=never).committed
+    # Decided only because they are gone: 2 of 4 with the other two still to report is open.
+    assert attempt_decided(stayer.read(20), roster, {"QmDead", "QmCutOff"})
+    assert not attempt_decided(stayer.read(20), roster)
     lonely = await_commit(stayer, 20, "cc" * 32, roster, deadline_seconds=1.0)
     assert not lonely.committed and "within 1 s" in lonely.reason
 
