@@ -110,3 +110,49 @@ def sit_out_running_attempt(
             break
         stop.wait(SIT_OUT_POLL_SECONDS)
     return running
+
+
+LEAVE_WAIT_SECONDS = 30.0  # at most this long a leaving peer waits for the round the swarm is finishing
+LEAVE_POLL_SECONDS = 1.0
+
+
+def catch_up_before_leaving(
+    catch_up: Callable[[], object],
+    state_round: Callable[[], int],
+    running_round: Callable[[], int],
+    board: CommitBoard,
+    stop: threading.Event,
+    announce: Callable[[int], None] = lambda round_index: None,
+    limit: float = LEAVE_WAIT_SECONDS,
+    outcome_grace: float = SIT_OUT_OUTCOME_SECONDS,
+    poll: float = LEAVE_POLL_SECONDS,
+) -> int:
+    """For a peer leaving on Ctrl-C: end on the state the swarm ends on. Returns the round of the state
+    it ends on (``state_round()`` after the last ``catch_up()``).
+
+    Peers stopped together (Ctrl-C to a local swarm, a site going down) meet the stop at different
+    points of a round boundary: one whose last round aborted as it left, or that left just before the
+    next round, while the others had begun that round and then finish it (that is what a stop asks
+    of them). Each ends on a different state unless the early ones catch up. So a leaving peer first
+    loads the newest state a quorum committed; if another peer still computes or averages a later round
+    (``running_round``, from the progress board), it waits for that round: until it holds the round's
+    state, until the attempt's first result is ``outcome_grace`` old without a committed state (it
+    aborted), until no fresh progress record shows the round any more, for at most ``limit`` seconds,
+    or until ``stop`` (a second Ctrl-C). ``announce`` is told the round before the wait."""
+    catch_up()
+    target = running_round()
+    if target <= state_round():
+        return state_round()
+    announce(target)
+    before = board.latest_attempt()  # the attempt the swarm committed or aborted last
+    deadline, first_result = time.monotonic() + limit, None
+    while not stop.wait(poll) and time.monotonic() < deadline:
+        catch_up()
+        if state_round() >= target or running_round() < target:
+            break
+        if first_result is None and board.latest_attempt() > before:
+            first_result = time.monotonic()  # the running attempt's first result: its outcome is near
+        if first_result is not None and time.monotonic() - first_result > outcome_grace:
+            catch_up()  # a state report that arrived within the grace
+            break
+    return state_round()

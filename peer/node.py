@@ -10,8 +10,9 @@ surrounds the rounds: start-up, catching up, the loop that retries aborted round
 A late joiner first downloads the newest state another peer serves (digest-checked) and continues
 from the round after it, sitting out the round the swarm is computing when it arrives (the others
 read their rosters without it); a peer whose round aborted looks for a newer state the same way, so
-it catches up instead of drifting. Ctrl-C finishes the current round, withdraws the announcement and
-stops every child process; a second Ctrl-C abandons the round.
+it catches up instead of drifting. Ctrl-C finishes the current round, catches up with a round the
+others are still finishing (bounded), withdraws the announcement and stops every child process; a
+second Ctrl-C abandons the round (or, after it, the wait).
 """
 
 from __future__ import annotations
@@ -33,7 +34,13 @@ from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.state_archive import StateArchive
 from hivemind_adapter.state_sharing import StateSharer, peer_tiebreak
 from peer.affinity import default_gateway_mac, host_id, network_id
-from peer.catch_up import SIT_OUT_SECONDS, committed_state, sit_out_running_attempt
+from peer.catch_up import (
+    LEAVE_WAIT_SECONDS,
+    SIT_OUT_SECONDS,
+    catch_up_before_leaving,
+    committed_state,
+    sit_out_running_attempt,
+)
 from peer.devices import WorkerDevice
 from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
 from peer.progress_display import ProgressDisplay
@@ -89,6 +96,8 @@ class PeerNode:
         self.attempt = 0  # averaging attempts so far, swarm-wide (see run)
         self.state_digest = ""
         self._stop = threading.Event()
+        self._leave_now = threading.Event()  # a second Ctrl-C while waiting to leave with the swarm's state
+        self._waiting_to_leave = False
         self._signals_installed = False
         # what start() builds, in order
         self.dht = None
@@ -337,7 +346,7 @@ class PeerNode:
                 self.state_round = report.round
                 committed, failed_in_a_row = committed + 1, 0
             elif self._stop.is_set():
-                break  # leaving: no point catching up with a swarm this peer is about to leave
+                break  # leaving: it catches up once, after the loop (leave_with_swarm_state)
             else:
                 failed_in_a_row += 1
                 self.catch_up()  # repairs divergence and brings us to the swarm's round
@@ -347,7 +356,39 @@ class PeerNode:
                     break
         if self._averager is not None:
             self._averager.leave(self.attempt)  # the swarm's next attempt goes on without this peer
+        if self._stop.is_set():
+            self.leave_with_swarm_state()
         return self.reports
+
+    def leave_with_swarm_state(self) -> None:
+        """Ctrl-C: end on the state the swarm ends on, waiting (bounded) for a round the others are
+        still finishing (:func:`peer.catch_up.catch_up_before_leaving` says why)."""
+
+        def say(round_index: int) -> None:
+            logger.info(
+                f"leaving: the swarm is finishing round {round_index}; waiting at most "
+                f"{LEAVE_WAIT_SECONDS:.0f} s to leave with its state (Ctrl-C again to leave now)"
+            )
+
+        # Out of the roster first: a round the others begin while this peer waits must not count it.
+        try:
+            self._announcer.withdraw()
+        except Exception as e:  # the DHT may be unreachable; the record then simply expires
+            logger.debug(f"withdraw failed: {e}")
+        self._waiting_to_leave = True
+        try:
+            catch_up_before_leaving(
+                self.catch_up,
+                lambda: self.state_round,
+                lambda: self._round.progress.swarm_round(fresh_ms=int(PROGRESS_TTL * 1000)),
+                self._commit_board,
+                self._leave_now,
+                say,
+            )
+        except Exception as e:  # an unreachable DHT or holder: leave with the state this peer holds
+            logger.warning(f"could not catch up with the swarm before leaving: {e}")
+        finally:
+            self._waiting_to_leave = False
 
     def _reached_until_round(self) -> bool:
         until = self.config.until_round
@@ -420,6 +461,9 @@ class PeerNode:
         """
 
         def on_interrupt(signum, frame):
+            if self._stop.is_set() and self._waiting_to_leave:
+                self._leave_now.set()  # second Ctrl-C after the round: leave with the state we hold
+                return
             if self._stop.is_set():
                 raise KeyboardInterrupt  # second Ctrl-C: abandon the round now
             logger.info("stopping after this round (Ctrl-C again to abandon it)")

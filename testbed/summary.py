@@ -28,7 +28,7 @@ from typing import Any
 from ledger.rewards import compute_rewards
 from ledger.store import LedgerError, LedgerStore
 from protocol.identity import Identity
-from supernet.checkpoint import CheckpointError, load_checkpoint
+from supernet.checkpoint import CheckpointError, load_checkpoint, read_checkpoint
 from testbed.figures import as_json, peer_figures, site_figures, swarm_figures
 from testbed.local_swarm import LocalSwarm
 from testbed.wan.rates import format_rate
@@ -79,10 +79,14 @@ def summarise(
             split["averaging"] += r["times"]["averaging"]
             split["other"] += r["times"]["waiting"]
         time_split[name] = {k: round(v, 2) for k, v in split.items()}
-        if reports:
-            # Only a peer that ran to the end holds the run's final state; one killed on the way
-            # holds whatever it had then.
-            (digests if swarm.procs[name].returncode == 0 else killed)[name] = reports[-1]["state_digest"]
+        if swarm.procs[name].returncode == 0:
+            # Only a peer that ran to the end holds the run's final state: the one it saved (a peer
+            # leaving may catch up after its last round), or else its last committed round's.
+            saved = saved_digest(swarm.dir / name / "final-state.pt")
+            if saved or reports:
+                digests[name] = saved or reports[-1]["state_digest"]
+        elif reports:
+            killed[name] = reports[-1]["state_digest"]  # one killed on the way holds what it had then
     total_samples = sum(committed_rounds.values())
     peers = peer_figures(swarm.dir)
     sites = None
@@ -156,6 +160,17 @@ def ledger_summary(swarm: LocalSwarm) -> dict[str, Any]:
                 "revoked": reward.revoked if reward else 0,
             }
     return {"ledger": ledger, "credits": credits}
+
+
+def saved_digest(path: Path) -> str:
+    """The state digest recorded in a peer's final checkpoint ("" if it saved none, or none readable)."""
+    if not path.exists():
+        return ""
+    try:
+        return str(read_checkpoint(path)["digest"])
+    except CheckpointError as e:
+        logger.warning(str(e))
+        return ""
 
 
 def evaluate_final_state(swarm: LocalSwarm) -> dict[str, Any]:
