@@ -59,6 +59,7 @@ from peer.round_commit import (
     await_attempt_decided,
     await_commit,
     await_quorum_reports,
+    report_state,
     result_holds_quorum,
 )
 from supernet.state import digest
@@ -630,12 +631,8 @@ class HierarchicalAverager:
         return max(after, self.board.latest_attempt()) + 1
 
     def report_state(self, attempt: int, result_digest: str, state_digest: str) -> None:
-        """After committing ``result_digest`` of ``attempt`` and applying it: say which state this
-        peer now holds (and serves), so peers catching up know whom to ask for it."""
-        try:
-            self.board.post(attempt, True, result_digest, state=state_digest)
-        except Exception as e:  # the DHT may be unreachable; catch-up then falls back to state sharing
-            logger.debug(f"state report failed: {e}")
+        """After committing ``result_digest`` of ``attempt``: :func:`peer.round_commit.report_state`."""
+        report_state(self.board, attempt, result_digest, state_digest)
 
     def leave(self, attempt: int) -> None:
         """Tell the swarm this peer will not take part in ``attempt``: its cohort stops waiting for it

@@ -45,7 +45,7 @@ from peer.devices import WorkerDevice
 from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
 from peer.progress_display import ProgressDisplay
 from peer.receipts import AggregatorLink, ReceiptCourier, ReceiptOutbox
-from peer.round import RoundContext, RoundReport, run_round
+from peer.round import RoundContext, RoundReport, commit_pending, run_round
 from peer.search_service import EvaluationService
 from peer.swarm_progress import SwarmProgress
 from peer.swarm_view import PROGRESS_TTL, Announcer, ProgressBoard, SignedCommitBoard, fetch_task, read_roster
@@ -206,6 +206,7 @@ class PeerNode:
             state_round=lambda: self.state_round,
             publish_state=self._publish_state,
             seal_receipt=self.receipt_wire,
+            commit_board=self._commit_board,
         )
         self._reclaim_signals()
 
@@ -324,13 +325,16 @@ class PeerNode:
             and not self._reached_until_round()
             and (self.config.max_rounds is None or committed < self.config.max_rounds)
         ):
-            # A round computed from an old state could only abort: the others' groups are keyed by theirs.
-            self.catch_up_with_swarm()
-            report = run_round(self._round, self.state_round + 1, self.attempt)
+            # An aborted round whose result found its quorum since: the step the others took.
+            report = commit_pending(self._round)
+            if report is None:
+                # A round computed from an old state could only abort: the others' groups are keyed by theirs.
+                self.catch_up_with_swarm()
+                report = run_round(self._round, self.state_round + 1, self.attempt)
+                # Every round, committed or aborted, is one attempt for the whole swarm; the next one is
+                # past the highest any peer reached, so peers whose aborts took different times meet again.
+                self.attempt = self._averager.next_attempt(self.attempt)
             self.reports.append(report)
-            # Every round, committed or aborted, is one attempt for the whole swarm; the next one is past
-            # the highest any peer reached, so peers whose aborts took different times meet again.
-            self.attempt = self._averager.next_attempt(self.attempt)
             # On a terminal the progress display shows the round; the full line goes to the debug log.
             (logger.debug if self.display.interactive else logger.info)(
                 f"round {report.round}: {'committed' if report.committed else 'aborted'}, loss {report.loss:.4f}, "
@@ -339,6 +343,7 @@ class PeerNode:
                 f"phase {report.phase}, time compute {report.times['compute']:.1f} s / averaging "
                 f"{report.times['averaging']:.1f} s / other {report.times['waiting']:.1f} s"
                 + (f" ({report.reason})" if report.reason else "")
+                + (" (late: its result found a quorum after the round ended)" if report.late else "")
             )
             self._record(report)
             self.display.round_done(report, self._round.roster_size, self._outbox.settled_credit())

@@ -23,15 +23,17 @@ collaborators a round needs (DHT, worker pool, averager, outbox, ...) come in on
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from peer.affinity import assign_cohorts, cohort_sizes
-from peer.hierarchy import AveragingOutcome, HierarchicalAverager
+from peer.hierarchy import AveragingOutcome, HierarchicalAverager, committed_late
 from peer.progress_display import ProgressDisplay
 from peer.receipts import ReceiptOutbox
+from peer.round_commit import CommitBoard, report_state
 from peer.swarm_progress import SwarmProgress
 from peer.swarm_view import Announcer, read_roster
 from peer.worker_pool import WorkerPool
@@ -43,6 +45,8 @@ from supernet.contribution import contribution_sketch
 from supernet.sketch import encode_sketch
 from supernet.state import digest
 from supernet.training import TrainConfig, phase_at
+
+logger = logging.getLogger("manta.peer")
 
 COMPUTE_POLL_SECONDS = 0.25  # how often the agent looks at the swarm's progress while workers train
 
@@ -93,6 +97,7 @@ class RoundReport:
     # the same split by stage: compute, cohort, cross, broadcast, commit, other
     stages: dict[str, float] = field(default_factory=dict)
     attempt: int = -1  # the swarm-wide averaging attempt this round ran in
+    late: bool = False  # committed after the round had ended aborted: its result found a quorum later
 
 
 @dataclass
@@ -116,7 +121,26 @@ class RoundContext:
     state_round: Callable[[], int]  # the round that state is the result of
     publish_state: Callable[[int, int], None]  # (round, attempt): serve the state just committed
     seal_receipt: Callable[[ContributionReceipt], bytes | None]  # the wire bytes (None: honest seal)
+    commit_board: CommitBoard
     roster_size: int = 0  # peers online in the last round's roster (for the progress display)
+    # aborted rounds whose posted result may still find a quorum, oldest first (commit_pending)
+    pending: list[PendingResult] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PendingResult:
+    """A round that ended aborted after this peer posted its result: everything needed to commit it
+    later, if a quorum of the roster turns out to hold that result (:func:`commit_pending`)."""
+
+    plan: RoundPlan
+    host: HostContribution
+    commitments: Commitments
+    start_digest: str  # only from this state does the result make the step the others took
+    outcome: AveragingOutcome  # aborted, its ``pending`` the result it posted
+    ended: float  # time.monotonic() when the round ended
+
+
+PENDING_KEPT = 4  # aborted rounds whose results are still looked at before each round
 
 
 def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
@@ -153,15 +177,81 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
     if not outcome.committed and not ctx.stop.is_set():
         averager.settle(plan.attempt, plan.roster)  # the others finish this attempt; then catch up
         outcome = averager.commit_late(plan.attempt, plan.roster, outcome)  # its result may commit yet
-    lr = ctx.workers.apply(round_index, outcome.tensors if outcome.committed else None)
+        if outcome.pending is not None:  # and it may still commit later (commit_pending)
+            pending = PendingResult(plan, host, commitments, start_digest, outcome, time.monotonic())
+            ctx.pending = [*ctx.pending, pending][-PENDING_KEPT:]
+    return finish_round(ctx, plan, host, commitments, start_digest, outcome, compute_seconds, started)
 
+
+def finish_round(
+    ctx: RoundContext,
+    plan: RoundPlan,
+    host: HostContribution,
+    commitments: Commitments,
+    start_digest: str,
+    outcome: AveragingOutcome,
+    compute_seconds: float,
+    started: float,
+) -> RoundReport:
+    """Apply the round's outcome: the same optimizer step as every peer that committed (or none), a
+    signed receipt for what this peer contributed, and the new state served and reported."""
+    lr = ctx.workers.apply(plan.round_index, outcome.tensors if outcome.committed else None)
     if outcome.committed and host.samples > 0:
         receipt = build_receipt(ctx, plan, host, commitments, start_digest, outcome)
         ctx.outbox.add(receipt, ctx.seal_receipt(receipt))
     if outcome.committed:
-        ctx.publish_state(round_index, attempt)
-        averager.report_state(plan.attempt, outcome.digest, ctx.state_digest())
+        ctx.pending = []  # a new state: no older result applies to it
+        ctx.publish_state(plan.round_index, plan.attempt)
+        report_state(ctx.commit_board, plan.attempt, outcome.digest, ctx.state_digest())
     return _report(ctx, plan, host, outcome, lr, compute_seconds, time.perf_counter() - started)
+
+
+def commit_pending(ctx: RoundContext) -> RoundReport | None:
+    """Before a round: commit the newest aborted round whose posted result a quorum of its roster
+    now holds, if this peer's state is still the one that round started from. Returns its report
+    (``late``), or None.
+
+    :meth:`~peer.hierarchy.HierarchicalAverager.commit_late` looks once, right after the settle; a
+    cohort head whose broadcast waits out a member that died can post its result after that (15 s
+    later on the 4-peer churn benchmark). Its cohort and this peer's quorum then committed, this
+    peer did not, and no quorum held the new state for it to catch up with: it computed the old
+    round again, "behind the swarm", for two minutes. Looking again before every round, for as long
+    as its state is unchanged (a committed round or a catch-up changes it and drops the pending
+    results), it takes the step the others took as soon as their reports show it."""
+    current = ctx.state_digest()
+    ctx.pending = [p for p in ctx.pending if p.start_digest == current]
+    found = committed_since(ctx.pending, ctx.commit_board, ctx.peer_id)
+    if found is None:
+        return None
+    pending, outcome = found
+    logger.info(
+        f"round {pending.plan.round_index} (attempt {pending.plan.attempt}): its result reached a quorum "
+        f"{time.monotonic() - pending.ended:.1f} s after the round ended here: committed late"
+    )
+    report = finish_round(
+        ctx, pending.plan, pending.host, pending.commitments, pending.start_digest, outcome, 0.0,
+        time.perf_counter(),
+    )  # fmt: skip
+    report.late = True
+    return report
+
+
+def committed_since(
+    pending: list[PendingResult], board: CommitBoard, peer_id: str
+) -> tuple[PendingResult, AveragingOutcome] | None:
+    """The newest of ``pending`` whose posted result a quorum of its roster (and this peer) now holds
+    on ``board``, and its outcome, committed (None: none does, or the board cannot be read)."""
+    for candidate in reversed(pending):
+        try:
+            reports = board.read(candidate.plan.attempt)
+        except Exception as e:  # the DHT may fail a read: look again before the next round
+            logger.debug(f"could not read attempt {candidate.plan.attempt}'s reports: {e}")
+            continue
+        outcome = committed_late(candidate.outcome, reports, set(candidate.plan.roster) | {peer_id})
+        if outcome.committed:
+            # its averaging time is in the aborted round's report already
+            return candidate, replace(outcome, seconds={})
+    return None
 
 
 def kept_when_leaving(

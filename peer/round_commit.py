@@ -13,12 +13,15 @@ next groups, which are keyed by state).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Protocol
 
 from hivemind_adapter.dht import peer_id, read_entries, store
+
+logger = logging.getLogger(__name__)
 
 COMMIT_POLL_SECONDS = 0.1  # how often a peer re-reads the board while it waits for a quorum
 NEVER_POLL_SECONDS = 2.0  # how often it asks which roster peers will never report (a roster read)
@@ -214,6 +217,15 @@ def await_attempt_decided(
     """Wait (at most ``deadline_seconds``) until :func:`attempt_decided`. Returns whether it was."""
     done = _Throttled(never)
     return _poll(lambda: attempt_decided(board.read(attempt), roster, done()), deadline_seconds)
+
+
+def report_state(board: CommitBoard, attempt: int, result_digest: str, state_digest: str) -> None:
+    """After committing ``result_digest`` of ``attempt`` and applying it: say which state this peer
+    now holds (and serves), so peers catching up know whom to ask for it."""
+    try:
+        board.post(attempt, True, result_digest, state=state_digest)
+    except Exception as e:  # the DHT may be unreachable; catch-up then falls back to state sharing
+        logger.debug(f"state report failed: {e}")
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ class PeerFigures:
     started: float  # wall time (s since the epoch)
     rounds_committed: int = 0
     rounds_aborted: int = 0
+    rounds_committed_late: int = 0  # of rounds_committed: aborted here first, committed once a quorum showed
     abort_reasons: dict[str, int] = field(default_factory=dict)
     samples: int = 0
     compute_utilization: float | None = None
@@ -112,11 +113,14 @@ def peer_figures(run_dir: Path) -> list[PeerFigures]:
         started = next(e["time"] for e in evs if e["event"] == "start")
         fig = PeerFigures(name, evs[0].get("site"), started > first_commit, _ending(evs), started)
         committed = [r for r in rounds if r.get("committed")]
+        # A round that ended aborted and committed later (its result found a quorum after all) has two
+        # lines, the second "late": it counts once, as committed.
+        late = {r.get("attempt") for r in committed if r.get("late")}
+        aborted = [r for r in rounds if not r.get("committed") and r.get("attempt") not in late]
         fig.rounds_committed = len(committed)
-        fig.rounds_aborted = len(rounds) - len(committed)
-        fig.abort_reasons = dict(
-            Counter(_reason(r.get("reason", "")) for r in rounds if not r.get("committed"))
-        )
+        fig.rounds_committed_late = len(late)
+        fig.rounds_aborted = len(aborted)
+        fig.abort_reasons = dict(Counter(_reason(r.get("reason", "")) for r in aborted))
         fig.samples = sum(r["samples"] for r in committed)
         stages = dict.fromkeys(STAGES, 0.0)
         for r in rounds:
@@ -179,6 +183,7 @@ def swarm_figures(
         "stages_s": stages,
         "peer_rounds_committed": sum(p.rounds_committed for p in peers),
         "peer_rounds_aborted": sum(p.rounds_aborted for p in peers),
+        "peer_rounds_committed_late": sum(p.rounds_committed_late for p in peers),
         "abort_reasons": dict(reasons.most_common()),
         "joiners": {p.name: p.first_contribution_s for p in peers if p.joiner},
         # How long each joiner ran: one killed (churn) before it could contribute says nothing of joining.

@@ -60,3 +60,21 @@ def test_joiners_first_contribution_and_how_long_they_ran(tmp_path):
     assert swarm["joiners"] == {"peer-1": 65.5, "peer-2": None, "peer-3": None}
     assert swarm["joiners_lived_s"] == {"peer-1": 150.0, "peer-2": 30.0, "peer-3": 20.0}
     assert swarm["peer_rounds_committed"] == 4 and swarm["peer_rounds_aborted"] == 2
+
+
+def test_a_round_committed_late_counts_once_as_committed(tmp_path):
+    _write_jsonl(tmp_path / "processes.jsonl", [
+        {"name": "peer-0", "event": "start", "time": 100.0},
+        {"name": "peer-0", "event": "exit", "time": 300.0, "returncode": 0},
+    ])  # fmt: skip
+    late = {**_round(4, 160.0, True), "late": True, "reason": ""}
+    rows = [_round(3, 120.0, True), _round(4, 140.0, False), late, _round(5, 180.0, False)]
+    _write_jsonl(tmp_path / "peer-0" / "rounds.jsonl", rows)
+    (fig,) = peer_figures(tmp_path)
+    # round 4 aborted here, and its result found a quorum before round 5: committed, late
+    assert (fig.rounds_committed, fig.rounds_committed_late, fig.rounds_aborted) == (2, 1, 1)
+    assert sum(fig.abort_reasons.values()) == 1
+    swarm = swarm_figures([fig], None, total_samples=192)
+    assert (swarm["peer_rounds_committed"], swarm["peer_rounds_aborted"], swarm["peer_rounds_committed_late"]) == (
+        2, 1, 1,
+    )  # fmt: skip
