@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import socket
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,8 +43,10 @@ from peer.devices import WorkerDevice
 from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
 from peer.progress_display import ProgressDisplay
 from peer.receipts import AggregatorLink, ReceiptCourier, ReceiptOutbox
-from peer.round import RoundContext, RoundReport, commit_pending, run_round
+from peer.round import commit_pending, run_round
+from peer.round_types import RoundContext, RoundReport
 from peer.search_service import EvaluationService
+from peer.stopping import StopSignals
 from peer.swarm_progress import SwarmProgress
 from peer.swarm_view import PROGRESS_TTL, Announcer, ProgressBoard, SignedCommitBoard, fetch_task, read_roster
 from peer.worker_pool import WorkerPool
@@ -95,10 +95,8 @@ class PeerNode:
         self.state_round = -1  # the round the current state is the result of (-1: the initial state)
         self.attempt = 0  # averaging attempts so far, swarm-wide (see run)
         self.state_digest = ""
-        self._stop = threading.Event()
-        self._leave_now = threading.Event()  # a second Ctrl-C while waiting to leave with the swarm's state
-        self._waiting_to_leave = False
-        self._signals_installed = False
+        self._signals = StopSignals()
+        self._stop = self._signals.stop  # set by the first Ctrl-C
         # what start() builds, in order
         self.dht = None
         self.peer_id = ""
@@ -208,7 +206,7 @@ class PeerNode:
             seal_receipt=self.receipt_wire,
             commit_board=self._commit_board,
         )
-        self._reclaim_signals()
+        self._signals.reclaim()
 
     def _start_workers(self) -> None:
         """Spawn one worker per device; they share gradient and state buffers with this process."""
@@ -336,15 +334,7 @@ class PeerNode:
                 self.attempt = self._averager.next_attempt(self.attempt)
             self.reports.append(report)
             # On a terminal the progress display shows the round; the full line goes to the debug log.
-            (logger.debug if self.display.interactive else logger.info)(
-                f"round {report.round}: {'committed' if report.committed else 'aborted'}, loss {report.loss:.4f}, "
-                f"{report.samples} samples in {report.seconds:.1f} s, {report.contributors} contributor(s), "
-                f"cohort {report.cohort}, state {report.state_digest[:12]}, swarm {report.swarm_samples} samples, "
-                f"phase {report.phase}, time compute {report.times['compute']:.1f} s / averaging "
-                f"{report.times['averaging']:.1f} s / other {report.times['waiting']:.1f} s"
-                + (f" ({report.reason})" if report.reason else "")
-                + (" (late: its result found a quorum after the round ended)" if report.late else "")
-            )
+            (logger.debug if self.display.interactive else logger.info)(report.describe())
             self._record(report)
             self.display.round_done(report, self._round.roster_size, self._outbox.settled_credit())
             if report.committed:
@@ -380,20 +370,18 @@ class PeerNode:
             self._announcer.withdraw()
         except Exception as e:  # the DHT may be unreachable; the record then simply expires
             logger.debug(f"withdraw failed: {e}")
-        self._waiting_to_leave = True
         try:
-            catch_up_before_leaving(
-                self.catch_up,
-                lambda: self.state_round,
-                lambda: self._round.progress.swarm_round(fresh_ms=int(PROGRESS_TTL * 1000)),
-                self._commit_board,
-                self._leave_now,
-                say,
-            )
+            with self._signals.waiting_to_leave() as leave_now:
+                catch_up_before_leaving(
+                    self.catch_up,
+                    lambda: self.state_round,
+                    lambda: self._round.progress.swarm_round(fresh_ms=int(PROGRESS_TTL * 1000)),
+                    self._commit_board,
+                    leave_now,
+                    say,
+                )
         except Exception as e:  # an unreachable DHT or holder: leave with the state this peer holds
             logger.warning(f"could not catch up with the swarm before leaving: {e}")
-        finally:
-            self._waiting_to_leave = False
 
     def _reached_until_round(self) -> bool:
         until = self.config.until_round
@@ -423,7 +411,7 @@ class PeerNode:
             deadlines=deadlines,
             online=lambda: [p.entry.peer_id for p in read_roster(self.dht, task.task_id)],
         )
-        self._reclaim_signals()
+        self._signals.reclaim()
         return self._averager
 
     def _record(self, report: RoundReport) -> None:
@@ -458,29 +446,9 @@ class PeerNode:
     # ------------------------------------------------------------------ stopping
 
     def install_signal_handlers(self) -> None:
-        """Ctrl-C / SIGTERM: finish the round and leave; a second one abandons the round.
-
-        Called again after every hivemind averager is created: hivemind's ``run_in_background`` sets
-        SIGINT to "ignore" in the *calling* process before it forks the averager, which would
-        otherwise leave the volunteer with a peer that Ctrl-C cannot stop.
-        """
-
-        def on_interrupt(signum, frame):
-            if self._stop.is_set() and self._waiting_to_leave:
-                self._leave_now.set()  # second Ctrl-C after the round: leave with the state we hold
-                return
-            if self._stop.is_set():
-                raise KeyboardInterrupt  # second Ctrl-C: abandon the round now
-            logger.info("stopping after this round (Ctrl-C again to abandon it)")
-            self._stop.set()
-
-        self._signals_installed = True
-        signal.signal(signal.SIGINT, on_interrupt)
-        signal.signal(signal.SIGTERM, on_interrupt)
-
-    def _reclaim_signals(self) -> None:
-        if self._signals_installed and threading.current_thread() is threading.main_thread():
-            self.install_signal_handlers()
+        """Ctrl-C / SIGTERM: finish the round and leave; a second one abandons the round
+        (:mod:`peer.stopping`)."""
+        self._signals.install()
 
     def shutdown(self) -> None:
         """Leave: stop serving, deliver receipts (bounded), withdraw, stop workers and every process."""

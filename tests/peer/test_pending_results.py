@@ -15,7 +15,8 @@ import torch
 
 from hivemind_adapter.dht import peer_id
 from peer.hierarchy import AveragingOutcome
-from peer.round import Commitments, PendingResult, RoundPlan, committed_since
+from peer.round import committed_since
+from peer.round_types import Commitments, PendingResult, RoundPlan
 from peer.swarm_view import SignedCommitBoard
 from peer.worker_protocol import HostContribution
 from protocol.identity import Identity

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from peer.progress_display import ProgressDisplay
-from peer.round import RoundReport
+from peer.round_types import RoundReport
 from testbed.local_swarm import LocalSwarm, SwarmOptions, console_script
 
 

@@ -1,0 +1,122 @@
+"""The typed values a round passes between its stages, its report, and the context it runs in
+(:mod:`peer.round` runs the stages)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from peer.hierarchy import AveragingOutcome, HierarchicalAverager
+from peer.progress_display import ProgressDisplay
+from peer.receipts import ReceiptOutbox
+from peer.round_commit import CommitBoard
+from peer.swarm_progress import SwarmProgress
+from peer.swarm_view import Announcer
+from peer.worker_pool import WorkerPool
+from peer.worker_protocol import HostContribution
+from protocol.identity import Identity
+from protocol.records import ContributionReceipt, TaskSpec
+from supernet.training import TrainConfig
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """Where this peer stands in a round: its cohort among the roster's, and whom it expects."""
+
+    round_index: int  # the training step: data stream, sub-networks, learning rate
+    attempt: int  # the swarm-wide averaging attempt (never repeats; a retried step gets a new one)
+    cohort: str
+    cohort_rank: int  # this cohort's position among the round's cohorts (model-parallel shares)
+    num_cohorts: int
+    cohort_size: int
+    roster: tuple[str, ...]  # peer ids online at the start: a quorum of them must hold the result
+    cohorts: tuple[tuple[str, ...], ...] = ()  # the roster's peers of each cohort, by rank
+
+
+@dataclass(frozen=True)
+class Commitments:
+    """What this peer's receipt commits to, taken from the host's gradient before averaging."""
+
+    grad_commitment: str  # digest of the host's gradient numerator
+    grad_sketch: tuple[int, ...]  # a random projection an audit replay is compared with (empty: non-finite)
+    worker_samples: tuple[int, ...]  # samples per worker of this host
+
+
+@dataclass
+class RoundReport:
+    """One round as this peer saw it (a line of ``<data dir>/rounds.jsonl``)."""
+
+    round: int
+    committed: bool
+    samples: int
+    loss: float
+    cohort: str
+    state_digest: str
+    seconds: float
+    contributors: int = 0
+    reason: str = ""
+    phase: str = ""
+    lr: float | None = None
+    swarm_samples: int = 0  # what the whole swarm processed in the round (from the contributors)
+    subnets: list[str] = field(default_factory=list)  # hashes of the sub-networks this peer trained
+    # where this peer's time went: its own mini-batches, the all-reduce stages (which include waiting
+    # in matchmaking for the other peers), and the rest (commit reports, roster, optimizer step)
+    times: dict[str, float] = field(default_factory=dict)
+    # the same split by stage: compute, cohort, cross, broadcast, commit, other
+    stages: dict[str, float] = field(default_factory=dict)
+    attempt: int = -1  # the swarm-wide averaging attempt this round ran in
+    late: bool = False  # committed after the round had ended aborted: its result found a quorum later
+
+    def describe(self) -> str:
+        """The round in one log line."""
+        times = self.times or {"compute": 0.0, "averaging": 0.0, "waiting": 0.0}
+        return (
+            f"round {self.round}: {'committed' if self.committed else 'aborted'}, loss {self.loss:.4f}, "
+            f"{self.samples} samples in {self.seconds:.1f} s, {self.contributors} contributor(s), "
+            f"cohort {self.cohort}, state {self.state_digest[:12]}, swarm {self.swarm_samples} samples, "
+            f"phase {self.phase}, time compute {times['compute']:.1f} s / averaging "
+            f"{times['averaging']:.1f} s / other {times['waiting']:.1f} s"
+            + (f" ({self.reason})" if self.reason else "")
+            + (" (late: its result found a quorum after the round ended)" if self.late else "")
+        )
+
+
+@dataclass
+class RoundContext:
+    """The collaborators of a round, built once by the agent. Callables are the agent's: the round
+    asks for an averager and publishes states without knowing how those are kept."""
+
+    task: TaskSpec
+    train_config: TrainConfig
+    peer_id: str
+    identity: Identity
+    dht: object
+    workers: WorkerPool
+    progress: SwarmProgress
+    announcer: Announcer
+    outbox: ReceiptOutbox
+    display: ProgressDisplay
+    stop: threading.Event  # set by Ctrl-C: close the computation early, finish the round
+    averager_for: Callable[[str], HierarchicalAverager]  # the averager of a cohort (kept across rounds)
+    state_digest: Callable[[], str]  # digest of the state the round starts from
+    state_round: Callable[[], int]  # the round that state is the result of
+    publish_state: Callable[[int, int], None]  # (round, attempt): serve the state just committed
+    seal_receipt: Callable[[ContributionReceipt], bytes | None]  # the wire bytes (None: honest seal)
+    commit_board: CommitBoard
+    roster_size: int = 0  # peers online in the last round's roster (for the progress display)
+    # aborted rounds whose posted result may still find a quorum, oldest first (commit_pending)
+    pending: list[PendingResult] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PendingResult:
+    """A round that ended aborted after this peer posted its result: everything needed to commit it
+    later, if a quorum of the roster turns out to hold that result (:func:`commit_pending`)."""
+
+    plan: RoundPlan
+    host: HostContribution
+    commitments: Commitments
+    start_digest: str  # only from this state does the result make the step the others took
+    outcome: AveragingOutcome  # aborted, its ``pending`` the result it posted
+    ended: float  # time.monotonic() when the round ended
