@@ -56,6 +56,11 @@ class NoGroup(RoundAborted):
     """A stage found nobody to meet before its deadline (the partners died, stalled or never came)."""
 
 
+class HeadGone(RoundAborted):
+    """The head a broadcast waited for dropped out of the roster (its announcement expired: it died or
+    was cut off) before the broadcast began."""
+
+
 def round_bits(attempt: int, stage: int, state_digest: str, level: int = 0, group: int = 0) -> str:
     """One group key per (attempt, stage, start state, tree group): a slow peer's cohort request never
     meets a fast peer's broadcast, peers that start from different states never average together, and
@@ -195,7 +200,7 @@ class StageRunner:
                             offline = {p for unit in units for p in unit} - roster_now
                         if watch and roster_now is not None and watch not in roster_now:
                             control.cancel()
-                            raise RoundAborted(
+                            raise HeadGone(
                                 f"{name} stage abandoned: {watch[-8:]} left the roster (its announcement expired)"
                             )
                     if self._leaving_for(started):

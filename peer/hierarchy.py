@@ -28,8 +28,10 @@ it: untouched weights are neither diluted by other cohorts' zeros nor zeroed.
 Partial participation: a stage waits for its partners only as long as recent rounds suggest
 (:mod:`peer.deadlines`; each stage is one step of :mod:`peer.averaging_stage`), then goes on with
 whoever came: a cohort member whose cohort never gathers carries its own contribution to the cross
-stage as a cohort of one, a leader whose cross group never forms finishes with its cohort alone, and
-a group whose all-reduce broke meets again without the member that broke it. Every group key
+stage as a cohort of one, a leader whose cross group never forms finishes with its cohort alone, a
+group whose all-reduce broke meets again without the member that broke it, and a leader that drops
+out of the roster before its broadcast is replaced by the next member (every member holds the
+cohort's result after the cohort stage; it carries it across cohorts and broadcasts to the rest). Every group key
 carries the start state's digest, so a peer that missed a commit (and holds an older state) never
 meets the others until it caught up. Whatever groups formed, the result that commits is the one a
 quorum of the roster holds (:mod:`peer.round_commit`): the exact mean over exactly the contributors
@@ -50,7 +52,7 @@ import torch
 
 from hivemind_adapter.allreduce import VerifiedAverager, wire_compression, wire_rounded
 from hivemind_adapter.dht import peer_id
-from peer.averaging_stage import AveragingTimeouts, NoGroup, RoundAborted, StageRunner
+from peer.averaging_stage import AveragingTimeouts, HeadGone, NoGroup, RoundAborted, StageRunner
 from peer.cross_tree import DEFAULT_FANOUT, JoinedGroup, TreeGroup, cross_groups, units_of
 from peer.deadlines import StageDeadlines
 from peer.round_commit import (
@@ -131,6 +133,15 @@ def committed_late(
     ):
         return outcome
     return replace(outcome, committed=True, reason="", tensors=outcome.pending, pending=None)
+
+
+def _leader_of(members: Sequence[Contributor], servers_only: bool = False) -> str | None:
+    """The member that leads a cohort: the first that can serve others (client-mode peers cannot reduce
+    or lead), or with none of those the first of all unless ``servers_only`` (None: no member)."""
+    servers = [m.peer for m in members if not m.client]
+    if servers or servers_only:
+        return servers[0] if servers else None
+    return members[0].peer if members else None
 
 
 def _cohort_tag(cohort: str) -> str:
@@ -275,33 +286,57 @@ class HierarchicalAverager:
             outcome.seconds["cohort"] = time.perf_counter() - t_start
             outcome.cohort_members = [m.peer for m in members]
             # The leader must be able to serve others (client-mode peers cannot reduce or lead).
-            servers = [m.peer for m in members if not m.client]
-            outcome.leader = (servers or outcome.cohort_members)[0]
-            i_lead = outcome.leader == self.peer_id
-
-            lead_abort = None
-            if i_lead:
-                t0 = time.perf_counter()
-                stage = ("cross", t0)
-                final, outcome.contributors, lead_abort = self._across_cohorts(
-                    attempt, members, tree, state_digest, scale, live
-                )
-                if lead_abort is not None and len(members) == 1:
-                    raise RoundAborted(lead_abort)
-                outcome.seconds["cross"] = time.perf_counter() - t0
-            if len(members) > 1:
-                t0 = time.perf_counter()
-                stage = ("broadcast", t0)
-                final, lead_report = self._broadcast(
-                    self._cohort, "cohort", attempt, len(members), outcome.leader, final,
-                    outcome.contributors, lead_abort, state_digest, patience=max(1, len(tree)),
-                )  # fmt: skip
-                if lead_abort is not None:
-                    raise RoundAborted(lead_abort)
-                if not i_lead:
-                    outcome.contributors = [Contributor.from_wire(c) for c in lead_report["contributors"]]
-                    self._check_contributors(outcome.contributors, state_digest)
-                outcome.seconds["broadcast"] = time.perf_counter() - t0
+            outcome.leader = _leader_of(members)
+            # A member keeps what the cohort stage left (the broadcast overwrites it): if the leader
+            # dies before its broadcast, the next member carries the cohort's result on in its place.
+            # (Not a client-mode member: it cannot lead.)
+            takes_over = len(members) > 1 and outcome.leader != self.peer_id and not self.client_mode
+            cohort_result = self._snapshot() if takes_over else None
+            receivers = list(members)  # the broadcast's group: the members, less leaders that died
+            while True:
+                i_lead = outcome.leader == self.peer_id
+                lead_abort = None
+                if i_lead:
+                    if cohort_result is not None:
+                        self._restore(cohort_result)  # taking over: the cohort's result, not zeros
+                    t0 = time.perf_counter()
+                    stage = ("cross", t0)
+                    final, outcome.contributors, lead_abort = self._across_cohorts(
+                        attempt, members, tree, state_digest, scale, live
+                    )
+                    if lead_abort is not None and len(receivers) == 1:
+                        raise RoundAborted(lead_abort)
+                    outcome.seconds["cross"] = time.perf_counter() - t0
+                if len(receivers) > 1:
+                    t0 = time.perf_counter()
+                    stage = ("broadcast", t0)
+                    try:
+                        final, lead_report = self._broadcast(
+                            self._cohort, "cohort", attempt, len(receivers), outcome.leader, final,
+                            outcome.contributors, lead_abort, state_digest, patience=max(1, len(tree)),
+                        )  # fmt: skip
+                    except HeadGone as e:
+                        receivers = [m for m in receivers if m.peer != outcome.leader]
+                        successor = _leader_of(receivers, servers_only=True)
+                        if cohort_result is None or successor is None:
+                            raise
+                        logger.info(
+                            f"attempt {attempt}: {e}; {successor[-8:]} carries the cohort's result on"
+                        )
+                        outcome.leader = successor
+                        outcome.seconds["broadcast"] = (
+                            outcome.seconds.get("broadcast", 0.0) + time.perf_counter() - t0
+                        )
+                        continue
+                    if lead_abort is not None:
+                        raise RoundAborted(lead_abort)
+                    if not i_lead:
+                        outcome.contributors = [Contributor.from_wire(c) for c in lead_report["contributors"]]
+                        self._check_contributors(outcome.contributors, state_digest)
+                    outcome.seconds["broadcast"] = (
+                        outcome.seconds.get("broadcast", 0.0) + time.perf_counter() - t0
+                    )
+                break
             outcome.digest = digest(final)
         except RoundAborted as e:
             outcome.reason = str(e)
@@ -447,6 +482,15 @@ class HierarchicalAverager:
             if head != self.peer_id:
                 break  # the head carries this group's result on and brings the final one back
         return contributors, cohorts, joined, None
+
+    def _snapshot(self) -> list[torch.Tensor]:
+        with self._cohort.get_tensors() as buf:
+            return [b.clone() for b in buf]
+
+    def _restore(self, tensors: Sequence[torch.Tensor]) -> None:
+        with self._cohort.get_tensors() as buf:
+            for b, t in zip(buf, tensors):
+                b.copy_(t)
 
     def _units(self, group: TreeGroup) -> list[tuple[str, ...]]:
         """The roster's peers behind each unit of a cross-cohort group (empty: unknown)."""
