@@ -58,6 +58,7 @@ from peer.deadlines import StageDeadlines
 from peer.round_commit import (
     CommitBoard,
     DHTCommitBoard,
+    attempt_decided,
     await_attempt_decided,
     await_commit,
     await_quorum_reports,
@@ -218,6 +219,7 @@ class HierarchicalAverager:
         self._stages = StageRunner(self.deadlines, self.board, timeouts, leaving, online)
         self._levels = 1  # the cross-cohort tree's depth in the attempt under way (it sets its deadlines)
         self._broadcasts_taken = 0  # broadcast stages this peer took part in, this attempt
+        self._waited_out_commit: int | None = None  # the last attempt whose commit wait ran out here
         self._cohort_peers: list[tuple[str, ...]] = []  # the roster's peers of each cohort, this attempt
         self._previous_attempt: int | None = None  # the last attempt this averager took part in
 
@@ -615,6 +617,8 @@ class HierarchicalAverager:
         )  # fmt: skip
         if decision.committed:
             self.deadlines.record("commit", time.monotonic() - started)
+        if decision.timed_out:
+            self._waited_out_commit = attempt
         return decision.committed, decision.reason
 
     def settle(self, attempt: int, roster: Collection[str]) -> bool:
@@ -623,11 +627,20 @@ class HierarchicalAverager:
         with. Done is a quorum of ``roster`` reported (bounded by the attempt's stage deadlines) and
         its outcome is decided: a result holds a quorum, or none can (bounded by how long the others
         wait for their commit: a peer that died in the roster keeps a result that lacks it undecided).
-        Returns whether both happened."""
+        Returns whether both happened.
+
+        A peer that posted a result and waited out its whole commit wait for this attempt does not
+        wait for the outcome a second time: the others that posted a result give up as it did, at
+        the same time, while a peer whose round failed before it had a result waited only once. Two
+        waits put it a commit wait (6 s) behind that peer: in the test suite's swarm with a silent
+        roster peer, the early one's gathering ended before it came, and the next attempt split in
+        two. A result whose quorum shows later still commits (:func:`peer.round.commit_pending`)."""
         everyone = set(roster) | {self.peer_id}
         never = functools.partial(self._never_reporting, attempt, everyone)
         if not await_quorum_reports(self.board, attempt, everyone, self.deadlines.total(self._levels), never):
             return False
+        if self._waited_out_commit == attempt:
+            return attempt_decided(self.board.read(attempt), everyone, never())
         return await_attempt_decided(self.board, attempt, everyone, self._commit_wait(), never)
 
     def commit_late(

@@ -91,6 +91,7 @@ class CommitDecision:
     committed: bool
     reason: str = ""
     agreeing: int = 0  # peers that posted this peer's digest when it decided
+    timed_out: bool = False  # undecided when the wait ended (not: decided against this result)
 
 
 def await_commit(
@@ -137,6 +138,7 @@ def await_commit(
                 f"no quorum within {deadline_seconds:.0f} s: {len(agreeing & members)} of {len(members)} roster "
                 f"peer(s) reported this result, {len(undecided)} reported nothing",
                 len(agreeing),
+                timed_out=True,
             )
         time.sleep(COMMIT_POLL_SECONDS)
 
