@@ -130,6 +130,8 @@ def figures(summary: dict, run_dir: Path) -> dict[str, str]:
         "  other": f"{100 * stages['other'] / total:.0f} %",
         "aborted peer-rounds": f"{swarm['peer_rounds_aborted']} of "
         f"{swarm['peer_rounds_aborted'] + swarm['peer_rounds_committed']}",
+        "  of which while leaving": str(swarm.get("peer_rounds_aborted_leaving", 0)),
+        "committed late": str(swarm.get("peer_rounds_committed_late", 0)),
         "wide-area MB sent": f"{swarm['wan_bytes'] / 1e6:.0f}" if "wan_bytes" in swarm else "-",
         "  with the aggregator": f"{100 * swarm['wan_bytes_with_aggregator'] / max(1, swarm['wan_bytes']):.0f} %"
         if "wan_bytes" in swarm

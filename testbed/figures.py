@@ -33,6 +33,9 @@ class PeerFigures:
     rounds_committed: int = 0
     rounds_aborted: int = 0
     rounds_committed_late: int = 0  # of rounds_committed: aborted here first, committed once a quorum showed
+    rounds_aborted_leaving: int = (
+        0  # of rounds_aborted: ended after the peer was told to stop (Ctrl-C, SIGTERM)
+    )
     abort_reasons: dict[str, int] = field(default_factory=dict)
     samples: int = 0
     compute_utilization: float | None = None
@@ -120,6 +123,10 @@ def peer_figures(run_dir: Path) -> list[PeerFigures]:
         fig.rounds_committed = len(committed)
         fig.rounds_committed_late = len(late)
         fig.rounds_aborted = len(aborted)
+        # The run's end (or a volunteer's Ctrl-C) asks a peer to finish its round and leave; a round
+        # whose partners had already left ends aborted. Counted apart from the rounds churn broke.
+        told = min((e["time"] for e in evs if e["event"] in ("signal-term", "signal-int")), default=None)
+        fig.rounds_aborted_leaving = sum(1 for r in aborted if told is not None and r["time"] >= told)
         fig.abort_reasons = dict(Counter(_reason(r.get("reason", "")) for r in aborted))
         fig.samples = sum(r["samples"] for r in committed)
         stages = dict.fromkeys(STAGES, 0.0)
@@ -184,6 +191,7 @@ def swarm_figures(
         "peer_rounds_committed": sum(p.rounds_committed for p in peers),
         "peer_rounds_aborted": sum(p.rounds_aborted for p in peers),
         "peer_rounds_committed_late": sum(p.rounds_committed_late for p in peers),
+        "peer_rounds_aborted_leaving": sum(p.rounds_aborted_leaving for p in peers),
         "abort_reasons": dict(reasons.most_common()),
         "joiners": {p.name: p.first_contribution_s for p in peers if p.joiner},
         # How long each joiner ran: one killed (churn) before it could contribute says nothing of joining.
@@ -249,7 +257,8 @@ def format_tables(peers: list[PeerFigures], sites: list[SiteFigures] | None, swa
         text.append(_table(rows))
     line = (
         f"swarm: compute utilization {100 * (swarm['compute_utilization'] or 0):.0f} %, "
-        f"{swarm['peer_rounds_committed']} peer-rounds committed, {swarm['peer_rounds_aborted']} aborted"
+        f"{swarm['peer_rounds_committed']} peer-rounds committed, {swarm['peer_rounds_aborted']} aborted "
+        f"({swarm['peer_rounds_aborted_leaving']} while leaving)"
     )
     if "wan_bytes" in swarm:
         per = swarm["wan_bytes_per_sample"]

@@ -55,6 +55,7 @@ def test_joiners_first_contribution_and_how_long_they_ran(tmp_path):
     lived = [peers[f"peer-{i}"].lived_s for i in range(4)]
     assert lived == [200.0, 150.0, 30.0, 20.0]
     assert (peers["peer-2"].ended, peers["peer-1"].rounds_aborted) == ("killed", 1)
+    assert [peers[f"peer-{i}"].rounds_aborted_leaving for i in range(4)] == [0, 0, 0, 0]
 
     swarm = swarm_figures(list(peers.values()), None, total_samples=256)
     assert swarm["joiners"] == {"peer-1": 65.5, "peer-2": None, "peer-3": None}
@@ -78,3 +79,17 @@ def test_a_round_committed_late_counts_once_as_committed(tmp_path):
     assert (swarm["peer_rounds_committed"], swarm["peer_rounds_aborted"], swarm["peer_rounds_committed_late"]) == (
         2, 1, 1,
     )  # fmt: skip
+
+
+def test_rounds_that_abort_after_the_stop_are_counted_apart(tmp_path):
+    _write_jsonl(tmp_path / "processes.jsonl", [
+        {"name": "peer-0", "event": "start", "time": 100.0},
+        {"name": "peer-0", "event": "signal-term", "time": 200.0},
+        {"name": "peer-0", "event": "exit", "time": 215.0, "returncode": 0},
+    ])  # fmt: skip
+    # round 2 aborted while churn went on; round 4 ended after the run's stop reached the peer
+    rows = [_round(1, 130.0, True), _round(2, 150.0, False), _round(3, 170.0, True), _round(4, 210.0, False)]
+    _write_jsonl(tmp_path / "peer-0" / "rounds.jsonl", rows)
+    (fig,) = peer_figures(tmp_path)
+    assert (fig.rounds_aborted, fig.rounds_aborted_leaving) == (2, 1)
+    assert swarm_figures([fig], None, total_samples=128)["peer_rounds_aborted_leaving"] == 1
