@@ -58,11 +58,18 @@ class ExactAllReduceRunner(AllReduceRunner):
         super().__init__(*args, **kwargs)
         # With absolute outputs, a part whose reducer failed falls back to the local part, not to a zero delta.
         self.tensor_part_container.return_deltas = False
+        self.reducer_errors: list[str] = []  # why each remote reducer failed this member, if one did
 
     async def _communicate_with_peer(self, peer_id: PeerID):
         if peer_id != self.peer_id:
             # Remote reducers: unchanged transport; they now send averages (see _accumulate_parts_streaming).
-            return await super()._communicate_with_peer(peer_id)
+            try:
+                return await super()._communicate_with_peer(peer_id)
+            except Exception as e:
+                # hivemind logs why at DEBUG only; the round's abort reason says it (a partial all-reduce
+                # that only one member sees is rare and otherwise leaves no trace of its cause)
+                self.reducer_errors.append(f"{str(peer_id)[-8:]}: {type(e).__name__}: {str(e)[:120]}")
+                raise
         peer_index = self.ordered_peer_ids.index(peer_id)
         sender_index = self.sender_peer_ids.index(peer_id)
         container = self.tensor_part_container
@@ -114,7 +121,8 @@ class ExactAllReduceRunner(AllReduceRunner):
         """Why this member's view of the all-reduce is incomplete, or None if it is complete."""
         container, reducer = self.tensor_part_container, self.tensor_part_reducer
         if container.failed_size:
-            return f"{container.failed_size / max(container.total_size, 1):.1%} of results missing (a reducer failed)"
+            why = f": {'; '.join(self.reducer_errors)}" if self.reducer_errors else ""
+            return f"{container.failed_size / max(container.total_size, 1):.1%} of results missing (a reducer failed{why})"
         if self.banned_senders:
             return f"{len(self.banned_senders)} sender(s) dropped out while this peer reduced its shard"
         expected = reducer.num_parts * reducer.num_senders
