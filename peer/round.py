@@ -29,7 +29,7 @@ from dataclasses import replace
 from peer.affinity import assign_cohorts, cohort_sizes
 from peer.hierarchy import AveragingOutcome, committed_late
 from peer.round_commit import CommitBoard, report_state
-from peer.round_types import Commitments, PendingResult, RoundContext, RoundPlan, RoundReport
+from peer.round_types import Commitments, PendingResult, RoundContext, RoundPlan, RoundReport, RoundWork
 from peer.swarm_view import read_roster
 from peer.worker_pool import WorkerPool
 from peer.worker_protocol import Compute, HostContribution
@@ -80,33 +80,28 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
     if not outcome.committed and not ctx.stop.is_set():
         averager.settle(plan.attempt, plan.roster)  # the others finish this attempt; then catch up
         outcome = averager.commit_late(plan.attempt, plan.roster, outcome)  # its result may commit yet
-        if outcome.pending is not None:  # and it may still commit later (commit_pending)
-            pending = PendingResult(plan, host, commitments, start_digest, outcome, time.monotonic())
-            ctx.pending = [*ctx.pending, pending][-PENDING_KEPT:]
-    return finish_round(ctx, plan, host, commitments, start_digest, outcome, compute_seconds, started)
+    work = RoundWork(plan, host, commitments, start_digest)
+    if not outcome.committed and outcome.pending is not None and not ctx.stop.is_set():
+        # its posted result may still find a quorum (commit_pending)
+        ctx.pending = [*ctx.pending, PendingResult(work, outcome, time.monotonic())][-PENDING_KEPT:]
+    return finish_round(ctx, work, outcome, compute_seconds, started)
 
 
 def finish_round(
-    ctx: RoundContext,
-    plan: RoundPlan,
-    host: HostContribution,
-    commitments: Commitments,
-    start_digest: str,
-    outcome: AveragingOutcome,
-    compute_seconds: float,
-    started: float,
+    ctx: RoundContext, work: RoundWork, outcome: AveragingOutcome, compute_seconds: float, started: float
 ) -> RoundReport:
     """Apply the round's outcome: the same optimizer step as every peer that committed (or none), a
     signed receipt for what this peer contributed, and the new state served and reported."""
+    plan = work.plan
     lr = ctx.workers.apply(plan.round_index, outcome.tensors if outcome.committed else None)
-    if outcome.committed and host.samples > 0:
-        receipt = build_receipt(ctx, plan, host, commitments, start_digest, outcome)
+    if outcome.committed and work.host.samples > 0:
+        receipt = build_receipt(ctx, work, outcome)
         ctx.outbox.add(receipt, ctx.seal_receipt(receipt))
     if outcome.committed:
         ctx.pending = []  # a new state: no older result applies to it
         ctx.publish_state(plan.round_index, plan.attempt)
         report_state(ctx.commit_board, plan.attempt, outcome.digest, ctx.state_digest())
-    return _report(ctx, plan, host, outcome, lr, compute_seconds, time.perf_counter() - started)
+    return _report(ctx, plan, work.host, outcome, lr, compute_seconds, time.perf_counter() - started)
 
 
 def commit_pending(ctx: RoundContext) -> RoundReport | None:
@@ -122,19 +117,16 @@ def commit_pending(ctx: RoundContext) -> RoundReport | None:
     as its state is unchanged (a committed round or a catch-up changes it and drops the pending
     results), it takes the step the others took as soon as their reports show it."""
     current = ctx.state_digest()
-    ctx.pending = [p for p in ctx.pending if p.start_digest == current]
+    ctx.pending = [p for p in ctx.pending if p.work.start_digest == current]
     found = committed_since(ctx.pending, ctx.commit_board, ctx.peer_id)
     if found is None:
         return None
     pending, outcome = found
     logger.info(
-        f"round {pending.plan.round_index} (attempt {pending.plan.attempt}): its result reached a quorum "
+        f"round {pending.work.plan.round_index} (attempt {pending.work.plan.attempt}): its result reached a quorum "
         f"{time.monotonic() - pending.ended:.1f} s after the round ended here: committed late"
     )
-    report = finish_round(
-        ctx, pending.plan, pending.host, pending.commitments, pending.start_digest, outcome, 0.0,
-        time.perf_counter(),
-    )  # fmt: skip
+    report = finish_round(ctx, pending.work, outcome, 0.0, time.perf_counter())
     report.late = True
     return report
 
@@ -146,11 +138,11 @@ def committed_since(
     on ``board``, and its outcome, committed (None: none does, or the board cannot be read)."""
     for candidate in reversed(pending):
         try:
-            reports = board.read(candidate.plan.attempt)
+            reports = board.read(candidate.work.plan.attempt)
         except Exception as e:  # the DHT may fail a read: look again before the next round
-            logger.debug(f"could not read attempt {candidate.plan.attempt}'s reports: {e}")
+            logger.debug(f"could not read attempt {candidate.work.plan.attempt}'s reports: {e}")
             continue
-        outcome = committed_late(candidate.outcome, reports, set(candidate.plan.roster) | {peer_id})
+        outcome = committed_late(candidate.outcome, reports, set(candidate.work.plan.roster) | {peer_id})
         if outcome.committed:
             # its averaging time is in the aborted round's report already
             return candidate, replace(outcome, seconds={})
@@ -241,15 +233,9 @@ def commit_to(workers: WorkerPool, host: HostContribution, task_seed: int, round
     return Commitments(digest(numerator), tuple(sketch), workers.worker_samples())
 
 
-def build_receipt(
-    ctx: RoundContext,
-    plan: RoundPlan,
-    host: HostContribution,
-    commitments: Commitments,
-    start_digest: str,
-    outcome: AveragingOutcome,
-) -> ContributionReceipt:
+def build_receipt(ctx: RoundContext, work: RoundWork, outcome: AveragingOutcome) -> ContributionReceipt:
     """This round's ContributionReceipt: what this peer computed, from which state, in which group."""
+    plan, host, commitments, start_digest = work.plan, work.host, work.commitments, work.start_digest
     group = group_membership([(c.peer, c.samples) for c in outcome.contributors], ctx.peer_id)
     task = ctx.task
     return ContributionReceipt(

@@ -110,13 +110,21 @@ class RoundContext:
 
 
 @dataclass(frozen=True)
-class PendingResult:
-    """A round that ended aborted after this peer posted its result: everything needed to commit it
-    later, if a quorum of the roster turns out to hold that result (:func:`commit_pending`)."""
+class RoundWork:
+    """What this peer brought to a round before averaging: its place, its host's contribution, what its
+    receipt commits to, and the state it started from."""
 
     plan: RoundPlan
     host: HostContribution
     commitments: Commitments
-    start_digest: str  # only from this state does the result make the step the others took
+    start_digest: str  # only from this state does the round's result make the step the others took
+
+
+@dataclass(frozen=True)
+class PendingResult:
+    """A round that ended aborted after this peer posted its result: everything needed to commit it
+    later, if a quorum of the roster turns out to hold that result (:func:`peer.round.commit_pending`)."""
+
+    work: RoundWork
     outcome: AveragingOutcome  # aborted, its ``pending`` the result it posted
     ended: float  # time.monotonic() when the round ended

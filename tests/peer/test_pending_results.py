@@ -16,7 +16,7 @@ import torch
 from hivemind_adapter.dht import peer_id
 from peer.hierarchy import AveragingOutcome
 from peer.round import committed_since
-from peer.round_types import Commitments, PendingResult, RoundPlan
+from peer.round_types import Commitments, PendingResult, RoundPlan, RoundWork
 from peer.swarm_view import SignedCommitBoard
 from peer.worker_protocol import HostContribution
 from protocol.identity import Identity
@@ -43,9 +43,8 @@ def _gave_up(
         pending=tensors,
         seconds={"cohort": 1.5},
     )
-    return PendingResult(
-        plan, host, Commitments("ab" * 32, (1, 2), (48,)), "5a" * 32, outcome, time.monotonic()
-    )
+    work = RoundWork(plan, host, Commitments("ab" * 32, (1, 2), (48,)), "5a" * 32)
+    return PendingResult(work, outcome, time.monotonic())
 
 
 def test_a_result_whose_quorum_shows_after_the_settle_commits_before_the_next_round(boards):
