@@ -139,12 +139,14 @@ def catch_up_before_leaving(
     state, until the attempt's first result is ``outcome_grace`` old without a committed state (it
     aborted), until no fresh progress record shows the round any more, for at most ``limit`` seconds,
     or until ``stop`` (a second Ctrl-C). ``announce`` is told the round before the wait."""
+    # Read first: a result posted at any moment after this counts as the running attempt's outcome
+    # (read after the announcement, a result posted in between was taken for an older attempt's).
+    before = board.latest_attempt()  # the attempt the swarm committed or aborted last
     catch_up()
     target = running_round()
     if target <= state_round():
         return state_round()
     announce(target)
-    before = board.latest_attempt()  # the attempt the swarm committed or aborted last
     deadline, first_result = time.monotonic() + limit, None
     while not stop.wait(poll) and time.monotonic() < deadline:
         catch_up()
