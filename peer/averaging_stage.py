@@ -122,10 +122,13 @@ class StageRunner:
         it broke for look for each other again: it is retried once, with at least two matchmaking
         periods left to find them; if they are not found, it is :class:`NoGroup` (this peer's own
         contribution is intact; :mod:`peer.hierarchy` refuses a contributor that arrives twice).
-        Not in a broadcast: its head is its only reducer, so whoever broke it, there is nothing to
-        form again (:mod:`peer.hierarchy` lets the head keep its result).
-        ``watch``: a peer whose failure report on the commit board ends the wait at once (a member's
-        cohort leader, during the broadcast), as does its dropping out of the roster (``online``,
+        In a broadcast too, but the head retries for at most two periods: its only reducer, it broke
+        because a member it counted in never sent (measured: a member whose join request timed out
+        on a loaded machine just as the head accepted it, and then looked for the head until its
+        deadline while the head, done, posted its result); the members that took part are served.
+        ``watch``: a peer whose report on the commit board ends the wait at once (a member's
+        cohort leader, during the broadcast: it posts only after its broadcasts, so whether it
+        failed or succeeded it will not come), as does its dropping out of the roster (``online``,
         every :data:`ONLINE_CHECK_SECONDS`): a leader killed mid-round cost its members the whole
         broadcast deadline (60 s on the churn benchmark), long after its announcement expired. A
         unit whose peers all dropped out counts as departed, as with a departure notice (a leader
@@ -190,9 +193,16 @@ class StageRunner:
                 # races hivemind's own completion. A running one ends within its own timeouts.
                 if time.monotonic() >= next_check and looking_for_group(control):
                     next_check = time.monotonic() + 0.5
-                    if watch and self._reported_failure(attempt, watch):
+                    if watch and (head_report := self.board.read(attempt).get(watch)) is not None:
+                        # The head posts its report only after its broadcasts: one that failed will not
+                        # come, and one that succeeded has served everyone it is going to (its retry
+                        # after a broken broadcast included).
                         control.cancel()
-                        raise RoundAborted(f"{name} stage abandoned: {watch[-8:]} aborted the round")
+                        if not head_report.get("ok"):
+                            raise RoundAborted(f"{name} stage abandoned: {watch[-8:]} aborted the round")
+                        raise RoundAborted(
+                            f"{name} stage abandoned: {watch[-8:]} finished its broadcast without this peer"
+                        )
                     if (watch or units) and self.online is not None and time.monotonic() >= next_online:
                         next_online = time.monotonic() + ONLINE_CHECK_SECONDS
                         roster_now = self._roster_now()
@@ -231,7 +241,7 @@ class StageRunner:
             try:
                 gathered = control.result()
                 if broken is not None:
-                    self.regrouped.append(name)
+                    self.regrouped.append(kind)
                 break
             except Exception as e:
                 if self._leaving_for(started):
@@ -242,9 +252,12 @@ class StageRunner:
                     if deadline - time.monotonic() > 0.5:
                         continue  # nobody to meet yet: look again with the time that is left
                     raise self._no_group(no_group, broken) from e
-                if stage == 0 and isinstance(e, AllReduceBroke) and broken is None:
+                if isinstance(e, AllReduceBroke) and broken is None:
                     broken = e
-                    deadline = max(deadline, time.monotonic() + 2.0 * self.timeouts.matchmaking + 0.5)
+                    regroup = time.monotonic() + 2.0 * self.timeouts.matchmaking + 0.5
+                    # A broadcast's head has served the members that took part; the ones it missed
+                    # are looking for it still, and a dead one must not hold it past two periods.
+                    deadline = min(deadline, regroup) if stage == 1 and not watch else max(deadline, regroup)
                     logger.info(
                         f"attempt {attempt}: {name} stage: {e}; looking for the rest of the group again"
                     )
@@ -299,7 +312,3 @@ class StageRunner:
             live = set(live)
             quiet = sum(1 for unit, gone in zip(units, departed) if not gone and not set(unit) & live)
         return sum(departed), quiet
-
-    def _reported_failure(self, attempt: int, peer: str) -> bool:
-        report = self.board.read(attempt).get(peer)
-        return report is not None and not report.get("ok")

@@ -557,8 +557,10 @@ class HierarchicalAverager:
 
         A head whose broadcast fails keeps its result: members only follow, so the head reduces every
         part; a member that vanished inside the all-reduce (it breaks it for the head alone) took
-        nothing from the others, who received the head's vector whole, and members the group never
-        reached know it themselves (their step fails). Their death costs their vote, not the head's."""
+        nothing from the others, who received the head's vector whole. The head looks once more, for
+        two matchmaking periods, for members its group counted in and never heard from (alive, they
+        still look for it); members it never reaches stop looking when it posts its result. Their
+        loss costs their vote, not the head's."""
         i_head = head == self.peer_id
         self._broadcasts_taken += 1
         with averager.get_tensors() as buf:

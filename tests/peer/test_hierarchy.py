@@ -366,10 +366,15 @@ class _KilledInAnAllReduce(VerifiedAverager):
     group includes it, and it never sends them a byte."""
 
     armed = ""  # set before the peers are forked
+    # Instead of dying, the armed peer drops that one all-reduce without sending a byte and lives on:
+    # what a member whose join request timed out just as its leader counted it in does to the others.
+    only_misses = False
 
     async def _run_allreduce_inplace_(self, tensors, group_info, group_id=None, **kwargs):
         self._all_reduces = getattr(self, "_all_reduces", 0) + 1  # this averager process's own count
         if self._all_reduces == 2 and os.path.exists(f"{self.armed}.{self.peer_id.to_base58()}"):
+            if self.only_misses:
+                raise ConnectionError("this member missed the group's start")
             os.kill(os.getppid(), signal.SIGKILL)
             os._exit(1)
         return await super()._run_allreduce_inplace_(tensors, group_info, group_id, **kwargs)
@@ -466,6 +471,36 @@ def test_a_member_lost_inside_its_cohort_broadcast_costs_only_its_own_vote(tmp_p
     dead = [n for n, r in results.items() if r is None]
     assert len(dead) == 1, "exactly the victim must have died"
     assert_survivors_hold_the_mean_of_all([results[n][0] for n in PEERS if n not in dead])
+
+
+def test_a_member_that_missed_its_cohort_broadcast_meets_its_leader_again(tmp_path, monkeypatch):
+    # One cohort of four. The member with the largest id (never the leader) is counted into the
+    # broadcast's group and sends nothing (its second all-reduce). The others receive the leader's
+    # vector; the leader, its only reducer, finds a sender missing and looks once more for the members
+    # it missed, who still look for it: all four commit the same result. (Seen in CI: a member whose
+    # join request timed out on a loaded machine looked for its leader until its deadline while the
+    # leader, done, committed without it.)
+    args = {
+        name: dict(
+            peers=len(PEERS),
+            cohort="rack",
+            rank=0,
+            num_cohorts=1,
+            seed=seed,
+            samples=n,
+            victim="last",
+            rounds=1,
+            run_id="hier-bcast-miss",
+        )  # fmt: skip
+        for name, (_, seed, n, _) in PEERS.items()
+    }
+    monkeypatch.setattr(_KilledInAnAllReduce, "armed", str(tmp_path / "armed"))
+    monkeypatch.setattr(_KilledInAnAllReduce, "only_misses", True)
+    results = _run("hier-bcast-miss", args, _mortal_peer, timeout=300)
+    rounds = {n: results[n][0] for n in PEERS}
+    assert_survivors_hold_the_mean_of_all(list(rounds.values()))
+    missed = [r for r in rounds.values() if r["me"] == sorted(r["me"] for r in rounds.values())[-1]]
+    assert missed[0]["regrouped"] == ["broadcast"], missed[0]["regrouped"]
 
 
 def assert_survivors_hold_the_mean_of_all(survivors: list[dict]) -> None:
