@@ -20,6 +20,18 @@ def _state(seed: int) -> list[torch.Tensor]:
     return [torch.randn(300, 100, generator=g), torch.randn(7, generator=g), torch.zeros(3)]
 
 
+def _download_once_offered(sharer: StateSharer):
+    """``sharer``'s download, taken again (bounded) until a served state arrived: a publish declares
+    the server in the DHT in the background, so a download right after it may find nobody yet."""
+    got = None
+    for _ in range(40):
+        got = sharer.download(timeout=60)
+        if got is not None:
+            break
+        time.sleep(0.25)
+    return got
+
+
 def test_a_client_mode_node_downloads_the_served_state_and_publishes_its_own():
     server_dht = start_dht(host_maddrs=LOOPBACK)
     client_dht = start_dht(host_maddrs=LOOPBACK, initial_peers=visible_maddrs(server_dht), client_mode=True)
@@ -30,7 +42,7 @@ def test_a_client_mode_node_downloads_the_served_state_and_publishes_its_own():
         served = _state(1)
         served_digest = server.publish(3, served, attempt=5, tiebreak=0.25)
         assert served_digest == digest(served[:2])
-        got = client.download(timeout=60)
+        got = _download_once_offered(client)
         assert got is not None and (got.round, got.digest, got.attempt) == (3, served_digest, 5)
         assert all(torch.equal(a, b) for a, b in zip(got.tensors, served))
         # Publishing on a node that cannot serve only records what it holds (nothing is advertised).
@@ -55,12 +67,7 @@ def test_a_node_offers_its_state_only_once_it_published_one():
         assert second.download(timeout=60) is None
         assert first.downloads_served == 0  # nobody asked it for its initial state
         served_digest = first.publish(0, _state(3), attempt=0, tiebreak=0.3)
-        got = None
-        for _ in range(40):  # its declaration reaches the DHT in the background
-            got = second.download(timeout=60)
-            if got is not None:
-                break
-            time.sleep(0.25)
+        got = _download_once_offered(second)
         assert got is not None and got.digest == served_digest and first.downloads_served == 1
         first.stop_serving(grace=0.0)
         first.publish(1, _state(4), attempt=1, tiebreak=0.3)  # while leaving: recorded, not offered
