@@ -190,6 +190,17 @@ class VerifiedAverager(DecentralizedAverager):
             if not future.done():
                 future.set_exception(e)
 
+    def set_allreduce_timeout(self, seconds: float) -> None:
+        """Bound the all-reduce of the next steps (from the moment their group formed) to ``seconds``:
+        how long one may run depends on the stage and on what recent rounds took."""
+        future = MPFuture()
+        self._outer_pipe.send(("_set_allreduce_timeout", [], dict(seconds=float(seconds), future=future)))
+        future.result()
+
+    async def _set_allreduce_timeout(self, seconds: float, future: MPFuture):
+        self._allreduce_timeout = seconds  # read by hivemind's step, in this (the averager's) process
+        future.set_result(None)
+
     def set_follow_only(self, follow: bool) -> None:
         """Take the next steps as a follower only (or, with ``False``, as this averager was built):
         it never leads a group nor accepts members, and reduces no part. A group then cannot form

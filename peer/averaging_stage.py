@@ -90,6 +90,7 @@ class StageRunner:
         self.online = online  # the roster's peers now (None: unknown)
         # What each averager was last told (by stage name): telling it again costs a round trip to its process.
         self._sizes: dict[str, int] = {}
+        self._allreduce_bounds: dict[str, float] = {}
         self._following: dict[str, bool] = {}
         self.superseded: Callable[[], bool] = lambda: False
         self.regrouped: list[str] = []  # this attempt's stages whose all-reduce broke and formed again
@@ -122,7 +123,7 @@ class StageRunner:
         it broke for look for each other again: it is retried once, with at least two matchmaking
         periods left to find them; if they are not found, it is :class:`NoGroup` (this peer's own
         contribution is intact; :mod:`peer.hierarchy` refuses a contributor that arrives twice).
-        In a broadcast too, but the head retries for at most two periods: its only reducer, it broke
+        In a broadcast too, but the head retries for two periods exactly: its only reducer, it broke
         because a member it counted in never sent (measured: a member whose join request timed out
         on a loaded machine just as the head accepted it, and then looked for the head until its
         deadline while the head, done, posted its result); the members that took part are served.
@@ -143,7 +144,12 @@ class StageRunner:
         previous attempt). The first step's wait for the whole group (:data:`GATHER_PERIODS`) waits
         only for units with a live peer: one that announced itself and never averages (a sleeping
         laptop, a key that only squats in the roster) would otherwise cost every round that wait. It
-        may still join if it comes in time."""
+        may still join if it comes in time.
+
+        Once its group formed, the step's all-reduce may run as long as the stage's recent rounds
+        suggest (:meth:`~peer.deadlines.StageDeadlines.allreduce_bound`), not hivemind's fixed bound:
+        a member killed in a broadcast held its partner 124 s there (the 120 s bound) on the churn
+        benchmark, although silent senders and reducers should drop out after 10 and 20 s."""
         # A broadcast's receivers only follow: they must not form a group of their own without the
         # sender while it is still busy with the stage before.
         follow_only = stage == 1 and bool(watch)
@@ -153,6 +159,12 @@ class StageRunner:
         bits = round_bits(attempt, stage, state_digest, level, group)
         kind = name if stage == 0 else "broadcast"
         chosen = self.deadlines.deadline(kind)
+        bound = self.deadlines.allreduce_bound(
+            kind, self.timeouts.allreduce, least=2.0 * self.timeouts.next_chunk
+        )
+        if self._allreduce_bounds.get(name) != bound:
+            averager.set_allreduce_timeout(bound)
+            self._allreduce_bounds[name] = bound
         started = time.monotonic()
         deadline = started + chosen.seconds * patience
         no_group = f"{kind} stage: no group within {chosen.describe()}"
@@ -166,7 +178,9 @@ class StageRunner:
             raise NoGroup(f"{kind} stage: every other member left attempt {attempt}")
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0.5:
+            # hivemind refuses a step whose matchmaking period would not end before its timeout (it
+            # raised an AssertionError here, in a head's retry of its broadcast, and lost its round)
+            if remaining <= self.timeouts.matchmaking + 0.5:
                 raise self._no_group(no_group, broken)
             gathering = first_step  # this step waits for the whole group
             target = self._target(expected, quiet, gathering)
@@ -199,9 +213,9 @@ class StageRunner:
                         # after a broken broadcast included).
                         control.cancel()
                         if not head_report.get("ok"):
-                            raise RoundAborted(f"{name} stage abandoned: {watch[-8:]} aborted the round")
+                            raise RoundAborted(f"{kind} stage abandoned: {watch[-8:]} aborted the round")
                         raise RoundAborted(
-                            f"{name} stage abandoned: {watch[-8:]} finished its broadcast without this peer"
+                            f"{kind} stage abandoned: {watch[-8:]} finished its broadcast without this peer"
                         )
                     if (watch or units) and self.online is not None and time.monotonic() >= next_online:
                         next_online = time.monotonic() + ONLINE_CHECK_SECONDS
@@ -211,12 +225,12 @@ class StageRunner:
                         if watch and roster_now is not None and watch not in roster_now:
                             control.cancel()
                             raise HeadGone(
-                                f"{name} stage abandoned: {watch[-8:]} left the roster (its announcement expired)"
+                                f"{kind} stage abandoned: {watch[-8:]} left the roster (its announcement expired)"
                             )
                     if self._leaving_for(started):
                         control.cancel()
                         raise RoundAborted(
-                            f"{name} stage abandoned: this peer is leaving and no group formed"
+                            f"{kind} stage abandoned: this peer is leaving and no group formed"
                         )
                     # Not in the broadcast: the other cohorts may rightly be done while ours still broadcasts.
                     if stage == 0 and self.superseded():
@@ -246,23 +260,24 @@ class StageRunner:
             except Exception as e:
                 if self._leaving_for(started):
                     raise RoundAborted(
-                        f"{name} stage abandoned: this peer is leaving and no group formed"
+                        f"{kind} stage abandoned: this peer is leaving and no group formed"
                     ) from e
                 if "could not find a group" in str(e):
-                    if deadline - time.monotonic() > 0.5:
+                    if deadline - time.monotonic() > self.timeouts.matchmaking + 0.5:
                         continue  # nobody to meet yet: look again with the time that is left
                     raise self._no_group(no_group, broken) from e
                 if isinstance(e, AllReduceBroke) and broken is None:
                     broken = e
                     regroup = time.monotonic() + 2.0 * self.timeouts.matchmaking + 0.5
                     # A broadcast's head has served the members that took part; the ones it missed
-                    # are looking for it still, and a dead one must not hold it past two periods.
-                    deadline = min(deadline, regroup) if stage == 1 and not watch else max(deadline, regroup)
+                    # may be looking for it still (it noticed only when their parts were overdue,
+                    # often past its deadline), and a dead one must not hold it past two periods.
+                    deadline = regroup if stage == 1 and not watch else max(deadline, regroup)
                     logger.info(
-                        f"attempt {attempt}: {name} stage: {e}; looking for the rest of the group again"
+                        f"attempt {attempt}: {kind} stage: {e}; looking for the rest of the group again"
                     )
                     continue
-                raise RoundAborted(f"{name} stage failed: {type(e).__name__}: {e}") from e
+                raise RoundAborted(f"{kind} stage failed: {type(e).__name__}: {e}") from e
         self.deadlines.record(kind, time.monotonic() - started)
         return member_ids(gathered)
 

@@ -14,6 +14,7 @@ One peer thread uses an instance; nothing here is shared.
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -60,6 +61,20 @@ class StageDeadlines:
         slowest = max(history)
         wait = self.factor * slowest + 2.0 * self.matchmaking
         return StageDeadline(min(top, max(self.floor, wait)), slowest)
+
+    def allreduce_bound(self, stage: str, ceiling: float, least: float) -> float:
+        """How long one all-reduce of ``stage`` may run once its group formed: ``factor`` x the
+        slowest recent stage (the group's wait included) + 2 matchmaking periods, whole seconds, at
+        least ``least`` (hivemind drops a silent member sooner than that: a bound below it would cut
+        short the all-reduce it would have finished without that member), at most ``ceiling``, which
+        is also the bound while the stage has no history. Unlike :meth:`deadline`, not capped by the
+        step timeout: that bounds the wait for a group, and a large model's all-reduce over a slow
+        link may rightly take longer."""
+        history = self._history.get(stage)
+        if not history:
+            return ceiling
+        wait = self.factor * max(history) + 2.0 * self.matchmaking
+        return float(min(ceiling, max(least, math.ceil(wait))))
 
     def total(self, levels: int = 1) -> float:
         """How long a whole attempt lasts at most, over the stages this peer has seen run: what a peer

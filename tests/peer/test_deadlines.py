@@ -50,3 +50,16 @@ def test_an_attempt_lasts_the_stages_seen_with_each_tree_level_crossed_and_broad
     assert d.total() == pytest.approx(8 + 14 + 5 + 3)
     # three levels: a member's broadcast waits for its leader's climb up three groups and back
     assert d.total(levels=3) == pytest.approx(8 + 3 * 14 + 3 * 5 + 3)
+
+
+def test_an_all_reduce_may_run_a_multiple_of_its_stages_recent_time_above_the_drop_out_limit():
+    d = StageDeadlines(2.0, 60.0)
+    assert d.allreduce_bound("broadcast", 120.0, least=20.0) == 120.0  # no history: the ceiling
+    d.record("broadcast", 10.1)
+    assert d.allreduce_bound("broadcast", 120.0, least=20.0) == 35.0  # ceil(3 x 10.1 + 2 x 2)
+    d.record("cohort", 0.5)
+    assert d.allreduce_bound("cohort", 120.0, least=20.0) == 20.0  # never below hivemind's drop-out limit
+    d.record("cross", 50.0)
+    # above the step timeout (60 s, the wait for a group), within the all-reduce's own ceiling
+    assert d.allreduce_bound("cross", 120.0, least=20.0) == 120.0
+    assert d.allreduce_bound("cross", 200.0, least=20.0) == 154.0

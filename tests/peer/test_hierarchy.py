@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -366,15 +367,19 @@ class _KilledInAnAllReduce(VerifiedAverager):
     group includes it, and it never sends them a byte."""
 
     armed = ""  # set before the peers are forked
-    # Instead of dying, the armed peer drops that one all-reduce without sending a byte and lives on:
-    # what a member whose join request timed out just as its leader counted it in does to the others.
-    only_misses = False
+    at = 2  # which of the averager's all-reduces
+    # Instead of dying, the armed peer may "miss" that one all-reduce (drop it without sending a byte
+    # and live on: what a member whose join request timed out just as its leader counted it in does to
+    # the others) or "hang" in it (alive, silent, holding its own step until a bound ends it).
+    how = "kill"
 
     async def _run_allreduce_inplace_(self, tensors, group_info, group_id=None, **kwargs):
         self._all_reduces = getattr(self, "_all_reduces", 0) + 1  # this averager process's own count
-        if self._all_reduces == 2 and os.path.exists(f"{self.armed}.{self.peer_id.to_base58()}"):
-            if self.only_misses:
+        if self._all_reduces == self.at and os.path.exists(f"{self.armed}.{self.peer_id.to_base58()}"):
+            if self.how == "miss":
                 raise ConnectionError("this member missed the group's start")
+            if self.how == "hang":
+                await asyncio.sleep(3600)
             os.kill(os.getppid(), signal.SIGKILL)
             os._exit(1)
         return await super()._run_allreduce_inplace_(tensors, group_info, group_id, **kwargs)
@@ -495,12 +500,46 @@ def test_a_member_that_missed_its_cohort_broadcast_meets_its_leader_again(tmp_pa
         for name, (_, seed, n, _) in PEERS.items()
     }
     monkeypatch.setattr(_KilledInAnAllReduce, "armed", str(tmp_path / "armed"))
-    monkeypatch.setattr(_KilledInAnAllReduce, "only_misses", True)
+    monkeypatch.setattr(_KilledInAnAllReduce, "how", "miss")
     results = _run("hier-bcast-miss", args, _mortal_peer, timeout=300)
     rounds = {n: results[n][0] for n in PEERS}
     assert_survivors_hold_the_mean_of_all(list(rounds.values()))
     missed = [r for r in rounds.values() if r["me"] == sorted(r["me"] for r in rounds.values())[-1]]
     assert missed[0]["regrouped"] == ["broadcast"], missed[0]["regrouped"]
+
+
+def test_an_all_reduce_that_hangs_ends_at_its_stages_bound_from_recent_rounds(tmp_path, monkeypatch):
+    # One cohort of four, two rounds. In round 1's broadcast (its averager's 4th all-reduce) the member
+    # with the largest id hangs inside its all-reduce, alive and silent. hivemind's own bound is the
+    # whole all-reduce timeout (60 s here; 120 s by default, what a killed member cost its partner on
+    # the churn benchmark); the step's bound now follows the broadcasts of round 0, so the member is
+    # free long before, and the others commit without waiting for it.
+    args = {
+        name: dict(
+            peers=len(PEERS),
+            cohort="rack",
+            rank=0,
+            num_cohorts=1,
+            seed=seed,
+            samples=n,
+            victim="last",
+            rounds=2,
+            run_id="hier-bcast-hang",
+        )  # fmt: skip
+        for name, (_, seed, n, _) in PEERS.items()
+    }
+    monkeypatch.setattr(_KilledInAnAllReduce, "armed", str(tmp_path / "armed"))
+    monkeypatch.setattr(_KilledInAnAllReduce, "how", "hang")
+    monkeypatch.setattr(_KilledInAnAllReduce, "at", 4)
+    results = _run("hier-bcast-hang", args, _mortal_peer, timeout=300)
+    last = sorted(results[n][0]["me"] for n in PEERS)[-1]
+    hung = next(results[n][1] for n in PEERS if results[n][1]["me"] == last)
+    others = [results[n][1] for n in PEERS if results[n][1]["me"] != last]
+    assert all(results[n][0]["committed"] for n in PEERS)
+    assert all(r["committed"] for r in others), [(r["reason"], r["seconds"]) for r in others]
+    assert not hung["committed"] and "broadcast" in hung["reason"], hung["reason"]
+    # the bound (3 x round 0's broadcast + 2 periods, at least 2 x next_chunk) is well below 60 s
+    assert hung["seconds"]["broadcast"] < FAST.allreduce / 2, (hung["reason"], hung["seconds"])
 
 
 def assert_survivors_hold_the_mean_of_all(survivors: list[dict]) -> None:
