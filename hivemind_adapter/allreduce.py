@@ -19,6 +19,7 @@ what members report after the step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 
 import torch
@@ -37,7 +38,17 @@ from hivemind.compression import (
 from hivemind.p2p import PeerID
 from hivemind.proto import averaging_pb2
 from hivemind.utils import MPFuture, get_dht_time
-from hivemind.utils.asyncio import amap_in_executor, as_aiter, azip
+from hivemind.utils.asyncio import (
+    aiter_with_timeout,
+    amap_in_executor,
+    as_aiter,
+    attach_event_on_finished,
+    azip,
+)
+
+# How long a reducer keeps a sender's stream open after its last reply, waiting for the sender to
+# close it (it does as soon as it holds every reply): a bound for a sender that died meanwhile.
+REPLY_LINGER_SECONDS = 30.0
 
 
 class PartialAllReduceError(AllreduceException):
@@ -62,9 +73,8 @@ class ExactAllReduceRunner(AllReduceRunner):
 
     async def _communicate_with_peer(self, peer_id: PeerID):
         if peer_id != self.peer_id:
-            # Remote reducers: unchanged transport; they now send averages (see _accumulate_parts_streaming).
             try:
-                return await super()._communicate_with_peer(peer_id)
+                return await self._exchange_with_reducer(peer_id)
             except Exception as e:
                 # hivemind logs why at DEBUG only; the round's abort reason says it (a partial all-reduce
                 # that only one member sees is rare and otherwise leaves no trace of its cause)
@@ -87,6 +97,60 @@ class ExactAllReduceRunner(AllReduceRunner):
                     container.compression.compress(averaged, part_infos[part_index])
                 )
             container.register_processed_part(peer_index, part_index, mine)
+
+    async def _exchange_with_reducer(self, peer_id: PeerID) -> None:
+        """Stream this member's parts of ``peer_id``'s shard to it and take back exactly that many
+        averaged parts, then close this side of the stream first.
+
+        The order of the closes is the point. hivemind reads replies until the reducer closes; the
+        reducer's p2p daemon turns that close into a stream reset, and a reset makes the receiving
+        daemon drop what it holds and has not passed on yet: over a 40 ms link under load the last
+        reply was lost now and then, and the member alone saw a partial all-reduce ("sent 175 parts,
+        but we expected 176", the churn benchmark). Here the member closes once it holds every reply,
+        and the reducer waits for that (:meth:`rpc_aggregate_part`)."""
+        container = self.tensor_part_container
+        peer_index = self.ordered_peer_ids.index(peer_id)
+        expected = container.num_parts_by_peer[peer_index]
+        sent_all = asyncio.Event()
+        inputs = attach_event_on_finished(self._generate_input_for_peer(peer_index), sent_all)
+        replies = None
+        received = 0
+        try:
+            replies = await self._get_peer_stub(peer_id).rpc_aggregate_part(inputs)
+            if self.should_delay_results(self.peer_id):  # a member that reduces nothing sends first
+                await sent_all.wait()
+            loop = asyncio.get_running_loop()
+            async for message in aiter_with_timeout(replies, self.reducer_timeout):
+                if message.code != averaging_pb2.AVERAGED_PART:
+                    raise AllreduceException(f"{peer_id} sent {averaging_pb2.MessageCode.Name(message.code)}")
+                part = await loop.run_in_executor(None, deserialize_torch_tensor, message.tensor_part)
+                container.register_processed_part(peer_index, received, part)
+                received += 1
+                if received == expected:
+                    break
+            if received != expected:
+                raise AllreduceException(f"peer {peer_id} sent {received} parts, but we expected {expected}")
+        except BaseException:
+            container.register_failed_reducer(peer_index)
+            raise
+        finally:
+            if replies is not None:
+                with contextlib.suppress(RuntimeError):  # it is still running only if it was cancelled
+                    await replies.aclose()
+
+    async def rpc_aggregate_part(
+        self, stream: AsyncIterator[averaging_pb2.AveragingData], context
+    ) -> AsyncIterator[averaging_pb2.AveragingData]:
+        async for message in super().rpc_aggregate_part(stream, context):
+            yield message
+        sender = context.remote_id
+        reducer = self.tensor_part_reducer
+        if sender in self.sender_peer_ids and sender not in self.banned_senders:
+            if reducer.num_parts_received[self.sender_peer_ids.index(sender)] == reducer.num_parts:
+                # Every reply is on its way: the sender closes the stream once it holds them all, and
+                # closing it here first could drop the last ones (see _exchange_with_reducer). The
+                # wait ends, cancelled, when the sender's close arrives.
+                await asyncio.sleep(REPLY_LINGER_SECONDS)
 
     async def _accumulate_parts_streaming(
         self, stream: AsyncIterator[averaging_pb2.AveragingData], sender_index: int
