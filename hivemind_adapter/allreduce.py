@@ -70,6 +70,7 @@ class ExactAllReduceRunner(AllReduceRunner):
         # With absolute outputs, a part whose reducer failed falls back to the local part, not to a zero delta.
         self.tensor_part_container.return_deltas = False
         self.reducer_errors: list[str] = []  # why each remote reducer failed this member, if one did
+        self._served_whole: set[PeerID] = set()  # senders that were handed every reply of this reducer
 
     async def _communicate_with_peer(self, peer_id: PeerID):
         if peer_id != self.peer_id:
@@ -141,16 +142,25 @@ class ExactAllReduceRunner(AllReduceRunner):
     async def rpc_aggregate_part(
         self, stream: AsyncIterator[averaging_pb2.AveragingData], context
     ) -> AsyncIterator[averaging_pb2.AveragingData]:
+        sender, replies = context.remote_id, 0
         async for message in super().rpc_aggregate_part(stream, context):
-            yield message
-        sender = context.remote_id
-        reducer = self.tensor_part_reducer
-        if sender in self.sender_peer_ids and sender not in self.banned_senders:
-            if reducer.num_parts_received[self.sender_peer_ids.index(sender)] == reducer.num_parts:
-                # Every reply is on its way: the sender closes the stream once it holds them all, and
-                # closing it here first could drop the last ones (see _exchange_with_reducer). The
-                # wait ends, cancelled, when the sender's close arrives.
-                await asyncio.sleep(REPLY_LINGER_SECONDS)
+            yield message  # resumed once the transport took it
+            if message.code == averaging_pb2.AVERAGED_PART:
+                replies += 1
+                if replies == self.tensor_part_reducer.num_parts:
+                    self._served_whole.add(sender)
+        if sender in self._served_whole:
+            # Every reply is on its way: the sender closes the stream once it holds them all, and
+            # closing it here first could drop the last ones (see _exchange_with_reducer). The
+            # wait ends, cancelled, when the sender's close arrives.
+            await asyncio.sleep(REPLY_LINGER_SECONDS)
+
+    async def _ban_sender(self, peer_id: PeerID):
+        # A sender that holds every reply closes its stream at once, maybe before this side has read
+        # its end-of-stream: hivemind takes that cancellation for a drop-out. It is not one (measured:
+        # the reducer alone saw "1 sender(s) dropped out", its all-reduce failed, and the group split).
+        if peer_id not in self._served_whole:
+            await super()._ban_sender(peer_id)
 
     async def _accumulate_parts_streaming(
         self, stream: AsyncIterator[averaging_pb2.AveragingData], sender_index: int
@@ -225,6 +235,8 @@ class VerifiedAverager(DecentralizedAverager):
     Use it like the base class; ``step()`` returns the gathered metadata of every group member.
     """
 
+    runner_type: type[ExactAllReduceRunner] = ExactAllReduceRunner  # what runs each all-reduce
+
     # hivemind builds its matchmaking inside the averager's process; this is where MANTA's spacing of
     # group-key reads is put in (see _spaced_reads).
     @property
@@ -295,7 +307,7 @@ class VerifiedAverager(DecentralizedAverager):
         self, tensors: Sequence[torch.Tensor], group_info: GroupInfo, group_id: bytes | None = None, **kwargs
     ):
         group_id = group_info.group_id if group_id is None else group_id
-        runner = ExactAllReduceRunner(
+        runner = self.runner_type(
             p2p=self._p2p,
             servicer_type=type(self),
             prefix=self.prefix,
