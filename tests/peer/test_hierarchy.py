@@ -151,7 +151,8 @@ def test_four_peers_in_two_cohorts_reach_the_exact_sample_weighted_mean():
     total = sum(n for _, _, n, _ in PEERS.values())
     expected = [sum(_grads(s)[i] * n for _, s, n, _ in PEERS.values()) / total for i in range(len(SHAPES))]
     rounds = [results[name][0] for name in PEERS]
-    assert all(r["committed"] for r in rounds), [r["reason"] for r in rounds]
+    # a string, which pytest prints whole (a list's repr it cuts short)
+    assert all(r["committed"] for r in rounds), "\n".join(f"{r['reason']} {r['seconds']}" for r in rounds)
     assert len({r["digest"] for r in rounds}) == 1, "every peer must hold bit-identical tensors"
     for r in rounds:
         for got, want in zip(r["tensors"], expected):
@@ -451,12 +452,9 @@ def test_a_group_that_loses_a_member_inside_its_all_reduce_forms_again_without_i
         torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-5, atol=1e-6)
 
 
-def test_a_member_lost_inside_its_cohort_broadcast_costs_only_its_own_vote(tmp_path, monkeypatch):
-    # One cohort of four. The member with the largest id (never the leader) dies as the broadcast
-    # starts (its second all-reduce, after the cohort stage). The leader is the broadcast's only
-    # reducer: the others receive its vector whole, and it keeps its result although its all-reduce
-    # lost a sender. The result is the mean over all four contributions, the victim's included (its
-    # gradient was averaged in the cohort stage), and three of four hold it.
+def _one_cohort_with_a_faulty_member(run_id, tmp_path, monkeypatch, *, rounds, how="kill", at=2) -> dict:
+    """``PEERS`` as one cohort for ``rounds`` rounds; the member with the largest id (never the
+    leader) meets its fault (``how``) in its cohort averager's all-reduce number ``at``."""
     args = {
         name: dict(
             peers=len(PEERS),
@@ -466,13 +464,24 @@ def test_a_member_lost_inside_its_cohort_broadcast_costs_only_its_own_vote(tmp_p
             seed=seed,
             samples=n,
             victim="last",
-            rounds=1,
-            run_id="hier-bcast-kill",
+            rounds=rounds,
+            run_id=run_id,
         )  # fmt: skip
         for name, (_, seed, n, _) in PEERS.items()
     }
     monkeypatch.setattr(_KilledInAnAllReduce, "armed", str(tmp_path / "armed"))
-    results = _run("hier-bcast-kill", args, _mortal_peer, timeout=300)
+    monkeypatch.setattr(_KilledInAnAllReduce, "how", how)
+    monkeypatch.setattr(_KilledInAnAllReduce, "at", at)
+    return _run(run_id, args, _mortal_peer, timeout=300)
+
+
+def test_a_member_lost_inside_its_cohort_broadcast_costs_only_its_own_vote(tmp_path, monkeypatch):
+    # One cohort of four. The member with the largest id (never the leader) dies as the broadcast
+    # starts (its second all-reduce, after the cohort stage). The leader is the broadcast's only
+    # reducer: the others receive its vector whole, and it keeps its result although its all-reduce
+    # lost a sender. The result is the mean over all four contributions, the victim's included (its
+    # gradient was averaged in the cohort stage), and three of four hold it.
+    results = _one_cohort_with_a_faulty_member("hier-bcast-kill", tmp_path, monkeypatch, rounds=1)
     dead = [n for n, r in results.items() if r is None]
     assert len(dead) == 1, "exactly the victim must have died"
     assert_survivors_hold_the_mean_of_all([results[n][0] for n in PEERS if n not in dead])
@@ -485,23 +494,7 @@ def test_a_member_that_missed_its_cohort_broadcast_meets_its_leader_again(tmp_pa
     # it missed, who still look for it: all four commit the same result. (Seen in CI: a member whose
     # join request timed out on a loaded machine looked for its leader until its deadline while the
     # leader, done, committed without it.)
-    args = {
-        name: dict(
-            peers=len(PEERS),
-            cohort="rack",
-            rank=0,
-            num_cohorts=1,
-            seed=seed,
-            samples=n,
-            victim="last",
-            rounds=1,
-            run_id="hier-bcast-miss",
-        )  # fmt: skip
-        for name, (_, seed, n, _) in PEERS.items()
-    }
-    monkeypatch.setattr(_KilledInAnAllReduce, "armed", str(tmp_path / "armed"))
-    monkeypatch.setattr(_KilledInAnAllReduce, "how", "miss")
-    results = _run("hier-bcast-miss", args, _mortal_peer, timeout=300)
+    results = _one_cohort_with_a_faulty_member("hier-bcast-miss", tmp_path, monkeypatch, rounds=1, how="miss")
     rounds = {n: results[n][0] for n in PEERS}
     assert_survivors_hold_the_mean_of_all(list(rounds.values()))
     missed = [r for r in rounds.values() if r["me"] == sorted(r["me"] for r in rounds.values())[-1]]
@@ -514,24 +507,9 @@ def test_an_all_reduce_that_hangs_ends_at_its_stages_bound_from_recent_rounds(tm
     # whole all-reduce timeout (60 s here; 120 s by default, what a killed member cost its partner on
     # the churn benchmark); the step's bound now follows the broadcasts of round 0, so the member is
     # free long before, and the others commit without waiting for it.
-    args = {
-        name: dict(
-            peers=len(PEERS),
-            cohort="rack",
-            rank=0,
-            num_cohorts=1,
-            seed=seed,
-            samples=n,
-            victim="last",
-            rounds=2,
-            run_id="hier-bcast-hang",
-        )  # fmt: skip
-        for name, (_, seed, n, _) in PEERS.items()
-    }
-    monkeypatch.setattr(_KilledInAnAllReduce, "armed", str(tmp_path / "armed"))
-    monkeypatch.setattr(_KilledInAnAllReduce, "how", "hang")
-    monkeypatch.setattr(_KilledInAnAllReduce, "at", 4)
-    results = _run("hier-bcast-hang", args, _mortal_peer, timeout=300)
+    results = _one_cohort_with_a_faulty_member(
+        "hier-bcast-hang", tmp_path, monkeypatch, rounds=2, how="hang", at=4
+    )
     last = sorted(results[n][0]["me"] for n in PEERS)[-1]
     hung = next(results[n][1] for n in PEERS if results[n][1]["me"] == last)
     others = [results[n][1] for n in PEERS if results[n][1]["me"] != last]
