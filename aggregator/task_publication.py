@@ -14,6 +14,11 @@ A built-in task name gets defaults sized for this project's CPUs; a TOML file ma
     width_mult = "0.5"         # supernet size (classification)
     cross_cohort_fp16 = true   # fp16 between cohorts
     cross_group_size = 8       # cohort leaders per cross-cohort group (more cohorts: a tree of groups)
+    sync = "outer"             # "every-step" (default) or rare outer steps between cohorts:
+    inner_steps = 10           #   rounds (inner steps, averaged inside each cohort) per outer step
+    outer_lr = "0.7"           #   outer Nesterov SGD on the averaged pseudo-gradient
+    outer_momentum = "0.9"
+    outer_compression = "int8" #   none, fp16, int8 or int4 between cohorts, with error feedback
 """
 
 from __future__ import annotations
@@ -84,7 +89,10 @@ def build_task_spec(ref: str, identity: Identity, extra_aggregator_keys: tuple[s
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
-        raise TaskFileError(f"task setting {where}: {err['msg']}") from None
+        message = err["msg"].removeprefix("Value error, ")  # a check across settings names its own
+        raise TaskFileError(
+            f"task setting {where}: {message}" if where else f"task setting {message}"
+        ) from None
     _check_trainable(spec)
     return spec
 

@@ -19,6 +19,12 @@ and smallest sub-network, whether the peers that finished hold one state, and th
 
     sudo python -m benchmarks.swarm_wan [--peers 8] [--rounds 30] [--profiles loopback,lan,...]
                                         [--time-limit 900] [--out DIR]
+                                        [--sync every-step,outer] [--inner-steps 10]
+                                        [--outer-compression int8] [--outer-lr 0.7] [--outer-momentum 0.9]
+
+``--sync every-step,outer`` runs every profile once per synchronisation mode, side by side at equal
+rounds and target samples (so equal training samples), and adds each outer column's wide-area bytes
+per sample against its every-step column's ("WAN bytes / sample vs every-step").
 
 ``--peers 4`` halves the sites (2 x 2; home 4 x 1 with 1 behind NAT). Needs root (network
 namespaces) and iptables; each profile is bounded by ``--time-limit`` seconds.
@@ -63,6 +69,14 @@ def profiles(peers: int) -> dict[str, list[str]]:
         ],  # fmt: skip
         "broadband-churn": [*broadband, "--churn", "every:60", "--churn-signal", "kill"],
     }
+
+
+def sync_args(sync: str, args) -> list[str]:
+    """The manta-swarm options of one synchronisation mode."""
+    if sync == "every-step":
+        return []
+    return ["--sync", sync, "--inner-steps", str(args.inner_steps), "--outer-compression",
+            args.outer_compression, "--outer-lr", args.outer_lr, "--outer-momentum", args.outer_momentum]  # fmt: skip
 
 
 def run_profile(name: str, extra: list[str], args) -> dict:
@@ -144,6 +158,8 @@ def figures(summary: dict, run_dir: Path) -> dict[str, str]:
         "joiner to 1st contribution": f"median {statistics.median(joiners):.0f} s, max {max(joiners):.0f} s"
         if joiners
         else "-",
+        "outer steps": str(swarm.get("outer_steps", 0)),
+        "  peer-steps aborted": str(swarm.get("peer_outer_steps_aborted", 0)),
         "accuracy largest": f"{100 * quality['largest']:.2f} %" if "largest" in quality else "-",
         "accuracy smallest": f"{100 * quality['smallest']:.2f} %" if "smallest" in quality else "-",
         "identical final state": str(summary["identical_final_state"]),
@@ -164,13 +180,30 @@ def main() -> None:
     parser.add_argument("--profiles", default="loopback,lan,broadband,home,broadband-churn")
     parser.add_argument("--time-limit", type=float, default=900, help="seconds per profile run")
     parser.add_argument("--out", type=Path, default=Path(f"swarm-wan-{time.strftime('%Y%m%d-%H%M%S')}"))
+    parser.add_argument("--sync", default="every-step", help="every-step, outer, or both: every-step,outer")
+    parser.add_argument("--inner-steps", type=int, default=10)
+    parser.add_argument("--outer-compression", default="int8")
+    parser.add_argument("--outer-lr", default="0.7")
+    parser.add_argument("--outer-momentum", default="0.9")
     parser.add_argument("swarm_args", nargs="*", help="more manta-swarm options for every profile (after --)")
     args = parser.parse_args()
-    names = args.profiles.split(",")
-    known = profiles(args.peers)
-    unknown = [n for n in names if n not in known]
+    syncs = args.sync.split(",")
+    if any(m not in ("every-step", "outer") for m in syncs):
+        sys.exit(f"--sync {args.sync}: modes are every-step and outer")
+    if "outer" in syncs and args.rounds % args.inner_steps:
+        sys.exit(f"--rounds {args.rounds} is not a multiple of --inner-steps {args.inner_steps}")
+    profile_names = args.profiles.split(",")
+    base = profiles(args.peers)
+    unknown = [n for n in profile_names if n not in base]
     if unknown:
-        sys.exit(f"unknown profile(s) {', '.join(unknown)}; choose from {', '.join(known)}")
+        sys.exit(f"unknown profile(s) {', '.join(unknown)}; choose from {', '.join(base)}")
+    # one run per profile and mode; a single mode keeps the profiles' plain names
+    known = {
+        (n if len(syncs) == 1 else f"{n}@{m}"): [*base[n], *sync_args(m, args)]
+        for n in profile_names
+        for m in syncs
+    }
+    names = list(known)
     if args.peers < 4 or args.peers % 4:
         sys.exit("--peers must be a multiple of 4 (2 peers per site; a quarter of the home sites behind NAT)")
     if os.geteuid() != 0 and any("--sites" in known[n] for n in names):
@@ -182,11 +215,14 @@ def main() -> None:
     )
     results = {name: run_profile(name, known[name], args) for name in names}
     table = {name: figures(s, args.out / name) for name, s in results.items()}
-    rows = (
-        list(next(t for t in table.values() if len(t) > 1).keys())
-        if any(len(t) > 1 for t in table.values())
-        else []
-    )
+    for name in names:  # the outer mode's wide-area saving, against the same profile's every-step run
+        profile, _, mode = name.partition("@")
+        ours, theirs = results[name], results.get(f"{profile}@every-step", {})
+        per = (ours.get("swarm") or {}).get("wan_bytes_per_sample")
+        base_per = (theirs.get("swarm") or {}).get("wan_bytes_per_sample")
+        if mode == "outer" and per and base_per:
+            table[name]["WAN bytes / sample vs every-step"] = f"{base_per / per:.0f}x fewer"
+    rows = list(dict.fromkeys(k for t in table.values() if len(t) > 1 for k in t))
     print("\n| figure | " + " | ".join(names) + " |")
     print("|---|" + "---:|" * len(names))
     for row in rows:

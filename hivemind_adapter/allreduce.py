@@ -29,8 +29,6 @@ from hivemind.averaging.control import AveragingStage, StepControl
 from hivemind.averaging.group_info import GroupInfo
 from hivemind.averaging.matchmaking import MatchmakingException
 from hivemind.compression import (
-    CompressionBase,
-    Float16Compression,
     NoCompression,
     deserialize_torch_tensor,
     serialize_torch_tensor,
@@ -333,20 +331,6 @@ class VerifiedAverager(DecentralizedAverager):
             tensor.copy_(averaged)
         self.last_updated = get_dht_time()
         self._state_updated.set()
-
-
-def wire_compression(fp16: bool) -> CompressionBase:
-    """How tensors cross the wire in an all-reduce: halved to float16 (lossy), or exactly as they are."""
-    return Float16Compression() if fp16 else NoCompression()
-
-
-def wire_rounded(tensor: torch.Tensor, fp16: bool) -> torch.Tensor:
-    """``tensor`` as it arrives after crossing :func:`wire_compression`'s wire: a value already in that
-    form crosses it again unchanged (what lets an fp16 wire carry a broadcast exactly)."""
-    if not fp16:
-        return tensor
-    finfo = torch.finfo(torch.float16)
-    return tensor.to(torch.float32).clamp(finfo.min, finfo.max).to(torch.float16).to(tensor.dtype)
 
 
 def looking_for_group(control: StepControl) -> bool:

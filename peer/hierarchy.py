@@ -50,8 +50,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from hivemind_adapter.allreduce import VerifiedAverager, wire_compression, wire_rounded
+from hivemind_adapter.allreduce import VerifiedAverager
 from hivemind_adapter.dht import peer_id
+from hivemind_adapter.wire_codecs import codec_for, roundtrip
 from peer.averaging_stage import AveragingTimeouts, HeadGone, NoGroup, RoundAborted, StageRunner
 from peer.cross_tree import DEFAULT_FANOUT, JoinedGroup, TreeGroup, cross_groups, units_of
 from peer.deadlines import StageDeadlines
@@ -169,6 +170,7 @@ class HierarchicalAverager:
         *,
         per_cohort: bool = False,
         cross_fp16: bool = False,
+        cross_codec: str | None = None,
         cross_group_size: int = DEFAULT_FANOUT,
         timeouts: AveragingTimeouts = AveragingTimeouts(),
         client_mode: bool = False,
@@ -180,7 +182,9 @@ class HierarchicalAverager:
     ):
         self.dht, self.run_id, self.cohort, self.timeouts = dht, run_id, cohort, timeouts
         self.per_cohort = per_cohort
-        self.cross_fp16, self.cross_group_size = cross_fp16, cross_group_size
+        # how vectors cross between cohorts: "fp16" (cross_fp16), or any codec of wire_codecs (outer steps)
+        self.cross_codec = cross_codec or ("fp16" if cross_fp16 else "none")
+        self.cross_group_size = cross_group_size
         self.client_mode = client_mode
         self.peer_id = peer_id(dht)
         self.board = commit_board or DHTCommitBoard(dht, run_id, ttl=max(60.0, 3 * timeouts.commit))
@@ -207,11 +211,12 @@ class HierarchicalAverager:
         self._cohort = averager_type(
             self._buffer, dht, prefix=f"{run_id}_cohort_{_cohort_tag(cohort)}", **common
         )
+        self._cross_compression = codec_for(self.cross_codec)
         self._cross = averager_type(
             self._buffer,
             dht,
             prefix=f"{run_id}_cross",
-            compression=wire_compression(cross_fp16),
+            compression=self._cross_compression,
             **common,
         )
         # Ctrl-C: the round goes on while its group forms or runs, but a peer that is leaving does not
@@ -399,10 +404,11 @@ class HierarchicalAverager:
             try:  # this peer carried the result as far as it went: it computes the final vector
                 self._check_contributors(contributors, state_digest)
                 final = self._finish_average(contributors, len(cohorts), scale)
-                if self.cross_fp16 and len(tree) > 1:
-                    # The way down crosses fp16 wires too: values already in fp16 cross them unchanged,
-                    # so every leader ends with the bytes whose digest the heads announce.
-                    final = [wire_rounded(t, fp16=True) for t in final]
+                if self.cross_codec != "none" and len(tree) > 1:
+                    # The way down crosses the same lossy wires: values already in the codec's form
+                    # cross them unchanged (every codec is idempotent), so every leader ends with the
+                    # bytes whose digest the heads announce.
+                    final = [roundtrip(self._cross_compression, t) for t in final]
             except RoundAborted as e:
                 abort = str(e)
         for step in reversed(joined):

@@ -31,7 +31,7 @@ from hivemind_adapter.dht import peer_id as dht_peer_id
 from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.state_archive import StateArchive
 from hivemind_adapter.state_sharing import StateSharer, peer_tiebreak
-from peer.affinity import default_gateway_mac, host_id, network_id
+from peer.affinity import assign_cohorts, default_gateway_mac, host_id, network_id
 from peer.catch_up import (
     LEAVE_WAIT_SECONDS,
     SIT_OUT_SECONDS,
@@ -41,6 +41,8 @@ from peer.catch_up import (
 )
 from peer.devices import WorkerDevice
 from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
+from peer.outer_round import OuterStepper
+from peer.outer_step import OuterSettings, OuterState, served_consensus, served_layout, split_served
 from peer.progress_display import ProgressDisplay
 from peer.receipts import AggregatorLink, ReceiptCourier, ReceiptOutbox
 from peer.round import commit_pending, run_round
@@ -112,6 +114,7 @@ class PeerNode:
         self._shared: SharedBuffers | None = None
         self._consensus = 0
         self._workers: WorkerPool | None = None
+        self._outer: OuterStepper | None = None  # sync = "outer" tasks only
         self._sharer: StateSharer | None = None
         self._archive: StateArchive | None = None
         self._averager: HierarchicalAverager | None = None
@@ -173,10 +176,10 @@ class PeerNode:
         )
         self._start_workers()
         self._sharer = StateSharer(
-            [t.clone() for t in self._shared.state],
+            [t.clone() for t in self._served_state()],
             self.dht,
             task.task_id,
-            self._consensus,
+            self._served_consensus(),
             client_mode=self.config.client_mode,
         )
         self._archive = StateArchive(self._endpoint, task.task_id)
@@ -205,6 +208,7 @@ class PeerNode:
             publish_state=self._publish_state,
             seal_receipt=self.receipt_wire,
             commit_board=self._commit_board,
+            outer=self._outer,
         )
         self._signals.reclaim()
 
@@ -220,7 +224,6 @@ class PeerNode:
             list(net.parameters()), fresh_state_tensors(net, optimizer), len(self.devices)
         )
         self._consensus = consensus_count(net, optimizer)
-        self.state_digest = digest(self._shared.state[: self._consensus])
         self._workers = WorkerPool(
             self.devices,
             self._shared,
@@ -229,6 +232,18 @@ class PeerNode:
             participant_prefix=self.peer_id,
             train_options=train_options,
         )
+        settings = OuterSettings.of_task(task.params)
+        if settings is not None:
+            params = len(list(net.parameters()))
+            self._outer = OuterStepper(
+                settings,
+                OuterState.starting_at(self._shared.state[:params]),
+                self._workers,
+                self._shared.state,
+                self._consensus,
+                self._shared.state[params : self._consensus],  # the fresh inner optimizer state
+            )
+        self.state_digest = digest(self._served_state()[: self._served_consensus()])
 
     # ------------------------------------------------------------------ rounds
 
@@ -238,9 +253,9 @@ class PeerNode:
         only if it is ahead of ours: a newer round, or the same round and a quorum's result (or the
         server that wins the fixed tie-break). Returns whether the state was replaced."""
         task_id = self.spec.record.task_id
-        roster = [p.entry.peer_id for p in read_roster(self.dht, task_id)]
+        roster = self._catch_up_roster()
         result, got = committed_state(
-            self._commit_board, roster, self._endpoint, task_id, self._shared.state, self._consensus,
+            self._commit_board, roster, self._endpoint, task_id, self._served_state(), self._served_consensus(),
             self.state_digest,
         )  # fmt: skip
         if result is not None and result.digest == self.state_digest:
@@ -254,7 +269,15 @@ class PeerNode:
         self.attempt = max(self.attempt, got.attempt + 1)
         if got.digest == self.state_digest or (got.round, got.tiebreak) <= (self.state_round, self._tiebreak):
             return False
-        self._workers.load(got.tensors)
+        worker_state, outer = split_served(
+            got.tensors, self._consensus, len(self._shared.state), len(self._shared.grads)
+        )
+        if (outer is None) != (self._outer is None):
+            logger.warning("a served state of another synchronisation mode: ignored")
+            return False
+        self._workers.load(worker_state)
+        if self._outer is not None:
+            self._outer.state = outer
         self.state_round = got.round
         self._publish_state(got.round, got.attempt)
         quorum = result is not None and got.digest == result.digest
@@ -264,8 +287,28 @@ class PeerNode:
 
     def _publish_state(self, round_index: int, attempt: int) -> None:
         """Serve the current state to newcomers and keep it, by digest, for whoever needs it later."""
-        self.state_digest = self._sharer.publish(round_index, self._shared.state, attempt, self._tiebreak)
-        self._archive.add(round_index, attempt, self.state_digest, self._shared.state)
+        served = self._served_state()
+        self.state_digest = self._sharer.publish(round_index, served, attempt, self._tiebreak)
+        self._archive.add(round_index, attempt, self.state_digest, served)
+
+    def _served_state(self) -> list[torch.Tensor]:
+        """What this peer serves and digests: the workers' state, with the outer state in outer tasks
+        (:func:`peer.outer_step.served_layout`)."""
+        return served_layout(self._shared.state, self._consensus, self._outer.state if self._outer else None)
+
+    def _served_consensus(self) -> int:
+        return served_consensus(self._consensus, self._outer.state if self._outer else None)
+
+    def _catch_up_roster(self) -> list[str]:
+        """Whose committed states this peer may catch up with: the roster; in outer tasks only its
+        cohort's peers (between outer steps each cohort holds its own state), when it has one."""
+        entries = [p.entry for p in read_roster(self.dht, self.spec.record.task_id)]
+        roster = [e.peer_id for e in entries]
+        if self._outer is None:
+            return roster
+        assignment = assign_cohorts(entries, self.spec.record.params.max_group_size)
+        mine = assignment.get(self.peer_id)
+        return roster if mine is None else [p for p in roster if assignment.get(p) == mine]
 
     def catch_up_with_swarm(self) -> None:
         """Download states while the swarm computes a later round than ours (bounded: a state nobody
@@ -329,6 +372,8 @@ class PeerNode:
                 # A round computed from an old state could only abort: the others' groups are keyed by theirs.
                 self.catch_up_with_swarm()
                 report = run_round(self._round, self.state_round + 1, self.attempt)
+                if report.outer is not None:  # its exchange took the attempt after the round's
+                    self.attempt = max(self.attempt, report.outer.attempt)
                 # Every round, committed or aborted, is one attempt for the whole swarm; the next one is
                 # past the highest any peer reached, so peers whose aborts took different times meet again.
                 self.attempt = self._averager.next_attempt(self.attempt)
@@ -340,6 +385,8 @@ class PeerNode:
             if report.committed:
                 self.state_round = report.round
                 committed, failed_in_a_row = committed + 1, 0
+                if report.outer is not None and not report.outer.committed and not self._stop.is_set():
+                    self.catch_up()  # the others may have taken the outer step this peer missed
             elif self._stop.is_set():
                 break  # leaving: it catches up once, after the loop (leave_with_swarm_state)
             else:
@@ -404,6 +451,7 @@ class PeerNode:
             timeouts=self.config.timeouts,
             client_mode=self.config.client_mode,
             cross_fp16=task.params.cross_cohort_fp16,
+            cross_codec=self._outer.settings.compression if self._outer else None,
             cross_group_size=task.params.cross_group_size,
             per_cohort=task.mode == "model",
             commit_board=self._commit_board,

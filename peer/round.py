@@ -29,7 +29,15 @@ from dataclasses import replace
 from peer.affinity import assign_cohorts, cohort_sizes
 from peer.hierarchy import AveragingOutcome, committed_late
 from peer.round_commit import CommitBoard, report_state
-from peer.round_types import Commitments, PendingResult, RoundContext, RoundPlan, RoundReport, RoundWork
+from peer.round_types import (
+    Commitments,
+    OuterReport,
+    PendingResult,
+    RoundContext,
+    RoundPlan,
+    RoundReport,
+    RoundWork,
+)
 from peer.swarm_view import read_roster
 from peer.worker_pool import WorkerPool
 from peer.worker_protocol import Compute, HostContribution
@@ -50,10 +58,13 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
     """Train step ``round_index`` in averaging attempt ``attempt``; never raises for a failed round
     (the report says it aborted and why)."""
     started = time.perf_counter()
-    plan = plan_round(ctx, round_index, attempt)
+    swarm_plan = plan_round(ctx, round_index, attempt)
+    # An outer task's round is an inner step: it averages inside the cohort, whose roster commits it.
+    plan = swarm_plan.cohort_only() if ctx.outer is not None else swarm_plan
     averager = ctx.averager_for(plan.cohort)
 
-    host, compute_seconds, ahead = compute_until_target(ctx, plan)
+    # the full plan: a model-parallel cohort trains its own share of sub-networks in every inner step
+    host, compute_seconds, ahead = compute_until_target(ctx, swarm_plan)
     if ahead > plan.round_index:
         # This peer's state is older than the swarm's: its groups (keyed by state) would find nobody.
         # No averaging; the round loop catches up instead.
@@ -84,7 +95,38 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
     if not outcome.committed and outcome.pending is not None and not ctx.stop.is_set():
         # its posted result may still find a quorum (commit_pending)
         ctx.pending = [*ctx.pending, PendingResult(work, outcome, time.monotonic())][-PENDING_KEPT:]
-    return finish_round(ctx, work, outcome, compute_seconds, started)
+    report = finish_round(ctx, work, outcome, compute_seconds, started)
+    if ctx.outer is not None and report.committed and ctx.outer.settings.is_boundary(round_index):
+        report.outer = take_outer_step(ctx, swarm_plan)
+        report.seconds += report.outer.seconds
+        report.stages["outer"] = round(report.outer.seconds, 4)
+        report.times["averaging"] = report.times.get("averaging", 0.0) + report.outer.seconds
+    return report
+
+
+def take_outer_step(ctx: RoundContext, plan: RoundPlan) -> OuterReport:
+    """After the inner step that ends an outer period: the outer exchange across the whole roster in
+    the attempt after the round's (:mod:`peer.outer_round`); a committed one is served and reported
+    like a round's state, so peers that missed it catch up with it. Taken while leaving too: the
+    others count this peer in the exchange's roster."""
+    outer = ctx.outer.step(
+        ctx.averager_for(plan.cohort),
+        plan,
+        plan.attempt + 1,
+        superseded=lambda: ctx.progress.swarm_round() > plan.round_index,
+    )
+    if outer.committed:
+        ctx.publish_state(plan.round_index, outer.attempt)
+        report_state(ctx.commit_board, outer.attempt, outer.result_digest, ctx.state_digest())
+        logger.info(
+            f"outer step after round {plan.round_index} (attempt {outer.attempt}): {outer.contributors} "
+            f"contributor(s) in {outer.cohorts} cohort(s), {outer.seconds:.1f} s, outer state {outer.outer_digest[:12]}"
+        )
+    else:
+        logger.warning(
+            f"outer step after round {plan.round_index} (attempt {outer.attempt}) aborted: {outer.reason}"
+        )
+    return outer
 
 
 def finish_round(

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from peer.hierarchy import AveragingOutcome, HierarchicalAverager
 from peer.progress_display import ProgressDisplay
@@ -18,6 +19,9 @@ from peer.worker_protocol import HostContribution
 from protocol.identity import Identity
 from protocol.records import ContributionReceipt, TaskSpec
 from supernet.training import TrainConfig
+
+if TYPE_CHECKING:  # outer_round uses these types: imported for annotations only
+    from peer.outer_round import OuterStepper
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,12 @@ class RoundPlan:
     cohort_size: int
     roster: tuple[str, ...]  # peer ids online at the start: a quorum of them must hold the result
     cohorts: tuple[tuple[str, ...], ...] = ()  # the roster's peers of each cohort, by rank
+
+    def cohort_only(self) -> RoundPlan:
+        """The plan of an inner step (``sync = "outer"``): this cohort alone is the round's swarm, its
+        roster the quorum that commits the cohort's result."""
+        own = self.cohorts[self.cohort_rank] if self.cohorts else self.roster
+        return replace(self, cohort_rank=0, num_cohorts=1, roster=tuple(own), cohorts=(tuple(own),))
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,7 @@ class RoundReport:
     stages: dict[str, float] = field(default_factory=dict)
     attempt: int = -1  # the swarm-wide averaging attempt this round ran in
     late: bool = False  # committed after the round had ended aborted: its result found a quorum later
+    outer: OuterReport | None = None  # the outer step that followed this round (sync = "outer")
 
     def describe(self) -> str:
         """The round in one log line."""
@@ -80,6 +91,21 @@ class RoundReport:
             + (f" ({self.reason})" if self.reason else "")
             + (" (late: its result found a quorum after the round ended)" if self.late else "")
         )
+
+
+@dataclass
+class OuterReport:
+    """One outer step (``sync = "outer"``) as this peer saw it."""
+
+    attempt: int
+    committed: bool
+    reason: str = ""
+    contributors: int = 0
+    cohorts: int = 0
+    seconds: float = 0.0
+    result_digest: str = ""  # the averaged pseudo-gradient's digest (what the commit board decided on)
+    outer_digest: str = ""  # anchor and outer momentum after it: identical on every peer that committed
+    stages: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -107,6 +133,8 @@ class RoundContext:
     roster_size: int = 0  # peers online in the last round's roster (for the progress display)
     # aborted rounds whose posted result may still find a quorum, oldest first (commit_pending)
     pending: list[PendingResult] = field(default_factory=list)
+    # sync = "outer": takes the outer step after every inner_steps rounds (None: every-step tasks)
+    outer: OuterStepper | None = None
 
 
 @dataclass(frozen=True)

@@ -184,6 +184,24 @@ class SwarmParams(StrictModel):
     # Supernet size (see supernet.training.TrainConfig): small values make CPU swarms practical.
     width_mult: Decimal = "1.0"
     head_channels: Annotated[int, Field(ge=8, le=1 << 16)] = 640
+    # How cohorts synchronise (peer/outer_step.py). "every-step": every round's gradient is averaged
+    # across the whole swarm. "outer": rounds average inside each cohort only; every ``inner_steps``
+    # rounds the cohorts average their pseudo-gradients (parameters at the last outer step minus
+    # parameters now), sent through ``outer_compression`` with error feedback, and every peer applies
+    # the same outer Nesterov step (``outer_lr``, ``outer_momentum``; DiLoCo's 0.7 / 0.9).
+    sync: Literal["every-step", "outer"] = "every-step"
+    inner_steps: Annotated[int, Field(ge=1, le=100_000)] = 10
+    outer_lr: Decimal = "0.7"
+    outer_momentum: Decimal = "0.9"
+    outer_compression: Literal["none", "fp16", "int8", "int4"] = "int8"
+
+    @model_validator(mode="after")
+    def _outer_step_settings(self) -> SwarmParams:
+        if not float(self.outer_lr) > 0:
+            raise ValueError(f"outer_lr: {self.outer_lr} is not positive")
+        if not 0 <= float(self.outer_momentum) < 1:
+            raise ValueError(f"outer_momentum: {self.outer_momentum} is not in [0, 1)")
+        return self
 
 
 class TaskSpec(SealedRecord):

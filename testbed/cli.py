@@ -71,6 +71,25 @@ LINK_OPTIONS = ("uplink", "downlink", "delay", "jitter", "loss", "nat")
 @click.option("--width-mult", default="0.5", show_default=True, help="Supernet width (classification).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
+    "--sync",
+    type=click.Choice(["every-step", "outer"]),
+    default="every-step",
+    show_default=True,
+    help="How cohorts synchronise: every round's gradient across the swarm, or rare outer steps.",
+)
+@click.option(
+    "--inner-steps", type=click.IntRange(1), default=10, show_default=True, help="Rounds between outer steps."
+)
+@click.option("--outer-lr", default="0.7", show_default=True, help="Outer Nesterov learning rate.")
+@click.option("--outer-momentum", default="0.9", show_default=True, help="Outer Nesterov momentum.")
+@click.option(
+    "--outer-compression",
+    type=click.Choice(["none", "fp16", "int8", "int4"]),
+    default="int8",
+    show_default=True,
+    help="How pseudo-gradients cross between cohorts (with error feedback).",
+)
+@click.option(
     "--sites",
     type=click.IntRange(1, 250),
     default=None,
@@ -142,6 +161,11 @@ def main(
     learning_rate,
     width_mult,
     seed,
+    sync,
+    inner_steps,
+    outer_lr,
+    outer_momentum,
+    outer_compression,
     sites,
     uplink,
     downlink,
@@ -211,12 +235,22 @@ def main(
     learning_rate = learning_rate or ("0.005" if stereo else "0.1")
     if cohorts > peers:
         raise UserError(f"--cohorts {cohorts} is more than --peers {peers}")
-    for name, value in (("--lr", learning_rate), ("--width-mult", width_mult)):
+    for name, value in (("--lr", learning_rate), ("--width-mult", width_mult), ("--outer-lr", outer_lr)):
         try:
             if float(value) <= 0:
                 raise ValueError
         except ValueError:
             raise UserError(f"{name} must be a positive number, got {value!r}") from None
+    if sync == "outer" and rounds % inner_steps:
+        raise UserError(
+            f"--rounds {rounds} is not a multiple of --inner-steps {inner_steps}: the run would end between "
+            "outer steps, each cohort on a state of its own"
+        )
+    try:
+        if not 0 <= float(outer_momentum) < 1:
+            raise ValueError
+    except ValueError:
+        raise UserError(f"--outer-momentum must be in [0, 1), got {outer_momentum!r}") from None
     from hivemind_adapter.runtime import prepare_process, start_orphan_reaper
     from tasks import available_tasks
 
@@ -244,6 +278,11 @@ def main(
         learning_rate=learning_rate,
         width_mult=width_mult,
         seed=seed,
+        sync=sync,
+        inner_steps=inner_steps,
+        outer_lr=outer_lr,
+        outer_momentum=outer_momentum,
+        outer_compression=outer_compression,
         until_swarm_round=True,
     )
     click.echo(f"run directory: {run_dir.resolve()}")

@@ -19,7 +19,7 @@ from typing import Any
 
 from testbed.wan.topology import AGGREGATOR_SITE, LinkCounters
 
-STAGES = ("compute", "cohort", "cross", "broadcast", "commit", "other")
+STAGES = ("compute", "cohort", "cross", "broadcast", "commit", "outer", "other")
 _PEER_ID = re.compile(r"\b(Qm|12D3Koo)[1-9A-HJ-NP-Za-km-z]{20,}")
 
 
@@ -38,6 +38,9 @@ class PeerFigures:
     )
     abort_reasons: dict[str, int] = field(default_factory=dict)
     samples: int = 0
+    outer_steps_committed: int = 0  # sync = "outer": outer steps this peer took
+    outer_steps_aborted: int = 0
+    outer_attempts: list[int] = field(default_factory=list)  # the attempts of the outer steps it took
     compute_utilization: float | None = None
     span_s: float = 0.0  # from its first round's start to its last round's end
     stages_s: dict[str, float] = field(default_factory=dict)
@@ -129,6 +132,10 @@ def peer_figures(run_dir: Path) -> list[PeerFigures]:
         fig.rounds_aborted_leaving = sum(1 for r in aborted if told is not None and r["time"] >= told)
         fig.abort_reasons = dict(Counter(_reason(r.get("reason", "")) for r in aborted))
         fig.samples = sum(r["samples"] for r in committed)
+        outer = [r["outer"] for r in rounds if r.get("outer")]
+        fig.outer_steps_committed = sum(1 for o in outer if o["committed"])
+        fig.outer_steps_aborted = len(outer) - fig.outer_steps_committed
+        fig.outer_attempts = [o["attempt"] for o in outer if o["committed"]]
         stages = dict.fromkeys(STAGES, 0.0)
         for r in rounds:
             split = r.get("stages") or {
@@ -192,6 +199,9 @@ def swarm_figures(
         "peer_rounds_aborted": sum(p.rounds_aborted for p in peers),
         "peer_rounds_committed_late": sum(p.rounds_committed_late for p in peers),
         "peer_rounds_aborted_leaving": sum(p.rounds_aborted_leaving for p in peers),
+        # sync = "outer": outer steps any peer took, and peer-steps that aborted
+        "outer_steps": len({a for p in peers for a in p.outer_attempts}),
+        "peer_outer_steps_aborted": sum(p.outer_steps_aborted for p in peers),
         "abort_reasons": dict(reasons.most_common()),
         "joiners": {p.name: p.first_contribution_s for p in peers if p.joiner},
         # How long each joiner ran: one killed (churn) before it could contribute says nothing of joining.
@@ -219,7 +229,7 @@ def _mb(n: int) -> str:
 def format_tables(peers: list[PeerFigures], sites: list[SiteFigures] | None, swarm: dict[str, Any]) -> str:
     """The printed table: one row per peer, one per site link, and the swarm's line."""
     rows = [("peer", "site", "ended", "committed", "aborted", "samples", "compute", "cohort s", "cross s",
-             "bcast s", "commit s", "other s", "1st contrib s")]  # fmt: skip
+             "bcast s", "commit s", "outer s", "other s", "1st contrib s")]  # fmt: skip
     for p in peers:
         s = p.stages_s
         rows.append(
@@ -260,6 +270,10 @@ def format_tables(peers: list[PeerFigures], sites: list[SiteFigures] | None, swa
         f"{swarm['peer_rounds_committed']} peer-rounds committed, {swarm['peer_rounds_aborted']} aborted "
         f"({swarm['peer_rounds_aborted_leaving']} while leaving)"
     )
+    if swarm.get("outer_steps"):
+        line += (
+            f", {swarm['outer_steps']} outer step(s) ({swarm['peer_outer_steps_aborted']} peer-steps aborted)"
+        )
     if "wan_bytes" in swarm:
         per = swarm["wan_bytes_per_sample"]
         line += f"; wide-area {_mb(swarm['wan_bytes'])} MB sent" + (

@@ -65,6 +65,12 @@ class SwarmOptions:
     seed: int = 0
     worker_threads: int = 0  # 0: the machine's cores shared among the peers
     extra_toml: str = ""
+    # how cohorts synchronise (protocol.records.SwarmParams): "every-step", or "outer" steps
+    sync: str = "every-step"
+    inner_steps: int = 10
+    outer_lr: str = "0.7"
+    outer_momentum: str = "0.9"
+    outer_compression: str = "int8"
     # False: each peer runs `rounds` committed rounds of its own (--max-rounds); True: every peer,
     # joiners included, leaves once the swarm has committed `rounds` rounds (--until-round).
     until_swarm_round: bool = False
@@ -77,7 +83,16 @@ def task_toml(o: SwarmOptions) -> str:
         f"[swarm]\ntarget_samples_per_round = {o.target_samples}\nbatch_size = {o.batch_size}\n"
         f'subnets_per_step = {o.subnets}\nlearning_rate = "{o.learning_rate}"\n'
         f'total_rounds = {o.rounds}\nwidth_mult = "{o.width_mult}"\nhead_channels = {o.head_channels}\n'
-        f"max_group_size = {max(2, -(-o.peers // o.cohorts))}\n{o.extra_toml}"
+        f"max_group_size = {max(2, -(-o.peers // o.cohorts))}\n{_sync_toml(o)}{o.extra_toml}"
+    )
+
+
+def _sync_toml(o: SwarmOptions) -> str:
+    if o.sync == "every-step":
+        return ""
+    return (
+        f'sync = "{o.sync}"\ninner_steps = {o.inner_steps}\nouter_lr = "{o.outer_lr}"\n'
+        f'outer_momentum = "{o.outer_momentum}"\nouter_compression = "{o.outer_compression}"\n'
     )
 
 

@@ -66,12 +66,17 @@ def summarise(
     evaluate: bool = True,
     link_counters: dict[str, LinkCounters] | None = None,
 ) -> dict[str, Any]:
-    committed_rounds: dict[int, int] = {}
+    # round -> the samples its committed result covers, by the scope that committed it: the swarm
+    # (every-step) or each cohort (an outer task's inner steps: the round's samples are the cohorts' sum)
+    committed_rounds: dict[int, dict[str, int]] = {}
+    by_cohort = swarm.o.sync == "outer"
     samples_per_peer, time_split, digests, killed = {}, {}, {}, {}
     for name in swarm.peer_names():
         reports = [r for r in swarm.rounds(name) if r["committed"]]
         for r in reports:
-            committed_rounds[r["round"]] = max(committed_rounds.get(r["round"], 0), r["swarm_samples"])
+            scope = committed_rounds.setdefault(r["round"], {})
+            key = r["cohort"] if by_cohort else ""
+            scope[key] = max(scope.get(key, 0), r["swarm_samples"])
         samples_per_peer[name] = sum(r["samples"] for r in reports)
         split = {"compute": 0.0, "averaging": 0.0, "other": 0.0}
         for r in reports:
@@ -87,7 +92,7 @@ def summarise(
                 digests[name] = saved or reports[-1]["state_digest"]
         elif reports:
             killed[name] = reports[-1]["state_digest"]  # one killed on the way holds what it had then
-    total_samples = sum(committed_rounds.values())
+    total_samples = sum(sum(scope.values()) for scope in committed_rounds.values())
     peers = peer_figures(swarm.dir)
     sites = None
     if link_counters is not None and swarm.internet is not None:
