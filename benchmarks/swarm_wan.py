@@ -21,6 +21,7 @@ and smallest sub-network, whether the peers that finished hold one state, and th
                                         [--time-limit 900] [--out DIR]
                                         [--sync every-step,outer] [--inner-steps 10]
                                         [--outer-compression int8] [--outer-lr 0.7] [--outer-momentum 0.9]
+                                        [--no-outer-overlap]
 
 ``--sync every-step,outer`` runs every profile once per synchronisation mode, side by side at equal
 rounds and target samples (so equal training samples), and adds each outer column's wide-area bytes
@@ -76,7 +77,8 @@ def sync_args(sync: str, args) -> list[str]:
     if sync == "every-step":
         return []
     return ["--sync", sync, "--inner-steps", str(args.inner_steps), "--outer-compression",
-            args.outer_compression, "--outer-lr", args.outer_lr, "--outer-momentum", args.outer_momentum]  # fmt: skip
+            args.outer_compression, "--outer-lr", args.outer_lr, "--outer-momentum", args.outer_momentum,
+            "--outer-overlap" if args.outer_overlap else "--no-outer-overlap"]  # fmt: skip
 
 
 def run_profile(name: str, extra: list[str], args) -> dict:
@@ -185,6 +187,7 @@ def main() -> None:
     parser.add_argument("--outer-compression", default="int8")
     parser.add_argument("--outer-lr", default="0.7")
     parser.add_argument("--outer-momentum", default="0.9")
+    parser.add_argument("--no-outer-overlap", dest="outer_overlap", action="store_false")
     parser.add_argument("swarm_args", nargs="*", help="more manta-swarm options for every profile (after --)")
     args = parser.parse_args()
     syncs = args.sync.split(",")

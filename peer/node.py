@@ -46,7 +46,7 @@ from peer.outer_step import OuterSettings, OuterState, served_consensus, served_
 from peer.progress_display import ProgressDisplay
 from peer.receipts import AggregatorLink, ReceiptCourier, ReceiptOutbox
 from peer.round import commit_pending, run_round
-from peer.round_types import RoundContext, RoundReport
+from peer.round_types import OuterReport, RoundContext, RoundReport
 from peer.search_service import EvaluationService
 from peer.stopping import StopSignals
 from peer.swarm_progress import SwarmProgress
@@ -115,6 +115,7 @@ class PeerNode:
         self._consensus = 0
         self._workers: WorkerPool | None = None
         self._outer: OuterStepper | None = None  # sync = "outer" tasks only
+        self._outer_averager: HierarchicalAverager | None = None
         self._sharer: StateSharer | None = None
         self._archive: StateArchive | None = None
         self._averager: HierarchicalAverager | None = None
@@ -242,6 +243,7 @@ class PeerNode:
                 self._shared.state,
                 self._consensus,
                 self._shared.state[params : self._consensus],  # the fresh inner optimizer state
+                self._outer_averager_for,
             )
         self.state_digest = digest(self._served_state()[: self._served_consensus()])
 
@@ -277,7 +279,12 @@ class PeerNode:
             return False
         self._workers.load(worker_state)
         if self._outer is not None:
-            self._outer.state = outer
+            if result is None or got.digest != result.digest:
+                # Served by one node, maybe of another cohort: its progress since that cohort's anchor
+                # is not this peer's to send. This peer's period starts here.
+                outer.anchor = [t.clone() for t in worker_state[: len(outer.anchor)]]
+                outer.residue = [torch.zeros_like(t) for t in outer.residue]
+            self._outer.replace_state(outer)
         self.state_round = got.round
         self._publish_state(got.round, got.attempt)
         quorum = result is not None and got.digest == result.digest
@@ -372,8 +379,14 @@ class PeerNode:
                 # A round computed from an old state could only abort: the others' groups are keyed by theirs.
                 self.catch_up_with_swarm()
                 report = run_round(self._round, self.state_round + 1, self.attempt)
-                if report.outer is not None:  # its exchange took the attempt after the round's
-                    self.attempt = max(self.attempt, report.outer.attempt)
+                if (
+                    report.committed
+                    and self._outer is not None
+                    and self._outer.settings.is_boundary(report.round)
+                ):
+                    self.attempt = max(self.attempt, report.attempt + 1)  # its exchange took the next attempt
+                if report.outer is not None:
+                    self._record_outer(report.outer)
                 # Every round, committed or aborted, is one attempt for the whole swarm; the next one is
                 # past the highest any peer reached, so peers whose aborts took different times meet again.
                 self.attempt = self._averager.next_attempt(self.attempt)
@@ -398,6 +411,17 @@ class PeerNode:
                     break
         if self._averager is not None:
             self._averager.leave(self.attempt)  # the swarm's next attempt goes on without this peer
+        if self._outer is not None:
+            # End on the swarm's outer state: the exchange under way stepped, the cohort's own progress
+            # since dropped (bounded: the exchange's stages and commit are).
+            last = self._outer.finish()
+            if last is not None:
+                self._record_outer(last)
+                logger.info(
+                    f"the last outer step (attempt {last.attempt}): {'committed' if last.committed else 'aborted'}"
+                    f"{'' if last.committed else ' (' + last.reason + ')'}, outer state {last.outer_digest[:12]}"
+                )
+            self._publish_state(self.state_round, self.attempt)
         if self._stop.is_set():
             self.leave_with_swarm_state()
         return self.reports
@@ -462,6 +486,36 @@ class PeerNode:
         self._signals.reclaim()
         return self._averager
 
+    def _outer_averager_for(self, cohort: str) -> HierarchicalAverager:
+        """The averager of a cohort's outer exchanges: apart from the rounds' (an overlapped exchange runs
+        while they go on), pseudo-gradients cross cohorts through the task's codec."""
+        if self._outer_averager is not None and self._outer_averager.cohort == cohort:
+            return self._outer_averager
+        if self._outer_averager is not None:
+            self._outer_averager.shutdown()
+        task = self.spec.record
+        self._outer_averager = HierarchicalAverager(
+            self.dht,
+            f"{task.task_id}_outer",
+            cohort,
+            self._shared.grads,
+            timeouts=self.config.timeouts,
+            client_mode=self.config.client_mode,
+            cross_codec=task.params.outer_compression,
+            cross_group_size=task.params.cross_group_size,
+            commit_board=self._commit_board,
+            leaving=self._stop.is_set,
+            online=lambda: [p.entry.peer_id for p in read_roster(self.dht, task.task_id)],
+        )
+        self._signals.reclaim()
+        return self._outer_averager
+
+    def _record_outer(self, outer: OuterReport) -> None:
+        """Append an outer step to ``<data dir>/outer.jsonl`` (what ``manta-swarm`` counts)."""
+        line = json.dumps({**asdict(outer), "peer_id": self.peer_id, "time": time.time()})
+        with open(self.config.data_dir / "outer.jsonl", "a") as f:
+            f.write(line + "\n")
+
     def _record(self, report: RoundReport) -> None:
         """Append the round to ``<data dir>/rounds.jsonl`` (what ``manta-swarm`` summarises)."""
         line = json.dumps({**asdict(report), "peer_id": self.peer_id, "time": time.time()})
@@ -514,7 +568,7 @@ class PeerNode:
                 logger.debug(f"withdraw failed: {e}")
         if self._workers is not None:
             self._workers.stop()
-        for part in (self._averager, self._sharer):
+        for part in (self._averager, self._outer_averager, self._sharer):
             if part is not None:
                 try:
                     part.shutdown()

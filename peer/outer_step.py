@@ -4,21 +4,24 @@ In ``every-step`` tasks every round's gradient crosses the wide-area links. In `
 round (an *inner* step) averages inside the cohort only, exactly as before, over the cohort's cheap
 links; the cohorts drift apart. Every ``inner_steps`` rounds they meet in an *outer step*:
 
-1. each cohort's pseudo-gradient is ``anchor - params`` (the parameters at the last outer step minus
-   the parameters now: the H inner steps' progress, as a descent direction), plus the error-feedback
+1. each cohort's pseudo-gradient is ``anchor - params`` (the parameters the period started from minus
+   the parameters now: its inner steps' progress, as a descent direction), plus the error-feedback
    residue of earlier exchanges;
 2. it goes through the task's compression (:mod:`hivemind_adapter.wire_codecs`); what the codec left
    out stays in the residue and is sent with the next outer step, so nothing is lost for good;
 3. the cohorts average what they sent across the swarm (the hierarchy's cross stage, exact over
    whoever came, committed by a quorum like a round's result), weighted by their members;
-4. every peer applies the same outer Nesterov step to the anchor and takes the result as its
-   parameters, with a fresh inner optimizer state.
+4. every peer applies the same outer Nesterov step to the *global parameters* (``outer_lr``,
+   ``outer_momentum``): the swarm's model, identical everywhere.
 
-After a committed outer step every peer's consensus state (parameters, inner optimizer state, anchor,
-outer momentum) is identical, so the round's commit board and catch-up check and carry it by digest
-like any round's state: a peer that missed the step downloads it, and a late joiner receives the
-outer momentum with it. The residue belongs to a cohort (its members send the same vector) and rides
-along with the state, outside the digest.
+Blocking (``outer_overlap = false``), every peer then takes the global parameters with a fresh inner
+optimizer state: its whole consensus state is the swarm's, and the round's commit board and catch-up
+check and carry it by digest like any round's state. Overlapped (the default,
+:mod:`peer.outer_round`), the exchange runs during the next period and its step lands one period late:
+a cohort's parameters are the global parameters plus its own progress since, and what every peer
+shares, checked by digest in every exchange's group key and recorded after every step, is the global
+parameters and the outer momentum. Both travel with a served state, under its digest, so a late
+joiner receives the outer momentum; the anchor and the residue (the cohort's) travel outside it.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class OuterSettings:
     lr: float
     momentum: float
     compression: str
+    overlap: bool = True  # the exchange runs during the next period, its step applied one period late
 
     @classmethod
     def of_task(cls, params) -> OuterSettings | None:
@@ -57,26 +61,34 @@ class OuterSettings:
 
 @dataclass
 class OuterState:
-    """What a peer carries from one outer step to the next (CPU tensors shaped like the parameters)."""
+    """What a peer carries from one outer step to the next (CPU tensors shaped like the parameters).
 
-    anchor: list[torch.Tensor]  # the parameters every peer took at the last outer step
-    momentum: list[torch.Tensor]  # the outer Nesterov buffer, identical on every peer
-    residue: list[torch.Tensor]  # what compression left out of this cohort's earlier exchanges
+    ``global_params`` and ``momentum`` are the swarm's: identical on every peer after each outer
+    step, and under the state's digest. ``anchor`` and ``residue`` are the cohort's: the parameters
+    its current period started from (its progress since is ``anchor - params``) and what compression
+    left out of its earlier exchanges. Without overlap the anchor is the global parameters."""
+
+    global_params: list[torch.Tensor]
+    momentum: list[torch.Tensor]
+    anchor: list[torch.Tensor]
+    residue: list[torch.Tensor]
 
     @classmethod
     def starting_at(cls, params: Sequence[torch.Tensor]) -> OuterState:
         return cls(
             [p.detach().clone() for p in params],
             [torch.zeros_like(p) for p in params],
+            [p.detach().clone() for p in params],
             [torch.zeros_like(p) for p in params],
         )
 
     def outgoing(
         self, params: Sequence[torch.Tensor], compression: str
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """``(sent, residue)``: the pseudo-gradient with the residue added, as the codec delivers it
-        (what every receiver decodes), and the residue left if that is what the swarm averages.
-        Members of one cohort hold the same parameters, anchor and residue: they send the same bytes."""
+        """``(sent, residue)``: the period's pseudo-gradient with the residue added, as the codec
+        delivers it (what every receiver decodes), and the residue left if that is what the swarm
+        averages. Members of one cohort hold the same parameters, anchor and residue: they send the
+        same bytes."""
         codec = codec_for(compression)
         sent, residue = [], []
         for a, p, r in zip(self.anchor, params, self.residue):
@@ -108,23 +120,20 @@ def nesterov_outer_step(
 def served_layout(
     worker_state: Sequence[torch.Tensor], consensus: int, outer: OuterState | None
 ) -> list[torch.Tensor]:
-    """The state a peer serves and digests: the workers' consensus tensors, the anchor and the outer
-    momentum (all identical across the swarm after an outer step), then the rest of the workers'
-    state and the residue (neither covered by the digest)."""
+    """The state a peer serves and digests: the workers' consensus tensors, the global parameters and
+    the outer momentum (identical across the swarm after an outer step), then the rest of the
+    workers' state, the anchor and the residue (neither covered by the digest)."""
     if outer is None:
         return list(worker_state)
     return [
-        *worker_state[:consensus],
-        *outer.anchor,
-        *outer.momentum,
-        *worker_state[consensus:],
-        *outer.residue,
-    ]
+        *worker_state[:consensus], *outer.global_params, *outer.momentum,
+        *worker_state[consensus:], *outer.anchor, *outer.residue,
+    ]  # fmt: skip
 
 
 def served_consensus(consensus: int, outer: OuterState | None) -> int:
     """How many leading tensors of :func:`served_layout` the digest covers."""
-    return consensus if outer is None else consensus + 2 * len(outer.anchor)
+    return consensus if outer is None else consensus + 2 * len(outer.global_params)
 
 
 def split_served(
@@ -134,12 +143,17 @@ def split_served(
     (None when the layout has none: ``every-step`` tasks)."""
     if len(tensors) == worker_count:
         return list(tensors), None
-    if len(tensors) != worker_count + 3 * params:
+    if len(tensors) != worker_count + 4 * params:
         raise ValueError(
-            f"state: {len(tensors)} tensors, expected {worker_count} or {worker_count + 3 * params}"
+            f"state: {len(tensors)} tensors, expected {worker_count} or {worker_count + 4 * params}"
         )
-    anchor = list(tensors[consensus : consensus + params])
-    momentum = list(tensors[consensus + params : consensus + 2 * params])
-    rest = list(tensors[consensus + 2 * params : consensus + 2 * params + worker_count - consensus])
-    residue = list(tensors[consensus + 2 * params + worker_count - consensus :])
-    return [*tensors[:consensus], *rest], OuterState(anchor, momentum, residue)
+    n, rest = params, worker_count - consensus
+    cut = [consensus, consensus + n, consensus + 2 * n, consensus + 2 * n + rest, consensus + 3 * n + rest]
+    head, global_params, momentum, tail = (
+        tensors[:consensus],
+        tensors[cut[0] : cut[1]],
+        tensors[cut[1] : cut[2]],
+        tensors[cut[2] : cut[3]],
+    )
+    anchor, residue = tensors[cut[3] : cut[4]], tensors[cut[4] :]
+    return [*head, *tail], OuterState(list(global_params), list(momentum), list(anchor), list(residue))

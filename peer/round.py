@@ -98,33 +98,38 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
     report = finish_round(ctx, work, outcome, compute_seconds, started)
     if ctx.outer is not None and report.committed and ctx.outer.settings.is_boundary(round_index):
         report.outer = take_outer_step(ctx, swarm_plan)
-        report.seconds += report.outer.seconds
-        report.stages["outer"] = round(report.outer.seconds, 4)
-        report.times["averaging"] = report.times.get("averaging", 0.0) + report.outer.seconds
+        if report.outer is not None:
+            report.seconds += report.outer.blocked_seconds
+            report.stages["outer"] = round(report.outer.blocked_seconds, 4)
+            report.times["averaging"] = report.times.get("averaging", 0.0) + report.outer.blocked_seconds
     return report
 
 
-def take_outer_step(ctx: RoundContext, plan: RoundPlan) -> OuterReport:
-    """After the inner step that ends an outer period: the outer exchange across the whole roster in
-    the attempt after the round's (:mod:`peer.outer_round`); a committed one is served and reported
-    like a round's state, so peers that missed it catch up with it. Taken while leaving too: the
-    others count this peer in the exchange's roster."""
+def take_outer_step(ctx: RoundContext, plan: RoundPlan) -> OuterReport | None:
+    """The end of an outer period, after its last inner step: the exchange across the whole roster in
+    the attempt after the round's (:mod:`peer.outer_round`; overlapped, the previous period's step is
+    taken now and this period's exchange starts). A state that changed is served and reported like
+    a round's, so peers that missed it catch up with it. Taken while leaving too: the others count this
+    peer in the exchange's roster."""
     outer = ctx.outer.step(
-        ctx.averager_for(plan.cohort),
-        plan,
-        plan.attempt + 1,
-        superseded=lambda: ctx.progress.swarm_round() > plan.round_index,
+        plan, plan.attempt + 1, superseded=lambda: ctx.progress.swarm_round() > plan.round_index
     )
+    if outer is None:
+        return None
     if outer.committed:
         ctx.publish_state(plan.round_index, outer.attempt)
-        report_state(ctx.commit_board, outer.attempt, outer.result_digest, ctx.state_digest())
+        if (
+            not ctx.outer.settings.overlap
+        ):  # overlapped, the cohorts' states differ: only its outer state is the swarm's
+            report_state(ctx.commit_board, outer.attempt, outer.result_digest, ctx.state_digest())
         logger.info(
-            f"outer step after round {plan.round_index} (attempt {outer.attempt}): {outer.contributors} "
-            f"contributor(s) in {outer.cohorts} cohort(s), {outer.seconds:.1f} s, outer state {outer.outer_digest[:12]}"
+            f"outer step (attempt {outer.attempt}) at the end of round {plan.round_index}: {outer.contributors} "
+            f"contributor(s) in {outer.cohorts} cohort(s), exchange {outer.seconds:.1f} s, round held "
+            f"{outer.blocked_seconds:.1f} s, outer state {outer.outer_digest[:12]}"
         )
     else:
         logger.warning(
-            f"outer step after round {plan.round_index} (attempt {outer.attempt}) aborted: {outer.reason}"
+            f"outer step (attempt {outer.attempt}) at the end of round {plan.round_index} aborted: {outer.reason}"
         )
     return outer
 

@@ -77,7 +77,7 @@ class RoundReport:
     stages: dict[str, float] = field(default_factory=dict)
     attempt: int = -1  # the swarm-wide averaging attempt this round ran in
     late: bool = False  # committed after the round had ended aborted: its result found a quorum later
-    outer: OuterReport | None = None  # the outer step that followed this round (sync = "outer")
+    outer: OuterReport | None = None  # the outer step taken at this round's end (sync = "outer")
 
     def describe(self) -> str:
         """The round in one log line."""
@@ -102,7 +102,8 @@ class OuterReport:
     reason: str = ""
     contributors: int = 0
     cohorts: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # the exchange, from its start to its step (overlapped: in the background)
+    blocked_seconds: float = 0.0  # what it held the round up: all of it blocking, the wait for it overlapped
     result_digest: str = ""  # the averaged pseudo-gradient's digest (what the commit board decided on)
     outer_digest: str = ""  # anchor and outer momentum after it: identical on every peer that committed
     stages: dict[str, float] = field(default_factory=dict)

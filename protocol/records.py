@@ -194,6 +194,8 @@ class SwarmParams(StrictModel):
     outer_lr: Decimal = "0.7"
     outer_momentum: Decimal = "0.9"
     outer_compression: Literal["none", "fp16", "int8", "int4"] = "int8"
+    # the exchange runs while the next inner steps compute; its step lands one outer period late
+    outer_overlap: bool = True
 
     @model_validator(mode="after")
     def _outer_step_settings(self) -> SwarmParams:

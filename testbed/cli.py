@@ -90,6 +90,12 @@ LINK_OPTIONS = ("uplink", "downlink", "delay", "jitter", "loss", "nat")
     help="How pseudo-gradients cross between cohorts (with error feedback).",
 )
 @click.option(
+    "--outer-overlap/--no-outer-overlap",
+    default=True,
+    show_default=True,
+    help="Run each outer exchange during the next inner steps (its step lands one period late).",
+)
+@click.option(
     "--sites",
     type=click.IntRange(1, 250),
     default=None,
@@ -166,6 +172,7 @@ def main(
     outer_lr,
     outer_momentum,
     outer_compression,
+    outer_overlap,
     sites,
     uplink,
     downlink,
@@ -283,6 +290,7 @@ def main(
         outer_lr=outer_lr,
         outer_momentum=outer_momentum,
         outer_compression=outer_compression,
+        outer_overlap=outer_overlap,
         until_swarm_round=True,
     )
     click.echo(f"run directory: {run_dir.resolve()}")

@@ -40,7 +40,8 @@ class PeerFigures:
     samples: int = 0
     outer_steps_committed: int = 0  # sync = "outer": outer steps this peer took
     outer_steps_aborted: int = 0
-    outer_attempts: list[int] = field(default_factory=list)  # the attempts of the outer steps it took
+    # attempt -> the outer state (global parameters and momentum) after each outer step it took
+    outer_states: dict[str, str] = field(default_factory=dict)
     compute_utilization: float | None = None
     span_s: float = 0.0  # from its first round's start to its last round's end
     stages_s: dict[str, float] = field(default_factory=dict)
@@ -72,8 +73,9 @@ def process_events(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def read_rounds(folder: Path) -> list[dict]:
-    path = folder / "rounds.jsonl"
+def read_rounds(folder: Path, file: str = "rounds.jsonl") -> list[dict]:
+    """A peer's ``rounds.jsonl`` (or another of its JSON-lines files), lines cut short skipped."""
+    path = folder / file
     if not path.exists():
         return []
     out = []
@@ -132,10 +134,10 @@ def peer_figures(run_dir: Path) -> list[PeerFigures]:
         fig.rounds_aborted_leaving = sum(1 for r in aborted if told is not None and r["time"] >= told)
         fig.abort_reasons = dict(Counter(_reason(r.get("reason", "")) for r in aborted))
         fig.samples = sum(r["samples"] for r in committed)
-        outer = [r["outer"] for r in rounds if r.get("outer")]
+        outer = read_rounds(Path(run_dir) / name, "outer.jsonl")
         fig.outer_steps_committed = sum(1 for o in outer if o["committed"])
         fig.outer_steps_aborted = len(outer) - fig.outer_steps_committed
-        fig.outer_attempts = [o["attempt"] for o in outer if o["committed"]]
+        fig.outer_states = {str(o["attempt"]): o["outer_digest"] for o in outer if o["committed"]}
         stages = dict.fromkeys(STAGES, 0.0)
         for r in rounds:
             split = r.get("stages") or {
@@ -200,8 +202,10 @@ def swarm_figures(
         "peer_rounds_committed_late": sum(p.rounds_committed_late for p in peers),
         "peer_rounds_aborted_leaving": sum(p.rounds_aborted_leaving for p in peers),
         # sync = "outer": outer steps any peer took, and peer-steps that aborted
-        "outer_steps": len({a for p in peers for a in p.outer_attempts}),
+        "outer_steps": len({a for p in peers for a in p.outer_states}),
         "peer_outer_steps_aborted": sum(p.outer_steps_aborted for p in peers),
+        # every peer that took an outer step holds the same outer state after it (None: no outer steps)
+        "identical_outer_states": _identical_outer_states(peers),
         "abort_reasons": dict(reasons.most_common()),
         "joiners": {p.name: p.first_contribution_s for p in peers if p.joiner},
         # How long each joiner ran: one killed (churn) before it could contribute says nothing of joining.
@@ -224,6 +228,14 @@ def as_json(items: list) -> list[dict]:
 
 def _mb(n: int) -> str:
     return f"{n / 1e6:.1f}"
+
+
+def _identical_outer_states(peers: list[PeerFigures]) -> bool | None:
+    by_attempt: dict[str, set[str]] = {}
+    for p in peers:
+        for attempt, state in p.outer_states.items():
+            by_attempt.setdefault(attempt, set()).add(state)
+    return all(len(s) == 1 for s in by_attempt.values()) if by_attempt else None
 
 
 def format_tables(peers: list[PeerFigures], sites: list[SiteFigures] | None, swarm: dict[str, Any]) -> str:
@@ -272,7 +284,8 @@ def format_tables(peers: list[PeerFigures], sites: list[SiteFigures] | None, swa
     )
     if swarm.get("outer_steps"):
         line += (
-            f", {swarm['outer_steps']} outer step(s) ({swarm['peer_outer_steps_aborted']} peer-steps aborted)"
+            f", {swarm['outer_steps']} outer step(s) ({swarm['peer_outer_steps_aborted']} peer-steps aborted; "
+            f"one outer state after each: {swarm['identical_outer_states']})"
         )
     if "wan_bytes" in swarm:
         per = swarm["wan_bytes_per_sample"]

@@ -71,6 +71,7 @@ class SwarmOptions:
     outer_lr: str = "0.7"
     outer_momentum: str = "0.9"
     outer_compression: str = "int8"
+    outer_overlap: bool = True
     # False: each peer runs `rounds` committed rounds of its own (--max-rounds); True: every peer,
     # joiners included, leaves once the swarm has committed `rounds` rounds (--until-round).
     until_swarm_round: bool = False
@@ -93,6 +94,7 @@ def _sync_toml(o: SwarmOptions) -> str:
     return (
         f'sync = "{o.sync}"\ninner_steps = {o.inner_steps}\nouter_lr = "{o.outer_lr}"\n'
         f'outer_momentum = "{o.outer_momentum}"\nouter_compression = "{o.outer_compression}"\n'
+        f"outer_overlap = {'true' if o.outer_overlap else 'false'}\n"
     )
 
 

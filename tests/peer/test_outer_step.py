@@ -69,32 +69,28 @@ def test_error_feedback_carries_what_compression_left_out_to_the_next_exchange(c
         # what was sent plus what is kept is exactly what was wanted (nothing dropped)
         for s, r, a, p, old in zip(sent, residue, state.anchor, params, state.residue):
             torch.testing.assert_close(s + r, (a - p) + old, rtol=0, atol=1e-6)
-        state = OuterState(state.anchor, state.momentum, residue)
+        state = OuterState(state.global_params, state.momentum, state.anchor, residue)
     # over many exchanges the error stays one exchange's rounding, it does not grow
     for w, t, r in zip(total_wanted, total_sent, state.residue):
         torch.testing.assert_close(t + r, w, rtol=0, atol=1e-5)
         assert (w - t).abs().max() <= 0.05 * w.abs().max() + 1e-3
 
 
-def test_the_served_state_puts_anchor_and_momentum_under_the_digest_and_splits_back():
+def test_the_served_state_puts_the_global_parameters_and_momentum_under_the_digest_and_splits_back():
     gen = torch.Generator().manual_seed(4)
     params, optimizer_state, buffers = _tensors(gen), _tensors(gen), [torch.randn(5, generator=gen)]
     worker_state = [*params, *optimizer_state, *buffers]
     consensus = len(params) + len(optimizer_state)
-    outer = OuterState(_tensors(gen), _tensors(gen), _tensors(gen))
+    outer = OuterState(_tensors(gen), _tensors(gen), _tensors(gen), _tensors(gen))
     served = served_layout(worker_state, consensus, outer)
     assert served_consensus(consensus, outer) == consensus + 2 * len(params)
     covered = served[: served_consensus(consensus, outer)]
-    assert all(any(t is c for c in covered) for t in [*outer.anchor, *outer.momentum])
-    assert not any(any(t is c for c in covered) for t in [*outer.residue, *buffers])
+    assert all(any(t is c for c in covered) for t in [*outer.global_params, *outer.momentum])
+    assert not any(any(t is c for c in covered) for t in [*outer.anchor, *outer.residue, *buffers])
     back, got = split_served(served, consensus, len(worker_state), len(params))
     assert all(a is b for a, b in zip(back, worker_state)) and len(back) == len(worker_state)
-    assert all(
-        a is b
-        for a, b in zip(
-            got.anchor + got.momentum + got.residue, outer.anchor + outer.momentum + outer.residue
-        )
-    )
+    for part in ("global_params", "momentum", "anchor", "residue"):
+        assert all(a is b for a, b in zip(getattr(got, part), getattr(outer, part), strict=True)), part
     same, none = split_served(worker_state, consensus, len(worker_state), len(params))
     assert none is None and len(same) == len(worker_state)
     with pytest.raises(ValueError, match="expected"):
@@ -126,7 +122,7 @@ def test_the_task_file_sets_the_outer_mode_and_refuses_bad_values(tmp_path):
         'outer_momentum = "0.8"\nouter_compression = "int4"\n'
     )
     settings = OuterSettings.of_task(build_task_spec(str(good), identity).params)
-    assert settings == OuterSettings(inner_steps=25, lr=0.5, momentum=0.8, compression="int4")
+    assert settings == OuterSettings(inner_steps=25, lr=0.5, momentum=0.8, compression="int4", overlap=True)
     assert OuterSettings.of_task(build_task_spec("digits", identity).params) is None
     for line, says in [
         ('sync = "sometimes"', "sync"),
