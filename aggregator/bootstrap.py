@@ -136,6 +136,7 @@ class BootstrapAggregator:
             workload,
             self.config.data_dir / "checkpoints",
             keep=self.config.keep_checkpoints,
+            outer=task.params.sync == "outer",
         )
         if self.config.resume:
             self.keeper.resume()

@@ -28,6 +28,7 @@ from hivemind_adapter.paged_blobs import BlobUnavailable
 from hivemind_adapter.state_archive import fetch_state
 from hivemind_adapter.state_sharing import StateSharer
 from supernet.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
+from supernet.outer_state import OuterState, served_consensus, served_layout, split_served
 from supernet.state import consensus_count, digest, init_optimizer_state, state_tensors
 from supernet.workload import Workload
 
@@ -68,14 +69,24 @@ class CheckpointKeeper:
         *,
         keep: int = 5,
         cache: int = 8,
+        outer: bool = False,
     ):
         self.workload, self.directory, self.keep, self.task_id = workload, Path(directory), keep, task_id
         self.endpoint = endpoint
         net = workload.build()
         optimizer = workload.make_optimizer(net)
         init_optimizer_state(net, optimizer)
-        self.consensus = consensus_count(net, optimizer)
-        self.template = [t.detach().contiguous().clone() for t in state_tensors(net, optimizer)]
+        worker_state = [t.detach().contiguous().clone() for t in state_tensors(net, optimizer)]
+        self._worker_layout = (
+            len(worker_state),
+            consensus_count(net, optimizer),
+            len(list(net.parameters())),
+        )
+        # sync = "outer": peers serve their state with the outer state in it (supernet.outer_state), and
+        # so does this keeper; its checkpoints hold the global parameters, the swarm's model.
+        initial_outer = OuterState.starting_at(worker_state[: self._worker_layout[2]]) if outer else None
+        self.template = served_layout(worker_state, self._worker_layout[1], initial_outer)
+        self.consensus = served_consensus(self._worker_layout[1], initial_outer)
         self._lock = threading.Lock()  # guards _known and _cache, never a transfer
         self._known: dict[str, KnownState] = {}
         self._cache: OrderedDict[str, tuple[int, int, list[torch.Tensor]]] = OrderedDict()
@@ -116,7 +127,16 @@ class CheckpointKeeper:
         """The state with this digest: from the cache, else from a peer that held it (checked against
         the digest). None if no holder is known or none could serve it within ``timeout`` s."""
         got = self._get(state_digest, timeout)
-        return None if got is None else [t.clone() for t in got[2]]
+        return None if got is None else [t.clone() for t in self._worker_state(got[2])]
+
+    def _worker_state(self, served: list[torch.Tensor], global_params: bool = False) -> list[torch.Tensor]:
+        """A served state in the workers' layout: as it is (``every-step``), or without its outer state;
+        ``global_params``: with the global parameters (the swarm's model) as its parameters."""
+        count, consensus, params = self._worker_layout
+        worker, outer = split_served(served, consensus, count, params)
+        if outer is not None and global_params:
+            worker = [*outer.global_params, *worker[params:]]
+        return worker
 
     def _get(self, state_digest: str, timeout: float) -> tuple[int, int, list[torch.Tensor]] | None:
         with self._lock:
@@ -155,7 +175,7 @@ class CheckpointKeeper:
         path = save_checkpoint(
             self.directory / f"round-{round_index:08d}.pt",
             self.workload,
-            tensors,
+            self._worker_state(tensors, global_params=True),
             round_index,
             meta={"task_id": self.task_id, "attempt": attempt},
         )
@@ -176,9 +196,12 @@ class CheckpointKeeper:
         if task_id != self.task_id:
             raise CheckpointError(f"{path} belongs to task {task_id!r}, not {self.task_id!r}")
         tensors = [t.detach().contiguous() for t in state_tensors(loaded.net, loaded.optimizer)]
+        if len(self.template) != len(tensors):  # an outer task: its outer state starts at the checkpoint
+            count, consensus, params = self._worker_layout
+            tensors = served_layout(tensors, consensus, OuterState.starting_at(tensors[:params]))
         attempt = int(loaded.meta.get("attempt", 0))
         self.sharer.publish(loaded.round, tensors, attempt, AGGREGATOR_TIEBREAK)
-        self._remember(loaded.digest, loaded.round, attempt, tensors)
+        self._remember(digest(tensors[: self.consensus]), loaded.round, attempt, tensors)
         self._written_round = loaded.round
         logger.info(f"resuming task {self.task_id} from {path.name} (round {loaded.round})")
         return loaded.round

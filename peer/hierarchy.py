@@ -244,6 +244,7 @@ class HierarchicalAverager:
         expected_peers: Collection[str],
         cohorts: Sequence[Collection[str]] = (),
         superseded: Callable[[], bool] = lambda: False,
+        member_finishes: bool = False,
     ) -> AveragingOutcome:
         """Average one round's host contributions. ``attempt`` (not the training round: a retried
         round gets a new attempt) is what peers meet on; every participant passes the same value and
@@ -259,7 +260,14 @@ class HierarchicalAverager:
         notice for the attempt (:class:`~peer.averaging_stage.StageRunner`).
         Only peers that started from ``state_digest`` meet. ``superseded`` tells a peer still looking
         for a group that the swarm has moved on to a later round (it then gives up at once). Never raises for network failures: a
-        failed round comes back with ``committed=False`` and the reason."""
+        failed round comes back with ``committed=False`` and the reason.
+
+        ``member_finishes`` (one cohort only: an outer task's inner step): every member computes the
+        final vector from the cohort stage's result itself (the exact all-reduce left the same bytes
+        in every member, and the final vector is a deterministic function of them and the gathered
+        sample counts), so the cohort needs no broadcast: one all-reduce and its matchmaking fewer.
+        """
+        member_finishes = member_finishes and num_cohorts == 1
         me = Contributor(self.peer_id, self.cohort, int(samples), state_digest, self.client_mode)
         outcome = AveragingOutcome(committed=False)
         self._stages.begin_attempt(superseded)
@@ -298,10 +306,13 @@ class HierarchicalAverager:
             # dies before its broadcast, the next member carries the cohort's result on in its place.
             # (Not a client-mode member: it cannot lead.)
             takes_over = len(members) > 1 and outcome.leader != self.peer_id and not self.client_mode
+            takes_over = takes_over and not member_finishes
             cohort_result = self._snapshot() if takes_over else None
-            receivers = list(members)  # the broadcast's group: the members, less leaders that died
+            # the broadcast's group: the members, less leaders that died (none: each member finishes)
+            receivers = [me] if member_finishes else list(members)
+            self._broadcasts_taken = self._levels if member_finishes else 0  # no broadcast to wait out
             while True:
-                i_lead = outcome.leader == self.peer_id
+                i_lead = outcome.leader == self.peer_id or member_finishes
                 lead_abort = None
                 if i_lead:
                     if cohort_result is not None:

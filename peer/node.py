@@ -42,7 +42,7 @@ from peer.catch_up import (
 from peer.devices import WorkerDevice
 from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
 from peer.outer_round import OuterStepper
-from peer.outer_step import OuterSettings, OuterState, served_consensus, served_layout, split_served
+from peer.outer_step import OuterSettings
 from peer.progress_display import ProgressDisplay
 from peer.receipts import AggregatorLink, ReceiptCourier, ReceiptOutbox
 from peer.round import commit_pending, run_round
@@ -53,11 +53,12 @@ from peer.swarm_progress import SwarmProgress
 from peer.swarm_view import PROGRESS_TTL, Announcer, ProgressBoard, SignedCommitBoard, fetch_task, read_roster
 from peer.worker_pool import WorkerPool
 from peer.worker_protocol import SharedBuffers
-from protocol.dht_schema import MantaRecordValidator
+from protocol.dht_schema import MantaRecordValidator, outer_board_id
 from protocol.identity import Identity
 from protocol.netaddr import host_port_to_multiaddr, parse_host_port
 from protocol.records import Affinity, ContributionReceipt, DeviceInfo, Sealed, TaskSpec
 from supernet.checkpoint import save_checkpoint
+from supernet.outer_state import OuterState, served_consensus, served_layout, split_served
 from supernet.state import consensus_count, digest, fresh_state_tensors
 from supernet.workload import Workload, swarm_train_options, workload_for
 
@@ -198,6 +199,7 @@ class PeerNode:
                 task.params.batch_size,
                 len(self.devices),
                 task.params.target_samples_per_round,
+                rounds_by_cohort=task.params.sync == "outer",
             ),
             announcer=self._announcer,
             outbox=self._outbox,
@@ -300,7 +302,7 @@ class PeerNode:
 
     def _served_state(self) -> list[torch.Tensor]:
         """What this peer serves and digests: the workers' state, with the outer state in outer tasks
-        (:func:`peer.outer_step.served_layout`)."""
+        (:func:`supernet.outer_state.served_layout`)."""
         return served_layout(self._shared.state, self._consensus, self._outer.state if self._outer else None)
 
     def _served_consensus(self) -> int:
@@ -379,12 +381,6 @@ class PeerNode:
                 # A round computed from an old state could only abort: the others' groups are keyed by theirs.
                 self.catch_up_with_swarm()
                 report = run_round(self._round, self.state_round + 1, self.attempt)
-                if (
-                    report.committed
-                    and self._outer is not None
-                    and self._outer.settings.is_boundary(report.round)
-                ):
-                    self.attempt = max(self.attempt, report.attempt + 1)  # its exchange took the next attempt
                 if report.outer is not None:
                     self._record_outer(report.outer)
                 # Every round, committed or aborted, is one attempt for the whole swarm; the next one is
@@ -503,7 +499,11 @@ class PeerNode:
             client_mode=self.config.client_mode,
             cross_codec=task.params.outer_compression,
             cross_group_size=task.params.cross_group_size,
-            commit_board=self._commit_board,
+            # outer steps are numbered on a board of their own (attempt k: the k-th period's end), so
+            # every cohort meets on the same attempt whatever its rounds' attempts were
+            commit_board=SignedCommitBoard(
+                self.dht, outer_board_id(task.task_id), self.identity, self.peer_id
+            ),
             leaving=self._stop.is_set,
             online=lambda: [p.entry.peer_id for p in read_roster(self.dht, task.task_id)],
         )

@@ -28,9 +28,10 @@ from dataclasses import dataclass, replace
 import torch
 
 from peer.hierarchy import AveragingOutcome, HierarchicalAverager
-from peer.outer_step import OuterSettings, OuterState, nesterov_outer_step
+from peer.outer_step import OuterSettings, nesterov_outer_step, outgoing
 from peer.round_types import OuterReport, RoundPlan
 from peer.worker_pool import WorkerPool
+from supernet.outer_state import OuterState
 from supernet.state import digest
 
 logger = logging.getLogger("manta.peer")
@@ -103,7 +104,7 @@ class OuterStepper:
             report.blocked_seconds = time.perf_counter() - started
             return report
         report = self._finish_pending()
-        sent, residue = self.state.outgoing(self.params(), self.settings.compression)
+        sent, residue = outgoing(self.state, self.params(), self.settings.compression)
         if report is not None and report.committed:
             # The cohort's parameters: the new global ones plus this period's own progress (whose
             # pseudo-gradient is ``sent``'s source), so the global step replaces the period it covers.
@@ -131,7 +132,7 @@ class OuterStepper:
         self, averager: HierarchicalAverager, plan: RoundPlan, attempt: int, superseded: Callable[[], bool]
     ) -> OuterReport:
         started = time.perf_counter()
-        sent, residue = self.state.outgoing(self.params(), self.settings.compression)
+        sent, residue = outgoing(self.state, self.params(), self.settings.compression)
         outcome = _average(averager, plan, attempt, sent, self.outer_digest(), superseded)
         if outcome.committed:
             self._apply(outcome.tensors, residue)

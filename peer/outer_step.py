@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from hivemind_adapter.wire_codecs import codec_for, roundtrip
+from supernet.outer_state import OuterState
 
 
 @dataclass(frozen=True)
@@ -58,45 +59,26 @@ class OuterSettings:
         """Whether an outer step follows round ``round_index`` (rounds count from 0)."""
         return (round_index + 1) % self.inner_steps == 0
 
+    def period_of(self, round_index: int) -> int:
+        """The outer period round ``round_index`` belongs to (from 0): its exchange's attempt number."""
+        return round_index // self.inner_steps
 
-@dataclass
-class OuterState:
-    """What a peer carries from one outer step to the next (CPU tensors shaped like the parameters).
 
-    ``global_params`` and ``momentum`` are the swarm's: identical on every peer after each outer
-    step, and under the state's digest. ``anchor`` and ``residue`` are the cohort's: the parameters
-    its current period started from (its progress since is ``anchor - params``) and what compression
-    left out of its earlier exchanges. Without overlap the anchor is the global parameters."""
-
-    global_params: list[torch.Tensor]
-    momentum: list[torch.Tensor]
-    anchor: list[torch.Tensor]
-    residue: list[torch.Tensor]
-
-    @classmethod
-    def starting_at(cls, params: Sequence[torch.Tensor]) -> OuterState:
-        return cls(
-            [p.detach().clone() for p in params],
-            [torch.zeros_like(p) for p in params],
-            [p.detach().clone() for p in params],
-            [torch.zeros_like(p) for p in params],
-        )
-
-    def outgoing(
-        self, params: Sequence[torch.Tensor], compression: str
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """``(sent, residue)``: the period's pseudo-gradient with the residue added, as the codec
-        delivers it (what every receiver decodes), and the residue left if that is what the swarm
-        averages. Members of one cohort hold the same parameters, anchor and residue: they send the
-        same bytes."""
-        codec = codec_for(compression)
-        sent, residue = [], []
-        for a, p, r in zip(self.anchor, params, self.residue):
-            wanted = (a - p) + r
-            delivered = roundtrip(codec, wanted)
-            sent.append(delivered)
-            residue.append(wanted - delivered)
-        return sent, residue
+def outgoing(
+    state: OuterState, params: Sequence[torch.Tensor], compression: str
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """``(sent, residue)``: the period's pseudo-gradient (``anchor - params``) with the residue added,
+    as the codec delivers it (what every receiver decodes), and the residue left if that is what the
+    swarm averages. Members of one cohort hold the same parameters, anchor and residue: they send the
+    same bytes."""
+    codec = codec_for(compression)
+    sent, residue = [], []
+    for a, p, r in zip(state.anchor, params, state.residue):
+        wanted = (a - p) + r
+        delivered = roundtrip(codec, wanted)
+        sent.append(delivered)
+        residue.append(wanted - delivered)
+    return sent, residue
 
 
 def nesterov_outer_step(
@@ -115,45 +97,3 @@ def nesterov_outer_step(
         new_momentum.append(m)
         new_params.append(a - lr * (g + mu * m))
     return new_params, new_momentum
-
-
-def served_layout(
-    worker_state: Sequence[torch.Tensor], consensus: int, outer: OuterState | None
-) -> list[torch.Tensor]:
-    """The state a peer serves and digests: the workers' consensus tensors, the global parameters and
-    the outer momentum (identical across the swarm after an outer step), then the rest of the
-    workers' state, the anchor and the residue (neither covered by the digest)."""
-    if outer is None:
-        return list(worker_state)
-    return [
-        *worker_state[:consensus], *outer.global_params, *outer.momentum,
-        *worker_state[consensus:], *outer.anchor, *outer.residue,
-    ]  # fmt: skip
-
-
-def served_consensus(consensus: int, outer: OuterState | None) -> int:
-    """How many leading tensors of :func:`served_layout` the digest covers."""
-    return consensus if outer is None else consensus + 2 * len(outer.global_params)
-
-
-def split_served(
-    tensors: Sequence[torch.Tensor], consensus: int, worker_count: int, params: int
-) -> tuple[list[torch.Tensor], OuterState | None]:
-    """Undo :func:`served_layout`: the workers' state (``worker_count`` tensors) and the outer state
-    (None when the layout has none: ``every-step`` tasks)."""
-    if len(tensors) == worker_count:
-        return list(tensors), None
-    if len(tensors) != worker_count + 4 * params:
-        raise ValueError(
-            f"state: {len(tensors)} tensors, expected {worker_count} or {worker_count + 4 * params}"
-        )
-    n, rest = params, worker_count - consensus
-    cut = [consensus, consensus + n, consensus + 2 * n, consensus + 2 * n + rest, consensus + 3 * n + rest]
-    head, global_params, momentum, tail = (
-        tensors[:consensus],
-        tensors[cut[0] : cut[1]],
-        tensors[cut[1] : cut[2]],
-        tensors[cut[2] : cut[3]],
-    )
-    anchor, residue = tensors[cut[3] : cut[4]], tensors[cut[4] :]
-    return [*head, *tail], OuterState(list(global_params), list(momentum), list(anchor), list(residue))

@@ -86,6 +86,7 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
         expected_peers=plan.roster,
         cohorts=plan.cohorts,
         superseded=lambda: ctx.progress.swarm_round() > plan.round_index,
+        member_finishes=ctx.outer is not None,  # an inner step: each member computes the cohort's result
     )
     outcome = kept_when_leaving(outcome, plan.roster, ctx.peer_id, leaving=ctx.stop.is_set())
     if not outcome.committed and not ctx.stop.is_set():
@@ -97,7 +98,7 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
         ctx.pending = [*ctx.pending, PendingResult(work, outcome, time.monotonic())][-PENDING_KEPT:]
     report = finish_round(ctx, work, outcome, compute_seconds, started)
     if ctx.outer is not None and report.committed and ctx.outer.settings.is_boundary(round_index):
-        report.outer = take_outer_step(ctx, swarm_plan)
+        report.outer = take_outer_step(ctx, swarm_plan, outcome.digest)
         if report.outer is not None:
             report.seconds += report.outer.blocked_seconds
             report.stages["outer"] = round(report.outer.blocked_seconds, 4)
@@ -105,23 +106,23 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
     return report
 
 
-def take_outer_step(ctx: RoundContext, plan: RoundPlan) -> OuterReport | None:
-    """The end of an outer period, after its last inner step: the exchange across the whole roster in
-    the attempt after the round's (:mod:`peer.outer_round`; overlapped, the previous period's step is
-    taken now and this period's exchange starts). A state that changed is served and reported like
-    a round's, so peers that missed it catch up with it. Taken while leaving too: the others count this
-    peer in the exchange's roster."""
+def take_outer_step(ctx: RoundContext, plan: RoundPlan, round_result: str) -> OuterReport | None:
+    """The end of an outer period, after its last inner step (whose averaged result was
+    ``round_result``): the exchange across the whole roster, numbered by the period on the outer
+    steps' own board (:mod:`peer.outer_round`; overlapped, the previous period's step is taken now and
+    this period's exchange starts). A state the step changed is served and reported as the round's
+    state, so cohort members that missed it catch up with it. Taken while leaving too: the others
+    count this peer in the exchange's roster."""
     outer = ctx.outer.step(
-        plan, plan.attempt + 1, superseded=lambda: ctx.progress.swarm_round() > plan.round_index
+        plan,
+        ctx.outer.settings.period_of(plan.round_index),
+        superseded=lambda: ctx.progress.swarm_round() > plan.round_index,
     )
     if outer is None:
         return None
     if outer.committed:
-        ctx.publish_state(plan.round_index, outer.attempt)
-        if (
-            not ctx.outer.settings.overlap
-        ):  # overlapped, the cohorts' states differ: only its outer state is the swarm's
-            report_state(ctx.commit_board, outer.attempt, outer.result_digest, ctx.state_digest())
+        ctx.publish_state(plan.round_index, plan.attempt)
+        report_state(ctx.commit_board, plan.attempt, round_result, ctx.state_digest())
         logger.info(
             f"outer step (attempt {outer.attempt}) at the end of round {plan.round_index}: {outer.contributors} "
             f"contributor(s) in {outer.cohorts} cohort(s), exchange {outer.seconds:.1f} s, round held "

@@ -46,8 +46,20 @@ class SwarmEstimate:
 class SwarmProgress:
     """This peer's view of the swarm's progress in one round at a time (one thread uses it)."""
 
-    def __init__(self, board: ProgressBoard, peer_id: str, batch_size: int, devices: int, target: int):
+    def __init__(
+        self,
+        board: ProgressBoard,
+        peer_id: str,
+        batch_size: int,
+        devices: int,
+        target: int,
+        *,
+        rounds_by_cohort: bool = False,
+    ):
         self.board, self.peer_id = board, peer_id
+        # sync = "outer": cohorts take their inner steps apart, so only this peer's own cohort tells it
+        # that it is behind (the others' samples still count towards the round's target: lockstep)
+        self.rounds_by_cohort = rounds_by_cohort
         self.batch_size, self.devices, self.target = batch_size, devices, target
         self.throughput = 0.0  # samples/s over the last round's computation (0: none measured yet)
         self._finished: tuple[int, int, float] | None = None  # (round, samples, loss) last computed
@@ -93,7 +105,13 @@ class SwarmProgress:
 
     def _latest_round(self, records, now_ms: int, fresh_ms: int = FRESH_MS) -> int:
         return max(
-            (r.round for r in records if r.peer_id != self.peer_id and now_ms - r.timestamp < fresh_ms),
+            (
+                r.round
+                for r in records
+                if r.peer_id != self.peer_id
+                and now_ms - r.timestamp < fresh_ms
+                and (not self.rounds_by_cohort or r.cohort_id == self._cohort)
+            ),
             default=-1,
         )
 

@@ -95,6 +95,13 @@ def commits_key(task_id: str, attempt: int) -> str:
     return f"manta_{task_id}_commits_{attempt % COMMIT_BUCKETS}"
 
 
+def outer_board_id(task_id: str) -> str:
+    """The name the commit board of a task's outer steps (``sync = "outer"``) goes by: its reports
+    are RoundCommits for this name, under ``manta_<this>_commits_B``, and their attempts are outer
+    step numbers, apart from the rounds' attempts."""
+    return f"{task_id}.outer"
+
+
 def progress_key(task_id: str) -> str:
     return f"manta_{task_id}_progress"
 
@@ -219,8 +226,9 @@ class MantaRecordValidator:
             ledger_key(task_id): open_ledger_value,
             TASKS_INDEX_KEY: open_index_value,
         }
-        for bucket in range(COMMIT_BUCKETS):
-            checks[commits_key(task_id, bucket)] = partial(open_commit_value, task_id, bucket=bucket)
+        for board in (task_id, outer_board_id(task_id)):
+            for bucket in range(COMMIT_BUCKETS):
+                checks[commits_key(board, bucket)] = partial(open_commit_value, board, bucket=bucket)
         self._checks = {dht_key_id(name): (name, check) for name, check in checks.items()}
         self._verdicts = VerifiedRecords(self._check_wire, cache_capacity)
         self.rejected: dict[str, int] = {}  # written by validate() only, on the DHT's event loop

@@ -6,16 +6,10 @@ import pytest
 import torch
 
 from aggregator.task_publication import TaskFileError, build_task_spec
-from peer.outer_step import (
-    OuterSettings,
-    OuterState,
-    nesterov_outer_step,
-    served_consensus,
-    served_layout,
-    split_served,
-)
+from peer.outer_step import OuterSettings, nesterov_outer_step, outgoing
 from peer.round_types import RoundPlan
 from protocol.identity import Identity
+from supernet.outer_state import OuterState, served_consensus, served_layout, split_served
 
 SHAPES = [(4, 3), (7,), (2, 2, 3, 3)]
 
@@ -45,7 +39,7 @@ def test_with_lr_1_and_no_momentum_an_outer_step_averages_the_cohorts_parameters
     gen = torch.Generator().manual_seed(2)
     anchor = _tensors(gen)
     cohorts = [[a - 0.05 * torch.randn(a.shape, generator=gen) for a in anchor] for _ in range(3)]
-    sent = [OuterState.starting_at(anchor).outgoing(c, "none")[0] for c in cohorts]
+    sent = [outgoing(OuterState.starting_at(anchor), c, "none")[0] for c in cohorts]
     average = [sum(parts) / len(parts) for parts in zip(*sent)]
     params, _ = nesterov_outer_step(anchor, [torch.zeros_like(a) for a in anchor], average, 1.0, 0.0)
     for p, *versions in zip(params, *cohorts):
@@ -61,7 +55,7 @@ def test_error_feedback_carries_what_compression_left_out_to_the_next_exchange(c
     total_sent = [torch.zeros_like(a) for a in anchor]
     for _ in range(20):
         params = [a - 0.01 * torch.randn(a.shape, generator=gen) for a in state.anchor]
-        sent, residue = state.outgoing(params, codec)
+        sent, residue = outgoing(state, params, codec)
         for w, a, p in zip(total_wanted, state.anchor, params):
             w += a - p
         for t, s in zip(total_sent, sent):
