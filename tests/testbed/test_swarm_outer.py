@@ -1,0 +1,68 @@
+"""`manta-swarm --sync outer` on an emulated internet: two sites (a cohort each) take their inner steps
+apart, meet every few rounds in an overlapped outer step across the wide-area links, and every peer
+ends holding one state."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from tests.helpers import console_script
+
+pytestmark = [
+    pytest.mark.swarm,
+    pytest.mark.skipif(
+        os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "tc", "iptables")),
+        reason="the emulated internet needs root, iproute2 and iptables (make test installs iptables)",
+    ),
+]
+
+SMALL = ["--target-samples", "64", "--subnets", "2", "--width-mult", "0.25", "--batch-size", "16"]
+
+
+def _lines(path) -> list[dict]:
+    return (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    )
+
+
+def test_two_sites_take_inner_steps_apart_and_meet_in_overlapped_outer_steps(tmp_path):
+    run, summary_path = tmp_path / "run", tmp_path / "summary.json"
+    cmd = [console_script("manta-swarm"), "--sites", "2", "--peers", "4", "--uplink", "20mbit", "--downlink",
+           "50mbit", "--delay", "10", "--sync", "outer", "--inner-steps", "3", "--rounds", "6", *SMALL,
+           "--data-dir", str(run), "--summary", str(summary_path)]  # fmt: skip
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ, MANTA_WORKER_THREADS="1")
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads(summary_path.read_text())
+    swarm = summary["swarm"]
+
+    # Inner steps stay inside a site: no committed round averaged more than its cohort (2 peers),
+    # and each peer's cohort is the one of its site.
+    cohorts_by_site: dict[str, set[str]] = {}
+    for peer in summary["peers_detail"]:
+        rounds = _lines(run / peer["name"] / "rounds.jsonl")
+        committed = [r for r in rounds if r["committed"]]
+        assert len(committed) == 6, (peer["name"], [r.get("reason") for r in rounds])
+        assert all(r["contributors"] <= 2 for r in committed), [r["contributors"] for r in committed]
+        cohorts_by_site.setdefault(peer["site"], set()).update(r["cohort"] for r in committed)
+    assert len(cohorts_by_site) == 2 and all(len(c) == 1 for c in cohorts_by_site.values()), cohorts_by_site
+    assert len(set.union(*cohorts_by_site.values())) == 2  # two sites, two cohorts
+
+    # Two periods, two outer steps (the second taken as the run ends), each across both cohorts,
+    # and after each every peer holds the same global parameters and outer momentum.
+    assert swarm["outer_steps"] == 2, swarm
+    assert swarm["identical_outer_states"] is True
+    for peer in summary["peers_detail"]:
+        steps = _lines(run / peer["name"] / "outer.jsonl")
+        assert [s["attempt"] for s in steps if s["committed"]] == [0, 1], steps
+        assert all((s["contributors"], s["cohorts"]) == (4, 2) for s in steps), steps
+        # overlapped: the exchange ran while the next period computed; the round waited far less
+        assert steps[0]["blocked_seconds"] < steps[0]["seconds"], steps[0]
+    # the run ends on the last outer step's global state: one state on every peer
+    assert summary["identical_final_state"] is True, summary["final_digests"]
