@@ -246,6 +246,7 @@ class PeerNode:
                 self._consensus,
                 self._shared.state[params : self._consensus],  # the fresh inner optimizer state
                 self._outer_averager_for,
+                mask_aware=task.mode == "model",
             )
         self.state_digest = digest(self._served_state()[: self._served_consensus()])
 
@@ -494,7 +495,8 @@ class PeerNode:
             self.dht,
             f"{task.task_id}_outer",
             cohort,
-            self._shared.grads,
+            # model-parallel: pseudo-gradient and touched-weights mask (peer.outer_round)
+            [*self._shared.grads, *self._shared.grads] if task.mode == "model" else self._shared.grads,
             timeouts=self.config.timeouts,
             client_mode=self.config.client_mode,
             cross_codec=task.params.outer_compression,

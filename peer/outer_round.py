@@ -52,6 +52,7 @@ class _Exchange:
     residue_before: list[torch.Tensor]
     started: float
     thread: threading.Thread
+    touched: list[torch.Tensor] | None = None  # model-parallel: its period's touched weights
     outcome: AveragingOutcome | None = None
 
 
@@ -69,6 +70,7 @@ class OuterStepper:
         consensus: int,
         fresh_optimizer_state: Sequence[torch.Tensor],
         averager_for: Callable[[str], HierarchicalAverager],
+        mask_aware: bool = False,
     ):
         self.settings, self.state = settings, state
         self._averager_for = averager_for  # the cohort's outer averager: its groups apart from the rounds'
@@ -77,6 +79,11 @@ class OuterStepper:
         self._fresh_optimizer = [t.clone() for t in fresh_optimizer_state]
         self._pending: _Exchange | None = None
         self._running: threading.Thread | None = None  # the last exchange's thread, even one dropped
+        # Model-parallel tasks: which weights this cohort's sub-networks touched this period (a nonzero
+        # averaged gradient in any inner step). The exchange carries the touched pseudo-gradient and
+        # the mask, so each weight is averaged over the cohorts that trained it (averager template:
+        # the parameters twice).
+        self._touched = [torch.zeros(a.shape, dtype=torch.bool) for a in state.anchor] if mask_aware else None
 
     def outer_digest(self) -> str:
         """Digest of what every peer shares between outer steps: global parameters and outer momentum."""
@@ -84,6 +91,12 @@ class OuterStepper:
 
     def params(self) -> list[torch.Tensor]:
         return self._worker_state[: self._params]
+
+    def note_inner_step(self, average: Sequence[torch.Tensor]) -> None:
+        """A committed inner step's averaged gradient (model-parallel: what it touched)."""
+        if self._touched is not None:
+            for t, g in zip(self._touched, average):
+                t |= g != 0
 
     def replace_state(self, state: OuterState) -> None:
         """A downloaded state replaced this peer's: an exchange under way started from the old one."""
@@ -104,7 +117,8 @@ class OuterStepper:
             report.blocked_seconds = time.perf_counter() - started
             return report
         report = self._finish_pending()
-        sent, residue = outgoing(self.state, self.params(), self.settings.compression)
+        touched = self._touched_so_far()
+        sent, residue = self._outgoing()
         if report is not None and report.committed:
             # The cohort's parameters: the new global ones plus this period's own progress (whose
             # pseudo-gradient is ``sent``'s source), so the global step replaces the period it covers.
@@ -112,7 +126,7 @@ class OuterStepper:
             self._set_params(
                 [g - d for g, d in zip(self.state.global_params, progress)], fresh_optimizer=False
             )
-        self._launch(averager, plan, attempt, sent, residue)
+        self._launch(averager, plan, attempt, sent, residue, touched)
         if report is not None:
             report.blocked_seconds = time.perf_counter() - started
         return report
@@ -132,8 +146,11 @@ class OuterStepper:
         self, averager: HierarchicalAverager, plan: RoundPlan, attempt: int, superseded: Callable[[], bool]
     ) -> OuterReport:
         started = time.perf_counter()
-        sent, residue = outgoing(self.state, self.params(), self.settings.compression)
+        touched = self._touched_so_far()
+        sent, residue = self._outgoing()
         outcome = _average(averager, plan, attempt, sent, self.outer_digest(), superseded)
+        if not outcome.committed:
+            self._restore_touched(touched)
         if outcome.committed:
             self._apply(outcome.tensors, residue)
             self._set_params(self.state.global_params, fresh_optimizer=True)
@@ -147,6 +164,7 @@ class OuterStepper:
         attempt: int,
         sent: list[torch.Tensor],
         residue: list[torch.Tensor],
+        touched: list[torch.Tensor] | None = None,
     ) -> None:
         if self._running is not None:  # a dropped exchange still runs on this averager: let it end first
             self._running.join(EXCHANGE_WAIT_SECONDS)
@@ -159,6 +177,7 @@ class OuterStepper:
             self.state.residue,
             time.perf_counter(),
             threading.Thread(),
+            touched,
         )
 
         def run() -> None:
@@ -187,10 +206,38 @@ class OuterStepper:
         else:
             # Its period's progress goes out again with the next one's: back to that period's anchor.
             self.state = replace(self.state, anchor=exchange.anchor_before, residue=exchange.residue_before)
+            self._restore_touched(exchange.touched)
         return self._report(exchange.attempt, outcome, time.perf_counter() - exchange.started)
+
+    def _outgoing(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """What this cohort sends (model-parallel: the touched pseudo-gradient and the mask; untouched
+        weights keep their residue) and its residue if the exchange commits; the next period's touched
+        weights start anew."""
+        sent, residue = outgoing(self.state, self.params(), self.settings.compression)
+        if self._touched is None:
+            return sent, residue
+        touched, self._touched = self._touched, [torch.zeros_like(t) for t in self._touched]
+        sent = [torch.where(m, s, torch.zeros_like(s)) for m, s in zip(touched, sent)]
+        residue = [torch.where(m, r, old) for m, r, old in zip(touched, residue, self.state.residue)]
+        return [*sent, *(m.to(s.dtype) for m, s in zip(touched, sent))], residue
+
+    def _touched_so_far(self) -> list[torch.Tensor] | None:
+        return None if self._touched is None else [t.clone() for t in self._touched]
+
+    def _restore_touched(self, touched: list[torch.Tensor] | None) -> None:
+        """An exchange that did not commit: its period's weights go out with the next one's."""
+        if touched is not None and self._touched is not None:
+            for now, before in zip(self._touched, touched):
+                now |= before
 
     def _apply(self, average: Sequence[torch.Tensor], residue: list[torch.Tensor]) -> None:
         """The outer Nesterov step on the global parameters (the cohort's parameters are the caller's)."""
+        if self._touched is not None:  # the members-weighted sums over the cohorts that touched each weight
+            n = len(self.state.anchor)
+            average = [
+                torch.where(m > 0, d / m.clamp_min(1e-12), torch.zeros_like(d))
+                for d, m in zip(average[:n], average[n:])
+            ]
         params, momentum = nesterov_outer_step(
             self.state.global_params, self.state.momentum, average, self.settings.lr, self.settings.momentum
         )

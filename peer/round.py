@@ -142,6 +142,8 @@ def finish_round(
     signed receipt for what this peer contributed, and the new state served and reported."""
     plan = work.plan
     lr = ctx.workers.apply(plan.round_index, outcome.tensors if outcome.committed else None)
+    if ctx.outer is not None and outcome.committed:
+        ctx.outer.note_inner_step(outcome.tensors)  # model-parallel: the weights this cohort trained
     if outcome.committed and work.host.samples > 0:
         receipt = build_receipt(ctx, work, outcome)
         ctx.outbox.add(receipt, ctx.seal_receipt(receipt))

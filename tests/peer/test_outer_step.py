@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from aggregator.task_publication import TaskFileError, build_task_spec
+from peer.outer_round import OuterStepper
 from peer.outer_step import OuterSettings, nesterov_outer_step, outgoing
 from peer.round_types import RoundPlan
 from protocol.identity import Identity
@@ -134,3 +135,36 @@ def test_the_task_file_sets_the_outer_mode_and_refuses_bad_values(tmp_path):
         with pytest.raises(TaskFileError, match=says) as err:
             build_task_spec(str(bad), identity)
         assert "\n" not in str(err.value)
+
+
+def test_model_parallel_cohorts_average_each_weight_over_the_cohorts_that_trained_it():
+    """Two cohorts, each touching its own half of a weight and both a shared part: the outer step's
+    pseudo-gradient is each cohort's own where only it trained, their mean where both did, and nothing
+    (not a diluted half, not drift) where neither did."""
+    anchor = [torch.zeros(8)]
+    trained = {"a": torch.tensor([1, 1, 1, 0, 0, 0, 1, 0], dtype=torch.bool),
+               "b": torch.tensor([0, 0, 0, 1, 1, 1, 1, 0], dtype=torch.bool)}  # fmt: skip
+    settings = OuterSettings(inner_steps=1, lr=1.0, momentum=0.0, compression="none", overlap=False)
+    payloads = {}
+    for name, sign in (("a", 1.0), ("b", 2.0)):
+        stepper = OuterStepper(
+            settings,
+            OuterState.starting_at(anchor),
+            None,
+            [torch.zeros(8)],
+            1,
+            [],
+            lambda _: None,
+            mask_aware=True,
+        )
+        # the cohort moved every weight (weight decay drifts untouched ones too), trained only its own
+        stepper._worker_state[0].copy_(-sign * torch.ones(8))
+        stepper.note_inner_step([trained[name].float()])
+        payloads[name], residue = stepper._outgoing()
+        assert torch.equal(payloads[name][1], trained[name].float())  # the mask travels with it
+        assert torch.equal(residue[0], torch.zeros(8))  # nothing left out (no compression)
+    # what the exchange delivers: the members-weighted mean of the two payloads (one member each)
+    average = [(a + b) / 2 for a, b in zip(payloads["a"], payloads["b"])]
+    stepper._apply(average, [torch.zeros(8)])
+    expected = torch.tensor([1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 1.5, 0.0])  # pseudo-gradients: a 1, b 2
+    torch.testing.assert_close(stepper.state.global_params[0], -expected, rtol=0, atol=1e-6)
