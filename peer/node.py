@@ -39,8 +39,9 @@ from peer.catch_up import (
     committed_state,
     sit_out_running_attempt,
 )
+from peer.cohort_averagers import CohortAveragers
 from peer.devices import WorkerDevice
-from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
+from peer.hierarchy import AveragingTimeouts
 from peer.outer_round import OuterStepper
 from peer.outer_step import OuterSettings
 from peer.progress_display import ProgressDisplay
@@ -116,10 +117,9 @@ class PeerNode:
         self._consensus = 0
         self._workers: WorkerPool | None = None
         self._outer: OuterStepper | None = None  # sync = "outer" tasks only
-        self._outer_averager: HierarchicalAverager | None = None
         self._sharer: StateSharer | None = None
         self._archive: StateArchive | None = None
-        self._averager: HierarchicalAverager | None = None
+        self._averagers: CohortAveragers | None = None
         self._round: RoundContext | None = None
 
     # ------------------------------------------------------------------ start-up
@@ -186,6 +186,20 @@ class PeerNode:
         )
         self._archive = StateArchive(self._endpoint, task.task_id)
         self._commit_board = SignedCommitBoard(self.dht, task.task_id, self.identity, self.peer_id)
+        self._averagers = CohortAveragers(
+            self.dht,
+            task,
+            self._shared.grads,
+            timeouts=self.config.timeouts,
+            client_mode=self.config.client_mode,
+            round_board=self._commit_board,
+            outer_board=SignedCommitBoard(
+                self.dht, outer_board_id(task.task_id), self.identity, self.peer_id
+            ),
+            leaving=self._stop.is_set,
+            online=lambda: [p.entry.peer_id for p in read_roster(self.dht, task.task_id)],
+            on_new=self._signals.reclaim,
+        )
         self._round = RoundContext(
             task=task,
             train_config=self.workload.cfg,
@@ -205,7 +219,7 @@ class PeerNode:
             outbox=self._outbox,
             display=self.display,
             stop=self._stop,
-            averager_for=self._averager_for,
+            averager_for=self._averagers.rounds,
             state_digest=lambda: self.state_digest,
             state_round=lambda: self.state_round,
             publish_state=self._publish_state,
@@ -245,7 +259,7 @@ class PeerNode:
                 self._shared.state,
                 self._consensus,
                 self._shared.state[params : self._consensus],  # the fresh inner optimizer state
-                self._outer_averager_for,
+                lambda cohort: self._averagers.outer(cohort),  # built once the boards are
                 mask_aware=task.mode == "model",
             )
         self.state_digest = digest(self._served_state()[: self._served_consensus()])
@@ -386,7 +400,7 @@ class PeerNode:
                     self._record_outer(report.outer)
                 # Every round, committed or aborted, is one attempt for the whole swarm; the next one is
                 # past the highest any peer reached, so peers whose aborts took different times meet again.
-                self.attempt = self._averager.next_attempt(self.attempt)
+                self.attempt = self._averagers.current.next_attempt(self.attempt)
             self.reports.append(report)
             # On a terminal the progress display shows the round; the full line goes to the debug log.
             (logger.debug if self.display.interactive else logger.info)(report.describe())
@@ -406,8 +420,8 @@ class PeerNode:
                 if limit is not None and failed_in_a_row >= max(10, 3 * limit):
                     logger.warning(f"giving up after {failed_in_a_row} aborted rounds in a row")
                     break
-        if self._averager is not None:
-            self._averager.leave(self.attempt)  # the swarm's next attempt goes on without this peer
+        if self._averagers.current is not None:
+            self._averagers.current.leave(self.attempt)  # the swarm's next attempt goes on without this peer
         if self._outer is not None:
             # End on the swarm's outer state: the exchange under way stepped, the cohort's own progress
             # since dropped (bounded: the exchange's stages and commit are).
@@ -454,63 +468,6 @@ class PeerNode:
     def _reached_until_round(self) -> bool:
         until = self.config.until_round
         return until is not None and self.state_round + 1 >= until
-
-    def _averager_for(self, cohort: str) -> HierarchicalAverager:
-        """The cohort's averager; a new one (and the old one shut down) when this peer changes cohort."""
-        if self._averager is not None and self._averager.cohort == cohort:
-            return self._averager
-        deadlines = None
-        if self._averager is not None:
-            deadlines = self._averager.deadlines
-            self._averager.shutdown()
-        task = self.spec.record
-        self._averager = HierarchicalAverager(
-            self.dht,
-            task.task_id,
-            cohort,
-            self._shared.grads,
-            timeouts=self.config.timeouts,
-            client_mode=self.config.client_mode,
-            cross_fp16=task.params.cross_cohort_fp16,
-            cross_codec=self._outer.settings.compression if self._outer else None,
-            cross_group_size=task.params.cross_group_size,
-            per_cohort=task.mode == "model",
-            commit_board=self._commit_board,
-            leaving=self._stop.is_set,
-            deadlines=deadlines,
-            online=lambda: [p.entry.peer_id for p in read_roster(self.dht, task.task_id)],
-        )
-        self._signals.reclaim()
-        return self._averager
-
-    def _outer_averager_for(self, cohort: str) -> HierarchicalAverager:
-        """The averager of a cohort's outer exchanges: apart from the rounds' (an overlapped exchange runs
-        while they go on), pseudo-gradients cross cohorts through the task's codec."""
-        if self._outer_averager is not None and self._outer_averager.cohort == cohort:
-            return self._outer_averager
-        if self._outer_averager is not None:
-            self._outer_averager.shutdown()
-        task = self.spec.record
-        self._outer_averager = HierarchicalAverager(
-            self.dht,
-            f"{task.task_id}_outer",
-            cohort,
-            # model-parallel: pseudo-gradient and touched-weights mask (peer.outer_round)
-            [*self._shared.grads, *self._shared.grads] if task.mode == "model" else self._shared.grads,
-            timeouts=self.config.timeouts,
-            client_mode=self.config.client_mode,
-            cross_codec=task.params.outer_compression,
-            cross_group_size=task.params.cross_group_size,
-            # outer steps are numbered on a board of their own (attempt k: the k-th period's end), so
-            # every cohort meets on the same attempt whatever its rounds' attempts were
-            commit_board=SignedCommitBoard(
-                self.dht, outer_board_id(task.task_id), self.identity, self.peer_id
-            ),
-            leaving=self._stop.is_set,
-            online=lambda: [p.entry.peer_id for p in read_roster(self.dht, task.task_id)],
-        )
-        self._signals.reclaim()
-        return self._outer_averager
 
     def _record_outer(self, outer: OuterReport) -> None:
         """Append an outer step to ``<data dir>/outer.jsonl`` (what ``manta-swarm`` counts)."""
@@ -570,7 +527,9 @@ class PeerNode:
                 logger.debug(f"withdraw failed: {e}")
         if self._workers is not None:
             self._workers.stop()
-        for part in (self._averager, self._outer_averager, self._sharer):
+        if self._averagers is not None:
+            self._averagers.shutdown()
+        for part in (self._sharer,):
             if part is not None:
                 try:
                     part.shutdown()

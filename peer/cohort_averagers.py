@@ -1,0 +1,101 @@
+"""The averagers a peer keeps for its cohort: one for its rounds and, in ``sync = "outer"`` tasks, one
+for its outer steps. They are apart because an overlapped outer exchange runs while the rounds go on:
+they must share neither a buffer nor groups, and outer steps are numbered on a commit board of their
+own (attempt k: the k-th period's end), so every cohort meets on the same attempt whatever its
+rounds' attempts were. A peer that changes cohort gets new averagers and the old ones are shut down;
+what the rounds' stages took so far (their deadlines) carries over, the machine and links being the
+same."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+
+import torch
+
+from peer.averaging_stage import AveragingTimeouts
+from peer.hierarchy import HierarchicalAverager
+from peer.round_commit import CommitBoard
+from protocol.records import TaskSpec
+
+
+class CohortAveragers:
+    def __init__(
+        self,
+        dht,
+        task: TaskSpec,
+        template: Sequence[torch.Tensor],
+        *,
+        timeouts: AveragingTimeouts,
+        client_mode: bool,
+        round_board: CommitBoard,
+        outer_board: CommitBoard | None,
+        leaving: Callable[[], bool],
+        online: Callable[[], Collection[str]],
+        on_new: Callable[[], None] = lambda: None,
+    ):
+        self.dht, self.task, self.template = dht, task, list(template)
+        self.timeouts, self.client_mode = timeouts, client_mode
+        self.round_board, self.outer_board = round_board, outer_board
+        self.leaving, self.online, self.on_new = leaving, online, on_new
+        self.current: HierarchicalAverager | None = None  # the rounds' averager
+        self.current_outer: HierarchicalAverager | None = None
+
+    def rounds(self, cohort: str) -> HierarchicalAverager:
+        """The cohort's averager for its rounds."""
+        if self.current is not None and self.current.cohort == cohort:
+            return self.current
+        deadlines = None
+        if self.current is not None:
+            deadlines = self.current.deadlines
+            self.current.shutdown()
+        params = self.task.params
+        self.current = HierarchicalAverager(
+            self.dht,
+            self.task.task_id,
+            cohort,
+            self.template,
+            timeouts=self.timeouts,
+            client_mode=self.client_mode,
+            cross_fp16=params.cross_cohort_fp16,
+            cross_group_size=params.cross_group_size,
+            per_cohort=self.task.mode == "model",
+            commit_board=self.round_board,
+            leaving=self.leaving,
+            deadlines=deadlines,
+            online=self.online,
+        )
+        self.on_new()
+        return self.current
+
+    def outer(self, cohort: str) -> HierarchicalAverager:
+        """The cohort's averager for its outer exchanges: pseudo-gradients cross cohorts through the
+        task's codec; in model-parallel tasks with the touched-weights mask beside them
+        (:mod:`peer.outer_round`), so its vector is the parameters' twice."""
+        if self.current_outer is not None and self.current_outer.cohort == cohort:
+            return self.current_outer
+        if self.current_outer is not None:
+            self.current_outer.shutdown()
+        params = self.task.params
+        self.current_outer = HierarchicalAverager(
+            self.dht,
+            f"{self.task.task_id}_outer",
+            cohort,
+            [*self.template, *self.template] if self.task.mode == "model" else self.template,
+            timeouts=self.timeouts,
+            client_mode=self.client_mode,
+            cross_codec=params.outer_compression,
+            cross_group_size=params.cross_group_size,
+            commit_board=self.outer_board,
+            leaving=self.leaving,
+            online=self.online,
+        )
+        self.on_new()
+        return self.current_outer
+
+    def shutdown(self) -> None:
+        for averager in (self.current, self.current_outer):
+            if averager is not None:
+                try:
+                    averager.shutdown()
+                except Exception:  # already gone with its process: nothing left to stop
+                    pass
