@@ -136,7 +136,7 @@ class BootstrapAggregator:
             workload,
             self.config.data_dir / "checkpoints",
             keep=self.config.keep_checkpoints,
-            outer=task.params.sync == "outer",
+            outer_period=task.params.inner_steps if task.params.sync == "outer" else None,
         )
         if self.config.resume:
             self.keeper.resume()

@@ -69,7 +69,7 @@ class CheckpointKeeper:
         *,
         keep: int = 5,
         cache: int = 8,
-        outer: bool = False,
+        outer_period: int | None = None,
     ):
         self.workload, self.directory, self.keep, self.task_id = workload, Path(directory), keep, task_id
         self.endpoint = endpoint
@@ -84,7 +84,14 @@ class CheckpointKeeper:
         )
         # sync = "outer": peers serve their state with the outer state in it (supernet.outer_state), and
         # so does this keeper; its checkpoints hold the global parameters, the swarm's model.
-        initial_outer = OuterState.starting_at(worker_state[: self._worker_layout[2]]) if outer else None
+        # Its global parameters change only at a period's end: only the states after one are written
+        # (each fetch is a whole served state over the wide-area link).
+        self.outer_period = outer_period
+        initial_outer = (
+            OuterState.starting_at(worker_state[: self._worker_layout[2]])
+            if outer_period is not None
+            else None
+        )
         self.template = served_layout(worker_state, self._worker_layout[1], initial_outer)
         self.consensus = served_consensus(self._worker_layout[1], initial_outer)
         self._lock = threading.Lock()  # guards _known and _cache, never a transfer
@@ -107,10 +114,14 @@ class CheckpointKeeper:
                 self._known.pop(next(iter(self._known)))
 
     def newest_known(self) -> tuple[str, KnownState] | None:
+        """The newest state known to be committed (outer tasks: after a period's end)."""
         with self._lock:
-            if not self._known:
-                return None
-            return max(self._known.items(), key=lambda item: item[1].round)
+            known = [
+                item
+                for item in self._known.items()
+                if self.outer_period is None or (item[1].round + 1) % self.outer_period == 0
+            ]
+            return max(known, key=lambda item: item[1].round) if known else None
 
     # ------------------------------------------------------------------ getting states
 

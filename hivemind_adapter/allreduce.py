@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import multiprocessing
 from collections.abc import AsyncIterator, Sequence
 
 import torch
@@ -68,6 +69,7 @@ class ExactAllReduceRunner(AllReduceRunner):
         # With absolute outputs, a part whose reducer failed falls back to the local part, not to a zero delta.
         self.tensor_part_container.return_deltas = False
         self.reducer_errors: list[str] = []  # why each remote reducer failed this member, if one did
+        self.wire_bytes = None  # VerifiedAverager's shared [sent, received] payload byte counters
         self._served_whole: set[PeerID] = set()  # senders that were handed every reply of this reducer
 
     async def _communicate_with_peer(self, peer_id: PeerID):
@@ -111,7 +113,7 @@ class ExactAllReduceRunner(AllReduceRunner):
         peer_index = self.ordered_peer_ids.index(peer_id)
         expected = container.num_parts_by_peer[peer_index]
         sent_all = asyncio.Event()
-        inputs = attach_event_on_finished(self._generate_input_for_peer(peer_index), sent_all)
+        inputs = attach_event_on_finished(self._counted(self._generate_input_for_peer(peer_index)), sent_all)
         replies = None
         received = 0
         try:
@@ -122,6 +124,7 @@ class ExactAllReduceRunner(AllReduceRunner):
             async for message in aiter_with_timeout(replies, self.reducer_timeout):
                 if message.code != averaging_pb2.AVERAGED_PART:
                     raise AllreduceException(f"{peer_id} sent {averaging_pb2.MessageCode.Name(message.code)}")
+                self._count(received=len(message.tensor_part.buffer))
                 part = await loop.run_in_executor(None, deserialize_torch_tensor, message.tensor_part)
                 container.register_processed_part(peer_index, received, part)
                 received += 1
@@ -172,7 +175,7 @@ class ExactAllReduceRunner(AllReduceRunner):
                     msg.weight,
                     msg.tensor_part.compression,
                 ),
-                stream,
+                self._counted(stream, sent=False),
                 max_prefetch=self.tensor_part_container.prefetch,
             ):
                 try:
@@ -184,10 +187,24 @@ class ExactAllReduceRunner(AllReduceRunner):
                 parts_done += 1
                 # The same averaged bytes go to every sender of this part: that is what makes results exact.
                 payload = await loop.run_in_executor(None, serialize_torch_tensor, averaged, compression)
+                self._count(sent=len(payload.buffer))
                 yield averaging_pb2.AveragingData(code=averaging_pb2.AVERAGED_PART, tensor_part=payload)
         finally:
             if parts_done != self.tensor_part_reducer.num_parts:
                 await self._ban_sender(self.sender_peer_ids[sender_index])
+
+    def _count(self, sent: int = 0, received: int = 0) -> None:
+        if self.wire_bytes is not None:
+            with self.wire_bytes.get_lock():
+                self.wire_bytes[0] += sent
+                self.wire_bytes[1] += received
+
+    async def _counted(self, messages, sent: bool = True):
+        """``messages`` as they pass, their tensor payload counted as sent (or received)."""
+        async for message in messages:
+            size = len(message.tensor_part.buffer)
+            self._count(sent=size if sent else 0, received=0 if sent else size)
+            yield message
 
     def incomplete_reason(self) -> str | None:
         """Why this member's view of the all-reduce is incomplete, or None if it is complete."""
@@ -234,6 +251,17 @@ class VerifiedAverager(DecentralizedAverager):
     """
 
     runner_type: type[ExactAllReduceRunner] = ExactAllReduceRunner  # what runs each all-reduce
+
+    def __init__(self, *args, **kwargs):
+        # [sent, received] tensor payload bytes of this averager's all-reduces with other peers: written
+        # in the averager's process, read here (shared memory, made before that process forks)
+        self._wire_bytes = multiprocessing.Array("q", 2)
+        super().__init__(*args, **kwargs)
+
+    def wire_bytes(self) -> tuple[int, int]:
+        """Tensor payload bytes this averager's all-reduces sent and received so far."""
+        sent, received = self._wire_bytes[:]
+        return int(sent), int(received)
 
     # hivemind builds its matchmaking inside the averager's process; this is where MANTA's spacing of
     # group-key reads is put in (see _spaced_reads).
@@ -314,6 +342,7 @@ class VerifiedAverager(DecentralizedAverager):
             ordered_peer_ids=group_info.peer_ids,
             **kwargs,
         )
+        runner.wire_bytes = self._wire_bytes
         assert group_id in self._running_groups, "all-reduce group was not registered"
         self._running_groups[group_id].set_result(runner)
 

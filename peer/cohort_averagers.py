@@ -39,6 +39,7 @@ class CohortAveragers:
         self.leaving, self.online, self.on_new = leaving, online, on_new
         self.current: HierarchicalAverager | None = None  # the rounds' averager
         self.current_outer: HierarchicalAverager | None = None
+        self._retired_bytes = 0  # cross-cohort bytes of the averagers shut down so far
 
     def rounds(self, cohort: str) -> HierarchicalAverager:
         """The cohort's averager for its rounds."""
@@ -47,7 +48,7 @@ class CohortAveragers:
         deadlines = None
         if self.current is not None:
             deadlines = self.current.deadlines
-            self.current.shutdown()
+            self._retire(self.current)
         params = self.task.params
         self.current = HierarchicalAverager(
             self.dht,
@@ -74,7 +75,7 @@ class CohortAveragers:
         if self.current_outer is not None and self.current_outer.cohort == cohort:
             return self.current_outer
         if self.current_outer is not None:
-            self.current_outer.shutdown()
+            self._retire(self.current_outer)
         params = self.task.params
         self.current_outer = HierarchicalAverager(
             self.dht,
@@ -91,6 +92,15 @@ class CohortAveragers:
         )
         self.on_new()
         return self.current_outer
+
+    def cross_cohort_bytes(self) -> int:
+        """Payload bytes this peer's all-reduces moved across cohorts since it started."""
+        live = sum(a.cross_cohort_bytes() for a in (self.current, self.current_outer) if a is not None)
+        return self._retired_bytes + live
+
+    def _retire(self, averager: HierarchicalAverager) -> None:
+        self._retired_bytes += averager.cross_cohort_bytes()
+        averager.shutdown()
 
     def shutdown(self) -> None:
         for averager in (self.current, self.current_outer):

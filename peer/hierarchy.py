@@ -718,6 +718,11 @@ class HierarchicalAverager:
         except Exception as e:  # the DHT may be unreachable; the others then time out as before
             logger.debug(f"departure notice failed: {e}")
 
+    def cross_cohort_bytes(self) -> int:
+        """Tensor payload bytes this peer's cross-cohort all-reduces sent and received so far: what
+        this averager moved over the wide-area links (the cohort stage's stay on the cohort's)."""
+        return sum(self._cross.wire_bytes())
+
     def shutdown(self) -> None:
         for averager in (self._cohort, self._cross):
             if averager.is_alive():

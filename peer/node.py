@@ -200,6 +200,18 @@ class PeerNode:
             online=lambda: [p.entry.peer_id for p in read_roster(self.dht, task.task_id)],
             on_new=self._signals.reclaim,
         )
+        self._progress = SwarmProgress(
+            ProgressBoard(self.dht, task.task_id, self.identity, self.peer_id),
+            self.peer_id,
+            task.params.batch_size,
+            len(self.devices),
+            task.params.target_samples_per_round,
+            rounds_by_cohort=task.params.sync == "outer",
+        )
+        self._progress.traffic = lambda: (
+            self._outer.steps_taken if self._outer is not None else 0,
+            self._averagers.cross_cohort_bytes(),
+        )
         self._round = RoundContext(
             task=task,
             train_config=self.workload.cfg,
@@ -207,14 +219,7 @@ class PeerNode:
             identity=self.identity,
             dht=self.dht,
             workers=self._workers,
-            progress=SwarmProgress(
-                ProgressBoard(self.dht, task.task_id, self.identity, self.peer_id),
-                self.peer_id,
-                task.params.batch_size,
-                len(self.devices),
-                task.params.target_samples_per_round,
-                rounds_by_cohort=task.params.sync == "outer",
-            ),
+            progress=self._progress,
             announcer=self._announcer,
             outbox=self._outbox,
             display=self.display,

@@ -78,6 +78,7 @@ class OuterStepper:
         self._params = len(state.anchor)
         self._fresh_optimizer = [t.clone() for t in fresh_optimizer_state]
         self._pending: _Exchange | None = None
+        self.steps_taken = 0  # outer steps this peer applied
         self._running: threading.Thread | None = None  # the last exchange's thread, even one dropped
         # Model-parallel tasks: which weights this cohort's sub-networks touched this period (a nonzero
         # averaged gradient in any inner step). The exchange carries the touched pseudo-gradient and
@@ -232,6 +233,7 @@ class OuterStepper:
 
     def _apply(self, average: Sequence[torch.Tensor], residue: list[torch.Tensor]) -> None:
         """The outer Nesterov step on the global parameters (the cohort's parameters are the caller's)."""
+        self.steps_taken += 1
         if self._touched is not None:  # the members-weighted sums over the cohorts that touched each weight
             n = len(self.state.anchor)
             average = [

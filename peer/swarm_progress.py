@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from peer.swarm_view import ProgressBoard, swarm_samples
@@ -60,6 +61,8 @@ class SwarmProgress:
         # sync = "outer": cohorts take their inner steps apart, so only this peer's own cohort tells it
         # that it is behind (the others' samples still count towards the round's target: lockstep)
         self.rounds_by_cohort = rounds_by_cohort
+        # (outer steps taken, cross-cohort bytes) for every record: what the dashboard shows
+        self.traffic: Callable[[], tuple[int, int]] = lambda: (0, 0)
         self.batch_size, self.devices, self.target = batch_size, devices, target
         self.throughput = 0.0  # samples/s over the last round's computation (0: none measured yet)
         self._finished: tuple[int, int, float] | None = None  # (round, samples, loss) last computed
@@ -137,6 +140,7 @@ class SwarmProgress:
                 self._cohort,
                 self._state_round,
                 self._finished,
+                self.traffic(),
             )
         except Exception as e:  # a transient DHT failure: the next report retries
             logger.debug(f"progress report failed: {e}")

@@ -273,9 +273,11 @@ class ProgressBoard:
         cohort: str,
         state_round: int,
         finished: tuple[int, int, float] | None = None,
+        traffic: tuple[int, int] = (0, 0),
     ) -> bool:
         """Publish this peer's progress in ``round_index``; ``finished`` is (round, samples, mean loss)
-        of the last round it finished computing, repeated in every record (see :class:`PeerProgress`)."""
+        of the last round it finished computing, repeated in every record (see :class:`PeerProgress`);
+        ``traffic`` is (outer steps taken, cross-cohort bytes) since the peer started."""
         done_round, done_samples, done_loss = finished if finished is not None else (0, 0, 0.0)
         record = PeerProgress(
             task_id=self.task_id,
@@ -291,6 +293,8 @@ class ProgressBoard:
             finished_round=done_round,
             finished_samples=int(done_samples),
             finished_loss_micro=_micro(done_loss),
+            outer_steps=int(traffic[0]),
+            cross_cohort_bytes=int(traffic[1]),
         )
         return bool(
             self.dht.store(

@@ -381,6 +381,10 @@ class PeerProgress(SealedRecord):
     finished_round: Int53 = 0
     finished_samples: Int53 = 0
     finished_loss_micro: Int53 = 0
+    # Since the peer started: outer steps it took (sync = "outer"), and the payload bytes its
+    # all-reduces sent and received across cohorts (the wide-area traffic), for the dashboard.
+    outer_steps: Int53 = 0
+    cross_cohort_bytes: Int53 = 0
 
 
 class Checkpoint(StrictModel):

@@ -73,6 +73,7 @@ class SwarmAggregates:
         self.readings = 0
         self.rejected = 0  # records that failed verification, over all readings
         self.last_reading: float | None = None
+        self._departed_bytes = 0  # cross-cohort bytes of peers forgotten since (so totals never shrink)
 
     # ------------------------------------------------------------------ writing
 
@@ -134,7 +135,8 @@ class SwarmAggregates:
     def _forget(self, now: float) -> None:
         for peer_id in [k for k, p in self._peers.items() if now - p.last_seen > self.forget_after]:
             if not (self._peers[peer_id].announced or self._peers[peer_id].progress_present):
-                del self._peers[peer_id]
+                gone = self._peers.pop(peer_id)
+                self._departed_bytes += gone.progress.cross_cohort_bytes if gone.progress else 0
 
     def record_validation(self, round_index: int, result: dict[str, Any]) -> None:
         """The validation metrics of the checkpoint after ``round_index`` (see :mod:`.evaluation`)."""
@@ -214,6 +216,16 @@ class SwarmAggregates:
             "last_seen": peer.last_seen,
             "seconds_since_seen": max(0.0, now - peer.last_seen),
         }
+
+    def traffic(self) -> dict[str, int]:
+        """Outer steps the swarm took (the most any peer reports) and the payload bytes all peers'
+        all-reduces moved across cohorts (the wide-area traffic), as the peers' records say."""
+        with self._lock:
+            records = [p.progress for p in self._peers.values() if p.progress is not None]
+            return {
+                "outer_steps": max((r.outer_steps for r in records), default=0),
+                "cross_cohort_bytes": self._departed_bytes + sum(r.cross_cohort_bytes for r in records),
+            }
 
     def activity(self, now: float, fresh_seconds: float = 5.0) -> str:
         """``training`` (progress reports are arriving for the current round), ``between rounds``

@@ -120,6 +120,16 @@ def render_metrics(status: dict[str, Any], peers: list[dict[str, Any]], ledger: 
     out.one(
         "manta_last_round_samples", "gauge", "Samples the swarm processed in that round.", last.get("samples")
     )
+    traffic = status.get("traffic") or {}
+    out.one(
+        "manta_outer_steps", "gauge", "Outer steps the swarm took (sync = outer).", traffic.get("outer_steps")
+    )
+    out.one(
+        "manta_cross_cohort_bytes_total",
+        "counter",
+        "Tensor payload bytes the peers' all-reduces sent and received across cohorts (wide-area).",
+        traffic.get("cross_cohort_bytes"),
+    )
     totals = status["totals"]
     out.one(
         "manta_rounds_observed",

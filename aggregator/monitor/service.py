@@ -154,6 +154,8 @@ class Monitor:
             "peers_online": len(online),
             "cohorts": sorted(cohorts.values(), key=lambda c: c["cohort"]),
             "throughput": sum(p["throughput"] for p in online),
+            # sync = "outer": outer steps so far; every task: what crossed between cohorts
+            "traffic": aggregates.traffic(),
             "totals": {
                 "rounds": sum(1 for r in rows if r["peers"]),
                 "samples": sum(r["samples"] for r in rows),
@@ -186,6 +188,9 @@ class Monitor:
             "batch_size": t.params.batch_size,
             "subnets_per_step": t.params.subnets_per_step,
             "schedule": t.params.schedule,
+            "sync": t.params.sync,
+            "inner_steps": t.params.inner_steps if t.params.sync == "outer" else None,
+            "outer_compression": t.params.outer_compression if t.params.sync == "outer" else None,
         }
 
     def _checkpoint_info(self) -> dict[str, Any] | None:

@@ -33,9 +33,11 @@ def progress(
     cohort: str = "cohort-a",
     timestamp: int | None = None,
     finished: tuple[int, int, float] | None = None,
+    traffic: tuple[int, int] = (0, 0),
 ) -> PeerProgress:
     """A PeerProgress signed by ``identity``, opened back through the DHT validator's own check;
-    ``finished``: (round, samples, loss) of the last round the peer finished."""
+    ``finished``: (round, samples, loss) of the last round the peer finished; ``traffic``: (outer
+    steps, cross-cohort bytes) since the peer started."""
     done_round, done_samples, done_loss = finished or (0, 0, 0.0)
     record = PeerProgress(
         task_id=TASK_ID,
@@ -51,6 +53,8 @@ def progress(
         finished_round=done_round,
         finished_samples=done_samples,
         finished_loss_micro=int(done_loss * 1e6),
+        outer_steps=traffic[0],
+        cross_cohort_bytes=traffic[1],
     )
     return open_progress_value(TASK_ID, identity.public_key_hex, seal(record, identity)).record
 

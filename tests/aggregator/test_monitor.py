@@ -240,3 +240,35 @@ def test_metrics_without_any_data_still_parse():
     }
     metrics = parse_exposition(render_metrics(status, [], {"present": False}))
     assert metrics["manta_peers_online"] == [({}, 0.0)] and "manta_round_current" not in metrics
+
+
+def test_the_dashboard_shows_outer_steps_and_the_bytes_that_crossed_between_cohorts(tmp_path):
+    """Peers sign their outer steps and cross-cohort bytes into their progress records: the status
+    shows the swarm's outer steps (the most any peer took) and the bytes of all peers, including a peer
+    that left since; the metrics page carries both."""
+    monitor = Monitor(tmp_path, ALICE.public_key, evaluate=False)
+    agg = SwarmAggregates(forget_after=10.0)
+    monitor.aggregates = agg
+    t0 = int(time.time() * 1000)
+    agg.observe(
+        reading(
+            [announcement(ALICE), announcement(BOB)],
+            [
+                progress(ALICE, 9, 10, 1.0, timestamp=t0, traffic=(2, 3_000_000)),
+                progress(BOB, 9, 10, 1.0, cohort="cohort-b", timestamp=t0, traffic=(3, 5_000_000)),
+            ],
+        ),
+        100.0,
+    )
+    assert monitor.status()["traffic"] == {"outer_steps": 3, "cross_cohort_bytes": 8_000_000}
+    # Bob leaves (no record, no announcement) and is forgotten: his bytes still count
+    agg.observe(
+        reading(
+            [announcement(ALICE)], [progress(ALICE, 10, 4, 1.0, timestamp=t0 + 1, traffic=(3, 4_000_000))]
+        ),
+        200.0,
+    )
+    assert monitor.status()["traffic"] == {"outer_steps": 3, "cross_cohort_bytes": 9_000_000}
+    metrics = parse_exposition(monitor.metrics())
+    assert metrics["manta_outer_steps"][0][1] == 3
+    assert metrics["manta_cross_cohort_bytes_total"][0][1] == 9_000_000

@@ -245,6 +245,7 @@ def test_two_averagers_average_through_int8_to_the_same_bits():
         for averager in averagers:
             with averager.get_tensors() as held:
                 results.append([t.clone() for t in held])
+        counted = [averager.wire_bytes() for averager in averagers]
     finally:
         for averager in averagers:
             averager.shutdown()
@@ -252,6 +253,13 @@ def test_two_averagers_average_through_int8_to_the_same_bits():
         first_dht.shutdown()
     codec = PowerOfTwoInt8()
     assert all(_same_bits(a, b) for a, b in zip(*results)), "the members must hold the same bits"
+    # Each member sent the other its part of the other's shard and sent back the averaged part of its
+    # own shard: one's sent is the other's received, and each sent about the compressed vector once
+    # (int8: a quarter of float32's bytes).
+    (sent0, received0), (sent1, received1) = counted
+    assert sent0 == received1 and sent1 == received0, counted
+    whole = sum(len(codec.compress(t, CompressionInfo.from_tensor(t)).buffer) for t in tensors(0))
+    assert 1.8 * whole <= sent0 + sent1 <= 2.2 * whole, (counted, whole)
     for got, a, b in zip(results[0], tensors(0), tensors(1)):
         # A reducer averages its own part as it is and the other's as decoded (weights 1), then sends the
         # mean through int8: on member 0's shard that is rt((a + rt(b)) / 2), on member 1's the converse.

@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 
+from supernet.checkpoint import load_checkpoint
 from tests.helpers import console_script
 
 pytestmark = [
@@ -66,3 +67,8 @@ def test_two_sites_take_inner_steps_apart_and_meet_in_overlapped_outer_steps(tmp
         assert steps[0]["blocked_seconds"] < steps[0]["seconds"], steps[0]
     # the run ends on the last outer step's global state: one state on every peer
     assert summary["identical_final_state"] is True, summary["final_digests"]
+    # the aggregator fetched a served state in the outer layout and checkpointed the global parameters
+    # after the first period's end (the only state it writes in an outer task: they change there)
+    written = sorted(p.name for p in (run / "aggregator" / "checkpoints").glob("round-*.pt"))
+    assert written == ["round-00000002.pt"], written
+    assert load_checkpoint(run / "aggregator" / "checkpoints" / written[0]).round == 2

@@ -64,6 +64,12 @@ function showStatus(s) {
     $("validation-round").textContent = `${v.metric}, largest / smallest, round ${v.round}`;
     $("validation-caption").textContent = `Validation ${v.metric} (largest / smallest sub-network)`;
   }
+  const traffic = s.traffic || {};
+  $("cross-bytes").textContent = `${fmt((traffic.cross_cohort_bytes || 0) / 1e6, 1)} MB`;
+  $("outer-steps").textContent =
+    t && t.sync === "outer"
+      ? `${traffic.outer_steps || 0} outer step(s), every ${t.inner_steps} rounds, ${t.outer_compression}`
+      : "every round's gradient (sync: every-step)";
   const c = s.checkpoint;
   $("checkpoint").textContent = c ? `round ${c.round}` : "–";
   $("checkpoint-time").textContent = c ? `written ${clock(c.written)}` : "none yet";
