@@ -155,6 +155,12 @@ def figures(summary: dict, run_dir: Path) -> dict[str, str]:
         "wide-area KB / sample": f"{swarm['wan_bytes_per_sample'] / 1e3:.1f}"
         if swarm.get("wan_bytes_per_sample")
         else "-",
+        "  between peer sites (no aggregator)": f"{swarm['wan_bytes_between_peer_sites'] / 1e6:.0f}"
+        if "wan_bytes_between_peer_sites" in swarm
+        else "-",
+        "cross-cohort payload KB / sample (all-reduces' count)": f"{swarm['cross_cohort_bytes_per_sample'] / 1e3:.2f}"
+        if swarm.get("cross_cohort_bytes_per_sample")
+        else "-",
         "joiners": str(len(swarm["joiners"])),
         "joiners that ran 60 s: contributed within 60 s": _joiners_within(swarm, 60.0),
         "joiner to 1st contribution": f"median {statistics.median(joiners):.0f} s, max {max(joiners):.0f} s"
@@ -224,7 +230,11 @@ def main() -> None:
         per = (ours.get("swarm") or {}).get("wan_bytes_per_sample")
         base_per = (theirs.get("swarm") or {}).get("wan_bytes_per_sample")
         if mode == "outer" and per and base_per:
-            table[name]["WAN bytes / sample vs every-step"] = f"{base_per / per:.0f}x fewer"
+            table[name]["WAN bytes / sample vs every-step"] = f"{base_per / per:.1f}x fewer"
+        cross = (ours.get("swarm") or {}).get("cross_cohort_bytes_per_sample")
+        base_cross = (theirs.get("swarm") or {}).get("cross_cohort_bytes_per_sample")
+        if mode == "outer" and cross and base_cross:
+            table[name]["cross-cohort payload / sample vs every-step"] = f"{base_cross / cross:.0f}x fewer"
     rows = list(dict.fromkeys(k for t in table.values() if len(t) > 1 for k in t))
     print("\n| figure | " + " | ".join(names) + " |")
     print("|---|" + "---:|" * len(names))

@@ -401,6 +401,7 @@ class PeerNode:
                 # A round computed from an old state could only abort: the others' groups are keyed by theirs.
                 self.catch_up_with_swarm()
                 report = run_round(self._round, self.state_round + 1, self.attempt)
+                report.cross_cohort_bytes = self._averagers.cross_cohort_bytes()
                 if report.outer is not None:
                     self._record_outer(report.outer)
                 # Every round, committed or aborted, is one attempt for the whole swarm; the next one is

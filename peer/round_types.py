@@ -78,6 +78,9 @@ class RoundReport:
     attempt: int = -1  # the swarm-wide averaging attempt this round ran in
     late: bool = False  # committed after the round had ended aborted: its result found a quorum later
     outer: OuterReport | None = None  # the outer step taken at this round's end (sync = "outer")
+    cross_cohort_bytes: int = (
+        0  # payload bytes this peer's all-reduces moved across cohorts, since it started
+    )
 
     def describe(self) -> str:
         """The round in one log line."""

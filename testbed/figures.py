@@ -39,6 +39,7 @@ class PeerFigures:
     abort_reasons: dict[str, int] = field(default_factory=dict)
     samples: int = 0
     outer_steps_committed: int = 0  # sync = "outer": outer steps this peer took
+    cross_cohort_bytes: int = 0  # payload bytes its all-reduces moved across cohorts (its own count)
     outer_steps_aborted: int = 0
     # attempt -> the outer state (global parameters and momentum) after each outer step it took
     outer_states: dict[str, str] = field(default_factory=dict)
@@ -134,6 +135,7 @@ def peer_figures(run_dir: Path) -> list[PeerFigures]:
         fig.rounds_aborted_leaving = sum(1 for r in aborted if told is not None and r["time"] >= told)
         fig.abort_reasons = dict(Counter(_reason(r.get("reason", "")) for r in aborted))
         fig.samples = sum(r["samples"] for r in committed)
+        fig.cross_cohort_bytes = max((r.get("cross_cohort_bytes", 0) for r in rounds), default=0)
         outer = read_rounds(Path(run_dir) / name, "outer.jsonl")
         fig.outer_steps_committed = sum(1 for o in outer if o["committed"])
         fig.outer_steps_aborted = len(outer) - fig.outer_steps_committed
@@ -206,6 +208,11 @@ def swarm_figures(
         "peer_outer_steps_aborted": sum(p.outer_steps_aborted for p in peers),
         # every peer that took an outer step holds the same outer state after it (None: no outer steps)
         "identical_outer_states": _identical_outer_states(peers),
+        # what the peers' all-reduces moved across cohorts, as they counted it (payload bytes, both ways)
+        "cross_cohort_bytes": sum(p.cross_cohort_bytes for p in peers),
+        "cross_cohort_bytes_per_sample": round(sum(p.cross_cohort_bytes for p in peers) / total_samples)
+        if total_samples
+        else None,
         "abort_reasons": dict(reasons.most_common()),
         "joiners": {p.name: p.first_contribution_s for p in peers if p.joiner},
         # How long each joiner ran: one killed (churn) before it could contribute says nothing of joining.
@@ -217,6 +224,11 @@ def swarm_figures(
         out["wan_bytes"] = wan
         out["wan_bytes_with_aggregator"] = sum(s.to_aggregator_bytes + s.from_aggregator_bytes for s in sites)
         out["wan_bytes_peer_sites"] = peer_sites
+        # what the peer sites sent each other: training traffic and DHT coordination, not the
+        # aggregator's checkpoint and audit downloads
+        out["wan_bytes_between_peer_sites"] = sum(
+            s.sent_bytes - s.to_aggregator_bytes for s in sites if s.name != AGGREGATOR_SITE
+        )
         out["wan_bytes_per_sample"] = round(wan / total_samples) if total_samples else None
         out["wan_bytes_per_sample_peer_sites"] = round(peer_sites / total_samples) if total_samples else None
     return out
