@@ -208,7 +208,10 @@ class OuterStepper:
             # Its period's progress goes out again with the next one's: back to that period's anchor.
             self.state = replace(self.state, anchor=exchange.anchor_before, residue=exchange.residue_before)
             self._restore_touched(exchange.touched)
-        return self._report(exchange.attempt, outcome, time.perf_counter() - exchange.started)
+        # the exchange's own duration (it ran in the background; collected at this period's end)
+        return self._report(
+            exchange.attempt, outcome, outcome.seconds.get("total", time.perf_counter() - exchange.started)
+        )
 
     def _outgoing(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """What this cohort sends (model-parallel: the touched pseudo-gradient and the mask; untouched

@@ -105,7 +105,7 @@ class OuterReport:
     reason: str = ""
     contributors: int = 0
     cohorts: int = 0
-    seconds: float = 0.0  # the exchange, from its start to its step (overlapped: in the background)
+    seconds: float = 0.0  # the exchange itself, start to outcome (overlapped: it ran in the background)
     blocked_seconds: float = 0.0  # what it held the round up: all of it blocking, the wait for it overlapped
     result_digest: str = ""  # the averaged pseudo-gradient's digest (what the commit board decided on)
     outer_digest: str = ""  # anchor and outer momentum after it: identical on every peer that committed
