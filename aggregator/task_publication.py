@@ -15,7 +15,7 @@ A built-in task name gets defaults sized for this project's CPUs; a TOML file ma
     cross_cohort_fp16 = true   # fp16 between cohorts
     cross_group_size = 8       # cohort leaders per cross-cohort group (more cohorts: a tree of groups)
     sync = "outer"             # "every-step" (default) or rare outer steps between cohorts:
-    inner_steps = 10           #   rounds (inner steps, averaged inside each cohort) per outer step
+    inner_steps = 5            #   rounds (inner steps, averaged inside each cohort) per outer step
     outer_lr = "0.7"           #   outer Nesterov SGD on the averaged pseudo-gradient
     outer_momentum = "0.9"
     outer_compression = "int8" #   none, fp16, int8 or int4 between cohorts, with error feedback

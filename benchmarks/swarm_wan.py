@@ -19,7 +19,7 @@ and smallest sub-network, whether the peers that finished hold one state, and th
 
     sudo python -m benchmarks.swarm_wan [--peers 8] [--rounds 30] [--profiles loopback,lan,...]
                                         [--time-limit 900] [--out DIR]
-                                        [--sync every-step,outer] [--inner-steps 10]
+                                        [--sync every-step,outer] [--inner-steps 5]
                                         [--outer-compression int8] [--outer-lr 0.7] [--outer-momentum 0.9]
                                         [--no-outer-overlap]
 
@@ -189,7 +189,7 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=900, help="seconds per profile run")
     parser.add_argument("--out", type=Path, default=Path(f"swarm-wan-{time.strftime('%Y%m%d-%H%M%S')}"))
     parser.add_argument("--sync", default="every-step", help="every-step, outer, or both: every-step,outer")
-    parser.add_argument("--inner-steps", type=int, default=10)
+    parser.add_argument("--inner-steps", type=int, default=5)
     parser.add_argument("--outer-compression", default="int8")
     parser.add_argument("--outer-lr", default="0.7")
     parser.add_argument("--outer-momentum", default="0.9")

@@ -78,7 +78,7 @@ LINK_OPTIONS = ("uplink", "downlink", "delay", "jitter", "loss", "nat")
     help="How cohorts synchronise: every round's gradient across the swarm, or rare outer steps.",
 )
 @click.option(
-    "--inner-steps", type=click.IntRange(1), default=10, show_default=True, help="Rounds between outer steps."
+    "--inner-steps", type=click.IntRange(1), default=5, show_default=True, help="Rounds between outer steps."
 )
 @click.option("--outer-lr", default="0.7", show_default=True, help="Outer Nesterov learning rate.")
 @click.option("--outer-momentum", default="0.9", show_default=True, help="Outer Nesterov momentum.")

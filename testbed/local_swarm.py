@@ -67,7 +67,7 @@ class SwarmOptions:
     extra_toml: str = ""
     # how cohorts synchronise (protocol.records.SwarmParams): "every-step", or "outer" steps
     sync: str = "every-step"
-    inner_steps: int = 10
+    inner_steps: int = 5
     outer_lr: str = "0.7"
     outer_momentum: str = "0.9"
     outer_compression: str = "int8"
