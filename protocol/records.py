@@ -190,9 +190,8 @@ class SwarmParams(StrictModel):
     # parameters now), sent through ``outer_compression`` with error feedback, and every peer applies
     # the same outer Nesterov step (``outer_lr``, ``outer_momentum``; DiLoCo's 0.7 / 0.9).
     sync: Literal["every-step", "outer"] = "every-step"
-    inner_steps: Annotated[int, Field(ge=1, le=100_000)] = (
-        5  # benchmarks/README.md, "Outer steps between cohorts": why 5
-    )
+    # 5: see benchmarks/README.md, "Outer steps between cohorts", for why
+    inner_steps: Annotated[int, Field(ge=1, le=100_000)] = 5
     outer_lr: Decimal = "0.7"
     outer_momentum: Decimal = "0.9"
     outer_compression: Literal["none", "fp16", "int8", "int4"] = "int8"
