@@ -4,7 +4,6 @@ what hivemind's own decoding yields, whole or in hivemind's parts, and an all-re
 from __future__ import annotations
 
 import math
-import threading
 
 import pytest
 import torch
@@ -19,7 +18,6 @@ from hivemind.compression import (
 )
 
 from hivemind_adapter.allreduce import VerifiedAverager
-from hivemind_adapter.dht import start_dht, visible_maddrs
 from hivemind_adapter.wire_codecs import (
     BLOCK,
     CODECS,
@@ -29,6 +27,7 @@ from hivemind_adapter.wire_codecs import (
     roundtrip,
     wire_bytes,
 )
+from tests.hivemind_adapter.averager_pair import step_pair
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 INT_CODECS = [pytest.param(PowerOfTwoInt8(), id="int8"), pytest.param(PowerOfTwoInt4(), id="int4")]
@@ -214,43 +213,10 @@ def test_two_averagers_average_through_int8_to_the_same_bits():
         g = torch.Generator().manual_seed(seed)
         return [torch.randn(200_000, generator=g) * 1e-2, torch.randn(17, generator=g)]
 
-    first_dht = start_dht(host_maddrs=LOOPBACK)
-    second_dht = start_dht(host_maddrs=LOOPBACK, initial_peers=visible_maddrs(first_dht))
-    common = dict(
-        prefix="int8-pair", target_group_size=2, min_group_size=2, min_matchmaking_time=2.0,
-        request_timeout=1.0, next_chunk_timeout=5.0, allreduce_timeout=60.0, part_size_bytes=64 * 1024,
-        compression=PowerOfTwoInt8(), start=True,
-    )  # fmt: skip
-    averagers = [
-        VerifiedAverager(tensors(0), first_dht, **common),
-        VerifiedAverager(tensors(1), second_dht, **common),
-    ]
-    outcomes: list[object] = [None, None]
-
-    def step(i: int) -> None:
-        try:
-            outcomes[i] = averagers[i].step(timeout=30, allow_retries=False)
-        except Exception as e:
-            outcomes[i] = e
-
-    try:
-        threads = [threading.Thread(target=step, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
-        assert not any(t.is_alive() for t in threads), "a step did not end within its bounds"
-        assert not any(isinstance(o, Exception) for o in outcomes), outcomes
-        results = []
-        for averager in averagers:
-            with averager.get_tensors() as held:
-                results.append([t.clone() for t in held])
-        counted = [averager.wire_bytes() for averager in averagers]
-    finally:
-        for averager in averagers:
-            averager.shutdown()
-        second_dht.shutdown()
-        first_dht.shutdown()
+    results, outcomes, counted = step_pair(
+        VerifiedAverager, tensors, 30, prefix="int8-pair", compression=PowerOfTwoInt8()
+    )
+    assert not any(isinstance(o, Exception) for o in outcomes), outcomes
     codec = PowerOfTwoInt8()
     assert all(_same_bits(a, b) for a, b in zip(*results)), "the members must hold the same bits"
     # Each member sent the other its part of the other's shard and sent back the averaged part of its
