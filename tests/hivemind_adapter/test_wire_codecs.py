@@ -29,7 +29,6 @@ from hivemind_adapter.wire_codecs import (
 )
 from tests.hivemind_adapter.averager_pair import step_pair
 
-LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 INT_CODECS = [pytest.param(PowerOfTwoInt8(), id="int8"), pytest.param(PowerOfTwoInt4(), id="int4")]
 FP32_MAX = torch.finfo(torch.float32).max
 
