@@ -143,7 +143,7 @@ def _hier_worker(rank, barrier, out, initial_peers, ports, numel, rounds, fp16):
             "bench_hier",
             f"cohort-{host}",
             [torch.zeros(numel)],
-            cross_fp16=fp16,
+            cross_codec="fp16" if fp16 else "none",
             timeouts=AveragingTimeouts(
                 matchmaking=2.0, request=1.0, next_chunk=30.0, allreduce=120.0, step=120.0, commit=30.0
             ),

@@ -57,7 +57,7 @@ class CohortAveragers:
             self.template,
             timeouts=self.timeouts,
             client_mode=self.client_mode,
-            cross_fp16=params.cross_cohort_fp16,
+            cross_codec="fp16" if params.cross_cohort_fp16 else "none",
             cross_group_size=params.cross_group_size,
             per_cohort=self.task.mode == "model",
             commit_board=self.round_board,

@@ -169,8 +169,7 @@ class HierarchicalAverager:
         template: Sequence[torch.Tensor],
         *,
         per_cohort: bool = False,
-        cross_fp16: bool = False,
-        cross_codec: str | None = None,
+        cross_codec: str = "none",
         cross_group_size: int = DEFAULT_FANOUT,
         timeouts: AveragingTimeouts = AveragingTimeouts(),
         client_mode: bool = False,
@@ -182,8 +181,8 @@ class HierarchicalAverager:
     ):
         self.dht, self.run_id, self.cohort, self.timeouts = dht, run_id, cohort, timeouts
         self.per_cohort = per_cohort
-        # how vectors cross between cohorts: "fp16" (cross_fp16), or any codec of wire_codecs (outer steps)
-        self.cross_codec = cross_codec or ("fp16" if cross_fp16 else "none")
+        # how vectors cross between cohorts: one of wire_codecs.CODECS ("fp16" halves the rounds' traffic)
+        self.cross_codec = cross_codec
         self.cross_group_size = cross_group_size
         self.client_mode = client_mode
         self.peer_id = peer_id(dht)
@@ -305,8 +304,12 @@ class HierarchicalAverager:
             # A member keeps what the cohort stage left (the broadcast overwrites it): if the leader
             # dies before its broadcast, the next member carries the cohort's result on in its place.
             # (Not a client-mode member: it cannot lead.)
-            takes_over = len(members) > 1 and outcome.leader != self.peer_id and not self.client_mode
-            takes_over = takes_over and not member_finishes
+            takes_over = (
+                len(members) > 1
+                and outcome.leader != self.peer_id
+                and not self.client_mode
+                and not member_finishes
+            )
             cohort_result = self._snapshot() if takes_over else None
             # the broadcast's group: the members, less leaders that died (none: each member finishes)
             receivers = [me] if member_finishes else list(members)

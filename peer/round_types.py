@@ -78,9 +78,8 @@ class RoundReport:
     attempt: int = -1  # the swarm-wide averaging attempt this round ran in
     late: bool = False  # committed after the round had ended aborted: its result found a quorum later
     outer: OuterReport | None = None  # the outer step taken at this round's end (sync = "outer")
-    cross_cohort_bytes: int = (
-        0  # payload bytes this peer's all-reduces moved across cohorts, since it started
-    )
+    # payload bytes this peer's all-reduces moved across cohorts since it started
+    cross_cohort_bytes: int = 0
 
     def describe(self) -> str:
         """The round in one log line."""
@@ -108,7 +107,9 @@ class OuterReport:
     seconds: float = 0.0  # the exchange itself, start to outcome (overlapped: it ran in the background)
     blocked_seconds: float = 0.0  # what it held the round up: all of it blocking, the wait for it overlapped
     result_digest: str = ""  # the averaged pseudo-gradient's digest (what the commit board decided on)
-    outer_digest: str = ""  # anchor and outer momentum after it: identical on every peer that committed
+    outer_digest: str = (
+        ""  # global parameters and outer momentum after it: the same on every peer that committed
+    )
     stages: dict[str, float] = field(default_factory=dict)
 
 

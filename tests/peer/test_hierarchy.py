@@ -88,7 +88,7 @@ def _peer(
         cohort,
         [torch.zeros(s) for s in shapes],
         per_cohort=masked,
-        cross_fp16=fp16,
+        cross_codec="fp16" if fp16 else "none",
         timeouts=FAST,
     )
     try:
@@ -260,7 +260,7 @@ def _tree_peer(dht, *, rank, seed, samples, rounds, fp16, run_id):
     """A cohort leader of 5 cohorts whose cross-cohort groups hold 2: a 3-level tree
     (:mod:`peer.cross_tree`). ``rounds`` is how many rounds it takes part in before it dies."""
     averager = HierarchicalAverager(
-        dht, run_id, f"c{rank}", [torch.zeros(s) for s in SHAPES], cross_fp16=fp16, cross_group_size=2, timeouts=FAST
+        dht, run_id, f"c{rank}", [torch.zeros(s) for s in SHAPES], cross_codec="fp16" if fp16 else "none", cross_group_size=2, timeouts=FAST
     )  # fmt: skip
     try:
         roster = _roster(dht, run_id, len(TREE))
