@@ -45,6 +45,8 @@ from hivemind.utils.asyncio import (
     azip,
 )
 
+from hivemind_adapter.known_groups import KnownGroupSteps
+
 # How long a reducer keeps a sender's stream open after its last reply, waiting for the sender to
 # close it (it does as soon as it holds every reply): a bound for a sender that died meanwhile.
 REPLY_LINGER_SECONDS = 30.0
@@ -243,11 +245,13 @@ def _spaced_reads(key_manager) -> None:
     key_manager.get_averagers = get_averagers
 
 
-class VerifiedAverager(DecentralizedAverager):
+class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
     """A DecentralizedAverager whose steps are exact (bit-identical across members) and all-or-nothing
     locally: on any partial failure the step raises and the averaged tensors keep their old values.
 
-    Use it like the base class; ``step()`` returns the gathered metadata of every group member.
+    Use it like the base class; ``step()`` returns the gathered metadata of every group member, and
+    :meth:`~hivemind_adapter.known_groups.KnownGroupSteps.step_in_known_group` averages with members
+    known in advance, without matchmaking.
     """
 
     runner_type: type[ExactAllReduceRunner] = ExactAllReduceRunner  # what runs each all-reduce

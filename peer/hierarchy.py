@@ -56,6 +56,7 @@ from hivemind_adapter.wire_codecs import codec_for, roundtrip
 from peer.averaging_stage import AveragingTimeouts, HeadGone, NoGroup, RoundAborted, StageRunner
 from peer.cross_tree import DEFAULT_FANOUT, JoinedGroup, TreeGroup, cross_groups, units_of
 from peer.deadlines import StageDeadlines
+from peer.known_cohort import KnownCohort, new_roll
 from peer.round_commit import (
     CommitBoard,
     DHTCommitBoard,
@@ -112,6 +113,7 @@ class AveragingOutcome:
     digest: str = ""
     seconds: dict[str, float] = field(default_factory=dict)  # wall time per stage
     regrouped: list[str] = field(default_factory=list)  # stages whose all-reduce broke and formed again
+    known_group: bool = False  # the cohort met as a group known from the roster, without matchmaking
     # The result this peer posted but saw no quorum for within its commit wait (None otherwise): if
     # the others' reports make one after all, it commits late (committed_late).
     pending: list[torch.Tensor] | None = None
@@ -207,9 +209,11 @@ class HierarchicalAverager:
             start=True,
         )
         # Both averagers run on the same shared-memory buffer; their steps are strictly sequential.
+        # The cohort's ends with the roll of sample counts that a known group carries (peer.known_cohort).
         self._cohort = averager_type(
-            self._buffer, dht, prefix=f"{run_id}_cohort_{_cohort_tag(cohort)}", **common
+            [*self._buffer, new_roll()], dht, prefix=f"{run_id}_cohort_{_cohort_tag(cohort)}", **common
         )
+        self._known = KnownCohort(run_id, cohort, client_mode)
         self._cross_compression = codec_for(self.cross_codec)
         self._cross = averager_type(
             self._buffer,
@@ -265,6 +269,7 @@ class HierarchicalAverager:
         final vector from the cohort stage's result itself (the exact all-reduce left the same bytes
         in every member, and the final vector is a deterministic function of them and the gathered
         sample counts), so the cohort needs no broadcast: one all-reduce and its matchmaking fewer.
+        Its members, known from the roster, meet without matchmaking (:mod:`peer.known_cohort`).
         """
         member_finishes = member_finishes and num_cohorts == 1
         me = Contributor(self.peer_id, self.cohort, int(samples), state_digest, self.client_mode)
@@ -285,7 +290,31 @@ class HierarchicalAverager:
                 for b, t in zip(buf, numerator):
                     b.copy_(t)
             members = [me]
-            if cohort_size > 1:
+            known = (
+                self._known.members(self._cohort_peers[cohort_rank], cohort_size, self.peer_id, live)
+                if member_finishes and self._cohort_peers
+                else None
+            )
+            counts = (
+                self._known.average(
+                    self._cohort,
+                    attempt,
+                    known,
+                    self.peer_id,
+                    me.samples,
+                    state_digest,
+                    arrival_timeout=self.timeouts.next_chunk,  # hivemind's sender timeout: no longer
+                    allreduce_timeout=self.deadlines.allreduce_bound(
+                        "cohort", self.timeouts.allreduce, least=2.0 * self.timeouts.next_chunk
+                    ),
+                )  # fmt: skip
+                if known is not None
+                else None
+            )
+            if counts is not None:
+                members = [Contributor(p, self.cohort, n, state_digest, False) for p, n in zip(known, counts)]
+                outcome.known_group = True
+            elif cohort_size > 1:
                 try:
                     units = [(p,) for p in self._cohort_peers[cohort_rank]] if self._cohort_peers else []
                     gathered = self._stages.run(
@@ -507,7 +536,7 @@ class HierarchicalAverager:
 
     def _snapshot(self) -> list[torch.Tensor]:
         with self._cohort.get_tensors() as buf:
-            return [b.clone() for b in buf]
+            return [b.clone() for b in buf[: len(self._buffer)]]  # not the roll
 
     def _restore(self, tensors: Sequence[torch.Tensor]) -> None:
         with self._cohort.get_tensors() as buf:
@@ -585,7 +614,7 @@ class HierarchicalAverager:
         self._broadcasts_taken += 1
         with averager.get_tensors() as buf:
             for i, b in enumerate(buf):
-                if i_head and final is not None:
+                if i_head and final is not None and i < len(final):  # not the cohort's roll
                     b.copy_(final[i])
                 else:
                     b.zero_()  # weight 0 and zeros: what we receive is exactly the head's vector
@@ -615,7 +644,7 @@ class HierarchicalAverager:
         if not lead_reports[0].get("ok", False):
             raise RoundAborted(f"the {what} aborted: {lead_reports[0].get('reason', '')}")
         with averager.get_tensors() as buf:
-            received = [b.clone() for b in buf]
+            received = [b.clone() for b in buf[: len(self._buffer)]]  # not the cohort's roll
         if not i_head and digest(received) != lead_reports[0]["digest"]:
             raise RoundAborted(f"broadcast result differs from the {what}'s digest")
         return received, lead_reports[0]
@@ -704,10 +733,15 @@ class HierarchicalAverager:
 
     # ------------------------------------------------------------------ helpers
 
-    def next_attempt(self, after: int) -> int:
+    def next_attempt(self, after: int, within_cohort: bool = False) -> int:
         """The attempt to use after ``after``: one past the highest anyone posted, so peers whose
-        aborts took different times meet again on the same attempt."""
-        return max(after, self.board.latest_attempt()) + 1
+        aborts took different times meet again on the same attempt. ``within_cohort`` (an outer
+        task's inner steps, which only the cohort takes together): one past the highest this cohort's
+        roster peers posted. Cohorts drift apart between outer steps; a member that saw the other
+        cohort post its next attempt first, and its partner that did not, met on different attempts
+        (measured: the 2-site outer-steps test, once inner steps stopped waiting on matchmaking)."""
+        peers = next((c for c in self._cohort_peers if self.peer_id in c), None) if within_cohort else None
+        return max(after, self.board.latest_attempt(peers)) + 1
 
     def report_state(self, attempt: int, result_digest: str, state_digest: str) -> None:
         """After committing ``result_digest`` of ``attempt``: :func:`peer.round_commit.report_state`."""

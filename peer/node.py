@@ -406,7 +406,9 @@ class PeerNode:
                     self._record_outer(report.outer)
                 # Every round, committed or aborted, is one attempt for the whole swarm; the next one is
                 # past the highest any peer reached, so peers whose aborts took different times meet again.
-                self.attempt = self._averagers.current.next_attempt(self.attempt)
+                self.attempt = self._averagers.current.next_attempt(
+                    self.attempt, within_cohort=self._outer is not None
+                )
             self.reports.append(report)
             # On a terminal the progress display shows the round; the full line goes to the debug log.
             (logger.debug if self.display.interactive else logger.info)(report.describe())

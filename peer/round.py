@@ -346,4 +346,5 @@ def _report(
         ),
         stages={k: round(v, 4) for k, v in stages.items()},
         attempt=plan.attempt,
+        known_group=outcome.known_group,
     )

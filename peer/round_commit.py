@@ -42,9 +42,9 @@ class CommitBoard(Protocol):
         ``attempt`` seen."""
         ...
 
-    def latest_attempt(self) -> int:
-        """The highest attempt anyone reported recently, departure notices aside (-1 if none): where
-        the swarm is."""
+    def latest_attempt(self, peers: Collection[str] | None = None) -> int:
+        """The highest attempt anyone (of ``peers``, if given) reported recently, departure notices
+        aside (-1 if none): where the swarm (or those peers) is."""
         ...
 
 
@@ -72,8 +72,15 @@ class DHTCommitBoard:
     def read(self, attempt: int) -> dict[str, dict]:
         return {peer: r for (a, peer), r in self._entries().items() if a == attempt}
 
-    def latest_attempt(self) -> int:
-        return max((a for (a, _), r in self._entries().items() if not r.get("left")), default=-1)
+    def latest_attempt(self, peers: Collection[str] | None = None) -> int:
+        return max(
+            (
+                a
+                for (a, p), r in self._entries().items()
+                if not r.get("left") and (peers is None or p in peers)
+            ),
+            default=-1,
+        )
 
 
 def is_quorum(peers: Collection[str], roster: Collection[str]) -> bool:

@@ -80,6 +80,7 @@ class RoundReport:
     outer: OuterReport | None = None  # the outer step taken at this round's end (sync = "outer")
     # payload bytes this peer's all-reduces moved across cohorts since it started
     cross_cohort_bytes: int = 0
+    known_group: bool = False  # the cohort averaged in a group known from the roster (no matchmaking)
 
     def describe(self) -> str:
         """The round in one log line."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -247,11 +248,19 @@ class SignedCommitBoard:
             for r in self._open(entries, attempt)
         }
 
-    def latest_attempt(self) -> int:
+    def latest_attempt(self, peers: Collection[str] | None = None) -> int:
         buckets = read_entries_of_keys(
             self.dht, [commits_key(self.task_id, b) for b in range(COMMIT_BUCKETS)]
         )
-        return max((r.attempt for e in buckets for r in self._open(e) if not r.left), default=-1)
+        return max(
+            (
+                r.attempt
+                for e in buckets
+                for r in self._open(e)
+                if not r.left and (peers is None or r.peer_id in peers)
+            ),
+            default=-1,
+        )
 
 
 PROGRESS_TTL = 30.0  # a peer that stopped reporting drops out of the round's sample count

@@ -22,11 +22,13 @@ def step_pair(
     averager_type: type[VerifiedAverager],
     tensors: Callable[[int], list[torch.Tensor]],
     step_timeout: float,
+    take_step: Callable[[int, VerifiedAverager, list[str]], object] | None = None,
     **settings,
 ) -> tuple[list[list[torch.Tensor]], list[object], list[tuple[int, int]]]:
     """Member ``i`` starts from ``tensors(i)``; both step at once (bounded). Returns what each holds
     afterwards, each step's outcome (its gathered metadata or the exception it raised), and each
-    averager's (sent, received) payload bytes."""
+    averager's (sent, received) payload bytes. ``take_step(i, averager, peer_ids)`` takes member
+    ``i``'s step instead of a matchmade one (``peer_ids``: both members, base58)."""
     first_dht = start_dht(host_maddrs=LOOPBACK)
     second_dht = start_dht(host_maddrs=LOOPBACK, initial_peers=visible_maddrs(first_dht))
     common = {**PAIR_SETTINGS, **settings}
@@ -35,10 +37,14 @@ def step_pair(
         averager_type(tensors(1), second_dht, **common),
     ]
     outcomes: list[object] = [None, None]
+    peer_ids = [averager.peer_id.to_base58() for averager in averagers]
 
     def step(i: int) -> None:
         try:
-            outcomes[i] = averagers[i].step(timeout=step_timeout, allow_retries=False)
+            if take_step is not None:
+                outcomes[i] = take_step(i, averagers[i], peer_ids)
+            else:
+                outcomes[i] = averagers[i].step(timeout=step_timeout, allow_retries=False)
         except Exception as e:  # an outcome some tests are about: a member whose all-reduce failed
             outcomes[i] = e
 

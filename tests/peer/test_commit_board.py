@@ -76,6 +76,19 @@ def test_attempts_that_share_a_bucket_are_read_apart_and_the_newest_is_found_in_
     assert reader.latest_attempt() == last + 2
 
 
+def test_a_cohort_reads_where_its_own_peers_are_not_where_another_cohort_ran_ahead(two_boards):
+    """An outer task's cohorts take their inner steps apart: a cohort's next attempt is one past the
+    highest its own peers posted, whatever another cohort, already a step ahead, posted."""
+    here, elsewhere = two_boards
+    here.post(4, True, "ab" * 32)
+    elsewhere.post(5, True, "cd" * 32)
+    elsewhere.post(6, False, "")
+    assert here.latest_attempt() == 6
+    assert here.latest_attempt(peers={here.peer_id}) == 4
+    assert here.latest_attempt(peers={elsewhere.peer_id}) == 6
+    assert here.latest_attempt(peers=set()) == -1
+
+
 def test_two_quorums_of_one_roster_always_share_a_peer():
     roster = [f"peer-{i}" for i in range(6)]
     for size in range(1, 7):

@@ -51,6 +51,12 @@ def test_two_sites_take_inner_steps_apart_and_meet_in_overlapped_outer_steps(tmp
         committed = [r for r in rounds if r["committed"]]
         assert len(committed) == 6, (peer["name"], [r.get("reason") for r in rounds])
         assert all(r["contributors"] <= 2 for r in committed), [r["contributors"] for r in committed]
+        # the cohort's members know each other from the roster: most inner steps skip matchmaking (the
+        # first has no previous attempt to show that the partner is alive, a cohort of one needs none)
+        known = [r for r in committed if r["known_group"]]
+        assert len(known) >= 4 and all(r["contributors"] == 2 for r in known), [
+            (r["round"], r["known_group"], r["contributors"], r["stages"]) for r in rounds
+        ]
         cohorts_by_site.setdefault(peer["site"], set()).update(r["cohort"] for r in committed)
     assert len(cohorts_by_site) == 2 and all(len(c) == 1 for c in cohorts_by_site.values()), cohorts_by_site
     assert len(set.union(*cohorts_by_site.values())) == 2  # two sites, two cohorts

@@ -1,0 +1,108 @@
+"""An outer task's inner step: the cohort averages in a group its members already know.
+
+An inner step averages inside one cohort only (:mod:`peer.outer_round`), and every member read the
+same roster, so each knows who the others are. Meeting them through hivemind's matchmaking cost
+1.2-2.8 s per inner step on the "broadband" profile, the DHT's nodes being across the wide area;
+the all-reduce itself takes a fraction of that over the cohort's own links. Here the members go
+straight to the all-reduce (:mod:`hivemind_adapter.known_groups`), in a group whose id says the task,
+the attempt, the start state and the members: peers that disagree on any of them never mix.
+
+Matchmaking also gathered each member's sample count, which the final vector and the receipts need.
+A known group carries them in the vector itself: the cohort averager's buffer ends with a float64
+"roll" of :data:`ROLL_SLOTS`, where each member writes its count in its own slot and zeros elsewhere.
+The all-reduce's mean of the roll, times the group's size, is every member's count, exactly (each
+slot has one non-zero term; its quotient and product round back to the integer).
+
+When it fails (a member late by more than the bound, asleep, dead, or unreachable), nothing was
+written, and the stage falls back to matchmaking. After a failure the next few attempts go to
+matchmaking directly, so a member that cannot be reached costs the bound once, not every step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Sequence
+
+import torch
+
+from hivemind_adapter.allreduce import VerifiedAverager
+from hivemind_adapter.known_groups import known_group_id
+from peer.averaging_stage import RoundAborted
+
+logger = logging.getLogger(__name__)
+
+ROLL_SLOTS = 64  # the largest cohort that averages in a known group (a larger one uses matchmaking)
+SKIP_AFTER_FAILURE = 2  # attempts that go straight to matchmaking after a known group failed
+
+
+def new_roll() -> torch.Tensor:
+    """The sample-count slots appended to a cohort averager's buffer."""
+    return torch.zeros(ROLL_SLOTS, dtype=torch.float64)
+
+
+class KnownCohort:
+    """Decides when a cohort's step may use a known group, and takes that step."""
+
+    def __init__(self, run_id: str, cohort: str, client_mode: bool):
+        self.run_id, self.cohort, self.client_mode = run_id, cohort, client_mode
+        self._skip = 0  # attempts left that go straight to matchmaking
+        self.steps_taken = 0  # inner steps averaged in a known group (for the logs and tests)
+
+    def members(
+        self, roster_cohort: Sequence[str], size: int, peer_id: str, live: Collection[str] | None
+    ) -> tuple[str, ...] | None:
+        """The known group's members in the order every member uses, or None: matchmaking instead.
+        A client-mode peer cannot reduce a share (it accepts no connections): not in a known group.
+        Neither is one whose roster peers did not all show life in the previous attempt (``live``)."""
+        peers = tuple(sorted(roster_cohort))
+        if self.client_mode or len(peers) != size or peer_id not in peers or not 1 < len(peers) <= ROLL_SLOTS:
+            return None
+        if live is not None and not set(peers) <= set(live):
+            return None
+        if self._skip > 0:
+            self._skip -= 1
+            return None
+        return peers
+
+    def average(
+        self,
+        averager: VerifiedAverager,
+        attempt: int,
+        members: tuple[str, ...],
+        peer_id: str,
+        samples: int,
+        state_digest: str,
+        *,
+        arrival_timeout: float,
+        allreduce_timeout: float,
+    ) -> list[int] | None:
+        """Average the averager's buffer (its last tensor the roll) with ``members``, who must all
+        arrive within ``arrival_timeout`` (see :meth:`~hivemind_adapter.known_groups.KnownGroupSteps.
+        step_in_known_group`); returns every member's sample count in ``members``' order, or None if
+        the group did not complete (the buffer is then untouched but for this peer's roll slot)."""
+        with averager.get_tensors() as buf:
+            roll = buf[-1]
+            roll.zero_()
+            roll[members.index(peer_id)] = float(samples)
+        group_id = known_group_id(self.run_id, self.cohort, str(attempt), state_digest, *members)
+        try:
+            averager.step_in_known_group(
+                group_id,
+                members,
+                weight=1.0,
+                arrival_timeout=arrival_timeout,
+                allreduce_timeout=allreduce_timeout,
+            )
+        except Exception as e:  # hivemind reports a broken all-reduce with many exception types
+            self._skip = SKIP_AFTER_FAILURE
+            logger.info(
+                f"attempt {attempt}: the cohort's known group failed ({type(e).__name__}: {e}); matchmaking"
+            )
+            return None
+        with averager.get_tensors() as buf:
+            counts = [round(float(v) * len(members)) for v in buf[-1][: len(members)]]
+        if counts[members.index(peer_id)] != samples:  # cannot happen with an exact all-reduce
+            self._skip = SKIP_AFTER_FAILURE
+            raise RoundAborted("the known group's roll lost this peer's sample count")
+        self.steps_taken += 1
+        return counts
