@@ -143,7 +143,11 @@ def figures(summary: dict, run_dir: Path) -> dict[str, str]:
         "  cross stage": f"{100 * stages['cross'] / total:.0f} %",
         "  broadcast": f"{100 * stages['broadcast'] / total:.0f} %",
         "  commit": f"{100 * stages['commit'] / total:.0f} %",
+        "  roster read": f"{100 * stages.get('roster', 0.0) / total:.0f} %",
+        "  optimizer step": f"{100 * stages.get('apply', 0.0) / total:.0f} %",
+        "  receipt, state served": f"{100 * stages.get('publish', 0.0) / total:.0f} %",
         "  other": f"{100 * stages['other'] / total:.0f} %",
+        "  between rounds": f"{100 * stages.get('between', 0.0) / total:.0f} %",
         "aborted peer-rounds": f"{swarm['peer_rounds_aborted']} of "
         f"{swarm['peer_rounds_aborted'] + swarm['peer_rounds_committed']}",
         "  of which while leaving": str(swarm.get("peer_rounds_aborted_leaving", 0)),

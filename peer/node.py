@@ -396,19 +396,25 @@ class PeerNode:
             and (self.config.max_rounds is None or committed < self.config.max_rounds)
         ):
             # An aborted round whose result found its quorum since: the step the others took.
+            t0 = time.perf_counter()
             report = commit_pending(self._round)
             if report is None:
                 # A round computed from an old state could only abort: the others' groups are keyed by theirs.
                 self.catch_up_with_swarm()
+                between = time.perf_counter() - t0
                 report = run_round(self._round, self.state_round + 1, self.attempt)
                 report.cross_cohort_bytes = self._averagers.cross_cohort_bytes()
                 if report.outer is not None:
                     self._record_outer(report.outer)
                 # Every round, committed or aborted, is one attempt for the whole swarm; the next one is
                 # past the highest any peer reached, so peers whose aborts took different times meet again.
+                t0 = time.perf_counter()
                 self.attempt = self._averagers.current.next_attempt(
                     self.attempt, within_cohort=self._outer is not None
                 )
+                # the round loop's own time around the round (results to commit late, catching up, the
+                # next attempt): not in the round's seconds, but in the peer's wall time
+                report.stages["between"] = round(between + time.perf_counter() - t0, 4)
             self.reports.append(report)
             # On a terminal the progress display shows the round; the full line goes to the debug log.
             (logger.debug if self.display.interactive else logger.info)(report.describe())

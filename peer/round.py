@@ -59,6 +59,7 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
     (the report says it aborted and why)."""
     started = time.perf_counter()
     swarm_plan = plan_round(ctx, round_index, attempt)
+    roster_seconds = time.perf_counter() - started
     # An outer task's round is an inner step: it averages inside the cohort, whose roster commits it.
     plan = swarm_plan.cohort_only() if ctx.outer is not None else swarm_plan
     averager = ctx.averager_for(plan.cohort)
@@ -70,6 +71,7 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
         # No averaging; the round loop catches up instead.
         ctx.workers.apply(round_index, None)
         outcome = AveragingOutcome(committed=False, reason=f"behind the swarm (it computes round {ahead})")
+        outcome.seconds["roster"] = roster_seconds
         return _report(ctx, plan, host, outcome, None, compute_seconds, time.perf_counter() - started)
     start_digest = ctx.state_digest()
     commitments = commit_to(ctx.workers, host, ctx.task.seed, round_index)
@@ -89,6 +91,7 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
         member_finishes=ctx.outer is not None,  # an inner step: each member computes the cohort's result
     )
     outcome = kept_when_leaving(outcome, plan.roster, ctx.peer_id, leaving=ctx.stop.is_set())
+    outcome.seconds["roster"] = roster_seconds
     if not outcome.committed and not ctx.stop.is_set():
         averager.settle(plan.attempt, plan.roster)  # the others finish this attempt; then catch up
         outcome = averager.commit_late(plan.attempt, plan.roster, outcome)  # its result may commit yet
@@ -141,9 +144,11 @@ def finish_round(
     """Apply the round's outcome: the same optimizer step as every peer that committed (or none), a
     signed receipt for what this peer contributed, and the new state served and reported."""
     plan = work.plan
+    t0 = time.perf_counter()
     lr = ctx.workers.apply(plan.round_index, outcome.tensors if outcome.committed else None)
     if ctx.outer is not None and outcome.committed:
         ctx.outer.note_inner_step(outcome.tensors)  # model-parallel: the weights this cohort trained
+    t1 = time.perf_counter()
     if outcome.committed and work.host.samples > 0:
         receipt = build_receipt(ctx, work, outcome)
         ctx.outbox.add(receipt, ctx.seal_receipt(receipt))
@@ -151,6 +156,7 @@ def finish_round(
         ctx.pending = []  # a new state: no older result applies to it
         ctx.publish_state(plan.round_index, plan.attempt)
         report_state(ctx.commit_board, plan.attempt, outcome.digest, ctx.state_digest())
+    outcome.seconds["apply"], outcome.seconds["publish"] = t1 - t0, time.perf_counter() - t1
     return _report(ctx, plan, work.host, outcome, lr, compute_seconds, time.perf_counter() - started)
 
 
@@ -324,6 +330,8 @@ def _report(
     stages = {"compute": compute_seconds} | {
         k: outcome.seconds.get(k, 0.0) for k in ("cohort", "cross", "broadcast", "commit")
     }
+    # where "other" went, when known: the roster read, the optimizer step, the receipt and state served
+    stages |= {k: outcome.seconds[k] for k in ("roster", "apply", "publish") if k in outcome.seconds}
     stages["other"] = max(0.0, total - sum(stages.values()))
     return RoundReport(
         plan.round_index,

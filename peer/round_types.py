@@ -73,7 +73,8 @@ class RoundReport:
     # where this peer's time went: its own mini-batches, the all-reduce stages (which include waiting
     # in matchmaking for the other peers), and the rest (commit reports, roster, optimizer step)
     times: dict[str, float] = field(default_factory=dict)
-    # the same split by stage: compute, cohort, cross, broadcast, commit, other
+    # the same split by stage: compute, cohort, cross, broadcast, commit, other (and, when known, the
+    # roster read, the optimizer step and what is published after it: roster, apply, publish)
     stages: dict[str, float] = field(default_factory=dict)
     attempt: int = -1  # the swarm-wide averaging attempt this round ran in
     late: bool = False  # committed after the round had ended aborted: its result found a quorum later
