@@ -73,9 +73,13 @@ def store(
     ttl: float,
     subkey: str | None = None,
     timeout: float = READ_TIMEOUT,
+    wait: bool = True,
 ) -> bool:
-    """Store ``value`` for ``ttl`` seconds; False if no node took it within ``timeout``."""
+    """Store ``value`` for ``ttl`` seconds; False if no node took it within ``timeout``. ``wait=False``:
+    return True at once while the DHT's process stores it."""
     future = dht.store(key, value, get_dht_time() + ttl, subkey=subkey, return_future=True)
+    if not wait:
+        return True
     try:
         return bool(future.result(timeout=timeout))
     except TimeoutError:

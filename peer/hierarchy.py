@@ -230,6 +230,8 @@ class HierarchicalAverager:
         self._waited_out_commit: int | None = None  # the last attempt whose commit wait ran out here
         self._cohort_peers: list[tuple[str, ...]] = []  # the roster's peers of each cohort, this attempt
         self._previous_attempt: int | None = None  # the last attempt this averager took part in
+        # (attempt, its roster) when every roster peer had posted for that attempt by this peer's commit
+        self.everyone_posted: tuple[int, frozenset[str]] | None = None
 
     # ------------------------------------------------------------------ the round
 
@@ -417,6 +419,8 @@ class HierarchicalAverager:
         posted in it seen)."""
         if self._previous_attempt is None:
             return None
+        if self.everyone_posted is not None and self.everyone_posted[0] == self._previous_attempt:
+            return set(self.everyone_posted[1])
         try:
             reported = set(self.board.read(self._previous_attempt))
         except Exception as e:  # the DHT may fail a read; then every member is waited for
@@ -652,7 +656,9 @@ class HierarchicalAverager:
     def _commit(self, attempt: int, outcome: AveragingOutcome, roster: set[str]) -> tuple[bool, str]:
         """Publish our result's digest; commit once a quorum of the roster holds the same one."""
         ok = not outcome.reason and bool(outcome.digest)
-        self.board.post(attempt, ok, outcome.digest)
+        # Not waiting for the DHT's store: the first reads overlap it (this peer's own report counts
+        # once it shows, like everyone else's).
+        self.board.post(attempt, ok, outcome.digest, wait=False)
         if not ok:
             return False, outcome.reason
         started = time.monotonic()
@@ -668,6 +674,10 @@ class HierarchicalAverager:
         )  # fmt: skip
         if decision.committed:
             self.deadlines.record("commit", time.monotonic() - started)
+        # Who showed life in this attempt, if everyone did: the next attempt needs no read to know.
+        self.everyone_posted = (
+            (attempt, frozenset(roster)) if roster <= decision.seen | {self.peer_id} else None
+        )
         if decision.timed_out:
             self._waited_out_commit = attempt
         return decision.committed, decision.reason
@@ -741,6 +751,10 @@ class HierarchicalAverager:
         cohort post its next attempt first, and its partner that did not, met on different attempts
         (measured: the 2-site outer-steps test, once inner steps stopped waiting on matchmaking)."""
         peers = next((c for c in self._cohort_peers if self.peer_id in c), None) if within_cohort else None
+        if peers is not None and self.everyone_posted == (after, frozenset(peers) | {self.peer_id}):
+            # Every peer of the cohort posted for ``after``, so none is past it: no need to read the
+            # board's every bucket across the wide area (0.2-0.6 s per inner step on broadband).
+            return after + 1
         return max(after, self.board.latest_attempt(peers)) + 1
 
     def report_state(self, attempt: int, result_digest: str, state_digest: str) -> None:

@@ -339,6 +339,21 @@ class PeerNode:
         mine = assignment.get(self.peer_id)
         return roster if mine is None else [p for p in roster if assignment.get(p) == mine]
 
+    def _nobody_ahead(self) -> bool:
+        """Whether the last round committed and every peer of its roster had posted for its attempt by
+        then: none of them computes a later round, and looking (a read of every peer's progress
+        across the wide area) can be skipped."""
+        last = self.reports[-1] if self.reports else None
+        averager = self._averagers.current
+        seen = averager.everyone_posted if averager is not None else None
+        return (
+            last is not None
+            and last.committed
+            and not last.late
+            and seen is not None
+            and seen[0] == last.attempt
+        )
+
     def catch_up_with_swarm(self) -> None:
         """Download states while the swarm computes a later round than ours (bounded: a state nobody
         serves yet ends it; the round loop looks again before the next round)."""
@@ -400,7 +415,8 @@ class PeerNode:
             report = commit_pending(self._round)
             if report is None:
                 # A round computed from an old state could only abort: the others' groups are keyed by theirs.
-                self.catch_up_with_swarm()
+                if not self._nobody_ahead():
+                    self.catch_up_with_swarm()
                 between = time.perf_counter() - t0
                 report = run_round(self._round, self.state_round + 1, self.attempt)
                 report.cross_cohort_bytes = self._averagers.cross_cohort_bytes()

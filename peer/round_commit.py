@@ -32,9 +32,13 @@ class CommitBoard(Protocol):
 
     peer_id: str  # whose reports :meth:`post` writes
 
-    def post(self, attempt: int, ok: bool, digest: str, left: bool = False, state: str = "") -> None:
+    def post(
+        self, attempt: int, ok: bool, digest: str, left: bool = False, state: str = "", wait: bool = True
+    ) -> None:
         """``left``: a departure notice for ``attempt`` (not an attempt run; see :meth:`latest_attempt`).
-        ``state``: the state digest after committing ``digest`` (the same report, posted again)."""
+        ``state``: the state digest after committing ``digest`` (the same report, posted again).
+        ``wait=False``: return while the DHT still stores it (a later report of the same attempt
+        replaces an earlier one whichever lands first: it expires later)."""
         ...
 
     def read(self, attempt: int) -> dict[str, dict]:
@@ -57,9 +61,11 @@ class DHTCommitBoard:
         self.dht, self.key, self.ttl = dht, f"{run_id}_commits", ttl
         self.peer_id = peer_id(dht)
 
-    def post(self, attempt: int, ok: bool, digest: str, left: bool = False, state: str = "") -> None:
+    def post(
+        self, attempt: int, ok: bool, digest: str, left: bool = False, state: str = "", wait: bool = True
+    ) -> None:
         value = {"ok": ok, "digest": digest, "left": left, "state": state}
-        store(self.dht, self.key, value, self.ttl, subkey=f"{attempt}/{self.peer_id}")
+        store(self.dht, self.key, value, self.ttl, subkey=f"{attempt}/{self.peer_id}", wait=wait)
 
     def _entries(self) -> dict[tuple[int, str], dict]:
         out = {}
@@ -99,6 +105,7 @@ class CommitDecision:
     reason: str = ""
     agreeing: int = 0  # peers that posted this peer's digest when it decided
     timed_out: bool = False  # undecided when the wait ended (not: decided against this result)
+    seen: frozenset[str] = frozenset()  # the peers that had posted anything for the attempt, last read
 
 
 def await_commit(
@@ -127,7 +134,7 @@ def await_commit(
         members = set(roster) - {p for p, r in reports.items() if r.get("left")}
         agreeing = {p for p, r in reports.items() if r.get("ok") and r.get("digest") == digest}
         if result_holds_quorum(reports, roster, digest):
-            return CommitDecision(True, "", len(agreeing))
+            return CommitDecision(True, "", len(agreeing), seen=frozenset(reports))
         undecided = members - reports.keys()
         silent = gone() & undecided
         if not is_quorum(agreeing | (undecided - silent), members):
@@ -138,6 +145,7 @@ def await_commit(
                 f"no quorum for this result: {len(agreeing & members)} of {len(members)} roster peer(s) hold it, "
                 f"{others} reported a failure or another result{said}",
                 len(agreeing),
+                seen=frozenset(reports),
             )
         if time.monotonic() > deadline:
             return CommitDecision(
@@ -146,6 +154,7 @@ def await_commit(
                 f"peer(s) reported this result, {len(undecided)} reported nothing",
                 len(agreeing),
                 timed_out=True,
+                seen=frozenset(reports),
             )
         time.sleep(COMMIT_POLL_SECONDS)
 
@@ -231,8 +240,8 @@ def await_attempt_decided(
 def report_state(board: CommitBoard, attempt: int, result_digest: str, state_digest: str) -> None:
     """After committing ``result_digest`` of ``attempt`` and applying it: say which state this peer
     now holds (and serves), so peers catching up know whom to ask for it."""
-    try:
-        board.post(attempt, True, result_digest, state=state_digest)
+    try:  # nobody waits for it: the DHT stores it while the next round computes
+        board.post(attempt, True, result_digest, state=state_digest, wait=False)
     except Exception as e:  # the DHT may be unreachable; catch-up then falls back to state sharing
         logger.debug(f"state report failed: {e}")
 

@@ -207,7 +207,9 @@ class SignedCommitBoard:
         self.dht, self.task_id, self.identity, self.peer_id, self.ttl = dht, task_id, identity, peer_id, ttl
         self.verified = VerifiedRecords(lambda sub, value: open_commit_value(task_id, sub, value))
 
-    def post(self, attempt: int, ok: bool, digest: str, left: bool = False, state: str = "") -> None:
+    def post(
+        self, attempt: int, ok: bool, digest: str, left: bool = False, state: str = "", wait: bool = True
+    ) -> None:
         record = RoundCommit(
             task_id=self.task_id,
             attempt=attempt,
@@ -224,6 +226,7 @@ class SignedCommitBoard:
             seal(record, self.identity),
             dht_time() + self.ttl,
             subkey=commit_subkey(attempt, self.identity.public_key_hex),
+            return_future=not wait,
         )
 
     def _open(self, entries: dict[str, Any], attempt: int | None = None) -> list[RoundCommit]:

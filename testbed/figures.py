@@ -19,7 +19,19 @@ from typing import Any
 
 from testbed.wan.topology import AGGREGATOR_SITE, LinkCounters
 
-STAGES = ("compute", "cohort", "cross", "broadcast", "commit", "outer", "roster", "apply", "publish", "other")
+STAGES = (
+    "compute",
+    "cohort",
+    "cross",
+    "broadcast",
+    "commit",
+    "outer",
+    "roster",
+    "apply",
+    "publish",
+    "other",
+    "between",
+)
 _PEER_ID = re.compile(r"\b(Qm|12D3Koo)[1-9A-HJ-NP-Za-km-z]{20,}")
 
 
@@ -253,7 +265,7 @@ def _identical_outer_states(peers: list[PeerFigures]) -> bool | None:
 def format_tables(peers: list[PeerFigures], sites: list[SiteFigures] | None, swarm: dict[str, Any]) -> str:
     """The printed table: one row per peer, one per site link, and the swarm's line."""
     rows = [("peer", "site", "ended", "committed", "aborted", "samples", "compute", "cohort s", "cross s",
-             "bcast s", "commit s", "outer s", "roster s", "apply s", "publish s", "other s", "1st contrib s")]  # fmt: skip
+             "bcast s", "commit s", "outer s", "roster s", "apply s", "publish s", "other s", "between s", "1st contrib s")]  # fmt: skip
     for p in peers:
         s = p.stages_s
         rows.append(
