@@ -22,6 +22,8 @@ from supernet.config import derive_seed
 
 SKETCH_SIZE = 16
 SKETCH_SCALE = 1e9
+SIGN_BITS = 16  # bits of one random word: the most projections a sketch has
+SKETCH_CHUNK = 1 << 16  # elements whose k signs are expanded at once
 
 
 def sketch_seed(task_seed: int, round_index: int) -> int:
@@ -29,13 +31,24 @@ def sketch_seed(task_seed: int, round_index: int) -> int:
 
 
 def gradient_sketch(tensors: Sequence[torch.Tensor], seed: int, k: int = SKETCH_SIZE) -> list[float]:
-    """``k`` projections of the concatenated ``tensors`` on random ±1 vectors fixed by ``seed``."""
+    """``k`` projections of the concatenated ``tensors`` on random ±1 vectors fixed by ``seed``.
+
+    Element ``i``'s signs are the ``k`` bits of one random word: one draw per element, not ``k``
+    (drawing a k x n sign matrix took 0.6 s for 300,000 parameters on this 2-core machine, every round
+    of every peer and every audit). A projection is ``2 * (sum of the elements whose bit is set) -
+    (sum of all)``, summed in float64 over chunks that bound the memory."""
+    if not 0 < k <= SIGN_BITS:
+        raise ValueError(f"a sketch has 1 to {SIGN_BITS} projections")
     generator = torch.Generator().manual_seed(seed)
     out = torch.zeros(k, dtype=torch.float64)
+    bits = torch.tensor([1 << j for j in range(k)], dtype=torch.int32)
     for t in tensors:
         flat = t.detach().to("cpu", torch.float64).reshape(-1)
-        signs = torch.randint(0, 2, (k, flat.numel()), generator=generator, dtype=torch.int8)
-        out += (signs.to(torch.float64) * 2 - 1) @ flat
+        words = torch.randint(0, 1 << SIGN_BITS, (flat.numel(),), generator=generator, dtype=torch.int32)
+        for start in range(0, flat.numel(), SKETCH_CHUNK):
+            x = flat[start : start + SKETCH_CHUNK]
+            set_bits = (words[start : start + SKETCH_CHUNK, None] & bits) != 0  # chunk x k
+            out += 2.0 * (x @ set_bits.to(torch.float64)) - x.sum()
     return out.tolist()
 
 
