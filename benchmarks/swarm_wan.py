@@ -144,6 +144,7 @@ def figures(summary: dict, run_dir: Path) -> dict[str, str]:
         "  broadcast": f"{100 * stages['broadcast'] / total:.0f} %",
         "  commit": f"{100 * stages['commit'] / total:.0f} %",
         "  roster read": f"{100 * stages.get('roster', 0.0) / total:.0f} %",
+        "  gradient digest and sketch": f"{100 * stages.get('commitments', 0.0) / total:.0f} %",
         "  optimizer step": f"{100 * stages.get('apply', 0.0) / total:.0f} %",
         "  receipt, state served": f"{100 * stages.get('publish', 0.0) / total:.0f} %",
         "  other": f"{100 * stages['other'] / total:.0f} %",

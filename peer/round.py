@@ -5,8 +5,9 @@
     plan        = plan_round(roster)                  # who is online; cohorts by node affinity
     host        = compute_until_target(plan)          # workers train until the swarm has enough
                                                       # samples, then sum their gradients in the host
-    commitments = commit_to(host numerator)           # what the receipt will prove: taken before
-                                                      # averaging replaces the numerator
+    commitments = commit_to(host numerator)           # what the receipt will prove: computed while
+                                                      # the round averages, before the step
+                                                      # replaces the numerator
     outcome     = averager.average(plan.attempt, ...) # cohort -> across cohorts -> back (hivemind),
                                                       # exact over whoever came; commits once a quorum
                                                       # of the roster holds the same result
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from peer.affinity import assign_cohorts, cohort_sizes
@@ -74,24 +76,16 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
         outcome.seconds["roster"] = roster_seconds
         return _report(ctx, plan, host, outcome, None, compute_seconds, time.perf_counter() - started)
     start_digest = ctx.state_digest()
-    commitments = commit_to(ctx.workers, host, ctx.task.seed, round_index)
-
-    outcome = averager.average(
-        plan.attempt,
-        ctx.workers.host_numerator(),
-        host.samples,
-        scale=host.scale,
-        cohort_size=plan.cohort_size,
-        num_cohorts=plan.num_cohorts,
-        cohort_rank=plan.cohort_rank,
-        state_digest=start_digest,
-        expected_peers=plan.roster,
-        cohorts=plan.cohorts,
-        superseded=lambda: ctx.progress.swarm_round() > plan.round_index,
-        member_finishes=ctx.outer is not None,  # an inner step: each member computes the cohort's result
-    )
+    # The receipt's commitments read the host's numerator, which nothing overwrites before the
+    # optimizer step: they are computed while the round averages (mostly waiting on the network).
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="manta-commitments") as background:
+        pending_commitments = background.submit(commit_to, ctx.workers, host, ctx.task.seed, round_index)
+        outcome = _average(ctx, plan, averager, host, start_digest)
+        t0 = time.perf_counter()
+        commitments = pending_commitments.result()
+        commit_to_seconds = time.perf_counter() - t0  # what the round waited for them
     outcome = kept_when_leaving(outcome, plan.roster, ctx.peer_id, leaving=ctx.stop.is_set())
-    outcome.seconds["roster"] = roster_seconds
+    outcome.seconds["roster"], outcome.seconds["commitments"] = roster_seconds, commit_to_seconds
     if not outcome.committed and not ctx.stop.is_set():
         averager.settle(plan.attempt, plan.roster)  # the others finish this attempt; then catch up
         outcome = averager.commit_late(plan.attempt, plan.roster, outcome)  # its result may commit yet
@@ -107,6 +101,26 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
             report.stages["outer"] = round(report.outer.blocked_seconds, 4)
             report.times["averaging"] = report.times.get("averaging", 0.0) + report.outer.blocked_seconds
     return report
+
+
+def _average(
+    ctx: RoundContext, plan: RoundPlan, averager, host: HostContribution, start_digest: str
+) -> AveragingOutcome:
+    """The round's averaging (:meth:`peer.hierarchy.HierarchicalAverager.average`) of the host's numerator."""
+    return averager.average(
+        plan.attempt,
+        ctx.workers.host_numerator(),
+        host.samples,
+        scale=host.scale,
+        cohort_size=plan.cohort_size,
+        num_cohorts=plan.num_cohorts,
+        cohort_rank=plan.cohort_rank,
+        state_digest=start_digest,
+        expected_peers=plan.roster,
+        cohorts=plan.cohorts,
+        superseded=lambda: ctx.progress.swarm_round() > plan.round_index,
+        member_finishes=ctx.outer is not None,  # an inner step: each member computes the cohort's result
+    )
 
 
 def take_outer_step(ctx: RoundContext, plan: RoundPlan, round_result: str) -> OuterReport | None:
@@ -230,8 +244,11 @@ def kept_when_leaving(
 
 def plan_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundPlan:
     """Read the roster (re-announcing if this peer dropped out of it) and assign cohorts: every peer
-    computes the same assignment from the same roster."""
-    roster = read_roster(ctx.dht, ctx.task.task_id)
+    computes the same assignment from the same roster. An outer task's inner step takes the roster
+    read while the previous step computed, if it is recent (:func:`read_roster_ahead`)."""
+    roster = _roster_read_ahead(ctx)
+    if roster is None:
+        roster = read_roster(ctx.dht, ctx.task.task_id)
     if ctx.peer_id not in {p.entry.peer_id for p in roster}:
         ctx.announcer.announce()
         roster = read_roster(ctx.dht, ctx.task.task_id)
@@ -255,6 +272,35 @@ def plan_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundPlan:
     )
 
 
+ROSTER_AHEAD_MAX_AGE = 20.0  # seconds: an older read ahead is read again
+
+
+def read_roster_ahead(ctx: RoundContext) -> None:
+    """An outer task's inner steps: read the roster for the next step in the background while this
+    one computes. The read crosses the wide area (0.2-0.3 s per inner step on broadband); a roster
+    a few seconds old is what every read is by the end of a round anyway."""
+    if ctx.outer is None:
+        return
+    read = _ROSTER_READER.submit(read_roster, ctx.dht, ctx.task.task_id)
+    ctx.roster_ahead = (time.monotonic(), read)
+
+
+def _roster_read_ahead(ctx: RoundContext) -> list | None:
+    """The roster read ahead for this round, if there is a recent one that succeeded (None: read now)."""
+    ahead, ctx.roster_ahead = ctx.roster_ahead, None
+    if ahead is None or time.monotonic() - ahead[0] > ROSTER_AHEAD_MAX_AGE:
+        return None
+    try:
+        return ahead[1].result(timeout=ROSTER_AHEAD_MAX_AGE)
+    except Exception as e:  # a failed or hung read: read again, now
+        logger.debug(f"the roster read ahead failed: {e}")
+        return None
+
+
+# One thread reads rosters ahead for every agent of this process (a read is bounded by the DHT's timeout).
+_ROSTER_READER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="manta-roster-ahead")
+
+
 def compute_until_target(ctx: RoundContext, plan: RoundPlan) -> tuple[HostContribution, float, int]:
     """Let the workers train until the swarm has (projected) processed the round's target number of
     samples (:mod:`peer.swarm_progress`), until another peer is seen computing a later round (this
@@ -262,6 +308,7 @@ def compute_until_target(ctx: RoundContext, plan: RoundPlan) -> tuple[HostContri
     the latest round seen computed elsewhere."""
     ctx.progress.begin(plan.round_index, plan.cohort, ctx.state_round())
     ctx.workers.start_compute(Compute(plan.round_index, ctx.task.mode, plan.cohort_rank, plan.num_cohorts))
+    read_roster_ahead(ctx)
     ahead = -1
     while (host := ctx.workers.computed(timeout=COMPUTE_POLL_SECONDS)) is None:
         if ctx.workers.stop_flag_raised:
@@ -330,8 +377,11 @@ def _report(
     stages = {"compute": compute_seconds} | {
         k: outcome.seconds.get(k, 0.0) for k in ("cohort", "cross", "broadcast", "commit")
     }
-    # where "other" went, when known: the roster read, the optimizer step, the receipt and state served
-    stages |= {k: outcome.seconds[k] for k in ("roster", "apply", "publish") if k in outcome.seconds}
+    # where "other" went, when known: the roster read, the receipt's commitments (gradient digest and
+    # sketch), the optimizer step, the receipt and state served
+    stages |= {
+        k: outcome.seconds[k] for k in ("roster", "commitments", "apply", "publish") if k in outcome.seconds
+    }
     stages["other"] = max(0.0, total - sum(stages.values()))
     return RoundReport(
         plan.round_index,

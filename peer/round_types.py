@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -74,7 +75,8 @@ class RoundReport:
     # in matchmaking for the other peers), and the rest (commit reports, roster, optimizer step)
     times: dict[str, float] = field(default_factory=dict)
     # the same split by stage: compute, cohort, cross, broadcast, commit, other (and, when known, the
-    # roster read, the optimizer step and what is published after it: roster, apply, publish)
+    # roster read, the receipt's commitments, the optimizer step and what is published after it:
+    # roster, commitments, apply, publish)
     stages: dict[str, float] = field(default_factory=dict)
     attempt: int = -1  # the swarm-wide averaging attempt this round ran in
     late: bool = False  # committed after the round had ended aborted: its result found a quorum later
@@ -142,6 +144,8 @@ class RoundContext:
     pending: list[PendingResult] = field(default_factory=list)
     # sync = "outer": takes the outer step after every inner_steps rounds (None: every-step tasks)
     outer: OuterStepper | None = None
+    # (when it was started, the read) of the roster for the next inner step, read while this one computes
+    roster_ahead: tuple[float, Future] | None = None
 
 
 @dataclass(frozen=True)

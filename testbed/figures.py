@@ -27,6 +27,7 @@ STAGES = (
     "commit",
     "outer",
     "roster",
+    "commitments",
     "apply",
     "publish",
     "other",
@@ -265,7 +266,8 @@ def _identical_outer_states(peers: list[PeerFigures]) -> bool | None:
 def format_tables(peers: list[PeerFigures], sites: list[SiteFigures] | None, swarm: dict[str, Any]) -> str:
     """The printed table: one row per peer, one per site link, and the swarm's line."""
     rows = [("peer", "site", "ended", "committed", "aborted", "samples", "compute", "cohort s", "cross s",
-             "bcast s", "commit s", "outer s", "roster s", "apply s", "publish s", "other s", "between s", "1st contrib s")]  # fmt: skip
+             "bcast s", "commit s", "outer s", "roster s", "commit to s", "apply s", "publish s", "other s",
+             "between s", "1st contrib s")]  # fmt: skip
     for p in peers:
         s = p.stages_s
         rows.append(
