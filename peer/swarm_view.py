@@ -286,10 +286,12 @@ class ProgressBoard:
         state_round: int,
         finished: tuple[int, int, float] | None = None,
         traffic: tuple[int, int] = (0, 0),
+        wait: bool = True,
     ) -> bool:
         """Publish this peer's progress in ``round_index``; ``finished`` is (round, samples, mean loss)
         of the last round it finished computing, repeated in every record (see :class:`PeerProgress`);
-        ``traffic`` is (outer steps taken, cross-cohort bytes) since the peer started."""
+        ``traffic`` is (outer steps taken, cross-cohort bytes) since the peer started. ``wait=False``:
+        return True at once while the DHT stores it (a later record expires later: it wins)."""
         done_round, done_samples, done_loss = finished if finished is not None else (0, 0, 0.0)
         record = PeerProgress(
             task_id=self.task_id,
@@ -308,14 +310,14 @@ class ProgressBoard:
             outer_steps=int(traffic[0]),
             cross_cohort_bytes=int(traffic[1]),
         )
-        return bool(
-            self.dht.store(
-                progress_key(self.task_id),
-                seal(record, self.identity),
-                dht_time() + PROGRESS_TTL,
-                subkey=self.identity.public_key_hex,
-            )
+        stored = self.dht.store(
+            progress_key(self.task_id),
+            seal(record, self.identity),
+            dht_time() + PROGRESS_TTL,
+            subkey=self.identity.public_key_hex,
+            return_future=not wait,
         )
+        return True if not wait else bool(stored)
 
     def read(self) -> list[PeerProgress]:
         """Every peer's latest verified progress record."""
