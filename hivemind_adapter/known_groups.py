@@ -54,8 +54,10 @@ class KnownGroupSteps:
         weight: float,
         arrival_timeout: float,
         allreduce_timeout: float,
+        last: int | None = None,
     ) -> None:
-        """Average this averager's tensors with ``peer_ids`` (base58, in the same order on every
+        """Average this averager's tensors (only the ``last`` ones, if given: a small message among
+        the same members) with ``peer_ids`` (base58, in the same order on every
         member) in group ``group_id``. Every member must have arrived within ``arrival_timeout``
         seconds (at most the sender timeout: hivemind drops a sender silent that long), and the
         all-reduce then has ``allreduce_timeout``. Raises on any failure; the tensors are then
@@ -78,6 +80,7 @@ class KnownGroupSteps:
                     weight=float(weight),
                     arrival_timeout=float(arrival_timeout),
                     allreduce_timeout=float(allreduce_timeout),
+                    last=last,
                     future=future,
                 ),
             )
@@ -91,6 +94,7 @@ class KnownGroupSteps:
         weight: float,
         arrival_timeout: float,
         allreduce_timeout: float,
+        last: int | None,
         future: MPFuture,
     ) -> None:
         try:
@@ -100,15 +104,20 @@ class KnownGroupSteps:
             group = GroupInfo(group_id, ordered, gathered=())
             kwargs = dict(self.allreduce_kwargs)
             min_vector_size = kwargs.pop("min_vector_size", 0)
-            # Every member of a known group reduces an equal share (no bandwidths were exchanged).
-            fractions = load_balance_peers(self.total_size, [1.0] * len(ordered), min_vector_size)
             with self._register_allreduce_group(group):
                 async with enter_asynchronously(self.get_tensors()) as local_tensors:
+                    chosen = slice(None) if last is None else slice(len(local_tensors) - last, None)
+                    tensors = list(local_tensors)[chosen]
+                    size = sum(t.numel() for t in tensors)
+                    # Every member of a known group reduces an equal share (no bandwidths were exchanged).
+                    fractions = load_balance_peers(size, [1.0] * len(ordered), min(min_vector_size, size))
                     allreduce = asyncio.create_task(
                         self._run_allreduce_inplace_(
-                            local_tensors,
+                            tensors,
                             group,
-                            tensor_infos=self.tensor_infos,
+                            tensor_infos=None
+                            if self.tensor_infos is None
+                            else tuple(self.tensor_infos)[chosen],
                             weight=weight,
                             peer_fractions=fractions,
                             **kwargs,

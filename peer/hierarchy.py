@@ -398,7 +398,7 @@ class HierarchicalAverager:
             outcome.seconds.setdefault(stage[0], time.perf_counter() - stage[1])
 
         t0 = time.perf_counter()
-        committed, reason = self._commit(attempt, outcome, set(expected_peers) | {self.peer_id})
+        committed, reason = self._commit(attempt, outcome, set(expected_peers) | {self.peer_id}, state_digest)
         outcome.seconds["commit"] = time.perf_counter() - t0
         outcome.seconds["total"] = time.perf_counter() - t_start
         outcome.regrouped = list(self._stages.regrouped)
@@ -653,14 +653,27 @@ class HierarchicalAverager:
             raise RoundAborted(f"broadcast result differs from the {what}'s digest")
         return received, lead_reports[0]
 
-    def _commit(self, attempt: int, outcome: AveragingOutcome, roster: set[str]) -> tuple[bool, str]:
-        """Publish our result's digest; commit once a quorum of the roster holds the same one."""
+    def _commit(
+        self, attempt: int, outcome: AveragingOutcome, roster: set[str], state_digest: str
+    ) -> tuple[bool, str]:
+        """Publish our result's digest; commit once a quorum of the roster holds the same one (a known
+        group that is the whole roster confirms it among its members: :mod:`peer.known_cohort`)."""
         ok = not outcome.reason and bool(outcome.digest)
         # Not waiting for the DHT's store: the first reads overlap it (this peer's own report counts
         # once it shows, like everyone else's).
         self.board.post(attempt, ok, outcome.digest, wait=False)
         if not ok:
             return False, outcome.reason
+        members = tuple(outcome.cohort_members)
+        if outcome.known_group and set(members) == roster:
+            bound = self.deadlines.allreduce_bound(
+                "cohort", self.timeouts.allreduce, least=2.0 * self.timeouts.next_chunk
+            )
+            if self._known.confirm(
+                self._cohort, attempt, members, self.peer_id, outcome.digest, state_digest, bound
+            ):
+                self.everyone_posted = (attempt, frozenset(roster))  # every member took part, none is past it
+                return True, ""
         started = time.monotonic()
         # Peers do not finish together: a cohort of one has no broadcast, the top of the tree is done
         # before the groups below it. Recent commits say how long the others take to post once they

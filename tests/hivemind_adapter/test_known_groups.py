@@ -71,3 +71,23 @@ def test_members_that_disagree_on_the_group_never_mix():
     assert outcomes == ["failed", "failed"]
     for i in range(2):
         assert all(torch.equal(a, b) for a, b in zip(results[i], _start(i)))
+
+
+def test_a_known_group_can_average_only_its_last_tensor():
+    """The cohort's confirmation after an inner step: a few bytes among the same members, the rest of
+    the buffer (the round's result) left as it is."""
+    group = known_group_id("task", "attempt 6", "state abc", "confirm")
+
+    def take_step(i, averager, peer_ids):
+        averager.step_in_known_group(
+            group, sorted(peer_ids), weight=1.0, arrival_timeout=4.0, allreduce_timeout=10.0, last=1
+        )
+        return "ok"
+
+    results, outcomes, wire = step_pair(VerifiedAverager, _start, 20.0, take_step=take_step, prefix="known")
+    assert outcomes == ["ok", "ok"], outcomes
+    for i in range(2):
+        assert torch.equal(results[i][0], _start(i)[0])  # not averaged
+        assert torch.allclose(results[i][1], (_start(0)[1] + _start(1)[1]) / 2, atol=1e-6)
+    assert torch.equal(results[0][1], results[1][1])
+    assert all(0 < sent < 7 * 5 * 4 * 2 for sent, _ in wire)  # the last tensor's bytes, not the first's
