@@ -285,7 +285,7 @@ class HierarchicalAverager:
         self._levels = max(1, len(tree))
         self._broadcasts_taken = 0
         self._cohort_peers = [tuple(c) for c in cohorts] if len(cohorts) == num_cohorts else []
-        live = self._live_peers() if self._cohort_peers else None
+        live = self._live_peers(inner_step=member_finishes) if self._cohort_peers else None
         self._previous_attempt = attempt
         try:
             with self._cohort.get_tensors() as buf:
@@ -413,13 +413,19 @@ class HierarchicalAverager:
             )
         return outcome
 
-    def _live_peers(self) -> set[str] | None:
+    def _live_peers(self, inner_step: bool = False) -> set[str] | None:
         """The peers that posted anything (a result, a failure, a departure notice) for this averager's
         previous attempt: the ones that showed life lately (None: no previous attempt, or nothing
-        posted in it seen)."""
+        posted in it seen). An inner step whose previous attempt every roster peer took part in
+        knows them without a read (newcomers' departure notices do not matter inside a cohort that
+        is about to meet as the roster says)."""
         if self._previous_attempt is None:
             return None
-        if self.everyone_posted is not None and self.everyone_posted[0] == self._previous_attempt:
+        if (
+            inner_step
+            and self.everyone_posted is not None
+            and self.everyone_posted[0] == self._previous_attempt
+        ):
             return set(self.everyone_posted[1])
         try:
             reported = set(self.board.read(self._previous_attempt))

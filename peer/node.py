@@ -340,9 +340,11 @@ class PeerNode:
         return roster if mine is None else [p for p in roster if assignment.get(p) == mine]
 
     def _nobody_ahead(self) -> bool:
-        """Whether the last round committed and every peer of its roster had posted for its attempt by
-        then: none of them computes a later round, and looking (a read of every peer's progress
-        across the wide area) can be skipped."""
+        """An outer task's inner steps: whether the last one committed and every peer of its cohort
+        had posted for its attempt by then. None of them computes a later round, and looking (a read
+        of every peer's progress across the wide area) can be skipped."""
+        if self._outer is None:
+            return False
         last = self.reports[-1] if self.reports else None
         averager = self._averagers.current
         seen = averager.everyone_posted if averager is not None else None
