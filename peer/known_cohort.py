@@ -11,7 +11,8 @@ Matchmaking also gathered each member's sample count, which the final vector and
 A known group carries them in the vector itself: the cohort averager's buffer ends with a float64
 "roll" of :data:`ROLL_SLOTS`, where each member writes its count in its own slot and zeros elsewhere.
 The all-reduce's mean of the roll, times the group's size, is every member's count, exactly (each
-slot has one non-zero term; its quotient and product round back to the integer).
+slot has one non-zero term; its quotient and product round back to the integer: hivemind's reducer
+averages in float32, where counts below 2^20 survive both).
 
 When it fails (a member late by more than the bound, asleep, dead, or unreachable), nothing was
 written, and the stage falls back to matchmaking. After a failure the next few attempts go to
@@ -19,7 +20,7 @@ matchmaking directly, so a member that cannot be reached costs the bound once, n
 
 The commit: every member posts its result on the commit board as always, and then the group meets
 once more over the roll alone (:meth:`KnownCohort.confirm`, a few hundred bytes over the cohort's
-links): each member says "ok" and a fingerprint of the result it computed. A member that receives
+links): each member says "ok" and a fingerprint of the result it computed (40 bits of its digest). A member that receives
 every member's "ok" with its own fingerprint knows that the whole cohort (the roster that commits an
 inner step) holds its result, and commits without waiting for the board's reports to cross the wide
 area (0.5 s per inner step on broadband). A member whose confirmation fails waits for the board as
@@ -42,7 +43,11 @@ logger = logging.getLogger(__name__)
 ROLL_SLOTS = 64  # the largest cohort that averages in a known group (a larger one uses matchmaking)
 SKIP_AFTER_FAILURE = 2  # attempts that go straight to matchmaking after a known group failed
 CONFIRM_ARRIVAL_SECONDS = 2.0  # members confirm right after the all-reduce they all completed
-FINGERPRINT_HEX = 10  # 40 bits of the result's digest: exact through the roll's mean for 32 members
+# A result's fingerprint: two 20-bit pieces of its digest. hivemind's reducer averages in float32
+# whatever the roll's dtype (measured: a 40-bit value in one slot came back rounded to 24 bits), and
+# a 20-bit integer survives float32's mean and the product by the group's size exactly.
+FINGERPRINT_PIECES = 2
+FINGERPRINT_BITS = 20
 
 
 def new_roll() -> torch.Tensor:
@@ -130,15 +135,20 @@ class KnownCohort:
         """After the known group's all-reduce: whether every member computed ``result_digest`` (the
         roll's first slots say "ok", the next ones each member's fingerprint of its result). False
         if the confirmation did not complete here: the caller waits for the board instead."""
-        n = len(members)
-        if 2 * n > ROLL_SLOTS:
+        n, me = len(members), members.index(peer_id)
+        if (1 + FINGERPRINT_PIECES) * n > ROLL_SLOTS:
             return False
-        mine = int(result_digest[:FINGERPRINT_HEX], 16)
+        whole = int(result_digest, 16)
+        mine = [
+            (whole >> (FINGERPRINT_BITS * k)) & ((1 << FINGERPRINT_BITS) - 1)
+            for k in range(FINGERPRINT_PIECES)
+        ]
         with averager.get_tensors() as buf:
             roll = buf[-1]
             roll.zero_()
-            roll[members.index(peer_id)] = 1.0
-            roll[n + members.index(peer_id)] = float(mine)
+            roll[me] = 1.0
+            for k, piece in enumerate(mine):
+                roll[(1 + k) * n + me] = float(piece)
         group_id = known_group_id(self.run_id, self.cohort, str(attempt), state_digest, "confirm", *members)
         try:
             averager.step_in_known_group(
@@ -151,5 +161,11 @@ class KnownCohort:
             )
             return False
         with averager.get_tensors() as buf:
-            values = [round(float(v) * n) for v in buf[-1][: 2 * n]]
-        return values[:n] == [1] * n and values[n:] == [mine] * n
+            values = [round(float(v) * n) for v in buf[-1][: (1 + FINGERPRINT_PIECES) * n]]
+        pieces = [values[(1 + k) * n : (2 + k) * n] for k in range(FINGERPRINT_PIECES)]
+        if values[:n] != [1] * n or any(p != [mine[k]] * n for k, p in enumerate(pieces)):
+            logger.warning(
+                f"attempt {attempt}: the cohort's members computed different results; the board decides"
+            )
+            return False
+        return True
