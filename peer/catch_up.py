@@ -47,11 +47,13 @@ def committed_state(
     template: list[torch.Tensor],
     consensus: int,
     own_digest: str,
+    any_holder: bool = False,
 ) -> tuple[CommittedState | None, SharedState | None]:
     """``(newest, state)``: the newest state a quorum holds (None if the board knows none) and that
     state, fetched from its holders and checked against its digest (None if this peer already holds
-    it, or no holder could serve it: the caller falls back to state sharing)."""
-    result = newest_committed_state(board, roster)
+    it, or no holder could serve it: the caller falls back to state sharing). ``any_holder``: see
+    :func:`~peer.round_commit.newest_committed_state`."""
+    result = newest_committed_state(board, roster, any_holder=any_holder)
     if result is None or result.digest == own_digest:
         return result, None
     try:

@@ -285,6 +285,18 @@ class PeerNode:
         if result is not None and result.digest == self.state_digest:
             self.attempt = max(self.attempt, result.attempt + 1)
             return False  # this peer holds what the swarm committed last
+        if result is None and self._outer is not None:
+            # Between outer steps each cohort holds its own state, and the best state another node
+            # serves is usually another cohort's. A cohort that split (a member whose first roster
+            # missed its partner committed round 0 alone) then never met again: its members kept
+            # loading the other site's states, one round apart (measured: 2 broadband runs of 30
+            # rounds, no outer step committed). The newest state one of its own peers reports wins.
+            result, got = committed_state(
+                self._commit_board, roster, self._endpoint, task_id, self._served_state(),
+                self._served_consensus(), self.state_digest, any_holder=True,
+            )  # fmt: skip
+            if result is not None and result.digest == self.state_digest:
+                return False
         if got is None:
             got = self._sharer.download(timeout=30.0)
         if got is None:

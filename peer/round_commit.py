@@ -256,13 +256,19 @@ class CommittedState:
 
 
 def newest_committed_state(
-    board: CommitBoard, roster: Collection[str], lookback: int = 8, latest: int | None = None
+    board: CommitBoard,
+    roster: Collection[str],
+    lookback: int = 8,
+    latest: int | None = None,
+    any_holder: bool = False,
 ) -> CommittedState | None:
     """The newest state of the last ``lookback`` attempts that a quorum of ``roster`` reports holding
     after committing one result, or None: what a peer that fell behind should load, and from whom.
     The digest is the majority's word, not one server's. (Peers report their state a moment after
     the commit: until a quorum did, the attempt before it answers, and the next catch-up goes on.)
-    ``latest``: the board's :meth:`~CommitBoard.latest_attempt`, if the caller just read it."""
+    ``latest``: the board's :meth:`~CommitBoard.latest_attempt`, if the caller just read it.
+    ``any_holder``: the newest state any roster peer reports holding, quorum or not (an outer task's
+    cohort that split: see :meth:`peer.node.PeerNode.catch_up`)."""
     if latest is None:
         latest = board.latest_attempt()
     for attempt in range(latest, max(-1, latest - lookback), -1):
@@ -277,4 +283,12 @@ def newest_committed_state(
                 # Roster peers first: they are online; the others may have left since.
                 ordered = sorted(peers, key=lambda p: (p not in members, p))
                 return CommittedState(attempt, state, tuple(ordered))
+        held = sorted(
+            (min(peers & members), state, peers) for (_r, state), peers in by_state.items() if peers & members
+        )
+        if any_holder and held:
+            # One choice for every peer that reads these reports (the state of the smallest peer id),
+            # so two members holding different states of one attempt do not swap them.
+            _first, state, peers = held[0]
+            return CommittedState(attempt, state, tuple(sorted(peers, key=lambda p: (p not in members, p))))
     return None

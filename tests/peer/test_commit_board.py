@@ -261,6 +261,25 @@ def test_a_peer_catching_up_finds_the_newest_state_a_quorum_holds_and_its_holder
     assert newest_committed_state(a, [a.peer_id, b.peer_id]) == CommittedState(8, s7, (a.peer_id,))
 
 
+def test_a_cohort_that_split_finds_one_state_for_both_its_members(two_boards):
+    """An outer task's cohort of two whose members committed different states of one attempt (each
+    alone): neither is a quorum, but with ``any_holder`` both members pick the same one of them (the
+    smallest holder's), and a newer report wins over both."""
+    a, b = two_boards
+    cohort = [a.peer_id, b.peer_id]
+    sa, sb, s4 = "aa" * 32, "bb" * 32, "cc" * 32
+    a.post(3, True, "11" * 32, state=sa)
+    b.post(3, True, "22" * 32, state=sb)
+    assert newest_committed_state(a, cohort) is None  # 1 of 2 each: no quorum
+    first = min(cohort)
+    expected = CommittedState(3, sa if first == a.peer_id else sb, (first,))
+    assert newest_committed_state(a, cohort, any_holder=True) == expected
+    assert newest_committed_state(b, cohort, any_holder=True) == expected
+    assert newest_committed_state(a, ["QmOtherCohort"], any_holder=True) is None  # only its own peers
+    b.post(4, True, "33" * 32, state=s4)
+    assert newest_committed_state(a, cohort, any_holder=True) == CommittedState(4, s4, (b.peer_id,))
+
+
 def _sitting_out(board, others, **timing):
     """Run :func:`sit_out_running_attempt` in a thread: (thread, its result, the attempts it announced, its
     stop event)."""
