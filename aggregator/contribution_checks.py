@@ -15,6 +15,13 @@ group is named by at least as many of the round's receipts as its own — a peer
 count or invents a group names a group of its own, which nobody else names. (In a group of two the
 two receipts contradict each other and both are refused.) Receipts are compared by root, never by
 member list: nothing here grows with the group beyond one count per group id.
+
+An outer task (``sync = "outer"``) is the exception to "one result per round": between outer steps
+each cohort takes its inner steps apart and commits its own result, so a round's honest receipts name
+one group *per cohort*. There the rivalry is judged among the receipts of one cohort (before, 21-28
+of every peer's 30 inner-step receipts were refused on the emulated internet, each cohort's group
+outvoting or tying the others'). A peer alone in its cohort then has nobody to contradict it: its
+receipt stands on its proof and the plausibility bound.
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ class SwarmFacts:
     # Timestamps must lie in the intake's window, so a peer cannot stretch its intervals beyond the
     # time that really passed (only move time between its own rounds).
     peer_seconds: Mapping[tuple[str, int], float] = field(default_factory=dict)
+    # sync = "outer": every cohort commits its own inner steps, so groups are compared within a cohort
+    rounds_by_cohort: bool = False
 
 
 def check_round(
@@ -58,11 +67,11 @@ def check_round(
             rejected[sealed.wire] = reason
     # One testimony per peer and round: how many of the round's peers name each group.
     latest = {(s.record.peer_id, s.record.round): s.record for s in receipts}
-    named = Counter((r.round, _group_key(r)) for r in latest.values())
+    named = Counter((_arena(r, facts), _group_key(r)) for r in latest.values())
     for sealed in receipts:
         if sealed.wire in rejected:
             continue
-        reason = _group(sealed.record, named)
+        reason = _group(sealed.record, named, _arena(sealed.record, facts))
         if reason:
             rejected[sealed.wire] = reason
     return rejected
@@ -110,14 +119,20 @@ def _group_key(r: ContributionReceipt) -> tuple:
     return r.group_id, r.group_root, r.group_size, r.state_digest
 
 
-def _group(r: ContributionReceipt, named: Counter) -> tuple[RejectReason, str] | None:
+def _arena(r: ContributionReceipt, facts: SwarmFacts) -> tuple:
+    """The receipts whose groups compete with this one's: its round's, or its cohort's in that round."""
+    return (r.round, r.cohort_id) if facts.rounds_by_cohort else (r.round,)
+
+
+def _group(r: ContributionReceipt, named: Counter, arena: tuple) -> tuple[RejectReason, str] | None:
     membership = GroupMembership(r.group_root, r.group_size, r.group_index, r.group_proof)
     if not proves_membership(r.peer_id, r.samples, membership):
         return RejectReason.GROUP_MISMATCH, "its group's root does not count it with the samples it claims"
-    own = named[r.round, _group_key(r)]
-    rivals = [n for (rnd, group), n in named.items() if rnd == r.round and group != _group_key(r)]
+    own = named[arena, _group_key(r)]
+    rivals = [n for (where, group), n in named.items() if where == arena and group != _group_key(r)]
     if rivals and max(rivals) >= own:
         return RejectReason.GROUP_MISMATCH, (
-            f"{max(rivals)} of the round's receipts name another group, {own} name this one"
+            f"{max(rivals)} of the {'cohort' if len(arena) > 1 else 'round'}'s receipts name another group, "
+            f"{own} name this one"
         )
     return None

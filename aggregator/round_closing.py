@@ -80,6 +80,7 @@ class RoundCloser:
             durations,
             self.spec.params.batch_size,
             {(s.record.peer_id, round_index): self._compute_window(s.record) for s in sealed},
+            rounds_by_cohort=self.spec.params.sync == "outer",
         )
         refused = check_round(sealed, facts)
         closed = ClosedRound(round_index, [])

@@ -144,3 +144,22 @@ def test_missing_or_zero_gradient_statistics_are_refused():
     ]
     refused = check_round(receipts, FACTS)
     assert {v[0] for v in refused.values()} == {RejectReason.NON_FINITE} and len(refused) == 2
+
+
+def test_in_an_outer_task_each_cohort_commits_its_own_inner_step_and_a_cohort_that_contradicts_itself_is_refused():
+    """sync = "outer": between outer steps two cohorts commit different results for one round. Their
+    receipts are all honest; within one cohort, two receipts that disagree are still refused."""
+    a, b, c = PEERS
+    pair = {peer_id_of(a): SAMPLES[peer_id_of(a)], peer_id_of(b): SAMPLES[peer_id_of(b)]}
+    alone = {peer_id_of(c): SAMPLES[peer_id_of(c)]}
+    receipts = [_receipt(a, pair, cohort_id="net-a"), _receipt(b, pair, cohort_id="net-a")]
+    receipts.append(_receipt(c, alone, cohort_id="net-b"))
+    outer = SwarmFacts(5, 3, FACTS.throughput, {5: 2.0}, 32, rounds_by_cohort=True)
+    assert check_round(receipts, outer) == {}
+    # the same receipts judged as one round of an every-step task: the lone cohort's group loses
+    assert list(check_round(receipts, FACTS)) == [receipts[2].wire]
+    inflated = dict(pair, **{peer_id_of(b): 300})
+    liar = _receipt(b, inflated, samples=300, cohort_id="net-a")
+    refused = check_round([receipts[0], liar, receipts[2]], outer)
+    assert set(refused) == {receipts[0].wire, liar.wire}, "inside a cohort nobody can tell which lies"
+    assert "of the cohort's receipts name another group" in refused[liar.wire][1]
