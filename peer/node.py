@@ -42,6 +42,7 @@ from peer.catch_up import (
 from peer.cohort_averagers import CohortAveragers
 from peer.devices import WorkerDevice
 from peer.hierarchy import AveragingTimeouts
+from peer.outer_repair import missed_outer_state
 from peer.outer_round import OuterStepper
 from peer.outer_step import OuterSettings
 from peer.progress_display import ProgressDisplay
@@ -117,6 +118,7 @@ class PeerNode:
         self._consensus = 0
         self._workers: WorkerPool | None = None
         self._outer: OuterStepper | None = None  # sync = "outer" tasks only
+        self._outer_missed: int | None = None  # an outer exchange the others may have committed without us
         self._sharer: StateSharer | None = None
         self._archive: StateArchive | None = None
         self._averagers: CohortAveragers | None = None
@@ -326,6 +328,30 @@ class PeerNode:
         logger.info(f"loaded the swarm's state after round {got.round} (digest {got.digest[:12]}, {source})")
         return True
 
+    def _take_missed_outer_step(self) -> None:
+        """Before a round, after an outer exchange that did not commit here: if the others committed
+        it, take the outer state they reached (:mod:`peer.outer_repair`); until then, look again
+        before every round (overlapped, they take the step one period after the exchange)."""
+        attempt = self._outer_missed
+        try:
+            reached = missed_outer_state(
+                self._averagers.outer_board, self._commit_board, self._endpoint, self.spec.record.task_id,
+                attempt, self.peer_id, self._outer.outer_digest(), self._served_state(),
+                self._served_consensus(), (self._consensus, len(self._shared.state), len(self._outer.state.anchor)),
+            )  # fmt: skip
+        except Exception as e:  # the DHT may fail a read; the next round looks again
+            logger.debug(f"could not look for outer step {attempt}'s state: {e}")
+            return
+        if reached is None:
+            return
+        self._outer.adopt_global(reached.global_params, reached.momentum)
+        self._outer_missed = None
+        self._publish_state(self.state_round, self.attempt)
+        logger.info(
+            f"outer step (attempt {attempt}) missed here: took the outer state the others reached "
+            f"({self._outer.outer_digest()[:12]})"
+        )
+
     def _publish_state(self, round_index: int, attempt: int) -> None:
         """Serve the current state to newcomers and keep it, by digest, for whoever needs it later."""
         served = self._served_state()
@@ -426,6 +452,8 @@ class PeerNode:
         ):
             # An aborted round whose result found its quorum since: the step the others took.
             t0 = time.perf_counter()
+            if self._outer_missed is not None:
+                self._take_missed_outer_step()
             report = commit_pending(self._round)
             if report is None:
                 # A round computed from an old state could only abort: the others' groups are keyed by theirs.
@@ -453,8 +481,9 @@ class PeerNode:
             if report.committed:
                 self.state_round = report.round
                 committed, failed_in_a_row = committed + 1, 0
-                if report.outer is not None and not report.outer.committed and not self._stop.is_set():
-                    self.catch_up()  # the others may have taken the outer step this peer missed
+                if report.outer is not None and not self._stop.is_set():
+                    # the others may have taken the outer step this peer missed: look before each round
+                    self._outer_missed = None if report.outer.committed else report.outer.attempt
             elif self._stop.is_set():
                 break  # leaving: it catches up once, after the loop (leave_with_swarm_state)
             else:

@@ -79,6 +79,7 @@ class OuterStepper:
         self._fresh_optimizer = [t.clone() for t in fresh_optimizer_state]
         self._pending: _Exchange | None = None
         self.steps_taken = 0  # outer steps this peer applied
+        self.steps_adopted = 0  # outer steps it missed and took from the others' states (adopt_global)
         self._running: threading.Thread | None = None  # the last exchange's thread, even one dropped
         # Model-parallel tasks: which weights this cohort's sub-networks touched this period (a nonzero
         # averaged gradient in any inner step). The exchange carries the touched pseudo-gradient and
@@ -102,6 +103,26 @@ class OuterStepper:
     def replace_state(self, state: OuterState) -> None:
         """A downloaded state replaced this peer's: an exchange under way started from the old one."""
         self.state, self._pending = state, None
+
+    def adopt_global(self, global_params: Sequence[torch.Tensor], momentum: Sequence[torch.Tensor]) -> None:
+        """This peer missed an outer step that the others took (:mod:`peer.outer_repair`): take the
+        outer state they reached, and shift the parameters and the period's anchor by the same global
+        step. The cohort's own progress (anchor minus parameters) is kept whole and goes out with its
+        next exchange, as after any exchange that did not commit here. An exchange still under way
+        started from the old outer state and can meet nobody: dropped, its period's progress kept."""
+        if self._pending is not None:
+            dropped, self._pending = self._pending, None
+            self.state = replace(self.state, anchor=dropped.anchor_before, residue=dropped.residue_before)
+            self._restore_touched(dropped.touched)
+        shift = [new - old for new, old in zip(global_params, self.state.global_params)]
+        self._set_params([p + d for p, d in zip(self.params(), shift)], fresh_optimizer=False)
+        self.state = replace(
+            self.state,
+            global_params=[g.clone() for g in global_params],
+            momentum=[m.clone() for m in momentum],
+            anchor=[a + d for a, d in zip(self.state.anchor, shift)],
+        )
+        self.steps_adopted += 1
 
     # ------------------------------------------------------------------ the period's end
 

@@ -1,0 +1,85 @@
+"""A peer that missed an outer step takes the outer state the others reached: who took the step, from
+the signed outer board on a real DHT, and the shift that keeps its own progress, through a real
+spawned worker's shared state."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hivemind_adapter.dht import peer_id
+from peer.devices import WorkerDevice
+from peer.outer_repair import outer_digest, takers_of
+from peer.outer_round import OuterStepper
+from peer.outer_step import OuterSettings
+from peer.swarm_view import SignedCommitBoard
+from peer.worker_pool import WorkerPool
+from peer.worker_protocol import SharedBuffers
+from protocol.identity import Identity
+from supernet.outer_state import OuterState
+from supernet.state import init_optimizer_state, state_tensors
+from supernet.workload import workload_for
+from tests.helpers import two_task_dhts, wait_until
+
+TASK = "digits-outer-repair-test"
+OPTIONS = {"seed": 5, "batch_size": 16, "num_subnets": 2, "width_mult": 0.25, "head_channels": 64}
+
+
+def test_the_peers_that_committed_an_outer_step_are_those_of_its_most_reported_result():
+    with two_task_dhts(TASK) as dhts:
+        me, other = (SignedCommitBoard(d, TASK, Identity.generate(), peer_id(d)) for d in dhts)
+        assert takers_of(me, 2, me.peer_id) == []  # nobody posted: nothing to take
+        me.post(2, True, "aa" * 32)  # this peer's own result, alone
+        other.post(2, True, "bb" * 32)
+        wait_until(lambda: len(me.read(2)) == 2, 15, "both posts to show", poll=0.2)
+        # one result each: the tie goes to the larger digest for every reader alike; nobody counts itself
+        assert takers_of(me, 2, me.peer_id) == [other.peer_id]
+        assert takers_of(other, 2, other.peer_id) == []
+
+
+@pytest.fixture
+def stepper(monkeypatch):
+    monkeypatch.setenv("MANTA_WORKER_THREADS", "1")
+    workload = workload_for("digits", OPTIONS)
+    net = workload.build()
+    optimizer = workload.make_optimizer(net)
+    init_optimizer_state(net, optimizer)
+    params = len(list(net.parameters()))
+    shared = SharedBuffers.create(list(net.parameters()), state_tensors(net, optimizer), 1)
+    pool = WorkerPool(
+        [WorkerDevice("cpu", 0, "test cpu", 1024)], shared, task_name="digits", task_seed=5,
+        participant_prefix="repair-test", train_options=OPTIONS,
+    )  # fmt: skip
+    settings = OuterSettings(inner_steps=3, lr=0.7, momentum=0.9, compression="int8", overlap=True)
+    try:
+        yield OuterStepper(
+            settings, OuterState.starting_at(shared.state[:params]), pool, shared.state,
+            len(shared.state), shared.state[params:], lambda _: None,
+        ), shared  # fmt: skip
+    finally:
+        pool.stop()
+
+
+def test_a_missed_outer_step_moves_the_global_state_and_keeps_the_cohorts_own_progress(stepper):
+    stepper, shared = stepper
+    gen = torch.Generator().manual_seed(1)
+    n = len(stepper.state.anchor)
+    # this period's own progress: the cohort moved away from its anchor
+    progress = [torch.randn(a.shape, generator=gen) * 0.01 for a in stepper.state.anchor]
+    stepper._set_params([a - d for a, d in zip(stepper.state.anchor, progress)], fresh_optimizer=False)
+    before = [p.clone() for p in shared.state[:n]]
+    old_global = [g.clone() for g in stepper.state.global_params]
+    # the step the others took, and the momentum it left
+    step = [torch.randn(g.shape, generator=gen) * 0.05 for g in old_global]
+    reached = [g + s for g, s in zip(old_global, step)]
+    momentum = [torch.randn(g.shape, generator=gen) for g in old_global]
+    old_digest = stepper.outer_digest()
+
+    stepper.adopt_global(reached, momentum)
+
+    assert stepper.outer_digest() == outer_digest(OuterState(reached, momentum, [], [])) != old_digest
+    for now, was, s in zip(shared.state[:n], before, step):  # the workers' own buffers, shifted
+        torch.testing.assert_close(now, was + s, rtol=0, atol=1e-6)
+    for anchor, p, d in zip(stepper.state.anchor, stepper.params(), progress):  # progress kept whole
+        torch.testing.assert_close(anchor - p, d, rtol=0, atol=1e-6)
+    assert stepper.steps_adopted == 1 and stepper.steps_taken == 0
