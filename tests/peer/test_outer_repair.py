@@ -1,6 +1,6 @@
 """A peer that missed an outer step takes the outer state the others reached: who took the step, from
-the signed outer board on a real DHT, and the shift that keeps its own progress, through a real
-spawned worker's shared state."""
+the signed outer board on a real DHT; their outer state, from a state one of them serves over real
+libp2p; and the shift that keeps its own progress, through a real spawned worker's shared state."""
 
 from __future__ import annotations
 
@@ -8,16 +8,20 @@ import pytest
 import torch
 
 from hivemind_adapter.dht import peer_id
+from hivemind_adapter.p2p import Endpoint
+from hivemind_adapter.state_archive import StateArchive
 from peer.devices import WorkerDevice
-from peer.outer_repair import outer_digest, takers_of
+from peer.outer_repair import missed_outer_state, outer_digest, takers_of
 from peer.outer_round import OuterStepper
 from peer.outer_step import OuterSettings
+from peer.round_commit import report_state
 from peer.swarm_view import SignedCommitBoard
 from peer.worker_pool import WorkerPool
 from peer.worker_protocol import SharedBuffers
+from protocol.dht_schema import outer_board_id
 from protocol.identity import Identity
-from supernet.outer_state import OuterState
-from supernet.state import init_optimizer_state, state_tensors
+from supernet.outer_state import OuterState, served_consensus, served_layout
+from supernet.state import digest, init_optimizer_state, state_tensors
 from supernet.workload import workload_for
 from tests.helpers import two_task_dhts, wait_until
 
@@ -35,6 +39,56 @@ def test_the_peers_that_committed_an_outer_step_are_those_of_its_most_reported_r
         # one result each: the tie goes to the larger digest for every reader alike; nobody counts itself
         assert takers_of(me, 2, me.peer_id) == [other.peer_id]
         assert takers_of(other, 2, other.peer_id) == []
+
+
+def _outer(seed: int) -> OuterState:
+    g = torch.Generator().manual_seed(seed)
+    return OuterState(*([torch.randn(30, generator=g), torch.randn(4, 5, generator=g)] for _ in range(4)))
+
+
+def test_the_outer_state_the_takers_serve_is_found_once_they_took_the_step():
+    """One other peer took outer step 1 (a quorum of one other: one agreeing state suffices). While
+    it still serves the outer state from before the step, there is nothing to take yet."""
+    worker = [torch.randn(30), torch.randn(4, 5), torch.randn(30), torch.randn(4, 5)]  # params, optimizer
+    layout = (len(worker), len(worker), 2)  # every worker tensor under the digest; 2 parameters
+    mine = _outer(0)
+    template = served_layout(worker, len(worker), mine)
+    consensus = served_consensus(len(worker), mine)
+    with two_task_dhts(TASK) as (their_dht, my_dht):
+        them, me = Endpoint(their_dht, "them"), Endpoint(my_dht, "me")
+        archive = StateArchive(them, TASK)
+        boards = [SignedCommitBoard(d, TASK, Identity.generate(), peer_id(d)) for d in (their_dht, my_dht)]
+        outer_boards = [
+            SignedCommitBoard(d, outer_board_id(TASK), Identity.generate(), peer_id(d))
+            for d in (their_dht, my_dht)
+        ]
+        try:
+            outer_boards[0].post(1, True, "dd" * 32)  # they committed outer exchange 1
+
+            def serve(outer: OuterState, attempt: int) -> None:
+                served = served_layout(worker, len(worker), outer)
+                state_digest = digest(served[:consensus])
+                archive.add(10 + attempt, attempt, state_digest, served)
+                report_state(boards[0], attempt, "cc" * 32, state_digest)
+                wait_until(lambda: boards[1].read(attempt), 15, "their state report to show", poll=0.2)
+
+            def look() -> OuterState | None:
+                return missed_outer_state(
+                    outer_boards[1], boards[1], me, TASK, 1, me.peer_id, outer_digest(mine), template,
+                    consensus, layout,
+                )  # fmt: skip
+
+            serve(mine, 3)  # overlapped, they take the step one period after the exchange
+            assert look() is None
+            reached = _outer(1)
+            serve(reached, 4)
+            found = look()
+            assert found is not None and outer_digest(found) == outer_digest(reached)
+            assert all(torch.equal(a, b) for a, b in zip(found.global_params, reached.global_params))
+        finally:
+            archive.close()
+            them.close()
+            me.close()
 
 
 @pytest.fixture
