@@ -131,6 +131,7 @@ def figures(summary: dict, run_dir: Path) -> dict[str, str]:
     total = sum(stages.values()) or 1.0
     rounds = _round_times(run_dir)
     quality = summary.get("accuracy") or {}
+    epe = summary.get("epe") or {}
     joiners = [v for v in swarm["joiners"].values() if v is not None]
     out = {
         "rounds committed": f"{summary['rounds']}",
@@ -175,6 +176,9 @@ def figures(summary: dict, run_dir: Path) -> dict[str, str]:
         "  peer-steps aborted": str(swarm.get("peer_outer_steps_aborted", 0)),
         "accuracy largest": f"{100 * quality['largest']:.2f} %" if "largest" in quality else "-",
         "accuracy smallest": f"{100 * quality['smallest']:.2f} %" if "smallest" in quality else "-",
+        # stereo tasks: end-point error in pixels (lower is better)
+        "EPE largest": f"{epe['largest']:.3f} px" if "largest" in epe else "-",
+        "EPE smallest": f"{epe['smallest']:.3f} px" if "smallest" in epe else "-",
         "identical final state": str(summary["identical_final_state"]),
         "load avg before / after": "{:.1f} / {:.1f}".format(
             summary["bench"]["load_before"][0], summary["bench"]["load_after"][0]
