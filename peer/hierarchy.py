@@ -117,9 +117,6 @@ class AveragingOutcome:
     # The result this peer posted but saw no quorum for within its commit wait (None otherwise): if
     # the others' reports make one after all, it commits late (committed_late).
     pending: list[torch.Tensor] | None = None
-    # time.monotonic() at which the cohort's members agreed to end their next computation (None: no
-    # agreement, each decides from the swarm's progress; see peer.known_cohort)
-    compute_until: float | None = None
 
 
 def committed_late(
@@ -253,7 +250,6 @@ class HierarchicalAverager:
         cohorts: Sequence[Collection[str]] = (),
         superseded: Callable[[], bool] = lambda: False,
         member_finishes: bool = False,
-        next_compute_ms: int = 0,
     ) -> AveragingOutcome:
         """Average one round's host contributions. ``attempt`` (not the training round: a retried
         round gets a new attempt) is what peers meet on; every participant passes the same value and
@@ -276,8 +272,6 @@ class HierarchicalAverager:
         in every member, and the final vector is a deterministic function of them and the gathered
         sample counts), so the cohort needs no broadcast: one all-reduce and its matchmaking fewer.
         Its members, known from the roster, meet without matchmaking (:mod:`peer.known_cohort`).
-        ``next_compute_ms``: this peer's proposal for when the cohort's next computation ends, ms
-        after its commit; the outcome's ``compute_until`` is what the members agreed (if they did).
         """
         member_finishes = member_finishes and num_cohorts == 1
         me = Contributor(self.peer_id, self.cohort, int(samples), state_digest, self.client_mode)
@@ -404,9 +398,7 @@ class HierarchicalAverager:
             outcome.seconds.setdefault(stage[0], time.perf_counter() - stage[1])
 
         t0 = time.perf_counter()
-        committed, reason = self._commit(
-            attempt, outcome, set(expected_peers) | {self.peer_id}, state_digest, next_compute_ms
-        )
+        committed, reason = self._commit(attempt, outcome, set(expected_peers) | {self.peer_id}, state_digest)
         outcome.seconds["commit"] = time.perf_counter() - t0
         outcome.seconds["total"] = time.perf_counter() - t_start
         outcome.regrouped = list(self._stages.regrouped)
@@ -668,12 +660,7 @@ class HierarchicalAverager:
         return received, lead_reports[0]
 
     def _commit(
-        self,
-        attempt: int,
-        outcome: AveragingOutcome,
-        roster: set[str],
-        state_digest: str,
-        next_compute_ms: int = 0,
+        self, attempt: int, outcome: AveragingOutcome, roster: set[str], state_digest: str
     ) -> tuple[bool, str]:
         """Publish our result's digest; commit once a quorum of the roster holds the same one (a known
         group that is the whole roster confirms it among its members: :mod:`peer.known_cohort`)."""
@@ -694,13 +681,9 @@ class HierarchicalAverager:
             bound = self.deadlines.allreduce_bound(
                 "cohort", self.timeouts.allreduce, least=2.0 * self.timeouts.next_chunk
             )
-            confirmed = self._known.confirm(
-                self._cohort, attempt, members, self.peer_id, outcome.digest, state_digest, bound,
-                proposal_ms=next_compute_ms,
-            )  # fmt: skip
-            if confirmed is not None:
-                if confirmed.compute_ms > 0:
-                    outcome.compute_until = time.monotonic() + confirmed.compute_ms / 1000
+            if self._known.confirm(
+                self._cohort, attempt, members, self.peer_id, outcome.digest, state_digest, bound
+            ):
                 self.everyone_posted = (attempt, frozenset(roster))  # every member took part, none is past it
                 return True, ""
         started = time.monotonic()

@@ -25,21 +25,12 @@ every member's "ok" with its own fingerprint knows that the whole cohort (the ro
 inner step) holds its result, and commits without waiting for the board's reports to cross the wide
 area (0.5 s per inner step on broadband). A member whose confirmation fails waits for the board as
 before; the others' reports are on their way there.
-
-The same exchange agrees on when the next inner step's computation ends. Each member proposes how
-long from the confirmation's end (its own time to apply and publish, plus the time the swarm needs
-for the round's target at the rates it reported); every member reads the same proposals back and takes
-their mean. Members that finished the confirmation together (over one LAN or one host, within
-milliseconds) thus stop computing together, by their own clocks: before, each decided from the
-swarm's progress records, read across the wide area at different moments, and one member waited
-0-1.5 s for the other in every inner step.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 
 import torch
 
@@ -57,16 +48,6 @@ CONFIRM_ARRIVAL_SECONDS = 2.0  # members confirm right after the all-reduce they
 # a 20-bit integer survives float32's mean and the product by the group's size exactly.
 FINGERPRINT_PIECES = 2
 FINGERPRINT_BITS = 20
-PROPOSAL_LIMIT_MS = (1 << FINGERPRINT_BITS) - 1  # a proposal is an integer of ms, exact like a piece
-
-
-@dataclass(frozen=True)
-class Confirmation:
-    """What a completed confirmation established: every member holds the result, and the next
-    computation's length that they agreed (ms from the confirmation's end; 0: none agreed, because a
-    member proposed none)."""
-
-    compute_ms: int
 
 
 def new_roll() -> torch.Tensor:
@@ -150,28 +131,24 @@ class KnownCohort:
         result_digest: str,
         state_digest: str,
         allreduce_timeout: float,
-        proposal_ms: int = 0,
-    ) -> Confirmation | None:
+    ) -> bool:
         """After the known group's all-reduce: whether every member computed ``result_digest`` (the
-        roll's first slots say "ok", the next ones each member's fingerprint of its result, the last
-        ones each member's ``proposal_ms`` for the next computation). None if the confirmation did
-        not complete here, or a member holds another result: the caller waits for the board instead."""
+        roll's first slots say "ok", the next ones each member's fingerprint of its result). False
+        if the confirmation did not complete here: the caller waits for the board instead."""
         n, me = len(members), members.index(peer_id)
-        if (2 + FINGERPRINT_PIECES) * n > ROLL_SLOTS:
-            return None
+        if (1 + FINGERPRINT_PIECES) * n > ROLL_SLOTS:
+            return False
         whole = int(result_digest, 16)
         mine = [
             (whole >> (FINGERPRINT_BITS * k)) & ((1 << FINGERPRINT_BITS) - 1)
             for k in range(FINGERPRINT_PIECES)
         ]
-        proposals_at = (1 + FINGERPRINT_PIECES) * n
         with averager.get_tensors() as buf:
             roll = buf[-1]
             roll.zero_()
             roll[me] = 1.0
             for k, piece in enumerate(mine):
                 roll[(1 + k) * n + me] = float(piece)
-            roll[proposals_at + me] = float(max(0, min(int(proposal_ms), PROPOSAL_LIMIT_MS)))
         group_id = known_group_id(self.run_id, self.cohort, str(attempt), state_digest, "confirm", *members)
         try:
             averager.step_in_known_group(
@@ -182,14 +159,13 @@ class KnownCohort:
             logger.info(
                 f"attempt {attempt}: the cohort's confirmation failed ({type(e).__name__}: {e}); the board decides"
             )
-            return None
+            return False
         with averager.get_tensors() as buf:
-            values = [round(float(v) * n) for v in buf[-1][: proposals_at + n]]
+            values = [round(float(v) * n) for v in buf[-1][: (1 + FINGERPRINT_PIECES) * n]]
         pieces = [values[(1 + k) * n : (2 + k) * n] for k in range(FINGERPRINT_PIECES)]
         if values[:n] != [1] * n or any(p != [mine[k]] * n for k, p in enumerate(pieces)):
             logger.warning(
                 f"attempt {attempt}: the cohort's members computed different results; the board decides"
             )
-            return None
-        proposals = values[proposals_at:]
-        return Confirmation(compute_ms=sum(proposals) // n if min(proposals) > 0 else 0)
+            return False
+        return True

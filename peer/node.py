@@ -68,6 +68,7 @@ logger = logging.getLogger("manta.peer")
 
 SETTLE_SECONDS = 4.0  # after announcing, before the first round reads the roster
 CATCH_UP_TRIES = 5  # state downloads in a row while the swarm stays ahead
+MISSED_STEP_LOOKS = 3  # rounds that look for an outer step the others took and this peer missed
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,8 @@ class PeerNode:
         self._consensus = 0
         self._workers: WorkerPool | None = None
         self._outer: OuterStepper | None = None  # sync = "outer" tasks only
-        self._outer_missed: int | None = None  # an outer exchange the others may have committed without us
+        # (attempt, looks left) of an outer exchange the others may have committed without this peer
+        self._outer_missed: tuple[int, int] | None = None
         self._sharer: StateSharer | None = None
         self._archive: StateArchive | None = None
         self._averagers: CohortAveragers | None = None
@@ -331,12 +333,16 @@ class PeerNode:
     def _take_missed_outer_step(self) -> None:
         """Before a round, after an outer exchange that did not commit here: if the others committed
         it, take the outer state they reached (:mod:`peer.outer_repair`); until then, look again
-        before every round (overlapped, they take the step one period after the exchange)."""
-        attempt = self._outer_missed
+        before the next rounds, at most :data:`MISSED_STEP_LOOKS` times (overlapped, the others take
+        the step at the period's end where this peer saw the miss, and serve it a round later)."""
+        attempt, tries = self._outer_missed
+        # Each look may download a state across the wide area: a few rounds, then the miss stands.
+        self._outer_missed = (attempt, tries - 1) if tries > 1 else None
         try:
+            roster = [p.entry.peer_id for p in read_roster(self.dht, self.spec.record.task_id)]
             reached = missed_outer_state(
                 self._averagers.outer_board, self._commit_board, self._endpoint, self.spec.record.task_id,
-                attempt, self.peer_id, self._outer.outer_digest(), self._served_state(),
+                attempt, roster, self.peer_id, self._outer.outer_digest(), self._served_state(),
                 self._served_consensus(), (self._consensus, len(self._shared.state), len(self._outer.state.anchor)),
             )  # fmt: skip
         except Exception as e:  # the DHT may fail a read; the next round looks again
@@ -483,7 +489,9 @@ class PeerNode:
                 committed, failed_in_a_row = committed + 1, 0
                 if report.outer is not None and not self._stop.is_set():
                     # the others may have taken the outer step this peer missed: look before each round
-                    self._outer_missed = None if report.outer.committed else report.outer.attempt
+                    self._outer_missed = (
+                        None if report.outer.committed else (report.outer.attempt, MISSED_STEP_LOOKS)
+                    )
             elif self._stop.is_set():
                 break  # leaving: it catches up once, after the loop (leave_with_swarm_state)
             else:

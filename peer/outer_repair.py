@@ -10,7 +10,8 @@ progress away.
 
 What it needs is only the swarm's new outer state. Every peer serves it inside its served state (see
 :func:`supernet.outer_state.served_layout`), under the state's digest. This module finds the peers
-that committed the missed exchange on the outer board, fetches their newest committed states, and
+that committed the missed exchange on the outer board (a quorum of the roster holding one result),
+fetches their newest committed states, and
 returns the outer state that two of them agree on (one, if the quorum had one other peer): cohorts
 differ in their own parameters, never in the outer state after a step. The caller moves its global
 state there and shifts its parameters by the same step (:meth:`peer.outer_round.OuterStepper.
@@ -20,14 +21,14 @@ adopt_global`), keeping its own progress, which goes out with its next exchange.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import torch
 
 from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.paged_blobs import BlobUnavailable
 from hivemind_adapter.state_archive import fetch_state
-from peer.round_commit import CommitBoard, newest_committed_state
+from peer.round_commit import CommitBoard, is_quorum, newest_committed_state
 from supernet.outer_state import OuterState, split_served
 from supernet.state import digest
 
@@ -41,16 +42,20 @@ def outer_digest(state: OuterState) -> str:
     return digest([*state.global_params, *state.momentum])
 
 
-def takers_of(outer_board: CommitBoard, attempt: int, peer_id: str) -> list[str]:
-    """The other peers that committed the outer exchange ``attempt`` to its most reported result."""
+def takers_of(outer_board: CommitBoard, attempt: int, roster: Collection[str], peer_id: str) -> list[str]:
+    """The other peers that committed the outer exchange ``attempt``: those holding the result that a
+    quorum of ``roster`` reports (none if no result has one: then nobody took a step, and an "ok"
+    only says that a peer's own group finished, as two cohorts that missed each other both do)."""
+    reports = outer_board.read(attempt)
+    members = set(roster) - {p for p, r in reports.items() if r.get("left")}
     by_result: dict[str, set[str]] = {}
-    for peer, report in outer_board.read(attempt).items():
+    for peer, report in reports.items():
         if report.get("ok") and report.get("digest"):
             by_result.setdefault(report["digest"], set()).add(peer)
-    if not by_result:
-        return []
-    _result, peers = max(by_result.items(), key=lambda item: (len(item[1]), item[0]))
-    return sorted(peers - {peer_id})
+    for peers in by_result.values():
+        if is_quorum(peers, members):
+            return sorted(peers - {peer_id})
+    return []
 
 
 def missed_outer_state(
@@ -59,18 +64,19 @@ def missed_outer_state(
     endpoint: Endpoint,
     task_id: str,
     attempt: int,
+    roster: Collection[str],
     peer_id: str,
     own_outer_digest: str,
     served_template: Sequence[torch.Tensor],
     served_consensus: int,
     layout: tuple[int, int, int],
 ) -> OuterState | None:
-    """The outer state the peers that committed outer exchange ``attempt`` hold now, or None while
-    it cannot be told (nobody committed it, their states are not reported or not served yet, or they
+    """The outer state the peers that committed outer exchange ``attempt`` (a quorum of ``roster``)
+    hold now, or None while it cannot be told (nobody committed it, their states are not reported or not served yet, or they
     still serve the state from before that step: overlapped, they take it at the next period's end).
     ``layout``: (workers' consensus tensors, workers' tensors, parameters), for splitting a served
     state."""
-    takers = takers_of(outer_board, attempt, peer_id)
+    takers = takers_of(outer_board, attempt, roster, peer_id)
     needed = min(2, len(takers))
     found: dict[str, list[OuterState]] = {}
     for holder in takers:

@@ -24,7 +24,6 @@ outbox, ...) come in one context that the peer's agent (:mod:`peer.node`) builds
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -68,27 +67,20 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
     averager = ctx.averager_for(plan.cohort)
 
     # the full plan: a model-parallel cohort trains its own share of sub-networks in every inner step
-    host, compute_seconds, ahead, agreed_end = compute_until_target(ctx, swarm_plan)
+    host, compute_seconds, ahead = compute_until_target(ctx, swarm_plan)
     if ahead > plan.round_index:
         # This peer's state is older than the swarm's: its groups (keyed by state) would find nobody.
         # No averaging; the round loop catches up instead.
         ctx.workers.apply(round_index, None)
         outcome = AveragingOutcome(committed=False, reason=f"behind the swarm (it computes round {ahead})")
         outcome.seconds["roster"] = roster_seconds
-        report = _report(ctx, plan, host, outcome, None, compute_seconds, time.perf_counter() - started)
-        report.agreed_end = agreed_end
-        return report
+        return _report(ctx, plan, host, outcome, None, compute_seconds, time.perf_counter() - started)
     start_digest = ctx.state_digest()
     # The receipt's commitments read the host's numerator, which nothing overwrites before the
     # optimizer step: they are computed while the round averages (mostly waiting on the network).
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="manta-commitments") as background:
         pending_commitments = background.submit(commit_to, ctx.workers, host, ctx.task.seed, round_index)
         outcome = _average(ctx, plan, averager, host, start_digest)
-        if outcome.committed:
-            ctx.averaged_at = time.monotonic()
-        ctx.compute_until = (
-            (round_index + 1, outcome.compute_until) if outcome.compute_until is not None else None
-        )
         t0 = time.perf_counter()
         commitments = pending_commitments.result()
         commit_to_seconds = time.perf_counter() - t0  # what the round waited for them
@@ -102,7 +94,6 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
         # its posted result may still find a quorum (commit_pending)
         ctx.pending = [*ctx.pending, PendingResult(work, outcome, time.monotonic())][-PENDING_KEPT:]
     report = finish_round(ctx, work, outcome, compute_seconds, started)
-    report.agreed_end = agreed_end
     if ctx.outer is not None and report.committed and ctx.outer.settings.is_boundary(round_index):
         report.outer = take_outer_step(ctx, swarm_plan, outcome.digest)
         if report.outer is not None:
@@ -129,19 +120,7 @@ def _average(
         cohorts=plan.cohorts,
         superseded=lambda: ctx.progress.swarm_round() > plan.round_index,
         member_finishes=ctx.outer is not None,  # an inner step: each member computes the cohort's result
-        next_compute_ms=next_compute_ms(ctx) if ctx.outer is not None else 0,
     )
-
-
-def next_compute_ms(ctx: RoundContext) -> int:
-    """This peer's proposal to its cohort for when the next inner step's computation ends, in ms
-    after this step's commit (0: none yet): its usual time from a commit to computing again (the
-    median of its recent gaps) plus the time the swarm needs for the round's target at the rates it
-    last reported. The members take the mean of their proposals (:mod:`peer.known_cohort`)."""
-    needed = ctx.progress.seconds_for_target()
-    if needed <= 0 or not ctx.restart_gaps:
-        return 0
-    return int(1000 * (statistics.median(ctx.restart_gaps) + needed))
 
 
 def take_outer_step(ctx: RoundContext, plan: RoundPlan, round_result: str) -> OuterReport | None:
@@ -322,50 +301,29 @@ def _roster_read_ahead(ctx: RoundContext) -> list | None:
 _ROSTER_READER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="manta-roster-ahead")
 
 
-def compute_until_target(ctx: RoundContext, plan: RoundPlan) -> tuple[HostContribution, float, int, bool]:
+def compute_until_target(ctx: RoundContext, plan: RoundPlan) -> tuple[HostContribution, float, int]:
     """Let the workers train until the swarm has (projected) processed the round's target number of
-    samples (:mod:`peer.swarm_progress`) or, in an inner step whose end the cohort agreed at its last
-    commit (:mod:`peer.known_cohort`), until then; until another peer is seen computing a later round
-    (this peer is behind), or until Ctrl-C; returns the host's contribution, the computation's wall
-    time, the latest round seen computed elsewhere, and whether it ended at the agreed time."""
-    now = time.monotonic()
-    if ctx.averaged_at is not None:
-        ctx.restart_gaps.append(now - ctx.averaged_at)
-        ctx.averaged_at = None
-    agreed = ctx.compute_until[1] if ctx.compute_until and ctx.compute_until[0] == plan.round_index else None
-    ctx.compute_until = None
-    ctx.progress.begin(plan.round_index, plan.cohort, ctx.state_round(), agreed=agreed is not None)
-    # Workers finish the mini-batch they are in when told to stop: told half a batch early, they end
-    # at the agreed time on average.
-    last_rate = ctx.progress.throughput
-    early = 0.5 * ctx.progress.batch_size * ctx.progress.devices / last_rate if last_rate > 0 else 0.0
+    samples (:mod:`peer.swarm_progress`), until another peer is seen computing a later round (this
+    peer is behind), or until Ctrl-C; returns the host's contribution, the computation's wall time and
+    the latest round seen computed elsewhere."""
+    ctx.progress.begin(plan.round_index, plan.cohort, ctx.state_round())
     ctx.workers.start_compute(Compute(plan.round_index, ctx.task.mode, plan.cohort_rank, plan.num_cohorts))
     read_roster_ahead(ctx)
     ahead = -1
-    stop_at = agreed - early if agreed is not None else None
-    while True:
-        wait = COMPUTE_POLL_SECONDS
-        if stop_at is not None and not ctx.workers.stop_flag_raised:
-            wait = min(wait, max(0.01, stop_at - time.monotonic()))  # stop on time, not on the next poll
-        if (host := ctx.workers.computed(timeout=wait)) is not None:
-            break
+    while (host := ctx.workers.computed(timeout=COMPUTE_POLL_SECONDS)) is None:
         if ctx.workers.stop_flag_raised:
             continue  # the workers are finishing their mini-batch and reducing
-        # A look may read the DHT across the wide area (0.2-0.5 s): not in the last second before an
-        # agreed stop, which it would delay.
-        if stop_at is None or stop_at - time.monotonic() > 1.0:
-            estimate = ctx.progress.look(*ctx.workers.progress())
-            ahead = max(ahead, estimate.swarm_round)
-            ctx.display.computing(
-                plan.round_index, estimate.own, estimate.throughput, estimate.swarm, ctx.progress.target
-            )
-        done = time.monotonic() >= stop_at if stop_at is not None else ctx.progress.target_reached(estimate)
-        if done or ctx.stop.is_set() or ahead > plan.round_index:
+        estimate = ctx.progress.look(*ctx.workers.progress())
+        ahead = max(ahead, estimate.swarm_round)
+        ctx.display.computing(
+            plan.round_index, estimate.own, estimate.throughput, estimate.swarm, ctx.progress.target
+        )
+        if ctx.progress.target_reached(estimate) or ctx.stop.is_set() or ahead > plan.round_index:
             ctx.workers.raise_stop_flag()
             ctx.display.averaging(plan.round_index)
     wall = ctx.progress.finish(host.samples, host.loss)
     ctx.announcer.throughput = ctx.progress.throughput  # what the roster shows of this peer next
-    return host, wall, ahead, stop_at is not None
+    return host, wall, ahead
 
 
 def commit_to(workers: WorkerPool, host: HostContribution, task_seed: int, round_index: int) -> Commitments:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import threading
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
@@ -85,7 +84,6 @@ class RoundReport:
     # payload bytes this peer's all-reduces moved across cohorts since it started
     cross_cohort_bytes: int = 0
     known_group: bool = False  # the cohort averaged in a group known from the roster (no matchmaking)
-    agreed_end: bool = False  # its computation ended when the cohort had agreed (peer.known_cohort)
 
     def describe(self) -> str:
         """The round in one log line."""
@@ -148,12 +146,6 @@ class RoundContext:
     outer: OuterStepper | None = None
     # (when it was started, the read) of the roster for the next inner step, read while this one computes
     roster_ahead: tuple[float, Future] | None = None
-    # (round, time.monotonic()) at which the cohort agreed to end that round's computation (None: none)
-    compute_until: tuple[int, float] | None = None
-    # time.monotonic() when this peer's last committed averaging ended, and its recent gaps from such an
-    # end to the next computation's start (what it proposes to its cohort: peer.known_cohort)
-    averaged_at: float | None = None
-    restart_gaps: deque = field(default_factory=lambda: deque(maxlen=5))
 
 
 @dataclass(frozen=True)

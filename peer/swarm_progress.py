@@ -27,9 +27,6 @@ FRESH_MS = 10_000  # a progress record this recent (ms) shows which round its pe
 # (PUBLISH_EVERY) and are extrapolated by their throughput in between, so reading at every look
 # (4 Hz) only fetched the same bytes again: a DHT read of every peer's record each time.
 READ_EVERY = 0.5
-# A computation whose end the cohort agreed (peer.known_cohort) reads and publishes records only for
-# the display, the others' rates, and to notice that it fell behind: less often, fewer wide-area bytes.
-AGREED_EVERY = 2.0
 
 
 @dataclass(frozen=True)
@@ -74,33 +71,17 @@ class SwarmProgress:
         self._next_publish = 0.0
         self._records: list = []
         self._read_at = float("-inf")
-        self._every = (PUBLISH_EVERY, READ_EVERY)  # (publish, read) periods of this round
 
     def _read(self) -> list:
         """Every peer's latest record, read from the DHT at most every :data:`READ_EVERY` s."""
-        if time.monotonic() - self._read_at >= self._every[1]:
+        if time.monotonic() - self._read_at >= READ_EVERY:
             self._records, self._read_at = self.board.read(), time.monotonic()
         return self._records
 
-    def begin(self, round_index: int, cohort: str, state_round: int, *, agreed: bool = False) -> None:
-        """A round's computation starts; ``agreed``: its end was agreed, not decided by the records."""
+    def begin(self, round_index: int, cohort: str, state_round: int) -> None:
         self._round, self._cohort, self._state_round = round_index, cohort, state_round
         self._started = time.perf_counter()
         self._next_publish = 0.0
-        self._every = (AGREED_EVERY, AGREED_EVERY) if agreed else (PUBLISH_EVERY, READ_EVERY)
-
-    def seconds_for_target(self) -> float:
-        """How long the swarm needs for a round's target at the rates last reported (this peer's
-        measured one, the others' in their latest fresh records); 0 while this peer has none."""
-        if self.throughput <= 0:
-            return 0.0
-        now_ms = int(time.time() * 1000)
-        others = sum(
-            r.throughput_milli / 1000
-            for r in self._records
-            if r.peer_id != self.peer_id and now_ms - r.timestamp < FRESH_MS
-        )
-        return self.target / (self.throughput + others)
 
     def look(self, samples: float, loss_sum: float) -> SwarmEstimate:
         """Publish this host's ``samples`` (at most every :data:`PUBLISH_EVERY` s) and project the swarm's
@@ -110,7 +91,7 @@ class SwarmProgress:
         # the last round's rate is the better figure once there is one.
         rate = self.throughput or samples / max(elapsed, 1e-6)
         if time.perf_counter() >= self._next_publish:
-            self._next_publish = time.perf_counter() + self._every[0]
+            self._next_publish = time.perf_counter() + PUBLISH_EVERY
             self._publish(samples, rate, loss_sum)
         records = self._read()
         now_ms = int(time.time() * 1000)

@@ -29,16 +29,21 @@ TASK = "digits-outer-repair-test"
 OPTIONS = {"seed": 5, "batch_size": 16, "num_subnets": 2, "width_mult": 0.25, "head_channels": 64}
 
 
-def test_the_peers_that_committed_an_outer_step_are_those_of_its_most_reported_result():
+def test_the_peers_that_committed_an_outer_step_are_a_quorum_holding_one_result():
     with two_task_dhts(TASK) as dhts:
         me, other = (SignedCommitBoard(d, TASK, Identity.generate(), peer_id(d)) for d in dhts)
-        assert takers_of(me, 2, me.peer_id) == []  # nobody posted: nothing to take
-        me.post(2, True, "aa" * 32)  # this peer's own result, alone
-        other.post(2, True, "bb" * 32)
+        roster = [me.peer_id, other.peer_id, "QmThirdPeerOfTheRoster"]
+        assert takers_of(me, 2, roster, me.peer_id) == []  # nobody posted: nothing to take
+        me.post(2, True, "aa" * 32)  # this peer's own group's result
+        other.post(2, True, "bb" * 32)  # and another group's: two cohorts that missed each other
         wait_until(lambda: len(me.read(2)) == 2, 15, "both posts to show", poll=0.2)
-        # one result each: the tie goes to the larger digest for every reader alike; nobody counts itself
-        assert takers_of(me, 2, me.peer_id) == [other.peer_id]
-        assert takers_of(other, 2, other.peer_id) == []
+        # each "ok" says only that a group finished; neither result holds a quorum of 3: no step taken
+        assert takers_of(me, 2, roster, me.peer_id) == []
+        # with a roster of the two, neither holds more than half either; with the other alone, it does
+        assert takers_of(me, 2, roster[:2], me.peer_id) == []
+        other.post(3, True, "cc" * 32)
+        wait_until(lambda: other.read(3), 15, "the post to show", poll=0.2)
+        assert takers_of(me, 3, roster[1:2], me.peer_id) == [other.peer_id]
 
 
 def _outer(seed: int) -> OuterState:
@@ -74,7 +79,7 @@ def test_the_outer_state_the_takers_serve_is_found_once_they_took_the_step():
 
             def look() -> OuterState | None:
                 return missed_outer_state(
-                    outer_boards[1], boards[1], me, TASK, 1, me.peer_id, outer_digest(mine), template,
+                    outer_boards[1], boards[1], me, TASK, 1, [them.peer_id], me.peer_id, outer_digest(mine), template,
                     consensus, layout,
                 )  # fmt: skip
 

@@ -39,18 +39,3 @@ def test_a_round_the_others_average_is_still_theirs_after_their_last_compute_rec
     assert newcomer.swarm_round() == -1, "a record older than FRESH_MS still shows computing"
     assert newcomer.swarm_round(fresh_ms=int(PROGRESS_TTL * 1000)) == 6
     assert worker.swarm_round(fresh_ms=int(PROGRESS_TTL * 1000)) == -1  # a peer's own record never counts
-
-
-def test_the_time_for_a_round_target_counts_every_peers_reported_rate(two_peers):
-    """What a cohort member proposes as the next computation's length (peer.known_cohort): the round's
-    target over the swarm's rate, this peer's measured one plus the others' reported ones."""
-    worker, newcomer = two_peers
-    assert newcomer.seconds_for_target() == 0.0  # no rate measured here yet: no proposal
-    worker.throughput = 100.0
-    worker.begin(3, "cohort-a", state_round=2)
-    worker.look(16, 1.0)  # publishes its rate with its first record
-    newcomer.throughput = 28.0
-    newcomer.begin(3, "cohort-b", state_round=2)
-    wait_until(lambda: newcomer.swarm_round() == 3, 15, "the newcomer to read the worker's record", poll=0.2)
-    assert newcomer.seconds_for_target() == pytest.approx(256 / 128.0)
-    assert worker.seconds_for_target() == pytest.approx(256 / 100.0)  # it has not read the newcomer's yet

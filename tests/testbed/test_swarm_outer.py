@@ -57,10 +57,6 @@ def test_two_sites_take_inner_steps_apart_and_meet_in_overlapped_outer_steps(tmp
         assert len(known) >= 4 and all(r["contributors"] == 2 for r in known), [
             (r["round"], r["known_group"], r["contributors"], r["stages"]) for r in rounds
         ]
-        # from the third inner step on (a first commit to measure the restart from, a second to propose
-        # with it) members stop computing at the end their cohort agreed at the last commit
-        agreed = [r["round"] for r in committed if r["agreed_end"]]
-        assert len(agreed) >= 2, [(r["round"], r["known_group"], r["agreed_end"]) for r in rounds]
         cohorts_by_site.setdefault(peer["site"], set()).update(r["cohort"] for r in committed)
     assert len(cohorts_by_site) == 2 and all(len(c) == 1 for c in cohorts_by_site.values()), cohorts_by_site
     assert len(set.union(*cohorts_by_site.values())) == 2  # two sites, two cohorts
