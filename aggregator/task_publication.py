@@ -16,8 +16,8 @@ A built-in task name gets defaults sized for this project's CPUs; a TOML file ma
     cross_group_size = 8       # cohort leaders per cross-cohort group (more cohorts: a tree of groups)
     sync = "outer"             # "every-step" (default) or rare outer steps between cohorts:
     inner_steps = 5            #   rounds (inner steps, averaged inside each cohort) per outer step
-    outer_lr = "0.7"           #   outer Nesterov SGD on the averaged pseudo-gradient
-    outer_momentum = "0.9"
+    outer_lr = "1.0"           #   outer Nesterov SGD on the averaged pseudo-gradient (1.0 / 0:
+    outer_momentum = "0.0"     #   the cohorts' mean; DiLoCo's 0.7 / 0.9 for hundreds of inner steps)
     outer_compression = "int8" #   none, fp16, int8 or int4 between cohorts, with error feedback
 """
 

@@ -20,7 +20,7 @@ and smallest sub-network, whether the peers that finished hold one state, and th
     sudo python -m benchmarks.swarm_wan [--peers 8] [--rounds 30] [--profiles loopback,lan,...]
                                         [--time-limit 900] [--out DIR]
                                         [--sync every-step,outer] [--inner-steps 5]
-                                        [--outer-compression int8] [--outer-lr 0.7] [--outer-momentum 0.9]
+                                        [--outer-compression int8] [--outer-lr 1.0] [--outer-momentum 0]
                                         [--no-outer-overlap]
 
 ``--sync every-step,outer`` runs every profile once per synchronisation mode, side by side at equal
@@ -200,8 +200,8 @@ def main() -> None:
     parser.add_argument("--sync", default="every-step", help="every-step, outer, or both: every-step,outer")
     parser.add_argument("--inner-steps", type=int, default=5)
     parser.add_argument("--outer-compression", default="int8")
-    parser.add_argument("--outer-lr", default="0.7")
-    parser.add_argument("--outer-momentum", default="0.9")
+    parser.add_argument("--outer-lr", default="1.0")
+    parser.add_argument("--outer-momentum", default="0.0")
     parser.add_argument("--no-outer-overlap", dest="outer_overlap", action="store_false")
     parser.add_argument("swarm_args", nargs="*", help="more manta-swarm options for every profile (after --)")
     args = parser.parse_args()

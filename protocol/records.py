@@ -188,12 +188,15 @@ class SwarmParams(StrictModel):
     # across the whole swarm. "outer": rounds average inside each cohort only; every ``inner_steps``
     # rounds the cohorts average their pseudo-gradients (parameters at the last outer step minus
     # parameters now), sent through ``outer_compression`` with error feedback, and every peer applies
-    # the same outer Nesterov step (``outer_lr``, ``outer_momentum``; DiLoCo's 0.7 / 0.9).
+    # the same outer Nesterov step (``outer_lr``, ``outer_momentum``). DiLoCo's 0.7 / 0.9 suit its
+    # hundreds of inner steps; at 5, plain averaging of the cohorts' progress (1.0 / 0) matched
+    # every-step within 1 pp over 60 rounds where 0.7 / 0.9 fell 6-10 pp short (benchmarks/README.md,
+    # "Outer steps, part 3").
     sync: Literal["every-step", "outer"] = "every-step"
     # 5: see benchmarks/README.md, "Outer steps between cohorts", for why
     inner_steps: Annotated[int, Field(ge=1, le=100_000)] = 5
-    outer_lr: Decimal = "0.7"
-    outer_momentum: Decimal = "0.9"
+    outer_lr: Decimal = "1.0"
+    outer_momentum: Decimal = "0.0"
     outer_compression: Literal["none", "fp16", "int8", "int4"] = "int8"
     # the exchange runs while the next inner steps compute; its step lands one outer period late
     outer_overlap: bool = True

@@ -80,8 +80,8 @@ LINK_OPTIONS = ("uplink", "downlink", "delay", "jitter", "loss", "nat")
 @click.option(
     "--inner-steps", type=click.IntRange(1), default=5, show_default=True, help="Rounds between outer steps."
 )
-@click.option("--outer-lr", default="0.7", show_default=True, help="Outer Nesterov learning rate.")
-@click.option("--outer-momentum", default="0.9", show_default=True, help="Outer Nesterov momentum.")
+@click.option("--outer-lr", default="1.0", show_default=True, help="Outer Nesterov learning rate.")
+@click.option("--outer-momentum", default="0.0", show_default=True, help="Outer Nesterov momentum.")
 @click.option(
     "--outer-compression",
     type=click.Choice(["none", "fp16", "int8", "int4"]),

@@ -68,8 +68,8 @@ class SwarmOptions:
     # how cohorts synchronise (protocol.records.SwarmParams): "every-step", or "outer" steps
     sync: str = "every-step"
     inner_steps: int = 5
-    outer_lr: str = "0.7"
-    outer_momentum: str = "0.9"
+    outer_lr: str = "1.0"
+    outer_momentum: str = "0.0"
     outer_compression: str = "int8"
     outer_overlap: bool = True
     # False: each peer runs `rounds` committed rounds of its own (--max-rounds); True: every peer,
