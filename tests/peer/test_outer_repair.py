@@ -10,20 +10,17 @@ import torch
 from hivemind_adapter.dht import peer_id
 from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.state_archive import StateArchive
-from peer.devices import WorkerDevice
 from peer.outer_repair import missed_outer_state, outer_digest, takers_of
 from peer.outer_round import OuterStepper
 from peer.outer_step import OuterSettings
 from peer.round_commit import report_state
 from peer.swarm_view import SignedCommitBoard
-from peer.worker_pool import WorkerPool
-from peer.worker_protocol import SharedBuffers
 from protocol.dht_schema import outer_board_id
 from protocol.identity import Identity
 from supernet.outer_state import OuterState, served_consensus, served_layout
-from supernet.state import digest, init_optimizer_state, state_tensors
-from supernet.workload import workload_for
+from supernet.state import digest
 from tests.helpers import two_task_dhts, wait_until
+from tests.peer.spawned_pool import spawned_pool
 
 TASK = "digits-outer-repair-test"
 OPTIONS = {"seed": 5, "batch_size": 16, "num_subnets": 2, "width_mult": 0.25, "head_channels": 64}
@@ -99,24 +96,13 @@ def test_the_outer_state_the_takers_serve_is_found_once_they_took_the_step():
 @pytest.fixture
 def stepper(monkeypatch):
     monkeypatch.setenv("MANTA_WORKER_THREADS", "1")
-    workload = workload_for("digits", OPTIONS)
-    net = workload.build()
-    optimizer = workload.make_optimizer(net)
-    init_optimizer_state(net, optimizer)
-    params = len(list(net.parameters()))
-    shared = SharedBuffers.create(list(net.parameters()), state_tensors(net, optimizer), 1)
-    pool = WorkerPool(
-        [WorkerDevice("cpu", 0, "test cpu", 1024)], shared, task_name="digits", task_seed=5,
-        participant_prefix="repair-test", train_options=OPTIONS,
-    )  # fmt: skip
     settings = OuterSettings(inner_steps=3, lr=0.7, momentum=0.9, compression="int8", overlap=True)
-    try:
+    with spawned_pool(OPTIONS, 5, "repair-test") as (pool, params):
+        shared = pool.shared
         yield OuterStepper(
             settings, OuterState.starting_at(shared.state[:params]), pool, shared.state,
             len(shared.state), shared.state[params:], lambda _: None,
         ), shared  # fmt: skip
-    finally:
-        pool.stop()
 
 
 def test_a_missed_outer_step_moves_the_global_state_and_keeps_the_cohorts_own_progress(stepper):

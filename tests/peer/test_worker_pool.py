@@ -11,11 +11,9 @@ import time
 import pytest
 import torch
 
-from peer.devices import WorkerDevice
 from peer.worker_pool import WorkerDied, WorkerPool
-from peer.worker_protocol import Compute, HostContribution, SharedBuffers
-from supernet.state import init_optimizer_state, state_tensors
-from supernet.workload import workload_for
+from peer.worker_protocol import Compute, HostContribution
+from tests.peer.spawned_pool import spawned_pool
 
 OPTIONS = {"seed": 3, "batch_size": 16, "num_subnets": 2, "width_mult": 0.25, "head_channels": 64}
 
@@ -23,24 +21,8 @@ OPTIONS = {"seed": 3, "batch_size": 16, "num_subnets": 2, "width_mult": 0.25, "h
 @pytest.fixture
 def pool(monkeypatch):
     monkeypatch.setenv("MANTA_WORKER_THREADS", "1")
-    workload = workload_for("digits", OPTIONS)
-    net = workload.build()
-    optimizer = workload.make_optimizer(net)
-    init_optimizer_state(net, optimizer)
-    shared = SharedBuffers.create(list(net.parameters()), state_tensors(net, optimizer), 1)
-    devices = [WorkerDevice("cpu", 0, "test cpu", 1024)]
-    pool = WorkerPool(
-        devices,
-        shared,
-        task_name="digits",
-        task_seed=3,
-        participant_prefix="peer-test",
-        train_options=OPTIONS,
-    )
-    try:
+    with spawned_pool(OPTIONS, 3, "peer-test") as (pool, _params):
         yield pool
-    finally:
-        pool.stop()
 
 
 def _computed(pool: WorkerPool, timeout: float) -> HostContribution:
