@@ -20,11 +20,11 @@ matchmaking directly, so a member that cannot be reached costs the bound once, n
 
 The commit: every member posts its result on the commit board as always, and then the group meets
 once more over the roll alone (:meth:`KnownCohort.confirm`, a few hundred bytes over the cohort's
-links): each member says "ok" and a fingerprint of the result it computed (40 bits of its digest). A member that receives
-every member's "ok" with its own fingerprint knows that the whole cohort (the roster that commits an
-inner step) holds its result, and commits without waiting for the board's reports to cross the wide
-area (0.5 s per inner step on broadband). A member whose confirmation fails waits for the board as
-before; the others' reports are on their way there.
+links): each member says "ok" and a fingerprint of the result it computed (40 bits of its
+digest). A member that receives every member's "ok" with its own fingerprint knows that the whole
+cohort (the roster that commits an inner step) holds its result, and commits without waiting for
+the board's reports to cross the wide area (0.5 s per inner step on broadband). A member whose
+confirmation fails waits for the board as before; the others' reports are on their way there.
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ progress away.
 What it needs is only the swarm's new outer state. Every peer serves it inside its served state (see
 :func:`supernet.outer_state.served_layout`), under the state's digest. This module finds the peers
 that committed the missed exchange on the outer board (a quorum of the roster holding one result),
-fetches their newest committed states, and
-returns the outer state that two of them agree on (one, if the quorum had one other peer): cohorts
-differ in their own parameters, never in the outer state after a step. The caller moves its global
+fetches their newest committed states, and returns the outer state that two of them agree on (one,
+if the quorum had one other peer): cohorts differ in their own parameters, never in the outer state
+after a step. The caller moves its global
 state there and shifts its parameters by the same step (:meth:`peer.outer_round.OuterStepper.
 adopt_global`), keeping its own progress, which goes out with its next exchange.
 """
@@ -29,17 +29,11 @@ from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.paged_blobs import BlobUnavailable
 from hivemind_adapter.state_archive import fetch_state
 from peer.round_commit import CommitBoard, is_quorum, newest_committed_state
-from supernet.outer_state import OuterState, split_served
-from supernet.state import digest
+from supernet.outer_state import OuterState, outer_digest, split_served
 
 logger = logging.getLogger("manta.peer")
 
 FETCH_SECONDS = 30.0  # one holder's state, at most
-
-
-def outer_digest(state: OuterState) -> str:
-    """What every peer shares after an outer step (:meth:`peer.outer_round.OuterStepper.outer_digest`)."""
-    return digest([*state.global_params, *state.momentum])
 
 
 def takers_of(outer_board: CommitBoard, attempt: int, roster: Collection[str], peer_id: str) -> list[str]:
@@ -72,10 +66,12 @@ def missed_outer_state(
     layout: tuple[int, int, int],
 ) -> OuterState | None:
     """The outer state the peers that committed outer exchange ``attempt`` (a quorum of ``roster``)
-    hold now, or None while it cannot be told (nobody committed it, their states are not reported or not served yet, or they
-    still serve the state from before that step: overlapped, they take it at the next period's end).
+    hold now, or None while it cannot be told (nobody committed it, their states are not reported
+    or not served yet, or they still serve the state from before that step: overlapped, they take
+    it at the next period's end).
     ``layout``: (workers' consensus tensors, workers' tensors, parameters), for splitting a served
     state."""
+    consensus, worker_count, params = layout
     takers = takers_of(outer_board, attempt, roster, peer_id)
     needed = min(2, len(takers))
     found: dict[str, list[OuterState]] = {}
@@ -91,7 +87,6 @@ def missed_outer_state(
         except BlobUnavailable as e:
             logger.debug(f"state {reported.digest[:12]} of {holder[:12]} could not be fetched: {e}")
             continue
-        consensus, worker_count, params = layout
         _worker, outer = split_served(got.tensors, consensus, worker_count, params)
         if outer is None:
             continue

@@ -31,8 +31,7 @@ from peer.hierarchy import AveragingOutcome, HierarchicalAverager
 from peer.outer_step import OuterSettings, nesterov_outer_step, outgoing
 from peer.round_types import OuterReport, RoundPlan
 from peer.worker_pool import WorkerPool
-from supernet.outer_state import OuterState
-from supernet.state import digest
+from supernet.outer_state import OuterState, outer_digest
 
 logger = logging.getLogger("manta.peer")
 
@@ -88,8 +87,8 @@ class OuterStepper:
         self._touched = [torch.zeros(a.shape, dtype=torch.bool) for a in state.anchor] if mask_aware else None
 
     def outer_digest(self) -> str:
-        """Digest of what every peer shares between outer steps: global parameters and outer momentum."""
-        return digest([*self.state.global_params, *self.state.momentum])
+        """This peer's :func:`~supernet.outer_state.outer_digest`."""
+        return outer_digest(self.state)
 
     def params(self) -> list[torch.Tensor]:
         return self._worker_state[: self._params]

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from supernet.state import digest
+
 
 @dataclass
 class OuterState:
@@ -32,6 +34,12 @@ class OuterState:
             [p.detach().clone() for p in params],
             [torch.zeros_like(p) for p in params],
         )
+
+
+def outer_digest(state: OuterState) -> str:
+    """Digest of what every peer shares between outer steps: global parameters and outer momentum
+    (the key an outer exchange's groups are formed by, and what a missed step is checked against)."""
+    return digest([*state.global_params, *state.momentum])
 
 
 def served_layout(

@@ -10,14 +10,14 @@ import torch
 from hivemind_adapter.dht import peer_id
 from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.state_archive import StateArchive
-from peer.outer_repair import missed_outer_state, outer_digest, takers_of
+from peer.outer_repair import missed_outer_state, takers_of
 from peer.outer_round import OuterStepper
 from peer.outer_step import OuterSettings
 from peer.round_commit import report_state
 from peer.swarm_view import SignedCommitBoard
 from protocol.dht_schema import outer_board_id
 from protocol.identity import Identity
-from supernet.outer_state import OuterState, served_consensus, served_layout
+from supernet.outer_state import OuterState, outer_digest, served_consensus, served_layout
 from supernet.state import digest
 from tests.helpers import two_task_dhts, wait_until
 from tests.peer.spawned_pool import spawned_pool
