@@ -74,6 +74,16 @@ def credits_handler(task_id: str) -> str:
     return f"manta/{task_id}/credits"
 
 
+def manifest_handler(task_id: str) -> str:
+    """Pages of the task's shard list (:class:`protocol.shards.DataManifest`), keyed by its root."""
+    return f"manta/{task_id}/manifest"
+
+
+def shard_handler(task_id: str) -> str:
+    """Pages of the task's data shards, by digest (hivemind_adapter.shard_transfer)."""
+    return f"manta/{task_id}/shard"
+
+
 def state_handler(task_id: str) -> str:
     """Pages of a recent committed state, by digest (hivemind_adapter.state_archive)."""
     return f"manta/{task_id}/state"

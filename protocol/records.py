@@ -54,7 +54,7 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+from pydantic import Field, StringConstraints, ValidationError, model_validator
 
 from protocol.averaging_group import MAX_PROOF_HASHES
 from protocol.canonical import (
@@ -64,8 +64,21 @@ from protocol.canonical import (
     domain_prefix,
     split_signed_message,
 )
+from protocol.fields import (
+    Decimal,
+    Hex32,
+    HexId,
+    Int53,
+    Name,
+    Origin,
+    PeerId,
+    SignedInt53,
+    StrictModel,
+    Text,
+)
 from protocol.identity import Identity, verify_signature
 from protocol.note import checkpoint_body, open_note, parse_checkpoint_body, sign_note, split_note
+from protocol.shards import DataSpec
 
 # -- reasons ----------------------------------------------------------------------------------------
 
@@ -105,30 +118,6 @@ class RecordRejected(ValueError):
 # -- field types ------------------------------------------------------------------------------------
 
 MAX_WIRE_BYTES = 64 * 1024
-
-Int53 = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER)]
-SignedInt53 = Annotated[int, Field(ge=-MAX_SAFE_INTEGER, le=MAX_SAFE_INTEGER)]
-Hex32 = Annotated[str, StringConstraints(min_length=64, max_length=64, pattern=r"^[0-9a-f]{64}$")]
-HexId = Annotated[str, StringConstraints(min_length=2, max_length=128, pattern=r"^(?:[0-9a-f]{2})+$")]
-PeerId = Annotated[
-    str, StringConstraints(min_length=16, max_length=128, pattern=r"^[1-9A-HJ-NP-Za-km-z]+$")
-]  # libp2p base58btc (Qm... for RSA keys, 12D3KooW... for Ed25519 keys)
-Name = Annotated[
-    str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
-]
-Text = Annotated[str, StringConstraints(max_length=256, pattern=r"^[\x20-\x7e]*$")]
-Decimal = Annotated[
-    str, StringConstraints(max_length=32, pattern=r"^[0-9]+(?:\.[0-9]+)?(?:[eE]-?[0-9]{1,3})?$")
-]
-Origin = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[\x21-\x2a\x2c-\x7e]+$")]
-
-
-class StrictModel(BaseModel):
-    """Base of every MANTA wire model: strict, closed, immutable."""
-
-    model_config = ConfigDict(
-        extra="forbid", strict=True, frozen=True, validate_default=True, hide_input_in_errors=True
-    )
 
 
 class SealedRecord(StrictModel):
@@ -223,6 +212,9 @@ class TaskSpec(SealedRecord):
     aggregator_keys: Annotated[tuple[Hex32, ...], Field(min_length=1, max_length=16)]
     ledger_origin: Origin  # the origin line of the task's ledger checkpoints
     timestamp: Int53
+    # the operator's own dataset, packed into content-addressed shards (None: a built-in task's data,
+    # which every peer makes or ships itself)
+    data: DataSpec | None = None
 
     def signer_allowed(self, public_key: bytes) -> bool:
         return public_key.hex() in self.aggregator_keys
@@ -300,6 +292,9 @@ class ContributionReceipt(SealedRecord):
     # random projection of the peer's mean gradient x 10^9 (what an audit compares, with a tolerance).
     worker_samples: Annotated[tuple[Int53, ...], Field(max_length=64)] = ()
     grad_sketch: Annotated[tuple[SignedInt53, ...], Field(max_length=64)] = ()
+    # Tasks on an operator's dataset (TaskSpec.data): the training shards (manifest indices, sorted)
+    # whose samples the workers' streams drew from (tasks.shard_assignment); the audit replays them.
+    data_shards: Annotated[tuple[Int53, ...], Field(max_length=4096)] = ()
 
     @model_validator(mode="after")
     def _fields_agree(self) -> ContributionReceipt:
@@ -309,6 +304,8 @@ class ContributionReceipt(SealedRecord):
             raise ValueError("subnet_hashes lists a sub-network twice")
         if self.worker_samples and sum(self.worker_samples) != self.samples:
             raise ValueError("worker_samples must add up to samples")
+        if list(self.data_shards) != sorted(set(self.data_shards)):
+            raise ValueError("data_shards must be sorted and list each shard once")
         return self
 
     @property
@@ -367,7 +364,7 @@ class PeerProgress(SealedRecord):
     """
 
     RECORD_TYPE: ClassVar[str] = "progress"
-    MAX_WIRE_BYTES: ClassVar[int] = 2048
+    MAX_WIRE_BYTES: ClassVar[int] = 8192
 
     task_id: Name
     peer_id: PeerId
@@ -389,6 +386,12 @@ class PeerProgress(SealedRecord):
     # all-reduces sent and received across cohorts (the wide-area traffic), for the dashboard.
     outer_steps: Int53 = 0
     cross_cohort_bytes: Int53 = 0
+    # Tasks on an operator's dataset: the shards this peer holds and serves (a bitmap over the
+    # manifest's indices, hex, bit i of byte i // 8 = shard i; where others fetch from), and the shard
+    # bytes it has served to others and fetched itself since it started.
+    shards_held: Annotated[str, StringConstraints(max_length=4096, pattern=r"^(?:[0-9a-f]{2})*$")] = ""
+    data_bytes_served: Int53 = 0
+    data_bytes_fetched: Int53 = 0
 
 
 class Checkpoint(StrictModel):
