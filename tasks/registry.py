@@ -40,6 +40,7 @@ BUILTIN_TASK_MODULES = {
     "imagefolder": "tasks.imagefolder",
     "cifar10": "tasks.cifar",
     "stereo-synthetic": "tasks.stereo.task",
+    "stereo-folder": "tasks.stereo.folder_task",
 }
 
 _REGISTRY: dict[str, Callable[..., Task]] = {}
@@ -90,6 +91,8 @@ class Task:
     classes: tuple[str, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
     augmentation: Augmentation | None = None
+    # tasks on an operator's dataset: the shard list (protocol.shards.DataManifest) the sets read from
+    manifest: Any = None
 
     def __repr__(self) -> str:
         return (

@@ -137,9 +137,22 @@ def shard_indices(
 # --------------------------------------------------------------------------------------------------
 
 
+def _check_pool(pool: np.ndarray, dataset_size: int) -> np.ndarray:
+    pool = np.asarray(pool, dtype=np.int64)
+    if pool.ndim != 1 or len(pool) == 0:
+        raise ValueError("pool: need a non-empty one-dimensional array of sample indices")
+    if pool.min() < 0 or pool.max() >= dataset_size:
+        raise ValueError(f"pool: sample indices must lie in [0, {dataset_size})")
+    return pool
+
+
 class SampleStream:
     """The samples one participant trains on in one round when nobody knows in advance how many it
     will manage: an endless, deterministic stream, of which it takes as many as it processes.
+
+    With ``pool`` (the samples of the data shards the participant holds, see
+    :mod:`tasks.shard_assignment`) the permutations are of the pool instead of the whole dataset, so a
+    peer only ever reads samples it downloaded; anyone who knows the pool replays the same stream.
 
     The stream of ``(task_seed, round, participant)`` is a sequence of permutations of the dataset
     (one after another, each seeded by a SHA-256 of those values and its position), so within a
@@ -149,23 +162,33 @@ class SampleStream:
     public values alone (what an audit re-does).
     """
 
-    def __init__(self, dataset_size: int, task_seed: int | str, round: int, participant: str):
+    def __init__(
+        self,
+        dataset_size: int,
+        task_seed: int | str,
+        round: int,
+        participant: str,
+        pool: np.ndarray | None = None,
+    ):
         self.dataset_size = _check_positive("dataset_size", dataset_size)
         self._key = (task_seed, int(round), str(participant))
         self._block, self._perm = -1, np.empty(0, dtype=np.int64)
+        self._pool = None if pool is None else _check_pool(pool, self.dataset_size)
+        self._period = self.dataset_size if self._pool is None else len(self._pool)
         self.position = 0
 
     def _permutation(self, block: int) -> np.ndarray:
         if block != self._block:
             generator = np.random.Generator(np.random.PCG64(_seed("stream", *self._key, block)))
-            self._block, self._perm = block, generator.permutation(self.dataset_size).astype(np.int64)
+            order = generator.permutation(self._period).astype(np.int64)
+            self._block, self._perm = block, order if self._pool is None else self._pool[order]
         return self._perm
 
     def take(self, count: int) -> np.ndarray:
         """The next ``count`` indices of the stream (int64)."""
         out = []
         while count > 0:
-            block, offset = divmod(self.position, self.dataset_size)
+            block, offset = divmod(self.position, self._period)
             piece = self._permutation(block)[offset : offset + count]
             out.append(piece)
             self.position += len(piece)
@@ -180,7 +203,12 @@ def augmentation_seed(task_seed: int | str, round: int, participant: str) -> int
 
 
 def stream_indices(
-    dataset_size: int, task_seed: int | str, round: int, participant: str, count: int
+    dataset_size: int,
+    task_seed: int | str,
+    round: int,
+    participant: str,
+    count: int,
+    pool: np.ndarray | None = None,
 ) -> np.ndarray:
     """The first ``count`` indices of ``participant``'s stream in ``round`` (see :class:`SampleStream`)."""
-    return SampleStream(dataset_size, task_seed, round, participant).take(count)
+    return SampleStream(dataset_size, task_seed, round, participant, pool).take(count)
