@@ -7,10 +7,14 @@ the round's sub-networks, per-sample gradient sums, and the sketch of the mean g
 (:mod:`supernet.sketch`). They used to be written out twice (``peer/worker.py`` and
 ``aggregator/audits.py``): if the two copies drift, honest peers get revoked. Now there is one.
 
-The random draws (augmentation, dropout) come from one ``torch.Generator`` that
-:func:`compute_contribution` seeds from :func:`tasks.sharding.augmentation_seed` and passes down,
-never from torch's global generator: a spot audit replaying a peer's gradient in one thread of the
-aggregator gets the same numbers whatever other threads draw meanwhile.
+The random draws come from two ``torch.Generator`` objects of :func:`compute_contribution`'s own, both
+seeded from :func:`tasks.sharding.augmentation_seed` (:func:`supernet.batch_prefetch.contribution_generators`):
+one for the augmentation, one for dropout. Never torch's global generator: a spot audit replaying a
+peer's gradient in one thread of the aggregator gets the same numbers whatever other threads draw
+meanwhile. Two, not one, because the mini-batches are loaded and augmented ahead of the training step
+in background threads (:class:`supernet.batch_prefetch.BatchPrefetcher`): the augmentation draws in
+batch order there, dropout in the training step, and neither order depends on how far ahead the
+pipeline runs.
 """
 
 from __future__ import annotations
@@ -19,8 +23,17 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from supernet.batch_prefetch import (
+    DEFAULT_DEPTH,
+    BatchPrefetcher,
+    batch_maker,
+    batch_to_device,
+    contribution_generators,
+    default_decode_threads,
+)
 from supernet.config import SubnetConfig
 from supernet.sketch import SKETCH_SIZE, gradient_sketch, sketch_seed
 from supernet.workload import Workload
@@ -48,30 +61,59 @@ def compute_contribution(
     participant: str,
     go_on: Callable[[int], bool],
     on_batch: Callable[[int, float, int], None] | None = None,
+    *,
+    pool: np.ndarray | None = None,
+    prefetch: int = DEFAULT_DEPTH,
+    decode_threads: int | None = None,
+    decode_processes: int | None = None,
 ) -> WorkerContribution:
     """Mini-batches of ``participant``'s stream for ``round_index`` while ``go_on(samples so far)``
-    (at least one). ``on_batch(samples, loss_sum, macs)`` after each, for progress reports.
+    (at least one). ``on_batch(samples, loss_sum, macs)`` after each, for progress reports. ``pool``:
+    the sample indices the stream draws from (:class:`tasks.sharding.SampleStream`; default all).
 
-    The mini-batches' augmentation and dropout are drawn from a generator of this call's own, seeded
+    The mini-batches' augmentation and dropout are drawn from generators of this call's own, seeded
     by ``(task_seed, round_index, participant)``: the peer and its auditor draw the same, in any
-    thread."""
+    thread. Up to ``prefetch`` mini-batches are decoded and augmented ahead of the training step in the
+    background (:class:`supernet.batch_prefetch.BatchPrefetcher`); ``prefetch=0`` makes them in the
+    loop. The result is the same either way. Decoding runs in ``decode_processes`` forked processes
+    (default: :func:`~supernet.batch_prefetch.default_decode_threads` on a GPU, whose training thread
+    must not wait for the GIL, none on the CPU), else in ``decode_threads`` threads (default: none on
+    the CPU, where the training step already keeps every core busy: the producer thread decodes)."""
     params = list(net.parameters())
-    generator = torch.Generator().manual_seed(augmentation_seed(task_seed, round_index, participant))
-    stream = SampleStream(len(workload.task.train_set), task_seed, round_index, participant)
+    augmentation, dropout = contribution_generators(augmentation_seed(task_seed, round_index, participant))
+    train_set = workload.task.train_set
+    stream = SampleStream(len(train_set), task_seed, round_index, participant, pool=pool)
+    batch_size = workload.cfg.batch_size
+    on_cuda = torch.device(device).type == "cuda"
+    if decode_processes is None:
+        decode_processes = default_decode_threads() if on_cuda and prefetch > 0 else 0
+    if decode_threads is None:
+        decode_threads = default_decode_threads() if on_cuda else 0
     numerator = [torch.zeros_like(p) for p in params]
     loss_sum, samples, macs = 0.0, 0, 0
     started = time.perf_counter()
-    while samples == 0 or go_on(samples):
-        indices = stream.take(workload.cfg.batch_size)
-        batch = workload.batch(indices, generator)
-        stats = workload.accumulate(net, batch, configs, device, generator)
-        for acc, p in zip(numerator, params):
-            acc.add_(p.grad, alpha=len(indices))  # the batch's per-sample gradient sum
-        loss_sum += stats["loss"] * len(indices)
-        samples += len(indices)
-        macs += stats.get("train_macs", 0)
-        if on_batch is not None:
-            on_batch(samples, loss_sum, macs)
+    with BatchPrefetcher(
+        train_set,
+        lambda: stream.take(batch_size),
+        batch_maker(workload, augmentation),
+        depth=prefetch,
+        decode_threads=decode_threads,
+        processes=decode_processes,
+        pin_memory=on_cuda,
+    ) as batches:
+        for indices, batch in batches:
+            if on_cuda:  # from page-locked memory: the copy runs on the stream, ahead of the step
+                batch = batch_to_device(batch, device, non_blocking=True)
+            stats = workload.accumulate(net, batch, configs, device, dropout)
+            for acc, p in zip(numerator, params):
+                acc.add_(p.grad, alpha=len(indices))  # the batch's per-sample gradient sum
+            loss_sum += stats["loss"] * len(indices)
+            samples += len(indices)
+            macs += stats.get("train_macs", 0)
+            if on_batch is not None:
+                on_batch(samples, loss_sum, macs)
+            if not go_on(samples):
+                break
     return WorkerContribution(numerator, samples, loss_sum, macs, time.perf_counter() - started)
 
 
