@@ -26,6 +26,7 @@ from supernet.sketch import decode_sketch, sketch_distance
 from supernet.state import init_optimizer_state, load_state_tensors
 from supernet.training import cohort_configs, step_configs
 from supernet.workload import Workload
+from tasks.shard_assignment import sample_pool
 
 TOLERANCE = 0.05  # relative L2 distance of the sketches (see the module docstring for measurements)
 
@@ -62,6 +63,16 @@ def audit_receipt(
     load_state_tensors(net, optimizer, state)
     configs = receipt_configs(net, receipt, workload)
     numerator = [torch.zeros(p.shape, dtype=p.dtype) for p in net.parameters()]
+    # a task on shards: the streams drew from the shards the receipt signs (tasks.shard_assignment)
+    pool = None
+    if receipt.data_shards:
+        manifest = workload.task.manifest
+        if manifest is None:
+            return False, float("inf")  # shards named in a task without them: nothing to replay
+        try:
+            pool = sample_pool(manifest.split("train"), receipt.data_shards)
+        except ValueError:
+            return False, float("inf")  # a shard that is no training shard of the task
     for worker, count in enumerate(receipt.worker_samples):
         work = compute_contribution(
             workload,
@@ -72,6 +83,7 @@ def audit_receipt(
             receipt.round,
             f"{receipt.peer_id}/{worker}",
             go_on=lambda samples, count=count: samples < count,
+            pool=pool,
         )
         for total, part in zip(numerator, work.numerator):
             total.add_(part)

@@ -25,6 +25,7 @@ from aggregator.checkpoints import CheckpointKeeper
 from aggregator.contributions import ContributionDesk
 from aggregator.monitor.service import Monitor
 from aggregator.monitor.swarm_reader import read_swarm
+from aggregator.task_data import DataDesk
 from hivemind_adapter.dht import peer_id as dht_peer_id
 from hivemind_adapter.dht import read_signed, start_dht, store
 from hivemind_adapter.dht import visible_maddrs as dht_visible_maddrs
@@ -76,6 +77,7 @@ class BootstrapAggregator:
         self.desk = None
         self.endpoint: Endpoint | None = None  # the desk's and the keeper's calls and handlers
         self.monitor = None
+        self.data_desk: DataDesk | None = None  # tasks on an operator's dataset
         self._stop = threading.Event()
 
     def start(self) -> list[str]:
@@ -95,9 +97,12 @@ class BootstrapAggregator:
             validators=[MantaRecordValidator(self.task_id)],
         )
         self.published = self._choose_spec()
+        self.endpoint = Endpoint(self.dht, "manta-aggregator")
+        if self.published.record.data is not None:
+            # serving before publishing: a peer that sees the task can fetch its shards
+            self.data_desk = DataDesk(self.endpoint, self.published.record, self.config.data_dir)
         (self.config.data_dir / "task.sealed").write_bytes(self.published.wire)
         self._publish()
-        self.endpoint = Endpoint(self.dht, "manta-aggregator")
         if self.config.checkpoint_seconds > 0 or self.config.resume or self.config.receipts:
             self._start_checkpoints()
         if self.config.receipts:
@@ -123,12 +128,14 @@ class BootstrapAggregator:
             lambda: read_swarm(dht, task_id),
             multiaddrs=self.visible_maddrs(),
             task_data=self.keeper.workload.task if self.keeper is not None else None,
+            data_served=self.data_desk.bytes_served if self.data_desk is not None else None,
         )
 
     def _start_checkpoints(self) -> None:
 
         task = self.published.record
-        workload = workload_for(task.task, swarm_train_options(task))
+        shard_task = self.data_desk.task if self.data_desk is not None else None
+        workload = workload_for(task.task, swarm_train_options(task), task=shard_task)
         self.keeper = CheckpointKeeper(
             self.dht,
             self.endpoint,
@@ -227,6 +234,9 @@ class BootstrapAggregator:
         if self.keeper is not None:
             self.keeper.shutdown()
             self.keeper = None
+        if self.data_desk is not None:
+            self.data_desk.close()
+            self.data_desk = None
         if self.endpoint is not None:
             self.endpoint.close()
             self.endpoint = None

@@ -102,6 +102,7 @@ def start(
     prepare_process()
     from aggregator.bootstrap import BootstrapAggregator, BootstrapConfig
     from aggregator.monitor.server import DashboardError, parse_dashboard_option
+    from aggregator.task_data import pack_into
     from aggregator.task_publication import TaskFileError, build_task_spec, saved_task_spec
     from supernet.checkpoint import CheckpointError
 
@@ -111,7 +112,12 @@ def start(
     if resume and data_dir is None:
         raise UserError("--resume needs the --data-dir of the run to continue")
     try:
-        spec = saved_task_spec(data_dir, task_ref) if resume else build_task_spec(task_ref, identity)
+        if resume:
+            spec = saved_task_spec(data_dir, task_ref)
+        else:
+            chosen_dir = data_dir
+            pack = pack_into(lambda task_id: chosen_dir or Path(f"manta-aggregator-{task_id}"))
+            spec = build_task_spec(task_ref, identity, pack_data=pack)
         host_port_to_multiaddr(listen, "--listen")
         for a in announce:
             host_port_to_multiaddr(a, "--announce", allow_port_zero=False)
@@ -131,7 +137,7 @@ def start(
     try:
         try:
             maddrs = node.start()
-        except (CheckpointError, DashboardError) as e:
+        except (CheckpointError, DashboardError, TaskFileError) as e:
             raise UserError(str(e)) from None
         except Exception as e:  # hivemind reports an unusable port or unreachable peers in many ways
             raise UserError(

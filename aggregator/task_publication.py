@@ -19,12 +19,26 @@ A built-in task name gets defaults sized for this project's CPUs; a TOML file ma
     outer_lr = "1.0"           #   outer Nesterov SGD on the averaged pseudo-gradient (1.0 / 0:
     outer_momentum = "0.0"     #   the cohorts' mean; DiLoCo's 0.7 / 0.9 for hundreds of inner steps)
     outer_compression = "int8" #   none, fp16, int8 or int4 between cohorts, with error feedback
+
+A task on the operator's own data names its kind in ``[task] name`` (``imagefolder``, ``cifar10`` or
+``stereo-folder``) and where the data lies on this machine in ``[data]``; the aggregator packs it once
+into content-addressed shards that the swarm serves (:mod:`tasks.shards`), and signs their Merkle
+root into the task:
+
+    [data]
+    path = "/srv/data/cifar"   # on the aggregator's machine; volunteers never need it
+    layout = "kitti2015"       # stereo-folder: kitti2015, kitti2012, sceneflow or middlebury
+    val_fraction = 0.1         # held out for validation where the layout has no split of its own
+    shard_samples = 500        # samples per shard
+    crop = [256, 512]          # stereo-folder: the training crop (default: the largest multiple of 64)
 """
 
 from __future__ import annotations
 
 import time
 import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +46,7 @@ from pydantic import ValidationError
 
 from protocol.identity import Identity
 from protocol.records import RecordRejected, SwarmParams, TaskSpec, open_sealed
+from protocol.shards import DataSpec
 from supernet.workload import swarm_train_options, train_config
 from tasks import available_tasks
 
@@ -46,12 +61,83 @@ DEFAULT_SWARM = dict(
 )
 
 
+DATA_KINDS = ("imagefolder", "cifar10", "stereo-folder")  # tasks whose data the operator provides
+
+
 class TaskFileError(ValueError):
     """The task reference or file is not usable (one line for the operator)."""
 
 
-def build_task_spec(ref: str, identity: Identity, extra_aggregator_keys: tuple[str, ...] = ()) -> TaskSpec:
-    """A TaskSpec for a built-in task name or a TOML file, signed-for by ``identity``."""
+@dataclass(frozen=True)
+class DataRequest:
+    """A task file's ``[data]`` section: what to pack, and how."""
+
+    kind: str
+    path: Path
+    layout: str | None = None
+    val_fraction: float = 0.1
+    shard_samples: int = 500
+    crop: tuple[int, int] | None = None
+
+
+# (task id, seed, what to pack) -> the signed description of the packed shards
+PackData = Callable[[str, int, DataRequest], DataSpec]
+
+
+def _data_request(name: str, section: dict[str, Any] | None) -> DataRequest | None:
+    if section is None:
+        if name in DATA_KINDS:
+            raise TaskFileError(
+                f"task {name!r} trains on your own data: give a task file with a [data] section "
+                'naming its folder (path = "/srv/data/...")'
+            )
+        return None
+    if name not in DATA_KINDS:
+        raise TaskFileError(f"[data] is for tasks on your own data ({', '.join(DATA_KINDS)}), not {name!r}")
+    section = dict(section)
+    path = section.pop("path", None)
+    if not isinstance(path, str) or not path:
+        raise TaskFileError('[data] needs path = "<folder on this machine>"')
+    layout = section.pop("layout", None)
+    val_fraction = section.pop("val_fraction", 0.1)
+    shard_samples = section.pop("shard_samples", 500)
+    crop = section.pop("crop", None)
+    if section:
+        raise TaskFileError(f"[data] has unknown key(s): {', '.join(sorted(section))}")
+    if layout is not None and not isinstance(layout, str):
+        raise TaskFileError(f"[data] layout: need a string, got {layout!r}")
+    if (
+        isinstance(val_fraction, bool)
+        or not isinstance(val_fraction, (int, float))
+        or not 0 < val_fraction < 1
+    ):
+        raise TaskFileError(f"[data] val_fraction: need a number between 0 and 1, got {val_fraction!r}")
+    if (
+        isinstance(shard_samples, bool)
+        or not isinstance(shard_samples, int)
+        or not 1 <= shard_samples <= 1 << 20
+    ):
+        raise TaskFileError(f"[data] shard_samples: need a positive integer, got {shard_samples!r}")
+    if crop is not None:
+        if (
+            not isinstance(crop, list)
+            or len(crop) != 2
+            or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in crop)
+        ):
+            raise TaskFileError(f"[data] crop: need [height, width] in pixels, got {crop!r}")
+        crop = (crop[0], crop[1])
+    return DataRequest(name, Path(path).expanduser(), layout, float(val_fraction), shard_samples, crop)
+
+
+def build_task_spec(
+    ref: str,
+    identity: Identity,
+    extra_aggregator_keys: tuple[str, ...] = (),
+    pack_data: PackData | None = None,
+) -> TaskSpec:
+    """A TaskSpec for a built-in task name or a TOML file, signed-for by ``identity``. A task on the
+    operator's own data is packed by ``pack_data`` (which raises TaskFileError if it cannot) before
+    anything is signed."""
 
     path = Path(ref)
     if path.suffix == ".toml" or path.exists():
@@ -63,7 +149,7 @@ def build_task_spec(ref: str, identity: Identity, extra_aggregator_keys: tuple[s
             raise TaskFileError(f"task file {ref} is not valid TOML: {e}") from None
     else:
         doc = {"task": {"name": ref}}
-    unknown = set(doc) - {"task", "swarm"}
+    unknown = set(doc) - {"task", "swarm", "data"}
     if unknown:
         raise TaskFileError(f"task file has unknown section(s): {', '.join(sorted(unknown))}")
     task: dict[str, Any] = dict(doc.get("task", {}))
@@ -74,6 +160,7 @@ def build_task_spec(ref: str, identity: Identity, extra_aggregator_keys: tuple[s
     mode, seed = task.pop("mode", "data"), task.pop("seed", 0)
     if task:
         raise TaskFileError(f"[task] has unknown key(s): {', '.join(sorted(task))}")
+    request = _data_request(name, doc.get("data"))
     try:
         params = SwarmParams(**{**DEFAULT_SWARM, **doc.get("swarm", {})})
         spec = TaskSpec(
@@ -86,6 +173,14 @@ def build_task_spec(ref: str, identity: Identity, extra_aggregator_keys: tuple[s
             ledger_origin=f"manta/{task_id}",
             timestamp=int(time.time() * 1000),
         )
+        _check_trainable(spec)  # before packing: a bad setting fails in a second, not after the data
+        if request is not None:
+            if pack_data is None:
+                raise TaskFileError(f"task {name!r} needs its data packed, and nothing here packs it")
+            data = pack_data(task_id, seed, request)
+            if not isinstance(data, DataSpec):
+                raise TypeError(f"pack_data returned {type(data).__name__}, not a DataSpec")
+            spec = spec.model_copy(update={"data": data})  # data is a validated record itself
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
@@ -93,7 +188,6 @@ def build_task_spec(ref: str, identity: Identity, extra_aggregator_keys: tuple[s
         raise TaskFileError(
             f"task setting {where}: {message}" if where else f"task setting {message}"
         ) from None
-    _check_trainable(spec)
     return spec
 
 

@@ -67,6 +67,17 @@ def identity(identity_path: Path) -> None:
     help="Where this peer keeps its files.",
 )
 @click.option(
+    "--cache-size",
+    default="10GB",
+    show_default=True,
+    help="Disk for the task's data shards (e.g. 500MB, 20GB); least recently used ones are evicted.",
+)
+@click.option(
+    "--whole-dataset",
+    is_flag=True,
+    help="Train on every data shard instead of this peer's share (downloads the whole dataset).",
+)
+@click.option(
     "--max-rounds", type=click.IntRange(1), default=None, help="Stop after this many committed rounds."
 )
 @click.option(
@@ -87,6 +98,8 @@ def join(
     announce,
     client_mode,
     data_dir,
+    cache_size,
+    whole_dataset,
     max_rounds,
     until_round,
     identity_path,
@@ -97,6 +110,7 @@ def join(
     prepare_process()
     from peer.devices import discover_devices
     from peer.node import JoinConfig, PeerNode, PeerStartError
+    from peer.shard_cache import parse_size
     from peer.worker_pool import WorkerDied
     from protocol.netaddr import AddressError, check_peer_multiaddr, host_port_to_multiaddr
 
@@ -110,6 +124,10 @@ def join(
         devices = discover_devices(gpus, cpu_workers)
     except (AddressError, ValueError) as e:
         raise UserError(str(e)) from None
+    try:
+        cache_bytes = parse_size(cache_size)
+    except ValueError as e:
+        raise UserError(f"--cache-size: {e}") from None
     if cohort != "auto" and not cohort.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise UserError(f"--cohort must be letters, digits, '-', '_' or '.', got {cohort!r}")
     start_orphan_reaper()
@@ -124,6 +142,8 @@ def join(
         data_dir,
         max_rounds,
         until_round,
+        cache_bytes=cache_bytes,
+        whole_dataset=whole_dataset,
     )
     node = (NODE_CLASS or PeerNode)(config, ident, devices)
     node.install_signal_handlers()

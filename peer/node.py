@@ -40,6 +40,7 @@ from peer.catch_up import (
     sit_out_running_attempt,
 )
 from peer.cohort_averagers import CohortAveragers
+from peer.data_feed import DataFeed, DataUnavailable
 from peer.devices import WorkerDevice
 from peer.hierarchy import AveragingTimeouts
 from peer.outer_repair import missed_outer_state
@@ -63,6 +64,7 @@ from supernet.checkpoint import save_checkpoint
 from supernet.outer_state import OuterState, served_consensus, served_layout, split_served
 from supernet.state import consensus_count, digest, fresh_state_tensors
 from supernet.workload import Workload, swarm_train_options, workload_for
+from tasks.shards.local import local_shard_task
 
 logger = logging.getLogger("manta.peer")
 
@@ -83,6 +85,8 @@ class JoinConfig:
     data_dir: Path = Path("manta-peer")
     max_rounds: int | None = None
     until_round: int | None = None  # leave once the state is that of round until_round - 1
+    cache_bytes: int = 10 << 30  # tasks on an operator's dataset: disk for cached shards (--cache-size)
+    whole_dataset: bool = False  # train on every shard, not this peer's share (--whole-dataset)
     timeouts: AveragingTimeouts = field(default_factory=AveragingTimeouts)
 
 
@@ -97,6 +101,7 @@ class PeerNode:
     def __init__(self, config: JoinConfig, identity: Identity, devices: list[WorkerDevice]):
         self.config, self.identity, self.devices = config, identity, devices
         self.reports: list[RoundReport] = []
+        self._created = time.monotonic()  # what "time to the first training step" counts from
         self.display = ProgressDisplay()
         self.state_round = -1  # the round the current state is the result of (-1: the initial state)
         self.attempt = 0  # averaging attempts so far, swarm-wide (see run)
@@ -125,6 +130,7 @@ class PeerNode:
         self._archive: StateArchive | None = None
         self._averagers: CohortAveragers | None = None
         self._round: RoundContext | None = None
+        self.data: DataFeed | None = None  # tasks on an operator's dataset (TaskSpec.data)
 
     # ------------------------------------------------------------------ start-up
 
@@ -177,9 +183,19 @@ class PeerNode:
             throughput=1.0,  # replaced by the measured figure after the first round
         )
         self._outbox = ReceiptOutbox(self.config.data_dir / "receipts", self.identity)
-        self._courier = ReceiptCourier(
-            self._outbox, AggregatorLink(self.dht, self._endpoint, task.task_id, tuple(task.aggregator_keys))
-        )
+        link = AggregatorLink(self.dht, self._endpoint, task.task_id, tuple(task.aggregator_keys))
+        self._courier = ReceiptCourier(self._outbox, link)
+        board = ProgressBoard(self.dht, task.task_id, self.identity, self.peer_id)
+        if task.data is not None:
+            self.data = DataFeed(
+                self._endpoint, task, board, lambda: list(link.aggregators().values()), self.peer_id,
+                self.config.data_dir / "data", self.config.cache_bytes, self.display,
+                whole_dataset=self.config.whole_dataset, started=self._created,
+            )  # fmt: skip
+            try:
+                self.data.open()
+            except DataUnavailable as e:
+                raise PeerStartError(str(e)) from None
         self._start_workers()
         self._sharer = StateSharer(
             [t.clone() for t in self._served_state()],
@@ -205,7 +221,7 @@ class PeerNode:
             on_new=self._signals.reclaim,
         )
         self._progress = SwarmProgress(
-            ProgressBoard(self.dht, task.task_id, self.identity, self.peer_id),
+            board,
             self.peer_id,
             task.params.batch_size,
             len(self.devices),
@@ -216,6 +232,8 @@ class PeerNode:
             self._outer.steps_taken if self._outer is not None else 0,
             self._averagers.cross_cohort_bytes(),
         )
+        if self.data is not None:
+            self._progress.data = self.data.holdings
         self._round = RoundContext(
             task=task,
             train_config=self.workload.cfg,
@@ -235,6 +253,7 @@ class PeerNode:
             seal_receipt=self.receipt_wire,
             commit_board=self._commit_board,
             outer=self._outer,
+            data=self.data,
         )
         self._signals.reclaim()
 
@@ -243,7 +262,14 @@ class PeerNode:
         torch.set_num_threads(1)  # the agent only averages; the cores belong to the workers
         task = self.spec.record
         train_options = swarm_train_options(task)
-        self.workload = workload_for(task.task, train_options)
+        worker_data = None
+        if self.data is not None:
+            # the agent needs the task's shapes only; its workers read the shards (tasks.shards.local)
+            shard_task, _ = local_shard_task(task.data, self.data.directory)
+            self.workload = workload_for(task.task, train_options, task=shard_task)
+            worker_data = (task.data.model_dump_json(), str(self.data.directory))
+        else:
+            self.workload = workload_for(task.task, train_options)
         net = self.workload.build()
         optimizer = self.workload.cfg.optimizer  # the workers make it; the agent holds its state
         self._shared = SharedBuffers.create(
@@ -257,6 +283,7 @@ class PeerNode:
             task_seed=task.seed,
             participant_prefix=self.peer_id,
             train_options=train_options,
+            data=worker_data,
         )
         settings = OuterSettings.of_task(task.params)
         if settings is not None:
@@ -466,7 +493,11 @@ class PeerNode:
                 if not self._nobody_ahead():
                     self.catch_up_with_swarm()
                 between = time.perf_counter() - t0
-                report = run_round(self._round, self.state_round + 1, self.attempt)
+                try:
+                    report = run_round(self._round, self.state_round + 1, self.attempt)
+                except DataUnavailable as e:
+                    logger.error(f"cannot train: {e}")
+                    break
                 report.cross_cohort_bytes = self._averagers.cross_cohort_bytes()
                 if report.outer is not None:
                     self._record_outer(report.outer)
@@ -618,6 +649,8 @@ class PeerNode:
                     pass
         if self._archive is not None:
             self._archive.close()
+        if self.data is not None:
+            self.data.close()
         if self._endpoint is not None:
             self._endpoint.close()
         if self.dht is not None:

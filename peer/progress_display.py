@@ -1,7 +1,8 @@
 """What a volunteer sees while `manta-peer join` runs.
 
 On a terminal: one status line, redrawn in place a few times a second while the peer computes
-(round, samples so far, samples/s, the swarm's progress towards the round's target), and one summary
+(round, samples so far, samples/s, the swarm's progress towards the round's target) or waits for the
+data shards it trains on (shards and bytes downloaded), and one summary
 line per finished round (loss, cohort, peers, credits so far). Anywhere else (a log file, a pipe, a
 service manager): nothing is redrawn, and each round is one plain log line, which is what tools and
 tests parse.
@@ -31,6 +32,21 @@ class ProgressDisplay:
         self._draw(
             f"round {round_index + 1}: computing  {int(samples)} samples  {rate:.1f} samples/s  "
             f"swarm [{bar:<20}] {int(swarm)}/{target}"
+        )
+
+    def downloading(
+        self, what: str, shards_done: int, shards: int, bytes_done: int, bytes_total: int
+    ) -> None:
+        """The live line while the peer waits for the data shards it trains on (redrawn at most 4
+        times a second on a terminal; elsewhere the caller logs a line now and then)."""
+        if not self.interactive or time.monotonic() - self._last_draw < 0.25:
+            return
+        self._last_draw = time.monotonic()
+        share = bytes_done / max(1, bytes_total)
+        bar = "#" * int(share * 20)
+        self._draw(
+            f"{what}: downloading data [{bar:<20}] {shards_done}/{shards} shards  "
+            f"{bytes_done / 1e6:.1f}/{bytes_total / 1e6:.1f} MB"
         )
 
     def averaging(self, round_index: int) -> None:

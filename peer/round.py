@@ -306,8 +306,14 @@ def compute_until_target(ctx: RoundContext, plan: RoundPlan) -> tuple[HostContri
     samples (:mod:`peer.swarm_progress`), until another peer is seen computing a later round (this
     peer is behind), or until Ctrl-C; returns the host's contribution, the computation's wall time and
     the latest round seen computed elsewhere."""
+    # the shards of this peer's share that are on disk (it waits, bounded, only for the very first)
+    shards = (
+        ctx.data.shards_for_round(plan.round_index, plan.roster, ctx.stop) if ctx.data is not None else ()
+    )
     ctx.progress.begin(plan.round_index, plan.cohort, ctx.state_round())
-    ctx.workers.start_compute(Compute(plan.round_index, ctx.task.mode, plan.cohort_rank, plan.num_cohorts))
+    ctx.workers.start_compute(
+        Compute(plan.round_index, ctx.task.mode, plan.cohort_rank, plan.num_cohorts, data_shards=shards)
+    )
     read_roster_ahead(ctx)
     ahead = -1
     while (host := ctx.workers.computed(timeout=COMPUTE_POLL_SECONDS)) is None:
@@ -361,6 +367,7 @@ def build_receipt(ctx: RoundContext, work: RoundWork, outcome: AveragingOutcome)
         timestamp=int(time.time() * 1000),
         worker_samples=commitments.worker_samples,
         grad_sketch=commitments.grad_sketch,
+        data_shards=tuple(sorted(host.data_shards)),
     )
 
 

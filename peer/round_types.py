@@ -22,6 +22,7 @@ from protocol.records import ContributionReceipt, TaskSpec
 from supernet.training import TrainConfig
 
 if TYPE_CHECKING:  # outer_round uses these types: imported for annotations only
+    from peer.data_feed import DataFeed
     from peer.outer_round import OuterStepper
 
 
@@ -146,6 +147,8 @@ class RoundContext:
     outer: OuterStepper | None = None
     # (when it was started, the read) of the roster for the next inner step, read while this one computes
     roster_ahead: tuple[float, Future] | None = None
+    # tasks on an operator's dataset: the shards this peer trains on, fetched and cached (None: built-in data)
+    data: DataFeed | None = None
 
 
 @dataclass(frozen=True)

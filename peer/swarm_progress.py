@@ -63,6 +63,8 @@ class SwarmProgress:
         self.rounds_by_cohort = rounds_by_cohort
         # (outer steps taken, cross-cohort bytes) for every record: what the dashboard shows
         self.traffic: Callable[[], tuple[int, int]] = lambda: (0, 0)
+        # (shards held as a bitmap, shard bytes served, fetched) in tasks on shards (peer.data_feed)
+        self.data: Callable[[], tuple[str, int, int]] = lambda: ("", 0, 0)
         self.batch_size, self.devices, self.target = batch_size, devices, target
         self.throughput = 0.0  # samples/s over the last round's computation (0: none measured yet)
         self._finished: tuple[int, int, float] | None = None  # (round, samples, loss) last computed
@@ -144,6 +146,7 @@ class SwarmProgress:
                 # The store crosses the wide area: the computation's polling (and, at its end, the
                 # round) went on only after it, 0.2-0.5 s per record on broadband.
                 wait=False,
+                data=self.data(),
             )
         except Exception as e:  # a transient DHT failure: the next report retries
             logger.debug(f"progress report failed: {e}")

@@ -287,10 +287,12 @@ class ProgressBoard:
         finished: tuple[int, int, float] | None = None,
         traffic: tuple[int, int] = (0, 0),
         wait: bool = True,
+        data: tuple[str, int, int] = ("", 0, 0),
     ) -> bool:
         """Publish this peer's progress in ``round_index``; ``finished`` is (round, samples, mean loss)
         of the last round it finished computing, repeated in every record (see :class:`PeerProgress`);
-        ``traffic`` is (outer steps taken, cross-cohort bytes) since the peer started. ``wait=False``:
+        ``traffic`` is (outer steps taken, cross-cohort bytes) since the peer started; ``data`` (shards
+        held as a bitmap, shard bytes served, shard bytes fetched) in tasks on shards. ``wait=False``:
         return True at once while the DHT stores it (a later record expires later: it wins)."""
         done_round, done_samples, done_loss = finished if finished is not None else (0, 0, 0.0)
         record = PeerProgress(
@@ -309,6 +311,9 @@ class ProgressBoard:
             finished_loss_micro=_micro(done_loss),
             outer_steps=int(traffic[0]),
             cross_cohort_bytes=int(traffic[1]),
+            shards_held=data[0],
+            data_bytes_served=int(data[1]),
+            data_bytes_fetched=int(data[2]),
         )
         stored = self.dht.store(
             progress_key(self.task_id),

@@ -31,12 +31,14 @@ import logging
 import os
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from console.logs import setup_logging
 from hivemind_adapter.runtime import set_parent_death_signal
+from peer.host_reduction import allreduce_bucketed
 from peer.worker_protocol import (
     Applied,
     Apply,
@@ -48,10 +50,13 @@ from peer.worker_protocol import (
     Stop,
     WorkerFailed,
 )
+from protocol.shards import DataSpec
 from supernet.contribution import WorkerContribution, compute_contribution
 from supernet.state import init_optimizer_state, load_state_tensors, state_tensors
 from supernet.training import cohort_configs, maybe_sort_channels, optimizer_step, step_configs
 from supernet.workload import workload_for
+from tasks.shard_assignment import sample_pool
+from tasks.shards.local import local_shard_task
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,9 @@ class WorkerSpec:
     participant: str  # f"{peer_id}/{rank}": this worker's id in the round's sharding
     train_config: dict  # supernet.training.TrainConfig fields
     threads: int
+    # tasks on an operator's dataset: (the task's DataSpec as JSON, the directory holding manifest.json
+    # and shards/, tasks.shards.local); None for built-in data
+    data: tuple[str, str] | None = None
 
 
 def worker_main(spec: WorkerSpec, conn, shared: SharedBuffers) -> None:
@@ -96,7 +104,14 @@ def _serve(spec: WorkerSpec, conn, shared: SharedBuffers, log) -> None:
         # it 2.6-4.6e-4.
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
-    workload = workload_for(spec.task_name, {**spec.train_config, "device": str(device)})
+    options = {**spec.train_config, "device": str(device)}
+    if spec.data is not None:
+        data = DataSpec.model_validate_json(spec.data[0])
+        task, manifest = local_shard_task(data, Path(spec.data[1]))
+        workload = workload_for(spec.task_name, options, task=task)
+        train_shards = manifest.split("train")
+    else:
+        workload, train_shards = workload_for(spec.task_name, options), ()
     cfg = workload.cfg
     net = workload.build().to(device)
     optimizer = workload.make_optimizer(net)
@@ -117,8 +132,11 @@ def _serve(spec: WorkerSpec, conn, shared: SharedBuffers, log) -> None:
                 load_state_tensors(net, optimizer, [t.to(device) for t in shared.state])
                 conn.send(Loaded())
             elif isinstance(request, Compute):
+                pool = sample_pool(train_shards, request.data_shards) if request.data_shards else None
                 conn.send(
-                    _compute_host_contribution(request, workload, net, optimizer, device, spec, shared, log)
+                    _compute_host_contribution(
+                        request, workload, net, optimizer, device, spec, shared, log, pool
+                    )
                 )
             elif isinstance(request, Apply):
                 lr = None
@@ -138,7 +156,15 @@ def _serve(spec: WorkerSpec, conn, shared: SharedBuffers, log) -> None:
 
 
 def _compute_host_contribution(
-    request: Compute, workload, net, optimizer, device, spec: WorkerSpec, shared: SharedBuffers, log
+    request: Compute,
+    workload,
+    net,
+    optimizer,
+    device,
+    spec: WorkerSpec,
+    shared: SharedBuffers,
+    log,
+    pool=None,
 ) -> HostContribution:
     """This worker's mini-batches until the agent raises the stop flag (at least one), then the host
     stage: the workers' numerators and counts summed with torch.distributed, rank 0 leaving the
@@ -166,9 +192,9 @@ def _compute_host_contribution(
         spec.participant,
         go_on=lambda _samples: not int(shared.stop[0]),
         on_batch=report,
+        pool=pool,
     )
-    for t in work.numerator:
-        dist.all_reduce(t)  # the host stage: sum over this host's workers
+    allreduce_bucketed(work.numerator)  # the host stage: sum over this host's workers, in a few buckets
     if spec.rank == 0:
         for dst, src in zip(shared.grads, work.numerator):
             dst.copy_(src.to("cpu"))
@@ -184,6 +210,7 @@ def _compute_host_contribution(
         config_hashes=tuple(c.hash for c in configs),
         scale=scale,
         worker_seconds=work.seconds,
+        data_shards=request.data_shards,
     )
 
 

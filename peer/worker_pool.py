@@ -48,6 +48,7 @@ class WorkerPool:
         task_seed: int,
         participant_prefix: str,
         train_options: dict,
+        data: tuple[str, str] | None = None,
     ):
         self.shared = shared
         self._workers: list[tuple[torch.multiprocessing.Process, object]] = []
@@ -66,6 +67,7 @@ class WorkerPool:
                 f"{participant_prefix}/{rank}",
                 train_options,
                 threads,
+                data,
             )
             proc = ctx.Process(target=worker_main, args=(spec, child, shared), daemon=True)
             proc.start()

@@ -22,6 +22,8 @@ class Compute:
     mode: str  # "data": every cohort trains the same sub-networks; "model": each cohort its share
     cohort_rank: int
     num_cohorts: int
+    # tasks on an operator's dataset: the training shards (manifest indices) the streams draw from
+    data_shards: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class HostContribution:
     config_hashes: tuple[str, ...]  # the sub-networks trained, in training order
     scale: float  # what the round's per-cohort result is multiplied by (model-parallel rounds)
     worker_seconds: float  # rank 0's time in its mini-batches
+    data_shards: tuple[int, ...] = ()  # the shards the streams drew from (Compute.data_shards)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,25 @@ LINK_OPTIONS = ("uplink", "downlink", "delay", "jitter", "loss", "nat")
     "--cohorts", type=click.IntRange(1, 64), default=1, show_default=True, help="Split peers into C cohorts."
 )
 @click.option("--task", default="digits", show_default=True, help="Built-in task.")
+@click.option(
+    "--data",
+    "data_path",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Your dataset's folder (tasks imagefolder, cifar10, stereo-folder): the aggregator packs it "
+    "into shards the peers fetch from the swarm.",
+)
+@click.option(
+    "--data-layout", default=None, help="stereo-folder: kitti2015, kitti2012, sceneflow or middlebury."
+)
+@click.option(
+    "--shard-samples", type=click.IntRange(1), default=500, show_default=True, help="Samples per shard."
+)
+@click.option(
+    "--whole-dataset",
+    is_flag=True,
+    help="Every peer trains on every shard (the data-on-every-disk baseline).",
+)
 @click.option("--mode", type=click.Choice(["data", "model"]), default="data", show_default=True)
 @click.option(
     "--rounds", type=click.IntRange(1), default=30, show_default=True, help="Rounds the swarm commits."
@@ -157,6 +176,10 @@ def main(
     peers,
     cohorts,
     task,
+    data_path,
+    data_layout,
+    shard_samples,
+    whole_dataset,
     mode,
     rounds,
     data_dir,
@@ -263,6 +286,13 @@ def main(
 
     if task not in available_tasks():
         raise UserError(f"unknown task {task!r}; built-in tasks: {', '.join(available_tasks())}")
+    data_kinds = ("imagefolder", "cifar10", "stereo-folder")
+    if (task in data_kinds) != (data_path is not None):
+        raise UserError(
+            f"--task {task} needs --data FOLDER"
+            if task in data_kinds
+            else f"--data is for tasks {', '.join(data_kinds)}"
+        )
     prepare_process()
     start_orphan_reaper()  # if this process is killed, its whole tree goes with it
     run_dir = data_dir or Path(f"manta-run-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -292,6 +322,10 @@ def main(
         outer_compression=outer_compression,
         outer_overlap=outer_overlap,
         until_swarm_round=True,
+        data_path=str(data_path) if data_path is not None else "",
+        data_layout=data_layout or "",
+        shard_samples=shard_samples,
+        whole_dataset=whole_dataset,
     )
     click.echo(f"run directory: {run_dir.resolve()}")
     try:

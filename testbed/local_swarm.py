@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -75,6 +76,11 @@ class SwarmOptions:
     # False: each peer runs `rounds` committed rounds of its own (--max-rounds); True: every peer,
     # joiners included, leaves once the swarm has committed `rounds` rounds (--until-round).
     until_swarm_round: bool = False
+    # a task on an operator's dataset: the folder the aggregator packs ([data] path) and its layout
+    data_path: str = ""
+    data_layout: str = ""
+    shard_samples: int = 500
+    whole_dataset: bool = False  # every peer trains on every shard (the data-on-every-disk baseline)
 
 
 def task_toml(o: SwarmOptions) -> str:
@@ -85,7 +91,15 @@ def task_toml(o: SwarmOptions) -> str:
         f'subnets_per_step = {o.subnets}\nlearning_rate = "{o.learning_rate}"\n'
         f'total_rounds = {o.rounds}\nwidth_mult = "{o.width_mult}"\nhead_channels = {o.head_channels}\n'
         f"max_group_size = {max(2, -(-o.peers // o.cohorts))}\n{_sync_toml(o)}{o.extra_toml}"
+        f"{_data_toml(o)}"
     )
+
+
+def _data_toml(o: SwarmOptions) -> str:
+    if not o.data_path:
+        return ""
+    layout = f'layout = "{o.data_layout}"\n' if o.data_layout else ""
+    return f"\n[data]\npath = {json.dumps(str(Path(o.data_path).resolve()))}\n{layout}shard_samples = {o.shard_samples}\n"
 
 
 def _sync_toml(o: SwarmOptions) -> str:
@@ -184,7 +198,9 @@ class LocalSwarm:
             args.append("--resume")
         args += list(extra_args)
         proc = self._spawn("aggregator", args, folder, site=site)
-        deadline = time.monotonic() + 120
+        # packing an operator's dataset (decoding every image once) comes before the join line
+        wait = 1800 if self.o.data_path else 120
+        deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             for line in (folder / "log.txt").read_text().splitlines():
                 if line.strip().startswith("manta-peer join"):
@@ -193,7 +209,7 @@ class LocalSwarm:
             if proc.poll() is not None:
                 raise RuntimeError(f"the aggregator exited: {_last_line(folder / 'log.txt')}")
             time.sleep(0.2)
-        raise RuntimeError("the aggregator printed no join line within 120 s")
+        raise RuntimeError(f"the aggregator printed no join line within {wait} s")
 
     def peer_dir(self, i: int) -> Path:
         return self.dir / f"peer-{i}"
@@ -240,6 +256,14 @@ class LocalSwarm:
             args.append("--client-mode")  # behind a home router: others cannot connect in
         if self.o.cohorts > 1:
             args += ["--cohort", f"cohort-{i % self.o.cohorts}"]
+        if self.o.whole_dataset:
+            args.append("--whole-dataset")
+            # the data already on this peer's disk: every shard the aggregator packed, in its cache
+            shards = folder / "data" / "shards"
+            shards.mkdir(parents=True, exist_ok=True)
+            for packed in (self.dir / "aggregator" / "data" / "shards").glob("*.shard"):
+                if not (shards / packed.name).exists():
+                    shutil.copyfile(packed, shards / packed.name)
         return self._spawn(f"peer-{i}", [*args, *extra], folder, env, site=site)
 
     def signal_peer(self, name: str, how: Signal) -> None:

@@ -28,7 +28,9 @@ from typing import Any
 from ledger.rewards import compute_rewards
 from ledger.store import LedgerError, LedgerStore
 from protocol.identity import Identity
+from protocol.records import TaskSpec, open_sealed
 from supernet.checkpoint import CheckpointError, load_checkpoint, read_checkpoint
+from tasks.shards.local import local_shard_task
 from testbed.figures import as_json, peer_figures, site_figures, swarm_figures
 from testbed.local_swarm import LocalSwarm
 from testbed.wan.rates import format_rate
@@ -186,9 +188,10 @@ def evaluate_final_state(swarm: LocalSwarm) -> dict[str, Any]:
     if not candidates:
         return {"evaluation_error": "no peer saved a final state"}
     best = None
+    shard_task = _shard_task(swarm)
     for path in candidates:
         try:
-            loaded = load_checkpoint(path, task=best.workload.task if best else None)
+            loaded = load_checkpoint(path, task=best.workload.task if best else shard_task)
         except CheckpointError as e:
             logger.warning(str(e))
             continue
@@ -203,6 +206,18 @@ def evaluate_final_state(swarm: LocalSwarm) -> dict[str, Any]:
         key: {row["name"]: round(float(row[workload.metric_name]), 4) for row in rows},
         "evaluated_round": best.round,
     }
+
+
+def _shard_task(swarm: LocalSwarm):
+    """A task on an operator's dataset: the task read from the aggregator's packed shards (its
+    validation split is what the final state is evaluated on); None for built-in data."""
+    sealed = swarm.dir / "aggregator" / "task.sealed"
+    if not sealed.is_file():
+        return None
+    spec = open_sealed(sealed.read_bytes(), TaskSpec).record
+    if spec.data is None:
+        return None
+    return local_shard_task(spec.data, swarm.dir / "aggregator" / "data")[0]
 
 
 def write_summary(summary: dict[str, Any], path: Path) -> None:

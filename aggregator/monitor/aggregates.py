@@ -27,6 +27,7 @@ from typing import Any
 from aggregator.monitor.swarm_reader import SwarmReading
 from protocol.identity import fingerprint
 from protocol.records import DeviceInfo, PeerAnnouncement, PeerProgress
+from protocol.shards import held_shards
 
 FORGET_AFTER = 600.0  # seconds: a peer offline this long leaves the peers table
 MAX_ROUNDS = 10_000  # rounds kept in memory (the oldest go first)
@@ -226,6 +227,36 @@ class SwarmAggregates:
                 "outer_steps": max((r.outer_steps for r in records), default=0),
                 "cross_cohort_bytes": self._departed_bytes + sum(r.cross_cohort_bytes for r in records),
             }
+
+    def data(self, shards: int, aggregator_bytes_served: int) -> dict[str, Any]:
+        """A task on shards: how many peers hold each shard (the aggregator holds all), the shard
+        bytes peers served each other and fetched, and what the aggregator served, from the peers'
+        progress records (their last word, for peers that left)."""
+        with self._lock:
+            records = [p.progress for p in self._peers.values() if p.progress is not None]
+        holders = [0] * shards
+        peers = []
+        for r in records:
+            held = {i for i in held_shards(r.shards_held) if i < shards} if r.shards_held else set()
+            for i in held:
+                holders[i] += 1
+            peers.append(
+                {
+                    "peer_id": r.peer_id,
+                    "shards": len(held),
+                    "served": r.data_bytes_served,
+                    "fetched": r.data_bytes_fetched,
+                }
+            )
+        return {
+            "shards": shards,
+            "holders": holders,  # peers holding each shard, by manifest index
+            "held_by_peers": sum(1 for h in holders if h),
+            "peer_bytes_served": sum(p["served"] for p in peers),
+            "peer_bytes_fetched": sum(p["fetched"] for p in peers),
+            "aggregator_bytes_served": aggregator_bytes_served,
+            "peers": sorted(peers, key=lambda p: p["peer_id"]),
+        }
 
     def activity(self, now: float, fresh_seconds: float = 5.0) -> str:
         """``training`` (progress reports are arriving for the current round), ``between rounds``

@@ -72,6 +72,7 @@ class Monitor:
         self.server = None
         self.url: str | None = None
         self._phase: Callable[[int], str | None] = lambda _round: None
+        self._data_served: Callable[[], int] | None = None
 
     # ------------------------------------------------------------------ life cycle
 
@@ -90,10 +91,13 @@ class Monitor:
         *,
         multiaddrs: list[str] | None = None,
         task_data: Any = None,
+        data_served: Callable[[], int] | None = None,
     ) -> None:
         """Follow ``task``; with ``read``, start the collector thread that calls it every interval.
-        ``task_data`` is an already loaded :class:`tasks.Task` the evaluator may reuse."""
+        ``task_data`` is an already loaded :class:`tasks.Task` the evaluator may reuse;
+        ``data_served`` the shard bytes the aggregator served (tasks on an operator's dataset)."""
         self.task = task
+        self._data_served = data_served
         self.multiaddrs = list(multiaddrs or [])
         self._phase = _phase_namer(task)
         if self.evaluator is not None and task_data is not None:
@@ -156,6 +160,8 @@ class Monitor:
             "throughput": sum(p["throughput"] for p in online),
             # sync = "outer": outer steps so far; every task: what crossed between cohorts
             "traffic": aggregates.traffic(),
+            # tasks on an operator's dataset: shards, their holders, the bytes served (None: built-in data)
+            "data": self._data_info(aggregates),
             "totals": {
                 "rounds": sum(1 for r in rows if r["peers"]),
                 "samples": sum(r["samples"] for r in rows),
@@ -173,6 +179,21 @@ class Monitor:
                 "error": (self.collector.last_error if self.collector else None)
                 or (self.evaluator.last_error if self.evaluator else None),
             },
+        }
+
+    def _data_info(self, aggregates) -> dict[str, Any] | None:
+        data = self.task.data if self.task is not None else None
+        if data is None:
+            return None
+        served = self._data_served() if self._data_served is not None else 0
+        return {
+            "kind": data.kind,
+            "layout": data.layout,
+            "root": data.root,
+            "train_samples": data.train_samples,
+            "val_samples": data.val_samples,
+            "bytes": data.bytes,
+            **aggregates.data(data.shards, served),
         }
 
     def _task_info(self) -> dict[str, Any] | None:

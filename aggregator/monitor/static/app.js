@@ -70,6 +70,14 @@ function showStatus(s) {
     t && t.sync === "outer"
       ? `${traffic.outer_steps || 0} outer step(s), every ${t.inner_steps} rounds, ${t.outer_compression}`
       : "every round's gradient (sync: every-step)";
+  const d = s.data;
+  $("data-card").hidden = !d;
+  if (d) {
+    $("data-shards").textContent = `${d.held_by_peers}/${d.shards} shards on peers`;
+    $("data-served").textContent =
+      `${d.kind}, ${fmt(d.bytes / 1e6, 1)} MB; served: peers ${fmt(d.peer_bytes_served / 1e6, 1)} MB, ` +
+      `aggregator ${fmt(d.aggregator_bytes_served / 1e6, 1)} MB`;
+  }
   const c = s.checkpoint;
   $("checkpoint").textContent = c ? `round ${c.round}` : "–";
   $("checkpoint-time").textContent = c ? `written ${clock(c.written)}` : "none yet";
