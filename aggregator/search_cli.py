@@ -131,7 +131,8 @@ def search(
     source = checkpoint or newest_checkpoint(data_dir)
     if not source.is_file():
         raise UserError(f"checkpoint {source} does not exist")
-    options = options_from(source, {**given, "task": given["task"] or spec.task})
+    data = given["data"] or (data_dir / "data" if spec.data is not None else None)
+    options = options_from(source, {**given, "task": given["task"] or spec.task, "data": data})
     try:
         check_options(options)
     except SearchInputError as e:
@@ -168,18 +169,15 @@ def _run(options, task_id, identity, initial_peers, peers_wait, peer_timeout, ve
     )
     from hivemind_adapter.dht import SwarmUnreachable, start_dht
     from hivemind_adapter.p2p import Endpoint
-    from supernet.checkpoint import CheckpointError, load_checkpoint
+    from supernet.checkpoint import CheckpointError
     from supernet.search.accuracy import DirectEvaluator
     from supernet.search.cli import search_or_fail
     from supernet.search.distributed import SpotChecks, evaluator_arguments
+    from supernet.search.run import SearchInputError, load_search_checkpoint
 
     try:  # what every peer must reproduce: the checkpoint and the evaluator built from these options
-        loaded = load_checkpoint(options.checkpoint)
-        if loaded.workload.cfg.task != options.task:
-            raise CheckpointError(
-                f"{options.checkpoint.name} is a checkpoint of task {loaded.workload.cfg.task!r}"
-            )
-    except CheckpointError as e:
+        loaded = load_search_checkpoint(options)
+    except (CheckpointError, SearchInputError) as e:
         raise UserError(str(e)) from None
     local = DirectEvaluator(
         loaded.workload, loaded.net, val_samples=options.val_samples, bn_batches=options.bn_batches,

@@ -66,7 +66,7 @@ def pack_into(data_dir_for) -> PackData:
             print(file=sys.stderr)
             raise TaskFileError(" ".join(str(e).split())) from None
         print(file=sys.stderr)
-        write_manifest(directory, packed.manifest)
+        write_manifest(directory, packed.manifest, packed.spec)
         spec = packed.spec
         logger.info(
             f"packed {spec.train_samples} training and {spec.val_samples} validation samples into "

@@ -613,7 +613,11 @@ class PeerNode:
     def open_evaluation_service(self, task: TaskSpec) -> EvaluationService:
         """The service that answers the aggregator's search (a test build may substitute a liar)."""
         return EvaluationService(
-            self._endpoint, task.task_id, tuple(task.aggregator_keys), self.config.data_dir
+            self._endpoint,
+            task.task_id,
+            tuple(task.aggregator_keys),
+            self.config.data_dir,
+            validation_task=(lambda: self.data.validation_task()) if task.data is not None else None,
         )
 
     # ------------------------------------------------------------------ stopping

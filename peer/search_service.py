@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -74,8 +75,17 @@ def fetch_checkpoint(
 class EvaluationService:
     """Serves ``manta/<task>/evaluate`` on the peer's libp2p daemon (see the module docstring)."""
 
-    def __init__(self, endpoint: Endpoint, task_id: str, aggregator_keys: tuple[str, ...], data_dir: Path):
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        task_id: str,
+        aggregator_keys: tuple[str, ...],
+        data_dir: Path,
+        validation_task: Callable[[], Any] | None = None,
+    ):
         self.endpoint, self.task_id, self.keys = endpoint, task_id, tuple(aggregator_keys)
+        # a task on an operator's dataset: its validation shards, fetched from the swarm when asked
+        self.validation_task = validation_task
         self.cache = Path(data_dir) / "search-checkpoints"
         self.peer_id = endpoint.peer_id
         self.counters = {"served": 0, "configs": 0, "refused": 0, "failed": 0}
@@ -136,7 +146,7 @@ class EvaluationService:
             fetch_checkpoint(self.endpoint, requester, self.task_id, sha, named["size"], path)
             self._prune(keep=path)
         try:
-            loaded = load_checkpoint(path)
+            loaded = load_checkpoint(path, task=self.validation_task() if self.validation_task else None)
         except CheckpointError as e:
             raise RequestRefused(f"unusable checkpoint: {e}") from None
         if loaded.digest != named["digest"]:

@@ -92,6 +92,26 @@ class ShardDownloader:
                 self._bytes_wanted += entry.size
             self._cond.notify_all()
 
+    def retain(self, entries: Sequence[ShardEntry]) -> int:
+        """Forget the queued shards not among ``entries`` (a share that changed with the roster); a
+        fetch in flight finishes. Returns how many were dropped."""
+        keep = {e.digest for e in entries}
+        with self._cond:
+            dropped = [d for d in self._entries if d not in keep and d not in self._received]
+            for digest in dropped:
+                entry = self._entries.pop(digest)
+                self._attempts.pop(digest, None)
+                self._order.pop(digest, None)
+                self._shards_wanted -= 1
+                self._bytes_wanted -= entry.size
+            if dropped:
+                gone = set(dropped)
+                self._ready = [item for item in self._ready if item[1] not in gone]
+                self._later = [item for item in self._later if item[2] not in gone]
+                heapq.heapify(self._ready)
+                heapq.heapify(self._later)
+            return len(dropped)
+
     def wait(self, entries: Sequence[ShardEntry], timeout: float) -> bool:
         """True once every entry is cached; False after ``timeout`` s (or once closed) if not."""
         deadline = time.monotonic() + timeout

@@ -19,6 +19,7 @@ pipeline runs.
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -63,7 +64,7 @@ def compute_contribution(
     on_batch: Callable[[int, float, int], None] | None = None,
     *,
     pool: np.ndarray | None = None,
-    prefetch: int = DEFAULT_DEPTH,
+    prefetch: int | None = None,
     decode_threads: int | None = None,
     decode_processes: int | None = None,
 ) -> WorkerContribution:
@@ -75,20 +76,25 @@ def compute_contribution(
     by ``(task_seed, round_index, participant)``: the peer and its auditor draw the same, in any
     thread. Up to ``prefetch`` mini-batches are decoded and augmented ahead of the training step in the
     background (:class:`supernet.batch_prefetch.BatchPrefetcher`); ``prefetch=0`` makes them in the
-    loop. The result is the same either way. Decoding runs in ``decode_processes`` forked processes
-    (default: :func:`~supernet.batch_prefetch.default_decode_threads` on a GPU, whose training thread
-    must not wait for the GIL, none on the CPU), else in ``decode_threads`` threads (default: none on
-    the CPU, where the training step already keeps every core busy: the producer thread decodes)."""
+    loop. The result is the same either way. Defaults, from ``benchmarks/input_pipeline.py``: on a GPU
+    two batches ahead, decoded in ``decode_processes`` forked processes
+    (:func:`~supernet.batch_prefetch.default_decode_threads`) where this process may have children
+    (not a daemon), else in the producer thread; on the CPU in the loop (``prefetch=0``): there the
+    training step keeps every core busy, and a background thread's torch operations only compete with
+    it. ``decode_threads`` (default none) decodes in threads instead."""
     params = list(net.parameters())
     augmentation, dropout = contribution_generators(augmentation_seed(task_seed, round_index, participant))
     train_set = workload.task.train_set
     stream = SampleStream(len(train_set), task_seed, round_index, participant, pool=pool)
     batch_size = workload.cfg.batch_size
     on_cuda = torch.device(device).type == "cuda"
+    if prefetch is None:
+        prefetch = DEFAULT_DEPTH if on_cuda else 0
     if decode_processes is None:
-        decode_processes = default_decode_threads() if on_cuda and prefetch > 0 else 0
+        may_fork = not multiprocessing.current_process().daemon  # a daemon may not have children
+        decode_processes = default_decode_threads() if on_cuda and prefetch > 0 and may_fork else 0
     if decode_threads is None:
-        decode_threads = default_decode_threads() if on_cuda else 0
+        decode_threads = 0
     numerator = [torch.zeros_like(p) for p in params]
     loss_sum, samples, macs = 0.0, 0, 0
     started = time.perf_counter()

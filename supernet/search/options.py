@@ -30,6 +30,8 @@ def search_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--max-mflops", type=float, default=None, help="Budget: millions of multiply-adds per sample."),
         click.option("--device", default="cpu", show_default=True, help="Latency device: cpu or cuda."),
         click.option("--task", default=None, help="Refuse a checkpoint of any other task."),
+        click.option("--data", type=click.Path(path_type=Path, file_okay=False), default=None,
+                     help="A task on your own data: the directory manta-aggregator packed it into (its --data-dir)."),
         click.option("--export", "export_path", type=PATH, default=None,
                      help="Write the chosen sub-network here (TorchScript) and its config JSON beside it."),
         click.option("--plot", type=PATH, default=None, help="Write the Pareto-front plot here (PNG)."),

@@ -58,6 +58,7 @@ from supernet.search.timing import example_inputs, resolve_device, torch_threads
 
 __all__ = [
     "SearchInputError",
+    "load_search_checkpoint",
     "SearchOptions",
     "SearchReport",
     "check_options",
@@ -94,6 +95,9 @@ class SearchOptions:
     validate_latency: int = 0
     threads: int = 1
     latency_repeats: int = 50
+    # a task on an operator's dataset: its packed shards (tasks.shards.local), whose validation split
+    # the search evaluates on
+    data: Path | None = None
 
 
 @dataclass
@@ -153,13 +157,27 @@ def check_options(options: SearchOptions) -> tuple[str, float]:
     return flag, limit
 
 
-def _load(options: SearchOptions) -> LoadedCheckpoint:
+def load_search_checkpoint(options: SearchOptions) -> LoadedCheckpoint:
+    """The checkpoint the search is of, its task's data read from ``options.data`` for a task on an
+    operator's dataset; CheckpointError or SearchInputError (one line) if unusable."""
     payload = read_checkpoint(options.checkpoint)
     if options.task is not None and payload["task"] != options.task:
         raise CheckpointError(
             f"{options.checkpoint} is a checkpoint of task {payload['task']!r}, not {options.task!r} (--task)"
         )
-    return load_checkpoint(options.checkpoint)
+    task = None
+    if options.data is not None:
+        from tasks.shards.local import open_shard_directory
+
+        try:
+            task = open_shard_directory(options.data)
+        except ValueError as e:
+            raise SearchInputError(f"--data: {e}") from None
+        if task.name != payload["task"]:
+            raise SearchInputError(
+                f"--data {options.data} holds {task.name!r} data, the checkpoint is of {payload['task']!r}"
+            )
+    return load_checkpoint(options.checkpoint, task=task)
 
 
 def _predictor_evaluator(
@@ -199,7 +217,7 @@ def run_search(
     started = time.perf_counter()
     device = resolve_device(options.device)
     flag, limit = check_options(options)
-    loaded = _load(options)
+    loaded = load_search_checkpoint(options)
     workload, net = loaded.workload, loaded.net
     space, input_size = net.space, workload.input_size
     say(f"checkpoint {options.checkpoint}: task {workload.cfg.task}, round {loaded.round}, "

@@ -25,7 +25,6 @@ is recognised by its bytes (a PFM header, else a 16-bit PNG).
 from __future__ import annotations
 
 import io
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from tasks.registry import DatasetError
 from tasks.shards.container import ShardSample
 from tasks.shards.image_sources import Loaded
 from tasks.stereo.data import IMAGE_EXTENSIONS, valid_disparity
+from tasks.stereo.io import parse_kitti_disparity, parse_pfm
 
 __all__ = [
     "STEREO_LAYOUTS",
@@ -60,7 +60,6 @@ _KITTI_DIRS = {
     "kitti2015": ("image_2", "image_3", "disp_occ_0"),
     "kitti2012": ("colored_0", "colored_1", "disp_occ"),
 }
-_PFM_HEADER = re.compile(rb"\A(PF|Pf)\s+(\d+)\s+(\d+)\s+([-+]?[0-9.eE+-]+)\s")
 BYTES_PER_PIXEL = 4 * (3 + 3 + 1) + 1  # left, right, disparity as float32 and the valid mask
 
 Pair = tuple[Path, Path, Path]  # left, right, disparity
@@ -192,50 +191,14 @@ def decode_rgb(raw: bytes, name: object = "image") -> np.ndarray:
         raise ValueError(f"{name}: cannot read as an image ({reason})") from None
 
 
-def _parse_pfm(raw: bytes, name: object) -> np.ndarray:
-    """:func:`tasks.stereo.io.read_pfm` on bytes: float32 H×W (first channel of a colour PFM), top row first."""
-    match = _PFM_HEADER.match(raw[:256])
-    if match is None:
-        raise ValueError(f"{name}: not a PFM file")
-    kind, width, height, scale_text = match.groups()
-    width, height = int(width), int(height)
-    try:
-        scale = float(scale_text)
-    except ValueError:
-        raise ValueError(f"{name}: PFM scale {scale_text!r} is not a number") from None
-    if width <= 0 or height <= 0 or scale == 0.0 or not np.isfinite(scale):
-        raise ValueError(f"{name}: PFM header gives size {width}x{height}, scale {scale_text.decode()}")
-    channels = 3 if kind == b"PF" else 1
-    count = width * height * channels
-    body = raw[match.end() :]
-    if len(body) < 4 * count:
-        raise ValueError(
-            f"{name}: PFM data too short: {len(body)} bytes for {width}x{height}x{channels} floats"
-        )
-    data = np.frombuffer(body, dtype=np.dtype("<f4") if scale < 0 else np.dtype(">f4"), count=count)
-    data = data.astype(np.float32).reshape((height, width, channels))[..., 0]
-    return np.ascontiguousarray(np.flipud(data))
-
-
 def decode_disparity(raw: bytes, name: object = "disparity") -> tuple[np.ndarray, np.ndarray]:
     """(float32 disparity H×W, bool valid H×W) from a PFM's or a KITTI 16-bit PNG's bytes."""
     if raw[:2] in (b"PF", b"Pf"):
-        disparity = _parse_pfm(raw, name)
+        disparity = parse_pfm(raw, name)
+        if disparity.ndim == 3:  # some tools write disparity as a 3-channel PFM; the first is the value
+            disparity = disparity[..., 0]
         return disparity, valid_disparity(disparity)
-    try:
-        with Image.open(io.BytesIO(raw)) as image:
-            mode = image.mode
-            values = np.array(image)
-    except Exception as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ValueError(f"{name}: cannot read as a disparity image ({reason})") from None
-    if mode not in ("I;16", "I;16B", "I") or values.ndim != 2:
-        raise ValueError(f"{name}: disparity must be a PFM or a 16-bit single-channel PNG, got mode {mode!r}")
-    if values.dtype != np.uint16:
-        if values.min() < 0 or values.max() > 65535:
-            raise ValueError(f"{name}: disparity values outside 0..65535")
-        values = values.astype(np.uint16)
-    return values.astype(np.float32) / 256.0, values > 0
+    return parse_kitti_disparity(raw, name)
 
 
 def crop_box(height: int, width: int, crop: tuple[int, int]) -> tuple[slice, slice]:

@@ -11,6 +11,7 @@ ground-truth pixel is decided in one place, :func:`tasks.stereo.data.valid_dispa
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from pathlib import Path
@@ -18,7 +19,15 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-__all__ = ["read_pfm", "write_pfm", "read_kitti_disparity", "write_kitti_disparity", "read_image"]
+__all__ = [
+    "parse_kitti_disparity",
+    "parse_pfm",
+    "read_image",
+    "read_kitti_disparity",
+    "read_pfm",
+    "write_kitti_disparity",
+    "write_pfm",
+]
 
 # Header: identifier, width, height, scale, each separated by whitespace; exactly one whitespace
 # character separates the scale from the binary data.
@@ -32,26 +41,30 @@ def read_pfm(path: str | os.PathLike) -> np.ndarray:
     scale, or fewer data bytes than the header announces).
     """
     path = Path(path)
-    raw = path.read_bytes()
+    return parse_pfm(path.read_bytes(), path)
+
+
+def parse_pfm(raw: bytes, name: object = "PFM") -> np.ndarray:
+    """:func:`read_pfm` on a PFM file's bytes (a data shard keeps the file's bytes); errors name ``name``."""
     match = _PFM_HEADER.match(raw[:256])
     if match is None:
-        raise ValueError(f"{path}: not a PFM file (expected a 'PF' or 'Pf' header with width, height, scale)")
+        raise ValueError(f"{name}: not a PFM file (expected a 'PF' or 'Pf' header with width, height, scale)")
     kind, width, height, scale_text = match.groups()
     width, height = int(width), int(height)
     try:
         scale = float(scale_text)
     except ValueError:
-        raise ValueError(f"{path}: PFM scale {scale_text!r} is not a number") from None
+        raise ValueError(f"{name}: PFM scale {scale_text!r} is not a number") from None
     if width <= 0 or height <= 0:
-        raise ValueError(f"{path}: PFM size {width}x{height} is empty")
+        raise ValueError(f"{name}: PFM size {width}x{height} is empty")
     if scale == 0.0 or not np.isfinite(scale):
-        raise ValueError(f"{path}: PFM scale {scale_text.decode()} gives no byte order (must be non-zero)")
+        raise ValueError(f"{name}: PFM scale {scale_text.decode()} gives no byte order (must be non-zero)")
     channels = 3 if kind == b"PF" else 1
     count = width * height * channels
     body = raw[match.end() :]
     if len(body) < 4 * count:
         raise ValueError(
-            f"{path}: PFM data too short: {len(body)} bytes for {width}x{height}x{channels} floats"
+            f"{name}: PFM data too short: {len(body)} bytes for {width}x{height}x{channels} floats"
         )
     dtype = np.dtype("<f4") if scale < 0 else np.dtype(">f4")
     data = np.frombuffer(body, dtype=dtype, count=count).astype(np.float32)
@@ -85,17 +98,22 @@ def read_kitti_disparity(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarra
     """
 
     path = Path(path)
+    return parse_kitti_disparity(path.read_bytes(), path)
+
+
+def parse_kitti_disparity(raw: bytes, name: object = "disparity") -> tuple[np.ndarray, np.ndarray]:
+    """:func:`read_kitti_disparity` on a PNG file's bytes; errors name ``name``."""
     try:
-        with Image.open(path) as image:
+        with Image.open(io.BytesIO(raw)) as image:
             mode = image.mode
             values = np.array(image)
     except OSError as exc:
-        raise ValueError(f"{path}: cannot read as an image ({exc})") from None
+        raise ValueError(f"{name}: cannot read as an image ({exc})") from None
     if mode not in ("I;16", "I;16B", "I") or values.ndim != 2:
-        raise ValueError(f"{path}: KITTI disparity must be a 16-bit single-channel PNG, got mode {mode!r}")
+        raise ValueError(f"{name}: KITTI disparity must be a 16-bit single-channel PNG, got mode {mode!r}")
     if values.dtype != np.uint16:
         if values.min() < 0 or values.max() > 65535:
-            raise ValueError(f"{path}: KITTI disparity values outside 0..65535")
+            raise ValueError(f"{name}: KITTI disparity values outside 0..65535")
         values = values.astype(np.uint16)
     return values.astype(np.float32) / 256.0, values > 0
 

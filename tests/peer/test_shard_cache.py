@@ -188,6 +188,38 @@ def swarm(tmp_path_factory):
             dht.shutdown()
 
 
+def test_shards_dropped_from_a_share_before_they_start_are_never_fetched(swarm, tmp_path):
+    """A share that shrinks as the roster grows: queued shards no longer in it are forgotten."""
+    client, holders, holder_ids = swarm
+    shards = [_shard(300 + i, size=3 * PAGE + i) for i in range(6)]
+    entries = [_entry(i, digest, len(data)) for i, (digest, data) in enumerate(shards)]
+    for holder in holders:
+        for digest, data in shards:
+            holder.put(digest, data)
+    cache = ShardCache(tmp_path / "mine", 1 << 30)
+    sources = threading.Event()  # holds every fetch until the share has been cut
+
+    def gated(entry):
+        sources.wait(timeout=10)
+        return list(holder_ids)
+
+    downloader = ShardDownloader(client, cache, gated, parallel=1, handler=HANDLER, page_bytes=PAGE)
+    try:
+        downloader.want(entries)
+        deadline = time.monotonic() + 10
+        while not downloader._received and time.monotonic() < deadline:  # the first one is in flight
+            time.sleep(0.01)
+        assert downloader.retain(entries[:2]) == 4  # 1 in flight stays, 1 kept queued, 4 dropped
+        sources.set()
+        assert downloader.wait(entries[:2], timeout=20)
+        progress = downloader.progress()
+    finally:
+        downloader.close(timeout=5)
+    assert (progress.shards_done, progress.shards_wanted) == (2, 2)
+    assert progress.bytes_wanted == sum(e.size for e in entries[:2])
+    assert sorted(cache.digests()) == sorted(e.digest for e in entries[:2])
+
+
 def test_the_downloader_fills_the_cache_with_what_is_wanted(swarm, tmp_path):
     client, holders, holder_ids = swarm
     shards = [_shard(200 + i, size=5 * PAGE + 17 * i) for i in range(4)]

@@ -209,3 +209,33 @@ def test_installed_script_reports_bad_input_in_one_line(digits_checkpoint):
     assert done.stderr.strip().splitlines() == [
         f"Error: {digits_checkpoint} is a checkpoint of task 'digits', not 'cifar10' (--task)"
     ]
+
+
+def test_search_on_an_operators_packed_data_evaluates_its_validation_split(tmp_path):
+    """A checkpoint of an ``imagefolder`` task: ``--data`` names the directory the aggregator packed
+    the folder into; without it, or with another directory, one line says what is missing."""
+    from aggregator.task_data import pack_into
+    from aggregator.task_publication import DataRequest
+    from tasks.shards.local import open_shard_directory
+    from testbed.image_folder import make_image_folder
+
+    images = make_image_folder(tmp_path / "images", 200, size=16)
+    spec = pack_into(lambda _id: tmp_path / "agg")(
+        "t", 0, DataRequest("imagefolder", images, shard_samples=50)
+    )
+    task = open_shard_directory(tmp_path / "agg")
+    assert len(task.val_set) == spec.val_samples
+    workload = workload_for("imagefolder", dict(TINY, bn_calibration_batches=1), task=task)
+    checkpoint = save_trained(tmp_path / "folder.pt", workload, workload.build())
+    found = invoke("--checkpoint", str(checkpoint), "--data", str(tmp_path / "agg"), "--max-mflops", "100",
+                   "--json", str(tmp_path / "r.json"), *FAST)  # fmt: skip
+    assert found.exit_code == 0, found.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["task"] == "imagefolder"
+    for args, says in [((), "data directory"), (("--data", str(tmp_path)), "no data.json")]:
+        refused = invoke("--checkpoint", str(checkpoint), "--max-mflops", "100", *args, *FAST)
+        assert (
+            refused.exit_code == 1
+            and says in refused.output
+            and len(refused.output.strip().splitlines()) == 1
+        )
