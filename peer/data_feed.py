@@ -40,7 +40,7 @@ from protocol.shards import (
     manifest_bytes,
     parse_manifest,
 )
-from tasks.shard_assignment import assigned_shards, epoch_of_round, within_budget
+from tasks.shard_assignment import assigned_shards, rounds_per_epoch, within_budget
 from tasks.shards.local import SHARDS_DIR, local_shard_task, write_manifest
 
 logger = logging.getLogger("manta.peer")
@@ -209,20 +209,23 @@ class DataFeed:
     def share(
         self, round_index: int, roster: Sequence[str]
     ) -> tuple[tuple[ShardEntry, ...], tuple[ShardEntry, ...]]:
-        """This peer's shards in the epoch of ``round_index`` and in the next one, each cut to half
-        the cache (the other half holds the next epoch's while this one's are in use)."""
+        """This peer's shards in the epoch of ``round_index``, and in the next one once the epoch's
+        last quarter began (empty before: fetched earlier, they would only sit on disk), each cut to
+        half the cache (the other half holds the next epoch's while this one's are in use)."""
         data, params = self.task.data, self.task.params
         if self.whole_dataset:
             everything = tuple(self._train[i] for i in sorted(self._train))
             return everything, ()
-        epoch = epoch_of_round(round_index, data.train_samples, params.target_samples_per_round)
+        per_epoch = rounds_per_epoch(data.train_samples, params.target_samples_per_round)
+        epoch, position = divmod(round_index, per_epoch)
         indices = sorted(self._train)
 
         def of(e: int) -> tuple[ShardEntry, ...]:
             mine = assigned_shards(indices, self.task.seed, e, roster, self.peer_id)
             return within_budget([self._train[i] for i in mine], self.cache_bytes // 2)
 
-        return of(epoch), of(epoch + 1)
+        prefetch = position >= per_epoch - max(1, per_epoch // 4)
+        return of(epoch), of(epoch + 1) if prefetch else ()
 
     def shards_for_round(
         self, round_index: int, roster: Sequence[str], stop: threading.Event

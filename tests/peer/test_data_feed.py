@@ -6,6 +6,7 @@ share of the shards into its cache, from which its task reads the same images as
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -17,13 +18,13 @@ from aggregator.task_data import DataDesk, pack_into
 from aggregator.task_publication import TaskFileError, build_task_spec
 from hivemind_adapter.dht import start_dht, visible_maddrs
 from hivemind_adapter.p2p import Endpoint
-from peer.data_feed import DataFeed, DataUnavailable
+from peer.data_feed import PREFETCH_AT_START, DataFeed, DataUnavailable
 from peer.progress_display import ProgressDisplay
 from peer.swarm_view import ProgressBoard
 from protocol.identity import Identity
 from protocol.records import TaskSpec, open_sealed, seal
 from protocol.shards import DataManifest, manifest_bytes
-from tasks.shard_assignment import sample_pool
+from tasks.shard_assignment import rounds_per_epoch, sample_pool
 from tasks.shards.local import local_shard_task
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
@@ -139,14 +140,23 @@ def test_a_peer_downloads_only_its_share_and_reads_the_folders_images(served):
     data = feed([aggregator])
     manifest = data.open(timeout=30)
     roster = [data.peer_id, "12D3KooWsomebodyElse1", "12D3KooWsomebodyElse2"]
-    current, upcoming = data.share(0, roster)
-    shards = data.shards_for_round(0, roster, threading.Event())
+    # before the roster is known: the first shards of the share it would have alone
+    at_start = {e.digest for e in data.share(0, [])[0][:PREFETCH_AT_START]}
+    last_round = rounds_per_epoch(spec.data.train_samples, spec.params.target_samples_per_round) - 1
+    current, upcoming = data.share(last_round, roster)  # the epoch's last round: the next one's too
+    assert upcoming and data.share(0, roster)[1] == ()  # not prefetched before the last quarter
+    shards = data.shards_for_round(last_round, roster, threading.Event())
     assert shards and set(shards) <= {e.index for e in current}
     assert data.downloader.wait(list(current) + list(upcoming), timeout=30)
+    deadline = time.monotonic() + 30
+    while (p := data.downloader.progress()).shards_done < p.shards_wanted:  # nothing left in flight
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
     held = set(data.cache.digests())
     train = manifest.split("train")
-    assert held == {e.digest for e in (*current, *upcoming)}
-    assert len(held) < len(manifest.shards), "a peer of three never needs the whole dataset"
+    share = {e.digest for e in (*current, *upcoming)}
+    assert share <= held <= share | at_start
+    assert len(held) < len(train), "a peer of three never needs the whole dataset"
     assert desk.bytes_served() == sum(e.size for e in manifest.shards if e.digest in held)
     # the peer's task reads, from its cache, the same samples as the aggregator's packed copy
     peer_task, _ = local_shard_task(spec.data, data.directory)
