@@ -191,7 +191,7 @@ def swarm(tmp_path_factory):
 def test_shards_dropped_from_a_share_before_they_start_are_never_fetched(swarm, tmp_path):
     """A share that shrinks as the roster grows: queued shards no longer in it are forgotten."""
     client, holders, holder_ids = swarm
-    shards = [_shard(300 + i, size=3 * PAGE + i) for i in range(6)]
+    shards = [_shard(900 + i, size=3 * PAGE + i) for i in range(6)]  # seeds no other test uses
     entries = [_entry(i, digest, len(data)) for i, (digest, data) in enumerate(shards)]
     for holder in holders:
         for digest, data in shards:
