@@ -25,7 +25,7 @@ PEERS = 3
 def test_volunteers_train_on_shards_served_by_the_swarm(tmp_path):
     images = make_image_folder(tmp_path / "images", 1200, size=16)
     options = SwarmOptions(
-        peers=PEERS, task="imagefolder", rounds=3, run_dir=tmp_path / "run", target_samples=96, batch_size=16, subnets=2,
+        peers=PEERS, task="imagefolder", rounds=2, run_dir=tmp_path / "run", target_samples=96, batch_size=16, subnets=2,
         width_mult="0.25", head_channels=32, data_path=str(images), shard_samples=60,
     )  # fmt: skip
     swarm = LocalSwarm(options)
