@@ -24,6 +24,7 @@ from protocol.records import TaskSpec
 from protocol.shards import DataSpec, ManifestMismatch, manifest_bytes
 from tasks.registry import DatasetError, Task
 from tasks.shards.local import SHARDS_DIR, local_shard_task, write_manifest
+from tasks.shards.pack import shard_path
 
 logger = logging.getLogger(__name__)
 
@@ -93,21 +94,17 @@ class DataDesk:
             ) from None
         except ManifestMismatch as e:
             raise TaskFileError(f"{self.directory}/manifest.json is not the task's shard list: {e}") from None
-        missing = [
-            e
-            for e in self.manifest.shards
-            if not (self.directory / SHARDS_DIR / f"{e.digest}.shard").is_file()
-        ]
+        shards = self.directory / SHARDS_DIR
+        missing = [e for e in self.manifest.shards if not shard_path(shards, e.digest).is_file()]
         if missing:
             raise TaskFileError(
                 f"{self.directory}/{SHARDS_DIR} lacks {len(missing)} of the task's shards "
                 f"(first: {missing[0].digest}.shard)"
             )
         self._digests = {e.digest for e in self.manifest.shards}
-        shards = self.directory / SHARDS_DIR
         self.shard_server = ShardServer(
             endpoint,
-            lambda digest: shards / f"{digest}.shard" if digest in self._digests else None,
+            lambda digest: shard_path(shards, digest) if digest in self._digests else None,
             handler=shard_handler(task.task_id),
         )
         self.manifest_server = BlobServer(endpoint, manifest_handler(task.task_id))

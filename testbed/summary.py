@@ -28,9 +28,8 @@ from typing import Any
 from ledger.rewards import compute_rewards
 from ledger.store import LedgerError, LedgerStore
 from protocol.identity import Identity
-from protocol.records import TaskSpec, open_sealed
 from supernet.checkpoint import CheckpointError, load_checkpoint, read_checkpoint
-from tasks.shards.local import local_shard_task
+from tasks.shards.local import DATA_SPEC_FILE, open_shard_directory
 from testbed.figures import as_json, peer_figures, site_figures, swarm_figures
 from testbed.local_swarm import LocalSwarm
 from testbed.wan.rates import format_rate
@@ -211,13 +210,8 @@ def evaluate_final_state(swarm: LocalSwarm) -> dict[str, Any]:
 def _shard_task(swarm: LocalSwarm):
     """A task on an operator's dataset: the task read from the aggregator's packed shards (its
     validation split is what the final state is evaluated on); None for built-in data."""
-    sealed = swarm.dir / "aggregator" / "task.sealed"
-    if not sealed.is_file():
-        return None
-    spec = open_sealed(sealed.read_bytes(), TaskSpec).record
-    if spec.data is None:
-        return None
-    return local_shard_task(spec.data, swarm.dir / "aggregator" / "data")[0]
+    packed = swarm.dir / "aggregator" / "data"
+    return open_shard_directory(packed) if (packed / DATA_SPEC_FILE).is_file() else None
 
 
 def write_summary(summary: dict[str, Any], path: Path) -> None:

@@ -18,9 +18,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from protocol.shards import DataManifest, DataSpec, ShardEntry, check_manifest, manifest_bytes, parse_manifest
+from protocol.shards import DataManifest, DataSpec, check_manifest, manifest_bytes, parse_manifest
 from tasks.registry import Task
-from tasks.shards.dataset import shard_task
+from tasks.shards.dataset import ShardDirectory, shard_task
 
 __all__ = [
     "DATA_SPEC_FILE",
@@ -29,7 +29,6 @@ __all__ = [
     "local_shard_task",
     "open_shard_directory",
     "read_manifest",
-    "shard_locator",
     "write_manifest",
 ]
 
@@ -83,20 +82,9 @@ def read_manifest(directory: Path, data: DataSpec) -> DataManifest:
     return manifest
 
 
-def shard_locator(directory: Path):
-    """``locate(entry)``: the path of the entry's shard file in ``directory/shards``, None if absent."""
-    shards = Path(directory) / SHARDS_DIR
-
-    def locate(entry: ShardEntry) -> Path | None:
-        path = shards / f"{entry.digest}.shard"
-        return path if path.is_file() else None
-
-    return locate
-
-
 def local_shard_task(data: DataSpec, directory: Path) -> tuple[Task, DataManifest]:
     """The task whose samples are the shards in ``directory`` (see the module docstring)."""
     manifest = read_manifest(directory, data)
-    task = shard_task(data, manifest, shard_locator(directory))
+    task = shard_task(data, manifest, ShardDirectory(Path(directory) / SHARDS_DIR))
     task.manifest = manifest
     return task, manifest

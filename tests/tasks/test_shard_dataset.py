@@ -120,6 +120,21 @@ def test_a_missing_or_altered_shard_raises_shard_missing(tmp_path):
         ShardDataset(train[1:], locator(packed.directory), task.train_set.decode)
 
 
+def test_a_shard_file_that_does_not_hash_to_its_entry_is_refused(tmp_path):
+    data = make_image_tree(tmp_path / "d", per_class=6, size=(8, 8))
+    packed = pack_dataset("imagefolder", data, tmp_path / "out", shard_samples=4, val_fraction=0.25)
+    train = packed.manifest.split("train")
+    path = shard_path(packed.directory, train[0].digest)
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0xFF  # one byte of the last sample's image
+    path.write_bytes(bytes(raw))
+    dataset = ShardDataset(train, locator(packed.directory), shard_task(
+        packed.spec, packed.manifest, locator(packed.directory)).train_set.decode)  # fmt: skip
+    with pytest.raises(ShardMissing, match="does not match the bytes of"):
+        dataset[0]
+    assert dataset[train[1].first_sample] is not None  # the other shards still read
+
+
 def test_concurrent_reads_with_a_tiny_cache_give_the_sequential_samples(tmp_path):
     data = make_image_tree(tmp_path / "d", per_class=12, size=(8, 8))
     packed = pack_dataset("imagefolder", data, tmp_path / "out", shard_samples=3, val_fraction=0.25)
