@@ -53,6 +53,15 @@ def group_membership(members: Sequence[tuple[str, int]], peer_id: str) -> GroupM
     return GroupMembership(tree_root(leaves).hex(), len(leaves), index, tuple(h.hex() for h in proof))
 
 
+def contributors_root(members: Sequence[tuple[str, int]]) -> tuple[str, int]:
+    """The root (hex) and size of the tree over ``members`` (peer id, samples): what a commit names
+    without being one of them."""
+    ordered = sorted(members)
+    if len({p for p, _ in ordered}) != len(ordered):
+        raise ValueError("a contributor is listed twice")
+    return tree_root([member_leaf(p, n) for p, n in ordered]).hex(), len(ordered)
+
+
 def proves_membership(peer_id: str, samples: int, membership: GroupMembership) -> bool:
     """Whether ``membership`` proves that its group counted ``peer_id`` with ``samples``. Never raises."""
     try:
@@ -67,14 +76,16 @@ def proves_membership(peer_id: str, samples: int, membership: GroupMembership) -
         return False
 
 
-def averaging_group_id(task_id: str, attempt: int, membership: GroupMembership, state_digest: str) -> str:
+def averaging_group_id(
+    task_id: str, attempt: int, membership: GroupMembership | tuple[str, int], state_digest: str
+) -> str:
     """The id of one averaging group: SHA-256 over the canonical JSON of the attempt, the contributors'
     root and count (every member with the sample count it declared) and the state they started from.
     Members that agree on all of it name the same group; a receipt whose claim differs names another
     one. The count is bound here, not by the proof: an RFC 9162 inclusion proof can also verify for
     some other tree sizes (a leaf's path only fixes the subtrees it passes)."""
+    root, size = (membership.root, membership.size) if isinstance(membership, GroupMembership) else membership
     body = canonical_json(
-        {"task": task_id, "attempt": attempt, "group": membership.root, "size": membership.size,
-         "state": state_digest}
-    )  # fmt: skip
+        {"task": task_id, "attempt": attempt, "group": root, "size": size, "state": state_digest}
+    )
     return hashlib.sha256(body).hexdigest()

@@ -104,6 +104,10 @@ class RejectReason(enum.StrEnum):
     IMPLAUSIBLE = "implausible_samples"  # more samples than the peer's announced throughput allows
     NON_FINITE = "non_finite"  # gradient statistics missing or not finite
     AUDIT_FAILED = "audit_failed"  # a spot audit recomputed another gradient (revocation reason)
+    MISPRICED = "mispriced"  # sub-networks or FLOPs other than the task derives for the round and cohort
+    UNWITNESSED = "unwitnessed"  # no commit of another peer names the group the receipt claims
+    EXCLUDED = "excluded"  # the key failed an audit and is excluded from the task
+    AUDIT_UNAVAILABLE = "audit_unavailable"  # an audit could not get the start state (revocation reason)
 
 
 class RecordRejected(ValueError):
@@ -295,6 +299,13 @@ class ContributionReceipt(SealedRecord):
     # Tasks on an operator's dataset (TaskSpec.data): the training shards (manifest indices, sorted)
     # whose samples the workers' streams drew from (tasks.shard_assignment); the audit replays them.
     data_shards: Annotated[tuple[Int53, ...], Field(max_length=4096)] = ()
+    # Where the receipt sits in the round, so the aggregator derives rather than believes: the
+    # averaging attempt whose commits must name its group (``group_id`` hashes it), and the cohort's
+    # rank among the round's cohorts, which fixes the sub-networks it trained in model-parallel
+    # rounds (:mod:`aggregator.work_pricing`). Receipts that predate them carry the defaults.
+    attempt: Int53 = 0
+    cohort_rank: Int53 = 0
+    num_cohorts: Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER)] = 1
 
     @model_validator(mode="after")
     def _fields_agree(self) -> ContributionReceipt:
@@ -306,6 +317,8 @@ class ContributionReceipt(SealedRecord):
             raise ValueError("worker_samples must add up to samples")
         if list(self.data_shards) != sorted(set(self.data_shards)):
             raise ValueError("data_shards must be sorted and list each shard once")
+        if self.cohort_rank >= self.num_cohorts:
+            raise ValueError("cohort_rank must lie below num_cohorts")
         return self
 
     @property
@@ -352,6 +365,10 @@ class RoundCommit(SealedRecord):
     # posted again with it once the step is applied; empty before): a peer that falls behind loads
     # the state a quorum reports holding, from those peers (``peer.catch_up``).
     state: Annotated[str, StringConstraints(max_length=64, pattern=r"^(?:[0-9a-f]{32}|[0-9a-f]{64})?$")] = ""
+    # The averaging group of the result ``digest`` (:func:`protocol.averaging_group.averaging_group_id`:
+    # attempt, contributors' root and count, start state; empty with ``ok`` False): what every
+    # contributor's receipt names, so the aggregator credits only groups that other peers committed.
+    group: Annotated[str, StringConstraints(max_length=64, pattern=r"^(?:[0-9a-f]{64})?$")] = ""
 
 
 class PeerProgress(SealedRecord):
