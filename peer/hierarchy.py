@@ -67,6 +67,7 @@ from peer.round_commit import (
     report_state,
     result_holds_quorum,
 )
+from protocol.averaging_group import averaging_group_id, contributors_root
 from supernet.state import digest
 
 logger = logging.getLogger(__name__)
@@ -111,6 +112,7 @@ class AveragingOutcome:
     cohort_members: list[str] = field(default_factory=list)
     leader: str = ""
     digest: str = ""
+    group: str = ""  # the averaging group id of the result (protocol.averaging_group), once it has one
     seconds: dict[str, float] = field(default_factory=dict)  # wall time per stage
     regrouped: list[str] = field(default_factory=list)  # stages whose all-reduce broke and formed again
     known_group: bool = False  # the cohort met as a group known from the roster, without matchmaking
@@ -665,9 +667,12 @@ class HierarchicalAverager:
         """Publish our result's digest; commit once a quorum of the roster holds the same one (a known
         group that is the whole roster confirms it among its members: :mod:`peer.known_cohort`)."""
         ok = not outcome.reason and bool(outcome.digest)
+        if ok:
+            members = [(c.peer, c.samples) for c in outcome.contributors]
+            outcome.group = averaging_group_id(self.run_id, attempt, contributors_root(members), state_digest)
         # Not waiting for the DHT's store: the first reads overlap it (this peer's own report counts
         # once it shows, like everyone else's).
-        self.board.post(attempt, ok, outcome.digest, wait=False)
+        self.board.post(attempt, ok, outcome.digest, wait=False, group=outcome.group)
         if not ok:
             return False, outcome.reason
         if roster == {self.peer_id}:

@@ -95,7 +95,7 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
         ctx.pending = [*ctx.pending, PendingResult(work, outcome, time.monotonic())][-PENDING_KEPT:]
     report = finish_round(ctx, work, outcome, compute_seconds, started)
     if ctx.outer is not None and report.committed and ctx.outer.settings.is_boundary(round_index):
-        report.outer = take_outer_step(ctx, swarm_plan, outcome.digest)
+        report.outer = take_outer_step(ctx, swarm_plan, outcome.digest, outcome.group)
         if report.outer is not None:
             report.seconds += report.outer.blocked_seconds
             report.stages["outer"] = round(report.outer.blocked_seconds, 4)
@@ -123,7 +123,9 @@ def _average(
     )
 
 
-def take_outer_step(ctx: RoundContext, plan: RoundPlan, round_result: str) -> OuterReport | None:
+def take_outer_step(
+    ctx: RoundContext, plan: RoundPlan, round_result: str, round_group: str = ""
+) -> OuterReport | None:
     """The end of an outer period, after its last inner step (whose averaged result was
     ``round_result``): the exchange across the whole roster, numbered by the period on the outer
     steps' own board (:mod:`peer.outer_round`; overlapped, the previous period's step is taken now and
@@ -139,7 +141,7 @@ def take_outer_step(ctx: RoundContext, plan: RoundPlan, round_result: str) -> Ou
         return None
     if outer.committed:
         ctx.publish_state(plan.round_index, plan.attempt)
-        report_state(ctx.commit_board, plan.attempt, round_result, ctx.state_digest())
+        report_state(ctx.commit_board, plan.attempt, round_result, ctx.state_digest(), group=round_group)
         logger.info(
             f"outer step (attempt {outer.attempt}) at the end of round {plan.round_index}: {outer.contributors} "
             f"contributor(s) in {outer.cohorts} cohort(s), exchange {outer.seconds:.1f} s, round held "
@@ -169,7 +171,7 @@ def finish_round(
     if outcome.committed:
         ctx.pending = []  # a new state: no older result applies to it
         ctx.publish_state(plan.round_index, plan.attempt)
-        report_state(ctx.commit_board, plan.attempt, outcome.digest, ctx.state_digest())
+        report_state(ctx.commit_board, plan.attempt, outcome.digest, ctx.state_digest(), group=outcome.group)
     outcome.seconds["apply"], outcome.seconds["publish"] = t1 - t0, time.perf_counter() - t1
     return _report(ctx, plan, work.host, outcome, lr, compute_seconds, time.perf_counter() - started)
 
@@ -368,6 +370,9 @@ def build_receipt(ctx: RoundContext, work: RoundWork, outcome: AveragingOutcome)
         worker_samples=commitments.worker_samples,
         grad_sketch=commitments.grad_sketch,
         data_shards=tuple(sorted(host.data_shards)),
+        attempt=plan.attempt,
+        cohort_rank=plan.cohort_rank if task.mode == "model" else 0,
+        num_cohorts=plan.num_cohorts if task.mode == "model" else 1,
     )
 
 

@@ -33,12 +33,21 @@ class CommitBoard(Protocol):
     peer_id: str  # whose reports :meth:`post` writes
 
     def post(
-        self, attempt: int, ok: bool, digest: str, left: bool = False, state: str = "", wait: bool = True
+        self,
+        attempt: int,
+        ok: bool,
+        digest: str,
+        left: bool = False,
+        state: str = "",
+        wait: bool = True,
+        group: str = "",
     ) -> None:
         """``left``: a departure notice for ``attempt`` (not an attempt run; see :meth:`latest_attempt`).
         ``state``: the state digest after committing ``digest`` (the same report, posted again).
         ``wait=False``: return while the DHT still stores it (a later report of the same attempt
-        replaces an earlier one whichever lands first: it expires later)."""
+        replaces an earlier one whichever lands first: it expires later). ``group``: the averaging
+        group id of the result (:class:`protocol.records.RoundCommit`), what receipts are checked
+        against."""
         ...
 
     def read(self, attempt: int) -> dict[str, dict]:
@@ -62,9 +71,16 @@ class DHTCommitBoard:
         self.peer_id = peer_id(dht)
 
     def post(
-        self, attempt: int, ok: bool, digest: str, left: bool = False, state: str = "", wait: bool = True
+        self,
+        attempt: int,
+        ok: bool,
+        digest: str,
+        left: bool = False,
+        state: str = "",
+        wait: bool = True,
+        group: str = "",
     ) -> None:
-        value = {"ok": ok, "digest": digest, "left": left, "state": state}
+        value = {"ok": ok, "digest": digest, "left": left, "state": state, "group": group}
         store(self.dht, self.key, value, self.ttl, subkey=f"{attempt}/{self.peer_id}", wait=wait)
 
     def _entries(self) -> dict[tuple[int, str], dict]:
@@ -237,11 +253,13 @@ def await_attempt_decided(
     return _poll(lambda: attempt_decided(board.read(attempt), roster, done()), deadline_seconds)
 
 
-def report_state(board: CommitBoard, attempt: int, result_digest: str, state_digest: str) -> None:
+def report_state(
+    board: CommitBoard, attempt: int, result_digest: str, state_digest: str, group: str = ""
+) -> None:
     """After committing ``result_digest`` of ``attempt`` and applying it: say which state this peer
     now holds (and serves), so peers catching up know whom to ask for it."""
     try:  # nobody waits for it: the DHT stores it while the next round computes
-        board.post(attempt, True, result_digest, state=state_digest, wait=False)
+        board.post(attempt, True, result_digest, state=state_digest, wait=False, group=group)
     except Exception as e:  # the DHT may be unreachable; catch-up then falls back to state sharing
         logger.debug(f"state report failed: {e}")
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from peer.swarm_view import ProgressBoard, swarm_samples
+from protocol.corroboration import corroborated_max
 
 logger = logging.getLogger(__name__)
 
@@ -109,15 +110,14 @@ class SwarmProgress:
         return self._latest_round(self._read(), int(time.time() * 1000), fresh_ms)
 
     def _latest_round(self, records, now_ms: int, fresh_ms: int = FRESH_MS) -> int:
-        return max(
-            (
-                r.round
-                for r in records
-                if r.peer_id != self.peer_id
-                and now_ms - r.timestamp < fresh_ms
-                and (not self.rounds_by_cohort or r.cohort_id == self._cohort)
-            ),
-            default=-1,
+        """The latest round that two other peers show (:func:`protocol.corroboration.corroborated_max`):
+        one rogue record of a far-off round must not make every peer believe it is behind."""
+        return corroborated_max(
+            (r.peer_id, r.round)
+            for r in records
+            if r.peer_id != self.peer_id
+            and now_ms - r.timestamp < fresh_ms
+            and (not self.rounds_by_cohort or r.cohort_id == self._cohort)
         )
 
     def target_reached(self, estimate: SwarmEstimate) -> bool:

@@ -208,7 +208,14 @@ class SignedCommitBoard:
         self.verified = VerifiedRecords(lambda sub, value: open_commit_value(task_id, sub, value))
 
     def post(
-        self, attempt: int, ok: bool, digest: str, left: bool = False, state: str = "", wait: bool = True
+        self,
+        attempt: int,
+        ok: bool,
+        digest: str,
+        left: bool = False,
+        state: str = "",
+        wait: bool = True,
+        group: str = "",
     ) -> None:
         record = RoundCommit(
             task_id=self.task_id,
@@ -220,6 +227,7 @@ class SignedCommitBoard:
             timestamp=int(time.time() * 1000),
             left=left,
             state=state,
+            group=group,
         )
         self.dht.store(
             commits_key(self.task_id, attempt),
@@ -247,7 +255,7 @@ class SignedCommitBoard:
     def read(self, attempt: int) -> dict[str, dict]:
         entries = _entries(self.dht, commits_key(self.task_id, attempt))
         return {
-            r.peer_id: {"ok": r.ok, "digest": r.digest, "left": r.left, "state": r.state}
+            r.peer_id: {"ok": r.ok, "digest": r.digest, "left": r.left, "state": r.state, "group": r.group}
             for r in self._open(entries, attempt)
         }
 
