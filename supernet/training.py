@@ -399,6 +399,20 @@ def distillation_loss(
     return -(teacher_probs * log_probs).sum(dim=1).mean() * temperature**2
 
 
+def sandwich_flops_per_sample(
+    net: nn.Module, configs: Sequence[SubnetConfig], cfg: TrainConfig, input_size: Sequence[int]
+) -> int:
+    """The multiply-adds one sample costs in :func:`accumulate_sandwich` with ``configs``: a training
+    pass (forward and backward) per sub-network, plus the teacher's forward when distillation needs it
+    and the list does not start with it. A function of the configs alone, so the aggregator prices a
+    receipt from the sub-networks it derives (:mod:`aggregator.work_pricing`), never from its claim."""
+    flops = sum(training_flops_per_sample(net, sub, input_size) for sub in configs)
+    teacher_cfg = net.largest_config()
+    if cfg.distill and configs and configs[0] != teacher_cfg:
+        flops += net.flops(teacher_cfg, input_size)
+    return int(flops)
+
+
 def accumulate_sandwich(
     net: nn.Module,
     configs: Sequence[SubnetConfig],
@@ -426,12 +440,11 @@ def accumulate_sandwich(
     device = next(net.parameters()).device
     teacher_cfg = net.largest_config()
     teacher = None
-    macs = 0
+    macs = sandwich_flops_per_sample(net, configs, cfg, input_size) * samples
     if cfg.distill and configs[0] != teacher_cfg:
         with torch.no_grad():
             net.set_active(teacher_cfg)
             teacher = soft_targets(forward())
-        macs += net.flops(teacher_cfg, input_size) * samples
     losses, task_losses, distill_losses = [], [], []
     for sub in configs:
         net.set_active(sub)
@@ -449,7 +462,6 @@ def accumulate_sandwich(
         losses.append(loss.item())
         task_losses.append(label_loss.item())
         distill_losses.append(kd.item())
-        macs += training_flops_per_sample(net, sub, input_size) * samples
     return {
         "loss": sum(losses) / len(losses),
         "losses": losses,
