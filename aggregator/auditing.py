@@ -26,20 +26,21 @@ Verdict = Callable[[Sealed[ContributionReceipt], bool | None, float], None]
 
 
 class SpotAuditor:
-    def __init__(self, workload, states, task_seed: int, secret: bytes, fraction: float, on_verdict: Verdict):
+    def __init__(self, workload, states, task_seed: int, secret: bytes, on_verdict: Verdict):
         self.workload, self.states, self.task_seed = workload, states, task_seed
-        self.fraction, self.on_verdict = fraction, on_verdict
+        self.on_verdict = on_verdict
         self._secret = secret
         self._queue: queue.Queue[Sealed[ContributionReceipt]] = queue.Queue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="manta-audits", daemon=True)
         self._thread.start()
 
-    def selected(self, wire: bytes) -> bool:
-        if self.fraction <= 0 or self.workload is None or self.states is None:
+    def selected(self, wire: bytes, fraction: float) -> bool:
+        """Whether to audit ``wire`` at the rate ``fraction`` (its key's: :mod:`aggregator.trust`)."""
+        if fraction <= 0 or self.workload is None or self.states is None:
             return False
         mac = hmac.new(self._secret, wire, hashlib.sha256).digest()
-        return int.from_bytes(mac[:8], "big") / 2**64 < self.fraction
+        return int.from_bytes(mac[:8], "big") / 2**64 < fraction
 
     def enqueue(self, sealed: Sealed[ContributionReceipt]) -> None:
         self._queue.put(sealed)
@@ -53,8 +54,8 @@ class SpotAuditor:
                 continue
             try:
                 self.audit(sealed)
-            except Exception as e:
-                logger.warning(f"audit of a receipt of round {sealed.record.round} failed to run: {e}")
+            except Exception as e:  # the aggregator's own fault (the receipt's are verdicts): say so
+                logger.error(f"audit of a receipt of round {sealed.record.round} failed to run: {e!r}")
 
     def audit(self, sealed: Sealed[ContributionReceipt]) -> bool | None:
         """Replay one receipt and report the verdict; None if its start state could not be had."""

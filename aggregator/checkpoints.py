@@ -68,7 +68,7 @@ class CheckpointKeeper:
         directory: Path,
         *,
         keep: int = 5,
-        cache: int = 8,
+        cache: int = 16,  # states: a checkpoint's, and the start states queued audits replay
         outer_period: int | None = None,
     ):
         self.workload, self.directory, self.keep, self.task_id = workload, Path(directory), keep, task_id

@@ -20,20 +20,33 @@ An outer task (``sync = "outer"``) is the exception to "one result per round": b
 each cohort takes its inner steps apart and commits its own result, so a round's honest receipts name
 one group *per cohort*. There the rivalry is judged among the receipts of one cohort (before, 21-28
 of every peer's 30 inner-step receipts were refused on the emulated internet, each cohort's group
-outvoting or tying the others'). A peer alone in its cohort then has nobody to contradict it: its
-receipt stands on its proof and the plausibility bound.
+outvoting or tying the others'). A peer alone in its cohort then has nobody to contradict it.
+
+Bound to the commit (when the desk supplies ``witnesses``). Rivalry among receipts cannot tell a
+group its sender invented alone (a self-only group: nobody else files a receipt for it) from an
+honest one. So a receipt's ``group_id`` must hash its own attempt, contributors' root and count and
+start state, and a peer other than its sender must have posted, signed, that it committed exactly
+that group (:mod:`aggregator.commit_witness`). A peer alone in its cohort of an outer task has no
+such witness for its inner steps: their receipts are refused (its cohort of one commits them alone).
+
+Priced and bounded (``pricing``, ``measured_rates``). The sub-networks and FLOPs are derived, not
+claimed (:mod:`aggregator.work_pricing`), and samples are bounded by the rate the key's passed audits
+confirmed (:mod:`aggregator.trust`), not the throughput it announces.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from protocol.averaging_group import GroupMembership, proves_membership
+from protocol.averaging_group import GroupMembership, averaging_group_id, proves_membership
 from protocol.records import ContributionReceipt, RejectReason, Sealed
 
 PLAUSIBILITY_SLACK = 3.0  # announced throughput is a recent average; allow bursts up to 3x
+# A measured rate is already the best a passed audit confirmed: twice it bounds a claim, which keeps
+# the expected gain of inflating a receipt negative at any audit rate (README, "Why cheating does not pay").
+MEASURED_SLACK = 2.0
 
 
 @dataclass(frozen=True)
@@ -54,6 +67,21 @@ class SwarmFacts:
     peer_seconds: Mapping[tuple[str, int], float] = field(default_factory=dict)
     # sync = "outer": every cohort commits its own inner steps, so groups are compared within a cohort
     rounds_by_cohort: bool = False
+    # What the desk derives rather than believes (None: not checked, as in receipt-only unit checks).
+    # The keys (hex) that posted a commit of (attempt, group id) (:mod:`aggregator.commit_witness`):
+    # a receipt needs a witness other than its sender.
+    witnesses: Callable[[int, str], set[str]] | None = None
+    # attempt -> group id -> how many keys reported committing it (with ``witnesses``): a group another
+    # group of its attempt outnumbers lost the quorum, whatever its receipts say.
+    commit_counts: Callable[[int], Mapping[str, int]] | None = None
+    # Why a receipt's sub-networks or FLOPs are not the derived ones, or None (:mod:`aggregator.work_pricing`).
+    pricing: Callable[[ContributionReceipt], tuple[RejectReason, str] | None] | None = None
+    # Samples/s measured for each key (hex) in rounds where its claim was checked (a passed audit);
+    # when given, the plausibility bound uses it in place of the announced ``throughput``, and a key
+    # without a measured rate has no bound yet (its receipts are audited instead: aggregator.trust).
+    measured_rates: Mapping[str, float] | None = None
+    task_id: str = ""
+    excluded: frozenset[str] = frozenset()  # keys (hex) excluded by a failed audit since they filed
 
 
 def check_round(
@@ -62,7 +90,15 @@ def check_round(
     """Rejections (by wire bytes) among one closing round's signature-checked receipts."""
     rejected: dict[bytes, tuple[RejectReason, str]] = {}
     for sealed in receipts:
-        reason = _window(sealed.record, facts) or _finite(sealed.record) or _plausible(sealed.record, facts)
+        r = sealed.record
+        reason = (
+            _excluded(r, facts)
+            or _window(r, facts)
+            or _finite(r)
+            or (facts.pricing(r) if facts.pricing is not None else None)
+            or _plausible(r, facts)
+            or _witnessed(r, facts)
+        )
         if reason:
             rejected[sealed.wire] = reason
     # One testimony per peer and round: how many of the round's peers name each group.
@@ -71,10 +107,21 @@ def check_round(
     for sealed in receipts:
         if sealed.wire in rejected:
             continue
-        reason = _group(sealed.record, named, _arena(sealed.record, facts))
+        if facts.witnesses is not None:
+            # Bound to the commit: the peers' signed reports decide between groups, not the receipts
+            # filed (a peer excluded or refused for another reason no longer tips a receipt count).
+            reason = _proof(sealed.record) or _outnumbered(sealed.record, facts)
+        else:
+            reason = _group(sealed.record, named, _arena(sealed.record, facts))
         if reason:
             rejected[sealed.wire] = reason
     return rejected
+
+
+def _excluded(r: ContributionReceipt, facts: SwarmFacts) -> tuple[RejectReason, str] | None:
+    if r.public_key in facts.excluded:
+        return RejectReason.EXCLUDED, "the key failed an audit of this task while the round was open"
+    return None
 
 
 def _window(r: ContributionReceipt, facts: SwarmFacts) -> tuple[RejectReason, str] | None:
@@ -100,16 +147,38 @@ def _finite(r: ContributionReceipt) -> tuple[RejectReason, str] | None:
 
 
 def _plausible(r: ContributionReceipt, facts: SwarmFacts) -> tuple[RejectReason, str] | None:
-    rate = facts.throughput.get(r.peer_id)
+    if facts.measured_rates is not None:
+        rate, slack = facts.measured_rates.get(r.public_key), MEASURED_SLACK
+        measured = "a measured"
+    else:
+        rate, slack = facts.throughput.get(r.peer_id), PLAUSIBILITY_SLACK
+        measured = "an announced"
     seconds = max(facts.round_seconds.get(r.round, 0.0), facts.peer_seconds.get((r.peer_id, r.round), 0.0))
     if rate is None or seconds <= 0:
         return None  # nothing to compare with (the announcement expired): the group check still applies
     # Every worker may finish the mini-batch it started when the round closed.
-    limit = rate * seconds * PLAUSIBILITY_SLACK + facts.batch_size * max(1, len(r.worker_samples))
+    limit = rate * seconds * slack + facts.batch_size * max(1, len(r.worker_samples))
     if r.samples > limit:
         return RejectReason.IMPLAUSIBLE, (
-            f"{r.samples} samples in at most {seconds:.1f} s of computing at an announced {rate:.1f} samples/s"
+            f"{r.samples} samples in at most {seconds:.1f} s of computing at {measured} {rate:.1f} samples/s"
         )
+    return None
+
+
+def _witnessed(r: ContributionReceipt, facts: SwarmFacts) -> tuple[RejectReason, str] | None:
+    """Bound to the round's commit: the group id must hash the receipt's own attempt, root, count and
+    start state, and a peer other than the sender must have posted that it committed this group."""
+    if facts.witnesses is None:
+        return None
+    derived = averaging_group_id(facts.task_id, r.attempt, (r.group_root, r.group_size), r.state_digest)
+    if derived != r.group_id:
+        return (
+            RejectReason.GROUP_MISMATCH,
+            "its group id is not that of its attempt, contributors and start state",
+        )
+    others = facts.witnesses(r.attempt, r.group_id) - {r.public_key}
+    if not others:
+        return RejectReason.UNWITNESSED, f"no other peer reported committing its group in attempt {r.attempt}"
     return None
 
 
@@ -124,10 +193,33 @@ def _arena(r: ContributionReceipt, facts: SwarmFacts) -> tuple:
     return (r.round, r.cohort_id) if facts.rounds_by_cohort else (r.round,)
 
 
-def _group(r: ContributionReceipt, named: Counter, arena: tuple) -> tuple[RejectReason, str] | None:
+def _proof(r: ContributionReceipt) -> tuple[RejectReason, str] | None:
     membership = GroupMembership(r.group_root, r.group_size, r.group_index, r.group_proof)
     if not proves_membership(r.peer_id, r.samples, membership):
         return RejectReason.GROUP_MISMATCH, "its group's root does not count it with the samples it claims"
+    return None
+
+
+def _outnumbered(r: ContributionReceipt, facts: SwarmFacts) -> tuple[RejectReason, str] | None:
+    """In an every-step task one result per attempt can commit: a group that another group of the
+    same attempt matches or outnumbers in commit reports did not (outer tasks number inner steps per
+    cohort, so two cohorts' groups may share an attempt: not compared)."""
+    if facts.commit_counts is None or facts.rounds_by_cohort:
+        return None
+    counts = facts.commit_counts(r.attempt)
+    own = counts.get(r.group_id, 0)
+    rivals = [n for group, n in counts.items() if group != r.group_id]
+    if rivals and max(rivals) >= own:
+        return RejectReason.GROUP_MISMATCH, (
+            f"{max(rivals)} peer(s) reported committing another group of attempt {r.attempt}, {own} this one"
+        )
+    return None
+
+
+def _group(r: ContributionReceipt, named: Counter, arena: tuple) -> tuple[RejectReason, str] | None:
+    reason = _proof(r)
+    if reason:
+        return reason
     own = named[arena, _group_key(r)]
     rivals = [n for (where, group), n in named.items() if where == arena and group != _group_key(r)]
     if rivals and max(rivals) >= own:

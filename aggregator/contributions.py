@@ -11,8 +11,13 @@
 - **Proofs.** ``manta/<task>/status`` (a leaf hash) answers queued / accepted with index, inclusion
   proof and the latest checkpoint note / rejected with the reason; ``manta/<task>/credits`` (a public
   key) answers every entry of that key with proofs, revocations and the key's credit.
-- **Audits** (:mod:`aggregator.auditing`). A fraction of accepted receipts is replayed from the
-  round's start state; a failure appends a revocation (credit withheld).
+- **Derived, not believed.** A receipt's sub-networks and FLOPs must be those the task derives for
+  its round and cohort (:mod:`aggregator.work_pricing`), and its group one that another peer reported
+  committing (:mod:`aggregator.commit_witness`), with samples bounded by the key's measured rate.
+- **Audits** (:mod:`aggregator.auditing`, :mod:`aggregator.trust`). Every receipt of a new key is
+  replayed from the round's start state until the key has passed a few audits, then a fraction of
+  them. A failed audit revokes every credit since the key's last passed audit and excludes the key;
+  an audit whose start state cannot be had revokes that receipt.
 
 Concurrency: the ledger has a single writer (:mod:`aggregator.ledger_writer`). The libp2p handlers
 (run in threads off the event loop), the round-closing thread and the audits hand it their work and
@@ -27,16 +32,21 @@ import logging
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from aggregator.auditing import SpotAuditor
+from aggregator.commit_witness import CommitWitness
 from aggregator.intake import ContributionIntake, Submission
 from aggregator.ledger_writer import LedgerWriter
 from aggregator.round_closing import RoundCloser
+from aggregator.trust import EXCLUSION_REASON, TrustBook
+from aggregator.work_pricing import WorkPricing
 from hivemind_adapter.dht import peer_id, read_signed, store
 from hivemind_adapter.p2p import Endpoint
 from ledger.rewards import compute_rewards
 from ledger.store import LedgerStore
+from protocol.corroboration import corroborated_max
 from protocol.dht_schema import (
     aggregators_key,
     credits_handler,
@@ -109,7 +119,15 @@ class ContributionDesk:
         # Ed25519 signatures are deterministic: a secret only this aggregator can derive, so peers
         # cannot predict which receipts will be audited.
         secret = identity.sign(f"manta-audit-selection/{spec.task_id}".encode())
-        self.auditor = SpotAuditor(workload, states, spec.seed, secret, audit_fraction, self._on_verdict)
+        self.auditor = SpotAuditor(workload, states, spec.seed, secret, self._on_verdict)
+        self.trust = TrustBook(audit_fraction)
+        self.witness = CommitWitness(dht, self.task_id)
+        self.pricing = WorkPricing(workload, spec.mode) if workload is not None else None
+        self._claimed_rates: dict[bytes, float] = {}  # leaf -> samples/s it claimed, until its audit
+        self._prefetched: dict[str, None] = {}  # start states fetched for audits, oldest first
+        self._prefetch_lock = threading.Lock()  # guards _prefetched (handler threads)
+        self._prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="manta-audit-prefetch")
+        self._ledger.run(lambda _: self._rebuild_trust())
         self.states = states
         self.endpoint = endpoint
         self._register_handlers()
@@ -166,7 +184,11 @@ class ContributionDesk:
         if settled is not None:
             return settled
         bindings = self._bindings_for(sender)  # a DHT read if needed: before the work goes to the writer
-        return self._ledger.run(lambda _: self._queue(leaf, wire, sender, bindings))
+        self._read_commits_of(wire)
+        reply = self._ledger.run(lambda _: self._queue(leaf, wire, sender, bindings))
+        if reply.get("status") == "queued":
+            self._prefetch_start_state(wire)
+        return reply
 
     def _queue(self, leaf: bytes, wire: bytes, sender: str, bindings: list) -> dict:
         settled = self._settled(leaf)  # the same bytes may have arrived meanwhile
@@ -179,6 +201,8 @@ class ContributionDesk:
             rejection = screening.rejected[0]
             return self._reject(leaf, rejection.reason, rejection.detail)
         receipt = screening.accepted[0].record
+        if self.trust.is_excluded(receipt.public_key):
+            return self._reject(leaf, RejectReason.EXCLUDED, "the key failed an audit of this task")
         self.rounds.add(Submission(wire, sender), receipt)
         self._status[leaf] = {"status": "queued", "round": receipt.round}
         if self.states is not None:  # where the round's start state can be fetched for an audit
@@ -291,13 +315,51 @@ class ContributionDesk:
             if announcement.record.throughput_milli > 0:
                 self._throughput[announcement.record.peer_id] = announcement.record.throughput_milli / 1000
 
+    def _read_commits_of(self, wire: bytes) -> None:
+        """The commit reports of a receipt's attempt, read as the receipt arrives: a peer files it
+        after a quorum's reports showed, and they can be gone when the round closes (they expire, and
+        the peers storing them may have left). Read again only while no other peer is seen to witness
+        the receipt's group; unparseable bytes are the intake's to refuse."""
+        try:
+            r = parse_sealed(wire, ContributionReceipt).record
+        except ValueError:
+            return
+        if not self.witness.witnesses(r.attempt, r.group_id) - {r.public_key}:
+            self.witness.read([r.attempt])
+
+    def _prefetch_start_state(self, wire: bytes) -> None:
+        """Fetch a queued receipt's start state now, while the peers that hold it are online: an audit
+        runs later (after its round closes, behind other audits), and one whose start state cannot
+        be had revokes the receipt. One fetch per state, on one background thread."""
+        if self.states is None or self.trust.base_rate <= 0:
+            return
+        digest = parse_sealed(wire, ContributionReceipt).record.state_digest
+        with self._prefetch_lock:
+            if digest in self._prefetched:
+                return
+            self._prefetched[digest] = None
+            while len(self._prefetched) > 64:
+                self._prefetched.pop(next(iter(self._prefetched)))
+        self._prefetcher.submit(self.states.state_for, digest, 30.0)
+
+    def _rebuild_trust(self) -> None:
+        """Keys excluded by earlier failed audits, from the ledger's revocations (a writer job)."""
+        keys: dict[int, str] = {}
+        for index, data in self.store.entries():
+            sealed = parse_sealed(data, (ContributionReceipt, Revocation))
+            if isinstance(sealed.record, ContributionReceipt):
+                keys[index] = sealed.record.public_key
+            elif sealed.record.reason.startswith(EXCLUSION_REASON) and sealed.record.entry_index in keys:
+                self.trust.exclude(keys[sealed.record.entry_index])
+
     def _swarm_round(self) -> int:
         records = read_signed(
             self.dht,
             progress_key(self.task_id),
             lambda sub, value: open_progress_value(self.task_id, sub, value),
         )
-        return max((r.record.round for r in records), default=-1)
+        # corroborated: one peer's record of a far-off round must not push every receipt out of the window
+        return corroborated_max((r.record.peer_id, r.record.round) for r in records)
 
     def _close_loop(self) -> None:
         while not self._stop.wait(1.0):
@@ -311,6 +373,7 @@ class ContributionDesk:
             return
         # DHT reads (each bounded) before the work goes to the writer: handlers must not wait behind them.
         swarm_round, bindings = self._swarm_round(), self._read_bindings()
+        self.witness.read(self._ledger.run(lambda _: self.rounds.attempts_due(swarm_round, force)))
         notes = self._ledger.run(lambda _: self._close_due(swarm_round, bindings, force))
         if notes:
             self._publish_checkpoint(notes[-1])
@@ -319,15 +382,31 @@ class ContributionDesk:
         """Close every due round (a writer job); the checkpoint notes to publish."""
         self._learn(bindings)
         notes = []
+        rates = self.trust.measured_rates()
         for r in self.rounds.due(swarm_round, force):
-            closed = self.rounds.close(r, max(swarm_round, r), self._throughput)
+            closed = self.rounds.close(
+                r,
+                max(swarm_round, r),
+                self._throughput,
+                witnesses=self.witness.witnesses,
+                commit_counts=self.witness.commit_counts,
+                pricing=self.pricing.check if self.pricing is not None else None,
+                measured_rates=rates,
+                excluded=frozenset(self.trust.excluded()),
+            )
             for wire, reason, detail in closed.refused:
                 self._reject(leaf_hash(wire), reason, detail)
             for accepted in closed.accepted:
                 leaf = leaf_hash(accepted.wire)
                 self._status[leaf] = {"status": "accepted", "index": self.store.index_of(leaf)}
                 self.counters["accepted"] += 1
-                if self.auditor.selected(accepted.wire):
+                key = accepted.record.public_key
+                # a key whose rate was never measured has its claim checked by an audit instead
+                fraction = self.trust.audit_rate(key) if key in rates else 1.0
+                if self.trust.base_rate > 0 and self.auditor.selected(accepted.wire, fraction):
+                    window = closed.windows.get(accepted.wire)
+                    if window is not None:
+                        self._claimed_rates[leaf] = accepted.record.samples / window
                     self.auditor.enqueue(accepted)
             logger.info(
                 f"round {r}: {len(closed.accepted)} receipt(s) appended, {len(closed.refused)} refused; "
@@ -343,21 +422,52 @@ class ContributionDesk:
         return self.auditor.audit(sealed)
 
     def _on_verdict(self, sealed: Sealed[ContributionReceipt], passed: bool | None, distance: float) -> None:
-        outcome = "audit_skipped" if passed is None else "audit_passed" if passed else "audit_failed"
+        outcome = "audit_unavailable" if passed is None else "audit_passed" if passed else "audit_failed"
+        leaf, receipt = leaf_hash(sealed.wire), sealed.record
         self._ledger.run(lambda _: self.counters.update([outcome]))
-        if passed is not False:
+        rate = self._claimed_rates.pop(leaf, None)
+        if passed:
+            index = self._ledger.run(lambda _: self.store.index_of(leaf))
+            self.trust.passed(receipt.public_key, index, rate)
             return
-        reason = f"{RejectReason.AUDIT_FAILED.value}: recomputed gradient differs (distance {distance:.3g})"
-        index, checkpoint = self._ledger.run(lambda _: self._revoke(leaf_hash(sealed.wire), reason))
+        if passed is None:  # no evidence of cheating, but no credit for work nobody can check
+            reason = f"{RejectReason.AUDIT_UNAVAILABLE.value}: its start state could not be fetched"
+            revoked, checkpoint = self._ledger.run(lambda _: self._revoke([leaf], reason))
+            self._publish_checkpoint(checkpoint.note)
+            logger.warning(f"audit impossible: {receipt.peer_id[-8:]} round {receipt.round}: entry revoked")
+            return
+        after = self.trust.failed(receipt.public_key)
+        reason = (
+            f"{EXCLUSION_REASON}: round {receipt.round}: recomputed gradient differs (distance {distance:.3g}); "
+            "every credit since the key's last passed audit revoked and the key excluded"
+        )
+        revoked, checkpoint = self._ledger.run(
+            lambda _: self._revoke_since(receipt.public_key, after, reason)
+        )
         self._publish_checkpoint(checkpoint.note)
-        receipt = sealed.record
-        logger.warning(f"audit FAILED: {receipt.peer_id[-8:]} round {receipt.round}: entry {index} revoked")
+        logger.warning(
+            f"audit FAILED: {receipt.peer_id[-8:]} round {receipt.round}: key {receipt.public_key[:16]} "
+            f"excluded, {len(revoked)} entr{'y' if len(revoked) == 1 else 'ies'} revoked"
+        )
 
-    def _revoke(self, leaf: bytes, reason: str):
-        index = self.store.index_of(leaf)
-        checkpoint = self.store.revoke(index, reason, self.identity, task_id=self.task_id)
-        self._status[leaf] = {"status": "accepted", "index": index, "revoked": True}
-        return index, checkpoint
+    def _revoke_since(self, key: str, after: int, reason: str):
+        """Revoke every receipt of ``key`` past ledger index ``after`` not revoked yet (a writer job)."""
+        owned, revoked = [], set()
+        for index, data in self.store.entries(max(0, after + 1)):
+            sealed = parse_sealed(data, (ContributionReceipt, Revocation))
+            if isinstance(sealed.record, Revocation):
+                revoked.add(sealed.record.entry_index)
+            elif sealed.record.public_key == key:
+                owned.append(index)
+        return self._revoke([self.store.leaf_hash(i) for i in owned if i not in revoked], reason)
+
+    def _revoke(self, leaves: list[bytes], reason: str):
+        """Revoke the entries of ``leaves`` in one batch (a writer job); their indices and the checkpoint."""
+        indices = [self.store.index_of(leaf) for leaf in leaves]
+        checkpoint = self.store.revoke_many(indices, reason, self.identity, task_id=self.task_id)
+        for leaf, index in zip(leaves, indices):
+            self._status[leaf] = {"status": "accepted", "index": index, "revoked": True}
+        return indices, checkpoint
 
     # ------------------------------------------------------------------ stopping
 
@@ -369,6 +479,7 @@ class ContributionDesk:
         self._stop.set()
         self._closer.join(timeout=30)
         self.auditor.stop(timeout=120)  # the audits already chosen still run
+        self._prefetcher.shutdown(wait=False, cancel_futures=True)
         size = self._ledger.run(lambda store: store.size)
         logger.info(f"contributions: {dict(sorted(self.counters.items()))}; ledger size {size}")
         for name in (

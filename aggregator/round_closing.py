@@ -30,6 +30,8 @@ class ClosedRound:
     refused: list[tuple[bytes, RejectReason, str]] = field(default_factory=list)  # (wire, reason, detail)
     checkpoint_note: str = ""
     ledger_size: int = 0
+    # wire -> seconds since its peer's previous receipt (None for a peer's first): a rate's window
+    windows: dict[bytes, float | None] = field(default_factory=dict)
 
 
 class RoundCloser:
@@ -39,6 +41,7 @@ class RoundCloser:
         self._queued: dict[int, list[Submission]] = {}
         self._first_seen: dict[int, float] = {}
         self._arrival: dict[int, list[float]] = {}
+        self._attempts: dict[int, set[int]] = {}  # round -> the attempts its receipts name
         # Per peer, the timestamps (ms, its clock) of its recent receipts that passed the intake's
         # screening: the time between two of them bounds how long it computed (SwarmFacts.peer_seconds).
         self._receipt_times: dict[str, list[int]] = {}
@@ -49,6 +52,7 @@ class RoundCloser:
         self._queued.setdefault(receipt.round, []).append(submission)
         self._first_seen.setdefault(receipt.round, time.monotonic())
         self._arrival.setdefault(receipt.round, []).append(receipt.timestamp / 1000)
+        self._attempts.setdefault(receipt.round, set()).add(receipt.attempt)
         times = self._receipt_times.setdefault(receipt.peer_id, [])
         times.append(receipt.timestamp)
         del times[:-RECEIPT_TIMES_KEPT]
@@ -64,26 +68,39 @@ class RoundCloser:
             if force or swarm_round >= r + 2 or time.monotonic() - self._first_seen[r] > self.close_after
         ]
 
-    def close(self, round_index: int, swarm_round: int, throughput: dict[str, float]) -> ClosedRound:
-        """Check and append one round's receipts (``throughput``: peer id -> announced samples/s)."""
+    def attempts_due(self, swarm_round: int, force: bool = False) -> set[int]:
+        """The attempts named by the receipts of the rounds :meth:`due` would close now."""
+        return {a for r in self.due(swarm_round, force) for a in self._attempts.get(r, ())}
+
+    def close(
+        self, round_index: int, swarm_round: int, throughput: dict[str, float], **checks
+    ) -> ClosedRound:
+        """Check and append one round's receipts (``throughput``: peer id -> announced samples/s;
+        ``checks``: the derived facts of :class:`SwarmFacts` — witnesses, pricing, measured rates)."""
         subs = self._queued.pop(round_index)
         self._first_seen.pop(round_index, None)
+        self._attempts.pop(round_index, None)
         times = self._arrival.pop(round_index, [])
         sealed = [parse_sealed(s.wire, ContributionReceipt) for s in subs]
         hint = self.spec.params.target_samples_per_round / max(1.0, sum(throughput.values()))
         # Receipts arrive after their round ended, so their spread understates how long it lasted.
         durations = {round_index: max(1.0, max(times) - min(times) + hint)}
+        windows = {s.wire: self._compute_window(s.record) for s in sealed}
         facts = SwarmFacts(
             swarm_round,
             self.round_window,
             dict(throughput),
             durations,
             self.spec.params.batch_size,
-            {(s.record.peer_id, round_index): self._compute_window(s.record) for s in sealed},
+            {(s.record.peer_id, round_index): windows[s.wire] for s in sealed},
             rounds_by_cohort=self.spec.params.sync == "outer",
+            task_id=self.spec.task_id,
+            **checks,
         )
         refused = check_round(sealed, facts)
-        closed = ClosedRound(round_index, [])
+        closed = ClosedRound(
+            round_index, [], windows={s.wire: self.measured_window(s.record) for s in sealed}
+        )
         closed.refused += [(s.wire, *refused[s.wire]) for s in sealed if s.wire in refused]
         survivors = [sub for sub in subs if sub.wire not in refused]
         result = self.intake.admit(survivors)
@@ -96,5 +113,14 @@ class RoundCloser:
     def _compute_window(self, receipt: ContributionReceipt) -> float:
         """Seconds between this peer's previous receipt (or, for its first, the desk's start) and
         ``receipt``: the time it can have spent computing that round."""
+        return max(0.0, (receipt.timestamp - self._previous_ms(receipt, self._started_ms)) / 1000)
+
+    def _previous_ms(self, receipt: ContributionReceipt, default: int) -> int:
         earlier = [t for t in self._receipt_times.get(receipt.peer_id, ()) if t < receipt.timestamp]
-        return max(0.0, (receipt.timestamp - max(earlier, default=self._started_ms)) / 1000)
+        return max(earlier, default=default)
+
+    def measured_window(self, receipt: ContributionReceipt) -> float | None:
+        """Seconds since this peer's previous receipt, or None for its first: what a rate confirmed by
+        an audit is measured over (the desk's start says nothing about when a peer began computing)."""
+        previous = self._previous_ms(receipt, -1)
+        return None if previous < 0 else max(1.0, (receipt.timestamp - previous) / 1000)

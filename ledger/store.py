@@ -389,6 +389,30 @@ class LedgerStore:
         )
         return self.append_batch([make_sealed(record, signer)], signer, now_ms=now_ms)
 
+    def revoke_many(
+        self,
+        indices: Sequence[int],
+        reason: str,
+        signer: Identity,
+        *,
+        task_id: str,
+        now_ms: int | None = None,
+    ) -> StoredCheckpoint:
+        """Append a revocation of each receipt of ``indices`` in one batch, under one checkpoint (a
+        key excluded after a failed audit loses every credit since its last passed one at once)."""
+        ts = int(time.time() * 1000) if now_ms is None else now_ms
+        records = [
+            Revocation(
+                task_id=task_id,
+                entry_index=index,
+                entry_leaf_hash=self.leaf_hash(index).hex(),
+                reason=reason,
+                timestamp=ts,
+            )
+            for index in indices
+        ]
+        return self.append_batch([make_sealed(r, signer) for r in records], signer, now_ms=now_ms)
+
     # -- reading ------------------------------------------------------------------------------
     def _check_index(self, index: int, size: int | None = None) -> None:
         limit = self.size if size is None else size

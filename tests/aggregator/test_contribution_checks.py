@@ -3,13 +3,15 @@ the Merkle root over its members' sample counts, each receipt proving its own)."
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from aggregator.contribution_checks import SwarmFacts, check_round
 from protocol.averaging_group import averaging_group_id, group_membership
 from protocol.identity import Identity
 from protocol.records import RejectReason
-from tests.protocol.factories import group_fields, peer_id_of, sealed_receipt
+from tests.protocol.factories import TASK, group_fields, peer_id_of, sealed_receipt
 
 PEERS = [Identity.generate() for _ in range(3)]
 IDS = tuple(sorted(peer_id_of(p) for p in PEERS))
@@ -163,3 +165,89 @@ def test_in_an_outer_task_each_cohort_commits_its_own_inner_step_and_a_cohort_th
     refused = check_round([receipts[0], liar, receipts[2]], outer)
     assert set(refused) == {receipts[0].wire, liar.wire}, "inside a cohort nobody can tell which lies"
     assert "of the cohort's receipts name another group" in refused[liar.wire][1]
+
+
+# ------------------------------------------------------------------ bound to the round's commit
+
+
+def _committed(identity: Identity, group: dict[str, int] = SAMPLES, attempt: int = 9, **overrides):
+    """A receipt whose group id hashes its own attempt, contributors and start state, as peers build them."""
+    peer = peer_id_of(identity)
+    view = group_membership(list(group.items()), peer)
+    fields = dict(
+        attempt=attempt, group_id=averaging_group_id(TASK, attempt, view, STATE), **group_fields(view)
+    )
+    return _receipt(identity, group, **(fields | overrides))
+
+
+def _witnessed_by(reports: dict[tuple[int, str], set[str]]):
+    return replace(
+        FACTS, task_id=TASK, witnesses=lambda attempt, group: set(reports.get((attempt, group), ()))
+    )
+
+
+def test_a_receipt_needs_another_peer_to_have_committed_its_group():
+    receipts = [_committed(p) for p in PEERS]
+    group = receipts[0].record.group_id
+    everyone = {p.public_key_hex for p in PEERS}
+    assert check_round(receipts, _witnessed_by({(9, group): everyone})) == {}
+    # only its own report: a self-only group, or a group nobody else holds
+    alone = check_round(receipts[:1], _witnessed_by({(9, group): {PEERS[0].public_key_hex}}))
+    assert alone[receipts[0].wire][0] is RejectReason.UNWITNESSED
+    # reports of another attempt do not count
+    elsewhere = check_round(receipts[:1], _witnessed_by({(8, group): everyone}))
+    assert elsewhere[receipts[0].wire][0] is RejectReason.UNWITNESSED
+
+
+def test_a_self_only_group_with_inflated_samples_has_no_witness():
+    liar = PEERS[0]
+    own = {peer_id_of(liar): 5 * SAMPLES[peer_id_of(liar)]}  # within its announced throughput
+    honest = [_committed(p) for p in PEERS]
+    cheat = _committed(liar, own, samples=own[peer_id_of(liar)])
+    reports = {(9, honest[0].record.group_id): {p.public_key_hex for p in PEERS}}
+    reports[9, cheat.record.group_id] = {liar.public_key_hex}  # it may post a commit of its own
+    refused = check_round([cheat, *honest[1:]], _witnessed_by(reports))
+    assert list(refused) == [cheat.wire] and refused[cheat.wire][0] is RejectReason.UNWITNESSED
+
+
+def test_a_group_id_that_does_not_hash_the_receipts_attempt_or_state_is_refused():
+    honest = _committed(PEERS[0])
+    reports = {(9, honest.record.group_id): {p.public_key_hex for p in PEERS}}
+    # the same witnessed id, claimed for another start state (an audit would replay the wrong one)
+    moved = _committed(PEERS[0], state_digest="cd" * 32, group_id=honest.record.group_id)
+    refused = check_round([moved], _witnessed_by(reports))
+    assert refused[moved.wire][0] is RejectReason.GROUP_MISMATCH
+
+
+def test_measured_rates_bound_samples_and_announced_ones_do_not():
+    receipts = [_committed(p) for p in PEERS]
+    group = receipts[0].record.group_id
+    facts = replace(_witnessed_by({(9, group): {p.public_key_hex for p in PEERS}}), throughput={})
+    # announced nothing, measured nothing yet: no bound (the desk audits such keys instead)
+    assert check_round(receipts, replace(facts, measured_rates={})) == {}
+    victim = next(r for r in receipts if r.record.peer_id == IDS[1])
+    slow = {victim.record.public_key: 1.0}  # a passed audit confirmed 1 sample/s; it claims 96 in 2 s
+    refused = check_round(receipts, replace(facts, measured_rates=slow))
+    assert list(refused) == [victim.wire] and refused[victim.wire][0] is RejectReason.IMPLAUSIBLE
+    assert "measured" in refused[victim.wire][1]
+
+
+def test_with_commit_reports_the_reports_decide_between_groups_not_the_receipts_filed():
+    """One honest receipt against one invented group: by receipts it is a tie (both refused); by the
+    peers' signed commit reports the honest group has the quorum and only the invented one goes."""
+    honest = _committed(PEERS[0])
+    liar = PEERS[1]
+    own = {peer_id_of(liar): SAMPLES[peer_id_of(liar)]}
+    invented = _committed(liar, own)
+    reports = {
+        (9, honest.record.group_id): {p.public_key_hex for p in PEERS},
+        (9, invented.record.group_id): {liar.public_key_hex, PEERS[2].public_key_hex},  # even with a friend
+    }
+
+    def counts(attempt):
+        return {group: len(keys) for (a, group), keys in reports.items() if a == attempt}
+
+    facts = replace(_witnessed_by(reports), commit_counts=counts)
+    refused = check_round([honest, invented], facts)
+    assert list(refused) == [invented.wire] and refused[invented.wire][0] is RejectReason.GROUP_MISMATCH
+    assert len(check_round([honest, invented], replace(FACTS, task_id=TASK))) == 2  # receipts alone: a tie

@@ -80,6 +80,10 @@ SWARM_REASONS = {
     RejectReason.IMPLAUSIBLE,
     RejectReason.NON_FINITE,
     RejectReason.AUDIT_FAILED,
+    RejectReason.MISPRICED,  # tests/aggregator/test_work_pricing.py
+    RejectReason.UNWITNESSED,
+    RejectReason.EXCLUDED,  # the desk's (tests/aggregator/test_trust.py)
+    RejectReason.AUDIT_UNAVAILABLE,
 }
 
 

@@ -1,0 +1,73 @@
+"""Which averaging groups the swarm committed, as its peers' signed commit reports say.
+
+A receipt names its group (``group_id``: the attempt, the contributors' Merkle root and count, and
+the start state). A committed round is one whose result a quorum of the roster posted on the commit
+board (:class:`protocol.records.RoundCommit`), and every such report now names the result's group.
+So the aggregator credits a receipt only when peers *other than its sender* posted, under their own
+keys, that they committed the very group it names: a group its sender invented (a self-only group,
+an inflated sample count, another start state) has no other witness.
+
+Reports are read from the DHT per attempt (one bucket, a bounded read) as receipts arrive, and read
+again when a round closes; what was read is kept for the round window, since reports expire from
+the DHT sooner (90 s) than a slow round closes. The reads happen off the ledger's writer thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+
+from hivemind_adapter.dht import read_signed
+from protocol.dht_schema import commits_key, open_commit_value
+from protocol.records import RoundCommit
+
+ATTEMPTS_KEPT = 512  # attempts whose reports are remembered (several per round across the window)
+
+
+class CommitWitness:
+    def __init__(self, dht, task_id: str):
+        self.dht, self.task_id = dht, task_id
+        # attempt -> public key (hex) -> that key's latest report of the attempt with a group
+        self._seen: OrderedDict[int, dict[str, RoundCommit]] = OrderedDict()
+        self._lock = threading.Lock()  # guards _seen (handler threads read, the closer refreshes)
+
+    def read(self, attempts: Iterable[int]) -> None:
+        """Read the reports of ``attempts`` from the DHT (one bounded read each) and remember them."""
+        for attempt in sorted(set(attempts)):
+            found = read_signed(
+                self.dht,
+                commits_key(self.task_id, attempt),
+                lambda sub, value: open_commit_value(self.task_id, sub, value),
+            )
+            self.learn(s.record for s in found if s.record.attempt == attempt)
+
+    def learn(self, commits: Iterable[RoundCommit]) -> None:
+        """Remember signature-checked reports (a key's later report of an attempt replaces its earlier
+        one only if it names a group: the state report re-posts the same group)."""
+        with self._lock:
+            for commit in commits:
+                if not (commit.ok and commit.group):
+                    continue
+                self._seen.setdefault(commit.attempt, {})[commit.public_key] = commit
+                self._seen.move_to_end(commit.attempt)
+            while len(self._seen) > ATTEMPTS_KEPT:
+                self._seen.popitem(last=False)
+
+    def witnesses(self, attempt: int, group: str) -> set[str]:
+        """The keys (hex) that reported committing ``group`` in ``attempt``."""
+        with self._lock:
+            reports = self._seen.get(attempt, {})
+            return {key for key, commit in reports.items() if commit.group == group}
+
+    def commit_counts(self, attempt: int) -> dict[str, int]:
+        """Group id -> how many keys reported committing it in ``attempt``."""
+        with self._lock:
+            counts: dict[str, int] = {}
+            for commit in self._seen.get(attempt, {}).values():
+                counts[commit.group] = counts.get(commit.group, 0) + 1
+            return counts
+
+    def known(self, attempt: int) -> bool:
+        with self._lock:
+            return attempt in self._seen

@@ -1,0 +1,27 @@
+"""BOINC-style adaptive audits: a new key is audited on every receipt until it has passed a few,
+then at the base rate; a failure excludes it and says from where its credit is revoked."""
+
+from __future__ import annotations
+
+from aggregator.trust import TRUSTED_AFTER, TrustBook
+
+
+def test_new_keys_are_audited_always_until_they_passed_enough_audits():
+    book = TrustBook(base_rate=0.1)
+    assert book.audit_rate("a") == 1.0
+    for i in range(TRUSTED_AFTER):
+        assert book.audit_rate("a") == 1.0
+        book.passed("a", index=10 * i, rate=50.0 + i)
+    assert book.audit_rate("a") == 0.1
+    assert book.audit_rate("b") == 1.0  # another key starts over
+    assert book.measured_rates() == {"a": 50.0 + TRUSTED_AFTER - 1}  # the largest confirmed rate
+
+
+def test_a_failed_audit_excludes_the_key_and_revokes_since_its_last_passed_audit():
+    book = TrustBook(base_rate=0.1)
+    assert book.failed("never-passed") == -1  # all of its credit
+    book.passed("k", index=7, rate=None)
+    book.passed("k", index=3, rate=None)  # verdicts may arrive out of order: the newest index counts
+    assert book.failed("k") == 7
+    assert book.is_excluded("k") and book.excluded() == {"never-passed", "k"}
+    assert "k" not in book.measured_rates()  # a pass without a measured window gives no rate
