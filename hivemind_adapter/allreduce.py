@@ -13,7 +13,10 @@ itself. Every member then receives the same bytes for every shard, so results ag
 when the all-reduce was complete from its point of view (no failed reducer, every sender's parts
 received); otherwise the step raises :class:`PartialAllReduceError` and the tensors are untouched.
 Failures seen only by *another* member are caught one level up (:mod:`peer.hierarchy`), which compares
-what members report after the step.
+what members report after the step. A NaN or infinite result is never written either
+(:class:`NonFiniteResultError`): one member's NaN would otherwise become every member's. With a
+:class:`~hivemind_adapter.robust_reduce.RobustConfig`, reducers take a robust centre of the senders'
+parts (CenteredClip, as BTARD does) and report whom they named (:meth:`VerifiedAverager.last_outliers`).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from hivemind.utils.asyncio import (
 )
 
 from hivemind_adapter.known_groups import KnownGroupSteps
+from hivemind_adapter.robust_reduce import RobustConfig, RobustPartReducer, SharedNames
 
 # How long a reducer keeps a sender's stream open after its last reply, waiting for the sender to
 # close it (it does as soon as it holds every reply): a bound for a sender that died meanwhile.
@@ -56,6 +60,10 @@ class PartialAllReduceError(AllreduceException):
     """Part of the vector was not averaged over the whole group; nothing was written."""
 
 
+class NonFiniteResultError(PartialAllReduceError):
+    """The averaged result holds a NaN or an infinity (a sender sent one): nothing was written."""
+
+
 class AllReduceBroke(MatchmakingException):
     """A step's group formed and its all-reduce failed (partial, a member silent, a reducer gone):
     nothing was written, so the step may be taken again with the same tensors. hivemind reports every
@@ -64,10 +72,15 @@ class AllReduceBroke(MatchmakingException):
 
 
 class ExactAllReduceRunner(AllReduceRunner):
-    """A butterfly all-reduce whose outputs are the reducers' averages, not deltas against local parts."""
+    """A butterfly all-reduce whose outputs are the reducers' averages, not deltas against local parts.
+    With ``robust``, this member reduces with a :class:`~hivemind_adapter.robust_reduce.RobustPartReducer`."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, robust: RobustConfig | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        if robust is not None:
+            unused = self.tensor_part_reducer
+            self.tensor_part_reducer = RobustPartReducer(unused.part_shapes, unused.num_senders, robust)
+            unused.finished.set()  # never used: its finalize would report "received 0% of input tensors"
         # With absolute outputs, a part whose reducer failed falls back to the local part, not to a zero delta.
         self.tensor_part_container.return_deltas = False
         self.reducer_errors: list[str] = []  # why each remote reducer failed this member, if one did
@@ -89,9 +102,14 @@ class ExactAllReduceRunner(AllReduceRunner):
         part_infos = [info for _part, info in container._input_parts_by_peer[peer_index]]
         lossless = isinstance(container.compression, NoCompression)
         for part_index, local_part in enumerate(self.parts_for_local_averaging):
-            averaged = await self.tensor_part_reducer.accumulate_part(
-                sender_index, part_index, local_part, weight=self.weight
-            )
+            try:
+                averaged = await self.tensor_part_reducer.accumulate_part(
+                    sender_index, part_index, local_part, weight=self.weight
+                )
+            except Exception as e:  # e.g. no usable part to reduce (robust): never leave the outputs waiting
+                self.reducer_errors.append(f"this peer: {type(e).__name__}: {str(e)[:120]}")
+                container.register_failed_reducer(peer_index)
+                raise
             # Other members receive this part through the compression; so must we, or we would differ.
             if lossless:
                 mine = averaged.clone()
@@ -208,6 +226,12 @@ class ExactAllReduceRunner(AllReduceRunner):
             self._count(sent=size if sent else 0, received=0 if sent else size)
             yield message
 
+    def outlier_senders(self) -> list[str]:
+        """Base58 ids of the senders this member's reducer refused or named an outlier on any part it
+        reduced (always empty without ``robust``)."""
+        named = getattr(self.tensor_part_reducer, "outliers", {})
+        return [self.sender_peer_ids[i].to_base58() for i in sorted(named)]
+
     def incomplete_reason(self) -> str | None:
         """Why this member's view of the all-reduce is incomplete, or None if it is complete."""
         container, reducer = self.tensor_part_container, self.tensor_part_reducer
@@ -251,16 +275,26 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
 
     Use it like the base class; ``step()`` returns the gathered metadata of every group member, and
     :meth:`~hivemind_adapter.known_groups.KnownGroupSteps.step_in_known_group` averages with members
-    known in advance, without matchmaking.
+    known in advance, without matchmaking. With ``robust``, its reducer withstands a minority of
+    malicious senders; :meth:`last_outliers` names those it caught.
     """
 
     runner_type: type[ExactAllReduceRunner] = ExactAllReduceRunner  # what runs each all-reduce
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, robust: RobustConfig | None = None, **kwargs):
         # [sent, received] tensor payload bytes of this averager's all-reduces with other peers: written
         # in the averager's process, read here (shared memory, made before that process forks)
         self._wire_bytes = multiprocessing.Array("q", 2)
+        self._last_outliers = SharedNames()  # what the last all-reduce's reducer named, shared likewise
+        self._robust = robust  # read in the averager's process, by every runner it builds
         super().__init__(*args, **kwargs)
+
+    def last_outliers(self) -> list[str]:
+        """Base58 ids of the senders this averager's reducer refused (non-finite) or named outliers in
+        its last all-reduce (its last step, whether it succeeded or not), in sender order; empty
+        without ``robust``. Read it after each step: the next all-reduce, a known group's
+        confirmation included, replaces it."""
+        return self._last_outliers.read()
 
     def wire_bytes(self) -> tuple[int, int]:
         """Tensor payload bytes this averager's all-reduces sent and received so far."""
@@ -344,22 +378,30 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
             tensors=tensors,
             group_id=group_id,
             ordered_peer_ids=group_info.peer_ids,
+            robust=self._robust,
             **kwargs,
         )
         runner.wire_bytes = self._wire_bytes
         assert group_id in self._running_groups, "all-reduce group was not registered"
         self._running_groups[group_id].set_result(runner)
-
-        if runner.modes[group_info.peer_ids.index(self.peer_id)] == AveragingMode.AUX:
-            async for _ in runner:
-                raise ValueError("auxiliary peers receive no averaged tensors")
-            return
-        results = []
-        async for _tensor, averaged in azip(as_aiter(*tensors), runner):
-            results.append(averaged)
+        self._last_outliers.write([])
+        try:
+            if runner.modes[group_info.peer_ids.index(self.peer_id)] == AveragingMode.AUX:
+                async for _ in runner:
+                    raise ValueError("auxiliary peers receive no averaged tensors")
+                return
+            results = []
+            async for _tensor, averaged in azip(as_aiter(*tensors), runner):
+                results.append(averaged)
+        finally:  # what this member's reducer named, whether the step succeeded or not
+            self._last_outliers.write(runner.outlier_senders())
         reason = runner.incomplete_reason()
         if reason is not None or len(results) != len(tensors):
             raise PartialAllReduceError(f"all-reduce in group {group_id.hex()[:12]} was partial: {reason}")
+        if not all(bool(torch.isfinite(averaged).all()) for averaged in results):
+            raise NonFiniteResultError(
+                f"all-reduce in group {group_id.hex()[:12]} gave NaN or infinite values"
+            )
         for tensor, averaged in zip(tensors, results):
             tensor.copy_(averaged)
         self.last_updated = get_dht_time()

@@ -1,0 +1,68 @@
+"""A group of VerifiedAveragers on loopback DHT nodes that average once as a known group (no
+matchmaking), each step bounded: what the tests of a group larger than a pair need."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import torch
+
+from hivemind_adapter.allreduce import VerifiedAverager
+from hivemind_adapter.dht import start_dht, visible_maddrs
+from hivemind_adapter.known_groups import known_group_id
+from tests.hivemind_adapter.averager_pair import LOOPBACK, PAIR_SETTINGS
+
+ARRIVAL_TIMEOUT = 4.0  # below the sender timeout (PAIR_SETTINGS' next_chunk_timeout)
+ALLREDUCE_TIMEOUT = 10.0
+
+
+def step_known_group(
+    size: int,
+    tensors: Callable[[int], list[torch.Tensor]],
+    averager_kwargs: Callable[[int], dict] = lambda i: {},
+    **settings,
+) -> tuple[list[list[torch.Tensor]], list[object], list[list[str]], list[str]]:
+    """Member ``i`` of ``size`` starts from ``tensors(i)`` with ``averager_kwargs(i)``; all step in one
+    known group at once. Returns what each holds afterwards, each step's outcome (None, or the
+    exception it raised), each member's ``last_outliers()``, and the members' base58 ids."""
+    dhts = [start_dht(host_maddrs=LOOPBACK)]
+    averagers: list[VerifiedAverager] = []
+    try:
+        for _ in range(size - 1):
+            dhts.append(start_dht(host_maddrs=LOOPBACK, initial_peers=visible_maddrs(dhts[0])))
+        common = {**PAIR_SETTINGS, **settings}
+        for i, dht in enumerate(dhts):
+            averagers.append(VerifiedAverager(tensors(i), dht, **common, **averager_kwargs(i)))
+        peer_ids = [averager.peer_id.to_base58() for averager in averagers]
+        group = known_group_id("robust-test", *sorted(peer_ids))
+        outcomes: list[object] = [None] * size
+
+        def step(i: int) -> None:
+            try:
+                averagers[i].step_in_known_group(
+                    group,
+                    sorted(peer_ids),
+                    weight=1.0,
+                    arrival_timeout=ARRIVAL_TIMEOUT,
+                    allreduce_timeout=ALLREDUCE_TIMEOUT,
+                )
+            except Exception as e:  # an outcome some tests are about
+                outcomes[i] = e
+
+        threads = [threading.Thread(target=step, args=(i,)) for i in range(size)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=ARRIVAL_TIMEOUT + ALLREDUCE_TIMEOUT + 10)
+        assert not any(t.is_alive() for t in threads), "a step did not end within its bounds"
+        results = []
+        for averager in averagers:
+            with averager.get_tensors() as held:
+                results.append([t.clone() for t in held])
+        return results, outcomes, [averager.last_outliers() for averager in averagers], peer_ids
+    finally:
+        for averager in averagers:
+            averager.shutdown()
+        for dht in reversed(dhts):
+            dht.shutdown()

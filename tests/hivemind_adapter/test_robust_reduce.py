@@ -1,0 +1,186 @@
+"""Robust aggregation (CenteredClip per all-reduce part): the function on its own, hivemind's reducer
+bookkeeping around it, and real averagers in a group with one malicious member."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+import torch
+
+from hivemind_adapter.allreduce import AllReduceBroke, AllreduceException, VerifiedAverager
+from hivemind_adapter.robust_reduce import RobustConfig, RobustPartReducer, centered_clip
+from tests.hivemind_adapter.averager_group import step_known_group
+from tests.hivemind_adapter.averager_pair import step_pair
+
+CONFIG = RobustConfig()
+
+
+def _honest(count: int, size: int = 4096, seed: int = 0) -> list[torch.Tensor]:
+    """Parts that agree on a common direction, each with its own noise (a tenth of its norm)."""
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(size, generator=g)
+    return [base + 0.1 * torch.randn(size, generator=g) for _ in range(count)]
+
+
+def _mean64(parts: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
+    """The weighted mean in float64, summed in order, cast back: what an honest group must get."""
+    total = torch.zeros_like(parts[0], dtype=torch.float64)
+    for part, weight in zip(parts, weights):
+        total += weight * part.double()
+    return (total / sum(weights)).to(parts[0].dtype)
+
+
+def _spread(parts: list[torch.Tensor]) -> float:
+    """The honest parts' mean distance to their mean."""
+    mean = torch.stack(parts).double().mean(0)
+    return float(torch.stack([torch.linalg.vector_norm(p.double() - mean) for p in parts]).mean())
+
+
+def test_honest_parts_give_exactly_their_weighted_mean():
+    parts = _honest(6)
+    for weights in ([1.0] * 6, [1.0, 2.0, 1.0, 3.0, 0.5, 1.0]):
+        result = centered_clip(parts, weights, CONFIG)
+        assert torch.equal(result.value, _mean64(parts, weights))
+        assert result.outliers == () and result.value.dtype == torch.float32
+    identical = [parts[0].clone() for _ in range(4)]  # the radius is 0 up to rounding: still the mean
+    assert torch.equal(centered_clip(identical, [1.0] * 4, CONFIG).value, parts[0])
+
+
+def _attacks(honest: torch.Tensor) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    nan, inf = honest.clone(), honest.clone()
+    nan[123], inf[-1] = math.nan, -math.inf
+    return {
+        "x1000": honest * 1000,
+        "sign flipped": -honest,
+        "garbage": torch.randn(honest.shape, generator=g)
+        * 100
+        * float(honest.norm())
+        / honest.numel() ** 0.5,
+        "nan": nan,
+        "inf": inf,
+    }
+
+
+@pytest.mark.parametrize("attack", ["x1000", "sign flipped", "garbage", "nan", "inf"])
+def test_one_bad_part_of_six_is_named_and_moves_the_result_by_almost_nothing(attack):
+    parts = _honest(6)
+    honest = [p for i, p in enumerate(parts) if i != 2]
+    parts[2] = _attacks(parts[2])[attack]
+    result = centered_clip(parts, [1.0] * 6, CONFIG)
+    distance = float(torch.linalg.vector_norm(result.value.double() - torch.stack(honest).double().mean(0)))
+    assert distance < 0.1 * _spread(honest), (attack, distance, _spread(honest))
+    assert result.outliers == (2,)
+    assert torch.isfinite(result.value).all()
+
+
+def test_a_bad_part_within_the_outlier_bound_moves_the_result_by_at_most_its_share_of_the_radius():
+    """Not far enough to be named: clipped to the radius, it pulls by at most w_bad / w_honest of it."""
+    parts = _honest(6)
+    honest_mean = torch.stack(parts[:5]).double().mean(0)
+    direction = torch.randn(parts[0].shape, generator=torch.Generator().manual_seed(3)).double()
+    direction /= torch.linalg.vector_norm(direction)
+    probe = centered_clip(parts[:5], [1.0] * 5, CONFIG)  # about the radius the attacked set will have
+    parts[5] = (honest_mean + 0.8 * CONFIG.outlier_factor * probe.radius * direction).float()
+    result = centered_clip(parts, [1.0] * 6, CONFIG)
+    assert result.outliers == ()
+    shift = float(torch.linalg.vector_norm(result.value.double() - honest_mean))
+    assert shift <= 1.01 * result.radius / 5
+
+
+def test_zero_weight_parts_take_no_part_and_are_never_outliers():
+    parts = _honest(4)
+    with_followers = parts + [torch.zeros_like(parts[0]), parts[0] * 1e6]
+    result = centered_clip(with_followers, [1.0] * 4 + [0.0, 0.0], CONFIG)
+    assert torch.equal(result.value, _mean64(parts, [1.0] * 4))
+    assert result.outliers == ()
+
+
+def test_parts_of_a_few_values_are_clipped_but_no_finite_one_is_named():
+    g = torch.Generator().manual_seed(5)
+    for _ in range(50):
+        scalars = [torch.randn(1, generator=g) for _ in range(3)]  # their spread says little
+        assert centered_clip(scalars, [1.0] * 3, CONFIG).outliers == ()
+
+
+def test_nothing_usable_raises():
+    nan = torch.full((8,), math.nan)
+    with pytest.raises(ValueError):
+        centered_clip([nan, nan.clone()], [1.0, 1.0], CONFIG)
+    with pytest.raises(ValueError):
+        centered_clip([torch.ones(8), torch.zeros(8)], [0.0, 0.0], CONFIG)
+
+
+def test_the_reducer_keeps_hiveminds_bookkeeping_and_names_the_bad_sender():
+    """Three senders, two parts: sender 2 sends part 0 ×1000, then part 1 while part 0 is not done,
+    and its stream is cancelled there. Part 1 is reduced from the other two (hivemind, counting the
+    cancelled part as received, would wait for it); nothing of a reduced part is kept."""
+
+    async def scenario():
+        parts = [_honest(3, 64, seed) for seed in (0, 1)]  # parts[part][sender]
+        reducer = RobustPartReducer([torch.Size([64])] * 2, 3, CONFIG)
+        first = [
+            asyncio.create_task(reducer.accumulate_part(s, 0, p * (1000 if s == 2 else 1)))
+            for s, p in enumerate(parts[0])
+        ]
+        cancelled = asyncio.create_task(reducer.accumulate_part(2, 1, parts[1][2]))
+        await asyncio.sleep(0)  # every call started: part 0 is complete, the part 1 of sender 2 waits
+        cancelled.cancel()
+        reducer.on_sender_failed(2)  # as the runner does when a sender's stream ends early
+        second = [asyncio.create_task(reducer.accumulate_part(s, 1, parts[1][s])) for s in (0, 1)]
+        got_first = await asyncio.wait_for(asyncio.gather(*first), 5)
+        got_second = await asyncio.wait_for(asyncio.gather(*second), 5)
+        assert reducer.finished.is_set() and reducer._inputs == {}
+        assert reducer.num_parts_received == [2, 2, 1]  # what the runner checks the all-reduce by
+        with pytest.raises(AllreduceException):
+            await reducer.accumulate_part(0, 0, torch.zeros(3))  # the wrong shape
+        return parts, got_first, got_second, reducer.outliers
+
+    parts, got_first, got_second, outliers = asyncio.run(scenario())
+    assert all(g is got_first[0] for g in got_first)  # one result for every sender of a part
+    assert torch.equal(got_first[0], _mean64(parts[0][:2], [1.0, 1.0]))
+    assert torch.equal(got_second[0], _mean64(parts[1][:2], [1.0, 1.0]))
+    assert outliers == {2: {0}}
+
+
+# ---------------------------------------------------------------- real averagers, one malicious member
+
+
+def _member_tensors(i: int) -> list[torch.Tensor]:
+    common = torch.Generator().manual_seed(11)
+    base = [torch.randn(40_000, generator=common), torch.randn(17, generator=common)]
+    own = torch.Generator().manual_seed(100 + i)
+    return [b + 0.1 * torch.randn(b.shape, generator=own) for b in base]
+
+
+@pytest.mark.parametrize("attack", ["x1000", "nan"])
+def test_a_robust_group_of_four_averages_the_honest_three_and_names_the_fourth(attack):
+    def start(i: int) -> list[torch.Tensor]:
+        held = _member_tensors(i)
+        if i != 3:
+            return held
+        return [t * 1000 for t in held] if attack == "x1000" else [torch.full_like(t, math.nan) for t in held]
+
+    results, outcomes, named, peer_ids = step_known_group(
+        4, start, lambda i: dict(robust=CONFIG), prefix=f"robust-{attack}", part_size_bytes=16 * 1024
+    )
+    assert outcomes == [None] * 4, outcomes
+    honest_mean = [_mean64([_member_tensors(i)[k] for i in range(3)], [1.0] * 3) for k in range(2)]
+    for held in results:
+        assert all(torch.equal(got, want) for got, want in zip(held, honest_mean))  # hence bit-identical
+    # parts of 4096 values: every member reduced some (two or more), so every one saw the fourth's
+    assert named[:3] == [[peer_ids[3]]] * 3, named
+
+
+def test_without_robust_one_nan_fails_the_step_and_nobody_writes():
+    def start(i: int) -> list[torch.Tensor]:
+        held = _member_tensors(i)
+        return [torch.full_like(t, math.nan) for t in held] if i == 1 else held
+
+    results, outcomes, _ = step_pair(VerifiedAverager, start, 20.0, prefix="nan-pair")
+    for outcome in outcomes:  # hivemind reports a failed all-reduce as a matchmaking failure
+        assert isinstance(outcome, AllReduceBroke) and "NaN" in str(outcome), outcomes
+    assert all(torch.equal(got, want) for got, want in zip(results[0], start(0)))
+    assert all(torch.isnan(t).all() for t in results[1])
