@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from hivemind_adapter.p2p import Endpoint
 from protocol.dht_schema import (
     TASKS_INDEX_KEY,
     MantaRecordValidator,
+    anchor_key,
     open_peer_value,
     open_task_value,
     peers_key,
@@ -40,7 +42,7 @@ from protocol.dht_schema import (
 )
 from protocol.identity import Identity
 from protocol.netaddr import host_port_to_multiaddr
-from protocol.records import Sealed, TaskSpec, open_sealed, seal
+from protocol.records import Sealed, StateAnchor, TaskSpec, open_sealed, seal
 from supernet.workload import swarm_train_options, workload_for
 
 logger = logging.getLogger(__name__)
@@ -79,6 +81,7 @@ class BootstrapAggregator:
         self.monitor = None
         self.data_desk: DataDesk | None = None  # tasks on an operator's dataset
         self._stop = threading.Event()
+        self._anchor_wire: bytes | None = None  # the sealed StateAnchor of the state the keeper serves
 
     def start(self) -> list[str]:
         """Start the DHT node and publish the task; returns the multiaddrs peers should use."""
@@ -145,6 +148,7 @@ class BootstrapAggregator:
             keep=self.config.keep_checkpoints,
             outer_period=task.params.inner_steps if task.params.sync == "outer" else None,
         )
+        self.keeper.on_serve = self._anchor
         if self.config.resume:
             self.keeper.resume()
         if self.config.checkpoint_seconds > 0:
@@ -203,6 +207,30 @@ class BootstrapAggregator:
             logger.warning("the DHT did not accept the task record (will retry)")
         return ok and indexed
 
+    def _anchor(self, round_index: int, attempt: int, state_digest: str) -> None:
+        """Sign the state the keeper now serves as one peers may load without a quorum's word
+        (a resumed run: no peer holds it; protocol.records.StateAnchor), and keep it published."""
+        record = StateAnchor(
+            task_id=self.task_id,
+            round=round_index,
+            attempt=attempt,
+            digest=state_digest,
+            timestamp=int(time.time() * 1000),
+        )
+        self._anchor_wire = seal(record, self.identity)
+        self._publish_anchor()
+
+    def _publish_anchor(self) -> None:
+        if self._anchor_wire is not None:
+            ttl = 4 * self.config.refresh_seconds
+            store(
+                self.dht,
+                anchor_key(self.task_id),
+                self._anchor_wire,
+                ttl,
+                subkey=self.identity.public_key_hex,
+            )
+
     def peers_online(self) -> int:
         return len(
             read_signed(
@@ -216,6 +244,7 @@ class BootstrapAggregator:
             signal.signal(sig, lambda *_: self._stop.set())
         while not self._stop.wait(self.config.refresh_seconds):
             self._publish()
+            self._publish_anchor()
             logger.info(f"task {self.task_id}: {self.peers_online()} peer(s) online")
 
     def stop(self) -> None:

@@ -18,6 +18,7 @@ import logging
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,6 +97,12 @@ class CheckpointKeeper:
         self.consensus = served_consensus(self._worker_layout[1], initial_outer)
         self._lock = threading.Lock()  # guards _known and _cache, never a transfer
         self._known: dict[str, KnownState] = {}
+        # digest -> peers that said they hold it (a queued receipt's sender): where an audit fetches a
+        # start state. Not a committed state until a receipt naming it is accepted (learn).
+        self._holders: OrderedDict[str, list[str]] = OrderedDict()
+        # Told (round, attempt, digest) of every state this keeper serves: the operator signs it as
+        # the state peers may load without a quorum's word (protocol.records.StateAnchor).
+        self.on_serve: Callable[[int, int, str], None] = lambda round_index, attempt, state_digest: None
         self._cache: OrderedDict[str, tuple[int, int, list[torch.Tensor]]] = OrderedDict()
         self._cache_size = cache
         self._remember(digest(self.template[: self.consensus]), -1, 0, self.template)  # the initial state
@@ -112,6 +119,14 @@ class CheckpointKeeper:
             known.holders = list(dict.fromkeys([*holders, *known.holders]))[:16]
             while len(self._known) > 64:
                 self._known.pop(next(iter(self._known)))
+
+    def note_holders(self, state_digest: str, holders: list[str]) -> None:
+        """``holders`` say they hold ``state_digest`` (unconfirmed: only a fetch checks it)."""
+        with self._lock:
+            known = self._holders.pop(state_digest, [])
+            self._holders[state_digest] = list(dict.fromkeys([*holders, *known]))[:16]
+            while len(self._holders) > 64:
+                self._holders.popitem(last=False)
 
     def newest_known(self) -> tuple[str, KnownState] | None:
         """The newest state known to be committed (outer tasks: after a period's end)."""
@@ -153,7 +168,9 @@ class CheckpointKeeper:
         with self._lock:
             cached = self._cache.get(state_digest)
             known = self._known.get(state_digest)
-            holders = list(known.holders) if known else []
+            holders = list(
+                dict.fromkeys([*(known.holders if known else []), *self._holders.get(state_digest, [])])
+            )
         if cached is not None:
             return cached
         if not holders:
@@ -194,6 +211,7 @@ class CheckpointKeeper:
         for old in checkpoint_files(self.directory)[: -self.keep]:
             old.unlink(missing_ok=True)
         self.sharer.publish(round_index, tensors, attempt, AGGREGATOR_TIEBREAK)
+        self.on_serve(round_index, attempt, state_digest)
         logger.info(f"checkpoint of round {round_index} written to {path}")
         return path
 
@@ -213,6 +231,7 @@ class CheckpointKeeper:
         attempt = int(loaded.meta.get("attempt", 0))
         self.sharer.publish(loaded.round, tensors, attempt, AGGREGATOR_TIEBREAK)
         self._remember(digest(tensors[: self.consensus]), loaded.round, attempt, tensors)
+        self.on_serve(loaded.round, attempt, digest(tensors[: self.consensus]))
         self._written_round = loaded.round
         logger.info(f"resuming task {self.task_id} from {path.name} (round {loaded.round})")
         return loaded.round

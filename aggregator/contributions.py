@@ -206,9 +206,7 @@ class ContributionDesk:
         self.rounds.add(Submission(wire, sender), receipt)
         self._status[leaf] = {"status": "queued", "round": receipt.round}
         if self.states is not None:  # where the round's start state can be fetched for an audit
-            self.states.learn(
-                receipt.round - 1, receipt.state_digest, [sender]
-            )  # its group's others say so in their own receipts
+            self.states.note_holders(receipt.state_digest, [sender])
         return self._status[leaf]
 
     def _settled(self, leaf: bytes) -> dict | None:
@@ -400,6 +398,10 @@ class ContributionDesk:
                 leaf = leaf_hash(accepted.wire)
                 self._status[leaf] = {"status": "accepted", "index": self.store.index_of(leaf)}
                 self.counters["accepted"] += 1
+                if self.states is not None:
+                    # a start state the swarm committed (its group is witnessed): checkpoints may use it
+                    receipt = accepted.record
+                    self.states.learn(receipt.round - 1, receipt.state_digest, [receipt.peer_id])
                 key = accepted.record.public_key
                 # a key whose rate was never measured has its claim checked by an audit instead
                 fraction = self.trust.audit_rate(key) if key in rates else 1.0

@@ -7,7 +7,9 @@ of those holders at once, a page each (:func:`hivemind_adapter.paged_blobs.fetch
 open internet a download is bounded by the server's uplink, and k holders serve it up to k times as
 fast. What arrives must hash to the quorum's digest, not to a digest its server chose. When the board
 knows no such state (the first peers of a run, or a run resumed from the aggregator's checkpoint
-with no peer left), hivemind's state sharing is the fallback (:class:`StateSharer`).
+with no peer left), hivemind's state sharing is the fallback (:class:`StateSharer`), and what it
+brings is loaded only if its digest is the quorum's or one an aggregator of the task signed
+(:func:`anchored_digests`): a state one node serves is never loaded on that node's word.
 
 A newcomer that arrives while the swarm computes a round sits that attempt out and starts with the
 next one (:func:`sit_out_running_attempt`): the others' rosters for it were read without the newcomer.
@@ -22,11 +24,14 @@ from collections.abc import Callable, Collection
 
 import torch
 
+from hivemind_adapter.dht import read_signed
 from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.paged_blobs import BlobUnavailable
 from hivemind_adapter.state_archive import fetch_state
 from hivemind_adapter.state_sharing import SharedState
 from peer.round_commit import CommitBoard, CommittedState, newest_committed_state
+from protocol.dht_schema import anchor_key, open_anchor_value
+from protocol.records import TaskSpec
 
 logger = logging.getLogger("manta.peer")
 
@@ -64,6 +69,13 @@ def committed_state(
     logger.debug(f"fetched state {result.digest[:12]} from {len(result.holders)} holder(s)")
     # The round number is its servers' word (the digest covers the tensors): they are a quorum's peers.
     return result, SharedState(got.round, got.digest, result.attempt, QUORUM_TIEBREAK, got.tensors)
+
+
+def anchored_digests(dht, task: TaskSpec) -> set[str]:
+    """Digests of the states the task's aggregators anchored (signed: the state of their newest
+    checkpoint, :class:`protocol.records.StateAnchor`); anchors signed by any other key are ignored."""
+    found = read_signed(dht, anchor_key(task.task_id), lambda sub, v: open_anchor_value(task.task_id, sub, v))
+    return {a.record.digest for a in found if task.signer_allowed(a.public_key)}
 
 
 def sit_out_running_attempt(

@@ -35,6 +35,7 @@ from peer.affinity import assign_cohorts, default_gateway_mac, host_id, network_
 from peer.catch_up import (
     LEAVE_WAIT_SECONDS,
     SIT_OUT_SECONDS,
+    anchored_digests,
     catch_up_before_leaving,
     committed_state,
     sit_out_running_attempt,
@@ -332,6 +333,14 @@ class PeerNode:
             got = self._sharer.download(timeout=30.0)
         if got is None:
             return False
+        quorum = result is not None and got.digest == result.digest
+        if not quorum and got.digest != self.state_digest:
+            if got.digest not in anchored_digests(self.dht, self.spec.record):
+                logger.warning(
+                    f"a state served by one node (round {got.round}, digest {got.digest[:12]}) that no quorum "
+                    "committed and no aggregator anchored: not loaded"
+                )
+                return False
         # Whatever we keep, the swarm has moved past the attempt that produced the served state.
         self.attempt = max(self.attempt, got.attempt + 1)
         if got.digest == self.state_digest or (got.round, got.tiebreak) <= (self.state_round, self._tiebreak):
@@ -352,8 +361,7 @@ class PeerNode:
             self._outer.replace_state(outer)
         self.state_round = got.round
         self._publish_state(got.round, got.attempt)
-        quorum = result is not None and got.digest == result.digest
-        source = f"from {len(result.holders)} holder(s)" if quorum else "served by one node"
+        source = f"from {len(result.holders)} holder(s)" if quorum else "anchored by the aggregator"
         logger.info(f"loaded the swarm's state after round {got.round} (digest {got.digest[:12]}, {source})")
         return True
 

@@ -169,6 +169,7 @@ def finish_round(
         receipt = build_receipt(ctx, work, outcome)
         ctx.outbox.add(receipt, ctx.seal_receipt(receipt))
     if outcome.committed:
+        ctx.progress.note_committed((c.peer, c.samples) for c in outcome.contributors)
         ctx.pending = []  # a new state: no older result applies to it
         ctx.publish_state(plan.round_index, plan.attempt)
         report_state(ctx.commit_board, plan.attempt, outcome.digest, ctx.state_digest(), group=outcome.group)

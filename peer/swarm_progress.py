@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from peer.swarm_view import ProgressBoard, swarm_samples
@@ -28,6 +28,12 @@ FRESH_MS = 10_000  # a progress record this recent (ms) shows which round its pe
 # (PUBLISH_EVERY) and are extrapolated by their throughput in between, so reading at every look
 # (4 Hz) only fetched the same bytes again: a DHT read of every peer's record each time.
 READ_EVERY = 0.5
+# Another peer's progress record counts for at most this many times the most samples it contributed
+# to one of its recent committed rounds (plus two batches): its count is its word, and one record
+# claiming a huge count would otherwise end every peer's computation at once. One with no committed
+# round yet counts for at most half the target (it cannot close a round alone).
+HISTORY_FACTOR = 2.0
+HISTORY_ROUNDS = 8
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,21 @@ class SwarmProgress:
         self._next_publish = 0.0
         self._records: list = []
         self._read_at = float("-inf")
+        # peer id -> its sample counts in the last committed rounds it contributed to (newest last)
+        self._committed: dict[str, list[int]] = {}
+
+    def note_committed(self, contributors: Iterable[tuple[str, int]]) -> None:
+        """A round committed with these (peer id, samples): what each showed it can do."""
+        for peer, samples in contributors:
+            history = self._committed.setdefault(peer, [])
+            history.append(int(samples))
+            del history[:-HISTORY_ROUNDS]
+
+    def _cap(self, peer: str) -> float:
+        history = self._committed.get(peer)
+        if not history:
+            return self.target / 2
+        return HISTORY_FACTOR * max(history) + 2 * self.batch_size
 
     def _read(self) -> list:
         """Every peer's latest record, read from the DHT at most every :data:`READ_EVERY` s."""
@@ -98,7 +119,7 @@ class SwarmProgress:
             self._publish(samples, rate, loss_sum)
         records = self._read()
         now_ms = int(time.time() * 1000)
-        others, other_peers = swarm_samples(records, self._round, now_ms, self.peer_id)
+        others, other_peers = swarm_samples(records, self._round, now_ms, self.peer_id, cap=self._cap)
         projected = samples + self.devices * self.batch_size + others + other_peers * self.batch_size / 2
         return SwarmEstimate(samples, others, projected, rate, self._latest_round(records, now_ms))
 

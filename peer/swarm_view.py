@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -349,16 +349,23 @@ def _micro(loss: float) -> int:
 
 
 def swarm_samples(
-    records: list[PeerProgress], round_index: int, now_ms: int, exclude: str = ""
+    records: list[PeerProgress],
+    round_index: int,
+    now_ms: int,
+    exclude: str = "",
+    cap: Callable[[str], float] | None = None,
 ) -> tuple[float, int]:
     """Samples the other peers have processed in ``round_index`` by now, and how many peers they are:
     each report's count plus what its throughput adds since it was published (at most 2 s of it: a
-    silent peer is not trusted further)."""
+    silent peer is not trusted further), and at most ``cap(peer id)`` per peer (a record's count is
+    its peer's word: :class:`peer.swarm_progress.SwarmProgress` caps it by what the peer's committed
+    rounds showed it can do)."""
     total, peers = 0.0, 0
     for r in records:
         if r.round != round_index or r.peer_id == exclude:
             continue
         elapsed = min(2.0, max(0.0, (now_ms - r.timestamp) / 1000))
-        total += r.samples + r.throughput_milli / 1000 * elapsed
+        counted = r.samples + r.throughput_milli / 1000 * elapsed
+        total += counted if cap is None else min(counted, cap(r.peer_id))
         peers += 1
     return total, peers

@@ -22,6 +22,8 @@ nobody can overwrite another party's entry — the subkey must name the key that
   aggregator's key to its libp2p peer id (peers deliver receipts to that peer id; they trust only keys
   the TaskSpec lists).
 - ``manta_T_ledger``: subkey ``<public key>``, the latest signed checkpoint note of that aggregator's ledger.
+- ``manta_T_anchor``: subkey ``<public key>``, the sealed :class:`~protocol.records.StateAnchor` of the
+  state that aggregator's newest checkpoint holds (what a peer may load without a quorum's word).
 - ``manta_tasks`` (one key for the whole DHT, so a volunteer can join without knowing the task id):
   subkey ``T``, value the sealed TaskSpec of ``T``.
 
@@ -51,6 +53,7 @@ from protocol.records import (
     RejectReason,
     RoundCommit,
     Sealed,
+    StateAnchor,
     TaskSpec,
     open_sealed,
 )
@@ -124,6 +127,10 @@ def ledger_key(task_id: str) -> str:
     return f"manta_{task_id}_ledger"
 
 
+def anchor_key(task_id: str) -> str:
+    return f"manta_{task_id}_anchor"
+
+
 def commit_subkey(attempt: int, public_key_hex: str) -> str:
     return f"{attempt}/{public_key_hex}"
 
@@ -181,6 +188,16 @@ def open_progress_value(task_id: str, subkey: Any, value: Any) -> Sealed[PeerPro
     return sealed
 
 
+def open_anchor_value(task_id: str, subkey: Any, value: Any) -> Sealed[StateAnchor]:
+    """Check one entry of ``manta_T_anchor``: a StateAnchor for ``task_id`` sealed by the subkey's key
+    (whether that key is one of the task's aggregators is the reader's to check)."""
+    sealed = open_sealed(_as_bytes(value), StateAnchor)
+    _check_owner(sealed, subkey)
+    if sealed.record.task_id != task_id:
+        raise RecordRejected(RejectReason.WRONG_TASK, f"anchor for {sealed.record.task_id!r}")
+    return sealed
+
+
 def open_aggregator_value(subkey: Any, value: Any) -> Sealed[IdentityBinding]:
     """Check one entry of ``manta_T_aggregators``: an IdentityBinding sealed by the subkey's key."""
     sealed = open_sealed(_as_bytes(value), IdentityBinding)
@@ -234,6 +251,7 @@ class MantaRecordValidator:
             progress_key(task_id): lambda sk, v: open_progress_value(task_id, sk, v),
             aggregators_key(task_id): open_aggregator_value,
             ledger_key(task_id): open_ledger_value,
+            anchor_key(task_id): lambda sk, v: open_anchor_value(task_id, sk, v),
             TASKS_INDEX_KEY: open_index_value,
         }
         for board in (task_id, outer_board_id(task_id)):

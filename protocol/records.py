@@ -371,6 +371,21 @@ class RoundCommit(SealedRecord):
     group: Annotated[str, StringConstraints(max_length=64, pattern=r"^(?:[0-9a-f]{64})?$")] = ""
 
 
+class StateAnchor(SealedRecord):
+    """A model state the task's aggregator vouches for: the state of its newest checkpoint, which it
+    serves. A peer catching up adopts a state that one node serves only if a quorum committed its
+    digest or an aggregator of the task anchored it here, never on its server's word."""
+
+    RECORD_TYPE: ClassVar[str] = "anchor"
+    MAX_WIRE_BYTES: ClassVar[int] = 1024
+
+    task_id: Name
+    round: Int53  # the round the state is the result of
+    attempt: Int53
+    digest: Annotated[str, StringConstraints(pattern=r"^(?:[0-9a-f]{32}|[0-9a-f]{64})$")]
+    timestamp: Int53
+
+
 class PeerProgress(SealedRecord):
     """A peer's progress in the round it is computing, published about once a second.
 
@@ -454,6 +469,7 @@ SEALED_TYPES: dict[tuple[str, int], type[SealedRecord]] = {
         Revocation,
         RoundCommit,
         PeerProgress,
+        StateAnchor,
     )
 }
 _TYPE_NAMES = {cls.RECORD_TYPE for cls in SEALED_TYPES.values()}

@@ -51,7 +51,7 @@ def test_a_departure_notice_fails_its_attempt_but_does_not_count_as_one(two_boar
 
     assert stayer.latest_attempt() == 3  # so the stayer's next attempt is 4, the one the notice names
     reports = stayer.read(4)
-    assert reports == {leaver.peer_id: {"ok": False, "digest": "", "left": True, "state": ""}}
+    assert reports == {leaver.peer_id: {"ok": False, "digest": "", "left": True, "state": "", "group": ""}}
     # an attempt someone actually ran (and failed) does move the counter
     leaver.post(4, False, "")
     assert stayer.latest_attempt() == 4
@@ -69,7 +69,7 @@ def test_attempts_that_share_a_bucket_are_read_apart_and_the_newest_is_found_in_
     assert commits_key(TASK, 3) == commits_key(TASK, 3 + COMMIT_BUCKETS)
     for attempt in (3, 3 + COMMIT_BUCKETS, last):
         assert reader.read(attempt) == {
-            writer.peer_id: {"ok": True, "digest": f"{attempt:064x}", "left": False, "state": ""}
+            writer.peer_id: {"ok": True, "digest": f"{attempt:064x}", "left": False, "state": "", "group": ""}
         }
     assert reader.latest_attempt() == last
     writer.post(last + 2, False, "")  # an attempt run and failed, in another bucket

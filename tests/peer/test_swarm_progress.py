@@ -39,3 +39,19 @@ def test_a_round_the_others_average_is_still_theirs_after_their_last_compute_rec
     assert newcomer.swarm_round() == -1, "a record older than FRESH_MS still shows computing"
     assert newcomer.swarm_round(fresh_ms=int(PROGRESS_TTL * 1000)) == 6
     assert worker.swarm_round(fresh_ms=int(PROGRESS_TTL * 1000)) == -1  # a peer's own record never counts
+
+
+def test_a_huge_sample_count_in_a_signed_record_cannot_end_the_round_for_everyone(two_peers):
+    """A record's count is its peer's word: it counts for at most half the target until the peer has
+    committed rounds, then for at most twice what those showed (plus two batches)."""
+    honest, liar = two_peers
+    honest.begin(6, "cohort-a", state_round=5)
+    liar.begin(6, "cohort-a", state_round=5)
+    liar.throughput = 100.0  # what it announces alongside
+    liar.look(10**9, 1.0)  # published at once
+    wait_until(lambda: honest.look(0, 0.0).others > 0, 15, "the honest peer to read the record", poll=0.2)
+    estimate = honest.look(16, 1.0)
+    assert estimate.others == honest.target / 2 and not honest.target_reached(estimate)
+    honest.note_committed([(liar.peer_id, 40), (honest.peer_id, 60)])
+    estimate = honest.look(16, 1.0)
+    assert estimate.others == 2 * 40 + 2 * honest.batch_size and not honest.target_reached(estimate)
