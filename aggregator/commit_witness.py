@@ -68,6 +68,12 @@ class CommitWitness:
                 counts[commit.group] = counts.get(commit.group, 0) + 1
             return counts
 
+    def named_outlier(self, attempt: int, peer_id: str) -> set[str]:
+        """The keys (hex) whose reports of ``attempt`` name ``peer_id`` an outlier (robust averaging)."""
+        with self._lock:
+            reports = self._seen.get(attempt, {})
+            return {key for key, commit in reports.items() if peer_id in commit.outliers}
+
     def known(self, attempt: int) -> bool:
         with self._lock:
             return attempt in self._seen

@@ -82,6 +82,9 @@ class SwarmFacts:
     measured_rates: Mapping[str, float] | None = None
     task_id: str = ""
     excluded: frozenset[str] = frozenset()  # keys (hex) excluded by a failed audit since they filed
+    # (attempt, peer id) -> the keys whose commit reports name that peer an outlier: its values were
+    # clipped or dropped by their reducers (robust averaging), so its receipt earns nothing.
+    named_outlier: Callable[[int, str], set[str]] | None = None
 
 
 def check_round(
@@ -98,6 +101,7 @@ def check_round(
             or (facts.pricing(r) if facts.pricing is not None else None)
             or _plausible(r, facts)
             or _witnessed(r, facts)
+            or _outlier(r, facts)
         )
         if reason:
             rejected[sealed.wire] = reason
@@ -179,6 +183,20 @@ def _witnessed(r: ContributionReceipt, facts: SwarmFacts) -> tuple[RejectReason,
     others = facts.witnesses(r.attempt, r.group_id) - {r.public_key}
     if not others:
         return RejectReason.UNWITNESSED, f"no other peer reported committing its group in attempt {r.attempt}"
+    return None
+
+
+OUTLIER_WITNESSES = 2  # reports naming a peer before its receipt is refused: one reducer alone may lie
+
+
+def _outlier(r: ContributionReceipt, facts: SwarmFacts) -> tuple[RejectReason, str] | None:
+    if facts.named_outlier is None:
+        return None
+    named_by = facts.named_outlier(r.attempt, r.peer_id) - {r.public_key}
+    if len(named_by) >= OUTLIER_WITNESSES:
+        return RejectReason.OUTLIER, (
+            f"{len(named_by)} peers' reducers named its values in attempt {r.attempt} outliers (clipped or dropped)"
+        )
     return None
 
 

@@ -388,12 +388,15 @@ class ContributionDesk:
                 self._throughput,
                 witnesses=self.witness.witnesses,
                 commit_counts=self.witness.commit_counts,
+                named_outlier=self.witness.named_outlier,
                 pricing=self.pricing.check if self.pricing is not None else None,
                 measured_rates=rates,
                 excluded=frozenset(self.trust.excluded()),
             )
             for wire, reason, detail in closed.refused:
                 self._reject(leaf_hash(wire), reason, detail)
+                if reason is RejectReason.OUTLIER:  # audited on every receipt again until it passes anew
+                    self.trust.suspect(parse_sealed(wire, ContributionReceipt).record.public_key)
             for accepted in closed.accepted:
                 leaf = leaf_hash(accepted.wire)
                 self._status[leaf] = {"status": "accepted", "index": self.store.index_of(leaf)}

@@ -13,6 +13,7 @@ A built-in task name gets defaults sized for this project's CPUs; a TOML file ma
     total_rounds = 300         # length of the LR schedule and of the progressive-shrinking phases
     width_mult = "0.5"         # supernet size (classification)
     cross_cohort_fp16 = true   # fp16 between cohorts
+    robust_averaging = true    # CenteredClip in every all-reduce (default; false: plain means)
     cross_group_size = 8       # cohort leaders per cross-cohort group (more cohorts: a tree of groups)
     sync = "outer"             # "every-step" (default) or rare outer steps between cohorts:
     inner_steps = 5            #   rounds (inner steps, averaged inside each cohort) per outer step

@@ -80,6 +80,12 @@ class TrustBook:
             trust.excluded = True
             return trust.last_passed_index
 
+    def suspect(self, key: str) -> None:
+        """Other peers named the key's values outliers: audit every receipt of it again until it has
+        passed ``trusted_after`` more audits (its measured rate stands)."""
+        with self._lock:
+            self._of(key).passed = 0
+
     def exclude(self, key: str) -> None:
         """Rebuilding from the ledger: ``key`` was excluded before."""
         with self._lock:

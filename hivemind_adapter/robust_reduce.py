@@ -64,11 +64,21 @@ class RobustConfig:
     (named, and left out of the result). 3.0, that is six typical honest distances: honest parts of a
     part-sized vector are never that far (their distances concentrate), so naming a sender is a
     strong claim, while an attack that far out costs the result nothing. Must be >= 1.
+
+    ``max_weight_ratio`` — no sender's weight counts for more than this many times the median weight.
+    A weight is its sender's word (hivemind sends it beside the parts; MANTA weighs a mean by the
+    samples behind it), and one sender claiming a huge weight would otherwise own every centre: the
+    clipping holds only while the honest senders have most of the weight. 2.0: one sender of four
+    then has at most 2/5 of it. The price is paid by honest senders above twice the median (a GPU peer
+    beside CPU peers counts as two of them): their means weigh less than their samples would say,
+    which changes the variance of the average, not its expectation (every mean is an unbiased
+    estimate of the same gradient).
     """
 
     tau: float = 2.0
     iterations: int = 20
     outlier_factor: float = 3.0
+    max_weight_ratio: float = 2.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.tau) and self.tau > 0):
@@ -77,6 +87,8 @@ class RobustConfig:
             raise ValueError(f"iterations must be at least 1, not {self.iterations}")
         if not (math.isfinite(self.outlier_factor) and self.outlier_factor >= 1):
             raise ValueError(f"outlier_factor must be a number >= 1, not {self.outlier_factor}")
+        if not (math.isfinite(self.max_weight_ratio) and self.max_weight_ratio >= 1):
+            raise ValueError(f"max_weight_ratio must be a number >= 1, not {self.max_weight_ratio}")
 
 
 @dataclass(frozen=True)
@@ -112,6 +124,7 @@ def centered_clip(
         raise ValueError("no part is finite with a positive weight")
     x = torch.stack([parts[i].detach().reshape(-1).to(torch.float64) for i in active])
     w = torch.tensor([float(weights[i]) for i in active], dtype=torch.float64)
+    w = w.clamp(max=config.max_weight_ratio * float(torch.median(w)))
 
     start = _weighted_median(x, w)
     radius = config.tau * float(_weighted_median(torch.linalg.vector_norm(x - start, dim=1)[:, None], w))

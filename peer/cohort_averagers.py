@@ -12,6 +12,7 @@ from collections.abc import Callable, Collection, Sequence
 
 import torch
 
+from hivemind_adapter.robust_reduce import RobustConfig
 from peer.averaging_stage import AveragingTimeouts
 from peer.hierarchy import HierarchicalAverager
 from peer.round_commit import CommitBoard
@@ -64,6 +65,10 @@ class CohortAveragers:
             leaving=self.leaving,
             deadlines=deadlines,
             online=self.online,
+            robust=RobustConfig() if params.robust_averaging else None,
+            # an outer task's inner steps meet as known groups, whose sample-count roll a robust
+            # centre would clip: there the cohort (same host or network) averages plainly
+            robust_cohort=params.sync != "outer",
         )
         self.on_new()
         return self.current
@@ -89,6 +94,7 @@ class CohortAveragers:
             commit_board=self.outer_board,
             leaving=self.leaving,
             online=self.online,
+            robust=RobustConfig() if params.robust_averaging else None,
         )
         self.on_new()
         return self.current_outer

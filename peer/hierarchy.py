@@ -5,13 +5,14 @@ with torch.distributed): ``numerator`` = the sum over its samples of the per-sam
 ``samples``. One round then runs three hivemind stages, each exact and all-or-nothing
 (:mod:`hivemind_adapter.allreduce`):
 
-1. **cohort** — the members of a cohort (same host or network: cheap links) average their numerators
-   with equal weights; every member now holds ``sum_cohort / n_cohort``. Gathered metadata tells each
-   member who is in the group, and the cohort leader is the smallest peer id among them.
-2. **cross** — only cohort leaders meet, weighted by their cohort's member count, so only one copy of
-   each cohort's vector crosses the wide-area links. Each leader now holds ``sum_all / n_all`` and, from
-   the gathered metadata, every contributor's sample count and sub-network, from which it computes the
-   denominator and the final average. With more cohorts than ``cross_group_size``, the leaders climb a
+1. **cohort** — the members of a cohort (same host or network: cheap links) average their mean
+   gradients (``numerator / samples``) weighted by their samples; every member now holds the
+   cohort's sample-weighted mean. Gathered metadata tells each member who is in the group, and the
+   cohort leader is the smallest peer id among them.
+2. **cross** — only cohort leaders meet, weighted by the samples behind their cohort's mean, so only
+   one copy of each cohort's vector crosses the wide-area links. Each leader now holds the mean over
+   every contributor and, from the gathered metadata, every contributor's sample count and
+   sub-network (what the commit names). With more cohorts than ``cross_group_size``, the leaders climb a
    tree of groups of at most that many instead, and the final vector comes back down the same groups
    (:mod:`peer.cross_tree`).
 3. **broadcast** — the leader shares the final vector with its cohort: it steps with weight 1, members
@@ -20,10 +21,15 @@ with torch.distributed): ``numerator`` = the sum over its samples of the per-sam
 Per-cohort combination (model-parallel rounds, ``per_cohort=True``): each cohort trains its own
 sub-networks, so the round's update is the *sum over cohorts of each cohort's sample-weighted mean*
 (times the round's ``scale``), which is the sandwich-rule gradient of all the cohorts' sub-networks
-together. Each leader turns its cohort's result into the cohort mean (it knows its members' sample
-counts) before the cross stage, which then averages one mean per cohort with equal weights. A weight
+together. The cohort stage leaves each cohort's mean; the cross stage then averages one mean per
+cohort with equal weights. A weight
 that a cohort's sub-networks did not touch has a zero gradient there, so that cohort adds nothing to
 it: untouched weights are neither diluted by other cohorts' zeros nor zeroed.
+
+Every stage averages per-sample means, never sums that grow with a contributor's samples, so a
+robust reducer (``robust``: CenteredClip per part of the all-reduce, :mod:`hivemind_adapter.robust_reduce`)
+compares like with like: a minority of contributors sending garbage, a scaled or sign-flipped
+gradient or NaN is clipped or dropped, and whom a reducer named is in :attr:`AveragingOutcome.outliers`.
 
 Partial participation: a stage waits for its partners only as long as recent rounds suggest
 (:mod:`peer.deadlines`; each stage is one step of :mod:`peer.averaging_stage`), then goes on with
@@ -52,6 +58,7 @@ import torch
 
 from hivemind_adapter.allreduce import VerifiedAverager
 from hivemind_adapter.dht import peer_id
+from hivemind_adapter.robust_reduce import RobustConfig
 from hivemind_adapter.wire_codecs import codec_for, roundtrip
 from peer.averaging_stage import AveragingTimeouts, HeadGone, NoGroup, RoundAborted, StageRunner
 from peer.cross_tree import DEFAULT_FANOUT, JoinedGroup, TreeGroup, cross_groups, units_of
@@ -75,6 +82,11 @@ logger = logging.getLogger(__name__)
 # Parts of 4 MiB instead of hivemind's 512 KiB: 8x fewer messages to serialise and stream per
 # all-reduce, which is what dominates on fast links (measured in benchmarks/averaging_bench.py).
 PART_SIZE_BYTES = 4 * 2**20
+# Robust averaging: hivemind's 512 KiB. hivemind deals whole parts to reducers, so with 4 MiB parts a
+# model of a few MiB is reduced by one or two members; a robust centre then rests on one reducer's
+# word, and a sender it drops is named by that reducer alone (the aggregator wants two: one reducer
+# may lie). Smaller parts spread every tensor over the group.
+ROBUST_PART_SIZE_BYTES = 2**19
 
 
 @dataclass(frozen=True)
@@ -116,6 +128,7 @@ class AveragingOutcome:
     seconds: dict[str, float] = field(default_factory=dict)  # wall time per stage
     regrouped: list[str] = field(default_factory=list)  # stages whose all-reduce broke and formed again
     known_group: bool = False  # the cohort met as a group known from the roster, without matchmaking
+    outliers: list[str] = field(default_factory=list)  # peers this peer's reducers named (robust averaging)
     # The result this peer posted but saw no quorum for within its commit wait (None otherwise): if
     # the others' reports make one after all, it commits late (committed_late).
     pending: list[torch.Tensor] | None = None
@@ -182,6 +195,8 @@ class HierarchicalAverager:
         averager_type: type[VerifiedAverager] = VerifiedAverager,
         deadlines: StageDeadlines | None = None,
         online: Callable[[], Collection[str]] | None = None,
+        robust: RobustConfig | None = None,
+        robust_cohort: bool = True,
     ):
         self.dht, self.run_id, self.cohort, self.timeouts = dht, run_id, cohort, timeouts
         self.per_cohort = per_cohort
@@ -207,13 +222,21 @@ class HierarchicalAverager:
             allreduce_timeout=timeouts.allreduce,
             allow_state_sharing=False,
             client_mode=client_mode,
-            part_size_bytes=PART_SIZE_BYTES,
             start=True,
         )
         # Both averagers run on the same shared-memory buffer; their steps are strictly sequential.
         # The cohort's ends with the roll of sample counts that a known group carries (peer.known_cohort).
+        # ``robust``: reducers take CenteredClip over the senders' parts (hivemind_adapter.robust_reduce).
+        # Not the cohort's with ``robust_cohort=False``: a known group carries every member's sample
+        # count in a roll of one-hot slots, which any robust centre would clip (an outer task's inner steps).
+        cohort_robust = robust if robust_cohort else None
         self._cohort = averager_type(
-            [*self._buffer, new_roll()], dht, prefix=f"{run_id}_cohort_{_cohort_tag(cohort)}", **common
+            [*self._buffer, new_roll()],
+            dht,
+            prefix=f"{run_id}_cohort_{_cohort_tag(cohort)}",
+            robust=cohort_robust,
+            part_size_bytes=PART_SIZE_BYTES if cohort_robust is None else ROBUST_PART_SIZE_BYTES,
+            **common,
         )
         self._known = KnownCohort(run_id, cohort, client_mode)
         self._cross_compression = codec_for(self.cross_codec)
@@ -222,6 +245,8 @@ class HierarchicalAverager:
             dht,
             prefix=f"{run_id}_cross",
             compression=self._cross_compression,
+            robust=robust,
+            part_size_bytes=PART_SIZE_BYTES if robust is None else ROBUST_PART_SIZE_BYTES,
             **common,
         )
         # Ctrl-C: the round goes on while its group forms or runs, but a peer that is leaving does not
@@ -234,6 +259,7 @@ class HierarchicalAverager:
         self._previous_attempt: int | None = None  # the last attempt this averager took part in
         # (attempt, its roster) when every roster peer had posted for that attempt by this peer's commit
         self.everyone_posted: tuple[int, frozenset[str]] | None = None
+        self._named: set[str] = set()  # peers this peer's reducers named outliers, this attempt
 
     # ------------------------------------------------------------------ the round
 
@@ -289,6 +315,7 @@ class HierarchicalAverager:
         self._cohort_peers = [tuple(c) for c in cohorts] if len(cohorts) == num_cohorts else []
         live = self._live_peers(inner_step=member_finishes) if self._cohort_peers else None
         self._previous_attempt = attempt
+        self._named = set()
         try:
             with self._cohort.get_tensors() as buf:
                 for b, t in zip(buf, numerator):
@@ -318,13 +345,17 @@ class HierarchicalAverager:
             if counts is not None:
                 members = [Contributor(p, self.cohort, n, state_digest, False) for p, n in zip(known, counts)]
                 outcome.known_group = True
-            elif cohort_size > 1:
+                self._to_cohort_mean(members)
+            else:
+                self._to_own_mean(me.samples)
+            if counts is None and cohort_size > 1:
                 try:
                     units = [(p,) for p in self._cohort_peers[cohort_rank]] if self._cohort_peers else []
                     gathered = self._stages.run(
                         self._cohort, "cohort", attempt, 0, cohort_size, state_digest, units=units,
-                        live=live, weight=1.0, gather=me.to_wire(),
+                        live=live, weight=float(me.samples), gather=me.to_wire(),
                     )  # fmt: skip
+                    self._note_outliers(self._cohort)
                     members = sorted(
                         (Contributor.from_wire(m) for m in gathered.values()), key=lambda c: c.peer
                     )
@@ -399,6 +430,11 @@ class HierarchicalAverager:
             outcome.reason = f"{type(e).__name__}: {e}"
             outcome.seconds.setdefault(stage[0], time.perf_counter() - stage[1])
 
+        outcome.outliers = sorted(self._named)
+        if outcome.outliers:
+            logger.warning(
+                f"attempt {attempt}: values of {', '.join(p[-8:] for p in outcome.outliers)} were outliers"
+            )
         t0 = time.perf_counter()
         committed, reason = self._commit(attempt, outcome, set(expected_peers) | {self.peer_id}, state_digest)
         outcome.seconds["commit"] = time.perf_counter() - t0
@@ -449,8 +485,6 @@ class HierarchicalAverager:
         vector (None if aborted), its contributors and the reason it aborted (None if it did not). A
         group that never forms leaves the result below it standing alone at that level; an abort on
         the way travels down with the result's place, so every group below learns it at once."""
-        if self.per_cohort:
-            self._to_cohort_mean(members)
         # Both averagers share one buffer: without a cross stage the cohort's result is already where
         # _finish_average reads it.
         contributors, cohorts, joined, abort = self._climb(attempt, members, tree, state_digest, live)
@@ -503,8 +537,8 @@ class HierarchicalAverager:
         for group in tree:
             if group.size <= 1:
                 continue  # the only unit of its group: nothing to average at this level
-            # weights: contributors (their mean is in the buffer), or cohorts (a sum of cohort means)
-            weight = float(len(cohorts) if self.per_cohort else len(contributors))
+            # weights: the samples behind the mean in the buffer, or cohorts (a sum of cohort means)
+            weight = float(len(cohorts) if self.per_cohort else sum(c.samples for c in contributors))
             report = {
                 "cohorts": cohorts,
                 "members": [c.to_wire() for c in contributors],
@@ -516,6 +550,7 @@ class HierarchicalAverager:
                     group=group.index, patience=group.level, units=self._units(group), live=live,
                     weight=weight, gather=report,
                 )  # fmt: skip
+                self._note_outliers(self._cross)
             except NoGroup as e:
                 logger.info(f"attempt {attempt}: {e}; level {group.level} goes on with what it has")
                 continue
@@ -546,6 +581,13 @@ class HierarchicalAverager:
                 break  # the head carries this group's result on and brings the final one back
         return contributors, cohorts, joined, None
 
+    def _note_outliers(self, averager: VerifiedAverager) -> None:
+        """Remember whom ``averager``'s reducer named in the stage it just took (robust averaging)."""
+        try:
+            self._named.update(averager.last_outliers())
+        except Exception as e:  # a reading that fails names nobody; the round is not at stake
+            logger.debug(f"could not read the reducer's outliers: {e}")
+
     def _snapshot(self) -> list[torch.Tensor]:
         with self._cohort.get_tensors() as buf:
             return [b.clone() for b in buf[: len(self._buffer)]]  # not the roll
@@ -573,27 +615,38 @@ class HierarchicalAverager:
             raise RoundAborted("contributors started from another state than this peer")
 
     def _to_cohort_mean(self, members: list[Contributor]) -> None:
-        """Leader, per-cohort rounds: the cohort stage left ``sum / n_members``; make it the cohort's
-        sample-weighted mean (zeros if the cohort processed no samples)."""
+        """A known group's average left ``sum of numerators / n_members`` (it weighs members equally,
+        to carry their counts in the roll); make it the cohort's sample-weighted mean (zeros if the
+        cohort processed no samples), what the other stages hold."""
         samples = sum(m.samples for m in members)
         factor = len(members) / samples if samples > 0 else 0.0
         with self._cohort.get_tensors() as buf:
-            for b in buf:
+            for b in buf[: len(self._buffer)]:
                 b.mul_(factor)
+
+    def _to_own_mean(self, samples: int) -> None:
+        """The buffer's numerator becomes this peer's mean gradient (zeros without samples), and the
+        roll zeros: every stage averages per-sample means weighted by the samples behind them, so that
+        a robust reducer compares like with like (a numerator grows with its samples, a mean does
+        not) and no leftover count in the roll reads as an outlier."""
+        factor = 1.0 / samples if samples > 0 else 0.0
+        with self._cohort.get_tensors() as buf:
+            for b in buf[: len(self._buffer)]:
+                b.mul_(factor)
+            buf[-1].zero_()
 
     def _finish_average(
         self, contributors: list[Contributor], cohorts: int, scale: float
     ) -> list[torch.Tensor]:
         """Leader: the final vector from the cross-stage result (every leader holds the same bytes, and
         computes the same product from them, so every leader's final vector is bit-identical)."""
-        total = len(contributors)
         samples = float(sum(c.samples for c in contributors))
         if samples <= 0:
             raise RoundAborted("no samples were contributed")
         with self._cross.get_tensors() as buf:
             if self.per_cohort:  # buf = (sum of cohort means) / cohorts
                 return [b * (cohorts * scale) for b in buf]
-            return [b * (total / samples) for b in buf]  # buf = (sum of numerators) / contributors
+            return [b.clone() for b in buf]  # buf = the sample-weighted mean over the contributors
 
     def _broadcast(
         self,
@@ -672,7 +725,9 @@ class HierarchicalAverager:
             outcome.group = averaging_group_id(self.run_id, attempt, contributors_root(members), state_digest)
         # Not waiting for the DHT's store: the first reads overlap it (this peer's own report counts
         # once it shows, like everyone else's).
-        self.board.post(attempt, ok, outcome.digest, wait=False, group=outcome.group)
+        self.board.post(
+            attempt, ok, outcome.digest, wait=False, group=outcome.group, outliers=outcome.outliers
+        )
         if not ok:
             return False, outcome.reason
         if roster == {self.peer_id}:

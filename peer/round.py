@@ -95,7 +95,7 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
         ctx.pending = [*ctx.pending, PendingResult(work, outcome, time.monotonic())][-PENDING_KEPT:]
     report = finish_round(ctx, work, outcome, compute_seconds, started)
     if ctx.outer is not None and report.committed and ctx.outer.settings.is_boundary(round_index):
-        report.outer = take_outer_step(ctx, swarm_plan, outcome.digest, outcome.group)
+        report.outer = take_outer_step(ctx, swarm_plan, outcome)
         if report.outer is not None:
             report.seconds += report.outer.blocked_seconds
             report.stages["outer"] = round(report.outer.blocked_seconds, 4)
@@ -124,10 +124,10 @@ def _average(
 
 
 def take_outer_step(
-    ctx: RoundContext, plan: RoundPlan, round_result: str, round_group: str = ""
+    ctx: RoundContext, plan: RoundPlan, round_outcome: AveragingOutcome
 ) -> OuterReport | None:
-    """The end of an outer period, after its last inner step (whose averaged result was
-    ``round_result``): the exchange across the whole roster, numbered by the period on the outer
+    """The end of an outer period, after its last inner step (whose averaging ended in
+    ``round_outcome``): the exchange across the whole roster, numbered by the period on the outer
     steps' own board (:mod:`peer.outer_round`; overlapped, the previous period's step is taken now and
     this period's exchange starts). A state the step changed is served and reported as the round's
     state, so cohort members that missed it catch up with it. Taken while leaving too: the others
@@ -141,7 +141,10 @@ def take_outer_step(
         return None
     if outer.committed:
         ctx.publish_state(plan.round_index, plan.attempt)
-        report_state(ctx.commit_board, plan.attempt, round_result, ctx.state_digest(), group=round_group)
+        report_state(
+            ctx.commit_board, plan.attempt, round_outcome.digest, ctx.state_digest(), round_outcome.group,
+            round_outcome.outliers,
+        )  # fmt: skip
         logger.info(
             f"outer step (attempt {outer.attempt}) at the end of round {plan.round_index}: {outer.contributors} "
             f"contributor(s) in {outer.cohorts} cohort(s), exchange {outer.seconds:.1f} s, round held "
@@ -172,7 +175,14 @@ def finish_round(
         ctx.progress.note_committed((c.peer, c.samples) for c in outcome.contributors)
         ctx.pending = []  # a new state: no older result applies to it
         ctx.publish_state(plan.round_index, plan.attempt)
-        report_state(ctx.commit_board, plan.attempt, outcome.digest, ctx.state_digest(), group=outcome.group)
+        report_state(
+            ctx.commit_board,
+            plan.attempt,
+            outcome.digest,
+            ctx.state_digest(),
+            outcome.group,
+            outcome.outliers,
+        )
     outcome.seconds["apply"], outcome.seconds["publish"] = t1 - t0, time.perf_counter() - t1
     return _report(ctx, plan, work.host, outcome, lr, compute_seconds, time.perf_counter() - started)
 

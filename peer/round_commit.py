@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -41,13 +41,14 @@ class CommitBoard(Protocol):
         state: str = "",
         wait: bool = True,
         group: str = "",
+        outliers: Sequence[str] = (),
     ) -> None:
         """``left``: a departure notice for ``attempt`` (not an attempt run; see :meth:`latest_attempt`).
         ``state``: the state digest after committing ``digest`` (the same report, posted again).
         ``wait=False``: return while the DHT still stores it (a later report of the same attempt
         replaces an earlier one whichever lands first: it expires later). ``group``: the averaging
         group id of the result (:class:`protocol.records.RoundCommit`), what receipts are checked
-        against."""
+        against; ``outliers``: the peers this peer's reducers named."""
         ...
 
     def read(self, attempt: int) -> dict[str, dict]:
@@ -79,8 +80,11 @@ class DHTCommitBoard:
         state: str = "",
         wait: bool = True,
         group: str = "",
+        outliers: Sequence[str] = (),
     ) -> None:
         value = {"ok": ok, "digest": digest, "left": left, "state": state, "group": group}
+        if outliers:
+            value["outliers"] = list(outliers)
         store(self.dht, self.key, value, self.ttl, subkey=f"{attempt}/{self.peer_id}", wait=wait)
 
     def _entries(self) -> dict[tuple[int, str], dict]:
@@ -254,12 +258,19 @@ def await_attempt_decided(
 
 
 def report_state(
-    board: CommitBoard, attempt: int, result_digest: str, state_digest: str, group: str = ""
+    board: CommitBoard,
+    attempt: int,
+    result_digest: str,
+    state_digest: str,
+    group: str = "",
+    outliers: Sequence[str] = (),
 ) -> None:
     """After committing ``result_digest`` of ``attempt`` and applying it: say which state this peer
     now holds (and serves), so peers catching up know whom to ask for it."""
     try:  # nobody waits for it: the DHT stores it while the next round computes
-        board.post(attempt, True, result_digest, state=state_digest, wait=False, group=group)
+        board.post(
+            attempt, True, result_digest, state=state_digest, wait=False, group=group, outliers=outliers
+        )
     except Exception as e:  # the DHT may be unreachable; catch-up then falls back to state sharing
         logger.debug(f"state report failed: {e}")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -216,6 +216,7 @@ class SignedCommitBoard:
         state: str = "",
         wait: bool = True,
         group: str = "",
+        outliers: Sequence[str] = (),
     ) -> None:
         record = RoundCommit(
             task_id=self.task_id,
@@ -228,6 +229,7 @@ class SignedCommitBoard:
             left=left,
             state=state,
             group=group,
+            outliers=tuple(outliers)[:32],
         )
         self.dht.store(
             commits_key(self.task_id, attempt),

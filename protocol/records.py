@@ -108,6 +108,7 @@ class RejectReason(enum.StrEnum):
     UNWITNESSED = "unwitnessed"  # no commit of another peer names the group the receipt claims
     EXCLUDED = "excluded"  # the key failed an audit and is excluded from the task
     AUDIT_UNAVAILABLE = "audit_unavailable"  # an audit could not get the start state (revocation reason)
+    OUTLIER = "outlier"  # other peers' reducers named its values outliers: they were clipped or dropped
 
 
 class RecordRejected(ValueError):
@@ -166,6 +167,10 @@ class SwarmParams(StrictModel):
     # fp16 on the wire between cohorts (halves WAN traffic); the same for every peer, since every
     # member of an exact all-reduce must receive the same bytes.
     cross_cohort_fp16: bool = False
+    # Robust averaging (hivemind_adapter.robust_reduce): every all-reduce reducer takes CenteredClip of
+    # its senders' parts, so a minority sending garbage, scaled or sign-flipped gradients or NaN is
+    # clipped or dropped (and named in the commit) instead of becoming everyone's step.
+    robust_averaging: bool = True
     # Cohort leaders per cross-cohort all-reduce group: more cohorts than this average up a tree of
     # such groups (peer/cross_tree.py), so no group grows with the swarm.
     cross_group_size: Annotated[int, Field(ge=2, le=256)] = 8
@@ -369,6 +374,9 @@ class RoundCommit(SealedRecord):
     # attempt, contributors' root and count, start state; empty with ``ok`` False): what every
     # contributor's receipt names, so the aggregator credits only groups that other peers committed.
     group: Annotated[str, StringConstraints(max_length=64, pattern=r"^(?:[0-9a-f]{64})?$")] = ""
+    # Peers whose values this peer's reducers named outliers in the attempt (robust averaging): their
+    # contribution was clipped or dropped, so the aggregator does not credit it.
+    outliers: Annotated[tuple[PeerId, ...], Field(max_length=32)] = ()
 
 
 class StateAnchor(SealedRecord):

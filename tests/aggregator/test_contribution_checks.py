@@ -251,3 +251,19 @@ def test_with_commit_reports_the_reports_decide_between_groups_not_the_receipts_
     refused = check_round([honest, invented], facts)
     assert list(refused) == [invented.wire] and refused[invented.wire][0] is RejectReason.GROUP_MISMATCH
     assert len(check_round([honest, invented], replace(FACTS, task_id=TASK))) == 2  # receipts alone: a tie
+
+
+def test_a_peer_two_others_named_an_outlier_earns_nothing_for_that_attempt():
+    receipts = [_committed(p) for p in PEERS]
+    group = receipts[0].record.group_id
+    named = peer_id_of(PEERS[2])
+    namers: dict[tuple[int, str], set[str]] = {(9, named): {PEERS[0].public_key_hex}}
+    facts = replace(
+        _witnessed_by({(9, group): {p.public_key_hex for p in PEERS}}),
+        named_outlier=lambda attempt, peer: set(namers.get((attempt, peer), ())),
+    )
+    assert check_round(receipts, facts) == {}, "one reducer's word is not enough: it may lie"
+    namers[9, named].add(PEERS[1].public_key_hex)
+    refused = check_round(receipts, facts)
+    victim = next(r for r in receipts if r.record.peer_id == named)
+    assert list(refused) == [victim.wire] and refused[victim.wire][0] is RejectReason.OUTLIER

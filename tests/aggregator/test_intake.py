@@ -84,6 +84,7 @@ SWARM_REASONS = {
     RejectReason.UNWITNESSED,
     RejectReason.EXCLUDED,  # the desk's (tests/aggregator/test_trust.py)
     RejectReason.AUDIT_UNAVAILABLE,
+    RejectReason.OUTLIER,
 }
 
 

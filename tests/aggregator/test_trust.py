@@ -25,3 +25,12 @@ def test_a_failed_audit_excludes_the_key_and_revokes_since_its_last_passed_audit
     assert book.failed("k") == 7
     assert book.is_excluded("k") and book.excluded() == {"never-passed", "k"}
     assert "k" not in book.measured_rates()  # a pass without a measured window gives no rate
+
+
+def test_a_key_named_an_outlier_is_audited_on_every_receipt_again():
+    book = TrustBook(base_rate=0.1)
+    for i in range(TRUSTED_AFTER):
+        book.passed("k", index=i, rate=10.0)
+    assert book.audit_rate("k") == 0.1
+    book.suspect("k")
+    assert book.audit_rate("k") == 1.0 and book.measured_rates() == {"k": 10.0}

@@ -40,7 +40,7 @@ def _spread(parts: list[torch.Tensor]) -> float:
 
 def test_honest_parts_give_exactly_their_weighted_mean():
     parts = _honest(6)
-    for weights in ([1.0] * 6, [1.0, 2.0, 1.0, 3.0, 0.5, 1.0]):
+    for weights in ([1.0] * 6, [1.0, 2.0, 1.0, 1.5, 0.5, 1.0]):  # within max_weight_ratio of the median
         result = centered_clip(parts, weights, CONFIG)
         assert torch.equal(result.value, _mean64(parts, weights))
         assert result.outliers == () and result.value.dtype == torch.float32
@@ -184,3 +184,17 @@ def test_without_robust_one_nan_fails_the_step_and_nobody_writes():
         assert isinstance(outcome, AllReduceBroke) and "NaN" in str(outcome), outcomes
     assert all(torch.equal(got, want) for got, want in zip(results[0], start(0)))
     assert all(torch.isnan(t).all() for t in results[1])
+
+
+def test_a_sender_claiming_a_huge_weight_counts_for_at_most_max_weight_ratio_medians():
+    generator = torch.Generator().manual_seed(5)
+    honest = [torch.randn(256, generator=generator) for _ in range(5)]
+    attacker = torch.full((256,), 50.0)
+    config = RobustConfig()
+    result = centered_clip([*honest, attacker], [1.0] * 5 + [1e9], config)
+    plain = sum(honest) / 5
+    # capped at 2 medians (a minority of the weight), then named and dropped
+    assert float(torch.linalg.vector_norm(result.value - plain)) < float(
+        torch.linalg.vector_norm(attacker - plain)
+    )
+    assert 5 in result.outliers

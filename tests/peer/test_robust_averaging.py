@@ -1,0 +1,97 @@
+"""Robust averaging through the real hierarchy: one peer of a cohort sends a poisoned gradient (x1000,
+sign-flipped or NaN) and the others still commit, bit-identical, close to the honest mean, naming it
+an outlier in their commit reports; a plain-mean swarm lets one NaN abort the round for everyone."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+
+from hivemind_adapter.dht import peer_id, read_entries, store
+from hivemind_adapter.robust_reduce import RobustConfig
+from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
+from tests.peer.swarm_harness import run_peers, start_bootstrap_dht
+
+pytestmark = pytest.mark.swarm
+
+SHAPE = (1024, 1024)  # 4 MiB: hivemind splits it over every member (a small vector goes to one reducer)
+PEERS = 4
+SAMPLES = 32
+FAST = AveragingTimeouts(matchmaking=2.0, request=1.0, next_chunk=5.0, allreduce=60.0, step=60.0, commit=30.0)
+
+
+def _gradient(seed: int) -> torch.Tensor:
+    """An honest peer's mean gradient: a shared signal plus its own batch noise."""
+    signal = torch.randn(SHAPE, generator=torch.Generator().manual_seed(0))
+    return signal + 0.3 * torch.randn(SHAPE, generator=torch.Generator().manual_seed(100 + seed))
+
+
+def _poison(mean: torch.Tensor, attack: str) -> torch.Tensor:
+    if attack == "x1000":
+        return mean * 1000
+    if attack == "sign":
+        return -mean * 10
+    if attack == "nan":
+        return torch.full_like(mean, math.nan)
+    return mean
+
+
+def _peer(dht, *, seed, attack, run_id, robust):
+    averager = HierarchicalAverager(
+        dht, run_id, "host-a", [torch.zeros(SHAPE)], timeouts=FAST, robust=RobustConfig() if robust else None
+    )
+    try:
+        store(dht, f"{run_id}_roster", True, 300.0, subkey=peer_id(dht))
+        deadline = time.monotonic() + 60
+        while len(roster := sorted(read_entries(dht, f"{run_id}_roster"))) < PEERS:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        numerator = [_poison(_gradient(seed), attack) * SAMPLES]
+        res = averager.average(0, numerator, SAMPLES, cohort_size=PEERS, num_cohorts=1, expected_peers=roster)
+        return dict(
+            me=peer_id(dht),
+            committed=res.committed,
+            reason=res.reason,
+            digest=res.digest,
+            tensor=None if res.tensors is None else res.tensors[0].numpy(),
+            outliers=res.outliers,
+        )
+    finally:
+        averager.shutdown()
+
+
+def _run(run_id: str, attack: str, robust: bool) -> dict:
+    boot, maddrs = start_bootstrap_dht()
+    args = {
+        f"p{i}": dict(seed=i, attack=attack if i == 3 else "", run_id=run_id, robust=robust)
+        for i in range(PEERS)
+    }
+    try:
+        return run_peers(_peer, maddrs, args)
+    finally:
+        boot.shutdown()
+
+
+@pytest.mark.parametrize("attack", ["x1000", "sign", "nan"])
+def test_one_poisoned_member_is_named_and_the_others_commit_the_honest_mean(attack):
+    results = _run(f"robust-{attack}", attack, robust=True)
+    honest = [results[f"p{i}"] for i in range(3)]
+    attacker = results["p3"]["me"]
+    assert all(r["committed"] for r in honest), [r["reason"] for r in honest]
+    assert len({r["digest"] for r in honest}) == 1, "every honest peer holds bit-identical tensors"
+    want = sum(_gradient(i) for i in range(3)) / 3
+    got = torch.from_numpy(honest[0]["tensor"])
+    spread = float(torch.linalg.vector_norm(_gradient(0) - want))
+    assert float(torch.linalg.vector_norm(got - want)) < 0.1 * spread
+    # each honest member reduced a part of the attacker's vector, and says whom it dropped
+    assert all(r["outliers"] == [attacker] for r in honest), [r["outliers"] for r in honest]
+
+
+def test_without_robust_averaging_one_nan_aborts_the_round_and_no_nan_is_ever_applied():
+    results = _run("plain-nan", "nan", robust=False)
+    for r in results.values():
+        assert not r["committed"] or not math.isnan(float(r["tensor"].sum()))
+    assert not any(r["committed"] for r in results.values()), [r["reason"] for r in results.values()]
