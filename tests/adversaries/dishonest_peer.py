@@ -11,22 +11,44 @@ peer does. The faults live here, in test code, and nowhere in ``peer/``:
 - ``fabricate``: commits to a made-up gradient sketch;
 - ``search-lie``: receipts stay honest, but the search service answers ``1 - value`` for every config;
 - ``silent``: announces itself like any peer (a signed roster entry, kept fresh) and never averages:
-  a laptop gone to sleep, or a key that wants to stall the swarm.
+  a laptop gone to sleep, or a key that wants to stall the swarm (a Sybil).
+
+The red team of issue 19 (``benchmarks/red_team.py``) adds:
+
+- ``flops``: its honest receipt, pricing a sample at ten times its sub-networks' FLOPs;
+- ``self-group``: its honest samples, in a group of its own that nobody else committed;
+- ``group-inflate``: tells its averaging group ten times its samples (and sends ten times its
+  numerator, so its mean looks honest); the group commits that count, the receipt proves it;
+- ``nan``, ``x1000``, ``sign``, ``garbage``: computes honestly, sends a poisoned gradient into the
+  all-reduce (NaN; x1000; sign-flipped; random values 100 times the gradient's norm);
+- ``forged-state``: averages honestly, but serves a random state claiming a round 1000 ahead to
+  whoever catches up through state sharing;
+- ``rogue-progress``: publishes progress records of a round 10^9 ahead with 10^6 times its samples.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import sys
 from pathlib import Path
 
+import torch
+
 import peer.cli
+import peer.round
 from peer.node import PeerNode
 from peer.search_service import EvaluationService
+from peer.swarm_view import ProgressBoard
 from protocol.averaging_group import averaging_group_id, group_membership
 from protocol.records import ContributionReceipt, TaskSpec, seal
 
-FAULTS = ("forge", "replay", "inflate", "fabricate", "search-lie", "silent")
+FAULTS = (
+    "forge", "replay", "inflate", "fabricate", "search-lie", "silent", "flops", "self-group",
+    "group-inflate", "nan", "x1000", "sign", "garbage", "forged-state", "rogue-progress",
+)  # fmt: skip
+POISONS = ("nan", "x1000", "sign", "garbage")
+INFLATION = 10  # group-inflate's factor
 SILENT_SECONDS = 600.0  # how long a silent peer stays announced at most (Ctrl-C ends it sooner)
 
 
@@ -57,7 +79,82 @@ def dishonest_wire(fault: str, peer: PeerNode, receipt: ContributionReceipt) -> 
         rng = random.Random(receipt.round)
         fake = tuple(rng.randint(-(10**9), 10**9) for _ in receipt.grad_sketch)
         return seal(ContributionReceipt(**{**receipt.model_dump(), "grad_sketch": fake}), peer.identity)
+    if fault == "flops":
+        return seal(
+            receipt.model_copy(update=dict(flops_per_sample=receipt.flops_per_sample * 10)), peer.identity
+        )
+    if fault == "self-group":
+        view = group_membership([(receipt.peer_id, receipt.samples)], receipt.peer_id)
+        alone = receipt.model_dump() | dict(
+            group_id=averaging_group_id(receipt.task_id, receipt.attempt, view, receipt.state_digest),
+            group_root=view.root,
+            group_size=view.size,
+            group_index=view.index,
+            group_proof=view.proof,
+        )
+        return seal(ContributionReceipt(**alone), peer.identity)
+    if fault == "group-inflate":  # its group counted INFLATION times its samples: the proof holds for that
+        claimed = receipt.model_dump() | dict(
+            samples=receipt.samples * INFLATION,
+            worker_samples=tuple(w * INFLATION for w in receipt.worker_samples),
+        )
+        return seal(ContributionReceipt(**claimed), peer.identity)
     return None
+
+
+def poisoned(fault: str, numerator: list[torch.Tensor]) -> list[torch.Tensor]:
+    """What a peer with a gradient ``fault`` sends into the all-reduce instead of ``numerator``."""
+    if fault == "nan":
+        return [torch.full_like(t, math.nan) for t in numerator]
+    if fault == "x1000":
+        return [t * 1000 for t in numerator]
+    if fault == "sign":
+        return [-t for t in numerator]
+    if fault == "garbage":
+        generator = torch.Generator().manual_seed(0)
+        norm = math.sqrt(sum(float(t.double().pow(2).sum()) for t in numerator)) or 1.0
+        noise = [torch.randn(t.shape, generator=generator, dtype=t.dtype) for t in numerator]
+        scale = 100 * norm / math.sqrt(sum(float(t.double().pow(2).sum()) for t in noise))
+        return [t * scale for t in noise]
+    return list(numerator)
+
+
+class _Attacking:
+    """An averager whose ``average`` sends what ``fault`` makes of this peer's contribution."""
+
+    def __init__(self, averager, fault: str):
+        self._averager, self._fault = averager, fault
+
+    def __getattr__(self, name):
+        return getattr(self._averager, name)
+
+    def average(self, attempt, numerator, samples, **kwargs):
+        if self._fault == "group-inflate":  # INFLATION times the samples, and a mean that looks honest
+            return self._averager.average(
+                attempt, [t * INFLATION for t in numerator], samples * INFLATION, **kwargs
+            )
+        return self._averager.average(attempt, poisoned(self._fault, list(numerator)), samples, **kwargs)
+
+
+def attack_averaging(fault: str) -> None:
+    """Route this process's rounds' averaging through :class:`_Attacking` (the peer's own code is
+    untouched: ``peer.round`` looks its ``_average`` up at each round)."""
+    honest = peer.round._average
+
+    def attacked(ctx, plan, averager, host, start_digest):
+        return honest(ctx, plan, _Attacking(averager, fault), host, start_digest)
+
+    peer.round._average = attacked
+
+
+def rogue_progress() -> None:
+    """Publish every progress record 10^9 rounds ahead, with 10^6 times the samples."""
+    honest = ProgressBoard.publish
+
+    def publish(self, round_index, samples, throughput, *args, **kwargs):
+        return honest(self, round_index + 10**9, samples * 10**6, throughput * 10**6, *args, **kwargs)
+
+    ProgressBoard.publish = publish
 
 
 class LyingEvaluationService(EvaluationService):
@@ -80,6 +177,16 @@ def dishonest_node(fault: str) -> type[PeerNode]:
         def receipt_wire(self, receipt: ContributionReceipt) -> bytes | None:
             return dishonest_wire(fault, self, receipt)
 
+        def _publish_state(self, round_index: int, attempt: int) -> None:
+            super()._publish_state(round_index, attempt)
+            if fault == "forged-state":  # its own state stays what it averages from; what it serves is not
+                own = self.state_digest
+                forged = [
+                    torch.randn_like(t) if t.is_floating_point() else t.clone() for t in self._served_state()
+                ]
+                self._sharer.publish(round_index + 1000, forged, attempt, 0.49)
+                self.state_digest = own
+
         def open_evaluation_service(self, task: TaskSpec) -> EvaluationService:
             if fault != "search-lie":
                 return super().open_evaluation_service(task)
@@ -99,5 +206,10 @@ def command(fault: str) -> list[str]:
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in FAULTS:
         sys.exit(f"usage: python tests/adversaries/dishonest_peer.py {{{','.join(FAULTS)}}} join ...")
-    peer.cli.NODE_CLASS = dishonest_node(sys.argv.pop(1))
+    chosen = sys.argv.pop(1)
+    if chosen in POISONS or chosen == "group-inflate":
+        attack_averaging(chosen)
+    if chosen == "rogue-progress":
+        rogue_progress()
+    peer.cli.NODE_CLASS = dishonest_node(chosen)
     peer.cli.main()

@@ -1,0 +1,185 @@
+"""The red team: one of six peers runs an attack; is it caught, does it pay, does the model suffer?
+
+Runs a clean swarm and then one swarm per attack, one after another, each a real local swarm (an
+aggregator and six peer processes on 127.0.0.1, the testbed's), with the same task and rounds.
+Peer 5 is the attacker (``tests/adversaries/dishonest_peer.py``: the real peer with one part
+replaced); the others are honest. For ``forged-state`` peer 4 joins late, so that someone catches up
+while the forger serves its state. Per attack it prints, side by side with the clean run:
+
+- caught: the first round whose receipt of the attacker was refused or revoked (receipt attacks), or
+  the first attempt in which honest peers' reducers named it an outlier (gradient attacks);
+- credit the attacker kept, against the mean honest peer's (from the ledger, revocations applied);
+- accuracy of the largest and smallest sub-network (the final state, evaluated by the testbed)
+  against the clean run's, in percentage points (target: within 1 pp);
+- the honest peers' mean round time against the clean run's (the cost to them).
+
+"clean" runs with robust averaging (the default), "plain" without: their difference is what
+robustness costs an honest swarm.
+
+    python -m benchmarks.red_team [--rounds 12] [--attacks all|name,name] [--out DIR]
+
+Each swarm takes 2-4 minutes on two cores. The table is what benchmarks/README.md records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+from ledger.rewards import compute_rewards
+from ledger.store import LedgerStore
+from protocol.identity import Identity
+from protocol.records import ContributionReceipt, Revocation, parse_sealed
+from testbed.local_swarm import LocalSwarm, SwarmOptions
+from testbed.summary import summarise
+from tests.adversaries import dishonest_peer
+
+ATTACKS = (
+    "flops", "inflate", "group-inflate", "self-group", "fabricate",
+    "nan", "x1000", "sign", "garbage", "forged-state", "rogue-progress", "silent",
+)  # fmt: skip
+PEERS, ATTACKER, LATE = 6, 5, 4
+
+
+def run(out: Path, name: str, attack: str | None, rounds: int, robust: bool = True) -> dict:
+    """One swarm; the measurements of its attacker (if any) and of its honest peers."""
+    run_dir = out / name
+    options = SwarmOptions(
+        peers=PEERS, rounds=rounds, run_dir=run_dir, target_samples=384, batch_size=32, subnets=2,
+        width_mult="0.25", head_channels=64, until_swarm_round=True,
+        extra_toml="" if robust else "robust_averaging = false\n",
+    )  # fmt: skip
+    swarm = LocalSwarm(options)
+    started = time.monotonic()
+    try:
+        swarm.start_aggregator(extra_args=("--audit-fraction", "0.1"))
+        late = attack == "forged-state"
+        for i in range(PEERS):
+            if late and i == LATE:
+                continue
+            command = dishonest_peer.command(attack) if attack and i == ATTACKER else None
+            swarm.start_peer(i, command=command)
+        if late:  # an honest newcomer, once the swarm has committed a few rounds: it must catch up
+            deadline = time.monotonic() + 600
+            while len(swarm.rounds(0)) < 3 and time.monotonic() < deadline:
+                time.sleep(1.0)
+            swarm.start_peer(LATE)
+        for i in range(PEERS):  # the honest peers leave once the swarm committed its rounds
+            if not (attack and i == ATTACKER):
+                swarm.procs[f"peer-{i}"].wait(timeout=1800)
+        swarm.stop([f"peer-{ATTACKER}"])  # if it is still there (a silent one waits to be stopped)
+        swarm.stop(["aggregator"], grace=180.0)  # it closes the last rounds and finishes its audits
+    finally:
+        swarm.close()
+    wall = time.monotonic() - started
+    summary = summarise(swarm, wall)
+    honest = [i for i in range(PEERS) if not (attack and i == ATTACKER)]
+    measured = dict(
+        name=name,
+        wall=wall,
+        accuracy=summary.get("accuracy", {}),
+        round_seconds=_mean([r["seconds"] for i in honest for r in swarm.rounds(i) if r.get("committed")]),
+        committed=min(sum(1 for r in swarm.rounds(i) if r.get("committed")) for i in honest),
+    )
+    measured |= _credits(swarm, honest)
+    if attack:
+        measured["caught"] = _caught(swarm, attack)
+    if attack == "forged-state":
+        log = (swarm.peer_dir(LATE) / "log.txt").read_text()
+        measured["forged_refused"] = log.count("no aggregator anchored: not loaded")
+    (out / f"{name}.json").write_text(json.dumps(measured, indent=2) + "\n")
+    return measured
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def _key(swarm: LocalSwarm, i: int) -> str:
+    return Identity.load(swarm.peer_dir(i) / "identity.key").public_key_hex
+
+
+def _credits(swarm: LocalSwarm, honest: list[int]) -> dict:
+    with LedgerStore.open(swarm.dir / "aggregator" / "ledger.sqlite", readonly=True) as store:
+        rewards = compute_rewards((d for _, d in store.entries()), store.log_public_key)
+    by_key = {p.public_key: p.credits for p in rewards.peers}
+    return dict(
+        honest_credit=_mean([by_key.get(_key(swarm, i), 0) for i in honest]),
+        attacker_credit=by_key.get(_key(swarm, ATTACKER), 0),
+    )
+
+
+def _caught(swarm: LocalSwarm, attack: str) -> str:
+    """Where the attack was first caught (a round or an attempt), or "-" if it never was."""
+    if attack in dishonest_peer.POISONS:
+        attempts = [
+            int(m.group(1))
+            for i in range(PEERS)
+            if i != ATTACKER and (swarm.peer_dir(i) / "log.txt").exists()
+            for m in re.finditer(r"attempt (\d+): values of .* were outliers", (swarm.peer_dir(i) / "log.txt").read_text())
+        ]  # fmt: skip
+        return f"attempt {min(attempts)}" if attempts else "-"
+    rounds = []
+    for path in (swarm.peer_dir(ATTACKER) / "receipts" / "rejected").glob("*.receipt"):
+        try:
+            rounds.append(parse_sealed(path.read_bytes(), ContributionReceipt).record.round)
+        except ValueError:
+            continue
+    key = _key(swarm, ATTACKER)
+    with LedgerStore.open(swarm.dir / "aggregator" / "ledger.sqlite", readonly=True) as store:
+        entries = [parse_sealed(d, (ContributionReceipt, Revocation)).record for _, d in store.entries()]
+    for record in entries:
+        if isinstance(record, Revocation):
+            target = entries[record.entry_index]
+            if isinstance(target, ContributionReceipt) and target.public_key == key:
+                rounds.append(target.round)
+    return f"round {min(rounds)}" if rounds else "-"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument(
+        "--attacks", default="all", help="all, or a comma-separated list of " + ", ".join(ATTACKS)
+    )
+    parser.add_argument("--out", type=Path, default=Path("red-team-runs"))
+    args = parser.parse_args()
+    attacks = ATTACKS if args.attacks == "all" else tuple(a for a in args.attacks.split(",") if a)
+    unknown = [a for a in attacks if a not in ATTACKS]
+    if unknown:
+        sys.exit(f"unknown attack(s): {', '.join(unknown)} (choose from {', '.join(ATTACKS)})")
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(f"$ python -m benchmarks.red_team {' '.join(sys.argv[1:])}")
+    print(f"load average before: {os.getloadavg()}; {os.cpu_count()} cores", flush=True)
+    runs = {}
+    names = ("clean", "plain", *attacks)
+    for name in names:
+        print(f"== {name} ({len(runs) + 1} of {len(names)})", flush=True)
+        attack = None if name in ("clean", "plain") else name
+        runs[name] = run(args.out, name, attack, args.rounds, robust=name != "plain")
+        print(f"   {runs[name]['wall']:.0f} s", flush=True)
+    clean = runs["clean"]
+    print(f"\nload average after: {os.getloadavg()}")
+    print(
+        "attack | caught | attacker credit / honest | largest pp | smallest pp | honest round s (x clean) | rounds"
+    )
+    for name, m in runs.items():
+        acc, ref = m["accuracy"], clean["accuracy"]
+        gap = {
+            k: 100 * (acc.get(k, float("nan")) - ref.get(k, float("nan"))) for k in ("largest", "smallest")
+        }
+        ratio = m["attacker_credit"] / m["honest_credit"] if m.get("honest_credit") else float("nan")
+        extra = f" (forged state refused {m['forged_refused']}x)" if "forged_refused" in m else ""
+        print(
+            f"{name} | {m.get('caught', '')}{extra} | {ratio:.2f} | {gap['largest']:+.1f} | {gap['smallest']:+.1f} | "
+            f"{m['round_seconds']:.1f} ({m['round_seconds'] / clean['round_seconds']:.2f}) | {m['committed']}"
+        )
+
+
+if __name__ == "__main__":
+    main()
