@@ -64,17 +64,12 @@ def dishonest_wire(fault: str, peer: PeerNode, receipt: ContributionReceipt) -> 
     if fault == "inflate":
         # The honest group's root does not count ten times its samples (the proof would fail), so the
         # inflated claim comes with a group of its own, which no other receipt of the round names.
-        view = group_membership([(receipt.peer_id, receipt.samples * 10)], receipt.peer_id)
-        claimed = receipt.model_dump() | dict(
-            samples=receipt.samples * 10,
-            worker_samples=tuple(w * 10 for w in receipt.worker_samples),
-            group_id=averaging_group_id(receipt.task_id, receipt.round, view, receipt.state_digest),
-            group_root=view.root,
-            group_size=view.size,
-            group_index=view.index,
-            group_proof=view.proof,
+        inflated = receipt.model_copy(
+            update=dict(
+                samples=receipt.samples * 10, worker_samples=tuple(w * 10 for w in receipt.worker_samples)
+            )
         )
-        return seal(ContributionReceipt(**claimed), peer.identity)
+        return seal(_alone(inflated), peer.identity)
     if fault == "fabricate":
         rng = random.Random(receipt.round)
         fake = tuple(rng.randint(-(10**9), 10**9) for _ in receipt.grad_sketch)
@@ -84,15 +79,7 @@ def dishonest_wire(fault: str, peer: PeerNode, receipt: ContributionReceipt) -> 
             receipt.model_copy(update=dict(flops_per_sample=receipt.flops_per_sample * 10)), peer.identity
         )
     if fault == "self-group":
-        view = group_membership([(receipt.peer_id, receipt.samples)], receipt.peer_id)
-        alone = receipt.model_dump() | dict(
-            group_id=averaging_group_id(receipt.task_id, receipt.attempt, view, receipt.state_digest),
-            group_root=view.root,
-            group_size=view.size,
-            group_index=view.index,
-            group_proof=view.proof,
-        )
-        return seal(ContributionReceipt(**alone), peer.identity)
+        return seal(_alone(receipt), peer.identity)
     if fault == "group-inflate":  # its group counted INFLATION times its samples: the proof holds for that
         claimed = receipt.model_dump() | dict(
             samples=receipt.samples * INFLATION,
@@ -100,6 +87,21 @@ def dishonest_wire(fault: str, peer: PeerNode, receipt: ContributionReceipt) -> 
         )
         return seal(ContributionReceipt(**claimed), peer.identity)
     return None
+
+
+def _alone(receipt: ContributionReceipt) -> ContributionReceipt:
+    """``receipt`` in a group of its sender alone, counted with the samples it claims."""
+    view = group_membership([(receipt.peer_id, receipt.samples)], receipt.peer_id)
+    return ContributionReceipt(
+        **receipt.model_dump()
+        | dict(
+            group_id=averaging_group_id(receipt.task_id, receipt.attempt, view, receipt.state_digest),
+            group_root=view.root,
+            group_size=view.size,
+            group_index=view.index,
+            group_proof=view.proof,
+        )
+    )
 
 
 def poisoned(fault: str, numerator: list[torch.Tensor]) -> list[torch.Tensor]:
