@@ -48,6 +48,7 @@ from hivemind.utils.asyncio import (
     azip,
 )
 
+from hivemind_adapter.alignment import MIN_VALUES, AlignmentRecord
 from hivemind_adapter.known_groups import KnownGroupSteps
 from hivemind_adapter.robust_reduce import RobustConfig, RobustPartReducer, SharedNames
 
@@ -75,11 +76,26 @@ class ExactAllReduceRunner(AllReduceRunner):
     """A butterfly all-reduce whose outputs are the reducers' averages, not deltas against local parts.
     With ``robust``, this member reduces with a :class:`~hivemind_adapter.robust_reduce.RobustPartReducer`."""
 
-    def __init__(self, *args, robust: RobustConfig | None = None, **kwargs):
+    def __init__(
+        self,
+        *args,
+        robust: RobustConfig | None = None,
+        alignment: AlignmentRecord | None = None,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
+        self.alignment = alignment if robust is not None else None
         if robust is not None:
             unused = self.tensor_part_reducer
-            self.tensor_part_reducer = RobustPartReducer(unused.part_shapes, unused.num_senders, robust)
+            suspects = self.alignment.suspects() if self.alignment is not None else set()
+            excluded = [i for i, p in enumerate(self.sender_peer_ids) if p.to_base58() in suspects]
+            self.tensor_part_reducer = RobustPartReducer(
+                unused.part_shapes,
+                unused.num_senders,
+                robust,
+                excluded=excluded,
+                min_aligned_values=MIN_VALUES,
+            )
             unused.finished.set()  # never used: its finalize would report "received 0% of input tensors"
         # With absolute outputs, a part whose reducer failed falls back to the local part, not to a zero delta.
         self.tensor_part_container.return_deltas = False
@@ -229,8 +245,16 @@ class ExactAllReduceRunner(AllReduceRunner):
     def outlier_senders(self) -> list[str]:
         """Base58 ids of the senders this member's reducer refused or named an outlier on any part it
         reduced (always empty without ``robust``)."""
-        named = getattr(self.tensor_part_reducer, "outliers", {})
+        reducer = self.tensor_part_reducer
+        named = set(getattr(reducer, "outliers", {})) | set(getattr(reducer, "excluded", ()))
         return [self.sender_peer_ids[i].to_base58() for i in sorted(named)]
+
+    def note_alignments(self) -> None:
+        """Add the cosines this member's reducer measured to the averager's alignment record."""
+        if self.alignment is None:
+            return
+        for cosines in getattr(self.tensor_part_reducer, "alignments", []):
+            self.alignment.note_part({self.sender_peer_ids[i].to_base58(): c for i, c in cosines.items()})
 
     def incomplete_reason(self) -> str | None:
         """Why this member's view of the all-reduce is incomplete, or None if it is complete."""
@@ -287,6 +311,9 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
         self._wire_bytes = multiprocessing.Array("q", 2)
         self._last_outliers = SharedNames()  # what the last all-reduce's reducer named, shared likewise
         self._robust = robust  # read in the averager's process, by every runner it builds
+        # how each sender's parts pointed, across this averager's all-reduces: kept (and only ever
+        # read) in the averager's process, where its reducers run
+        self._alignment = AlignmentRecord() if robust is not None else None
         super().__init__(*args, **kwargs)
 
     def last_outliers(self) -> list[str]:
@@ -379,6 +406,7 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
             group_id=group_id,
             ordered_peer_ids=group_info.peer_ids,
             robust=self._robust,
+            alignment=self._alignment,
             **kwargs,
         )
         runner.wire_bytes = self._wire_bytes
@@ -394,6 +422,7 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
             async for _tensor, averaged in azip(as_aiter(*tensors), runner):
                 results.append(averaged)
         finally:  # what this member's reducer named, whether the step succeeded or not
+            runner.note_alignments()
             self._last_outliers.write(runner.outlier_senders())
         reason = runner.incomplete_reason()
         if reason is not None or len(results) != len(tensors):

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import math
 import multiprocessing
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -95,20 +95,28 @@ class RobustConfig:
 class ClipResult:
     """``value``: the robust weighted centre (the inputs' shape and dtype). ``outliers``: indices of
     the parts refused (not finite) or named (farther than ``outlier_factor × radius`` from the centre
-    the first pass found), ascending. ``radius``: the clipping radius, in the parts' units."""
+    the first pass found), ascending. ``radius``: the clipping radius, in the parts' units.
+    ``alignments``: per part, the cosine between it and the centre of the other parts (None for a
+    part refused, of zero weight, or alone): what :mod:`hivemind_adapter.alignment` keeps."""
 
     value: torch.Tensor
     outliers: tuple[int, ...]
     radius: float
+    alignments: tuple[float | None, ...] = ()
 
 
 def centered_clip(
-    parts: Sequence[torch.Tensor], weights: Sequence[float], config: RobustConfig
+    parts: Sequence[torch.Tensor],
+    weights: Sequence[float],
+    config: RobustConfig,
+    excluded: Collection[int] = (),
 ) -> ClipResult:
     """The robust weighted centre of ``parts`` (see the module's docstring for the steps and why).
 
     Zero-weight parts (hivemind's followers send zeros with weight 0) take no part and are never
-    outliers unless they are not finite. Raises ValueError if no part is finite with a weight > 0."""
+    outliers unless they are not finite. ``excluded`` parts (senders already suspected of pointing
+    against the others) take no part in the centre either, unless nothing else is left; they are
+    still measured. Raises ValueError if no part is finite with a weight > 0."""
     if len(parts) != len(weights) or not parts:
         raise ValueError(f"{len(parts)} parts with {len(weights)} weights")
     shape, dtype = parts[0].shape, parts[0].dtype
@@ -119,9 +127,10 @@ def centered_clip(
         for i, (part, weight) in enumerate(zip(parts, weights))
         if not (math.isfinite(weight) and weight >= 0 and bool(torch.isfinite(part).all()))
     ]
-    active = [i for i, weight in enumerate(weights) if weight > 0 and i not in refused]
-    if not active:
+    usable = [i for i, weight in enumerate(weights) if weight > 0 and i not in refused]
+    if not usable:
         raise ValueError("no part is finite with a positive weight")
+    active = [i for i in usable if i not in excluded] or usable
     x = torch.stack([parts[i].detach().reshape(-1).to(torch.float64) for i in active])
     w = torch.tensor([float(weights[i]) for i in active], dtype=torch.float64)
     w = w.clamp(max=config.max_weight_ratio * float(torch.median(w)))
@@ -142,7 +151,31 @@ def centered_clip(
         named = [active[j] for j in far.nonzero().flatten().tolist()]
     else:
         named = []
-    return ClipResult(centre.to(dtype).reshape(shape), tuple(sorted(refused + named)), radius)
+    left_out = set(usable) - set(active) | set(named)
+    alignments = _alignments(parts, usable, left_out, dict(zip(active, w.tolist())), centre)
+    return ClipResult(centre.to(dtype).reshape(shape), tuple(sorted(refused + named)), radius, alignments)
+
+
+def _alignments(parts, usable, left_out, weight_of, centre) -> tuple[float | None, ...]:
+    """Each usable part's cosine with the centre of the others. For a part in the centre, the others'
+    centre is the centre with that part's weighted share taken out (exact for a plain mean, close
+    for a clipped one); for one left out of it, the centre itself."""
+    result: list[float | None] = [None] * len(parts)
+    if len(usable) < 2:
+        return tuple(result)
+    total = sum(weight for i, weight in weight_of.items() if i not in left_out)
+    for i in usable:
+        x = parts[i].detach().reshape(-1).to(torch.float64)
+        if i in left_out:
+            others = centre
+        elif (rest := total - weight_of[i]) > 0:
+            others = (centre * total - x * weight_of[i]) / rest
+        else:
+            continue
+        norms = float(torch.linalg.vector_norm(x)) * float(torch.linalg.vector_norm(others))
+        if norms > 0:
+            result[i] = float(torch.dot(x, others)) / norms
+    return tuple(result)
 
 
 def _weighted_median(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -204,6 +237,9 @@ class RobustPartReducer(TensorPartReducer):
     waits for it until the all-reduce's timeout).
 
     ``outliers`` maps a sender index to the part indices on which it was refused or named.
+    ``alignments`` holds, per part of at least ``min_aligned_values`` values, each sender's cosine
+    with the others' centre (by sender index). ``excluded`` senders (suspected by an
+    :class:`~hivemind_adapter.alignment.AlignmentRecord`) are left out of every centre.
     Parts are cast to ``part_dtype`` (default: torch's default dtype, the dtype hivemind's reducer
     averages in); a part of the wrong shape is refused and its sender is dropped like a failed one.
     """
@@ -214,10 +250,15 @@ class RobustPartReducer(TensorPartReducer):
         num_senders: int,
         config: RobustConfig,
         part_dtype: torch.dtype | None = None,
+        excluded: Collection[int] = (),
+        min_aligned_values: int = 1024,
     ):
         self.config = config
         self.part_dtype = part_dtype or torch.get_default_dtype()
+        self.excluded = frozenset(excluded)
+        self.min_aligned_values = min_aligned_values
         self.outliers: dict[int, set[int]] = {}
+        self.alignments: list[dict[int, float]] = []
         self._inputs: dict[int, tuple[torch.Tensor, float]] = {}  # sender index -> its current part, weight
         self._reducing: asyncio.Task | None = None  # the current part's reduction, while it runs
         super().__init__(part_shapes, num_senders)  # calls reset_accumulators
@@ -290,8 +331,9 @@ class RobustPartReducer(TensorPartReducer):
         parts, weights = [inputs[s][0] for s in senders], [inputs[s][1] for s in senders]
         del inputs
         try:
+            excluded = [j for j, sender in enumerate(senders) if sender in self.excluded]
             result = await asyncio.get_running_loop().run_in_executor(
-                None, centered_clip, parts, weights, self.config
+                None, centered_clip, parts, weights, self.config, excluded
             )
         except Exception as e:  # no usable part (ValueError), or worse: this slice cannot be averaged
             for j, part in enumerate(parts):
@@ -302,6 +344,9 @@ class RobustPartReducer(TensorPartReducer):
         else:
             for j in result.outliers:
                 self.outliers.setdefault(senders[j], set()).add(part_index)
+            if parts[0].numel() >= self.min_aligned_values:
+                cosines = {senders[j]: c for j, c in enumerate(result.alignments) if c is not None}
+                self.alignments.append(cosines)
             if not future.done():  # not cancelled by finalize meanwhile
                 future.set_result(result.value)
         finally:

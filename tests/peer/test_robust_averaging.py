@@ -95,3 +95,69 @@ def test_without_robust_averaging_one_nan_aborts_the_round_and_no_nan_is_ever_ap
     for r in results.values():
         assert not r["committed"] or not math.isnan(float(r["tensor"].sum()))
     assert not any(r["committed"] for r in results.values()), [r["reason"] for r in results.values()]
+
+
+def _noisy_gradient(seed: int, attempt: int) -> torch.Tensor:
+    """An honest peer's mean gradient when batch noise is as large as the signal: a flipped one then
+    lies within the honest spread, where no distance test can tell it."""
+    signal = torch.randn(SHAPE, generator=torch.Generator().manual_seed(attempt))
+    return signal + torch.randn(SHAPE, generator=torch.Generator().manual_seed(1000 * attempt + seed + 1))
+
+
+def _flipping_peer(dht, *, seed, flip, run_id, attempts):
+    averager = HierarchicalAverager(
+        dht, run_id, "host-a", [torch.zeros(SHAPE)], timeouts=FAST, robust=RobustConfig()
+    )
+    try:
+        store(dht, f"{run_id}_roster", True, 300.0, subkey=peer_id(dht))
+        deadline = time.monotonic() + 60
+        while len(roster := sorted(read_entries(dht, f"{run_id}_roster"))) < PEERS:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        rounds = []
+        for attempt in range(attempts):
+            gradient = _noisy_gradient(seed, attempt)
+            numerator = [(-gradient if flip else gradient) * SAMPLES]
+            res = averager.average(
+                attempt, numerator, SAMPLES, cohort_size=PEERS, num_cohorts=1, expected_peers=roster
+            )
+            rounds.append(
+                dict(
+                    committed=res.committed,
+                    reason=res.reason,
+                    outliers=res.outliers,
+                    tensor=None if res.tensors is None else res.tensors[0].numpy(),
+                )
+            )
+        return dict(me=peer_id(dht), rounds=rounds)
+    finally:
+        averager.shutdown()
+
+
+def test_a_sign_flip_inside_the_honest_spread_is_named_by_its_direction_and_then_left_out():
+    attempts = 4
+    boot, maddrs = start_bootstrap_dht()
+    args = {f"p{i}": dict(seed=i, flip=i == 3, run_id="robust-flip", attempts=attempts) for i in range(PEERS)}
+    try:
+        results = run_peers(_flipping_peer, maddrs, args)
+    finally:
+        boot.shutdown()
+    honest, attacker = [results[f"p{i}"] for i in range(3)], results["p3"]["me"]
+    for attempt in range(attempts):
+        assert all(r["rounds"][attempt]["committed"] for r in honest), [
+            r["rounds"][attempt]["reason"] for r in honest
+        ]
+    # no distance test sees it: the first attempt averages it in (clipped), and names nobody
+    assert all(r["rounds"][0]["outliers"] == [] for r in honest)
+    # each honest reducer has 2 of its parts an attempt: after 2 attempts, 4 cosines against it
+    assert all(r["rounds"][-1]["outliers"] == [attacker] for r in honest), [
+        r["rounds"][-1]["outliers"] for r in honest
+    ]
+    last = attempts - 1
+    want = sum(_noisy_gradient(i, last) for i in range(3)) / 3
+    got = torch.from_numpy(honest[0]["rounds"][last]["tensor"])
+    assert torch.allclose(got, want, atol=1e-5), "once named, the flip takes no part in the average"
+    first = torch.from_numpy(honest[0]["rounds"][0]["tensor"])
+    assert float(
+        torch.linalg.vector_norm(first - sum(_noisy_gradient(i, 0) for i in range(3)) / 3)
+    ) > 0.1 * float(torch.linalg.vector_norm(want)), "before it was named, the flip did move the average"

@@ -1,0 +1,106 @@
+"""Which senders keep pointing against the swarm: a record, kept across all-reduces, of how each
+sender's parts align with the centre of the others' parts, and the senders it has evidence against.
+
+CenteredClip bounds what one sender can do to a part's average, but a sender that sends its honest
+gradient with the sign flipped stays within the honest spread whenever batch noise is larger than
+the gradient's signal (measured on the digits supernet: every few steps). It is clipped, never far
+enough out to be named, and it pulls every average it joins back toward where the model came from.
+What gives it away is its direction: an honest sender's part is, in expectation, positively aligned
+with the mean of the others (they estimate the same gradient), a flipped one negatively, by as much.
+One part says little (with 64 samples a peer, an honest part of ~50k values was anti-aligned with
+the others in about 1 part in 6, measured over 120 steps of the digits supernet); the record therefore keeps each sender's last
+:data:`WINDOW` cosines and names it only when their mean is negative by ``z_score`` standard errors.
+
+The standard error is not the sender's own (a few values give a poor estimate): it is the spread of
+every sender's cosine around its part's median cosine, pooled over the last :data:`POOLED` of them,
+as a median absolute deviation, which the minority it is meant to catch cannot inflate.
+
+An honest sender's expected cosine is positive (it and the others estimate the same gradient), so
+it is named only if its window mean lies ``z_score`` standard errors below zero, *below* its own
+expectation: at the default 3, about once in 700 full windows of a Gaussian spread, and a sender is
+named in a commit (and loses that round's credit) only when two reducers name it. A flipped
+sender's expected cosine is the honest one negated. Replayed on the cosines of those 120 steps (six
+peers, parts of 50k and 130k values, one reducer per part), no honest sender was ever named and a
+flipped one was named after 4 to 9 parts. A sender named here is left out of the
+centres of the parts this record's reducer averages, and keeps being measured: it is named while
+its window says so.
+
+Pure Python: the cosines come from :func:`hivemind_adapter.robust_reduce.centered_clip`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+# A sender's last this many cosines are its evidence: long enough that a flipped sender is caught
+# within a few rounds (each round gives one cosine per part this reducer averages), short enough
+# that a sender that stops attacking is no longer named within a few rounds.
+WINDOW = 16
+# Cosines pooled, over all senders, to estimate the spread of one cosine.
+POOLED = 96
+# Parts of fewer values give no cosine: their direction is mostly noise (a known group's
+# confirmation is a few values).
+MIN_VALUES = 1024
+
+
+@dataclass(frozen=True)
+class AlignmentConfig:
+    """``z_score``: how many standard errors below zero a sender's window mean must be to name it.
+    ``min_cosines``: the fewest cosines a sender needs before it can be named (and the fewest pooled
+    ones before anyone can)."""
+
+    z_score: float = 3.0
+    min_cosines: int = 4
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.z_score) and self.z_score > 0):
+            raise ValueError(f"z_score must be a positive number, not {self.z_score}")
+        if not 1 <= self.min_cosines <= WINDOW:
+            raise ValueError(f"min_cosines must be between 1 and {WINDOW}, not {self.min_cosines}")
+
+
+class AlignmentRecord:
+    """Per sender (any hashable name: a peer id), its last :data:`WINDOW` cosines with the others'
+    centre; :meth:`suspects` names those pointing against it. Not thread-safe: one reducer's event
+    loop writes it."""
+
+    def __init__(self, config: AlignmentConfig | None = None):
+        self.config = config or AlignmentConfig()
+        self._cosines: dict[str, deque[float]] = {}
+        self._deviations: deque[float] = deque(maxlen=POOLED)  # |cosine - its part's median cosine|
+
+    def note_part(self, cosines: Mapping[str, float]) -> None:
+        """Record the cosines of one part's senders (a sender's part against the centre of the others').
+        A part with fewer than two senders says nothing about anyone."""
+        finite = {name: c for name, c in cosines.items() if math.isfinite(c)}
+        if len(finite) < 2:
+            return
+        median = statistics.median(finite.values())
+        for name, cosine in finite.items():
+            self._cosines.setdefault(name, deque(maxlen=WINDOW)).append(cosine)
+            self._deviations.append(abs(cosine - median))
+
+    def spread(self) -> float | None:
+        """The estimated standard deviation of one cosine, or None before enough were pooled."""
+        if len(self._deviations) < self.config.min_cosines * 2:
+            return None
+        return 1.4826 * statistics.median(self._deviations)
+
+    def score(self, name: str) -> float | None:
+        """``name``'s window mean in standard errors (negative: pointing against the others), or None
+        without enough evidence."""
+        cosines, spread = self._cosines.get(name), self.spread()
+        if cosines is None or len(cosines) < self.config.min_cosines or not spread:
+            return None
+        return statistics.fmean(cosines) * math.sqrt(len(cosines)) / spread
+
+    def suspects(self, among: Iterable[str] | None = None) -> set[str]:
+        """The senders (of ``among``, default all) whose score is below ``-z_score``."""
+        names = self._cosines if among is None else among
+        return {
+            name for name in names if (score := self.score(name)) is not None and score < -self.config.z_score
+        }

@@ -1,0 +1,124 @@
+"""Direction evidence against a sender: the cosines centered_clip measures, the record that keeps
+them across all-reduces, and a reducer that leaves a suspect out of its centres."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+import torch
+
+from hivemind_adapter.alignment import WINDOW, AlignmentConfig, AlignmentRecord
+from hivemind_adapter.robust_reduce import RobustConfig, RobustPartReducer, centered_clip
+
+CONFIG = RobustConfig()
+
+
+def _noisy(count: int, size: int, noise: float, seed: int) -> list[torch.Tensor]:
+    """Parts sharing one direction under per-part noise ``noise`` times its scale (batch noise)."""
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(size, generator=g)
+    return [base + noise * torch.randn(size, generator=g) for _ in range(count)]
+
+
+def test_a_flipped_part_inside_the_honest_spread_is_not_named_but_points_against_the_others():
+    parts = _noisy(6, 8192, noise=1.5, seed=1)
+    parts[5] = -parts[5]
+    result = centered_clip(parts, [1.0] * 6, CONFIG)
+    assert result.outliers == (), "a flip this noisy is no distance outlier: only its direction shows"
+    honest, flipped = result.alignments[:5], result.alignments[5]
+    assert all(c > 0.2 for c in honest), honest
+    assert flipped < -0.2, flipped
+
+
+def test_an_excluded_part_is_left_out_of_the_centre_and_still_measured():
+    parts = _noisy(5, 4096, noise=0.5, seed=2)
+    parts[4] = -parts[4]
+    result = centered_clip(parts, [1.0] * 5, CONFIG, excluded=[4])
+    want = torch.stack(parts[:4]).double().mean(0).float()
+    assert torch.allclose(result.value, want, atol=1e-6)
+    assert result.alignments[4] < -0.5
+    assert 4 not in result.outliers  # naming a suspect is the record's word, not this part's
+
+
+def test_excluding_everyone_leaves_the_centre_to_all_of_them():
+    parts = _noisy(3, 2048, noise=0.1, seed=3)
+    result = centered_clip(parts, [1.0] * 3, CONFIG, excluded=[0, 1, 2])
+    assert torch.allclose(result.value, torch.stack(parts).double().mean(0).float(), atol=1e-6)
+
+
+def test_a_lone_or_zero_weight_part_has_no_alignment():
+    parts = _noisy(3, 2048, noise=0.1, seed=4)
+    assert centered_clip(parts[:1], [1.0], CONFIG).alignments == (None,)
+    alignments = centered_clip(parts, [1.0, 0.0, 1.0], CONFIG).alignments
+    assert alignments[1] is None and alignments[0] > 0.9 and alignments[2] > 0.9
+
+
+def _stream(record: AlignmentRecord, rng: random.Random, parts: int, mean: float, spread: float, flipped=()):
+    """Feed ``parts`` parts of six senders whose cosines scatter around ``mean``; ``flipped`` senders'
+    around ``-mean``. Returns the part after which each sender was first named."""
+    named_at: dict[str, int] = {}
+    for part in range(parts):
+        record.note_part(
+            {f"s{i}": rng.gauss(-mean if f"s{i}" in flipped else mean, spread) for i in range(6)}
+        )
+        for name in record.suspects():
+            named_at.setdefault(name, part)
+    return named_at
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_honest_senders_whose_cosines_often_dip_below_zero_are_never_named(seed):
+    # mean 0.1 and spread 0.15: one honest cosine in four is negative (late training, small batches)
+    record = AlignmentRecord()
+    assert _stream(record, random.Random(seed), 2000, mean=0.1, spread=0.15) == {}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_flipped_sender_is_named_within_a_window_and_only_it(seed):
+    # the digits supernet's per-part cosines at 64 samples a peer: mean about the spread (measured)
+    record = AlignmentRecord()
+    named_at = _stream(record, random.Random(seed), 200, mean=0.13, spread=0.13, flipped={"s5"})
+    assert set(named_at) == {"s5"}
+    assert named_at["s5"] < WINDOW
+    assert record.score("s0") > 0 > record.score("s5")
+
+
+def test_a_sender_that_stops_flipping_is_no_longer_named_once_its_window_turns():
+    record, rng = AlignmentRecord(), random.Random(7)
+    _stream(record, rng, 40, mean=0.3, spread=0.1, flipped={"s2"})
+    assert record.suspects() == {"s2"}
+    _stream(record, rng, WINDOW, mean=0.3, spread=0.1)
+    assert record.suspects() == set()
+
+
+def test_no_one_is_named_without_enough_evidence():
+    record = AlignmentRecord(AlignmentConfig(min_cosines=4))
+    for _ in range(3):
+        record.note_part({"a": 0.5, "b": 0.4, "c": -0.9})
+    assert record.score("c") is None and record.suspects() == set()
+    record.note_part({"a": 0.5})  # one sender says nothing
+    assert record.score("a") is None
+    with pytest.raises(ValueError):
+        AlignmentConfig(min_cosines=0)
+    with pytest.raises(ValueError):
+        AlignmentConfig(z_score=float("nan"))
+
+
+def test_the_reducer_leaves_excluded_senders_out_and_records_each_parts_cosines():
+    parts = _noisy(4, 4096, noise=0.5, seed=5)
+    parts[3] = -parts[3]
+
+    async def run():
+        reducer = RobustPartReducer([torch.Size([4096])], 4, CONFIG, excluded=[3])
+        results = await asyncio.gather(
+            *(reducer.accumulate_part(i, 0, parts[i], weight=1.0) for i in range(4))
+        )
+        return reducer, results
+
+    reducer, results = asyncio.run(run())
+    want = torch.stack(parts[:3]).double().mean(0).float()
+    assert all(torch.allclose(r, want, atol=1e-6) for r in results)
+    assert len(reducer.alignments) == 1
+    assert reducer.alignments[0][3] < -0.5 < 0.5 < min(reducer.alignments[0][i] for i in range(3))
