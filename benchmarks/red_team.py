@@ -123,13 +123,10 @@ def _caught(swarm: LocalSwarm, attack: str) -> str:
             if i != ATTACKER and (swarm.peer_dir(i) / "log.txt").exists()
             for m in re.finditer(r"attempt (\d+): values of .* were outliers", (swarm.peer_dir(i) / "log.txt").read_text())
         ]  # fmt: skip
-        return f"attempt {min(attempts)}" if attempts else "-"
-    rounds = []
-    for path in (swarm.peer_dir(ATTACKER) / "receipts" / "rejected").glob("*.receipt"):
-        try:
-            rounds.append(parse_sealed(path.read_bytes(), ContributionReceipt).record.round)
-        except ValueError:
-            continue
+        named = f"named in attempt {min(attempts)}" if attempts else "never named"
+        refused = _refused_rounds(swarm)
+        return f"{named}; receipts refused from round {min(refused)}" if refused else named
+    rounds = _refused_rounds(swarm)
     key = _key(swarm, ATTACKER)
     with LedgerStore.open(swarm.dir / "aggregator" / "ledger.sqlite", readonly=True) as store:
         entries = [parse_sealed(d, (ContributionReceipt, Revocation)).record for _, d in store.entries()]
@@ -141,6 +138,17 @@ def _caught(swarm: LocalSwarm, attack: str) -> str:
     return f"round {min(rounds)}" if rounds else "-"
 
 
+def _refused_rounds(swarm: LocalSwarm) -> list[int]:
+    """The rounds of the attacker's receipts the aggregator refused."""
+    rounds = []
+    for path in (swarm.peer_dir(ATTACKER) / "receipts" / "rejected").glob("*.receipt"):
+        try:
+            rounds.append(parse_sealed(path.read_bytes(), ContributionReceipt).record.round)
+        except ValueError:
+            continue
+    return rounds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=12)
@@ -148,6 +156,7 @@ def main() -> None:
         "--attacks", default="all", help="all, or a comma-separated list of " + ", ".join(ATTACKS)
     )
     parser.add_argument("--out", type=Path, default=Path("red-team-runs"))
+    parser.add_argument("--no-plain", action="store_true", help="skip the plain-mean honest swarm")
     args = parser.parse_args()
     attacks = ATTACKS if args.attacks == "all" else tuple(a for a in args.attacks.split(",") if a)
     unknown = [a for a in attacks if a not in ATTACKS]
@@ -157,7 +166,7 @@ def main() -> None:
     print(f"$ python -m benchmarks.red_team {' '.join(sys.argv[1:])}")
     print(f"load average before: {os.getloadavg()}; {os.cpu_count()} cores", flush=True)
     runs = {}
-    names = ("clean", "plain", *attacks)
+    names = ("clean", *(() if args.no_plain else ("plain",)), *attacks)
     for name in names:
         print(f"== {name} ({len(runs) + 1} of {len(names)})", flush=True)
         attack = None if name in ("clean", "plain") else name
