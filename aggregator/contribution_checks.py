@@ -27,7 +27,9 @@ group its sender invented alone (a self-only group: nobody else files a receipt 
 honest one. So a receipt's ``group_id`` must hash its own attempt, contributors' root and count and
 start state, and a peer other than its sender must have posted, signed, that it committed exactly
 that group (:mod:`aggregator.commit_witness`). A peer alone in its cohort of an outer task has no
-such witness for its inner steps: their receipts are refused (its cohort of one commits them alone).
+such witness for its inner steps (its cohort of one commits them alone): their receipts stand only
+on an audit. With ``lone_audited`` they pass this check and the desk audits every one of them (a
+failed or impossible audit revokes it); without audits they are refused.
 
 Priced and bounded (``pricing``, ``measured_rates``). The sub-networks and FLOPs are derived, not
 claimed (:mod:`aggregator.work_pricing`), and samples are bounded by the rate the key's passed audits
@@ -85,6 +87,9 @@ class SwarmFacts:
     # (attempt, peer id) -> the keys whose commit reports name that peer an outlier: its values were
     # clipped or dropped by their reducers (robust averaging), so its receipt earns nothing.
     named_outlier: Callable[[int, str], set[str]] | None = None
+    # The desk audits every receipt of a peer alone in its cohort's inner step (outer tasks): such a
+    # receipt has no witness but may stand on its audit (see lone_inner_step).
+    lone_audited: bool = False
 
 
 def check_round(
@@ -181,9 +186,15 @@ def _witnessed(r: ContributionReceipt, facts: SwarmFacts) -> tuple[RejectReason,
             "its group id is not that of its attempt, contributors and start state",
         )
     others = facts.witnesses(r.attempt, r.group_id) - {r.public_key}
-    if not others:
+    if not others and not (facts.lone_audited and lone_inner_step(r, facts)):
         return RejectReason.UNWITNESSED, f"no other peer reported committing its group in attempt {r.attempt}"
     return None
+
+
+def lone_inner_step(r: ContributionReceipt, facts: SwarmFacts) -> bool:
+    """Whether ``r`` is a peer's receipt for an inner step it took alone (an outer task's cohort of
+    one): nobody else can witness it, so only an audit can vouch for it."""
+    return facts.rounds_by_cohort and r.group_size == 1
 
 
 OUTLIER_WITNESSES = 2  # reports naming a peer before its receipt is refused: one reducer alone may lie

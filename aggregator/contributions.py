@@ -37,6 +37,7 @@ from pathlib import Path
 
 from aggregator.auditing import SpotAuditor
 from aggregator.commit_witness import CommitWitness
+from aggregator.contribution_checks import lone_inner_step
 from aggregator.intake import ContributionIntake, Submission
 from aggregator.ledger_writer import LedgerWriter
 from aggregator.round_closing import RoundCloser
@@ -392,6 +393,7 @@ class ContributionDesk:
                 pricing=self.pricing.check if self.pricing is not None else None,
                 measured_rates=rates,
                 excluded=frozenset(self.trust.excluded()),
+                lone_audited=self.trust.base_rate > 0 and self.states is not None,
             )
             for wire, reason, detail in closed.refused:
                 self._reject(leaf_hash(wire), reason, detail)
@@ -401,13 +403,14 @@ class ContributionDesk:
                 leaf = leaf_hash(accepted.wire)
                 self._status[leaf] = {"status": "accepted", "index": self.store.index_of(leaf)}
                 self.counters["accepted"] += 1
-                if self.states is not None:
+                receipt, key = accepted.record, accepted.record.public_key
+                lone = closed.facts is not None and lone_inner_step(receipt, closed.facts)
+                if self.states is not None and not lone:
                     # a start state the swarm committed (its group is witnessed): checkpoints may use it
-                    receipt = accepted.record
                     self.states.learn(receipt.round - 1, receipt.state_digest, [receipt.peer_id])
-                key = accepted.record.public_key
-                # a key whose rate was never measured has its claim checked by an audit instead
-                fraction = self.trust.audit_rate(key) if key in rates else 1.0
+                # a key whose rate was never measured has its claim checked by an audit instead, and a
+                # lone inner step has nothing else to vouch for it
+                fraction = self.trust.audit_rate(key) if key in rates and not lone else 1.0
                 if self.trust.base_rate > 0 and self.auditor.selected(accepted.wire, fraction):
                     window = closed.windows.get(accepted.wire)
                     if window is not None:

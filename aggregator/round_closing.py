@@ -32,6 +32,7 @@ class ClosedRound:
     ledger_size: int = 0
     # wire -> seconds since its peer's previous receipt (None for a peer's first): a rate's window
     windows: dict[bytes, float | None] = field(default_factory=dict)
+    facts: SwarmFacts | None = None  # what the round was checked against
 
 
 class RoundCloser:
@@ -99,7 +100,7 @@ class RoundCloser:
         )
         refused = check_round(sealed, facts)
         closed = ClosedRound(
-            round_index, [], windows={s.wire: self.measured_window(s.record) for s in sealed}
+            round_index, [], windows={s.wire: self.measured_window(s.record) for s in sealed}, facts=facts
         )
         closed.refused += [(s.wire, *refused[s.wire]) for s in sealed if s.wire in refused]
         survivors = [sub for sub in subs if sub.wire not in refused]

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from aggregator.contribution_checks import SwarmFacts, check_round
+from aggregator.contribution_checks import SwarmFacts, check_round, lone_inner_step
 from protocol.averaging_group import averaging_group_id, group_membership
 from protocol.identity import Identity
 from protocol.records import RejectReason
@@ -208,6 +208,29 @@ def test_a_self_only_group_with_inflated_samples_has_no_witness():
     reports[9, cheat.record.group_id] = {liar.public_key_hex}  # it may post a commit of its own
     refused = check_round([cheat, *honest[1:]], _witnessed_by(reports))
     assert list(refused) == [cheat.wire] and refused[cheat.wire][0] is RejectReason.UNWITNESSED
+
+
+def test_a_lone_cohorts_inner_step_stands_on_an_audit_only_in_an_outer_task():
+    peer = PEERS[0]
+    lone = _committed(peer, {peer_id_of(peer): SAMPLES[peer_id_of(peer)]})
+    own = {(9, lone.record.group_id): {peer.public_key_hex}}  # only its own report exists
+    outer = replace(_witnessed_by(own), rounds_by_cohort=True)
+    assert lone_inner_step(lone.record, outer)
+    # without audits to vouch for it, nothing does
+    assert check_round([lone], outer)[lone.wire][0] is RejectReason.UNWITNESSED
+    # with them, it passes the checks (and the desk audits it with certainty)
+    assert check_round([lone], replace(outer, lone_audited=True)) == {}
+    # an every-step task has no lone inner steps: a self-only group is refused, audits or not
+    every_step = replace(_witnessed_by(own), lone_audited=True)
+    assert not lone_inner_step(lone.record, every_step)
+    assert check_round([lone], every_step)[lone.wire][0] is RejectReason.UNWITNESSED
+    # a group of two in an outer task still needs the other member's report
+    pair = _committed(peer)
+    alone_in_pair = replace(
+        _witnessed_by({(9, pair.record.group_id): {peer.public_key_hex}}), rounds_by_cohort=True
+    )
+    refused = check_round([pair], replace(alone_in_pair, lone_audited=True))
+    assert refused[pair.wire][0] is RejectReason.UNWITNESSED
 
 
 def test_a_group_id_that_does_not_hash_the_receipts_attempt_or_state_is_refused():

@@ -133,6 +133,9 @@ def _calls(initial: list[str], peer_id: str, task_id: str, payloads: list[bytes]
         dht.shutdown()
 
 
+# Slow (make test-all): the lying-peer test below also spreads a search over live peers and
+# compares it with local search; this one adds only the even spread.
+@pytest.mark.slow
 def test_search_spreads_over_live_peers_and_equals_local_search(tmp_path, baseline):
     from protocol.evaluation_requests import sign_request
 
