@@ -19,6 +19,13 @@ from hivemind_adapter.runtime import descendants, prepare_process, terminate_pro
 prepare_process()
 os.environ.setdefault("MANTA_LOG_LEVEL", "INFO")
 
+# Phase 1 of `make test` runs one pytest-xdist worker per core; torch's default of one compute thread
+# per core in each of them oversubscribes the machine (MANTA_TEST_TORCH_THREADS=0 keeps the default).
+if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("MANTA_TEST_TORCH_THREADS", "1") != "0":
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("MANTA_TEST_TORCH_THREADS", "1")))
+
 
 class LeakedProcessWarning(UserWarning):
     """A test left a child process running; the reaper stopped it."""

@@ -143,6 +143,9 @@ def swarm(tmp_path):
         s.stop()
 
 
+# Slow (make test-all): `manta-swarm` in test_swarm_training also has peers join and hold identical
+# state; this one adds three peers in one cohort and a two-worker peer.
+@pytest.mark.slow
 def test_peers_join_train_together_and_hold_identical_state(swarm):
     names = ["alice", "bob", "carol"]
     extra = {"carol": ["--cpu-workers", "2"]}  # carol's two workers sum their gradients with gloo first
