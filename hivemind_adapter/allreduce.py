@@ -50,7 +50,7 @@ from hivemind.utils.asyncio import (
 
 from hivemind_adapter.alignment import MIN_VALUES, AlignmentRecord
 from hivemind_adapter.known_groups import KnownGroupSteps
-from hivemind_adapter.robust_reduce import RobustConfig, RobustPartReducer, SharedNames
+from hivemind_adapter.robust_reduce import RobustConfig, RobustPartReducer, SharedNames, implausible_reply
 
 # How long a reducer keeps a sender's stream open after its last reply, waiting for the sender to
 # close it (it does as soon as it holds every reply): a bound for a sender that died meanwhile.
@@ -85,6 +85,7 @@ class ExactAllReduceRunner(AllReduceRunner):
     ):
         super().__init__(*args, **kwargs)
         self.alignment = alignment if robust is not None else None
+        self.check_replies = robust is not None  # doubt a reducer's reply against our own part
         if robust is not None:
             unused = self.tensor_part_reducer
             suspects = self.alignment.suspects() if self.alignment is not None else set()
@@ -162,6 +163,11 @@ class ExactAllReduceRunner(AllReduceRunner):
                     raise AllreduceException(f"{peer_id} sent {averaging_pb2.MessageCode.Name(message.code)}")
                 self._count(received=len(message.tensor_part.buffer))
                 part = await loop.run_in_executor(None, deserialize_torch_tensor, message.tensor_part)
+                if self.check_replies:
+                    own = container._input_parts_by_peer[peer_index][received][0]
+                    doubt = implausible_reply(own, part, MIN_VALUES)
+                    if doubt is not None:
+                        raise AllreduceException(f"implausible reply to part {received}: {doubt}")
                 container.register_processed_part(peer_index, received, part)
                 received += 1
                 if received == expected:

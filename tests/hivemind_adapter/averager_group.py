@@ -21,10 +21,11 @@ def step_known_group(
     size: int,
     tensors: Callable[[int], list[torch.Tensor]],
     averager_kwargs: Callable[[int], dict] = lambda i: {},
+    averager_type: Callable[[int], type[VerifiedAverager]] = lambda i: VerifiedAverager,
     **settings,
 ) -> tuple[list[list[torch.Tensor]], list[object], list[list[str]], list[str]]:
     """Member ``i`` of ``size`` starts from ``tensors(i)`` with ``averager_kwargs(i)``; all step in one
-    known group at once. Returns what each holds afterwards, each step's outcome (None, or the
+    known group at once (member ``i`` an ``averager_type(i)``). Returns what each holds afterwards, each step's outcome (None, or the
     exception it raised), each member's ``last_outliers()``, and the members' base58 ids."""
     dhts = [start_dht(host_maddrs=LOOPBACK)]
     averagers: list[VerifiedAverager] = []
@@ -33,7 +34,7 @@ def step_known_group(
             dhts.append(start_dht(host_maddrs=LOOPBACK, initial_peers=visible_maddrs(dhts[0])))
         common = {**PAIR_SETTINGS, **settings}
         for i, dht in enumerate(dhts):
-            averagers.append(VerifiedAverager(tensors(i), dht, **common, **averager_kwargs(i)))
+            averagers.append(averager_type(i)(tensors(i), dht, **common, **averager_kwargs(i)))
         peer_ids = [averager.peer_id.to_base58() for averager in averagers]
         group = known_group_id("robust-test", *sorted(peer_ids))
         outcomes: list[object] = [None] * size

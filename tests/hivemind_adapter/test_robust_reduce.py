@@ -9,8 +9,14 @@ import math
 import pytest
 import torch
 
-from hivemind_adapter.allreduce import AllReduceBroke, AllreduceException, VerifiedAverager
-from hivemind_adapter.robust_reduce import RobustConfig, RobustPartReducer, centered_clip
+from hivemind_adapter.allreduce import (
+    AllReduceBroke,
+    AllreduceException,
+    ExactAllReduceRunner,
+    PartialAllReduceError,
+    VerifiedAverager,
+)
+from hivemind_adapter.robust_reduce import RobustConfig, RobustPartReducer, centered_clip, implausible_reply
 from tests.hivemind_adapter.averager_group import step_known_group
 from tests.hivemind_adapter.averager_pair import step_pair
 
@@ -198,3 +204,64 @@ def test_a_sender_claiming_a_huge_weight_counts_for_at_most_max_weight_ratio_med
         torch.linalg.vector_norm(attacker - plain)
     )
     assert 5 in result.outliers
+
+
+# ------------------------------------------------------------------ a reducer that lies
+
+
+def test_a_reply_far_longer_than_ones_own_part_or_against_it_is_implausible():
+    own = _honest(1, size=65536, seed=9)[0]
+    centre = own + 0.5 * torch.randn(65536, generator=torch.Generator().manual_seed(1))
+    assert implausible_reply(own, centre) is None
+    assert "x the length" in implausible_reply(own, centre * 1000)
+    assert "against this member's part" in implausible_reply(own, -centre)
+    assert "not finite" in implausible_reply(own, torch.full_like(own, math.nan))
+    # a broadcast's follower sends zeros, and short parts are not judged
+    assert implausible_reply(torch.zeros(65536), centre * 1000) is None
+    assert implausible_reply(own[:100], -centre[:100]) is None
+    # short of the direction bound, only the length is judged
+    assert implausible_reply(own[:4096], -centre[:4096]) is None
+    assert implausible_reply(own[:4096], 1000 * centre[:4096]) is not None
+
+
+def _lying_averager(lie: str) -> type[VerifiedAverager]:
+    """A VerifiedAverager whose reducer returns every part's centre scaled x1000 or negated."""
+
+    class LyingReducer(RobustPartReducer):
+        async def accumulate_part(self, *args, **kwargs):
+            centre = await super().accumulate_part(*args, **kwargs)
+            return centre * 1000 if lie == "x1000" else -centre
+
+    class LyingRunner(ExactAllReduceRunner):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            honest = self.tensor_part_reducer
+            self.tensor_part_reducer = LyingReducer(honest.part_shapes, honest.num_senders, honest.config)
+            honest.finished.set()  # never used
+
+    # hivemind names a servicer's RPC handlers after its class: the liar must look like the others
+    return type(VerifiedAverager.__name__, (VerifiedAverager,), {"runner_type": LyingRunner})
+
+
+@pytest.mark.parametrize("lie", ["x1000", "negated"])
+def test_members_refuse_a_lying_reducers_replies_and_write_nothing(lie):
+    """A reducer decides its part's result for every member alike: unchecked, its lie would be applied
+    by all of them, with digests that agree. Each honest member checks the replies against its own
+    part, refuses the lie, and its step fails with the tensors untouched, naming the reducer: nothing
+    wrong is ever written."""
+
+    def start(i: int) -> list[torch.Tensor]:
+        return [_honest(4, size=4 * 65536, seed=21)[i]]
+
+    results, outcomes, _, peer_ids = step_known_group(
+        4,
+        start,
+        lambda i: dict(robust=CONFIG),
+        lambda i: _lying_averager(lie) if i == 3 else VerifiedAverager,
+        prefix=f"lying-reducer-{lie}",
+        part_size_bytes=256 * 1024,
+    )
+    for i in range(3):
+        assert isinstance(outcomes[i], PartialAllReduceError), outcomes
+        assert f"{peer_ids[3][-8:]}: AllreduceException: implausible reply" in str(outcomes[i]), outcomes[i]
+        assert torch.equal(results[i][0], start(i)[0]), "a refused step writes nothing"
