@@ -7,7 +7,8 @@ import asyncio
 
 import torch
 
-from hivemind_adapter.allreduce import ExactAllReduceRunner, VerifiedAverager
+from hivemind_adapter.allreduce import VerifiedAverager
+from hivemind_adapter.exact_runner import ExactAllReduceRunner
 from tests.hivemind_adapter.averager_pair import step_pair
 
 

@@ -12,11 +12,12 @@ import torch
 from hivemind_adapter.allreduce import (
     AllReduceBroke,
     AllreduceException,
-    ExactAllReduceRunner,
     PartialAllReduceError,
     VerifiedAverager,
 )
-from hivemind_adapter.robust_reduce import RobustConfig, RobustPartReducer, centered_clip, implausible_reply
+from hivemind_adapter.exact_runner import ExactAllReduceRunner
+from hivemind_adapter.reply_check import implausible_reply
+from hivemind_adapter.robust_reduce import RobustConfig, RobustPartReducer, centered_clip
 from tests.hivemind_adapter.averager_group import step_known_group
 from tests.hivemind_adapter.averager_pair import step_pair
 

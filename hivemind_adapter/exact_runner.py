@@ -1,0 +1,229 @@
+"""The butterfly all-reduce runner behind :class:`hivemind_adapter.allreduce.VerifiedAverager`:
+reducers send back the averaged part itself (not a delta), so every member receives the same bytes
+for every part; with robust averaging, reducers take a robust centre and members check what they are
+sent. The one place that overrides hivemind's all-reduce protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from hivemind.averaging.allreduce import AllreduceException, AllReduceRunner, BannedException
+from hivemind.compression import NoCompression, deserialize_torch_tensor, serialize_torch_tensor
+from hivemind.p2p import PeerID
+from hivemind.proto import averaging_pb2
+from hivemind.utils.asyncio import aiter_with_timeout, amap_in_executor, attach_event_on_finished
+
+from hivemind_adapter.alignment import MIN_VALUES, AlignmentRecord
+from hivemind_adapter.reply_check import implausible_reply
+from hivemind_adapter.robust_reduce import RobustConfig, RobustPartReducer
+
+# How long a reducer keeps a sender's stream open after its last reply, waiting for the sender to
+# close it (it does as soon as it holds every reply): a bound for a sender that died meanwhile.
+REPLY_LINGER_SECONDS = 30.0
+
+
+class ExactAllReduceRunner(AllReduceRunner):
+    """A butterfly all-reduce whose outputs are the reducers' averages, not deltas against local parts.
+    With ``robust``, this member reduces with a :class:`~hivemind_adapter.robust_reduce.RobustPartReducer`."""
+
+    def __init__(
+        self,
+        *args,
+        robust: RobustConfig | None = None,
+        alignment: AlignmentRecord | None = None,
+        **kwargs,
+    ):
+        super().__init__(*args, **kwargs)
+        self.alignment = alignment if robust is not None else None
+        self.check_replies = robust is not None  # doubt a reducer's reply against our own part
+        if robust is not None:
+            unused = self.tensor_part_reducer
+            suspects = self.alignment.suspects() if self.alignment is not None else set()
+            excluded = [i for i, p in enumerate(self.sender_peer_ids) if p.to_base58() in suspects]
+            self.tensor_part_reducer = RobustPartReducer(
+                unused.part_shapes,
+                unused.num_senders,
+                robust,
+                excluded=excluded,
+                min_aligned_values=MIN_VALUES,
+            )
+            unused.finished.set()  # never used: its finalize would report "received 0% of input tensors"
+        # With absolute outputs, a part whose reducer failed falls back to the local part, not to a zero delta.
+        self.tensor_part_container.return_deltas = False
+        self.reducer_errors: list[str] = []  # why each remote reducer failed this member, if one did
+        self.wire_bytes = None  # VerifiedAverager's shared [sent, received] payload byte counters
+        self._served_whole: set[PeerID] = set()  # senders that were handed every reply of this reducer
+
+    async def _communicate_with_peer(self, peer_id: PeerID):
+        if peer_id != self.peer_id:
+            try:
+                return await self._exchange_with_reducer(peer_id)
+            except Exception as e:
+                # hivemind logs why at DEBUG only; the round's abort reason says it (a partial all-reduce
+                # that only one member sees is rare and otherwise leaves no trace of its cause)
+                self.reducer_errors.append(f"{str(peer_id)[-8:]}: {type(e).__name__}: {str(e)[:120]}")
+                raise
+        peer_index = self.ordered_peer_ids.index(peer_id)
+        sender_index = self.sender_peer_ids.index(peer_id)
+        container = self.tensor_part_container
+        part_infos = [info for _part, info in container._input_parts_by_peer[peer_index]]
+        lossless = isinstance(container.compression, NoCompression)
+        for part_index, local_part in enumerate(self.parts_for_local_averaging):
+            try:
+                averaged = await self.tensor_part_reducer.accumulate_part(
+                    sender_index, part_index, local_part, weight=self.weight
+                )
+            except Exception as e:  # e.g. no usable part to reduce (robust): never leave the outputs waiting
+                self.reducer_errors.append(f"this peer: {type(e).__name__}: {str(e)[:120]}")
+                container.register_failed_reducer(peer_index)
+                raise
+            # Other members receive this part through the compression; so must we, or we would differ.
+            if lossless:
+                mine = averaged.clone()
+            else:
+                mine = deserialize_torch_tensor(
+                    container.compression.compress(averaged, part_infos[part_index])
+                )
+            container.register_processed_part(peer_index, part_index, mine)
+
+    async def _exchange_with_reducer(self, peer_id: PeerID) -> None:
+        """Stream this member's parts of ``peer_id``'s shard to it and take back exactly that many
+        averaged parts, then close this side of the stream first.
+
+        The order of the closes is the point. hivemind reads replies until the reducer closes; the
+        reducer's p2p daemon turns that close into a stream reset, and a reset makes the receiving
+        daemon drop what it holds and has not passed on yet: over a 40 ms link under load the last
+        reply was lost now and then, and the member alone saw a partial all-reduce ("sent 175 parts,
+        but we expected 176", the churn benchmark). Here the member closes once it holds every reply,
+        and the reducer waits for that (:meth:`rpc_aggregate_part`)."""
+        container = self.tensor_part_container
+        peer_index = self.ordered_peer_ids.index(peer_id)
+        expected = container.num_parts_by_peer[peer_index]
+        sent_all = asyncio.Event()
+        inputs = attach_event_on_finished(self._counted(self._generate_input_for_peer(peer_index)), sent_all)
+        replies = None
+        received = 0
+        try:
+            replies = await self._get_peer_stub(peer_id).rpc_aggregate_part(inputs)
+            if self.should_delay_results(self.peer_id):  # a member that reduces nothing sends first
+                await sent_all.wait()
+            loop = asyncio.get_running_loop()
+            async for message in aiter_with_timeout(replies, self.reducer_timeout):
+                if message.code != averaging_pb2.AVERAGED_PART:
+                    raise AllreduceException(f"{peer_id} sent {averaging_pb2.MessageCode.Name(message.code)}")
+                self._count(received=len(message.tensor_part.buffer))
+                part = await loop.run_in_executor(None, deserialize_torch_tensor, message.tensor_part)
+                if self.check_replies:
+                    own = container._input_parts_by_peer[peer_index][received][0]
+                    doubt = implausible_reply(own, part, MIN_VALUES)
+                    if doubt is not None:
+                        raise AllreduceException(f"implausible reply to part {received}: {doubt}")
+                container.register_processed_part(peer_index, received, part)
+                received += 1
+                if received == expected:
+                    break
+            if received != expected:
+                raise AllreduceException(f"peer {peer_id} sent {received} parts, but we expected {expected}")
+        except BaseException:
+            container.register_failed_reducer(peer_index)
+            raise
+        finally:
+            if replies is not None:
+                with contextlib.suppress(RuntimeError):  # it is still running only if it was cancelled
+                    await replies.aclose()
+
+    async def rpc_aggregate_part(
+        self, stream: AsyncIterator[averaging_pb2.AveragingData], context
+    ) -> AsyncIterator[averaging_pb2.AveragingData]:
+        sender, replies = context.remote_id, 0
+        async for message in super().rpc_aggregate_part(stream, context):
+            yield message  # resumed once the transport took it
+            if message.code == averaging_pb2.AVERAGED_PART:
+                replies += 1
+                if replies == self.tensor_part_reducer.num_parts:
+                    self._served_whole.add(sender)
+        if sender in self._served_whole:
+            # Every reply is on its way: the sender closes the stream once it holds them all, and
+            # closing it here first could drop the last ones (see _exchange_with_reducer). The
+            # wait ends, cancelled, when the sender's close arrives.
+            await asyncio.sleep(REPLY_LINGER_SECONDS)
+
+    async def _ban_sender(self, peer_id: PeerID):
+        # A sender that holds every reply closes its stream at once, maybe before this side has read
+        # its end-of-stream: hivemind takes that cancellation for a drop-out. It is not one (measured:
+        # the reducer alone saw "1 sender(s) dropped out", its all-reduce failed, and the group split).
+        if peer_id not in self._served_whole:
+            await super()._ban_sender(peer_id)
+
+    async def _accumulate_parts_streaming(
+        self, stream: AsyncIterator[averaging_pb2.AveragingData], sender_index: int
+    ) -> AsyncIterator[averaging_pb2.AveragingData]:
+        loop = asyncio.get_event_loop()
+        parts_done = 0
+        try:
+            async for part, weight, compression in amap_in_executor(
+                lambda msg: (
+                    deserialize_torch_tensor(msg.tensor_part),
+                    msg.weight,
+                    msg.tensor_part.compression,
+                ),
+                self._counted(stream, sent=False),
+                max_prefetch=self.tensor_part_container.prefetch,
+            ):
+                try:
+                    averaged = await self.tensor_part_reducer.accumulate_part(
+                        sender_index, parts_done, part, weight=weight
+                    )
+                except BannedException:
+                    break  # this sender was already excluded; nothing more to reduce for it
+                parts_done += 1
+                # The same averaged bytes go to every sender of this part: that is what makes results exact.
+                payload = await loop.run_in_executor(None, serialize_torch_tensor, averaged, compression)
+                self._count(sent=len(payload.buffer))
+                yield averaging_pb2.AveragingData(code=averaging_pb2.AVERAGED_PART, tensor_part=payload)
+        finally:
+            if parts_done != self.tensor_part_reducer.num_parts:
+                await self._ban_sender(self.sender_peer_ids[sender_index])
+
+    def _count(self, sent: int = 0, received: int = 0) -> None:
+        if self.wire_bytes is not None:
+            with self.wire_bytes.get_lock():
+                self.wire_bytes[0] += sent
+                self.wire_bytes[1] += received
+
+    async def _counted(self, messages, sent: bool = True):
+        """``messages`` as they pass, their tensor payload counted as sent (or received)."""
+        async for message in messages:
+            size = len(message.tensor_part.buffer)
+            self._count(sent=size if sent else 0, received=0 if sent else size)
+            yield message
+
+    def outlier_senders(self) -> list[str]:
+        """Base58 ids of the senders this member's reducer refused or named an outlier on any part it
+        reduced (always empty without ``robust``)."""
+        reducer = self.tensor_part_reducer
+        named = set(getattr(reducer, "outliers", {})) | set(getattr(reducer, "excluded", ()))
+        return [self.sender_peer_ids[i].to_base58() for i in sorted(named)]
+
+    def note_alignments(self) -> None:
+        """Add the cosines this member's reducer measured to the averager's alignment record."""
+        if self.alignment is None:
+            return
+        for cosines in getattr(self.tensor_part_reducer, "alignments", []):
+            self.alignment.note_part({self.sender_peer_ids[i].to_base58(): c for i, c in cosines.items()})
+
+    def incomplete_reason(self) -> str | None:
+        """Why this member's view of the all-reduce is incomplete, or None if it is complete."""
+        container, reducer = self.tensor_part_container, self.tensor_part_reducer
+        if container.failed_size:
+            why = f": {'; '.join(self.reducer_errors)}" if self.reducer_errors else ""
+            return f"{container.failed_size / max(container.total_size, 1):.1%} of results missing (a reducer failed{why})"
+        if self.banned_senders:
+            return f"{len(self.banned_senders)} sender(s) dropped out while this peer reduced its shard"
+        expected = reducer.num_parts * reducer.num_senders
+        if expected and sum(reducer.num_parts_received) != expected:
+            return f"received {sum(reducer.num_parts_received)}/{expected} input parts as a reducer"
+        return None
