@@ -120,6 +120,7 @@ class ExactAllReduceRunner(AllReduceRunner):
                     own = container._input_parts_by_peer[peer_index][received][0]
                     doubt = implausible_reply(own, part, MIN_VALUES)
                     if doubt is not None:
+                        await self._finish_reducing()
                         raise AllreduceException(f"implausible reply to part {received}: {doubt}")
                 container.register_processed_part(peer_index, received, part)
                 received += 1
@@ -134,6 +135,14 @@ class ExactAllReduceRunner(AllReduceRunner):
             if replies is not None:
                 with contextlib.suppress(RuntimeError):  # it is still running only if it was cancelled
                     await replies.aclose()
+
+    async def _finish_reducing(self) -> None:
+        """Wait (bounded) until this member's own reducer has reduced every part. A member that
+        refuses a reply has its outputs early (the refused parts fall back at once), and the runner
+        stops its reducer as soon as its outputs are complete: the other senders, honest ones
+        included, would lose the parts this member reduces for them."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.tensor_part_reducer.finished.wait(), self.reducer_timeout or 60.0)
 
     async def rpc_aggregate_part(
         self, stream: AsyncIterator[averaging_pb2.AveragingData], context

@@ -13,6 +13,7 @@ import torch
 from hivemind_adapter.dht import peer_id, read_entries, store
 from hivemind_adapter.robust_reduce import RobustConfig
 from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
+from tests.adversaries.dishonest_peer import take_any_reply
 from tests.peer.swarm_harness import run_peers, start_bootstrap_dht
 
 pytestmark = pytest.mark.swarm
@@ -40,6 +41,8 @@ def _poison(mean: torch.Tensor, attack: str) -> torch.Tensor:
 
 
 def _peer(dht, *, seed, attack, run_id, robust):
+    if attack:
+        take_any_reply()
     averager = HierarchicalAverager(
         dht, run_id, "host-a", [torch.zeros(SHAPE)], timeouts=FAST, robust=RobustConfig() if robust else None
     )
@@ -105,6 +108,8 @@ def _noisy_gradient(seed: int, attempt: int) -> torch.Tensor:
 
 
 def _flipping_peer(dht, *, seed, flip, run_id, attempts):
+    if flip:
+        take_any_reply()
     averager = HierarchicalAverager(
         dht, run_id, "host-a", [torch.zeros(SHAPE)], timeouts=FAST, robust=RobustConfig()
     )
