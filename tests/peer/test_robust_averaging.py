@@ -40,6 +40,16 @@ def _poison(mean: torch.Tensor, attack: str) -> torch.Tensor:
     return mean
 
 
+def _join_roster(dht, run_id: str) -> list[str]:
+    """Announce this peer in the run's roster and wait (bounded) until every peer is in it."""
+    store(dht, f"{run_id}_roster", True, 300.0, subkey=peer_id(dht))
+    deadline = time.monotonic() + 60
+    while len(roster := sorted(read_entries(dht, f"{run_id}_roster"))) < PEERS:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    return roster
+
+
 def _peer(dht, *, seed, attack, run_id, robust):
     if attack:
         take_any_reply()
@@ -47,11 +57,7 @@ def _peer(dht, *, seed, attack, run_id, robust):
         dht, run_id, "host-a", [torch.zeros(SHAPE)], timeouts=FAST, robust=RobustConfig() if robust else None
     )
     try:
-        store(dht, f"{run_id}_roster", True, 300.0, subkey=peer_id(dht))
-        deadline = time.monotonic() + 60
-        while len(roster := sorted(read_entries(dht, f"{run_id}_roster"))) < PEERS:
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        roster = _join_roster(dht, run_id)
         numerator = [_poison(_gradient(seed), attack) * SAMPLES]
         res = averager.average(0, numerator, SAMPLES, cohort_size=PEERS, num_cohorts=1, expected_peers=roster)
         return dict(
@@ -114,11 +120,7 @@ def _flipping_peer(dht, *, seed, flip, run_id, attempts):
         dht, run_id, "host-a", [torch.zeros(SHAPE)], timeouts=FAST, robust=RobustConfig()
     )
     try:
-        store(dht, f"{run_id}_roster", True, 300.0, subkey=peer_id(dht))
-        deadline = time.monotonic() + 60
-        while len(roster := sorted(read_entries(dht, f"{run_id}_roster"))) < PEERS:
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        roster = _join_roster(dht, run_id)
         rounds = []
         for attempt in range(attempts):
             gradient = _noisy_gradient(seed, attempt)
