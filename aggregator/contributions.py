@@ -37,7 +37,6 @@ from pathlib import Path
 
 from aggregator.auditing import SpotAuditor
 from aggregator.commit_witness import CommitWitness
-from aggregator.contribution_checks import lone_inner_step
 from aggregator.intake import ContributionIntake, Submission
 from aggregator.ledger_writer import LedgerWriter
 from aggregator.round_closing import RoundCloser
@@ -404,7 +403,7 @@ class ContributionDesk:
                 self._status[leaf] = {"status": "accepted", "index": self.store.index_of(leaf)}
                 self.counters["accepted"] += 1
                 receipt, key = accepted.record, accepted.record.public_key
-                lone = closed.facts is not None and lone_inner_step(receipt, closed.facts)
+                lone = accepted.wire in closed.audit_only
                 if self.states is not None and not lone:
                     # a start state the swarm committed (its group is witnessed): checkpoints may use it
                     self.states.learn(receipt.round - 1, receipt.state_digest, [receipt.peer_id])

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from aggregator.contribution_checks import SwarmFacts, check_round
+from aggregator.contribution_checks import SwarmFacts, check_round, lone_inner_step
 from aggregator.intake import ContributionIntake, Submission
 from protocol.records import ContributionReceipt, RejectReason, Sealed, TaskSpec, parse_sealed
 
@@ -32,7 +32,8 @@ class ClosedRound:
     ledger_size: int = 0
     # wire -> seconds since its peer's previous receipt (None for a peer's first): a rate's window
     windows: dict[bytes, float | None] = field(default_factory=dict)
-    facts: SwarmFacts | None = None  # what the round was checked against
+    # wires of accepted receipts that nobody else can witness (lone inner steps): only an audit vouches
+    audit_only: frozenset[bytes] = frozenset()
 
 
 class RoundCloser:
@@ -100,7 +101,10 @@ class RoundCloser:
         )
         refused = check_round(sealed, facts)
         closed = ClosedRound(
-            round_index, [], windows={s.wire: self.measured_window(s.record) for s in sealed}, facts=facts
+            round_index,
+            [],
+            windows={s.wire: self.measured_window(s.record) for s in sealed},
+            audit_only=frozenset(s.wire for s in sealed if lone_inner_step(s.record, facts)),
         )
         closed.refused += [(s.wire, *refused[s.wire]) for s in sealed if s.wire in refused]
         survivors = [sub for sub in subs if sub.wire not in refused]

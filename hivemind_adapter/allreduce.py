@@ -7,8 +7,9 @@ tensors that differ in their last bits, and peers that must apply the same optim
 apart. A member whose reducer died also keeps its *own* values for that shard and still reports
 success (see shared/research/hivemind.md §3.6).
 
-:class:`~hivemind_adapter.exact_runner.ExactAllReduceRunner` changes one thing in the protocol: reducers send back the averaged part
-itself. Every member then receives the same bytes for every shard, so results agree bit for bit.
+:class:`~hivemind_adapter.exact_runner.ExactAllReduceRunner` changes one thing in the protocol:
+reducers send back the averaged part itself. Every member then receives the same bytes for every
+shard, so results agree bit for bit.
 :class:`VerifiedAverager` collects the results aside and writes them into the averaged tensors only
 when the all-reduce was complete from its point of view (no failed reducer, every sender's parts
 received); otherwise the step raises :class:`PartialAllReduceError` and the tensors are untouched.

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+import torch
 from hivemind.averaging.allreduce import AllreduceException, AllReduceRunner, BannedException
 from hivemind.compression import NoCompression, deserialize_torch_tensor, serialize_torch_tensor
 from hivemind.p2p import PeerID
@@ -115,13 +116,12 @@ class ExactAllReduceRunner(AllReduceRunner):
                 if message.code != averaging_pb2.AVERAGED_PART:
                     raise AllreduceException(f"{peer_id} sent {averaging_pb2.MessageCode.Name(message.code)}")
                 self._count(received=len(message.tensor_part.buffer))
-                part = await loop.run_in_executor(None, deserialize_torch_tensor, message.tensor_part)
-                if self.check_replies:
-                    own = container._input_parts_by_peer[peer_index][received][0]
-                    doubt = implausible_reply(own, part, MIN_VALUES)
-                    if doubt is not None:
-                        await self._finish_reducing()
-                        raise AllreduceException(f"implausible reply to part {received}: {doubt}")
+                # decoded and checked off the event loop (the check reads the part twice in float64)
+                own = container._input_parts_by_peer[peer_index][received][0] if self.check_replies else None
+                part, doubt = await loop.run_in_executor(None, _take_reply, message.tensor_part, own)
+                if doubt is not None:
+                    await self._finish_reducing()
+                    raise AllreduceException(f"implausible reply to part {received}: {doubt}")
                 container.register_processed_part(peer_index, received, part)
                 received += 1
                 if received == expected:
@@ -236,3 +236,10 @@ class ExactAllReduceRunner(AllReduceRunner):
         if expected and sum(reducer.num_parts_received) != expected:
             return f"received {sum(reducer.num_parts_received)}/{expected} input parts as a reducer"
         return None
+
+
+def _take_reply(message_part, own: torch.Tensor | None) -> tuple[torch.Tensor, str | None]:
+    """A reducer's reply decoded, and why it cannot be an honest centre of ``own`` (None: it can, or
+    ``own`` is None: replies are not checked)."""
+    part = deserialize_torch_tensor(message_part)
+    return part, None if own is None else implausible_reply(own, part, MIN_VALUES)
