@@ -37,6 +37,7 @@ from hivemind.utils.asyncio import as_aiter, azip
 
 from hivemind_adapter.alignment import AlignmentRecord
 from hivemind_adapter.exact_runner import ExactAllReduceRunner
+from hivemind_adapter.group_keys import Admission, DeclarationSigner, SignedGroupKeys, admit_joins
 from hivemind_adapter.known_groups import KnownGroupSteps
 from hivemind_adapter.robust_reduce import RobustConfig, SharedNames
 
@@ -86,12 +87,21 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
     Use it like the base class; ``step()`` returns the gathered metadata of every group member, and
     :meth:`~hivemind_adapter.known_groups.KnownGroupSteps.step_in_known_group` averages with members
     known in advance, without matchmaking. With ``robust``, its reducer withstands a minority of
-    malicious senders; :meth:`last_outliers` names those it caught.
+    malicious senders; :meth:`last_outliers` names those it caught. With ``declarations``, its
+    matchmaking declares signed and meets only the peers :meth:`set_admitted` names
+    (:mod:`hivemind_adapter.group_keys`); without, hivemind's unsigned declarations, which MANTA's
+    DHT validator refuses (for tests on a DHT without it).
     """
 
     runner_type: type[ExactAllReduceRunner] = ExactAllReduceRunner  # what runs each all-reduce
 
-    def __init__(self, *args, robust: RobustConfig | None = None, **kwargs):
+    def __init__(
+        self,
+        *args,
+        robust: RobustConfig | None = None,
+        declarations: DeclarationSigner | None = None,
+        **kwargs,
+    ):
         # [sent, received] tensor payload bytes of this averager's all-reduces with other peers: written
         # in the averager's process, read here (shared memory, made before that process forks)
         self._wire_bytes = multiprocessing.Array("q", 2)
@@ -100,6 +110,8 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
         # how each sender's parts pointed, across this averager's all-reduces: kept (and only ever
         # read) in the averager's process, where its reducers run
         self._alignment = AlignmentRecord() if robust is not None else None
+        self._declarations = declarations  # read in the averager's process, where matchmaking runs
+        self._admission = Admission()  # the copy in the averager's process is the one that counts
         super().__init__(*args, **kwargs)
 
     def last_outliers(self) -> list[str]:
@@ -114,8 +126,8 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
         sent, received = self._wire_bytes[:]
         return int(sent), int(received)
 
-    # hivemind builds its matchmaking inside the averager's process; this is where MANTA's spacing of
-    # group-key reads is put in (see _spaced_reads).
+    # hivemind builds its matchmaking inside the averager's process; this is where MANTA's signed
+    # declarations, its roster admission and its spacing of group-key reads are put in.
     @property
     def _matchmaking(self):
         try:
@@ -125,6 +137,11 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
 
     @_matchmaking.setter
     def _matchmaking(self, matchmaking) -> None:
+        if self._declarations is not None:
+            matchmaking.group_key_manager = SignedGroupKeys(
+                matchmaking.group_key_manager, self._declarations, self._admission
+            )
+            admit_joins(matchmaking, self._admission)
         _spaced_reads(matchmaking.group_key_manager)
         self.__dict__["_manta_matchmaking"] = matchmaking
 
@@ -142,6 +159,28 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
         except BaseException as e:
             if not future.done():
                 future.set_exception(e)
+
+    def set_admitted(self, peers: dict[str, str] | None) -> None:
+        """Meet only ``peers`` (peer id -> MANTA public key hex, the roster as read for this attempt)
+        in the next steps' matchmaking; None: anyone. Only with ``declarations``."""
+        future = MPFuture()
+        self._outer_pipe.send(
+            ("_set_admitted", [], dict(peers=None if peers is None else dict(peers), future=future))
+        )
+        future.result()
+
+    async def _set_admitted(self, peers: dict[str, str] | None, future: MPFuture):
+        self._admission.peers = peers
+        future.set_result(None)
+
+    def admission_refusals(self) -> dict[str, int]:
+        """What this averager's matchmaking refused so far (declarations and join requests), by reason."""
+        future = MPFuture()
+        self._outer_pipe.send(("_admission_refusals", [], dict(future=future)))
+        return future.result()
+
+    async def _admission_refusals(self, future: MPFuture):
+        future.set_result(dict(self._admission.refused))
 
     def set_allreduce_timeout(self, seconds: float) -> None:
         """Bound the all-reduce of the next steps (from the moment their group formed) to ``seconds``:

@@ -8,10 +8,11 @@ same."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import torch
 
+from hivemind_adapter.group_keys import DeclarationSigner
 from hivemind_adapter.robust_reduce import RobustConfig
 from peer.averaging_stage import AveragingTimeouts
 from peer.hierarchy import HierarchicalAverager
@@ -33,11 +34,17 @@ class CohortAveragers:
         leaving: Callable[[], bool],
         online: Callable[[], Collection[str]],
         on_new: Callable[[], None] = lambda: None,
+        declarations: DeclarationSigner | None = None,
+        admitted: Callable[[], Mapping[str, str]] | None = None,
     ):
         self.dht, self.task, self.template = dht, task, list(template)
         self.timeouts, self.client_mode = timeouts, client_mode
         self.round_board, self.outer_board = round_board, outer_board
         self.leaving, self.online, self.on_new = leaving, online, on_new
+        self.declarations, self.admitted = (
+            declarations,
+            admitted,
+        )  # matchmaking's (hivemind_adapter.group_keys)
         self.current: HierarchicalAverager | None = None  # the rounds' averager
         self.current_outer: HierarchicalAverager | None = None
         self._retired_bytes = 0  # cross-cohort bytes of the averagers shut down so far
@@ -65,6 +72,8 @@ class CohortAveragers:
             leaving=self.leaving,
             deadlines=deadlines,
             online=self.online,
+            declarations=self.declarations,
+            admitted=self.admitted,
             robust=RobustConfig() if params.robust_averaging else None,
             # an outer task's inner steps meet as known groups, whose sample-count roll a robust
             # centre would clip: there the cohort (same host or network) averages plainly
@@ -94,6 +103,8 @@ class CohortAveragers:
             commit_board=self.outer_board,
             leaving=self.leaving,
             online=self.online,
+            declarations=self.declarations,
+            admitted=self.admitted,
             robust=RobustConfig() if params.robust_averaging else None,
         )
         self.on_new()

@@ -51,15 +51,17 @@ import functools
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from hivemind_adapter.allreduce import VerifiedAverager
 from hivemind_adapter.dht import peer_id
+from hivemind_adapter.group_keys import DeclarationSigner
 from hivemind_adapter.robust_reduce import RobustConfig
 from hivemind_adapter.wire_codecs import codec_for, roundtrip
+from peer.admission import AdmissionMemory
 from peer.averaging_stage import AveragingTimeouts, HeadGone, NoGroup, RoundAborted, StageRunner
 from peer.cross_tree import DEFAULT_FANOUT, JoinedGroup, TreeGroup, cross_groups, units_of
 from peer.deadlines import StageDeadlines
@@ -197,6 +199,8 @@ class HierarchicalAverager:
         online: Callable[[], Collection[str]] | None = None,
         robust: RobustConfig | None = None,
         robust_cohort: bool = True,
+        declarations: DeclarationSigner | None = None,
+        admitted: Callable[[], Mapping[str, str]] | None = None,
     ):
         self.dht, self.run_id, self.cohort, self.timeouts = dht, run_id, cohort, timeouts
         self.per_cohort = per_cohort
@@ -214,6 +218,10 @@ class HierarchicalAverager:
         self.online = online
         # contiguous (hivemind flattens with .view(-1)), whatever the template's memory format
         self._buffer = [torch.zeros(t.shape, dtype=t.dtype) for t in template]
+        # Matchmaking declares signed and meets only peers the roster pairs with their keys
+        # (hivemind_adapter.group_keys): what is admitted is re-read at each attempt.
+        self.admitted = admitted
+        self._admission = AdmissionMemory()
         common = dict(
             min_group_size=2,
             min_matchmaking_time=timeouts.matchmaking,
@@ -224,6 +232,8 @@ class HierarchicalAverager:
             client_mode=client_mode,
             start=True,
         )
+        if declarations is not None:
+            common["declarations"] = declarations
         # Both averagers run on the same shared-memory buffer; their steps are strictly sequential.
         # The cohort's ends with the roll of sample counts that a known group carries (peer.known_cohort).
         # ``robust``: reducers take CenteredClip over the senders' parts (hivemind_adapter.robust_reduce).
@@ -316,6 +326,7 @@ class HierarchicalAverager:
         live = self._live_peers(inner_step=member_finishes) if self._cohort_peers else None
         self._previous_attempt = attempt
         self._named = set()
+        self._admit()
         try:
             with self._cohort.get_tensors() as buf:
                 for b, t in zip(buf, numerator):
@@ -580,6 +591,20 @@ class HierarchicalAverager:
             if head != self.peer_id:
                 break  # the head carries this group's result on and brings the final one back
         return contributors, cohorts, joined, None
+
+    def _admit(self) -> None:
+        """Tell both averagers' matchmaking which peers it may meet in this attempt."""
+        if self.admitted is None:
+            return
+        try:
+            read = dict(self.admitted())
+        except Exception as e:  # a failed read admits no one new and bars no one
+            logger.debug(f"could not read the roster to admit peers: {e}")
+            return
+        peers = self._admission.update(read, self.peer_id)
+        if peers is not None:
+            for averager in (self._cohort, self._cross):
+                averager.set_admitted(peers)
 
     def _note_outliers(self, averager: VerifiedAverager) -> None:
         """Remember whom ``averager``'s reducer named in the stage it just took (robust averaging)."""

@@ -28,6 +28,7 @@ import torch
 
 from hivemind_adapter.dht import SwarmUnreachable, start_dht
 from hivemind_adapter.dht import peer_id as dht_peer_id
+from hivemind_adapter.group_keys import DeclarationSigner
 from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.state_archive import StateArchive
 from hivemind_adapter.state_sharing import StateSharer, peer_tiebreak
@@ -220,6 +221,11 @@ class PeerNode:
             leaving=self._stop.is_set,
             online=lambda: [p.entry.peer_id for p in read_roster(self.dht, task.task_id)],
             on_new=self._signals.reclaim,
+            # matchmaking declares signed and meets the roster's peers only
+            declarations=DeclarationSigner(task.task_id, self.identity),
+            admitted=lambda: {
+                p.entry.peer_id: p.announcement.public_key for p in read_roster(self.dht, task.task_id)
+            },
         )
         self._progress = SwarmProgress(
             board,

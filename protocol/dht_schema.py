@@ -27,7 +27,12 @@ nobody can overwrite another party's entry — the subkey must name the key that
 - ``manta_tasks`` (one key for the whole DHT, so a volunteer can join without knowing the task id):
   subkey ``T``, value the sealed TaskSpec of ``T``.
 
-Keys that are not MANTA's (hivemind's own matchmaking and state-sharing keys) pass through untouched.
+- hivemind's group keys (``<task id>_<averager>.0b<bits>``; the validator sees only their ids): subkey
+  ``<peer id>/<public key>``, a sealed :class:`~protocol.declarations.AveragingDeclaration` that names the
+  key it is stored under. hivemind's own unsigned declarations (a bare boolean under a peer id) are
+  refused: every MANTA node declares signed (``hivemind_adapter.group_keys``).
+
+Other keys that are not MANTA's (hivemind's state-sharing keys) pass through untouched.
 
 This module is pure Python: hivemind calls ``validate``, ``sign_value``, ``strip_value``,
 ``merge_with`` and ``priority`` by name, so the validator need not inherit from hivemind's base class,
@@ -44,6 +49,7 @@ from typing import Any
 
 import msgpack
 
+from protocol.declarations import open_declaration_value
 from protocol.records import (
     Checkpoint,
     IdentityBinding,
@@ -264,7 +270,8 @@ class MantaRecordValidator:
     def _check_wire(self, where: tuple[bytes, bytes], value: bytes) -> object:
         """Decode and check one entry; ``where`` is (key id, packed subkey)."""
         key_id, packed_subkey = where
-        _name, check = self._checks[key_id]
+        known = self._checks.get(key_id)
+        check = known[1] if known is not None else partial(open_declaration_value, self.task_id, key_id)
         try:
             subkey = msgpack.unpackb(packed_subkey, raw=False) if packed_subkey else None
             return check(subkey, msgpack.unpackb(value, raw=False, strict_map_key=False))
@@ -277,7 +284,13 @@ class MantaRecordValidator:
         key_id = bytes(record.key)
         entry = self._checks.get(key_id)
         if entry is None:
-            return True  # not a MANTA key of this task
+            kind = _unnamed_kind(bytes(record.subkey or b""), bytes(record.value))
+            if kind == "other":
+                return True  # not a MANTA key of this task
+            if kind == "unsigned_declaration":
+                self.rejected["group_key:unsigned"] = self.rejected.get("group_key:unsigned", 0) + 1
+                return False
+            entry = ("group_key", None)
         try:
             self._verdicts.open((key_id, bytes(record.subkey or b"")), bytes(record.value))
             return True
@@ -307,6 +320,22 @@ class MantaRecordValidator:
     # Pickling: the DHT process receives validators over a pipe; rebuild the closures there.
     def __reduce__(self):
         return (MantaRecordValidator, (self.task_id, self.cache_capacity))
+
+
+def _unnamed_kind(packed_subkey: bytes, packed_value: bytes) -> str:
+    """What an entry under a key id the validator cannot name is: ``"declaration"`` (a MANTA averaging
+    declaration: a ``<peer id>/<key>`` subkey), ``"unsigned_declaration"`` (hivemind's: a bare boolean)
+    or ``"other"`` (hivemind's state-sharing priorities, say)."""
+    try:
+        value = msgpack.unpackb(packed_value, raw=False) if packed_value else None
+        subkey = msgpack.unpackb(packed_subkey, raw=False) if packed_subkey else None
+    except Exception:
+        return "other"
+    if isinstance(value, bool):
+        return "unsigned_declaration"
+    if isinstance(subkey, str) and "/" in subkey and isinstance(value, bytes):
+        return "declaration"
+    return "other"
 
 
 def _check_owner(sealed: Sealed[Any], subkey: Any) -> None:

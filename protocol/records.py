@@ -379,6 +379,25 @@ class RoundCommit(SealedRecord):
     outliers: Annotated[tuple[PeerId, ...], Field(max_length=32)] = ()
 
 
+# hivemind's group keys are ``<prefix>.0b<bits>``; MANTA's prefixes are ``<task id>_<averager>``.
+GroupKeyName = Annotated[str, StringConstraints(max_length=256, pattern=r"^[A-Za-z0-9_.:/-]+\.0b[01]{0,64}$")]
+
+
+class AveragingDeclaration(SealedRecord):
+    """ "Peer ``peer_id`` (spoken for by ``public_key``) is, or is no longer, ``looking`` for an
+    all-reduce group under ``group_key`` until ``expiration_ms``", sealed by that key."""
+
+    RECORD_TYPE: ClassVar[str] = "declaration"
+    MAX_WIRE_BYTES: ClassVar[int] = 1024
+
+    task_id: Name
+    group_key: GroupKeyName
+    peer_id: PeerId
+    public_key: Hex32
+    looking: bool
+    expiration_ms: Int53  # DHT time x 1000: hivemind orders leaders by their entry's expiry
+
+
 class StateAnchor(SealedRecord):
     """A model state the task's aggregator vouches for: the state of its newest checkpoint, which it
     serves. A peer catching up adopts a state that one node serves only if a quorum committed its
@@ -476,6 +495,7 @@ SEALED_TYPES: dict[tuple[str, int], type[SealedRecord]] = {
         ContributionReceipt,
         Revocation,
         RoundCommit,
+        AveragingDeclaration,
         PeerProgress,
         StateAnchor,
     )

@@ -9,6 +9,7 @@ import time
 import msgpack
 import pytest
 
+from protocol.declarations import declaration_subkey
 from protocol.dht_schema import (
     COMMIT_BUCKETS,
     MantaRecordValidator,
@@ -19,8 +20,8 @@ from protocol.dht_schema import (
     task_key,
 )
 from protocol.identity import Identity
-from protocol.records import DeviceInfo, PeerAnnouncement, RoundCommit, TaskSpec, seal
-from tests.protocol.factories import binding_wire, now_ms, peer_id_of
+from protocol.records import AveragingDeclaration, DeviceInfo, PeerAnnouncement, RoundCommit, TaskSpec, seal
+from tests.protocol.factories import binding_wire, now_ms, peer_id_of, resign
 from tests.protocol.factories import task_spec as make_task_spec
 
 TASK_ID = "digits-test"
@@ -84,8 +85,9 @@ def test_validator_accepts_valid_records_and_rejects_forgeries():
     )
     assert not v.validate(record(peers_key(TASK_ID), peer.public_key_hex, peer_value[:1]))
     assert not v.validate(record(peers_key(TASK_ID), mallory.public_key_hex, peer_value))
-    # Keys that are not MANTA's pass through.
-    assert v.validate(record("bench_flat.0b", "x", True))
+    # Keys that are not MANTA's pass through (but not hivemind's unsigned averaging declarations: a
+    # bare boolean is refused under any key, see the declaration test below)
+    assert v.validate(record("bench_flat.all_averagers", "x", 1.5))
     assert sum(v.rejected.values()) == 8
     assert any(label.startswith(f"{task_key(TASK_ID)}:bad_signature") for label in v.rejected)
 
@@ -225,3 +227,47 @@ def test_nodes_with_the_validator_drop_forged_records():
     finally:
         second.shutdown()
         first.shutdown()
+
+
+def _declaration(
+    peer: Identity, group_key: str, *, task_id: str = TASK_ID, peer_id: str | None = None
+) -> bytes:
+    return seal(
+        AveragingDeclaration(
+            task_id=task_id,
+            group_key=group_key,
+            peer_id=peer_id or peer_id_of(peer),
+            public_key=peer.public_key_hex,
+            looking=True,
+            expiration_ms=now_ms() + 2000,
+        ),
+        peer,
+    )
+
+
+def test_averaging_declarations_must_be_signed_and_name_the_key_they_are_stored_under():
+    """hivemind's group keys reach the validator as ids only: a declaration carries its key's name,
+    and the validator checks that name, its task, and that the subkey is the signer's own."""
+    validator = MantaRecordValidator(TASK_ID)
+    peer, other = Identity.generate(), Identity.generate()
+    key = f"{TASK_ID}_cohort_a.0b0110"
+    subkey = declaration_subkey(peer_id_of(peer), peer.public_key_hex)
+    assert validator.validate(record(key, subkey, _declaration(peer, key)))
+    # hivemind's own unsigned declaration (subkey: the peer id's bytes, value: a bare boolean)
+    assert not validator.validate(record(key, b"\x00\x24" + bytes(34), True))
+    assert not validator.validate(record(key, b"\x00\x24" + bytes(34), False))
+    # a valid declaration copied under another group key (the one it names hashes elsewhere)
+    assert not validator.validate(record(f"{TASK_ID}_cohort_b.0b0110", subkey, _declaration(peer, key)))
+    # another task's key, even under its own name
+    foreign = "other-task_cohort_a.0b0110"
+    assert not validator.validate(record(foreign, subkey, _declaration(peer, foreign, task_id="other-task")))
+    # stored under another key's subkey: it would overwrite that key's entry
+    other_subkey = declaration_subkey(peer_id_of(peer), other.public_key_hex)
+    assert not validator.validate(record(key, other_subkey, _declaration(peer, key)))
+    # a forged signature
+    wire = _declaration(peer, key)
+    assert not validator.validate(record(key, subkey, resign(wire, other, wire.split(b"\n")[1])))
+    # entries that are neither declarations nor booleans (hivemind's state-sharing priorities) pass
+    assert validator.validate(record(f"{TASK_ID}_state.all_averagers", b"\x00\x24" + bytes(34), 1.5))
+    assert validator.rejected == {"group_key:unsigned": 2, "group_key:wrong_task": 1, "group_key:malformed": 1,
+                                  "group_key:unbound_peer": 1, "group_key:bad_signature": 1}  # fmt: skip

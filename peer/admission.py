@@ -1,0 +1,41 @@
+"""Which peers a peer's matchmaking meets: the roster's, as it was read over the last minutes.
+
+hivemind's matchmaking would meet anyone who knows a group key; MANTA's meets only peers the roster
+pairs with their MANTA keys (:mod:`hivemind_adapter.group_keys`). A DHT read of the roster can come
+back short (a node slow to answer, an announcement between refreshes): admitting only the latest read
+would refuse an honest peer for an attempt and split its group. So a peer is admitted while it was in
+any complete read (one holding this peer's own announcement) of the last :data:`ADMISSION_MEMORY`
+seconds. A forged declaration or a Sybil that never announced itself is never in one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+# An announcement is refreshed every few seconds and expires within a minute of its peer leaving:
+# a peer absent from every read for this long has left.
+ADMISSION_MEMORY = 300.0
+
+
+class AdmissionMemory:
+    """The peers (peer id -> public key hex) of the recent complete roster reads."""
+
+    def __init__(self, memory: float = ADMISSION_MEMORY, clock: Callable[[], float] = time.monotonic):
+        self.memory, self.clock = memory, clock
+        self._seen: dict[str, tuple[str, float]] = {}  # peer id -> (its key, when last read)
+        self._last: dict[str, str] | None = None  # what update() last returned
+
+    def update(self, read: Mapping[str, str], own_peer_id: str) -> dict[str, str] | None:
+        """Take one roster read; the peers to admit now if they changed since the last call, else
+        None. A read without ``own_peer_id`` is incomplete and changes nothing."""
+        now = self.clock()
+        if own_peer_id in read:
+            for peer, key in read.items():
+                self._seen[peer] = (key, now)
+        self._seen = {p: (k, t) for p, (k, t) in self._seen.items() if now - t <= self.memory}
+        admitted = {p: k for p, (k, _) in self._seen.items()}
+        if not admitted or admitted == self._last:
+            return None
+        self._last = admitted
+        return admitted

@@ -1,0 +1,133 @@
+"""Matchmaking under forged declarations: real DHT nodes running MANTA's validator, real averagers,
+an attacker writing to the same DHT as hard as it can."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from hivemind.utils import get_dht_time
+
+from hivemind_adapter.allreduce import VerifiedAverager
+from hivemind_adapter.dht import start_dht, visible_maddrs
+from hivemind_adapter.group_keys import DeclarationSigner
+from protocol.declarations import AveragingDeclaration, declaration_subkey
+from protocol.dht_schema import MantaRecordValidator
+from protocol.identity import Identity
+from protocol.records import seal
+from tests.hivemind_adapter.averager_pair import LOOPBACK, PAIR_SETTINGS
+from tests.protocol.factories import fake_peer_id
+
+TASK = "keys-test"
+PREFIX = f"{TASK}_cohort_a"
+GROUP_KEY = f"{PREFIX}.0b"  # hivemind's key for a target group of two (no group bits)
+STEP_TIMEOUT = 10.0  # five matchmaking periods
+FAKES = 12
+
+
+def _forge(attacker_dht, victims: list[str], stop: threading.Event, signed_by: Identity | None) -> None:
+    """Until ``stop``: withdraw every victim's declaration in its name (an expiry later than any it
+    uses, so the DHT keeps the forgery) and declare peers that do not exist as leaders. Unsigned
+    (hivemind's form) or sealed by the attacker's own MANTA key."""
+    fakes = [fake_peer_id(bytes([i]) * 8) for i in range(FAKES)]
+    while not stop.is_set():
+        now = get_dht_time()
+        for peer_id, looking, expiry in [(v, False, now + 30) for v in victims] + [
+            (f, True, now + 1.0) for f in fakes
+        ]:
+            if signed_by is None:
+                subkey, value = peer_id_bytes(peer_id), looking
+            else:
+                subkey = declaration_subkey(peer_id, signed_by.public_key_hex)
+                value = seal(
+                    AveragingDeclaration(
+                        task_id=TASK, group_key=GROUP_KEY, peer_id=peer_id, public_key=signed_by.public_key_hex,
+                        looking=looking, expiration_ms=int(round(expiry * 1000)),
+                    ),
+                    signed_by,
+                )  # fmt: skip
+            attacker_dht.store(GROUP_KEY, value, expiry, subkey=subkey, return_future=True)
+        stop.wait(0.3)
+
+
+def peer_id_bytes(peer_id: str) -> bytes:
+    from hivemind.p2p import PeerID
+
+    return PeerID.from_base58(peer_id).to_bytes()
+
+
+def _pair_under_attack(defended: bool) -> tuple[list[object], list[dict[str, int]], list[str]]:
+    """Two honest averagers (and, defended, a third that signs properly but is not in their roster: a
+    Sybil) step once while an attacker forges declarations; returns each step's outcome (gathered
+    metadata or the exception), each averager's admission refusals, and the averagers' peer ids."""
+    validators = [MantaRecordValidator(TASK)] if defended else []
+    members = 3 if defended else 2
+    honest = [Identity.generate() for _ in range(members)]
+    dhts = [start_dht(host_maddrs=LOOPBACK, validators=validators)]
+    for _ in range(members - 1):
+        dhts.append(
+            start_dht(host_maddrs=LOOPBACK, initial_peers=visible_maddrs(dhts[0]), validators=validators)
+        )
+    attacker = start_dht(host_maddrs=LOOPBACK, initial_peers=visible_maddrs(dhts[0]))
+    averagers: list[VerifiedAverager] = []
+    stop = threading.Event()
+    try:
+        for dht, identity in zip(dhts, honest):
+            signer = DeclarationSigner(TASK, identity) if defended else None
+            averagers.append(
+                VerifiedAverager([torch.ones(64)], dht, prefix=PREFIX, declarations=signer, **PAIR_SETTINGS)
+            )
+        peer_ids = [a.peer_id.to_base58() for a in averagers]
+        roster = {p: i.public_key_hex for p, i in zip(peer_ids[:2], honest)}  # not the Sybil's
+        if defended:
+            for averager in averagers:
+                averager.set_admitted(roster)
+        forger = threading.Thread(
+            target=_forge,
+            args=(attacker, list(roster), stop, Identity.generate() if defended else None),
+            daemon=True,
+        )
+        forger.start()
+        stop.wait(1.0)  # the forgeries are in place before anyone declares
+        outcomes: list[object] = [None] * members
+
+        def step(i: int) -> None:
+            try:
+                outcomes[i] = averagers[i].step(timeout=STEP_TIMEOUT, allow_retries=False)
+            except Exception as e:  # the outcome under test
+                outcomes[i] = e
+
+        threads = [threading.Thread(target=step, args=(i,)) for i in range(members)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=3 * STEP_TIMEOUT)
+        assert not any(t.is_alive() for t in threads), "a step did not end within its bounds"
+        return outcomes, [a.admission_refusals() for a in averagers], peer_ids
+    finally:
+        stop.set()
+        for averager in averagers:
+            averager.shutdown()
+        attacker.shutdown()
+        for dht in reversed(dhts):
+            dht.shutdown()
+
+
+def test_forged_withdrawals_keep_plain_hivemind_peers_apart():
+    """The attack is real: with hivemind's unsigned declarations, withdrawals forged in the honest
+    peers' names hide them from each other, and neither finds a group within five periods."""
+    outcomes, _, _ = _pair_under_attack(defended=False)
+    assert all(isinstance(o, Exception) for o in outcomes), outcomes
+
+
+def test_signed_declarations_meet_despite_forgeries():
+    """With signed declarations read through the roster, the same attacker (now signing with its own
+    key, since nodes refuse unsigned ones) cannot hide the honest peers or lure them to fake leaders,
+    and a Sybil outside the roster cannot join them."""
+    outcomes, refusals, peer_ids = _pair_under_attack(defended=True)
+    assert not any(isinstance(o, Exception) for o in outcomes[:2]), outcomes
+    for outcome in outcomes[:2]:  # they met each other, and nobody else
+        assert sorted(str(p) for p in outcome) == sorted(peer_ids[:2]), outcome
+    assert isinstance(outcomes[2], Exception), outcomes  # the Sybil found no group
+    # what kept them apart before was read and set aside as not the roster's
+    assert all(r.get("not_in_roster", 0) > 0 for r in refusals[:2]), refusals

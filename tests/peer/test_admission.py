@@ -1,0 +1,37 @@
+"""Which peers a peer's matchmaking admits, across roster reads that come back short."""
+
+from __future__ import annotations
+
+from peer.admission import AdmissionMemory
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_peer_stays_admitted_through_short_reads_and_leaves_after_the_memory():
+    clock = Clock()
+    memory = AdmissionMemory(memory=60.0, clock=clock)
+    assert memory.update({"me": "k0", "a": "k1", "b": "k2"}, "me") == {"me": "k0", "a": "k1", "b": "k2"}
+    clock.now = 10.0
+    assert memory.update({"me": "k0", "a": "k1"}, "me") is None  # b missing from one read: still admitted
+    clock.now = 20.0
+    assert memory.update({"a": "k1", "c": "k3"}, "me") is None  # incomplete (no "me"): c is not admitted
+    clock.now = 65.0
+    assert memory.update({"me": "k0", "a": "k1"}, "me") == {"me": "k0", "a": "k1"}  # b last read at 0
+
+
+def test_a_key_read_later_replaces_the_one_read_before():
+    memory = AdmissionMemory(clock=Clock())
+    memory.update({"me": "k0", "a": "k1"}, "me")
+    assert memory.update({"me": "k0", "a": "k9"}, "me") == {"me": "k0", "a": "k9"}
+
+
+def test_nothing_is_admitted_before_a_complete_read():
+    memory = AdmissionMemory(clock=Clock())
+    assert memory.update({"a": "k1"}, "me") is None
+    assert memory.update({}, "me") is None
