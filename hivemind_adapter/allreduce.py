@@ -106,6 +106,8 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
         # in the averager's process, read here (shared memory, made before that process forks)
         self._wire_bytes = multiprocessing.Array("q", 2)
         self._last_outliers = SharedNames()  # what the last all-reduce's reducer named, shared likewise
+        self._named_since = SharedNames()  # what all-reduces named since take_named() last read it
+        self._refused_since = SharedNames()  # reducers whose replies were refused, since take_refused()
         self._robust = robust  # read in the averager's process, by every runner it builds
         # how each sender's parts pointed, across this averager's all-reduces: kept (and only ever
         # read) in the averager's process, where its reducers run
@@ -115,11 +117,21 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
         super().__init__(*args, **kwargs)
 
     def last_outliers(self) -> list[str]:
-        """Base58 ids of the senders this averager's reducer refused (non-finite) or named outliers in
-        its last all-reduce (its last step, whether it succeeded or not), in sender order; empty
-        without ``robust``. Read it after each step: the next all-reduce, a known group's
-        confirmation included, replaces it."""
+        """Base58 ids of the peers whose values this averager refused or named in its last all-reduce
+        (its last step, whether it succeeded or not): the senders its reducer refused (non-finite)
+        or named outliers, in sender order, then the reducers whose replies it refused as
+        implausible; empty without ``robust``. The next all-reduce, a known group's confirmation
+        included, replaces it: :meth:`take_named` collects them over several."""
         return self._last_outliers.read()
+
+    def take_named(self) -> list[str]:
+        """What :meth:`last_outliers` held after each all-reduce since the last call, together."""
+        return self._named_since.take()
+
+    def take_refused(self) -> list[str]:
+        """Base58 ids of the reducers whose replies this averager refused as implausible (a reducer
+        decides its part's result for everyone: :mod:`hivemind_adapter.reply_check`) since the last call."""
+        return self._refused_since.take()
 
     def wire_bytes(self) -> tuple[int, int]:
         """Tensor payload bytes this averager's all-reduces sent and received so far."""
@@ -248,7 +260,10 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
                 results.append(averaged)
         finally:  # what this member's reducer named, whether the step succeeded or not
             runner.note_alignments()
-            self._last_outliers.write(runner.outlier_senders())
+            named = runner.outlier_senders()
+            self._last_outliers.write(named)
+            self._named_since.add(named)
+            self._refused_since.add([p.to_base58() for p in runner.refused_reducers])
         reason = runner.incomplete_reason()
         if reason is not None or len(results) != len(tensors):
             raise PartialAllReduceError(f"all-reduce in group {group_id.hex()[:12]} was partial: {reason}")

@@ -57,6 +57,9 @@ class ExactAllReduceRunner(AllReduceRunner):
         self.reducer_errors: list[str] = []  # why each remote reducer failed this member, if one did
         self.wire_bytes = None  # VerifiedAverager's shared [sent, received] payload byte counters
         self._served_whole: set[PeerID] = set()  # senders that were handed every reply of this reducer
+        self.refused_reducers: set[PeerID] = (
+            set()
+        )  # reducers whose replies this member refused as implausible
 
     async def _communicate_with_peer(self, peer_id: PeerID):
         if peer_id != self.peer_id:
@@ -120,6 +123,7 @@ class ExactAllReduceRunner(AllReduceRunner):
                 own = container._input_parts_by_peer[peer_index][received][0] if self.check_replies else None
                 part, doubt = await loop.run_in_executor(None, _take_reply, message.tensor_part, own)
                 if doubt is not None:
+                    self.refused_reducers.add(peer_id)
                     await self._finish_reducing()
                     raise AllreduceException(f"implausible reply to part {received}: {doubt}")
                 container.register_processed_part(peer_index, received, part)
@@ -211,11 +215,13 @@ class ExactAllReduceRunner(AllReduceRunner):
             yield message
 
     def outlier_senders(self) -> list[str]:
-        """Base58 ids of the senders this member's reducer refused or named an outlier on any part it
-        reduced (always empty without ``robust``)."""
+        """Base58 ids of the peers whose values this member refused or named: senders its reducer
+        refused or named an outlier on any part it reduced, then reducers whose replies it refused
+        (always empty without ``robust``)."""
         reducer = self.tensor_part_reducer
         named = set(getattr(reducer, "outliers", {})) | set(getattr(reducer, "excluded", ()))
-        return [self.sender_peer_ids[i].to_base58() for i in sorted(named)]
+        senders = [self.sender_peer_ids[i].to_base58() for i in sorted(named)]
+        return senders + sorted(p.to_base58() for p in self.refused_reducers if p.to_base58() not in senders)
 
     def note_alignments(self) -> None:
         """Add the cosines this member's reducer measured to the averager's alignment record."""

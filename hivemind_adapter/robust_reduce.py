@@ -375,16 +375,35 @@ class SharedNames:
         self._buffer = multiprocessing.Array("c", size)
 
     def write(self, names: Sequence[str]) -> None:
+        with self._buffer.get_lock():
+            self._write(names)
+
+    def _write(self, names: Sequence[str]) -> None:
         text = b""
         for name in names:
             longer = text + b"\n" + name.encode() if text else name.encode()
             if len(longer) >= len(self._buffer):
                 break
             text = longer
-        with self._buffer.get_lock():
-            self._buffer.value = text
+        self._buffer.value = text
 
     def read(self) -> list[str]:
         with self._buffer.get_lock():
-            text = self._buffer.value.decode()
+            return self._read()
+
+    def add(self, names: Sequence[str]) -> None:
+        """Add ``names`` to those held (each once, in the order first added)."""
+        with self._buffer.get_lock():
+            held = self._read()
+            self._write(held + [n for n in dict.fromkeys(names) if n not in held])
+
+    def take(self) -> list[str]:
+        """The names held, which are then forgotten."""
+        with self._buffer.get_lock():
+            names = self._read()
+            self._buffer.value = b""
+        return names
+
+    def _read(self) -> list[str]:
+        text = self._buffer.value.decode()
         return text.split("\n") if text else []

@@ -6,6 +6,10 @@ back short (a node slow to answer, an announcement between refreshes): admitting
 would refuse an honest peer for an attempt and split its group. So a peer is admitted while it was in
 any complete read (one holding this peer's own announcement) of the last :data:`ADMISSION_MEMORY`
 seconds. A forged declaration or a Sybil that never announced itself is never in one.
+
+A peer can also be barred for a while (:meth:`AdmissionMemory.bar`): a reducer whose replies this
+peer refused as implausible would otherwise be met again at once, and refused again, attempt after
+attempt. Barring is this peer's own view: a dishonest peer barring honest ones only isolates itself.
 """
 
 from __future__ import annotations
@@ -25,6 +29,15 @@ class AdmissionMemory:
         self.memory, self.clock = memory, clock
         self._seen: dict[str, tuple[str, float]] = {}  # peer id -> (its key, when last read)
         self._last: dict[str, str] | None = None  # what update() last returned
+        self._barred: dict[str, float] = {}  # peer id -> until when (clock time) it is not met
+
+    def bar(self, peer_id: str, seconds: float) -> None:
+        """Admit ``peer_id`` to no group for ``seconds`` (from the next :meth:`update` on)."""
+        self._barred[peer_id] = max(self._barred.get(peer_id, 0.0), self.clock() + seconds)
+
+    def barred(self) -> set[str]:
+        now = self.clock()
+        return {p for p, until in self._barred.items() if until > now}
 
     def update(self, read: Mapping[str, str], own_peer_id: str) -> dict[str, str] | None:
         """Take one roster read; the peers to admit now if they changed since the last call, else
@@ -34,7 +47,8 @@ class AdmissionMemory:
             for peer, key in read.items():
                 self._seen[peer] = (key, now)
         self._seen = {p: (k, t) for p, (k, t) in self._seen.items() if now - t <= self.memory}
-        admitted = {p: k for p, (k, _) in self._seen.items()}
+        self._barred = {p: until for p, until in self._barred.items() if until > now}
+        admitted = {p: k for p, (k, _) in self._seen.items() if p not in self._barred}
         if not admitted or admitted == self._last:
             return None
         self._last = admitted

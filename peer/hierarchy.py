@@ -170,6 +170,11 @@ def _cohort_tag(cohort: str) -> str:
     return hashlib.sha256(cohort.encode()).hexdigest()[:16]
 
 
+# How long a reducer whose replies this peer refused stays out of its groups: long enough that the
+# rounds go on without it, short enough that a peer refused by mistake comes back.
+BAR_SECONDS = 600.0
+
+
 class HierarchicalAverager:
     """Averages one list of tensors per round: cohort, then across cohorts, then back to every member.
 
@@ -325,6 +330,7 @@ class HierarchicalAverager:
         self._cohort_peers = [tuple(c) for c in cohorts] if len(cohorts) == num_cohorts else []
         live = self._live_peers(inner_step=member_finishes) if self._cohort_peers else None
         self._previous_attempt = attempt
+        self._take_named()  # what came after the last attempt's end is not this attempt's
         self._named = set()
         self._admit()
         try:
@@ -366,7 +372,6 @@ class HierarchicalAverager:
                         self._cohort, "cohort", attempt, 0, cohort_size, state_digest, units=units,
                         live=live, weight=float(me.samples), gather=me.to_wire(),
                     )  # fmt: skip
-                    self._note_outliers(self._cohort)
                     members = sorted(
                         (Contributor.from_wire(m) for m in gathered.values()), key=lambda c: c.peer
                     )
@@ -441,6 +446,7 @@ class HierarchicalAverager:
             outcome.reason = f"{type(e).__name__}: {e}"
             outcome.seconds.setdefault(stage[0], time.perf_counter() - stage[1])
 
+        self._take_named()
         outcome.outliers = sorted(self._named)
         if outcome.outliers:
             logger.warning(
@@ -561,7 +567,6 @@ class HierarchicalAverager:
                     group=group.index, patience=group.level, units=self._units(group), live=live,
                     weight=weight, gather=report,
                 )  # fmt: skip
-                self._note_outliers(self._cross)
             except NoGroup as e:
                 logger.info(f"attempt {attempt}: {e}; level {group.level} goes on with what it has")
                 continue
@@ -606,12 +611,19 @@ class HierarchicalAverager:
             for averager in (self._cohort, self._cross):
                 averager.set_admitted(peers)
 
-    def _note_outliers(self, averager: VerifiedAverager) -> None:
-        """Remember whom ``averager``'s reducer named in the stage it just took (robust averaging)."""
-        try:
-            self._named.update(averager.last_outliers())
-        except Exception as e:  # a reading that fails names nobody; the round is not at stake
-            logger.debug(f"could not read the reducer's outliers: {e}")
+    def _take_named(self) -> None:
+        """Collect whom this attempt's all-reduces named (robust averaging), the stages that failed
+        included: a reducer whose replies this peer refused fails the stage, and is named for that.
+        Such a reducer is also barred from this peer's groups for :data:`BAR_SECONDS`, or the stage
+        would form again around it (a dishonest peer that bars honest ones isolates only itself)."""
+        for averager in (self._cohort, self._cross):
+            self._named.update(averager.take_named())
+            for reducer in averager.take_refused():
+                if reducer not in self._admission.barred():
+                    logger.warning(
+                        f"{reducer[-8:]} sent implausible averages: barred for {BAR_SECONDS:.0f} s"
+                    )
+                self._admission.bar(reducer, BAR_SECONDS)
 
     def _snapshot(self) -> list[torch.Tensor]:
         with self._cohort.get_tensors() as buf:

@@ -23,7 +23,9 @@ The red team of issue 19 (``benchmarks/red_team.py``) adds:
   all-reduce (NaN; x1000; sign-flipped; random values 100 times the gradient's norm);
 - ``forged-state``: averages honestly, but serves a random state claiming a round 1000 ahead to
   whoever catches up through state sharing;
-- ``rogue-progress``: publishes progress records of a round 10^9 ahead with 10^6 times its samples.
+- ``rogue-progress``: publishes progress records of a round 10^9 ahead with 10^6 times its samples;
+- ``lying-reducer``: computes and sends honestly, but as a reducer returns the negated centre of
+  every part it reduces (a reducer decides its part's result for every member alike).
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ import torch
 import hivemind_adapter.exact_runner
 import peer.cli
 import peer.round
+from hivemind_adapter.allreduce import VerifiedAverager
+from hivemind_adapter.exact_runner import ExactAllReduceRunner
+from hivemind_adapter.robust_reduce import RobustPartReducer
 from peer.node import PeerNode
 from peer.search_service import EvaluationService
 from peer.swarm_view import ProgressBoard
@@ -46,7 +51,7 @@ from protocol.records import ContributionReceipt, TaskSpec, seal
 
 FAULTS = (
     "forge", "replay", "inflate", "fabricate", "search-lie", "silent", "flops", "self-group",
-    "group-inflate", "nan", "x1000", "sign", "garbage", "forged-state", "rogue-progress",
+    "group-inflate", "nan", "x1000", "sign", "garbage", "forged-state", "rogue-progress", "lying-reducer",
 )  # fmt: skip
 POISONS = ("nan", "x1000", "sign", "garbage")
 INFLATION = 10  # group-inflate's factor
@@ -158,6 +163,38 @@ def take_any_reply() -> None:
     hivemind_adapter.exact_runner.implausible_reply = lambda own, reply, min_values=1024: None
 
 
+def lying_runner(lie: str) -> type[ExactAllReduceRunner]:
+    """An all-reduce runner whose reducer returns every part's centre scaled x1000 (``lie="x1000"``)
+    or negated (any other value)."""
+
+    class LyingReducer(RobustPartReducer):
+        async def accumulate_part(self, *args, **kwargs):
+            centre = await super().accumulate_part(*args, **kwargs)
+            return centre * 1000 if lie == "x1000" else -centre
+
+    class LyingRunner(ExactAllReduceRunner):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            honest = self.tensor_part_reducer
+            if isinstance(honest, RobustPartReducer):  # (a plain-mean swarm's reducer is hivemind's)
+                self.tensor_part_reducer = LyingReducer(honest.part_shapes, honest.num_senders, honest.config)
+                honest.finished.set()  # never used
+
+    return LyingRunner
+
+
+def lying_averager(lie: str) -> type[VerifiedAverager]:
+    """A VerifiedAverager whose reducer lies as :func:`lying_runner` says."""
+    # hivemind names a servicer's RPC handlers after its class: the liar must look like the others
+    return type(VerifiedAverager.__name__, (VerifiedAverager,), {"runner_type": lying_runner(lie)})
+
+
+def lie_as_reducer() -> None:
+    """Every averager of this process reduces as a liar (the peer's own code is untouched)."""
+    VerifiedAverager.runner_type = lying_runner("negated")
+    take_any_reply()
+
+
 def rogue_progress() -> None:
     """Publish every progress record 10^9 rounds ahead, with 10^6 times the samples."""
     honest = ProgressBoard.publish
@@ -222,5 +259,7 @@ if __name__ == "__main__":
         attack_averaging(chosen)
     if chosen == "rogue-progress":
         rogue_progress()
+    if chosen == "lying-reducer":
+        lie_as_reducer()
     peer.cli.NODE_CLASS = dishonest_node(chosen)
     peer.cli.main()

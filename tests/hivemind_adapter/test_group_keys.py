@@ -21,7 +21,7 @@ from tests.protocol.factories import fake_peer_id
 TASK = "keys-test"
 PREFIX = f"{TASK}_cohort_a"
 GROUP_KEY = f"{PREFIX}.0b"  # hivemind's key for a target group of two (no group bits)
-STEP_TIMEOUT = 10.0  # five matchmaking periods
+STEP_TIMEOUT = 8.0  # four matchmaking periods
 FAKES = 12
 
 

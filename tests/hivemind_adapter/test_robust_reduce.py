@@ -15,9 +15,9 @@ from hivemind_adapter.allreduce import (
     PartialAllReduceError,
     VerifiedAverager,
 )
-from hivemind_adapter.exact_runner import ExactAllReduceRunner
 from hivemind_adapter.reply_check import implausible_reply
 from hivemind_adapter.robust_reduce import RobustConfig, RobustPartReducer, centered_clip
+from tests.adversaries.dishonest_peer import lying_averager
 from tests.hivemind_adapter.averager_group import step_known_group
 from tests.hivemind_adapter.averager_pair import step_pair
 
@@ -225,40 +225,21 @@ def test_a_reply_far_longer_than_ones_own_part_or_against_it_is_implausible():
     assert implausible_reply(own[:4096], 1000 * centre[:4096]) is not None
 
 
-def _lying_averager(lie: str) -> type[VerifiedAverager]:
-    """A VerifiedAverager whose reducer returns every part's centre scaled x1000 or negated."""
-
-    class LyingReducer(RobustPartReducer):
-        async def accumulate_part(self, *args, **kwargs):
-            centre = await super().accumulate_part(*args, **kwargs)
-            return centre * 1000 if lie == "x1000" else -centre
-
-    class LyingRunner(ExactAllReduceRunner):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            honest = self.tensor_part_reducer
-            self.tensor_part_reducer = LyingReducer(honest.part_shapes, honest.num_senders, honest.config)
-            honest.finished.set()  # never used
-
-    # hivemind names a servicer's RPC handlers after its class: the liar must look like the others
-    return type(VerifiedAverager.__name__, (VerifiedAverager,), {"runner_type": LyingRunner})
-
-
 @pytest.mark.parametrize("lie", ["x1000", "negated"])
 def test_members_refuse_a_lying_reducers_replies_and_write_nothing(lie):
     """A reducer decides its part's result for every member alike: unchecked, its lie would be applied
     by all of them, with digests that agree. Each honest member checks the replies against its own
-    part, refuses the lie, and its step fails with the tensors untouched, naming the reducer: nothing
-    wrong is ever written."""
+    part, refuses the lie, and its step fails with the tensors untouched, naming the reducer (in its
+    error and among the peers it reports): nothing wrong is ever written."""
 
     def start(i: int) -> list[torch.Tensor]:
         return [_honest(4, size=4 * 65536, seed=21)[i]]
 
-    results, outcomes, _, peer_ids = step_known_group(
+    results, outcomes, named, peer_ids = step_known_group(
         4,
         start,
         lambda i: dict(robust=CONFIG),
-        lambda i: _lying_averager(lie) if i == 3 else VerifiedAverager,
+        lambda i: lying_averager(lie) if i == 3 else VerifiedAverager,
         prefix=f"lying-reducer-{lie}",
         part_size_bytes=256 * 1024,
     )
@@ -266,3 +247,4 @@ def test_members_refuse_a_lying_reducers_replies_and_write_nothing(lie):
         assert isinstance(outcomes[i], PartialAllReduceError), outcomes
         assert f"{peer_ids[3][-8:]}: AllreduceException: implausible reply" in str(outcomes[i]), outcomes[i]
         assert torch.equal(results[i][0], start(i)[0]), "a refused step writes nothing"
+        assert peer_ids[3] in named[i], named  # what the member reports in its commit

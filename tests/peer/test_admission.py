@@ -35,3 +35,15 @@ def test_nothing_is_admitted_before_a_complete_read():
     memory = AdmissionMemory(clock=Clock())
     assert memory.update({"a": "k1"}, "me") is None
     assert memory.update({}, "me") is None
+
+
+def test_a_barred_peer_is_left_out_until_its_bar_ends():
+    clock = Clock()
+    memory = AdmissionMemory(clock=clock)
+    roster = {"me": "k0", "a": "k1", "liar": "k2"}
+    memory.update(roster, "me")
+    memory.bar("liar", 60.0)
+    assert memory.update(roster, "me") == {"me": "k0", "a": "k1"}
+    assert memory.barred() == {"liar"}
+    clock.now = 61.0
+    assert memory.update(roster, "me") == roster

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 import pytest
 import torch
 
+from hivemind_adapter.allreduce import VerifiedAverager
 from hivemind_adapter.dht import peer_id, read_entries, store
+from hivemind_adapter.group_keys import DeclarationSigner
 from hivemind_adapter.robust_reduce import RobustConfig
 from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
-from tests.adversaries.dishonest_peer import take_any_reply
+from protocol.identity import Identity
+from tests.adversaries.dishonest_peer import lying_averager, take_any_reply
 from tests.peer.swarm_harness import run_peers, start_bootstrap_dht
 
 pytestmark = pytest.mark.swarm
@@ -168,3 +172,53 @@ def test_a_sign_flip_inside_the_honest_spread_is_named_by_its_direction_and_then
     assert float(
         torch.linalg.vector_norm(first - sum(_noisy_gradient(i, 0) for i in range(3)) / 3)
     ) > 0.1 * float(torch.linalg.vector_norm(want)), "before it was named, the flip did move the average"
+
+
+def _peer_beside_a_liar(dht, *, seed, liar, run_id):
+    """Two attempts of one cohort with signed matchmaking and a roster of keys; ``liar``'s reducer
+    returns the negated centre of every part it reduces."""
+    identity = Identity.generate()
+    averager = HierarchicalAverager(
+        dht, run_id, "host-a", [torch.zeros(SHAPE)], robust=RobustConfig(),
+        timeouts=replace(FAST, step=15.0, allreduce=10.0) if liar else FAST,  # the liar gives up sooner
+        averager_type=lying_averager("negated") if liar else VerifiedAverager,
+        declarations=DeclarationSigner(run_id, identity),
+        admitted=lambda: {p: str(k) for p, k in read_entries(dht, f"{run_id}_keys").items()},
+    )  # fmt: skip
+    try:
+        store(dht, f"{run_id}_keys", identity.public_key_hex, 300.0, subkey=peer_id(dht))
+        roster = _join_roster(dht, run_id)
+        outcomes = []
+        for attempt in range(2):
+            numerator = [_gradient(seed) * SAMPLES]
+            res = averager.average(
+                attempt, numerator, SAMPLES, cohort_size=PEERS, num_cohorts=1, expected_peers=roster
+            )
+            outcomes.append(
+                dict(committed=res.committed, reason=res.reason, outliers=res.outliers, digest=res.digest,
+                     seconds=dict(res.seconds))
+            )  # fmt: skip
+        return dict(me=peer_id(dht), outcomes=outcomes)
+    finally:
+        averager.shutdown()
+
+
+def test_a_lying_reducer_is_named_in_the_failed_attempt_and_left_out_of_the_next():
+    """A reducer's lie is refused by every honest member (nothing wrong is written) and breaks the
+    stage. Each honest member names the liar in its commit report (two such reports and the aggregator
+    refuses its receipt) and bars it from its groups: the next attempt forms without it and commits.
+    (The first may commit too, if the stage's retry formed without the liar.)"""
+    boot, maddrs = start_bootstrap_dht()
+    args = {f"p{i}": dict(seed=i, liar=i == 3, run_id="liar-reducer") for i in range(PEERS)}
+    try:
+        results = run_peers(_peer_beside_a_liar, maddrs, args)
+    finally:
+        boot.shutdown()
+    honest = [results[f"p{i}"] for i in range(3)]
+    liar = results["p3"]["me"]
+    first = [r["outcomes"][0] for r in honest]
+    assert all(liar in o["outliers"] for o in first), first
+    second = [r["outcomes"][1] for r in honest]
+    assert all(o["committed"] for o in second), second
+    assert len({o["digest"] for o in second}) == 1, "the honest peers hold one result"
+    assert not results["p3"]["outcomes"][1]["committed"]  # the liar met nobody
