@@ -1,7 +1,10 @@
 """The red team: one of six peers runs an attack; is it caught, does it pay, does the model suffer?
 
 Runs a clean swarm and then one swarm per attack, one after another, each a real local swarm (an
-aggregator and six peer processes on 127.0.0.1, the testbed's), with the same task and rounds.
+aggregator and six peer processes, the testbed's), with the same task and rounds: on 127.0.0.1, or
+with ``--sites N`` on the testbed's emulated internet (N sites, the peers dealt out round-robin, each
+site's peers one cohort; ``--uplink``/``--downlink``/``--delay`` shape every site's access link; needs
+root).
 Peer 5 is the attacker (``tests/adversaries/dishonest_peer.py``: the real peer with one part
 replaced); the others are honest. For ``forged-state`` peer 4 joins late, so that someone catches up
 while the forger serves its state. Per attack it prints, side by side with the clean run:
@@ -17,6 +20,7 @@ while the forger serves its state. Per attack it prints, side by side with the c
 robustness costs an honest swarm.
 
     python -m benchmarks.red_team [--rounds 12] [--attacks all|name,name] [--out DIR]
+                                  [--sites 2 --uplink 50mbit --downlink 50mbit --delay 20]
 
 Each swarm takes 2-4 minutes on two cores. The table is what benchmarks/README.md records.
 """
@@ -37,26 +41,43 @@ from protocol.identity import Identity
 from protocol.records import ContributionReceipt, Revocation, parse_sealed
 from testbed.local_swarm import LocalSwarm, SwarmOptions
 from testbed.summary import summarise
+from testbed.wan.netns import TestbedError, require_privileges
+from testbed.wan.rates import RateError, parse_rate
+from testbed.wan.scenario import LinkProfile, Scenario, ScenarioError, uniform_scenario
+from testbed.wan.topology import EmulatedInternet
 from tests.adversaries import dishonest_peer
 
 ATTACKS = (
     "flops", "inflate", "group-inflate", "self-group", "fabricate",
-    "nan", "x1000", "sign", "garbage", "forged-state", "rogue-progress", "silent",
+    "nan", "x1000", "sign", "garbage", "lying-reducer", "forged-state", "rogue-progress", "silent",
 )  # fmt: skip
+AVERAGING_ATTACKS = (*dishonest_peer.POISONS, "lying-reducer")  # caught by naming, not by the desk
 PEERS, ATTACKER, LATE = 6, 5, 4
 
 
-def run(out: Path, name: str, attack: str | None, rounds: int, robust: bool = True) -> dict:
-    """One swarm; the measurements of its attacker (if any) and of its honest peers."""
+def run(
+    out: Path,
+    name: str,
+    attack: str | None,
+    rounds: int,
+    robust: bool = True,
+    scenario: Scenario | None = None,
+) -> dict:
+    """One swarm (on ``scenario``'s emulated internet, or on 127.0.0.1); the measurements of its
+    attacker (if any) and of its honest peers."""
     run_dir = out / name
     options = SwarmOptions(
         peers=PEERS, rounds=rounds, run_dir=run_dir, target_samples=384, batch_size=32, subnets=2,
         width_mult="0.25", head_channels=64, until_swarm_round=True,
         extra_toml="" if robust else "robust_averaging = false\n",
     )  # fmt: skip
-    swarm = LocalSwarm(options)
+    internet = EmulatedInternet(scenario, run_dir) if scenario is not None else None
+    placement = [site.name for site in scenario.sites for _ in range(site.peers)] if scenario else None
+    swarm = LocalSwarm(options, internet, placement)
     started = time.monotonic()
     try:
+        if internet is not None:
+            internet.start()
         swarm.start_aggregator(extra_args=("--audit-fraction", "0.1"))
         late = attack == "forged-state"
         for i in range(PEERS):
@@ -76,6 +97,8 @@ def run(out: Path, name: str, attack: str | None, rounds: int, robust: bool = Tr
         swarm.stop(["aggregator"], grace=180.0)  # it closes the last rounds and finishes its audits
     finally:
         swarm.close()
+        if internet is not None:
+            internet.close()
     wall = time.monotonic() - started
     summary = summarise(swarm, wall)
     honest = [i for i in range(PEERS) if not (attack and i == ATTACKER)]
@@ -116,7 +139,7 @@ def _credits(swarm: LocalSwarm, honest: list[int]) -> dict:
 
 def _caught(swarm: LocalSwarm, attack: str) -> str:
     """Where the attack was first caught (a round or an attempt), or "-" if it never was."""
-    if attack in dishonest_peer.POISONS:
+    if attack in AVERAGING_ATTACKS:
         attempts = [
             int(m.group(1))
             for i in range(PEERS)
@@ -157,7 +180,19 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=Path("red-team-runs"))
     parser.add_argument("--no-plain", action="store_true", help="skip the plain-mean honest swarm")
+    parser.add_argument("--sites", type=int, default=0, help="run on an emulated internet of this many sites")
+    parser.add_argument("--uplink", default="50mbit", help="each site's uplink (tc's notation)")
+    parser.add_argument("--downlink", default="50mbit", help="each site's downlink")
+    parser.add_argument("--delay", type=float, default=20.0, help="one-way delay, site to core, ms")
     args = parser.parse_args()
+    scenario = None
+    if args.sites:
+        try:
+            link = LinkProfile(parse_rate(args.uplink), parse_rate(args.downlink), args.delay)
+            scenario = uniform_scenario(args.sites, PEERS, link)
+            require_privileges()
+        except (RateError, ScenarioError, TestbedError) as e:
+            sys.exit(f"red_team: {e}")
     attacks = ATTACKS if args.attacks == "all" else tuple(a for a in args.attacks.split(",") if a)
     unknown = [a for a in attacks if a not in ATTACKS]
     if unknown:
@@ -165,12 +200,16 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"$ python -m benchmarks.red_team {' '.join(sys.argv[1:])}")
     print(f"load average before: {os.getloadavg()}; {os.cpu_count()} cores", flush=True)
+    if scenario is not None:
+        print(
+            f"emulated internet: {args.sites} sites, {args.uplink} up / {args.downlink} down, {args.delay:g} ms one way"
+        )
     runs = {}
     names = ("clean", *(() if args.no_plain else ("plain",)), *attacks)
     for name in names:
         print(f"== {name} ({len(runs) + 1} of {len(names)})", flush=True)
         attack = None if name in ("clean", "plain") else name
-        runs[name] = run(args.out, name, attack, args.rounds, robust=name != "plain")
+        runs[name] = run(args.out, name, attack, args.rounds, robust=name != "plain", scenario=scenario)
         print(f"   {runs[name]['wall']:.0f} s", flush=True)
     clean = runs["clean"]
     print(f"\nload average after: {os.getloadavg()}")
