@@ -112,6 +112,8 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
         # how each sender's parts pointed, across this averager's all-reduces: kept (and only ever
         # read) in the averager's process, where its reducers run
         self._alignment = AlignmentRecord() if robust is not None else None
+        # how each reducer's replies pointed against this averager's parts (its members' check of reducers)
+        self._reply_alignment = AlignmentRecord() if robust is not None else None
         self._declarations = declarations  # read in the averager's process, where matchmaking runs
         self._admission = Admission()  # the copy in the averager's process is the one that counts
         super().__init__(*args, **kwargs)
@@ -244,6 +246,7 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
             ordered_peer_ids=group_info.peer_ids,
             robust=self._robust,
             alignment=self._alignment,
+            reply_alignment=self._reply_alignment,
             **kwargs,
         )
         runner.wire_bytes = self._wire_bytes
@@ -260,6 +263,7 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
                 results.append(averaged)
         finally:  # what this member's reducer named, whether the step succeeded or not
             runner.note_alignments()
+            runner.note_reply_alignments()
             named = runner.outlier_senders()
             self._last_outliers.write(named)
             self._named_since.add(named)

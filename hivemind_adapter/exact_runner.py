@@ -18,7 +18,7 @@ from hivemind.proto import averaging_pb2
 from hivemind.utils.asyncio import aiter_with_timeout, amap_in_executor, attach_event_on_finished
 
 from hivemind_adapter.alignment import MIN_VALUES, AlignmentRecord
-from hivemind_adapter.reply_check import implausible_reply
+from hivemind_adapter.reply_check import implausible_reply, reply_cosine
 from hivemind_adapter.robust_reduce import RobustConfig, RobustPartReducer
 
 # How long a reducer keeps a sender's stream open after its last reply, waiting for the sender to
@@ -35,10 +35,15 @@ class ExactAllReduceRunner(AllReduceRunner):
         *args,
         robust: RobustConfig | None = None,
         alignment: AlignmentRecord | None = None,
+        reply_alignment: AlignmentRecord | None = None,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
         self.alignment = alignment if robust is not None else None
+        # how each reducer's replies pointed against this member's parts, across all-reduces: a
+        # reducer it names is refused from its first reply on
+        self.reply_alignment = reply_alignment if robust is not None else None
+        self.lying_reducers = self.reply_alignment.suspects() if self.reply_alignment is not None else set()
         self.check_replies = robust is not None  # doubt a reducer's reply against our own part
         if robust is not None:
             unused = self.tensor_part_reducer
@@ -57,9 +62,10 @@ class ExactAllReduceRunner(AllReduceRunner):
         self.reducer_errors: list[str] = []  # why each remote reducer failed this member, if one did
         self.wire_bytes = None  # VerifiedAverager's shared [sent, received] payload byte counters
         self._served_whole: set[PeerID] = set()  # senders that were handed every reply of this reducer
-        self.refused_reducers: set[PeerID] = (
-            set()
-        )  # reducers whose replies this member refused as implausible
+        # reducers whose replies this member refused as implausible
+        self.refused_reducers: set[PeerID] = set()
+        # per reducer (base58), the cosine of each reply with the part this member sent (robust only)
+        self.reply_cosines: dict[str, list[float]] = {}
 
     async def _communicate_with_peer(self, peer_id: PeerID):
         if peer_id != self.peer_id:
@@ -91,6 +97,11 @@ class ExactAllReduceRunner(AllReduceRunner):
                 mine = deserialize_torch_tensor(
                     container.compression.compress(averaged, part_infos[part_index])
                 )
+            if (
+                self.reply_alignment is not None
+                and (c := reply_cosine(local_part, mine, MIN_VALUES)) is not None
+            ):
+                self.reply_cosines.setdefault(self.peer_id.to_base58(), []).append(c)  # the honest reference
             container.register_processed_part(peer_index, part_index, mine)
 
     async def _exchange_with_reducer(self, peer_id: PeerID) -> None:
@@ -121,7 +132,11 @@ class ExactAllReduceRunner(AllReduceRunner):
                 self._count(received=len(message.tensor_part.buffer))
                 # decoded and checked off the event loop (the check reads the part twice in float64)
                 own = container._input_parts_by_peer[peer_index][received][0] if self.check_replies else None
-                part, doubt = await loop.run_in_executor(None, _take_reply, message.tensor_part, own)
+                part, doubt, cosine = await loop.run_in_executor(None, _take_reply, message.tensor_part, own)
+                if cosine is not None:
+                    self.reply_cosines.setdefault(peer_id.to_base58(), []).append(cosine)
+                if doubt is None and peer_id.to_base58() in self.lying_reducers:
+                    doubt = "its replies kept pointing against this member's parts (across all-reduces)"
                 if doubt is not None:
                     self.refused_reducers.add(peer_id)
                     await self._finish_reducing()
@@ -230,6 +245,16 @@ class ExactAllReduceRunner(AllReduceRunner):
         for cosines in getattr(self.tensor_part_reducer, "alignments", []):
             self.alignment.note_part({self.sender_peer_ids[i].to_base58(): c for i, c in cosines.items()})
 
+    def note_reply_alignments(self) -> None:
+        """Add how each reducer's replies pointed against this member's parts to the averager's
+        record: the j-th reply of every reducer together, so the record's spread compares reducers
+        of one all-reduce (this member's own reducer among them)."""
+        if self.reply_alignment is None:
+            return
+        longest = max((len(c) for c in self.reply_cosines.values()), default=0)
+        for j in range(longest):
+            self.reply_alignment.note_part({r: c[j] for r, c in self.reply_cosines.items() if len(c) > j})
+
     def incomplete_reason(self) -> str | None:
         """Why this member's view of the all-reduce is incomplete, or None if it is complete."""
         container, reducer = self.tensor_part_container, self.tensor_part_reducer
@@ -244,8 +269,10 @@ class ExactAllReduceRunner(AllReduceRunner):
         return None
 
 
-def _take_reply(message_part, own: torch.Tensor | None) -> tuple[torch.Tensor, str | None]:
-    """A reducer's reply decoded, and why it cannot be an honest centre of ``own`` (None: it can, or
-    ``own`` is None: replies are not checked)."""
+def _take_reply(message_part, own: torch.Tensor | None) -> tuple[torch.Tensor, str | None, float | None]:
+    """A reducer's reply decoded, why it cannot be an honest centre of ``own`` (None: it can, or
+    ``own`` is None: replies are not checked), and its cosine with ``own`` (None: says nothing)."""
     part = deserialize_torch_tensor(message_part)
-    return part, None if own is None else implausible_reply(own, part, MIN_VALUES)
+    if own is None:
+        return part, None, None
+    return part, implausible_reply(own, part, MIN_VALUES), reply_cosine(own, part, MIN_VALUES)

@@ -49,3 +49,17 @@ def implausible_reply(own: torch.Tensor, reply: torch.Tensor, min_values: int = 
         if cosine < LOWEST_HONEST_ALIGNMENT:
             return f"against this member's part (cosine {cosine:.2f})"
     return None
+
+
+def reply_cosine(own: torch.Tensor, reply: torch.Tensor, min_values: int = 1024) -> float | None:
+    """The cosine between a part this member sent as ``own`` and the reducer's ``reply``, or None
+    where it says nothing (a short part, a zero or non-finite one). One part's cosine is noisy; kept
+    across all-reduces (:class:`~hivemind_adapter.alignment.AlignmentRecord`), it tells a reducer that
+    keeps pointing its results against the members' parts, which no single reply shows."""
+    if own.numel() < min_values:
+        return None
+    own64, reply64 = own.detach().reshape(-1).double(), reply.detach().reshape(-1).double()
+    norms = float(torch.linalg.vector_norm(own64)) * float(torch.linalg.vector_norm(reply64))
+    if norms == 0 or not math.isfinite(norms):
+        return None
+    return float(torch.dot(own64, reply64)) / norms

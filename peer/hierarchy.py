@@ -614,16 +614,20 @@ class HierarchicalAverager:
     def _take_named(self) -> None:
         """Collect whom this attempt's all-reduces named (robust averaging), the stages that failed
         included: a reducer whose replies this peer refused fails the stage, and is named for that.
-        Such a reducer is also barred from this peer's groups for :data:`BAR_SECONDS`, or the stage
-        would form again around it (a dishonest peer that bars honest ones isolates only itself)."""
+        Such a reducer is also barred from this peer's groups (:meth:`_caught`), or the stage would
+        form again around it (a dishonest peer that bars honest ones isolates only itself)."""
         for averager in (self._cohort, self._cross):
             self._named.update(averager.take_named())
             for reducer in averager.take_refused():
-                if reducer not in self._admission.barred():
-                    logger.warning(
-                        f"{reducer[-8:]} sent implausible averages: barred for {BAR_SECONDS:.0f} s"
-                    )
-                self._admission.bar(reducer, BAR_SECONDS)
+                self._caught(reducer, "this peer refused its averages as implausible")
+
+    def _caught(self, peer: str, why: str) -> None:
+        """``peer`` sent this peer results it cannot have computed honestly: name it in this attempt's
+        commit and bar it from this peer's groups for :data:`BAR_SECONDS`."""
+        self._named.add(peer)
+        if peer not in self._admission.barred():
+            logger.warning(f"{peer[-8:]} barred for {BAR_SECONDS:.0f} s: {why}")
+        self._admission.bar(peer, BAR_SECONDS)
 
     def _snapshot(self) -> list[torch.Tensor]:
         with self._cohort.get_tensors() as buf:
@@ -748,6 +752,11 @@ class HierarchicalAverager:
         with averager.get_tensors() as buf:
             received = [b.clone() for b in buf[: len(self._buffer)]]  # not the cohort's roll
         if not i_head and digest(received) != lead_reports[0]["digest"]:
+            leader = next(p for p, r in gathered.items() if r.get("lead"))
+            if leader == head:
+                # The head reduced every part of its broadcast alone (members only follow), over exact
+                # links: what arrived is what it sent, and not what it announced. It lied.
+                self._caught(head, f"its broadcast differs from the digest it announced as {what}")
             raise RoundAborted(f"broadcast result differs from the {what}'s digest")
         return received, lead_reports[0]
 

@@ -161,6 +161,9 @@ def take_any_reply() -> None:
     member refuses one that points against the part it sent, which a poisoned part's honest reply
     does, and its step then fails for it alone)."""
     hivemind_adapter.exact_runner.implausible_reply = lambda own, reply, min_values=1024: None
+    # nor keep a record of the reducers' directions (a flipped sender's own parts point against every
+    # honest reply, and it would refuse them all from the second all-reduce on)
+    hivemind_adapter.exact_runner.reply_cosine = lambda own, reply, min_values=1024: None
 
 
 def lying_runner(lie: str) -> type[ExactAllReduceRunner]:

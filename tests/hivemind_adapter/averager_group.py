@@ -27,6 +27,24 @@ def step_known_group(
     """Member ``i`` of ``size`` starts from ``tensors(i)`` with ``averager_kwargs(i)``; all step in one
     known group at once (member ``i`` an ``averager_type(i)``). Returns what each holds afterwards, each step's outcome (None, or the
     exception it raised), each member's ``last_outliers()``, and the members' base58 ids."""
+    steps, peer_ids = step_known_group_repeatedly(
+        size, 1, tensors, averager_kwargs, averager_type, **settings
+    )
+    results, outcomes, named = steps[0]
+    return results, outcomes, named, peer_ids
+
+
+def step_known_group_repeatedly(
+    size: int,
+    steps: int,
+    tensors: Callable[[int], list[torch.Tensor]],
+    averager_kwargs: Callable[[int], dict] = lambda i: {},
+    averager_type: Callable[[int], type[VerifiedAverager]] = lambda i: VerifiedAverager,
+    **settings,
+) -> tuple[list[tuple[list[list[torch.Tensor]], list[object], list[list[str]]]], list[str]]:
+    """:func:`step_known_group` ``steps`` times with the same averagers (what they remember across
+    all-reduces carries over), each step from ``tensors(i)`` again; per step (what each holds, each
+    outcome, each ``last_outliers()``), and the members' base58 ids."""
     dhts = [start_dht(host_maddrs=LOOPBACK)]
     averagers: list[VerifiedAverager] = []
     try:
@@ -36,32 +54,39 @@ def step_known_group(
         for i, dht in enumerate(dhts):
             averagers.append(averager_type(i)(tensors(i), dht, **common, **averager_kwargs(i)))
         peer_ids = [averager.peer_id.to_base58() for averager in averagers]
-        group = known_group_id("robust-test", *sorted(peer_ids))
-        outcomes: list[object] = [None] * size
+        history = []
+        for step_index in range(steps):
+            group = known_group_id(f"robust-test-{step_index}", *sorted(peer_ids))
+            outcomes: list[object] = [None] * size
+            for i, averager in enumerate(averagers):
+                with averager.get_tensors() as held:
+                    for dst, src in zip(held, tensors(i)):
+                        dst.copy_(src)
 
-        def step(i: int) -> None:
-            try:
-                averagers[i].step_in_known_group(
-                    group,
-                    sorted(peer_ids),
-                    weight=1.0,
-                    arrival_timeout=ARRIVAL_TIMEOUT,
-                    allreduce_timeout=ALLREDUCE_TIMEOUT,
-                )
-            except Exception as e:  # an outcome some tests are about
-                outcomes[i] = e
+            def step(i: int, group: str = group, outcomes: list[object] = outcomes) -> None:
+                try:
+                    averagers[i].step_in_known_group(
+                        group,
+                        sorted(peer_ids),
+                        weight=1.0,
+                        arrival_timeout=ARRIVAL_TIMEOUT,
+                        allreduce_timeout=ALLREDUCE_TIMEOUT,
+                    )
+                except Exception as e:  # an outcome some tests are about
+                    outcomes[i] = e
 
-        threads = [threading.Thread(target=step, args=(i,)) for i in range(size)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=ARRIVAL_TIMEOUT + ALLREDUCE_TIMEOUT + 10)
-        assert not any(t.is_alive() for t in threads), "a step did not end within its bounds"
-        results = []
-        for averager in averagers:
-            with averager.get_tensors() as held:
-                results.append([t.clone() for t in held])
-        return results, outcomes, [averager.last_outliers() for averager in averagers], peer_ids
+            threads = [threading.Thread(target=step, args=(i,)) for i in range(size)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=ARRIVAL_TIMEOUT + ALLREDUCE_TIMEOUT + 10)
+            assert not any(t.is_alive() for t in threads), "a step did not end within its bounds"
+            results = []
+            for averager in averagers:
+                with averager.get_tensors() as held:
+                    results.append([t.clone() for t in held])
+            history.append((results, outcomes, [averager.last_outliers() for averager in averagers]))
+        return history, peer_ids
     finally:
         for averager in averagers:
             averager.shutdown()

@@ -18,7 +18,7 @@ from hivemind_adapter.allreduce import (
 from hivemind_adapter.reply_check import implausible_reply
 from hivemind_adapter.robust_reduce import RobustConfig, RobustPartReducer, centered_clip
 from tests.adversaries.dishonest_peer import lying_averager
-from tests.hivemind_adapter.averager_group import step_known_group
+from tests.hivemind_adapter.averager_group import step_known_group, step_known_group_repeatedly
 from tests.hivemind_adapter.averager_pair import step_pair
 
 CONFIG = RobustConfig()
@@ -248,3 +248,30 @@ def test_members_refuse_a_lying_reducers_replies_and_write_nothing(lie):
         assert f"{peer_ids[3][-8:]}: AllreduceException: implausible reply" in str(outcomes[i]), outcomes[i]
         assert torch.equal(results[i][0], start(i)[0]), "a refused step writes nothing"
         assert peer_ids[3] in named[i], named  # what the member reports in its commit
+
+
+def test_a_reducer_whose_replies_keep_pointing_against_the_members_is_refused_from_then_on():
+    """Parts too short for one reply's direction to prove a lie (below the direction bound) let a
+    negating reducer through once: each member then records every reducer's cosines with its own
+    parts, and from the next all-reduce on refuses the one that kept pointing against them, naming it."""
+
+    def start(i: int) -> list[torch.Tensor]:
+        return [_honest(4, size=4 * 16384, seed=22)[i]]
+
+    steps, peer_ids = step_known_group_repeatedly(
+        4,
+        2,
+        start,
+        lambda i: dict(robust=CONFIG),
+        lambda i: lying_averager("negated") if i == 3 else VerifiedAverager,
+        prefix="quiet-liar",
+        part_size_bytes=16 * 1024,  # 4096 values a part: only the length of one reply is judged
+    )
+    (first, first_outcomes, _), (second, second_outcomes, named) = steps
+    assert all(o is None for o in first_outcomes[:3]), first_outcomes  # the lie went through once
+    assert not torch.equal(first[0][0], _mean64([start(i)[0] for i in range(4)], [1.0] * 4))
+    for i in range(3):
+        assert isinstance(second_outcomes[i], PartialAllReduceError), second_outcomes
+        assert "kept pointing against" in str(second_outcomes[i]), second_outcomes[i]
+        assert torch.equal(second[i][0], start(i)[0]), "a refused step writes nothing"
+        assert peer_ids[3] in named[i], named
