@@ -140,11 +140,13 @@ def _credits(swarm: LocalSwarm, honest: list[int]) -> dict:
 def _caught(swarm: LocalSwarm, attack: str) -> str:
     """Where the attack was first caught (a round or an attempt), or "-" if it never was."""
     if attack in AVERAGING_ATTACKS:
+        me = _short_id(swarm, ATTACKER)
         attempts = [
             int(m.group(1))
             for i in range(PEERS)
             if i != ATTACKER and (swarm.peer_dir(i) / "log.txt").exists()
-            for m in re.finditer(r"attempt (\d+): values of .* were outliers", (swarm.peer_dir(i) / "log.txt").read_text())
+            for m in re.finditer(r"attempt (\d+): values of (.*) were outliers", (swarm.peer_dir(i) / "log.txt").read_text())
+            if me in m.group(2).split(", ")
         ]  # fmt: skip
         named = f"named in attempt {min(attempts)}" if attempts else "never named"
         refused = _refused_rounds(swarm)
@@ -159,6 +161,12 @@ def _caught(swarm: LocalSwarm, attack: str) -> str:
             if isinstance(target, ContributionReceipt) and target.public_key == key:
                 rounds.append(target.round)
     return f"round {min(rounds)}" if rounds else "-"
+
+
+def _short_id(swarm: LocalSwarm, i: int) -> str:
+    """The last 8 characters of peer ``i``'s id, as the peers' logs name it."""
+    found = re.search(r"peer (\w{8}) \(", (swarm.peer_dir(i) / "log.txt").read_text())
+    return found.group(1) if found else "?"
 
 
 def _refused_rounds(swarm: LocalSwarm) -> list[int]:
