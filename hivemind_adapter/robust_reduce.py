@@ -148,10 +148,21 @@ def centered_clip(
 
     centre = _clipped_centre(x, w, start, radius, config.iterations)
     far = torch.linalg.vector_norm(x - centre, dim=1) > config.outlier_factor * radius
-    # Dropping parts presumes an honest majority: never drop half the weight or more. Nor name a part
-    # of a few values: there the honest distances do not concentrate (with 3 scalar parts, the median
-    # distance is the smaller of two gaps), so a far part proves nothing; clipping still bounds it.
-    if bool(far.any()) and float(w[~far].sum()) > float(w.sum()) / 2 and x.shape[1] >= MIN_VALUES_TO_NAME:
+    # Dropping parts presumes an honest majority: never drop half the weight or more, and keep at
+    # least two parts that agree, more than are dropped. By weight alone, the lighter of two parts was
+    # always "far" (the weighted median is the heavier one, at distance 0): on the emulated internet
+    # the lighter of two cohorts' heads was named in most cross-cohort stages, and its receipts were
+    # refused. Nor name a part of a few values: there the honest distances do not concentrate (with 3
+    # scalar parts, the median distance is the smaller of two gaps), so a far part proves nothing;
+    # clipping still bounds it.
+    near = int((~far).sum())
+    if (
+        bool(far.any())
+        and float(w[~far].sum()) > float(w.sum()) / 2
+        and near >= 2
+        and near > int(far.sum())
+        and x.shape[1] >= MIN_VALUES_TO_NAME
+    ):
         centre = _clipped_centre(x[~far], w[~far], centre, radius, config.iterations)
         named = [active[j] for j in far.nonzero().flatten().tolist()]
     else:

@@ -112,6 +112,18 @@ def test_parts_of_a_few_values_are_clipped_but_no_finite_one_is_named():
         assert centered_clip(scalars, [1.0] * 3, CONFIG).outliers == ()
 
 
+def test_no_part_is_named_without_at_least_two_that_agree():
+    """Two cohorts' heads meet in a cross-cohort stage, weighted by their samples: the lighter is no
+    outlier for being lighter (the weighted median sits on the heavier, at distance 0), nor is either
+    of two parts beside one that holds most of the weight. NaN is refused whatever the count."""
+    two = _honest(2, size=4096, seed=5)
+    assert centered_clip(two, [3.0, 2.0], CONFIG).outliers == ()
+    three = _honest(3, size=4096, seed=6)
+    assert centered_clip(three, [5.0, 1.0, 1.0], CONFIG).outliers == ()
+    poisoned = [two[0], torch.full_like(two[1], math.nan)]
+    assert centered_clip(poisoned, [3.0, 2.0], CONFIG).outliers == (1,)
+
+
 def test_nothing_usable_raises():
     nan = torch.full((8,), math.nan)
     with pytest.raises(ValueError):
