@@ -21,6 +21,7 @@ def _peer_ids(swarm: LocalSwarm) -> set[str]:
     return {r["peer_id"] for i in range(2) for r in swarm.rounds(i)}
 
 
+@pytest.mark.slow  # 43 s; a real swarm behind the same API: test_monitor_browser (slow), figures: test_monitor
 def test_api_and_metrics_follow_a_real_swarm(tmp_path):
     port = free_port()
     base = f"http://127.0.0.1:{port}"
