@@ -253,7 +253,11 @@ class ExactAllReduceRunner(AllReduceRunner):
             return
         longest = max((len(c) for c in self.reply_cosines.values()), default=0)
         for j in range(longest):
-            self.reply_alignment.note_part({r: c[j] for r, c in self.reply_cosines.items() if len(c) > j})
+            cosines = {r: c[j] for r, c in self.reply_cosines.items() if len(c) > j}
+            # Two cosines have no middle: their spread is each one's distance to their mean, far less
+            # than one cosine's real scatter (a 2-site CI run barred an honest reducer of a pair).
+            if len(cosines) >= MIN_REDUCERS_TO_JUDGE:
+                self.reply_alignment.note_part(cosines)
 
     def incomplete_reason(self) -> str | None:
         """Why this member's view of the all-reduce is incomplete, or None if it is complete."""
@@ -267,6 +271,10 @@ class ExactAllReduceRunner(AllReduceRunner):
         if expected and sum(reducer.num_parts_received) != expected:
             return f"received {sum(reducer.num_parts_received)}/{expected} input parts as a reducer"
         return None
+
+
+# The fewest reducers of one all-reduce whose reply cosines are compared (see note_reply_alignments).
+MIN_REDUCERS_TO_JUDGE = 3
 
 
 def _take_reply(message_part, own: torch.Tensor | None) -> tuple[torch.Tensor, str | None, float | None]:
