@@ -37,7 +37,7 @@ from hivemind.utils.asyncio import as_aiter, azip
 
 from hivemind_adapter.alignment import AlignmentRecord
 from hivemind_adapter.exact_runner import ExactAllReduceRunner
-from hivemind_adapter.group_keys import Admission, DeclarationSigner, SignedGroupKeys, admit_joins
+from hivemind_adapter.group_keys import Admission, DeclarationSigner, SignedGroupKeys, admit_only_roster_peers
 from hivemind_adapter.known_groups import KnownGroupSteps
 from hivemind_adapter.robust_reduce import RobustConfig, SharedNames
 
@@ -155,7 +155,7 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
             matchmaking.group_key_manager = SignedGroupKeys(
                 matchmaking.group_key_manager, self._declarations, self._admission
             )
-            admit_joins(matchmaking, self._admission)
+            admit_only_roster_peers(matchmaking, self._admission)
         _spaced_reads(matchmaking.group_key_manager)
         self.__dict__["_manta_matchmaking"] = matchmaking
 

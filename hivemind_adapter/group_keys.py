@@ -10,8 +10,10 @@ no place in. Here (in the averager's process, where hivemind's matchmaking runs)
   (:mod:`protocol.declarations`, which every node's validator checks) and, reading a group key, keeps
   only declarations that open, name this very key and the expiry they are stored with (a replayed
   one is refused), and whose key the roster pairs with the peer id they speak for;
-- :func:`admit_joins` makes a leader refuse join requests from peers outside that roster (libp2p
-  authenticates the requester's peer id, so none can pose as another).
+- :func:`admit_only_roster_peers` makes a leader refuse join requests from peers outside that roster
+  (libp2p authenticates the requester's peer id, so none can pose as another), and a follower refuse
+  a group its leader assembled with any such peer (a dishonest leader could otherwise fill a group
+  with peers of its own making, enough to outvote the honest members of a robust all-reduce).
 
 ``admitted`` is the roster as this peer last read it (peer id -> public key hex), or None before the
 first read: then any validly signed declaration counts, and anyone may join.
@@ -124,10 +126,13 @@ class SignedGroupKeys(GroupKeyManager):
         return list(averagers.values())
 
 
-def admit_joins(matchmaking, admission: Admission) -> None:
+def admit_only_roster_peers(matchmaking, admission: Admission) -> None:
     """Make ``matchmaking`` (hivemind's, in the averager's process) refuse join requests from peers
-    that ``admission`` does not allow, before any of hivemind's own checks."""
+    that ``admission`` does not allow, before any of hivemind's own checks; and, as a follower, leave
+    a leader whose group holds such a peer: it looks for another leader as if that one had disbanded
+    (the leader's all-reduce then fails without it, and nothing of that group is applied here)."""
     check: Callable = matchmaking._check_reasons_to_reject
+    assemble: Callable = matchmaking.follower_assemble_group
 
     def check_reasons_to_reject(request, context):
         if not admission.allows(context.remote_id.to_base58()):
@@ -135,4 +140,16 @@ def admit_joins(matchmaking, admission: Admission) -> None:
             return averaging_pb2.MessageFromLeader(code=averaging_pb2.PROTOCOL_VIOLATION)
         return check(request, context)
 
+    async def follower_assemble_group(leader: PeerID, msg: averaging_pb2.MessageFromLeader):
+        strangers = [p for p in msg.ordered_peer_ids if not admission.allows(PeerID(p).to_base58())]
+        if strangers:
+            admission.count("group_not_in_roster")
+            logger.warning(
+                f"leader {leader.to_base58()[-8:]} assembled a group with {len(strangers)} peer(s) outside "
+                "the roster: not joining it"
+            )
+            return None  # hivemind's follower then goes on to its next potential leader
+        return await assemble(leader, msg)
+
     matchmaking._check_reasons_to_reject = check_reasons_to_reject
+    matchmaking.follower_assemble_group = follower_assemble_group

@@ -131,3 +131,63 @@ def test_signed_declarations_meet_despite_forgeries():
     assert isinstance(outcomes[2], Exception), outcomes  # the Sybil found no group
     # what kept them apart before was read and set aside as not the roster's
     assert all(r.get("not_in_roster", 0) > 0 for r in refusals[:2]), refusals
+
+
+def _joins_a_group_with_a_sybil(follower_checks: bool) -> tuple[object, dict[str, int], str]:
+    """A leader in the roster that admits anyone (a dishonest one) gathers a Sybil outside the roster
+    and an honest follower; returns the follower's step outcome, its admission refusals and the
+    Sybil's peer id. Both followers are in client mode, so the dishonest peer is the only leader."""
+    validators = [MantaRecordValidator(TASK)]
+    dhts = [start_dht(host_maddrs=LOOPBACK, validators=validators)]
+    for _ in range(2):
+        dhts.append(
+            start_dht(host_maddrs=LOOPBACK, initial_peers=visible_maddrs(dhts[0]), validators=validators)
+        )
+    identities = [Identity.generate() for _ in range(3)]  # leader, Sybil, honest follower
+    settings = {**PAIR_SETTINGS, "target_group_size": 3, "min_group_size": 3}
+    averagers: list[VerifiedAverager] = []
+    try:
+        for i, (dht, identity) in enumerate(zip(dhts, identities)):
+            signer = DeclarationSigner(TASK, identity)
+            averagers.append(
+                VerifiedAverager(
+                    [torch.ones(64)], dht, prefix=PREFIX, declarations=signer, client_mode=i > 0, **settings
+                )
+            )
+        leader, sybil, follower = (a.peer_id.to_base58() for a in averagers)
+        if follower_checks:  # the roster holds the leader and the follower, not the Sybil
+            averagers[2].set_admitted(
+                {p: identities[i].public_key_hex for i, p in ((0, leader), (2, follower))}
+            )
+        outcomes: list[object] = [None] * 3
+
+        def step(i: int) -> None:
+            try:
+                outcomes[i] = averagers[i].step(timeout=STEP_TIMEOUT, allow_retries=False)
+            except Exception as e:  # the outcome under test
+                outcomes[i] = e
+
+        threads = [threading.Thread(target=step, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=3 * STEP_TIMEOUT)
+        assert not any(t.is_alive() for t in threads), "a step did not end within its bounds"
+        return outcomes[2], averagers[2].admission_refusals(), sybil
+    finally:
+        for averager in averagers:
+            averager.shutdown()
+        for dht in reversed(dhts):
+            dht.shutdown()
+
+
+def test_a_follower_leaves_a_leader_whose_group_holds_a_peer_outside_the_roster():
+    """A dishonest leader cannot fill a group with peers of its own making (enough of them would
+    outvote the honest members of a robust all-reduce): without the follower's check the honest
+    follower averages with the Sybil; with it, it refuses the group and applies nothing of it."""
+    joined, _, sybil = _joins_a_group_with_a_sybil(follower_checks=False)
+    assert not isinstance(joined, Exception), joined
+    assert sybil in {str(p) for p in joined}, joined  # the attack is real: the Sybil was in its group
+    refused, refusals, _ = _joins_a_group_with_a_sybil(follower_checks=True)
+    assert isinstance(refused, Exception), refused
+    assert refusals.get("group_not_in_roster", 0) >= 1, refusals
