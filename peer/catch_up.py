@@ -9,7 +9,8 @@ fast. What arrives must hash to the quorum's digest, not to a digest its server 
 knows no such state (the first peers of a run, or a run resumed from the aggregator's checkpoint
 with no peer left), hivemind's state sharing is the fallback (:class:`StateSharer`), and what it
 brings is loaded only if its digest is the quorum's or one an aggregator of the task signed
-(:func:`anchored_digests`): a state one node serves is never loaded on that node's word.
+(:func:`anchored_rounds`): a state one node serves is never loaded on that node's word, and neither
+is the round it names (:func:`trusted_round`).
 
 A newcomer that arrives while the swarm computes a round sits that attempt out and starts with the
 next one (:func:`sit_out_running_attempt`): the others' rosters for it were read without the newcomer.
@@ -71,11 +72,24 @@ def committed_state(
     return result, SharedState(got.round, got.digest, result.attempt, QUORUM_TIEBREAK, got.tensors)
 
 
-def anchored_digests(dht, task: TaskSpec) -> set[str]:
-    """Digests of the states the task's aggregators anchored (signed: the state of their newest
-    checkpoint, :class:`protocol.records.StateAnchor`); anchors signed by any other key are ignored."""
+def anchored_rounds(dht, task: TaskSpec) -> dict[str, int]:
+    """The states the task's aggregators anchored (signed: the state of their newest checkpoint,
+    :class:`protocol.records.StateAnchor`), digest -> the round the anchor says it is the result of;
+    anchors signed by any other key are ignored."""
     found = read_signed(dht, anchor_key(task.task_id), lambda sub, v: open_anchor_value(task.task_id, sub, v))
-    return {a.record.digest for a in found if task.signer_allowed(a.public_key)}
+    return {a.record.digest: a.record.round for a in found if task.signer_allowed(a.public_key)}
+
+
+def trusted_round(served_as: int, anchored: int | None, swarm_round: int) -> int:
+    """The round to take a downloaded state for, served as the result of round ``served_as``. Its digest covers the tensors, not the round its
+    server wrote beside them: a holder could make a catching-up peer believe it is far ahead (its
+    rounds, progress and receipts would then name rounds the swarm never ran). An anchored state is
+    the round its aggregator signed. A quorum's state is the result of a round the swarm has begun,
+    so never later than the latest round other peers show computing (``swarm_round``, corroborated;
+    -1 when no record is fresh: then there is nothing to bound it by, and the servers' word stands)."""
+    if anchored is not None:
+        return anchored
+    return served_as if swarm_round < 0 else min(served_as, swarm_round)
 
 
 def sit_out_running_attempt(

@@ -21,7 +21,7 @@ import json
 import logging
 import socket
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -36,10 +36,11 @@ from peer.affinity import assign_cohorts, default_gateway_mac, host_id, network_
 from peer.catch_up import (
     LEAVE_WAIT_SECONDS,
     SIT_OUT_SECONDS,
-    anchored_digests,
+    anchored_rounds,
     catch_up_before_leaving,
     committed_state,
     sit_out_running_attempt,
+    trusted_round,
 )
 from peer.cohort_averagers import CohortAveragers
 from peer.data_feed import DataFeed, DataUnavailable
@@ -340,13 +341,22 @@ class PeerNode:
         if got is None:
             return False
         quorum = result is not None and got.digest == result.digest
+        anchored: int | None = None
         if not quorum and got.digest != self.state_digest:
-            if got.digest not in anchored_digests(self.dht, self.spec.record):
+            anchored = anchored_rounds(self.dht, self.spec.record).get(got.digest)
+            if anchored is None:
                 logger.warning(
                     f"a state served by one node (round {got.round}, digest {got.digest[:12]}) that no quorum "
                     "committed and no aggregator anchored: not loaded"
                 )
                 return False
+        round_index = trusted_round(got.round, anchored, self._progress.swarm_round())
+        if round_index != got.round:
+            logger.warning(
+                f"a state served as the result of round {got.round} (digest {got.digest[:12]}) is taken for "
+                f"round {round_index}: its round is not its server's to say"
+            )
+            got = replace(got, round=round_index)
         # Whatever we keep, the swarm has moved past the attempt that produced the served state.
         self.attempt = max(self.attempt, got.attempt + 1)
         if got.digest == self.state_digest or (got.round, got.tiebreak) <= (self.state_round, self._tiebreak):

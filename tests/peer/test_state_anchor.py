@@ -1,16 +1,22 @@
 """A state one node serves is loaded only on a quorum's or an aggregator's signed word: anchors are
 read from the DHT, and one signed by any key the task does not list as an aggregator counts for
-nothing (a forged one never even gets stored: every node's validator drops it)."""
+nothing (a forged one never even gets stored: every node's validator drops it). Nor is the round a
+state is served as its server's word."""
 
 from __future__ import annotations
 
 import time
 
-from hivemind_adapter.dht import dht_time
-from peer.catch_up import anchored_digests
+import torch
+
+from hivemind_adapter.dht import dht_time, start_dht, visible_maddrs
+from hivemind_adapter.p2p import Endpoint
+from hivemind_adapter.state_archive import StateArchive, fetch_state
+from peer.catch_up import anchored_rounds, trusted_round
 from protocol.dht_schema import anchor_key
 from protocol.identity import Identity
 from protocol.records import StateAnchor, seal
+from supernet.state import digest
 from tests.helpers import two_task_dhts
 from tests.protocol.factories import task_spec
 
@@ -35,4 +41,33 @@ def test_only_the_tasks_aggregators_anchor_a_state():
         assert not a.store(
             anchor_key(TASK), _anchor(volunteer, "cc" * 32), expires, subkey=aggregator.public_key_hex
         )
-        assert anchored_digests(b, task) == {"aa" * 32}
+        assert anchored_rounds(b, task) == {"aa" * 32: 12}
+
+
+def test_a_holder_cannot_move_the_round_of_the_state_it_serves():
+    """The digest covers a state's tensors, not the round written beside them: a holder serving the
+    committed state as the result of round 10^6 passes the digest check (the attack is real), and
+    the peer takes it for the round its anchor signed or, for a quorum's state, no later round than
+    the swarm is seen computing."""
+    state = [torch.randn(300, 100, generator=torch.Generator().manual_seed(1)), torch.zeros(4)]
+    state_digest = digest(state)
+    loopback = ["/ip4/127.0.0.1/tcp/0"]
+    server_dht = start_dht(host_maddrs=loopback)
+    client_dht = start_dht(host_maddrs=loopback, initial_peers=visible_maddrs(server_dht))
+    server, client = Endpoint(server_dht, "server"), Endpoint(client_dht, "client")
+    archive = StateArchive(server, TASK, keep=2)
+    try:
+        archive.add(10**6, 9, state_digest, state)  # the committed tensors, a forged round
+        got = fetch_state(client, [server.peer_id], TASK, state_digest, state, consensus=len(state))
+    finally:
+        archive.close()
+        client.close()
+        server.close()
+        client_dht.shutdown()
+        server_dht.shutdown()
+    assert (got.round, got.digest) == (10**6, state_digest)
+    assert trusted_round(got.round, anchored=None, swarm_round=7) == 7  # a quorum's state: bounded
+    assert trusted_round(got.round, anchored=5, swarm_round=7) == 5  # an anchored one: the signed round
+    assert trusted_round(6, anchored=None, swarm_round=7) == 6  # an honest round is kept
+    # With no fresh progress record there is nothing to bound it by: the servers' word stands.
+    assert trusted_round(got.round, anchored=None, swarm_round=-1) == 10**6
