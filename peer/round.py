@@ -119,7 +119,7 @@ def _average(
         expected_peers=plan.roster,
         cohorts=plan.cohorts,
         superseded=lambda: ctx.progress.swarm_round() > plan.round_index,
-        member_finishes=ctx.outer is not None,  # an inner step: each member computes the cohort's result
+        known_group=ctx.outer is not None,  # an inner step: the cohort meets as its roster says
     )
 
 
