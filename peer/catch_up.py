@@ -81,12 +81,13 @@ def anchored_rounds(dht, task: TaskSpec) -> dict[str, int]:
 
 
 def trusted_round(served_as: int, anchored: int | None, swarm_round: int) -> int:
-    """The round to take a downloaded state for, served as the result of round ``served_as``. Its digest covers the tensors, not the round its
-    server wrote beside them: a holder could make a catching-up peer believe it is far ahead (its
-    rounds, progress and receipts would then name rounds the swarm never ran). An anchored state is
-    the round its aggregator signed. A quorum's state is the result of a round the swarm has begun,
-    so never later than the latest round other peers show computing (``swarm_round``, corroborated;
-    -1 when no record is fresh: then there is nothing to bound it by, and the servers' word stands)."""
+    """The round to take a downloaded state for, served as the result of round ``served_as``. Its
+    digest covers the tensors, not the round its server wrote beside them: a holder could make a
+    catching-up peer believe it is far ahead (its rounds, progress and receipts would then name
+    rounds the swarm never ran). An anchored state is the round its aggregator signed. A quorum's
+    state is the result of a round the swarm has begun, so never later than the latest round other
+    peers show computing (``swarm_round``, corroborated; -1 when no record is fresh: then there is
+    nothing to bound it by, and the servers' word stands)."""
     if anchored is not None:
         return anchored
     return served_as if swarm_round < 0 else min(served_as, swarm_round)
