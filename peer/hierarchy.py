@@ -343,7 +343,9 @@ class HierarchicalAverager:
                     b.copy_(t)
             members = [me]
             known = (
-                self._known.members(self._cohort_peers[cohort_rank], cohort_size, self.peer_id, live)
+                self._known.members(
+                    self._cohort_peers[cohort_rank], cohort_size, self.peer_id, live, self._admission.barred()
+                )
                 if known_group and self._cohort_peers
                 else None
             )

@@ -64,15 +64,25 @@ class KnownCohort:
         self.steps_taken = 0  # inner steps averaged in a known group (for the logs and tests)
 
     def members(
-        self, roster_cohort: Sequence[str], size: int, peer_id: str, live: Collection[str] | None
+        self,
+        roster_cohort: Sequence[str],
+        size: int,
+        peer_id: str,
+        live: Collection[str] | None,
+        barred: Collection[str] = (),
     ) -> tuple[str, ...] | None:
         """The known group's members in the order every member uses, or None: matchmaking instead.
         A client-mode peer cannot reduce a share (it accepts no connections): not in a known group.
-        Neither is one whose roster peers did not all show life in the previous attempt (``live``)."""
+        Neither is one whose roster peers did not all show life in the previous attempt (``live``),
+        nor one whose cohort holds a peer it barred (``barred``: caught sending what it cannot have
+        computed honestly): a known group is the whole roster cohort, and matchmaking's admission
+        leaves the barred peer out."""
         peers = tuple(sorted(roster_cohort))
         if self.client_mode or len(peers) != size or peer_id not in peers or not 1 < len(peers) <= ROLL_SLOTS:
             return None
         if live is not None and not set(peers) <= set(live):
+            return None
+        if set(peers) & set(barred):
             return None
         if self._skip > 0:
             self._skip -= 1

@@ -39,3 +39,13 @@ def test_members_whose_results_differ_leave_it_to_the_board():
     first = "f" * 54 + "0123456789"
     second = "f" * 54 + "8123456789"
     assert _confirm_pair([first, second]) == [False, False]
+
+
+def test_a_cohort_holding_a_barred_peer_meets_through_matchmaking():
+    """A known group is the whole roster cohort: one holding a peer this peer barred (a lying
+    reducer, say) goes to matchmaking, whose admission leaves that peer out."""
+    cohort = ("QmAlice", "QmBob", "QmLiar")
+    known = KnownCohort("run", "cohort-a", client_mode=False)
+    assert known.members(cohort, 3, "QmAlice", live=None) == cohort
+    assert known.members(cohort, 3, "QmAlice", live=None, barred={"QmLiar"}) is None
+    assert known.members(cohort, 3, "QmAlice", live=None, barred={"QmSomeoneElse"}) == cohort
