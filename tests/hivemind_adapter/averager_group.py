@@ -3,7 +3,6 @@ matchmaking), each step bounded: what the tests of a group larger than a pair ne
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import torch
@@ -11,7 +10,7 @@ import torch
 from hivemind_adapter.allreduce import VerifiedAverager
 from hivemind_adapter.dht import start_dht, visible_maddrs
 from hivemind_adapter.known_groups import known_group_id
-from tests.hivemind_adapter.averager_pair import LOOPBACK, PAIR_SETTINGS
+from tests.hivemind_adapter.averager_pair import LOOPBACK, PAIR_SETTINGS, step_all_at_once
 
 ARRIVAL_TIMEOUT = 4.0  # below the sender timeout (PAIR_SETTINGS' next_chunk_timeout)
 ALLREDUCE_TIMEOUT = 10.0
@@ -57,30 +56,21 @@ def step_known_group_repeatedly(
         history = []
         for step_index in range(steps):
             group = known_group_id(f"robust-test-{step_index}", *sorted(peer_ids))
-            outcomes: list[object] = [None] * size
             for i, averager in enumerate(averagers):
                 with averager.get_tensors() as held:
                     for dst, src in zip(held, tensors(i)):
                         dst.copy_(src)
 
-            def step(i: int, group: str = group, outcomes: list[object] = outcomes) -> None:
-                try:
-                    averagers[i].step_in_known_group(
-                        group,
-                        sorted(peer_ids),
-                        weight=1.0,
-                        arrival_timeout=ARRIVAL_TIMEOUT,
-                        allreduce_timeout=ALLREDUCE_TIMEOUT,
-                    )
-                except Exception as e:  # an outcome some tests are about
-                    outcomes[i] = e
+            def step(_: int, averager: VerifiedAverager, group: str = group) -> None:
+                averager.step_in_known_group(
+                    group,
+                    sorted(peer_ids),
+                    weight=1.0,
+                    arrival_timeout=ARRIVAL_TIMEOUT,
+                    allreduce_timeout=ALLREDUCE_TIMEOUT,
+                )
 
-            threads = [threading.Thread(target=step, args=(i,)) for i in range(size)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(timeout=ARRIVAL_TIMEOUT + ALLREDUCE_TIMEOUT + 10)
-            assert not any(t.is_alive() for t in threads), "a step did not end within its bounds"
+            outcomes = step_all_at_once(averagers, step, ARRIVAL_TIMEOUT + ALLREDUCE_TIMEOUT + 10)
             results = []
             for averager in averagers:
                 with averager.get_tensors() as held:

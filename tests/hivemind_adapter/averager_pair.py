@@ -36,25 +36,15 @@ def step_pair(
         averager_type(tensors(0), first_dht, **common),
         averager_type(tensors(1), second_dht, **common),
     ]
-    outcomes: list[object] = [None, None]
     peer_ids = [averager.peer_id.to_base58() for averager in averagers]
 
-    def step(i: int) -> None:
-        try:
-            if take_step is not None:
-                outcomes[i] = take_step(i, averagers[i], peer_ids)
-            else:
-                outcomes[i] = averagers[i].step(timeout=step_timeout, allow_retries=False)
-        except Exception as e:  # an outcome some tests are about: a member whose all-reduce failed
-            outcomes[i] = e
+    def step(i: int, averager: VerifiedAverager) -> object:
+        if take_step is not None:
+            return take_step(i, averager, peer_ids)
+        return averager.step(timeout=step_timeout, allow_retries=False)
 
     try:
-        threads = [threading.Thread(target=step, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=2 * step_timeout)
-        assert not any(t.is_alive() for t in threads), "a step did not end within its bounds"
+        outcomes = step_all_at_once(averagers, step, 2 * step_timeout)
         results = []
         for averager in averagers:
             with averager.get_tensors() as held:
@@ -65,3 +55,26 @@ def step_pair(
             averager.shutdown()
         second_dht.shutdown()
         first_dht.shutdown()
+
+
+def step_all_at_once(
+    averagers: list[VerifiedAverager], step: Callable[[int, VerifiedAverager], object], bound: float
+) -> list[object]:
+    """``step(i, averager)`` for every averager at once, each in its own thread; returns each one's
+    outcome (what it returned, or the exception it raised: a failed all-reduce is what some tests
+    are about). Fails the test if any step outlives ``bound`` seconds."""
+    outcomes: list[object] = [None] * len(averagers)
+
+    def run(i: int) -> None:
+        try:
+            outcomes[i] = step(i, averagers[i])
+        except Exception as e:  # the outcome under test
+            outcomes[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(averagers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=bound)
+    assert not any(t.is_alive() for t in threads), "a step did not end within its bounds"
+    return outcomes

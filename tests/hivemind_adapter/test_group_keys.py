@@ -15,7 +15,7 @@ from protocol.declarations import AveragingDeclaration, declaration_subkey
 from protocol.dht_schema import MantaRecordValidator
 from protocol.identity import Identity
 from protocol.records import seal
-from tests.hivemind_adapter.averager_pair import LOOPBACK, PAIR_SETTINGS
+from tests.hivemind_adapter.averager_pair import LOOPBACK, PAIR_SETTINGS, step_all_at_once
 from tests.protocol.factories import fake_peer_id
 
 TASK = "keys-test"
@@ -48,6 +48,10 @@ def _forge(attacker_dht, victims: list[str], stop: threading.Event, signed_by: I
                 )  # fmt: skip
             attacker_dht.store(GROUP_KEY, value, expiry, subkey=subkey, return_future=True)
         stop.wait(0.3)
+
+
+def _matchmade_step(_: int, averager: VerifiedAverager) -> object:
+    return averager.step(timeout=STEP_TIMEOUT, allow_retries=False)
 
 
 def peer_id_bytes(peer_id: str) -> bytes:
@@ -89,20 +93,7 @@ def _pair_under_attack(defended: bool) -> tuple[list[object], list[dict[str, int
         )
         forger.start()
         stop.wait(1.0)  # the forgeries are in place before anyone declares
-        outcomes: list[object] = [None] * members
-
-        def step(i: int) -> None:
-            try:
-                outcomes[i] = averagers[i].step(timeout=STEP_TIMEOUT, allow_retries=False)
-            except Exception as e:  # the outcome under test
-                outcomes[i] = e
-
-        threads = [threading.Thread(target=step, args=(i,)) for i in range(members)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=3 * STEP_TIMEOUT)
-        assert not any(t.is_alive() for t in threads), "a step did not end within its bounds"
+        outcomes = step_all_at_once(averagers, _matchmade_step, 3 * STEP_TIMEOUT)
         return outcomes, [a.admission_refusals() for a in averagers], peer_ids
     finally:
         stop.set()
@@ -159,20 +150,7 @@ def _joins_a_group_with_a_sybil(follower_checks: bool) -> tuple[object, dict[str
             averagers[2].set_admitted(
                 {p: identities[i].public_key_hex for i, p in ((0, leader), (2, follower))}
             )
-        outcomes: list[object] = [None] * 3
-
-        def step(i: int) -> None:
-            try:
-                outcomes[i] = averagers[i].step(timeout=STEP_TIMEOUT, allow_retries=False)
-            except Exception as e:  # the outcome under test
-                outcomes[i] = e
-
-        threads = [threading.Thread(target=step, args=(i,)) for i in range(3)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=3 * STEP_TIMEOUT)
-        assert not any(t.is_alive() for t in threads), "a step did not end within its bounds"
+        outcomes = step_all_at_once(averagers, _matchmade_step, 3 * STEP_TIMEOUT)
         return outcomes[2], averagers[2].admission_refusals(), sybil
     finally:
         for averager in averagers:

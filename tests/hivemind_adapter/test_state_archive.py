@@ -6,13 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hivemind_adapter.dht import start_dht, visible_maddrs
-from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.paged_blobs import BlobUnavailable
-from hivemind_adapter.state_archive import StateArchive, decode_state, encode_state, fetch_state
+from hivemind_adapter.state_archive import decode_state, encode_state, fetch_state
 from supernet.state import digest
+from tests.hivemind_adapter.archive_pair import archive_and_client
 
-LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 TASK = "archive-test"
 
 
@@ -36,18 +34,8 @@ def test_a_state_round_trips_through_its_encoding():
 
 @pytest.fixture
 def two_nodes():
-    server_dht = start_dht(host_maddrs=LOOPBACK)
-    client_dht = start_dht(host_maddrs=LOOPBACK, initial_peers=visible_maddrs(server_dht))
-    server, client = Endpoint(server_dht, "server"), Endpoint(client_dht, "client")
-    archive = StateArchive(server, TASK, keep=2)
-    try:
-        yield archive, server.peer_id, client
-    finally:
-        archive.close()
-        client.close()
-        server.close()
-        client_dht.shutdown()
-        server_dht.shutdown()
+    with archive_and_client(TASK) as nodes:
+        yield nodes
 
 
 def test_a_state_is_fetched_by_digest_checked_and_only_the_newest_are_kept(two_nodes):

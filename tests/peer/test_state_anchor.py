@@ -9,15 +9,15 @@ import time
 
 import torch
 
-from hivemind_adapter.dht import dht_time, start_dht, visible_maddrs
-from hivemind_adapter.p2p import Endpoint
-from hivemind_adapter.state_archive import StateArchive, fetch_state
+from hivemind_adapter.dht import dht_time
+from hivemind_adapter.state_archive import fetch_state
 from peer.catch_up import anchored_rounds, trusted_round
 from protocol.dht_schema import anchor_key
 from protocol.identity import Identity
 from protocol.records import StateAnchor, seal
 from supernet.state import digest
 from tests.helpers import two_task_dhts
+from tests.hivemind_adapter.archive_pair import archive_and_client
 from tests.protocol.factories import task_spec
 
 TASK = "digits-anchor-test"
@@ -51,20 +51,9 @@ def test_a_holder_cannot_move_the_round_of_the_state_it_serves():
     the swarm is seen computing."""
     state = [torch.randn(300, 100, generator=torch.Generator().manual_seed(1)), torch.zeros(4)]
     state_digest = digest(state)
-    loopback = ["/ip4/127.0.0.1/tcp/0"]
-    server_dht = start_dht(host_maddrs=loopback)
-    client_dht = start_dht(host_maddrs=loopback, initial_peers=visible_maddrs(server_dht))
-    server, client = Endpoint(server_dht, "server"), Endpoint(client_dht, "client")
-    archive = StateArchive(server, TASK, keep=2)
-    try:
+    with archive_and_client(TASK) as (archive, server, client):
         archive.add(10**6, 9, state_digest, state)  # the committed tensors, a forged round
-        got = fetch_state(client, [server.peer_id], TASK, state_digest, state, consensus=len(state))
-    finally:
-        archive.close()
-        client.close()
-        server.close()
-        client_dht.shutdown()
-        server_dht.shutdown()
+        got = fetch_state(client, [server], TASK, state_digest, state, consensus=len(state))
     assert (got.round, got.digest) == (10**6, state_digest)
     assert trusted_round(got.round, anchored=None, swarm_round=7) == 7  # a quorum's state: bounded
     assert trusted_round(got.round, anchored=5, swarm_round=7) == 5  # an anchored one: the signed round
