@@ -33,7 +33,14 @@ failed or impossible audit revokes it); without audits they are refused.
 
 Priced and bounded (``pricing``, ``measured_rates``). The sub-networks and FLOPs are derived, not
 claimed (:mod:`aggregator.work_pricing`), and samples are bounded by the rate the key's passed audits
-confirmed (:mod:`aggregator.trust`), not the throughput it announces.
+confirmed (:mod:`aggregator.trust`), not the throughput it announces. A claim above that bound is
+audited, every one, when the desk can audit (``audit_over_bound``), and refused only when it cannot:
+a measured rate is measured over the time since the peer's previous receipt, and one round that
+waited out aborted attempts measures an honest peer at a tenth of its speed. Refused, its later
+claims never reached an audit that could measure it again (measured on the emulated internet: every
+honest receipt refused from the round after a lying reducer stalled the swarm). Audited, an honest
+claim passes and raises the measured rate; an inflated one fails, and the failure costs the key
+every credit since its last passed audit.
 """
 
 from __future__ import annotations
@@ -90,6 +97,9 @@ class SwarmFacts:
     # The desk audits every receipt of a peer alone in its cohort's inner step (outer tasks): such a
     # receipt has no witness but may stand on its audit (see lone_inner_step).
     lone_audited: bool = False
+    # The desk audits every receipt whose samples exceed the key's measured bound, instead of refusing
+    # it (see over_measured_bound).
+    audit_over_bound: bool = False
 
 
 def check_round(
@@ -156,6 +166,18 @@ def _finite(r: ContributionReceipt) -> tuple[RejectReason, str] | None:
 
 
 def _plausible(r: ContributionReceipt, facts: SwarmFacts) -> tuple[RejectReason, str] | None:
+    if facts.measured_rates is not None and facts.audit_over_bound:
+        return None  # above the bound it is audited instead (over_measured_bound)
+    return _beyond_bound(r, facts)
+
+
+def over_measured_bound(r: ContributionReceipt, facts: SwarmFacts) -> bool:
+    """Whether ``r`` claims more samples than its key's measured rate allows: with
+    ``audit_over_bound`` such a receipt is accepted for an audit, which every one of them gets."""
+    return facts.measured_rates is not None and facts.audit_over_bound and _beyond_bound(r, facts) is not None
+
+
+def _beyond_bound(r: ContributionReceipt, facts: SwarmFacts) -> tuple[RejectReason, str] | None:
     if facts.measured_rates is not None:
         rate, slack = facts.measured_rates.get(r.public_key), MEASURED_SLACK
         measured = "a measured"

@@ -393,6 +393,7 @@ class ContributionDesk:
                 measured_rates=rates,
                 excluded=frozenset(self.trust.excluded()),
                 lone_audited=self.trust.base_rate > 0 and self.states is not None,
+                audit_over_bound=self.trust.base_rate > 0 and self.states is not None,
             )
             for wire, reason, detail in closed.refused:
                 self._reject(leaf_hash(wire), reason, detail)
@@ -407,9 +408,11 @@ class ContributionDesk:
                 if self.states is not None and not lone:
                     # a start state the swarm committed (its group is witnessed): checkpoints may use it
                     self.states.learn(receipt.round - 1, receipt.state_digest, [receipt.peer_id])
-                # a key whose rate was never measured has its claim checked by an audit instead, and a
-                # lone inner step has nothing else to vouch for it
-                fraction = self.trust.audit_rate(key) if key in rates and not lone else 1.0
+                # a key whose rate was never measured has its claim checked by an audit instead, a lone
+                # inner step has nothing else to vouch for it, and a claim above the measured bound
+                # stands only on its audit
+                certain = lone or accepted.wire in closed.over_bound or key not in rates
+                fraction = 1.0 if certain else self.trust.audit_rate(key)
                 if self.trust.base_rate > 0 and self.auditor.selected(accepted.wire, fraction):
                     window = closed.windows.get(accepted.wire)
                     if window is not None:

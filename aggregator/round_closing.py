@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from aggregator.contribution_checks import SwarmFacts, check_round, lone_inner_step
+from aggregator.contribution_checks import SwarmFacts, check_round, lone_inner_step, over_measured_bound
 from aggregator.intake import ContributionIntake, Submission
 from protocol.records import ContributionReceipt, RejectReason, Sealed, TaskSpec, parse_sealed
 
@@ -34,6 +34,8 @@ class ClosedRound:
     windows: dict[bytes, float | None] = field(default_factory=dict)
     # wires of accepted receipts that nobody else can witness (lone inner steps): only an audit vouches
     audit_only: frozenset[bytes] = frozenset()
+    # wires of receipts claiming more than their key's measured rate allows: each is audited
+    over_bound: frozenset[bytes] = frozenset()
 
 
 class RoundCloser:
@@ -105,6 +107,7 @@ class RoundCloser:
             [],
             windows={s.wire: self.measured_window(s.record) for s in sealed},
             audit_only=frozenset(s.wire for s in sealed if lone_inner_step(s.record, facts)),
+            over_bound=frozenset(s.wire for s in sealed if over_measured_bound(s.record, facts)),
         )
         closed.refused += [(s.wire, *refused[s.wire]) for s in sealed if s.wire in refused]
         survivors = [sub for sub in subs if sub.wire not in refused]

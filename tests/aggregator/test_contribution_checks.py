@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from aggregator.contribution_checks import SwarmFacts, check_round, lone_inner_step
+from aggregator.contribution_checks import SwarmFacts, check_round, lone_inner_step, over_measured_bound
 from protocol.averaging_group import averaging_group_id, group_membership
 from protocol.identity import Identity
 from protocol.records import RejectReason
@@ -253,6 +253,24 @@ def test_measured_rates_bound_samples_and_announced_ones_do_not():
     refused = check_round(receipts, replace(facts, measured_rates=slow))
     assert list(refused) == [victim.wire] and refused[victim.wire][0] is RejectReason.IMPLAUSIBLE
     assert "measured" in refused[victim.wire][1]
+
+
+def test_a_claim_above_the_measured_bound_is_audited_where_the_desk_can_audit():
+    """A rate measured over one slow round (attempts aborted in it) would refuse every later honest
+    claim, and a refused claim is never audited, so the rate is never measured again. Where the desk
+    can audit, the claim is accepted for an audit instead (every one of them); the rest are untouched."""
+    receipts = [_committed(p) for p in PEERS]
+    group = receipts[0].record.group_id
+    facts = replace(_witnessed_by({(9, group): {p.public_key_hex for p in PEERS}}), throughput={})
+    victim = next(r for r in receipts if r.record.peer_id == IDS[1])
+    slow = replace(facts, measured_rates={victim.record.public_key: 1.0}, audit_over_bound=True)
+    assert check_round(receipts, slow) == {}
+    assert [r.wire for r in receipts if over_measured_bound(r.record, slow)] == [victim.wire]
+    fast = replace(slow, measured_rates={victim.record.public_key: 1000.0})
+    assert not any(over_measured_bound(r.record, fast) for r in receipts)
+    refusing = replace(slow, audit_over_bound=False)  # a desk that cannot audit refuses it, as before
+    assert not any(over_measured_bound(r.record, refusing) for r in receipts)
+    assert list(check_round(receipts, refusing)) == [victim.wire]
 
 
 def test_with_commit_reports_the_reports_decide_between_groups_not_the_receipts_filed():
