@@ -74,9 +74,10 @@ class RobustConfig:
     A weight is its sender's word (hivemind sends it beside the parts; MANTA weighs a mean by the
     samples behind it), and one sender claiming a huge weight would otherwise own every centre: the
     clipping holds only while the honest senders have most of the weight. 2.0: one sender of four
-    then has at most 2/5 of it. The price is paid by honest senders above twice the median (a GPU peer
-    beside CPU peers counts as two of them): their means weigh less than their samples would say,
-    which changes the variance of the average, not its expectation (every mean is an unbiased
+    then has at most 2/5 of it; in a group of three, where twice the median can be half the weight or
+    more, the cap is the median (:func:`capped_weights`). The price is paid by honest senders above
+    the cap (a GPU peer beside CPU peers counts as two of them): their means weigh less than their
+    samples would say, which changes the variance of the average, not its expectation (every mean is an unbiased
     estimate of the same gradient).
     """
 
@@ -138,7 +139,7 @@ def centered_clip(
     active = [i for i in usable if i not in excluded] or usable
     x = torch.stack([parts[i].detach().reshape(-1).to(torch.float64) for i in active])
     w = torch.tensor([float(weights[i]) for i in active], dtype=torch.float64)
-    w = w.clamp(max=config.max_weight_ratio * float(torch.median(w)))
+    w = capped_weights(w, config.max_weight_ratio)
 
     start = _weighted_median(x, w)
     radius = config.tau * float(_weighted_median(torch.linalg.vector_norm(x - start, dim=1)[:, None], w))
@@ -170,6 +171,21 @@ def centered_clip(
     left_out = set(usable) - set(active) | set(named)
     alignments = _alignments(parts, usable, left_out, dict(zip(active, w.tolist())), centre)
     return ClipResult(centre.to(dtype).reshape(shape), tuple(sorted(refused + named)), radius, alignments)
+
+
+def capped_weights(w: torch.Tensor, max_weight_ratio: float) -> torch.Tensor:
+    """``w`` with no weight above ``max_weight_ratio`` times the median, nor above the median where
+    that would leave one sender half the weight or more. In a group of three, twice the median is
+    more than the other two together whenever the lightest is below the median: measured on the
+    emulated internet, an x1000 sender claiming 4x the samples of a peer that had caught up late owned
+    the weighted median of its honest reducer's part, whose reply came back 263 times too long; its
+    two honest cohort mates refused each other's replies and barred each other for 10 minutes."""
+    median = float(torch.median(w))  # the lower middle value for an even count
+    capped = w.clamp(max=max_weight_ratio * median)
+    heaviest = float(capped.max())
+    if len(w) >= 3 and heaviest >= float(capped.sum()) - heaviest:
+        capped = w.clamp(max=median)
+    return capped
 
 
 def _alignments(parts, usable, left_out, weight_of, centre) -> tuple[float | None, ...]:

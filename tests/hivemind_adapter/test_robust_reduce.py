@@ -16,7 +16,7 @@ from hivemind_adapter.allreduce import (
     VerifiedAverager,
 )
 from hivemind_adapter.reply_check import implausible_reply
-from hivemind_adapter.robust_reduce import RobustConfig, RobustPartReducer, centered_clip
+from hivemind_adapter.robust_reduce import RobustConfig, RobustPartReducer, capped_weights, centered_clip
 from tests.adversaries.dishonest_peer import lying_averager
 from tests.hivemind_adapter.averager_group import step_known_group, step_known_group_repeatedly
 from tests.hivemind_adapter.averager_pair import step_pair
@@ -287,3 +287,20 @@ def test_a_reducer_whose_replies_keep_pointing_against_the_members_is_refused_fr
         assert "kept pointing against" in str(second_outcomes[i]), second_outcomes[i]
         assert torch.equal(second[i][0], start(i)[0]), "a refused step writes nothing"
         assert peer_ids[3] in named[i], named
+
+
+def test_in_a_group_of_three_no_sender_holds_half_the_weight():
+    """Twice the median is more than the two others together when the lightest is below the median:
+    a x1000 sender claiming 4x a late peer's samples owned the weighted median (measured on the
+    emulated internet: the honest reducer's reply came back 263 times too long)."""
+    generator = torch.Generator().manual_seed(3)
+    late, honest = (torch.randn(4096, generator=generator) for _ in range(2))
+    attacker = 1000 * torch.randn(4096, generator=generator)
+    weights = [32.0, 64.0, 128.0]
+    capped = capped_weights(torch.tensor(weights, dtype=torch.float64), RobustConfig().max_weight_ratio)
+    assert float(capped.max()) < float(capped.sum()) / 2
+    result = centered_clip([late, honest, attacker], weights, RobustConfig())
+    assert float(torch.linalg.vector_norm(result.value)) < 2 * float(torch.linalg.vector_norm(honest))
+    # four senders keep the usual cap: twice the median (the lower middle) is a minority there
+    four = torch.tensor([32.0, 64.0, 64.0, 1e9], dtype=torch.float64)
+    assert capped_weights(four, 2.0).tolist() == [32.0, 64.0, 64.0, 128.0]
