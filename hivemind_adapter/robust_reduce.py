@@ -173,6 +173,15 @@ def centered_clip(
     return ClipResult(centre.to(dtype).reshape(shape), tuple(sorted(refused + named)), radius, alignments)
 
 
+def without_negative_zeros(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``tensors`` with every -0.0 made +0.0 (``t + 0.0``; nothing else changes). A reducer's sum
+    starts from +0.0 and -0.0 + 0.0 is +0.0 in IEEE arithmetic, so a -0.0 that a broadcast's head
+    sends arrives as +0.0 however exact the rest is: equal values, different bytes, a different
+    digest. Measured on the emulated internet: both members of an honest head saw its broadcast
+    differ from the digest it announced, and barred it. A head sends what reducers give back."""
+    return [t + 0.0 for t in tensors]
+
+
 def capped_weights(w: torch.Tensor, max_weight_ratio: float) -> torch.Tensor:
     """``w`` with no weight above ``max_weight_ratio`` times the median, nor above the median where
     that would leave one sender half the weight or more. In a group of three, twice the median is

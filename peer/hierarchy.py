@@ -60,7 +60,7 @@ import torch
 from hivemind_adapter.allreduce import VerifiedAverager
 from hivemind_adapter.dht import peer_id
 from hivemind_adapter.group_keys import DeclarationSigner
-from hivemind_adapter.robust_reduce import RobustConfig
+from hivemind_adapter.robust_reduce import RobustConfig, without_negative_zeros
 from hivemind_adapter.wire_codecs import codec_for, roundtrip
 from peer.admission import AdmissionMemory
 from peer.averaging_stage import AveragingTimeouts, HeadGone, NoGroup, RoundAborted, StageRunner
@@ -521,6 +521,9 @@ class HierarchicalAverager:
                     # cross them unchanged (every codec is idempotent), so every leader ends with the
                     # bytes whose digest the heads announce.
                     final = [roundtrip(self._cross_compression, t) for t in final]
+                # and as every reducer of a broadcast gives them back (no -0.0, which a codec can
+                # also make of a tiny negative value): the digest it announces is what members receive
+                final = without_negative_zeros(final)
             except RoundAborted as e:
                 abort = str(e)
         for step in reversed(joined):
@@ -724,6 +727,8 @@ class HierarchicalAverager:
         loss costs their vote, not the head's."""
         i_head = head == self.peer_id
         self._broadcasts_taken += 1
+        if i_head and final is not None:
+            final = without_negative_zeros(final)  # what the reducers give back, byte for byte
         with averager.get_tensors() as buf:
             for i, b in enumerate(buf):
                 if i_head and final is not None and i < len(final):  # not the cohort's roll

@@ -16,7 +16,13 @@ from hivemind_adapter.allreduce import (
     VerifiedAverager,
 )
 from hivemind_adapter.reply_check import implausible_reply
-from hivemind_adapter.robust_reduce import RobustConfig, RobustPartReducer, capped_weights, centered_clip
+from hivemind_adapter.robust_reduce import (
+    RobustConfig,
+    RobustPartReducer,
+    capped_weights,
+    centered_clip,
+    without_negative_zeros,
+)
 from tests.adversaries.dishonest_peer import lying_averager
 from tests.hivemind_adapter.averager_group import step_known_group, step_known_group_repeatedly
 from tests.hivemind_adapter.averager_pair import step_pair
@@ -304,3 +310,17 @@ def test_in_a_group_of_three_no_sender_holds_half_the_weight():
     # four senders keep the usual cap: twice the median (the lower middle) is a minority there
     four = torch.tensor([32.0, 64.0, 64.0, 1e9], dtype=torch.float64)
     assert capped_weights(four, 2.0).tolist() == [32.0, 64.0, 64.0, 128.0]
+
+
+def test_a_broadcast_part_comes_back_byte_for_byte_once_its_negative_zeros_are_gone():
+    """A broadcast: the head sends its vector with weight 1, members zeros with weight 0. The value
+    comes back equal but a -0.0 comes back +0.0 (a reducer's sum starts from +0.0): different bytes,
+    a different digest, an honest head named a liar. Without negative zeros the bytes are the head's."""
+    head = torch.tensor([-0.0, 1.5, -2.0, 0.0] * 8)
+    zeros = torch.zeros_like(head)
+    back = centered_clip([head, zeros, zeros], [1.0, 0.0, 0.0], RobustConfig()).value
+    assert torch.equal(back, head) and back.numpy().tobytes() != head.numpy().tobytes()
+    (clean,) = without_negative_zeros([head])
+    back = centered_clip([clean, zeros, zeros], [1.0, 0.0, 0.0], RobustConfig()).value
+    assert back.numpy().tobytes() == clean.numpy().tobytes()
+    assert torch.equal(clean, head) and not bool(torch.signbit(clean[0]))
