@@ -87,7 +87,10 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
     Use it like the base class; ``step()`` returns the gathered metadata of every group member, and
     :meth:`~hivemind_adapter.known_groups.KnownGroupSteps.step_in_known_group` averages with members
     known in advance, without matchmaking. With ``robust``, its reducer withstands a minority of
-    malicious senders; :meth:`last_outliers` names those it caught. With ``declarations``, its
+    malicious senders; :meth:`last_outliers` names those it caught. Its last ``slotted_tail``
+    tensors hold one slot per sender (a cohort's roll of sample counts): a robust reducer takes
+    each slot's owner's value there (:func:`~hivemind_adapter.robust_reduce.slotted_centre`), where
+    a robust centre would clip them. With ``declarations``, its
     matchmaking declares signed and meets only the peers :meth:`set_admitted` names
     (:mod:`hivemind_adapter.group_keys`); without, hivemind's unsigned declarations, which MANTA's
     DHT validator refuses (for tests on a DHT without it).
@@ -100,6 +103,7 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
         *args,
         robust: RobustConfig | None = None,
         declarations: DeclarationSigner | None = None,
+        slotted_tail: int = 0,
         **kwargs,
     ):
         # [sent, received] tensor payload bytes of this averager's all-reduces with other peers: written
@@ -109,6 +113,8 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
         self._named_since = SharedNames()  # what all-reduces named since take_named() last read it
         self._refused_since = SharedNames()  # reducers whose replies were refused, since take_refused()
         self._robust = robust  # read in the averager's process, by every runner it builds
+        # the last tensors that hold one slot per sender (a robust reducer reduces them as such)
+        self._slotted_tail = slotted_tail
         # how each sender's parts pointed, across this averager's all-reduces: kept (and only ever
         # read) in the averager's process, where its reducers run
         self._alignment = AlignmentRecord() if robust is not None else None
@@ -247,6 +253,8 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
             robust=self._robust,
             alignment=self._alignment,
             reply_alignment=self._reply_alignment,
+            # a step over the last tensors only (a known group's confirmation) holds the same tail
+            slotted_tensors=min(self._slotted_tail, len(tensors)),
             **kwargs,
         )
         runner.wire_bytes = self._wire_bytes

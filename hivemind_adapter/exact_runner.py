@@ -28,7 +28,9 @@ REPLY_LINGER_SECONDS = 30.0
 
 class ExactAllReduceRunner(AllReduceRunner):
     """A butterfly all-reduce whose outputs are the reducers' averages, not deltas against local parts.
-    With ``robust``, this member reduces with a :class:`~hivemind_adapter.robust_reduce.RobustPartReducer`."""
+    With ``robust``, this member reduces with a :class:`~hivemind_adapter.robust_reduce.RobustPartReducer`,
+    the last ``slotted_tensors`` tensors as slotted parts (see
+    :func:`~hivemind_adapter.robust_reduce.slotted_centre`; each must fit in one part)."""
 
     def __init__(
         self,
@@ -36,6 +38,7 @@ class ExactAllReduceRunner(AllReduceRunner):
         robust: RobustConfig | None = None,
         alignment: AlignmentRecord | None = None,
         reply_alignment: AlignmentRecord | None = None,
+        slotted_tensors: int = 0,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
@@ -55,6 +58,7 @@ class ExactAllReduceRunner(AllReduceRunner):
                 robust,
                 excluded=excluded,
                 min_aligned_values=MIN_VALUES,
+                slotted_parts=self._local_slotted_parts(slotted_tensors),
             )
             unused.finished.set()  # never used: its finalize would report "received 0% of input tensors"
         # With absolute outputs, a part whose reducer failed falls back to the local part, not to a zero delta.
@@ -66,6 +70,21 @@ class ExactAllReduceRunner(AllReduceRunner):
         self.refused_reducers: set[PeerID] = set()
         # per reducer (base58), the cosine of each reply with the part this member sent (robust only)
         self.reply_cosines: dict[str, list[float]] = {}
+
+    def _local_slotted_parts(self, slotted_tensors: int) -> frozenset[int]:
+        """Indices, among the parts this member reduces, of the last ``slotted_tensors`` tensors' parts.
+        hivemind never splits a part across tensors and deals parts to reducers in order, so the
+        last tensors' parts are the last parts of the vector."""
+        if slotted_tensors <= 0:
+            return frozenset()
+        container = self.tensor_part_container
+        by_tensor = container.num_parts_by_tensor[-slotted_tensors:]
+        if any(n != 1 for n in by_tensor):
+            raise ValueError("a slotted tensor must fit in one part")
+        total = sum(container.num_parts_by_tensor)
+        first = sum(container.num_parts_by_peer[: self.ordered_peer_ids.index(self.peer_id)])
+        mine = range(first, first + len(self.parts_for_local_averaging))
+        return frozenset(i - first for i in range(total - len(by_tensor), total) if i in mine)
 
     async def _communicate_with_peer(self, peer_id: PeerID):
         if peer_id != self.peer_id:

@@ -173,6 +173,27 @@ def centered_clip(
     return ClipResult(centre.to(dtype).reshape(shape), tuple(sorted(refused + named)), radius, alignments)
 
 
+def slotted_centre(parts: Sequence[torch.Tensor], senders: Sequence[int], num_senders: int) -> ClipResult:
+    """The reduction of a *slotted* part (``senders[j]`` sent ``parts[j]``): each sender owns the
+    positions congruent to its sender index modulo ``num_senders`` and writes zeros elsewhere, so
+    each position has one value, its owner's. The result is that value divided by ``num_senders``
+    (what a plain mean of the parts gives when every sender keeps to its slots: a cohort's roll of
+    sample counts, :mod:`peer.known_cohort`). A robust centre of such a part would be wrong (its
+    coordinate-wise median is zero), and it needs none: what a sender writes in another's slots is
+    ignored, and the sender named; so is one whose own values are not finite (they count as zero)."""
+    result = torch.zeros(parts[0].numel(), dtype=torch.float64)
+    positions = torch.arange(parts[0].numel())
+    named = []
+    for j, (part, sender) in enumerate(zip(parts, senders)):
+        values = part.detach().reshape(-1).to(torch.float64)
+        own = positions % num_senders == sender
+        if bool(values[~own].ne(0).any()) or not bool(torch.isfinite(values[own]).all()):
+            named.append(j)
+        else:
+            result[own] = values[own] / num_senders
+    return ClipResult(result.to(parts[0].dtype).reshape(parts[0].shape), tuple(named), 0.0)
+
+
 def without_negative_zeros(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """``tensors`` with every -0.0 made +0.0 (``t + 0.0``; nothing else changes). A reducer's sum
     starts from +0.0 and -0.0 + 0.0 is +0.0 in IEEE arithmetic, so a -0.0 that a broadcast's head
@@ -281,6 +302,8 @@ class RobustPartReducer(TensorPartReducer):
     ``alignments`` holds, per part of at least ``min_aligned_values`` values, each sender's cosine
     with the others' centre (by sender index). ``excluded`` senders (suspected by an
     :class:`~hivemind_adapter.alignment.AlignmentRecord`) are left out of every centre.
+    ``slotted_parts`` (part indices) are reduced by :func:`slotted_centre`, not robustly: the
+    cohort's roll of sample counts, each member's in its own slot.
     Parts are cast to ``part_dtype`` (default: torch's default dtype, the dtype hivemind's reducer
     averages in); a part of the wrong shape is refused and its sender is dropped like a failed one.
     """
@@ -293,8 +316,10 @@ class RobustPartReducer(TensorPartReducer):
         part_dtype: torch.dtype | None = None,
         excluded: Collection[int] = (),
         min_aligned_values: int = 1024,
+        slotted_parts: Collection[int] = (),
     ):
         self.config = config
+        self.slotted_parts = frozenset(slotted_parts)
         self.part_dtype = part_dtype or torch.get_default_dtype()
         self.excluded = frozenset(excluded)
         self.min_aligned_values = min_aligned_values
@@ -372,10 +397,13 @@ class RobustPartReducer(TensorPartReducer):
         parts, weights = [inputs[s][0] for s in senders], [inputs[s][1] for s in senders]
         del inputs
         try:
-            excluded = [j for j, sender in enumerate(senders) if sender in self.excluded]
-            result = await asyncio.get_running_loop().run_in_executor(
-                None, centered_clip, parts, weights, self.config, excluded
-            )
+            if part_index in self.slotted_parts:
+                result = slotted_centre(parts, senders, self.num_senders)
+            else:
+                excluded = [j for j, sender in enumerate(senders) if sender in self.excluded]
+                result = await asyncio.get_running_loop().run_in_executor(
+                    None, centered_clip, parts, weights, self.config, excluded
+                )
         except Exception as e:  # no usable part (ValueError), or worse: this slice cannot be averaged
             for j, part in enumerate(parts):
                 if not bool(torch.isfinite(part).all()):

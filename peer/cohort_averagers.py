@@ -75,9 +75,6 @@ class CohortAveragers:
             declarations=self.declarations,
             admitted=self.admitted,
             robust=RobustConfig() if params.robust_averaging else None,
-            # an outer task's inner steps meet as known groups, whose sample-count roll a robust
-            # centre would clip: there the cohort (same host or network) averages plainly
-            robust_cohort=params.sync != "outer",
         )
         self.on_new()
         return self.current

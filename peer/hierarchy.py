@@ -204,7 +204,6 @@ class HierarchicalAverager:
         deadlines: StageDeadlines | None = None,
         online: Callable[[], Collection[str]] | None = None,
         robust: RobustConfig | None = None,
-        robust_cohort: bool = True,
         declarations: DeclarationSigner | None = None,
         admitted: Callable[[], Mapping[str, str]] | None = None,
     ):
@@ -241,17 +240,17 @@ class HierarchicalAverager:
         if declarations is not None:
             common["declarations"] = declarations
         # Both averagers run on the same shared-memory buffer; their steps are strictly sequential.
-        # The cohort's ends with the roll of sample counts that a known group carries (peer.known_cohort).
+        # The cohort's ends with the roll of sample counts that a known group carries (peer.known_cohort),
+        # one slot per member: robust reducers take each slot's owner's value there.
         # ``robust``: reducers take CenteredClip over the senders' parts (hivemind_adapter.robust_reduce).
-        # Not the cohort's with ``robust_cohort=False``: a known group carries every member's sample
-        # count in a roll of one-hot slots, which any robust centre would clip (an outer task's inner steps).
-        cohort_robust = robust if robust_cohort else None
+        self.robust = robust
         self._cohort = averager_type(
             [*self._buffer, new_roll()],
             dht,
             prefix=f"{run_id}_cohort_{_cohort_tag(cohort)}",
-            robust=cohort_robust,
-            part_size_bytes=PART_SIZE_BYTES if cohort_robust is None else ROBUST_PART_SIZE_BYTES,
+            robust=robust,
+            slotted_tail=1,
+            part_size_bytes=PART_SIZE_BYTES if robust is None else ROBUST_PART_SIZE_BYTES,
             **common,
         )
         self._known = KnownCohort(run_id, cohort, client_mode)
@@ -341,6 +340,8 @@ class HierarchicalAverager:
             with self._cohort.get_tensors() as buf:
                 for b, t in zip(buf, numerator):
                     b.copy_(t)
+            if self.robust is not None:  # every stage averages means weighted by samples (_to_own_mean)
+                self._to_own_mean(me.samples)
             members = [me]
             known = (
                 self._known.members(
@@ -361,6 +362,8 @@ class HierarchicalAverager:
                     allreduce_timeout=self.deadlines.allreduce_bound(
                         "cohort", self.timeouts.allreduce, least=2.0 * self.timeouts.next_chunk
                     ),
+                    # robust: a weighted centre of the members' means, as in a matchmade stage
+                    weight=1.0 if self.robust is None else float(me.samples),
                 )  # fmt: skip
                 if known is not None
                 else None
@@ -368,9 +371,12 @@ class HierarchicalAverager:
             if counts is not None:
                 members = [Contributor(p, self.cohort, n, state_digest, False) for p, n in zip(known, counts)]
                 outcome.known_group = True
-                self._to_cohort_mean(members)
-            else:
+                if self.robust is None:
+                    self._to_cohort_mean(members)
+            elif self.robust is None:
                 self._to_own_mean(me.samples)
+            else:  # the buffer holds this peer's mean already; a failed known group left its count
+                self._clear_roll()
             if counts is None and cohort_size > 1:
                 try:
                     units = [(p,) for p in self._cohort_peers[cohort_rank]] if self._cohort_peers else []
@@ -665,9 +671,9 @@ class HierarchicalAverager:
             raise RoundAborted("contributors started from another state than this peer")
 
     def _to_cohort_mean(self, members: list[Contributor]) -> None:
-        """A known group's average left ``sum of numerators / n_members`` (it weighs members equally,
-        to carry their counts in the roll); make it the cohort's sample-weighted mean (zeros if the
-        cohort processed no samples), what the other stages hold."""
+        """A plain known group's average left ``sum of numerators / n_members`` (it weighs members
+        equally, to carry their counts in the roll); make it the cohort's sample-weighted mean (zeros
+        if the cohort processed no samples), what the other stages hold."""
         samples = sum(m.samples for m in members)
         factor = len(members) / samples if samples > 0 else 0.0
         with self._cohort.get_tensors() as buf:
@@ -683,6 +689,12 @@ class HierarchicalAverager:
         with self._cohort.get_tensors() as buf:
             for b in buf[: len(self._buffer)]:
                 b.mul_(factor)
+        self._clear_roll()
+
+    def _clear_roll(self) -> None:
+        """Zeros in the roll: a matchmade group's senders are not in a known group's order, so a count
+        left in one's slot would sit in another's (and a robust reducer names a sender for that)."""
+        with self._cohort.get_tensors() as buf:
             buf[-1].zero_()
 
     def _finish_average(

@@ -39,11 +39,13 @@ def step_known_group_repeatedly(
     tensors: Callable[[int], list[torch.Tensor]],
     averager_kwargs: Callable[[int], dict] = lambda i: {},
     averager_type: Callable[[int], type[VerifiedAverager]] = lambda i: VerifiedAverager,
+    take_step: Callable[[int, VerifiedAverager, list[str]], object] | None = None,
     **settings,
 ) -> tuple[list[tuple[list[list[torch.Tensor]], list[object], list[list[str]]]], list[str]]:
     """:func:`step_known_group` ``steps`` times with the same averagers (what they remember across
     all-reduces carries over), each step from ``tensors(i)`` again; per step (what each holds, each
-    outcome, each ``last_outliers()``), and the members' base58 ids."""
+    outcome, each ``last_outliers()``), and the members' base58 ids. ``take_step(i, averager,
+    peer_ids)``, if given, takes member ``i``'s step instead (its return value is the outcome)."""
     dhts = [start_dht(host_maddrs=LOOPBACK)]
     averagers: list[VerifiedAverager] = []
     try:
@@ -61,8 +63,10 @@ def step_known_group_repeatedly(
                     for dst, src in zip(held, tensors(i)):
                         dst.copy_(src)
 
-            def step(_: int, averager: VerifiedAverager, group: str = group) -> None:
-                averager.step_in_known_group(
+            def step(i: int, averager: VerifiedAverager, group: str = group) -> object:
+                if take_step is not None:
+                    return take_step(i, averager, peer_ids)
+                return averager.step_in_known_group(
                     group,
                     sorted(peer_ids),
                     weight=1.0,

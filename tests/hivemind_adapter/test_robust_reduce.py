@@ -21,6 +21,7 @@ from hivemind_adapter.robust_reduce import (
     RobustPartReducer,
     capped_weights,
     centered_clip,
+    slotted_centre,
     without_negative_zeros,
 )
 from tests.adversaries.dishonest_peer import lying_averager
@@ -136,6 +137,23 @@ def test_nothing_usable_raises():
         centered_clip([nan, nan.clone()], [1.0, 1.0], CONFIG)
     with pytest.raises(ValueError):
         centered_clip([torch.ones(8), torch.zeros(8)], [0.0, 0.0], CONFIG)
+
+
+def test_a_slotted_part_gives_each_slot_its_owners_value_and_names_who_writes_elsewhere():
+    """Three senders own positions 0, 1, 2 modulo 3 (a roll of counts): each position comes back as
+    its owner's value over three, what a plain mean of honest slots gives; sender 1 writes into
+    sender 0's slot and sender 2 a NaN in its own: both are named and count as zeros."""
+    parts = [torch.zeros(9) for _ in range(3)]
+    parts[0][0], parts[0][3] = 30.0, 6.0
+    parts[1][1], parts[1][0] = 60.0, 999.0
+    parts[2][2] = math.nan
+    result = slotted_centre(parts, [0, 1, 2], 3)
+    assert result.value.tolist() == [10.0, 0, 0, 2.0, 0, 0, 0, 0, 0]
+    assert result.outliers == (1, 2)
+    honest = [torch.zeros(9) for _ in range(3)]
+    for s, value in enumerate((30.0, 60.0, 90.0)):
+        honest[s][s] = value
+    assert torch.equal(slotted_centre(honest, [0, 1, 2], 3).value, sum(honest) / 3)
 
 
 def test_the_reducer_keeps_hiveminds_bookkeeping_and_names_the_bad_sender():

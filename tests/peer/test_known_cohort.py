@@ -1,5 +1,7 @@
-"""A cohort that met as a known group confirms its result among its members: real averagers on
-loopback DHT nodes, the roll at the end of their buffer as in a cohort averager."""
+"""A cohort that meets as a known group: real averagers on loopback DHT nodes, the roll at the end of
+their buffer as in a cohort averager. Members confirm their result among themselves; with robust
+averaging (an outer task's inner steps) they get every member's count and a robust centre, and one
+member can neither poison the mean nor write another's count."""
 
 from __future__ import annotations
 
@@ -8,7 +10,14 @@ import hashlib
 import torch
 
 from hivemind_adapter.allreduce import VerifiedAverager
+from hivemind_adapter.known_groups import known_group_id
+from hivemind_adapter.robust_reduce import RobustConfig
 from peer.known_cohort import KnownCohort, new_roll
+from tests.hivemind_adapter.averager_group import (
+    ALLREDUCE_TIMEOUT,
+    ARRIVAL_TIMEOUT,
+    step_known_group_repeatedly,
+)
 from tests.hivemind_adapter.averager_pair import step_pair
 
 
@@ -49,3 +58,92 @@ def test_a_cohort_holding_a_barred_peer_meets_through_matchmaking():
     assert known.members(cohort, 3, "QmAlice", live=None) == cohort
     assert known.members(cohort, 3, "QmAlice", live=None, barred={"QmLiar"}) is None
     assert known.members(cohort, 3, "QmAlice", live=None, barred={"QmSomeoneElse"}) == cohort
+
+
+# ------------------------------------------------------------- robust known groups (inner steps)
+
+SAMPLES = (16, 32, 48, 32)  # member i's samples; member 3 is the dishonest one
+
+
+def _mean_gradient(i: int) -> torch.Tensor:
+    """Member ``i``'s mean gradient: a shared signal plus its own noise (40,000 values: several parts)."""
+    signal = torch.randn(40_000, generator=torch.Generator().manual_seed(11))
+    return signal + 0.1 * torch.randn(40_000, generator=torch.Generator().manual_seed(100 + i))
+
+
+def _robust_known_group(take_step) -> tuple[list, list, list, list[str]]:
+    """Four robust cohort averagers (the roll a slotted tail, as :class:`~peer.hierarchy.
+    HierarchicalAverager` builds them) take one known-group step with ``take_step(i, averager,
+    members)``; returns what each holds, each outcome, each ``last_outliers()`` and the peer ids."""
+    history, peer_ids = step_known_group_repeatedly(
+        4,
+        1,
+        lambda i: [_mean_gradient(i), new_roll()],
+        lambda i: dict(robust=RobustConfig(), slotted_tail=1),
+        take_step=lambda i, averager, peer_ids: take_step(i, averager, tuple(sorted(peer_ids)), peer_ids[i]),
+        prefix="robust-known",
+        part_size_bytes=16 * 1024,
+    )
+    (results, outcomes, named) = history[0]
+    return results, outcomes, named, peer_ids
+
+
+def _average(i: int, averager, members, me: str, vector: torch.Tensor):
+    with averager.get_tensors() as held:
+        held[0].copy_(vector)
+    return KnownCohort("run", "cohort-a", client_mode=False).average(
+        averager, 7, members, me, SAMPLES[i], "state",
+        arrival_timeout=ARRIVAL_TIMEOUT, allreduce_timeout=ALLREDUCE_TIMEOUT, weight=float(SAMPLES[i]),
+    )  # fmt: skip
+
+
+def _weighted_mean(indices) -> torch.Tensor:
+    total = sum(SAMPLES[i] * _mean_gradient(i).double() for i in indices)
+    return (total / sum(SAMPLES[i] for i in indices)).float()
+
+
+def test_a_robust_known_group_counts_every_member_and_leaves_a_poisoned_mean_out():
+    results, outcomes, named, peer_ids = _robust_known_group(
+        lambda i, averager, members, me: _average(
+            i, averager, members, me, _mean_gradient(i) * (1000 if i == 3 else 1)
+        )
+    )
+    order = sorted(peer_ids)
+    counts = [SAMPLES[peer_ids.index(p)] for p in order]  # every count, in the members' order
+    assert outcomes == [counts] * 4, outcomes
+    honest = _weighted_mean(range(3))
+    for held in results[:3]:  # the sample-weighted mean of the honest three, bit for bit
+        assert torch.allclose(held[0], honest, rtol=0, atol=1e-6), float((held[0] - honest).abs().max())
+    assert len({held[0].numpy().tobytes() for held in results}) == 1
+    assert named[:3] == [[peer_ids[3]]] * 3, named  # every reducer saw the x1000 mean
+
+
+def test_a_member_cannot_write_another_members_count():
+    """The dishonest member writes its own count and a forged one in member 0's slot: every member
+    still reads member 0's true count, and the roll's reducer names the forger, whose count it drops."""
+
+    def take_step(i, averager, members, me):
+        if i != 3:
+            return _average(i, averager, members, me, _mean_gradient(i))
+        with averager.get_tensors() as held:
+            held[0].copy_(_mean_gradient(i))
+            held[1].zero_()
+            held[1][members.index(me)] = SAMPLES[i]
+            held[1][members.index(order[0])] = 10_000
+        averager.step_in_known_group(
+            known_group_id("run", "cohort-a", "7", "state", *members), members, weight=float(SAMPLES[i]),
+            arrival_timeout=ARRIVAL_TIMEOUT, allreduce_timeout=ALLREDUCE_TIMEOUT,
+        )  # fmt: skip
+        return "stepped"
+
+    order: list[str] = []
+
+    def ordered(i, averager, members, me):
+        order[:] = members
+        return take_step(i, averager, members, me)
+
+    results, outcomes, named, peer_ids = _robust_known_group(ordered)
+    want = [0 if p == peer_ids[3] else SAMPLES[peer_ids.index(p)] for p in order]
+    assert outcomes[:3] == [want] * 3, outcomes
+    # one member reduces the roll (its one part): it alone saw the forgery
+    assert sum(peer_ids[3] in n for n in named[:3]) == 1, named
