@@ -21,6 +21,11 @@ robustness costs an honest swarm.
 
     python -m benchmarks.red_team [--rounds 12] [--attacks all|name,name] [--out DIR]
                                   [--sites 2 --uplink 50mbit --downlink 50mbit --delay 20]
+                                  [--sync outer --inner-steps 5]
+
+With ``--sync outer`` each round is an inner step inside the cohort (its members meet as a known
+group, robust like any stage) and cohorts meet every ``--inner-steps`` rounds in an outer step: a
+poisoned gradient then reaches the cohort's inner steps, which the cohort's reducers must withstand.
 
 Each swarm takes 2-4 minutes on two cores. The table is what benchmarks/README.md records.
 """
@@ -62,6 +67,8 @@ def run(
     rounds: int,
     robust: bool = True,
     scenario: Scenario | None = None,
+    sync: str = "every-step",
+    inner_steps: int = 5,
 ) -> dict:
     """One swarm (on ``scenario``'s emulated internet, or on 127.0.0.1); the measurements of its
     attacker (if any) and of its honest peers."""
@@ -69,7 +76,7 @@ def run(
     options = SwarmOptions(
         peers=PEERS, rounds=rounds, run_dir=run_dir, target_samples=384, batch_size=32, subnets=2,
         width_mult="0.25", head_channels=64, until_swarm_round=True,
-        extra_toml="" if robust else "robust_averaging = false\n",
+        extra_toml="" if robust else "robust_averaging = false\n", sync=sync, inner_steps=inner_steps,
     )  # fmt: skip
     internet = EmulatedInternet(scenario, run_dir) if scenario is not None else None
     placement = [site.name for site in scenario.sites for _ in range(site.peers)] if scenario else None
@@ -192,7 +199,11 @@ def main() -> None:
     parser.add_argument("--uplink", default="50mbit", help="each site's uplink (tc's notation)")
     parser.add_argument("--downlink", default="50mbit", help="each site's downlink")
     parser.add_argument("--delay", type=float, default=20.0, help="one-way delay, site to core, ms")
+    parser.add_argument("--sync", choices=("every-step", "outer"), default="every-step")
+    parser.add_argument("--inner-steps", type=int, default=5, help="with --sync outer: rounds per outer step")
     args = parser.parse_args()
+    if args.inner_steps < 1:
+        sys.exit("red_team: --inner-steps must be at least 1")
     scenario = None
     if args.sites:
         try:
@@ -212,12 +223,17 @@ def main() -> None:
         print(
             f"emulated internet: {args.sites} sites, {args.uplink} up / {args.downlink} down, {args.delay:g} ms one way"
         )
+    if args.sync == "outer":
+        print(f"outer steps every {args.inner_steps} rounds; each round an inner step inside the cohort")
     runs = {}
     names = ("clean", *(() if args.no_plain else ("plain",)), *attacks)
     for name in names:
         print(f"== {name} ({len(runs) + 1} of {len(names)})", flush=True)
         attack = None if name in ("clean", "plain") else name
-        runs[name] = run(args.out, name, attack, args.rounds, robust=name != "plain", scenario=scenario)
+        runs[name] = run(
+            args.out, name, attack, args.rounds, robust=name != "plain", scenario=scenario,
+            sync=args.sync, inner_steps=args.inner_steps,
+        )  # fmt: skip
         print(f"   {runs[name]['wall']:.0f} s", flush=True)
     clean = runs["clean"]
     print(f"\nload average after: {os.getloadavg()}")
