@@ -25,7 +25,12 @@ The red team of issue 19 (``benchmarks/red_team.py``) adds:
   whoever catches up through state sharing;
 - ``rogue-progress``: publishes progress records of a round 10^9 ahead with 10^6 times its samples;
 - ``lying-reducer``: computes and sends honestly, but as a reducer returns the negated centre of
-  every part it reduces (a reducer decides its part's result for every member alike).
+  every part it reduces (a reducer decides its part's result for every member alike);
+- ``copy``: zero compute with a copied gradient. Honest for its first ``TRUSTED_AFTER`` committed
+  rounds (what a new key is audited on, every one), then sends, and commits its receipts to, the
+  swarm's last committed average instead of its own gradient: a vector inside the honest spread,
+  which no reducer can tell from an honest one, with a receipt consistent with it. (It still runs
+  its mini-batches, so that its timing stays an honest peer's; a real copier would skip them.)
 """
 
 from __future__ import annotations
@@ -46,12 +51,14 @@ from hivemind_adapter.robust_reduce import RobustPartReducer
 from peer.node import PeerNode
 from peer.search_service import EvaluationService
 from peer.swarm_view import ProgressBoard
+from peer.worker_pool import WorkerPool
 from protocol.averaging_group import averaging_group_id, group_membership
 from protocol.records import ContributionReceipt, TaskSpec, seal
 
 FAULTS = (
     "forge", "replay", "inflate", "fabricate", "search-lie", "silent", "flops", "self-group",
     "group-inflate", "nan", "x1000", "sign", "garbage", "forged-state", "rogue-progress", "lying-reducer",
+    "copy",
 )  # fmt: skip
 POISONS = ("nan", "x1000", "sign", "garbage")
 INFLATION = 10  # group-inflate's factor
@@ -198,6 +205,33 @@ def lie_as_reducer() -> None:
     take_any_reply()
 
 
+TRUSTED_AFTER = 3  # the copier's honest rounds: a new key's receipts are all audited until 3 passed
+
+
+def copy_gradient() -> None:
+    """From its ``TRUSTED_AFTER``-th committed round on, this peer's host numerator is the swarm's last
+    committed average times its samples (the peer's own code is untouched: ``peer.round`` looks
+    ``compute_until_target`` up at each round, and the receipt's commitments read the numerator)."""
+    held: dict[str, object] = {"average": None, "committed": 0}
+    honest_apply, honest_compute = WorkerPool.apply, peer.round.compute_until_target
+
+    def apply(self, round_index, swarm_average):
+        if swarm_average is not None:
+            held["average"] = [t.clone() for t in swarm_average]
+            held["committed"] += 1
+        return honest_apply(self, round_index, swarm_average)
+
+    def compute(ctx, plan):
+        host, seconds, ahead = honest_compute(ctx, plan)
+        if held["average"] is not None and held["committed"] >= TRUSTED_AFTER:
+            for dst, src in zip(ctx.workers.host_numerator(), held["average"]):
+                dst.copy_(src * host.samples)
+        return host, seconds, ahead
+
+    WorkerPool.apply = apply
+    peer.round.compute_until_target = compute
+
+
 def rogue_progress() -> None:
     """Publish every progress record 10^9 rounds ahead, with 10^6 times the samples."""
     honest = ProgressBoard.publish
@@ -264,5 +298,7 @@ if __name__ == "__main__":
         rogue_progress()
     if chosen == "lying-reducer":
         lie_as_reducer()
+    if chosen == "copy":
+        copy_gradient()
     peer.cli.NODE_CLASS = dishonest_node(chosen)
     peer.cli.main()
