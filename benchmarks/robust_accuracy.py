@@ -1,0 +1,549 @@
+"""Accuracy under attack, paired: does one poisoned peer of six cost the model more than 1 pp?
+
+Issue 19 asks that, with one dishonest peer of six sending a poisoned gradient (sign-flipped, x1000,
+NaN, random garbage), the final accuracy of the largest and smallest sub-networks stay within 1
+percentage point of a clean run. The swarm red team (``benchmarks/red_team.py``) cannot measure that
+on this machine: a real swarm's sample order and group order depend on timing, and two runs of the
+same row scatter by 3-10 pp. Any gap below that is invisible there.
+
+This benchmark takes the timing out and keeps the aggregation. Six simulated peers train one shared
+model in one process, round after round, with the swarm's own pieces:
+
+- the task is the red team's (digits, width 0.25, 2 sub-networks a round, 384 samples a round,
+  ``SwarmOptions`` turned into a ``TaskSpec`` by the aggregator's ``build_task_spec`` and into a
+  ``Workload`` by ``swarm_train_options``, as peers do); ``--rounds`` is also the schedule's length;
+- each peer's gradient is ``supernet.contribution.compute_contribution`` over its own sample stream
+  (64 samples: two mini-batches of 32), all peers from the same state (data-parallel: the same
+  sub-networks), turned into its per-sample mean as ``peer.hierarchy`` does;
+- the attacker (peer 5) sends what ``tests/adversaries/dishonest_peer.poisoned`` makes of it;
+- the all-reduce is hivemind's partition (``load_balance_peers`` with equal bandwidths,
+  ``TensorPartContainer`` with 512 KiB parts; the group's order shuffled every round, as a hivemind
+  leader does, but from a seeded generator) and, per reducer, MANTA's ``RobustPartReducer`` with the
+  reducer's own ``AlignmentRecord`` kept across rounds, exactly as ``ExactAllReduceRunner`` builds it
+  (suspects left out, cosines noted after the all-reduce); row ``plain`` uses hivemind's own
+  ``TensorPartReducer`` (``robust_averaging = false``, 4 MiB parts);
+- a non-finite average is not applied (``VerifiedAverager``); a finite one is applied with the task's
+  optimizer as a worker applies it (``optimizer_step``);
+- the final state is evaluated as the testbed's summary does (largest and smallest sub-network,
+  BN recalibrated, validation split).
+
+Every random draw comes from the explicit generators the code already uses (sample streams,
+augmentation, initial weights, BN calibration), the group order from a seeded generator, and torch
+runs on one thread: a (row, seed) pair gives the same bits every time. Rows differ only in the
+aggregation and in what peer 5 sends, so the difference between a row and ``clean`` on the same seed
+is the effect of that change (plus the chaos of two trajectories that part at the first differing
+bit: row ``plain``, honest but summed in another order, shows how large that is). Several seeds give
+the mean paired difference and its standard error.
+
+What it does not exercise: networking, timing, matchmaking, partial groups and retries, the reply
+checks' effect on who commits (only counted here), the aggregator and credit. The red team covers
+those. Every peer contributes exactly 64 samples (the swarm's counts vary with speed), and a round
+whose average is refused is skipped (the swarm would retry it with new groups). A run whose
+parameters stop being finite ends there: every later gradient would be NaN, and no later average
+would be applied.
+
+    python -m benchmarks.robust_accuracy [--rounds 40] [--seeds 3] [--attacks sign,x1000,nan,garbage]
+                                         [--plain-attack-seeds 1] [--no-clean-5] [--json OUT]
+
+The plain mean under an attack is a contrast, not a candidate: by default it runs for the first seed
+only (``--plain-attack-seeds``). One run (a row and a seed) takes 3-5 s a round on one core of this
+2-core VM, plus a few seconds to evaluate: a 40-round run 2-4 minutes when nothing else runs. The
+table is what benchmarks/README.md records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from hivemind_adapter.runtime import prepare_process
+
+prepare_process()
+
+import torch  # noqa: E402
+from hivemind.averaging.load_balancing import load_balance_peers  # noqa: E402
+from hivemind.averaging.partition import TensorPartContainer, TensorPartReducer  # noqa: E402
+
+from aggregator.task_publication import build_task_spec  # noqa: E402
+from hivemind_adapter.alignment import MIN_VALUES, AlignmentRecord  # noqa: E402
+from hivemind_adapter.reply_check import implausible_reply  # noqa: E402
+from hivemind_adapter.robust_reduce import RobustConfig, RobustPartReducer  # noqa: E402
+from peer.hierarchy import PART_SIZE_BYTES, ROBUST_PART_SIZE_BYTES  # noqa: E402
+from peer.known_cohort import new_roll  # noqa: E402
+from protocol.identity import Identity  # noqa: E402
+from supernet.contribution import compute_contribution  # noqa: E402
+from supernet.state import digest, init_optimizer_state, state_tensors  # noqa: E402
+from supernet.training import maybe_sort_channels, optimizer_step, step_configs  # noqa: E402
+from supernet.workload import Workload, swarm_train_options, workload_for  # noqa: E402
+from testbed.local_swarm import SwarmOptions, task_toml  # noqa: E402
+from tests.adversaries.dishonest_peer import POISONS, poisoned  # noqa: E402
+
+PEERS, ATTACKER = 6, 5
+TARGET_SAMPLES = 384  # the red team's samples a round
+PER_PEER = TARGET_SAMPLES // PEERS  # 64: two mini-batches of 32
+KINDS = ("largest", "smallest")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One way of aggregating: robust (CenteredClip) or plain, an attack by peer 5 or none, and how
+    many peers take part (``clean-5``: the five honest ones alone)."""
+
+    name: str
+    robust: bool
+    attack: str | None = None
+    peers: int = PEERS
+
+
+def rows_for(attacks: Sequence[str], clean_5: bool) -> list[Row]:
+    rows = [Row("clean", True), Row("plain", False)]
+    if clean_5:
+        rows.append(Row("clean-5", True, peers=PEERS - 1))
+    rows += [Row(a, True, a) for a in attacks]
+    return rows + [Row(f"plain+{a}", False, a) for a in attacks]
+
+
+@dataclass
+class RunResult:
+    """What one (row, seed) run measured."""
+
+    row: str
+    seed: int
+    accuracy: dict[str, float]  # largest / smallest, in %
+    wall: float
+    digest: str  # of the final parameters and optimizer state: the determinism check compares these
+    skipped: list[int] = field(default_factory=list)  # rounds whose average was refused (not finite)
+    diverged_at: int | None = None  # the round after whose step the parameters were no longer finite
+    # Values the attacker sent in parts that were not all zeros (a zero part, which the supernet's
+    # unused weights give, is the same flipped or scaled: no attack there), the roll left out ...
+    attacker_values: int = 0
+    attacker_excluded: int = 0  # ... of which a reducer's AlignmentRecord had it left out
+    attacker_named: int = 0  # ... of which a reducer refused or named it (ClipResult.outliers)
+    first_kept_out: int | None = None  # the first round any reducer excluded or named it
+    first_refused_receipt: int | None = None  # the first round two reducers named it (its receipt refused)
+    honest_named: int = 0  # (round, reducer, honest sender) namings, outliers or excluded
+    honest_refused_receipts: int = 0  # (round, honest sender) pairs named by two reducers or more
+    honest_replies_refused: int = 0  # replies an honest member's reply check would have refused
+
+
+def swarm_workload(seed: int, rounds: int) -> tuple[Workload, int]:
+    """The red team's task (its ``SwarmOptions``, with ``seed`` and a schedule of ``rounds``) as the
+    aggregator publishes it and a peer's workers build it; and the task's seed."""
+    options = SwarmOptions(
+        peers=PEERS, rounds=rounds, target_samples=TARGET_SAMPLES, batch_size=32, subnets=2,
+        width_mult="0.25", head_channels=64, seed=seed,
+    )  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "task.toml"
+        path.write_text(task_toml(options))
+        spec = build_task_spec(str(path), Identity.generate())
+    return workload_for(spec.task, swarm_train_options(spec)), spec.seed
+
+
+def group_order(peers: int, seed: int, round_index: int) -> list[int]:
+    """The round's group order (a hivemind leader shuffles its group; here from a seeded generator,
+    the same in every row): position i sends as sender i and reduces the i-th share of the vector."""
+    order = list(range(peers))
+    random.Random(f"robust-accuracy/{seed}/{round_index}").shuffle(order)
+    return order
+
+
+def peer_mean(
+    workload: Workload,
+    net: torch.nn.Module,
+    configs,
+    task_seed: int,
+    round_index: int,
+    peer: int,
+    attack: str | None,
+) -> list[torch.Tensor]:
+    """What ``peer`` sends into the round's all-reduce: its per-sample mean gradient, or, for the
+    attacker, the mean of what ``dishonest_peer.poisoned`` makes of its numerator."""
+    if attack == "nan":  # all NaN whatever it computed: its gradient is not needed
+        numerator, samples = [torch.zeros_like(p) for p in net.parameters()], PER_PEER
+    else:
+        work = compute_contribution(
+            workload, net, configs, "cpu", task_seed, round_index, f"peer-{peer}",
+            go_on=lambda s: s < PER_PEER,
+        )  # fmt: skip
+        numerator, samples = work.numerator, work.samples
+    if attack is not None:
+        numerator = poisoned(attack, numerator)
+    factor = 1.0 / samples  # peer.hierarchy's _to_own_mean
+    return [n.detach() * factor for n in numerator]
+
+
+@dataclass
+class AllReduce:
+    """One round's all-reduce as every member sees it (exact: every member receives the same bytes)."""
+
+    average: list[torch.Tensor] | None  # None: it failed, or its result is not finite
+    # per reducer position:
+    excluded: list[frozenset[int]]  # the sender positions its record had it leave out
+    outliers: list[dict[int, set[int]]]  # per sender position, the parts it refused or named
+    sizes: list[list[int]]  # each part's values (the roll's part counted as 0)
+    live: list[list[set[int]]]  # per sender position, its parts that were not all zeros
+    # per sender position:
+    replies_refused: list[int]  # remote replies its reply check would have refused
+
+    def named(self, r: int) -> set[int]:
+        """The senders reducer ``r`` names in its commit report (ExactAllReduceRunner.outlier_senders)."""
+        return set(self.outliers[r]) | set(self.excluded[r])
+
+
+def all_reduce(
+    means: Sequence[list[torch.Tensor]],
+    weights: Sequence[float],
+    robust: bool,
+    records: Sequence[AlignmentRecord] | None,
+    names: Sequence[str],
+) -> AllReduce:
+    """Average ``means`` (by sender position) as one group's butterfly all-reduce does: hivemind's
+    partition of the cohort averager's tensors (the gradient, then the roll of sample counts), each
+    reducer's share reduced by MANTA's robust reducer (or hivemind's plain one), its
+    ``records[position]`` consulted before and fed after, as ``ExactAllReduceRunner`` does."""
+    n = len(means)
+    tensors = [[*m, new_roll()] for m in means]  # peer.hierarchy's cohort averager holds the roll last
+    total = sum(t.numel() for t in tensors[0])
+    fractions = load_balance_peers(total, [None] * n)
+    part_size = ROBUST_PART_SIZE_BYTES if robust else PART_SIZE_BYTES
+    return asyncio.run(_all_reduce(tensors, fractions, part_size, weights, robust, records, names))
+
+
+async def _all_reduce(tensors, fractions, part_size, weights, robust, records, names) -> AllReduce:
+    # one thread for CenteredClip (RobustPartReducer runs it in the loop's executor)
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
+    n = len(tensors)
+    containers = [TensorPartContainer(t, fractions, part_size_bytes=part_size) for t in tensors]
+    parts = [[c.get_raw_input_parts(r) for r in range(n)] for c in containers]  # [sender][reducer]
+    holds_roll = max(r for r in range(n) if containers[0].num_parts_by_peer[r] > 0)
+    live = [
+        [{j for j, part in enumerate(parts[s][r]) if bool((part != 0).any())} for s in range(n)]
+        for r in range(n)
+    ]
+    out = AllReduce(None, [frozenset()] * n, [{} for _ in range(n)], [[] for _ in range(n)], live, [0] * n)
+    replies: list[list[torch.Tensor]] = []
+    failed = False
+    for r in range(n):
+        shapes = [p.shape for p in parts[0][r]]
+        if not shapes:
+            replies.append([])
+            continue
+        slotted = [len(shapes) - 1] if r == holds_roll else []
+        out.sizes[r] = [0 if j in slotted else shape.numel() for j, shape in enumerate(shapes)]
+        if robust:
+            suspects = records[r].suspects()
+            excluded = [i for i, name in enumerate(names) if name in suspects]
+            reducer = RobustPartReducer(
+                shapes, n, RobustConfig(), excluded=excluded, min_aligned_values=MIN_VALUES,
+                slotted_parts=slotted,
+            )  # fmt: skip
+        else:
+            reducer = TensorPartReducer(shapes, n)
+
+        async def send(s: int, reducer=reducer, r=r) -> list[torch.Tensor]:
+            return [
+                await reducer.accumulate_part(s, j, part, weight=weights[s])
+                for j, part in enumerate(parts[s][r])
+            ]
+
+        gathered = await asyncio.gather(*(send(s) for s in range(n)), return_exceptions=True)
+        results: list[list[torch.Tensor]] | None = gathered
+        if any(isinstance(g, BaseException) for g in gathered):  # no usable part (robust), say
+            failed, results = True, None  # the all-reduce fails for every member
+        if robust:
+            out.excluded[r] = reducer.excluded
+            out.outliers[r] = {s: set(indices) for s, indices in reducer.outliers.items()}
+            for cosines in reducer.alignments:  # ExactAllReduceRunner.note_alignments
+                records[r].note_part({names[i]: c for i, c in cosines.items()})
+        if results is None:
+            replies.append([])
+            continue
+        replies.append(results[0])  # every sender was given the same tensors
+        if robust:  # what each member's check (hivemind_adapter.reply_check) says of a remote reply
+            for s in range(n):
+                if s != r:
+                    out.replies_refused[s] += sum(
+                        implausible_reply(own, reply, MIN_VALUES) is not None
+                        for own, reply in zip(parts[s][r], results[s])
+                    )
+    if failed:
+        return out
+    flat = [part for share in replies for part in share]
+    average, index = [], 0
+    for tensor, count in zip(tensors[0][:-1], containers[0].num_parts_by_tensor):
+        pieces = [p.reshape(-1) for p in flat[index : index + count]]
+        average.append(torch.cat(pieces).reshape(tensor.shape).to(tensor.dtype))
+        index += count
+    if all(bool(torch.isfinite(t).all()) for t in average):  # VerifiedAverager applies nothing else
+        out.average = average
+    return out
+
+
+def run(row: Row, seed: int, rounds: int) -> RunResult:
+    """Train ``rounds`` rounds with ``row``'s aggregation from ``seed``'s task; evaluate the result."""
+    started = time.monotonic()
+    workload, task_seed = swarm_workload(seed, rounds)
+    cfg = workload.cfg
+    net = workload.build()
+    optimizer = workload.make_optimizer(net)
+    init_optimizer_state(net, optimizer)
+    params = list(net.parameters())
+    peers = list(range(row.peers))
+    records = {p: AlignmentRecord() for p in peers} if row.robust else None
+    result = RunResult(row.name, seed, {}, 0.0, "")
+    for round_index in range(rounds):
+        maybe_sort_channels(net, round_index, cfg, optimizer)  # peer/worker.py, before its compute
+        configs = step_configs(net, round_index, cfg)  # data-parallel: every peer the same sub-networks
+        order = group_order(row.peers, seed, round_index)
+        attacker = order.index(ATTACKER) if row.attack else None
+        means: list[list[torch.Tensor] | None] = [None] * len(order)
+        if attacker is not None:
+            means[attacker] = peer_mean(workload, net, configs, task_seed, round_index, ATTACKER, row.attack)
+            if not row.robust and not all(bool(torch.isfinite(t).all()) for t in means[attacker]):
+                result.skipped.append(round_index)  # a plain mean with a NaN in it: nothing is applied
+                continue
+        for position, peer in enumerate(order):
+            if means[position] is None:
+                means[position] = peer_mean(workload, net, configs, task_seed, round_index, peer, None)
+        names = [f"peer-{p}" for p in order]
+        reduced = all_reduce(
+            means, [float(PER_PEER)] * len(order), row.robust,
+            [records[p] for p in order] if records is not None else None, names,
+        )  # fmt: skip
+        _count(result, reduced, round_index, attacker)
+        if reduced.average is None:
+            result.skipped.append(round_index)
+            continue
+        for p, g in zip(params, reduced.average):  # peer/worker.py, Apply
+            p.grad = g.clone()
+        optimizer_step(net, optimizer, round_index, cfg)
+        if not all(bool(torch.isfinite(p).all()) for p in params):
+            # Every later gradient is computed through these weights (every sub-network of the
+            # sandwich shares them), so none would be finite and no later step would be applied.
+            result.diverged_at = round_index
+            break
+    result.digest = digest(state_tensors(net, optimizer))
+    rows = workload.evaluate(net, {"largest": net.largest_config(), "smallest": net.smallest_config()})
+    result.accuracy = {r["name"]: 100.0 * float(r[workload.metric_name]) for r in rows}
+    result.wall = time.monotonic() - started
+    return result
+
+
+def _count(result: RunResult, reduced: AllReduce, round_index: int, attacker: int | None) -> None:
+    """Add one round's namings (robust rows) to ``result``."""
+    n = len(reduced.excluded)
+    for s in range(n):
+        reducers = sum(s in reduced.named(r) for r in range(n))
+        if s == attacker:
+            if reducers and result.first_kept_out is None:
+                result.first_kept_out = round_index
+            if reducers >= 2 and result.first_refused_receipt is None:
+                result.first_refused_receipt = round_index
+            continue
+        result.honest_named += reducers
+        result.honest_refused_receipts += reducers >= 2
+        result.honest_replies_refused += reduced.replies_refused[s]
+    if attacker is None:
+        return
+    for r in range(n):
+        sizes, live = reduced.sizes[r], reduced.live[r][attacker]
+        sent = sum(sizes[j] for j in live)
+        result.attacker_values += sent
+        if attacker in reduced.excluded[r]:
+            result.attacker_excluded += sent
+        else:
+            result.attacker_named += sum(sizes[j] for j in reduced.outliers[r].get(attacker, ()) if j in live)
+
+
+# ------------------------------------------------------------------------------------------ the table
+
+
+def paired(values: dict[int, float], clean: dict[int, float]) -> tuple[float, float, int]:
+    """Mean and standard error over seeds of ``values - clean`` (same seed), and how many seeds."""
+    diffs = [values[s] - clean[s] for s in values if s in clean]
+    if not diffs:
+        return math.nan, math.nan, 0
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.nan
+    return statistics.fmean(diffs), se, len(diffs)
+
+
+def verdict(mean: float, se: float, n: int, bound: float = 1.0) -> str:
+    """Whether the 95 % t-interval of a paired difference lies within ``±bound`` pp ("yes"), wholly
+    outside it ("no"), or straddles it ("open")."""
+    if n < 2 or not math.isfinite(se):
+        return "-"
+    from scipy.stats import t  # scipy comes with hivemind
+
+    half = float(t.ppf(0.975, n - 1)) * se
+    if abs(mean) + half < bound:
+        return "yes"
+    if abs(mean) - half > bound:
+        return "no"
+    return "open"
+
+
+def _pp(mean: float, se: float) -> str:
+    if not math.isfinite(mean):
+        return "-"
+    return f"{mean:+.2f} ± {se:.2f}" if math.isfinite(se) else f"{mean:+.2f}"
+
+
+def table(rows: Sequence[Row], results: Sequence[RunResult]) -> str:
+    """The markdown table: per row the mean accuracy over seeds, the paired difference against clean
+    (mean ± standard error, and whether its 95 % interval lies within 1 pp), how the attacker was
+    kept out, and what the rounds cost."""
+    by_row: dict[str, list[RunResult]] = {}
+    for r in results:
+        by_row.setdefault(r.row, []).append(r)
+    clean = {k: {r.seed: r.accuracy[k] for r in by_row.get("clean", [])} for k in KINDS}
+    lines = [
+        "| row | largest % | smallest % | largest Δ pp | smallest Δ pp | within 1 pp (95 %) "
+        "| attacker's non-zero values kept out: excluded / named | first kept out / receipt refused (round) "
+        "| honest peers: named / receipts refused / replies refused | rounds skipped | s per run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        runs = by_row.get(row.name, [])
+        if not runs:
+            continue
+        acc = {k: {r.seed: r.accuracy[k] for r in runs} for k in KINDS}
+        means = {k: statistics.fmean(acc[k].values()) for k in KINDS}
+        if row.name == "clean":
+            deltas = ["(reference)", "(reference)", ""]
+        else:
+            stats = {k: paired(acc[k], clean[k]) for k in KINDS}
+            deltas = [_pp(*stats[k][:2]) for k in KINDS]
+            deltas.append(" / ".join(verdict(*stats[k]) for k in KINDS))
+        if row.attack and row.robust:
+            sent = max(1, sum(r.attacker_values for r in runs))
+            kept = (
+                f"{100 * sum(r.attacker_excluded for r in runs) / sent:.1f} % / "
+                f"{100 * sum(r.attacker_named for r in runs) / sent:.1f} %"
+            )
+            first = ", ".join(f"{_round(r.first_kept_out)} / {_round(r.first_refused_receipt)}" for r in runs)
+        else:
+            kept = first = ""
+        honest = (
+            f"{sum(r.honest_named for r in runs)} / {sum(r.honest_refused_receipts for r in runs)} / "
+            f"{sum(r.honest_replies_refused for r in runs)}"
+            if row.robust
+            else ""
+        )
+        skipped = sum(len(r.skipped) for r in runs)
+        diverged = [r for r in runs if r.diverged_at is not None]
+        skip_text = f"{skipped}" + (
+            f"; diverged in {len(diverged)} of {len(runs)} (round {', '.join(str(r.diverged_at) for r in diverged)})"
+            if diverged
+            else ""
+        )
+        wall = statistics.fmean(r.wall for r in runs)
+        lines.append(
+            f"| {row.name} | {means['largest']:.2f} | {means['smallest']:.2f} | {' | '.join(deltas)} "
+            f"| {kept} | {first} | {honest} | {skip_text} | {wall:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def per_seed(rows: Sequence[Row], results: Sequence[RunResult]) -> str:
+    """Every run's accuracy, largest / smallest, by row and seed."""
+    seeds = sorted({r.seed for r in results})
+    found = {(r.row, r.seed): r for r in results}
+    lines = ["| row | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---" * (len(seeds) + 1) + "|"]
+    for row in rows:
+        cells = [
+            f"{found[row.name, s].accuracy['largest']:.1f} / {found[row.name, s].accuracy['smallest']:.1f}"
+            if (row.name, s) in found
+            else ""
+            for s in seeds
+        ]
+        if any(cells):
+            lines.append(f"| {row.name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _round(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--seeds", type=int, default=3, help="seeds 0 .. N-1 (the task's seed)")
+    parser.add_argument(
+        "--attacks", default=",".join(POISONS), help="a comma-separated list of " + ", ".join(POISONS)
+    )
+    parser.add_argument(
+        "--plain-attack-seeds",
+        type=int,
+        default=1,
+        help="run the plain mean under each attack for the first N seeds only (0: never; a contrast)",
+    )
+    parser.add_argument("--no-clean-5", action="store_true", help="skip the five honest peers alone")
+    parser.add_argument("--only", default="", help="run only these rows (comma-separated names)")
+    parser.add_argument("--json", type=Path, help="write every run's measurements here (after each run)")
+    args = parser.parse_args()
+    attacks = tuple(a for a in args.attacks.split(",") if a)
+    unknown = [a for a in attacks if a not in POISONS]
+    if unknown or args.rounds < 1 or args.seeds < 1:
+        sys.exit(
+            f"robust_accuracy: unknown attack(s) {', '.join(unknown)}"
+            if unknown
+            else "need rounds, seeds >= 1"
+        )
+    rows = rows_for(attacks, not args.no_clean_5)
+    if args.only:
+        wanted = set(args.only.split(","))
+        rows = [r for r in rows if r.name in wanted]
+    torch.set_num_threads(1)  # the same bits whatever the machine's cores
+    command = f"python -m benchmarks.robust_accuracy {' '.join(sys.argv[1:])}"
+    load_before = os.getloadavg()
+    print(f"$ {command}")
+    print(f"load average before: {load_before}; {os.cpu_count()} cores; torch threads 1", flush=True)
+    started = time.monotonic()
+    results: list[RunResult] = []
+    for seed in range(args.seeds):  # seed by seed: a stopped run still leaves complete pairs
+        for row in rows:
+            if row.attack and not row.robust and seed >= args.plain_attack_seeds:
+                continue
+            result = run(row, seed, args.rounds)
+            results.append(result)
+            notes = f"; {len(result.skipped)} rounds skipped" if result.skipped else ""
+            if result.diverged_at is not None:
+                notes += f"; diverged at round {result.diverged_at}"
+            print(
+                f"{row.name:<14} seed {seed}: largest {result.accuracy['largest']:6.2f} %  smallest "
+                f"{result.accuracy['smallest']:6.2f} %  ({result.wall:.0f} s{notes}) {result.digest[:12]}",
+                flush=True,
+            )
+            if args.json:
+                _write(args.json, command, load_before, None, results)
+    load_after = os.getloadavg()
+    total = time.monotonic() - started
+    print(f"\n$ {command}\nload average before: {load_before}   after: {load_after}; total {total:.0f} s\n")
+    print(table(rows, results))
+    print("\nPer seed, largest / smallest %:\n")
+    print(per_seed(rows, results))
+    if args.json:
+        _write(args.json, command, load_before, load_after, results)
+
+
+def _write(path: Path, command: str, before, after, results: Sequence[RunResult]) -> None:
+    document = dict(command=command, load_before=before, load_after=after, runs=[asdict(r) for r in results])
+    path.write_text(json.dumps(document, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
