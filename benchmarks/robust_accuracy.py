@@ -54,45 +54,36 @@ table is what benchmarks/README.md records.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import os
-import random
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from hivemind_adapter.runtime import prepare_process
+import torch
 
-prepare_process()
+# simulated_swarm prepares the process for hivemind (hivemind_adapter.runtime) before it is imported
+from benchmarks.simulated_swarm import (
+    ATTACKER,
+    PEERS,
+    PER_PEER,
+    AllReduce,
+    Influence,
+    all_reduce,
+    group_order,
+    influence,
+    peer_mean,
+    swarm_workload,
+)
+from hivemind_adapter.alignment import AlignmentRecord
+from supernet.state import digest, init_optimizer_state, state_tensors
+from supernet.training import maybe_sort_channels, optimizer_step, step_configs
+from tests.adversaries.dishonest_peer import POISONS
 
-import torch  # noqa: E402
-from hivemind.averaging.load_balancing import load_balance_peers  # noqa: E402
-from hivemind.averaging.partition import TensorPartContainer, TensorPartReducer  # noqa: E402
-
-from aggregator.task_publication import build_task_spec  # noqa: E402
-from hivemind_adapter.alignment import MIN_VALUES, AlignmentRecord  # noqa: E402
-from hivemind_adapter.reply_check import implausible_reply  # noqa: E402
-from hivemind_adapter.robust_reduce import RobustConfig, RobustPartReducer  # noqa: E402
-from peer.hierarchy import PART_SIZE_BYTES, ROBUST_PART_SIZE_BYTES  # noqa: E402
-from peer.known_cohort import new_roll  # noqa: E402
-from protocol.identity import Identity  # noqa: E402
-from supernet.contribution import compute_contribution  # noqa: E402
-from supernet.state import digest, init_optimizer_state, state_tensors  # noqa: E402
-from supernet.training import maybe_sort_channels, optimizer_step, step_configs  # noqa: E402
-from supernet.workload import Workload, swarm_train_options, workload_for  # noqa: E402
-from testbed.local_swarm import SwarmOptions, task_toml  # noqa: E402
-from tests.adversaries.dishonest_peer import POISONS, poisoned  # noqa: E402
-
-PEERS, ATTACKER = 6, 5
-TARGET_SAMPLES = 384  # the red team's samples a round
-PER_PEER = TARGET_SAMPLES // PEERS  # 64: two mini-batches of 32
 KINDS = ("largest", "smallest")
 
 
@@ -136,160 +127,7 @@ class RunResult:
     honest_named: int = 0  # (round, reducer, honest sender) namings, outliers or excluded
     honest_refused_receipts: int = 0  # (round, honest sender) pairs named by two reducers or more
     honest_replies_refused: int = 0  # replies an honest member's reply check would have refused
-
-
-def swarm_workload(seed: int, rounds: int) -> tuple[Workload, int]:
-    """The red team's task (its ``SwarmOptions``, with ``seed`` and a schedule of ``rounds``) as the
-    aggregator publishes it and a peer's workers build it; and the task's seed."""
-    options = SwarmOptions(
-        peers=PEERS, rounds=rounds, target_samples=TARGET_SAMPLES, batch_size=32, subnets=2,
-        width_mult="0.25", head_channels=64, seed=seed,
-    )  # fmt: skip
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "task.toml"
-        path.write_text(task_toml(options))
-        spec = build_task_spec(str(path), Identity.generate())
-    return workload_for(spec.task, swarm_train_options(spec)), spec.seed
-
-
-def group_order(peers: int, seed: int, round_index: int) -> list[int]:
-    """The round's group order (a hivemind leader shuffles its group; here from a seeded generator,
-    the same in every row): position i sends as sender i and reduces the i-th share of the vector."""
-    order = list(range(peers))
-    random.Random(f"robust-accuracy/{seed}/{round_index}").shuffle(order)
-    return order
-
-
-def peer_mean(
-    workload: Workload,
-    net: torch.nn.Module,
-    configs,
-    task_seed: int,
-    round_index: int,
-    peer: int,
-    attack: str | None,
-) -> list[torch.Tensor]:
-    """What ``peer`` sends into the round's all-reduce: its per-sample mean gradient, or, for the
-    attacker, the mean of what ``dishonest_peer.poisoned`` makes of its numerator."""
-    if attack == "nan":  # all NaN whatever it computed: its gradient is not needed
-        numerator, samples = [torch.zeros_like(p) for p in net.parameters()], PER_PEER
-    else:
-        work = compute_contribution(
-            workload, net, configs, "cpu", task_seed, round_index, f"peer-{peer}",
-            go_on=lambda s: s < PER_PEER,
-        )  # fmt: skip
-        numerator, samples = work.numerator, work.samples
-    if attack is not None:
-        numerator = poisoned(attack, numerator)
-    factor = 1.0 / samples  # peer.hierarchy's _to_own_mean
-    return [n.detach() * factor for n in numerator]
-
-
-@dataclass
-class AllReduce:
-    """One round's all-reduce as every member sees it (exact: every member receives the same bytes)."""
-
-    average: list[torch.Tensor] | None  # None: it failed, or its result is not finite
-    # per reducer position:
-    excluded: list[frozenset[int]]  # the sender positions its record had it leave out
-    outliers: list[dict[int, set[int]]]  # per sender position, the parts it refused or named
-    sizes: list[list[int]]  # each part's values (the roll's part counted as 0)
-    live: list[list[set[int]]]  # per sender position, its parts that were not all zeros
-    # per sender position:
-    replies_refused: list[int]  # remote replies its reply check would have refused
-
-    def named(self, r: int) -> set[int]:
-        """The senders reducer ``r`` names in its commit report (ExactAllReduceRunner.outlier_senders)."""
-        return set(self.outliers[r]) | set(self.excluded[r])
-
-
-def all_reduce(
-    means: Sequence[list[torch.Tensor]],
-    weights: Sequence[float],
-    robust: bool,
-    records: Sequence[AlignmentRecord] | None,
-    names: Sequence[str],
-) -> AllReduce:
-    """Average ``means`` (by sender position) as one group's butterfly all-reduce does: hivemind's
-    partition of the cohort averager's tensors (the gradient, then the roll of sample counts), each
-    reducer's share reduced by MANTA's robust reducer (or hivemind's plain one), its
-    ``records[position]`` consulted before and fed after, as ``ExactAllReduceRunner`` does."""
-    n = len(means)
-    tensors = [[*m, new_roll()] for m in means]  # peer.hierarchy's cohort averager holds the roll last
-    total = sum(t.numel() for t in tensors[0])
-    fractions = load_balance_peers(total, [None] * n)
-    part_size = ROBUST_PART_SIZE_BYTES if robust else PART_SIZE_BYTES
-    return asyncio.run(_all_reduce(tensors, fractions, part_size, weights, robust, records, names))
-
-
-async def _all_reduce(tensors, fractions, part_size, weights, robust, records, names) -> AllReduce:
-    # one thread for CenteredClip (RobustPartReducer runs it in the loop's executor)
-    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
-    n = len(tensors)
-    containers = [TensorPartContainer(t, fractions, part_size_bytes=part_size) for t in tensors]
-    parts = [[c.get_raw_input_parts(r) for r in range(n)] for c in containers]  # [sender][reducer]
-    holds_roll = max(r for r in range(n) if containers[0].num_parts_by_peer[r] > 0)
-    live = [
-        [{j for j, part in enumerate(parts[s][r]) if bool((part != 0).any())} for s in range(n)]
-        for r in range(n)
-    ]
-    out = AllReduce(None, [frozenset()] * n, [{} for _ in range(n)], [[] for _ in range(n)], live, [0] * n)
-    replies: list[list[torch.Tensor]] = []
-    failed = False
-    for r in range(n):
-        shapes = [p.shape for p in parts[0][r]]
-        if not shapes:
-            replies.append([])
-            continue
-        slotted = [len(shapes) - 1] if r == holds_roll else []
-        out.sizes[r] = [0 if j in slotted else shape.numel() for j, shape in enumerate(shapes)]
-        if robust:
-            suspects = records[r].suspects()
-            excluded = [i for i, name in enumerate(names) if name in suspects]
-            reducer = RobustPartReducer(
-                shapes, n, RobustConfig(), excluded=excluded, min_aligned_values=MIN_VALUES,
-                slotted_parts=slotted,
-            )  # fmt: skip
-        else:
-            reducer = TensorPartReducer(shapes, n)
-
-        async def send(s: int, reducer=reducer, r=r) -> list[torch.Tensor]:
-            return [
-                await reducer.accumulate_part(s, j, part, weight=weights[s])
-                for j, part in enumerate(parts[s][r])
-            ]
-
-        gathered = await asyncio.gather(*(send(s) for s in range(n)), return_exceptions=True)
-        results: list[list[torch.Tensor]] | None = gathered
-        if any(isinstance(g, BaseException) for g in gathered):  # no usable part (robust), say
-            failed, results = True, None  # the all-reduce fails for every member
-        if robust:
-            out.excluded[r] = reducer.excluded
-            out.outliers[r] = {s: set(indices) for s, indices in reducer.outliers.items()}
-            for cosines in reducer.alignments:  # ExactAllReduceRunner.note_alignments
-                records[r].note_part({names[i]: c for i, c in cosines.items()})
-        if results is None:
-            replies.append([])
-            continue
-        replies.append(results[0])  # every sender was given the same tensors
-        if robust:  # what each member's check (hivemind_adapter.reply_check) says of a remote reply
-            for s in range(n):
-                if s != r:
-                    out.replies_refused[s] += sum(
-                        implausible_reply(own, reply, MIN_VALUES) is not None
-                        for own, reply in zip(parts[s][r], results[s])
-                    )
-    if failed:
-        return out
-    flat = [part for share in replies for part in share]
-    average, index = [], 0
-    for tensor, count in zip(tensors[0][:-1], containers[0].num_parts_by_tensor):
-        pieces = [p.reshape(-1) for p in flat[index : index + count]]
-        average.append(torch.cat(pieces).reshape(tensor.shape).to(tensor.dtype))
-        index += count
-    if all(bool(torch.isfinite(t).all()) for t in average):  # VerifiedAverager applies nothing else
-        out.average = average
-    return out
+    influence: list[Influence] = field(default_factory=list)  # per applied round, with an attacker
 
 
 def run(row: Row, seed: int, rounds: int) -> RunResult:
@@ -309,15 +147,23 @@ def run(row: Row, seed: int, rounds: int) -> RunResult:
         configs = step_configs(net, round_index, cfg)  # data-parallel: every peer the same sub-networks
         order = group_order(row.peers, seed, round_index)
         attacker = order.index(ATTACKER) if row.attack else None
-        means: list[list[torch.Tensor] | None] = [None] * len(order)
-        if attacker is not None:
-            means[attacker] = peer_mean(workload, net, configs, task_seed, round_index, ATTACKER, row.attack)
-            if not row.robust and not all(bool(torch.isfinite(t).all()) for t in means[attacker]):
-                result.skipped.append(round_index)  # a plain mean with a NaN in it: nothing is applied
-                continue
-        for position, peer in enumerate(order):
-            if means[position] is None:
-                means[position] = peer_mean(workload, net, configs, task_seed, round_index, peer, None)
+        honest: list[list[torch.Tensor]] = [[] for _ in order]
+        means: list[list[torch.Tensor]] = [[] for _ in order]
+        # the attacker's first: computing a gradient moves batch norm's running statistics in the
+        # shared model, so the order is part of what makes a run repeat bit for bit
+        first = [] if attacker is None else [attacker]
+        for position in first + [i for i in range(len(order)) if i != attacker]:
+            peer = order[position]
+            honest[position], means[position] = peer_mean(
+                workload, net, configs, task_seed, round_index, peer, row.attack if peer == ATTACKER else None
+            )
+        if (
+            attacker is not None
+            and not row.robust
+            and not all(bool(torch.isfinite(t).all()) for t in means[attacker])
+        ):
+            result.skipped.append(round_index)  # a plain mean with a NaN in it: nothing is applied
+            continue
         names = [f"peer-{p}" for p in order]
         reduced = all_reduce(
             means, [float(PER_PEER)] * len(order), row.robust,
@@ -327,6 +173,8 @@ def run(row: Row, seed: int, rounds: int) -> RunResult:
         if reduced.average is None:
             result.skipped.append(round_index)
             continue
+        if attacker is not None:
+            result.influence.append(influence(round_index, reduced.average, honest, attacker))
         for p, g in zip(params, reduced.average):  # peer/worker.py, Apply
             p.grad = g.clone()
         optimizer_step(net, optimizer, round_index, cfg)
@@ -457,6 +305,34 @@ def table(rows: Sequence[Row], results: Sequence[RunResult]) -> str:
     return "\n".join(lines)
 
 
+def influence_table(rows: Sequence[Row], results: Sequence[RunResult]) -> str:
+    """Per attacked row, over every applied round of every seed: how far the applied update lay from
+    what that round's honest gradients call for (:class:`~benchmarks.simulated_swarm.Influence`).
+    Unlike the final accuracy, this compares two updates of one state, so no drift blurs it."""
+    lines = [
+        "| row | rounds | attacker's pull, in honest peers: median / 90th pct / max "
+        "| deviation from the clean update: median / max | one honest peer's: median |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        measured = [i for r in results if r.row == row.name for i in r.influence]
+        if not row.attack or not measured:
+            continue
+        pulls = sorted(i.pull for i in measured)
+        deviations = sorted(i.deviation for i in measured)
+        lines.append(
+            f"| {row.name} | {len(measured)} | {_ratio(statistics.median(pulls))} / "
+            f"{_ratio(pulls[int(0.9 * (len(pulls) - 1))])} / {_ratio(pulls[-1])} | "
+            f"{100 * statistics.median(deviations):.1f} % / {100 * deviations[-1]:.1f} % | "
+            f"{100 * statistics.median(i.one_peer for i in measured):.1f} % |"
+        )
+    return "\n".join(lines)
+
+
+def _ratio(value: float) -> str:
+    return f"{value:.3g}"
+
+
 def per_seed(rows: Sequence[Row], results: Sequence[RunResult]) -> str:
     """Every run's accuracy, largest / smallest, by row and seed."""
     seeds = sorted({r.seed for r in results})
@@ -534,6 +410,8 @@ def main() -> None:
     total = time.monotonic() - started
     print(f"\n$ {command}\nload average before: {load_before}   after: {load_after}; total {total:.0f} s\n")
     print(table(rows, results))
+    print("\nThe update each attacked round applied, against that round's honest gradients:\n")
+    print(influence_table(rows, results))
     print("\nPer seed, largest / smallest %:\n")
     print(per_seed(rows, results))
     if args.json:
