@@ -119,31 +119,30 @@ def test_a_robust_known_group_counts_every_member_and_leaves_a_poisoned_mean_out
 
 
 def test_a_member_cannot_write_another_members_count():
-    """The dishonest member writes its own count and a forged one in member 0's slot: every member
-    still reads member 0's true count, and the roll's reducer names the forger, whose count it drops."""
+    """The dishonest member writes its own count and a forged one in another member's slot: every
+    member still reads that member's true count, and the roll's reducer names the forger, whose count
+    it drops. The forger is the first member in the group's order: equal shares put the roll (the
+    buffer's tail) with the last member, so the forgery always reaches an honest reducer."""
 
     def take_step(i, averager, members, me):
-        if i != 3:
+        if me != members[0]:
             return _average(i, averager, members, me, _mean_gradient(i))
         with averager.get_tensors() as held:
             held[0].copy_(_mean_gradient(i))
             held[1].zero_()
-            held[1][members.index(me)] = SAMPLES[i]
-            held[1][members.index(order[0])] = 10_000
+            held[1][0] = SAMPLES[i]
+            held[1][1] = 10_000  # the next member's slot
         averager.step_in_known_group(
             known_group_id("run", "cohort-a", "7", "state", *members), members, weight=float(SAMPLES[i]),
             arrival_timeout=ARRIVAL_TIMEOUT, allreduce_timeout=ALLREDUCE_TIMEOUT,
         )  # fmt: skip
         return "stepped"
 
-    order: list[str] = []
-
-    def ordered(i, averager, members, me):
-        order[:] = members
-        return take_step(i, averager, members, me)
-
-    results, outcomes, named, peer_ids = _robust_known_group(ordered)
-    want = [0 if p == peer_ids[3] else SAMPLES[peer_ids.index(p)] for p in order]
-    assert outcomes[:3] == [want] * 3, outcomes
+    results, outcomes, named, peer_ids = _robust_known_group(take_step)
+    order = sorted(peer_ids)
+    forger = order[0]
+    want = [0 if p == forger else SAMPLES[peer_ids.index(p)] for p in order]
+    honest = [i for i, p in enumerate(peer_ids) if p != forger]
+    assert [outcomes[i] for i in honest] == [want] * 3, outcomes
     # one member reduces the roll (its one part): it alone saw the forgery
-    assert sum(peer_ids[3] in n for n in named[:3]) == 1, named
+    assert sum(forger in named[i] for i in honest) == 1, named
