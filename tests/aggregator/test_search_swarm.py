@@ -200,6 +200,9 @@ def test_search_spreads_over_live_peers_and_equals_local_search(tmp_path, baseli
     assert result["chosen"]["metric"] == report.final["metric"]
 
 
+# Slow (make test-all; 66 s): the default suite catches a lying helper in one process with the same
+# spot checks (tests/supernet/test_search.py::test_a_lying_helper_is_caught_its_shares_redone_...).
+@pytest.mark.slow
 def test_a_lying_peer_is_caught_by_spot_checks_and_the_result_equals_local_search(tmp_path, baseline):
     t0 = time.monotonic()
     checkpoint, report, local = baseline.checkpoint, baseline.report, baseline.evaluated

@@ -186,8 +186,8 @@ def test_model_parallel_rounds_sum_cohort_means_without_diluting_untouched_weigh
     assert float(rounds[0]["tensors"][0][2, 0]) == pytest.approx(both, rel=1e-5)
 
 
-# Slow (make test-all): a 64 MB all-reduce killed midway; the default suite kills a peer of a
-# real swarm instead (test_swarm_training: a silent peer, a joiner and a kill).
+# Slow (make test-all): a 64 MB all-reduce killed midway; the default suite loses a member inside a
+# group's all-reduce (test_a_group_that_loses_a_member_inside_its_all_reduce_forms_again_without_it).
 @pytest.mark.slow
 def test_a_peer_killed_mid_round_leaves_the_survivors_identical_and_the_next_round_works():
     import multiprocessing as mp

@@ -117,6 +117,10 @@ def test_manta_swarm_trains_above_chance_with_identical_state_and_a_summary(mant
     assert not _processes_under(run), "manta-swarm left processes behind"
 
 
+# Slow (make test-all; 35 s): the default suite sums model-parallel cohort means in a real hierarchy
+# (tests/peer/test_hierarchy.py) and averages each weight over the cohorts that trained it
+# (tests/peer/test_outer_step.py).
+@pytest.mark.slow
 def test_model_parallel_cohorts_train_different_subnetworks_into_one_model(tmp_path):
     swarm = _run_to_end(
         LocalSwarm(SwarmOptions(peers=2, cohorts=2, mode="model", rounds=4, run_dir=tmp_path, **SMALL))
@@ -132,6 +136,11 @@ def test_model_parallel_cohorts_train_different_subnetworks_into_one_model(tmp_p
         assert a[r]["subnets"] and b[r]["subnets"] and set(a[r]["subnets"]).isdisjoint(b[r]["subnets"])
 
 
+# Slow (make test-all; 134 s, the longest swarm test): the default suite covers its parts one by one:
+# a silent roster member (tests/peer/test_hierarchy.py), a member lost or a leader killed inside a
+# round (test_hierarchy.py, test_leader_takeover.py), a newcomer loading the swarm's state
+# (test_resume_continues_from_the_aggregators_newest_checkpoint), kill -9 (test_join_cli.py).
+@pytest.mark.slow
 def test_a_silent_peer_a_joiner_and_a_kill_cost_the_others_at_most_one_round(tmp_path):
     """Partial participation, in one swarm: peer 3 announces itself and never averages (in everyone's
     roster the whole run); peer 4 joins while the others train; then peer 2 is killed with kill -9.
