@@ -1,6 +1,6 @@
 """`manta-swarm --sync outer` on an emulated internet: two sites (a cohort each) take their inner steps
 apart, meet every few rounds in an overlapped outer step across the wide-area links, and every peer
-ends holding one state."""
+ends holding one state; the run removes its namespaces and processes."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import os
 import shutil
 import subprocess
 
+import psutil
 import pytest
 
 from supernet.checkpoint import load_checkpoint
+from testbed.wan.netns import namespaces
 from tests.helpers import console_script
 
 pytestmark = [
@@ -31,8 +33,20 @@ def _lines(path) -> list[dict]:
     )
 
 
+def _under(path) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(str(path) in part for part in proc.info["cmdline"] or []):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
 def test_two_sites_take_inner_steps_apart_and_meet_in_overlapped_outer_steps(tmp_path):
     run, summary_path = tmp_path / "run", tmp_path / "summary.json"
+    before = set(namespaces())
     cmd = [console_script("manta-swarm"), "--sites", "2", "--peers", "4", "--uplink", "20mbit", "--downlink",
            "50mbit", "--delay", "10", "--sync", "outer", "--inner-steps", "3", "--rounds", "6", *SMALL,
            "--data-dir", str(run), "--summary", str(summary_path)]  # fmt: skip
@@ -40,6 +54,9 @@ def test_two_sites_take_inner_steps_apart_and_meet_in_overlapped_outer_steps(tmp
         cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ, MANTA_WORKER_THREADS="1")
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "the emulated internet removed" in done.stdout + done.stderr
+    assert not set(namespaces()) - before, "the run left namespaces behind"
+    assert _under(run) == [], "the run left processes behind"
     summary = json.loads(summary_path.read_text())
     swarm = summary["swarm"]
 

@@ -44,6 +44,10 @@ def _under(path) -> list[psutil.Process]:
     return found
 
 
+# Slow (make test-all; 90-120 s): the default suite checks the NAT itself (test_emulated_internet.py:
+# connections go out, none come in), a swarm across two sites' links (test_swarm_outer.py, which also
+# checks that the run removes its namespaces and processes) and Ctrl-C of a peer (test_join_cli.py).
+@pytest.mark.slow
 def test_two_sites_one_behind_nat_commit_rounds_and_ctrl_c_removes_everything(tmp_path):
     run = tmp_path / "run"
     before = set(namespaces())
