@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
+
 
 def console_script(name: str) -> str:
     """Path of an installed MANTA console script: beside this interpreter (the project's .venv), else on PATH."""
@@ -29,6 +31,18 @@ def modules_loaded_by(code: str, modules: tuple[str, ...]) -> list[str]:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     return [m for m in out.stdout.strip().split(",") if m]
+
+
+def processes_mentioning(path: Path) -> list[psutil.Process]:
+    """Live processes whose command line mentions ``path`` (a run's files): must be none after a run."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(str(path) in part for part in proc.info["cmdline"] or []):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, what: str, poll: float = 0.5) -> None:

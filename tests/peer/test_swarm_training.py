@@ -16,7 +16,7 @@ import pytest
 
 from testbed.local_swarm import LocalSwarm, SwarmOptions
 from tests.adversaries import dishonest_peer
-from tests.helpers import console_script, wait_until
+from tests.helpers import console_script, processes_mentioning, wait_until
 
 pytestmark = pytest.mark.swarm
 
@@ -25,18 +25,6 @@ SMALL = dict(target_samples=96, batch_size=32, subnets=2, width_mult="0.25", hea
 
 def _env() -> dict:
     return dict(os.environ, MANTA_WORKER_THREADS="1", PYTHONUNBUFFERED="1")
-
-
-def _processes_under(path: Path) -> list[psutil.Process]:
-    """Live processes whose command line mentions ``path`` (a run's files): must be none afterwards."""
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            if any(str(path) in part for part in proc.info["cmdline"] or []):
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return found
 
 
 def _run_to_end(swarm: LocalSwarm) -> LocalSwarm:
@@ -114,7 +102,7 @@ def test_manta_swarm_trains_above_chance_with_identical_state_and_a_summary(mant
     for i in range(2):
         assert (run / f"peer-{i}" / "identity.key").exists() and (run / f"peer-{i}" / "log.txt").exists()
     assert (run / "aggregator" / "task.sealed").exists()
-    assert not _processes_under(run), "manta-swarm left processes behind"
+    assert not processes_mentioning(run), "manta-swarm left processes behind"
 
 
 # Slow (make test-all; 35 s): the default suite sums model-parallel cohort means in a real hierarchy

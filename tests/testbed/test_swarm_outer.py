@@ -9,12 +9,11 @@ import os
 import shutil
 import subprocess
 
-import psutil
 import pytest
 
 from supernet.checkpoint import load_checkpoint
 from testbed.wan.netns import namespaces
-from tests.helpers import console_script
+from tests.helpers import console_script, processes_mentioning
 
 pytestmark = [
     pytest.mark.swarm,
@@ -33,17 +32,6 @@ def _lines(path) -> list[dict]:
     )
 
 
-def _under(path) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            if any(str(path) in part for part in proc.info["cmdline"] or []):
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return found
-
-
 def test_two_sites_take_inner_steps_apart_and_meet_in_overlapped_outer_steps(tmp_path):
     run, summary_path = tmp_path / "run", tmp_path / "summary.json"
     before = set(namespaces())
@@ -56,7 +44,7 @@ def test_two_sites_take_inner_steps_apart_and_meet_in_overlapped_outer_steps(tmp
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "the emulated internet removed" in done.stdout + done.stderr
     assert not set(namespaces()) - before, "the run left namespaces behind"
-    assert _under(run) == [], "the run left processes behind"
+    assert processes_mentioning(run) == [], "the run left processes behind"
     summary = json.loads(summary_path.read_text())
     swarm = summary["swarm"]
 

@@ -12,11 +12,10 @@ import signal
 import subprocess
 import time
 
-import psutil
 import pytest
 
 from testbed.wan.netns import namespaces
-from tests.helpers import console_script
+from tests.helpers import console_script, processes_mentioning
 
 pytestmark = [
     pytest.mark.swarm,
@@ -31,17 +30,6 @@ pytestmark = [
 PROGRESS = re.compile(r"^\[\s*\d+s\] round\s+(\d+)/40")
 
 SMALL = ["--target-samples", "64", "--subnets", "2", "--width-mult", "0.25", "--batch-size", "16"]
-
-
-def _under(path) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            if any(str(path) in part for part in proc.info["cmdline"] or []):
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return found
 
 
 # Slow (make test-all; 90-120 s): the default suite checks the NAT itself (test_emulated_internet.py:
@@ -82,7 +70,7 @@ def test_two_sites_one_behind_nat_commit_rounds_and_ctrl_c_removes_everything(tm
     assert proc.returncode == 0, out[-3000:]
     assert "the emulated internet removed" in out
     assert not set(namespaces()) - before, "the run left namespaces behind"
-    assert _under(run) == [], "the run left processes behind"
+    assert processes_mentioning(run) == [], "the run left processes behind"
 
     summary = json.loads((run / "summary.json").read_text())
     assert summary["rounds"] >= 3 and summary["identical_final_state"] is True
