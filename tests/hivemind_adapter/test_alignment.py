@@ -42,6 +42,25 @@ def test_an_excluded_part_is_left_out_of_the_centre_and_still_measured():
     assert 4 not in result.outliers  # naming a suspect is the record's word, not this part's
 
 
+def test_a_suspect_is_not_left_out_where_only_two_parts_would_remain():
+    """Of three parts, one honest suspect (a record soured while an x1000 sender was still in the
+    centre) is kept: left out, the centre was the mean of the other honest part and the x1000 one
+    (measured on the emulated internet: an honest reducer's replies came back 507 times too long)."""
+    parts = _noisy(3, 4096, noise=0.1, seed=4)
+    parts[2] = 1000 * parts[2]
+    result = centered_clip(parts, [96.0] * 3, CONFIG, excluded=[0])
+    honest = torch.stack(parts[:2]).double().mean(0).float()
+    assert float(torch.linalg.vector_norm(result.value - honest)) < 0.5 * float(
+        torch.linalg.vector_norm(honest)
+    )
+    assert 0 not in result.outliers
+    # with four parts a suspect is still left out: three remain to outvote one
+    four = _noisy(4, 4096, noise=0.5, seed=5)
+    four[3] = -four[3]
+    left_out = centered_clip(four, [1.0] * 4, CONFIG, excluded=[3])
+    assert torch.allclose(left_out.value, torch.stack(four[:3]).double().mean(0).float(), atol=1e-6)
+
+
 def test_excluding_everyone_leaves_the_centre_to_all_of_them():
     parts = _noisy(3, 2048, noise=0.1, seed=3)
     result = centered_clip(parts, [1.0] * 3, CONFIG, excluded=[0, 1, 2])
