@@ -44,6 +44,7 @@ from ledger.rewards import compute_rewards
 from ledger.store import LedgerStore
 from protocol.identity import Identity
 from protocol.records import ContributionReceipt, Revocation, parse_sealed
+from testbed.interrupts import stop_signals_held, stop_signals_interrupt
 from testbed.local_swarm import LocalSwarm, SwarmOptions
 from testbed.summary import summarise
 from testbed.wan.netns import TestbedError, require_privileges
@@ -102,10 +103,19 @@ def run(
                 swarm.procs[f"peer-{i}"].wait(timeout=1800)
         swarm.stop([f"peer-{ATTACKER}"])  # if it is still there (a silent one waits to be stopped)
         swarm.stop(["aggregator"], grace=180.0)  # it closes the last rounds and finishes its audits
+    except KeyboardInterrupt:
+        print(
+            f"   stopping {name}: its processes are stopped (seconds), then the emulated internet removed",
+            flush=True,
+        )
+        raise
     finally:
-        swarm.close()
-        if internet is not None:
-            internet.close()
+        with stop_signals_held():  # bounded, and a further Ctrl-C must not leave namespaces behind
+            try:
+                swarm.close()
+            finally:
+                if internet is not None:
+                    internet.close()
     wall = time.monotonic() - started
     summary = summarise(swarm, wall)
     honest = [i for i in range(PEERS) if not (attack and i == ATTACKER)]
@@ -225,16 +235,27 @@ def main() -> None:
         )
     if args.sync == "outer":
         print(f"outer steps every {args.inner_steps} rounds; each round an inner step inside the cohort")
-    runs = {}
+    runs: dict[str, dict] = {}
     names = ("clean", *(() if args.no_plain else ("plain",)), *attacks)
-    for name in names:
-        print(f"== {name} ({len(runs) + 1} of {len(names)})", flush=True)
-        attack = None if name in ("clean", "plain") else name
-        runs[name] = run(
-            args.out, name, attack, args.rounds, robust=name != "plain", scenario=scenario,
-            sync=args.sync, inner_steps=args.inner_steps,
-        )  # fmt: skip
-        print(f"   {runs[name]['wall']:.0f} s", flush=True)
+    try:
+        with stop_signals_interrupt():  # Ctrl-C or SIGTERM: the current swarm is stopped and removed
+            for name in names:
+                print(f"== {name} ({len(runs) + 1} of {len(names)})", flush=True)
+                attack = None if name in ("clean", "plain") else name
+                runs[name] = run(
+                    args.out, name, attack, args.rounds, robust=name != "plain", scenario=scenario,
+                    sync=args.sync, inner_steps=args.inner_steps,
+                )  # fmt: skip
+                print(f"   {runs[name]['wall']:.0f} s", flush=True)
+    except KeyboardInterrupt:
+        if "clean" in runs:
+            print_table(runs)
+        sys.exit(f"red_team: interrupted after {len(runs)} of {len(names)} swarms; nothing left running")
+    print_table(runs)
+
+
+def print_table(runs: dict[str, dict]) -> None:
+    """The finished swarms side by side with the clean one (which must be among them)."""
     clean = runs["clean"]
     print(f"\nload average after: {os.getloadavg()}")
     print(

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.churn import ChurnDriver
+from testbed.interrupts import stop_signals_held, stop_signals_interrupt
 from testbed.local_swarm import LocalSwarm, SwarmOptions
 from testbed.summary import progress_line, summarise, write_summary
 from testbed.wan.scenario import ChurnPlan, Scenario
@@ -31,10 +32,6 @@ def _placement(scenario: Scenario) -> list[str]:
     return [site.name for site in scenario.sites for _ in range(site.peers)]
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
 def run_swarm(
     options: SwarmOptions,
     scenario: Scenario | None,
@@ -46,10 +43,18 @@ def run_swarm(
     """Run the swarm described by ``options`` on ``scenario``'s emulated internet (None: on
     127.0.0.1), with ``churn_plan`` (None: no churn). After ``time_limit`` seconds the peers are
     asked to leave (they finish their round), whatever the swarm has reached."""
-    # Ctrl-C and SIGTERM both clean up. SIGINT is set explicitly: a shell that starts a job in the
-    # background (CI, `make test &`) leaves SIGINT ignored, and Python then never raises
-    # KeyboardInterrupt, so the swarm would run on through a Ctrl-C.
-    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    with stop_signals_interrupt():  # Ctrl-C and SIGTERM both clean up
+        return _run(options, scenario, churn_plan, say, summary_path, time_limit)
+
+
+def _run(
+    options: SwarmOptions,
+    scenario: Scenario | None,
+    churn_plan: ChurnPlan | None,
+    say: Callable[[str], None],
+    summary_path: Path | None,
+    time_limit: float | None,
+) -> dict[str, Any]:
     internet = EmulatedInternet(scenario, options.run_dir) if scenario is not None else None
     counters = None
     started = time.monotonic()
@@ -87,16 +92,15 @@ def run_swarm(
             except KeyboardInterrupt:
                 swarm.stop(grace=0.0)
     finally:
-        try:
-            if swarm is not None:
-                swarm.close()
-            if internet is not None and internet._started:
-                counters = internet.link_counters()
-        finally:
-            if internet is not None:
-                internet.close()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        with stop_signals_held(say):  # bounded; a further Ctrl-C must not leave namespaces behind
+            try:
+                if swarm is not None:
+                    swarm.close()
+                if internet is not None and internet._started:
+                    counters = internet.link_counters()
+            finally:
+                if internet is not None:
+                    internet.close()
     wall = time.monotonic() - started
     say(
         "all processes stopped"
