@@ -128,6 +128,16 @@ def assign_cohorts(roster: list[RosterEntry], max_size: int) -> dict[str, str]:
     return assignment
 
 
+def cohort_on_lan(cohort: str, host: str, network: str, address: str) -> bool:
+    """Whether every member of ``cohort`` reaches this peer without crossing a router: the automatic
+    cohort of this host (``host``: its :func:`host_id`) or of its NAT'd LAN (``network``: its
+    :func:`network_id`, range and gateway, for its ``address``), or a near-equal part of either. What
+    lets a client-mode peer, which nobody outside its LAN can reach, still serve its cohort: its
+    mates connect to its LAN address. An explicit ``--cohort`` or a public network may span routers."""
+    base = cohort.split(".", 1)[0]
+    return base == f"host-{host[:8]}" or (is_nat_address(address) and base == f"net-{network}")
+
+
 def cohort_sizes(assignment: dict[str, str]) -> dict[str, int]:
     sizes: dict[str, int] = {}
     for cohort in assignment.values():

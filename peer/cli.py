@@ -58,7 +58,11 @@ def identity(identity_path: Path) -> None:
 )
 @click.option("--listen", default="0.0.0.0:0", show_default=True, help="HOST:PORT this peer listens on.")
 @click.option("--announce", multiple=True, help="Public HOST:PORT others reach this peer at (repeatable).")
-@click.option("--client-mode", is_flag=True, help="Behind NAT: connect out only, never serve others.")
+@click.option(
+    "--client-mode",
+    is_flag=True,
+    help="Behind NAT: reach the swarm by connecting out; serve only cohort mates on this host or LAN.",
+)
 @click.option(
     "--data-dir",
     type=click.Path(file_okay=False, path_type=Path),

@@ -36,9 +36,12 @@ class CohortAveragers:
         on_new: Callable[[], None] = lambda: None,
         declarations: DeclarationSigner | None = None,
         admitted: Callable[[], Mapping[str, str]] | None = None,
+        serves_cohort: Callable[[str], bool] = lambda cohort: False,
     ):
         self.dht, self.task, self.template = dht, task, list(template)
         self.timeouts, self.client_mode = timeouts, client_mode
+        # whether a client-mode peer's cohort reaches it on its LAN (peer.affinity.cohort_on_lan)
+        self.serves_cohort = serves_cohort
         self.round_board, self.outer_board = round_board, outer_board
         self.leaving, self.online, self.on_new = leaving, online, on_new
         self.declarations, self.admitted = (
@@ -65,6 +68,7 @@ class CohortAveragers:
             self.template,
             timeouts=self.timeouts,
             client_mode=self.client_mode,
+            serves_cohort=self.serves_cohort(cohort),
             cross_codec="fp16" if params.cross_cohort_fp16 else "none",
             cross_group_size=params.cross_group_size,
             per_cohort=self.task.mode == "model",
@@ -95,6 +99,7 @@ class CohortAveragers:
             [*self.template, *self.template] if self.task.mode == "model" else self.template,
             timeouts=self.timeouts,
             client_mode=self.client_mode,
+            serves_cohort=self.serves_cohort(cohort),
             cross_codec=params.outer_compression,
             cross_group_size=params.cross_group_size,
             commit_board=self.outer_board,

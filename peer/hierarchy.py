@@ -198,6 +198,7 @@ class HierarchicalAverager:
         cross_group_size: int = DEFAULT_FANOUT,
         timeouts: AveragingTimeouts = AveragingTimeouts(),
         client_mode: bool = False,
+        serves_cohort: bool = False,
         commit_board: CommitBoard | None = None,
         leaving: Callable[[], bool] = lambda: False,
         averager_type: type[VerifiedAverager] = VerifiedAverager,
@@ -213,6 +214,9 @@ class HierarchicalAverager:
         self.cross_codec = cross_codec
         self.cross_group_size = cross_group_size
         self.client_mode = client_mode
+        # A client-mode peer whose cohort is its own host or LAN serves that cohort (its mates reach
+        # its LAN address, peer.affinity.cohort_on_lan); across cohorts it stays a client.
+        self.cohort_client_mode = client_mode and not serves_cohort
         self.peer_id = peer_id(dht)
         self.board = commit_board or DHTCommitBoard(dht, run_id, ttl=max(60.0, 3 * timeouts.commit))
         # A peer that changes cohort keeps what its stages took so far (``deadlines``): the same machine
@@ -234,7 +238,6 @@ class HierarchicalAverager:
             next_chunk_timeout=timeouts.next_chunk,
             allreduce_timeout=timeouts.allreduce,
             allow_state_sharing=False,
-            client_mode=client_mode,
             start=True,
         )
         if declarations is not None:
@@ -251,9 +254,10 @@ class HierarchicalAverager:
             robust=robust,
             slotted_tail=1,
             part_size_bytes=PART_SIZE_BYTES if robust is None else ROBUST_PART_SIZE_BYTES,
+            client_mode=self.cohort_client_mode,
             **common,
         )
-        self._known = KnownCohort(run_id, cohort, client_mode)
+        self._known = KnownCohort(run_id, cohort, self.cohort_client_mode)
         self._cross_compression = codec_for(self.cross_codec)
         self._cross = averager_type(
             self._buffer,
@@ -262,6 +266,7 @@ class HierarchicalAverager:
             compression=self._cross_compression,
             robust=robust,
             part_size_bytes=PART_SIZE_BYTES if robust is None else ROBUST_PART_SIZE_BYTES,
+            client_mode=client_mode,
             **common,
         )
         # Ctrl-C: the round goes on while its group forms or runs, but a peer that is leaving does not
@@ -395,11 +400,11 @@ class HierarchicalAverager:
             outcome.leader = _leader_of(members)
             # A member keeps what the cohort stage left (the broadcast overwrites it): if the leader
             # dies before its broadcast, the next member carries the cohort's result on in its place.
-            # (Not a client-mode member: it cannot lead.)
+            # (Not a member its cohort cannot reach: it could not broadcast.)
             takes_over = (
                 len(members) > 1
                 and outcome.leader != self.peer_id
-                and not self.client_mode
+                and not self.cohort_client_mode
                 and not member_finishes
             )
             cohort_result = self._snapshot() if takes_over else None

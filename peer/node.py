@@ -32,7 +32,7 @@ from hivemind_adapter.group_keys import DeclarationSigner
 from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.state_archive import StateArchive
 from hivemind_adapter.state_sharing import StateSharer, peer_tiebreak
-from peer.affinity import assign_cohorts, default_gateway_mac, host_id, network_id
+from peer.affinity import assign_cohorts, cohort_on_lan, default_gateway_mac, host_id, network_id
 from peer.catch_up import (
     LEAVE_WAIT_SECONDS,
     SIT_OUT_SECONDS,
@@ -215,6 +215,9 @@ class PeerNode:
             self._shared.grads,
             timeouts=self.config.timeouts,
             client_mode=self.config.client_mode,
+            serves_cohort=lambda cohort: cohort_on_lan(
+                cohort, affinity.host_id, affinity.network_id, host or ""
+            ),
             round_board=self._commit_board,
             outer_board=SignedCommitBoard(
                 self.dht, outer_board_id(task.task_id), self.identity, self.peer_id

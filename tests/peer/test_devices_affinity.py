@@ -8,7 +8,15 @@ import sys
 
 import pytest
 
-from peer.affinity import RosterEntry, assign_cohorts, cohort_sizes, host_id, is_nat_address, network_id
+from peer.affinity import (
+    RosterEntry,
+    assign_cohorts,
+    cohort_on_lan,
+    cohort_sizes,
+    host_id,
+    is_nat_address,
+    network_id,
+)
 from peer.devices import discover_devices, parse_gpus
 
 
@@ -91,6 +99,34 @@ def test_a_nat_lan_is_its_range_and_its_gateway_never_the_range_alone():
     # A public address is its /24 whatever the gateway.
     assert network_id("198.51.100.7", "02:00:00:00:00:0a") == network_id("198.51.100.9", "02:00:00:00:00:0b")
     assert is_nat_address("10.3.2.1") and is_nat_address("100.64.0.1") and not is_nat_address("198.51.100.7")
+
+
+def test_a_client_mode_peer_serves_only_a_cohort_on_its_own_host_or_nat_lan():
+    """Which cohorts reach a peer behind NAT: those the affinity put on its host or its home LAN
+    (by the names assign_cohorts gives them, split parts included), never a public range or a named
+    cohort, whose members may sit behind other routers."""
+    me_host, home = "a1b2c3d4e5f60718", network_id("192.168.1.5", lan_gateway="02:00:00:00:00:0a")
+    roster = [
+        _entry("p1", host=me_host, net=home),
+        _entry("p2", host=me_host, net=home),
+        _entry("p3", host="other-host", net=home),
+        _entry("p4", host="third-host", net=home),
+        _entry("p5", host="far-host", cohort="lab"),
+    ]
+    a = assign_cohorts(roster, max_size=8)
+    assert cohort_on_lan(a["p1"], me_host, home, "192.168.1.5")  # this host's cohort
+    assert cohort_on_lan(a["p3"], "other-host", home, "192.168.1.6")  # this LAN's cohort
+    split = assign_cohorts([_entry(f"q{i}", host="h" + str(i), net=home) for i in range(6)], max_size=2)
+    assert (
+        all(cohort_on_lan(c, "hx", home, "192.168.1.9") for c in split.values())
+        and len(set(split.values())) == 3
+    )
+    assert not cohort_on_lan(a["p5"], me_host, home, "192.168.1.5")  # named: may span routers
+    public = network_id("198.51.100.7")
+    assert not cohort_on_lan(f"net-{public}", "hx", public, "198.51.100.7")  # a public /24 may be firewalled
+    other_home = network_id("192.168.1.5", lan_gateway="02:00:00:00:00:0b")
+    assert not cohort_on_lan(f"net-{other_home}", "hx", home, "192.168.1.5")  # another home, same range
+    assert not cohort_on_lan(a["p1"], "other-host", home, "192.168.1.6")  # another host's cohort
 
 
 def test_host_id_differs_between_network_namespaces(tmp_path):

@@ -1,6 +1,10 @@
 """`manta-swarm --sync outer` on an emulated internet: two sites (a cohort each) take their inner steps
 apart, meet every few rounds in an overlapped outer step across the wide-area links, and every peer
-ends holding one state; the run removes its namespaces and processes."""
+ends holding one state; the run removes its namespaces and processes.
+
+The second site is a home behind NAT with two volunteers: a cohort made only of client-mode peers,
+which nobody outside can reach. They average with each other over their LAN (each serves its own
+cohort) and connect out for the outer steps; before that, such a cohort aborted every inner step."""
 
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ def test_two_sites_take_inner_steps_apart_and_meet_in_overlapped_outer_steps(tmp
     run, summary_path = tmp_path / "run", tmp_path / "summary.json"
     before = set(namespaces())
     cmd = [console_script("manta-swarm"), "--sites", "2", "--peers", "4", "--uplink", "20mbit", "--downlink",
-           "50mbit", "--delay", "10", "--sync", "outer", "--inner-steps", "3", "--rounds", "6", *SMALL,
+           "50mbit", "--delay", "10", "--nat", "1", "--sync", "outer", "--inner-steps", "3", "--rounds", "6", *SMALL,
            "--data-dir", str(run), "--summary", str(summary_path)]  # fmt: skip
     done = subprocess.run(
         cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ, MANTA_WORKER_THREADS="1")
@@ -47,6 +51,8 @@ def test_two_sites_take_inner_steps_apart_and_meet_in_overlapped_outer_steps(tmp
     assert processes_mentioning(run) == [], "the run left processes behind"
     summary = json.loads(summary_path.read_text())
     swarm = summary["swarm"]
+    nat = {site["name"]: site["nat"] for site in summary["sites"]}
+    assert nat == {"aggregator": False, "site-1": False, "site-2": True}, nat
 
     # Inner steps stay inside a site: no committed round averaged more than its cohort (2 peers),
     # and each peer's cohort is the one of its site.

@@ -1,4 +1,5 @@
-"""`manta-swarm` on an emulated internet: real peers in two sites (one behind NAT) behind shaped,
+"""`manta-swarm` on an emulated internet: real peers in two sites (one a home behind NAT with two
+client-mode volunteers, who average with each other over their LAN) behind shaped,
 delayed links commit rounds together; the summary's wire figures come from the links' counters; and
 Ctrl-C leaves no namespace, relay or process behind."""
 
@@ -39,7 +40,7 @@ SMALL = ["--target-samples", "64", "--subnets", "2", "--width-mult", "0.25", "--
 def test_two_sites_one_behind_nat_commit_rounds_and_ctrl_c_removes_everything(tmp_path):
     run = tmp_path / "run"
     before = set(namespaces())
-    cmd = [console_script("manta-swarm"), "--sites", "2", "--peers", "3", "--nat", "1", "--uplink", "20mbit",
+    cmd = [console_script("manta-swarm"), "--sites", "2", "--peers", "4", "--nat", "1", "--uplink", "20mbit",
            "--downlink", "50mbit", "--delay", "10", "--rounds", "40", *SMALL, "--data-dir", str(run)]  # fmt: skip
     # started as a shell starts a background job, with SIGINT ignored: Ctrl-C must still stop the run
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
