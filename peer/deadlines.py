@@ -57,7 +57,14 @@ class StageDeadlines:
         top = self.ceiling if ceiling is None else ceiling
         history = self._history.get(stage)
         if not history:
-            return StageDeadline(min(top, self.initial), None)
+            wait = min(top, self.initial)
+            if stage == "broadcast":
+                # A member's broadcast wait begins as its head begins to climb across cohorts: until
+                # a broadcast was timed (its history then holds that climb), it also waits out the
+                # head's cross stage. Without this an outer step's first broadcast gave up a second
+                # before its head arrived, whose cross stage took 19 s (a NAT'd head, emulated internet).
+                wait += self.deadline("cross", ceiling).seconds
+            return StageDeadline(wait, None)
         slowest = max(history)
         wait = self.factor * slowest + 2.0 * self.matchmaking
         return StageDeadline(min(top, max(self.floor, wait)), slowest)

@@ -13,6 +13,17 @@ def test_a_stage_without_history_waits_the_initial_time_within_the_ceiling():
     assert StageDeadlines(2.0, 60.0, initial=7.0).deadline("cohort").slowest_recent is None
 
 
+def test_a_first_broadcast_also_waits_out_the_heads_cross_stage():
+    """A member enters the broadcast as its head enters the cross stage: before any broadcast was
+    timed, its wait is the cross stage's and the broadcast's own."""
+    d = StageDeadlines(2.0, 20.0)
+    assert d.deadline("broadcast").seconds == 40.0  # two initial waits, each within the ceiling
+    d.record("cross", 2.0)
+    assert d.deadline("broadcast").seconds == 20.0 + 3 * 2.0 + 2 * 2.0  # the cross stage's own deadline
+    d.record("broadcast", 9.0)  # a timed broadcast holds the head's climb: its own history only
+    assert d.deadline("broadcast").seconds == 20.0
+
+
 def test_a_deadline_is_a_multiple_of_the_slowest_recent_stage_plus_two_matchmaking_periods():
     d = StageDeadlines(2.0, 60.0)
     for seconds in (1.0, 3.0, 2.0):
