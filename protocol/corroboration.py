@@ -13,13 +13,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 
-def corroborated_max(values_by_peer: Iterable[tuple[str, int]], default: int = -1) -> int:
+def corroborated_max(
+    values_by_peer: Iterable[tuple[str, int]], default: int = -1, lone_stands: bool = True
+) -> int:
     """The highest value that at least two distinct peers report (each peer's highest counts once);
-    the only peer's value if there is one peer; ``default`` if none."""
+    the only peer's value if there is one peer and ``lone_stands``; ``default`` if none.
+
+    ``lone_stands=False`` where the reporters are a subset of a larger swarm (records fresh enough to
+    count): one reporter then is not the whole swarm speaking, only whoever published last, and a
+    liar that keeps publishing is the one reporter whenever the honest peers are quiet."""
     best: dict[str, int] = {}
     for peer, value in values_by_peer:
         best[peer] = max(value, best.get(peer, value))
     ranked = sorted(best.values(), reverse=True)
-    if not ranked:
+    if not ranked or (len(ranked) == 1 and not lone_stands):
         return default
     return ranked[1] if len(ranked) >= 2 else ranked[0]

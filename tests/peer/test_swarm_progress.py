@@ -55,3 +55,32 @@ def test_a_huge_sample_count_in_a_signed_record_cannot_end_the_round_for_everyon
     honest.note_committed([(liar.peer_id, 40), (honest.peer_id, 60)])
     estimate = honest.look(16, 1.0)
     assert estimate.others == 2 * 40 + 2 * honest.batch_size and not honest.target_reached(estimate)
+
+
+def test_a_liar_publishing_alone_while_the_others_average_is_not_the_swarms_round(two_peers):
+    """While the honest peers average, their compute records go stale and a liar that keeps
+    publishing a far-off round is the only fresh reporter: it must not make a reader believe it is
+    behind the swarm. A peer that is the reader's only partner still counts alone."""
+    honest, liar = two_peers
+    reader = SwarmProgress(
+        ProgressBoard(honest.board.dht, TASK, Identity.generate(), "reader"), "reader", 16, 1, 256
+    )
+    liar.begin(10**9, "cohort-a", state_round=10**9 - 1)
+    liar.look(32, 1.0)
+    wait_until(lambda: reader.swarm_round() == 10**9, 15, "the reader to see the liar's record", poll=0.2)
+    honest.begin(6, "cohort-a", state_round=5)
+    honest.look(32, 1.0)
+    honest.finish(48, 2.0)  # now averaging: its record goes stale
+    wait_until(
+        lambda: honest.peer_id in {r.peer_id for r in reader._read()}, 15, "the honest record", poll=0.2
+    )
+    time.sleep(1.2)
+    liar.look(64, 1.0)  # keeps publishing
+    wait_until(
+        lambda: any(r.peer_id == liar.peer_id and r.samples == 64 for r in reader._read()),
+        15,
+        "the liar's new record",
+        poll=0.2,
+    )
+    assert reader.swarm_round(fresh_ms=1000) == -1  # the liar alone is fresh; the honest peer is on the board
+    assert reader.swarm_round(fresh_ms=int(PROGRESS_TTL * 1000)) == 6  # both count: the second highest
