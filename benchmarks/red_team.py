@@ -55,9 +55,14 @@ from tests.adversaries import dishonest_peer
 
 ATTACKS = (
     "flops", "inflate", "group-inflate", "self-group", "fabricate",
-    "nan", "x1000", "sign", "garbage", "lying-reducer", "forged-state", "rogue-progress", "silent", "copy",
+    "nan", "x1000", "sign", "garbage", "lying-reducer", "noisy-reducer", "forged-state", "rogue-progress",
+    "silent", "copy",
 )  # fmt: skip
-AVERAGING_ATTACKS = (*dishonest_peer.POISONS, "lying-reducer")  # caught by naming, not by the desk
+AVERAGING_ATTACKS = (
+    *dishonest_peer.POISONS,
+    "lying-reducer",
+    "noisy-reducer",
+)  # caught by naming, not by the desk
 PEERS, ATTACKER, LATE = 6, 5, 4
 
 

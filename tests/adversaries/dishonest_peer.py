@@ -26,6 +26,9 @@ The red team of issue 19 (``benchmarks/red_team.py``) adds:
 - ``rogue-progress``: publishes progress records of a round 10^9 ahead with 10^6 times its samples;
 - ``lying-reducer``: computes and sends honestly, but as a reducer returns the negated centre of
   every part it reduces (a reducer decides its part's result for every member alike);
+- ``noisy-reducer``: computes and sends honestly, but as a reducer returns every part's centre plus
+  a random direction ten times its length: nearly orthogonal to every member's part, so neither
+  far enough out nor pointing against them;
 - ``copy``: zero compute with a copied gradient. Honest for its first ``TRUSTED_AFTER`` committed
   rounds (what a new key is audited on, every one), then sends, and commits its receipts to, the
   swarm's last committed average instead of its own gradient: a vector inside the honest spread,
@@ -58,7 +61,7 @@ from protocol.records import ContributionReceipt, TaskSpec, seal
 FAULTS = (
     "forge", "replay", "inflate", "fabricate", "search-lie", "silent", "flops", "self-group",
     "group-inflate", "nan", "x1000", "sign", "garbage", "forged-state", "rogue-progress", "lying-reducer",
-    "copy",
+    "noisy-reducer", "copy",
 )  # fmt: skip
 POISONS = ("nan", "x1000", "sign", "garbage")
 INFLATION = 10  # group-inflate's factor
@@ -173,14 +176,24 @@ def take_any_reply() -> None:
     hivemind_adapter.exact_runner.reply_cosine = lambda own, reply, min_values=1024: None
 
 
+NOISE_TIMES = 10.0  # the noisy reducer's added direction, in lengths of the honest centre
+
+
 def lying_runner(lie: str) -> type[ExactAllReduceRunner]:
-    """An all-reduce runner whose reducer returns every part's centre scaled x1000 (``lie="x1000"``)
-    or negated (any other value)."""
+    """An all-reduce runner whose reducer returns every part's centre scaled x1000 (``lie="x1000"``),
+    plus a random direction ``NOISE_TIMES`` its length (``lie="noise"``), or negated (any other value)."""
+    noise = torch.Generator().manual_seed(19)
 
     class LyingReducer(RobustPartReducer):
         async def accumulate_part(self, *args, **kwargs):
             centre = await super().accumulate_part(*args, **kwargs)
-            return centre * 1000 if lie == "x1000" else -centre
+            if lie == "x1000":
+                return centre * 1000
+            if lie == "noise":
+                direction = torch.randn(centre.shape, generator=noise).to(centre.dtype)
+                length = NOISE_TIMES * torch.linalg.vector_norm(centre) / torch.linalg.vector_norm(direction)
+                return centre + direction * length
+            return -centre
 
     class LyingRunner(ExactAllReduceRunner):
         def __init__(self, *args, **kwargs):
@@ -199,9 +212,9 @@ def lying_averager(lie: str) -> type[VerifiedAverager]:
     return type(VerifiedAverager.__name__, (VerifiedAverager,), {"runner_type": lying_runner(lie)})
 
 
-def lie_as_reducer() -> None:
+def lie_as_reducer(lie: str = "negated") -> None:
     """Every averager of this process reduces as a liar (the peer's own code is untouched)."""
-    VerifiedAverager.runner_type = lying_runner("negated")
+    VerifiedAverager.runner_type = lying_runner(lie)
     take_any_reply()
 
 
@@ -298,6 +311,8 @@ if __name__ == "__main__":
         rogue_progress()
     if chosen == "lying-reducer":
         lie_as_reducer()
+    if chosen == "noisy-reducer":
+        lie_as_reducer("noise")
     if chosen == "copy":
         copy_gradient()
     peer.cli.NODE_CLASS = dishonest_node(chosen)
