@@ -273,6 +273,8 @@ def plan_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundPlan:
     peers_of: dict[str, list[str]] = {cohort: [ctx.peer_id]} if ctx.peer_id not in assignment else {}
     for peer, name in sorted(assignment.items()):
         peers_of.setdefault(name, []).append(peer)
+    # how many peers could corroborate a progress record (a lone one counts only in a pair)
+    ctx.progress.roster_peers = len(peers_of[cohort]) if ctx.progress.rounds_by_cohort else len(roster)
     return RoundPlan(
         round_index,
         attempt,

@@ -80,6 +80,9 @@ class SwarmProgress:
         self._next_publish = 0.0
         self._records: list = []
         self._read_at = float("-inf")
+        # peers in the last roster this peer read (itself included; its cohort's, with
+        # ``rounds_by_cohort``), set by each round's plan; 0 until one was read
+        self.roster_peers = 0
         # peer id -> its sample counts in the last committed rounds it contributed to (newest last)
         self._committed: dict[str, list[int]] = {}
 
@@ -133,7 +136,8 @@ class SwarmProgress:
     def _latest_round(self, records, now_ms: int, fresh_ms: int = FRESH_MS) -> int:
         """The latest round that two other peers show (:func:`protocol.corroboration.corroborated_max`):
         one rogue record of a far-off round must not make every peer believe it is behind. A lone
-        fresh record counts only where its peer is the only other one on the board: while the
+        fresh record counts only where its peer is the only other one on the board and in the
+        roster (a swarm of two; at a swarm's start the liar's may be the only record yet): while the
         others average (their records go stale after ``fresh_ms``), a liar that keeps publishing
         was the one fresh reporter, and stopped every honest peer as "behind the swarm" (measured
         on the emulated internet: 2 of 10 rounds lost by three honest peers)."""
@@ -144,7 +148,7 @@ class SwarmProgress:
         ]
         return corroborated_max(
             ((r.peer_id, r.round) for r in others if now_ms - r.timestamp < fresh_ms),
-            lone_stands=len({r.peer_id for r in others}) <= 1,
+            lone_stands=len({r.peer_id for r in others}) <= 1 and self.roster_peers <= 2,
         )
 
     def target_reached(self, estimate: SwarmEstimate) -> bool:

@@ -60,7 +60,8 @@ def test_a_huge_sample_count_in_a_signed_record_cannot_end_the_round_for_everyon
 def test_a_liar_publishing_alone_while_the_others_average_is_not_the_swarms_round(two_peers):
     """While the honest peers average, their compute records go stale and a liar that keeps
     publishing a far-off round is the only fresh reporter: it must not make a reader believe it is
-    behind the swarm. A peer that is the reader's only partner still counts alone."""
+    behind the swarm. A peer that is the reader's only partner (on the board and in the roster)
+    still counts alone."""
     honest, liar = two_peers
     reader = SwarmProgress(
         ProgressBoard(honest.board.dht, TASK, Identity.generate(), "reader"), "reader", 16, 1, 256
@@ -68,6 +69,10 @@ def test_a_liar_publishing_alone_while_the_others_average_is_not_the_swarms_roun
     liar.begin(10**9, "cohort-a", state_round=10**9 - 1)
     liar.look(32, 1.0)
     wait_until(lambda: reader.swarm_round() == 10**9, 15, "the reader to see the liar's record", poll=0.2)
+    reader.roster_peers = 3  # the round's roster: the liar is not the reader's only partner
+    assert reader.swarm_round() == -1  # its record is the only one on the board yet: a swarm's start
+    reader.roster_peers = 2  # a swarm of two: nobody else can corroborate, and its partner's word stands
+    assert reader.swarm_round() == 10**9
     honest.begin(6, "cohort-a", state_round=5)
     honest.look(32, 1.0)
     honest.finish(48, 2.0)  # now averaging: its record goes stale
