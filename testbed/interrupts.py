@@ -17,17 +17,24 @@ def _raise_interrupt(signum, frame):
 
 
 @contextmanager
+def _stop_signals_handled_by(handler: Callable) -> Iterator[None]:
+    """``handler`` for both stop signals inside; the previous handlers back on the way out."""
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextmanager
 def stop_signals_interrupt() -> Iterator[None]:
     """Inside, SIGINT and SIGTERM both raise KeyboardInterrupt. SIGINT is set explicitly: a shell that
     starts a job in the background (CI, `make test &`, nohup) leaves SIGINT ignored, and Python then
     never raises KeyboardInterrupt, so the tool would run on through a Ctrl-C; and SIGTERM's default
     ends the process without running any cleanup."""
-    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in STOP_SIGNALS}
-    try:
+    with _stop_signals_handled_by(_raise_interrupt):
         yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 @contextmanager
@@ -43,11 +50,7 @@ def stop_signals_held(say: Callable[[str], None] = print) -> Iterator[None]:
             say("still removing what this run started; it ends by itself within seconds")
         arrived.append(signum)
 
-    previous = {sig: signal.signal(sig, note) for sig in STOP_SIGNALS}
-    try:
+    with _stop_signals_handled_by(note):
         yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     if arrived:
         raise KeyboardInterrupt
