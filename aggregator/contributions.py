@@ -350,14 +350,21 @@ class ContributionDesk:
             elif sealed.record.reason.startswith(EXCLUSION_REASON) and sealed.record.entry_index in keys:
                 self.trust.exclude(keys[sealed.record.entry_index])
 
-    def _swarm_round(self) -> int:
+    def _swarm_round(self, announced: int) -> int:
+        """The newest round two peers' progress records show (-1: none); ``announced``: how many
+        peers the roster holds. Corroborated: one peer's record of a far-off round must not push
+        every receipt out of the window. A lone record stands only in a swarm of two: records live
+        30 s and honest peers publish only while they compute, so a liar's was at times the only
+        one left, and the aggregator refused a whole round's honest receipts as 20 rounds too old
+        (the red team's rogue-progress peer on the emulated internet)."""
         records = read_signed(
             self.dht,
             progress_key(self.task_id),
             lambda sub, value: open_progress_value(self.task_id, sub, value),
         )
-        # corroborated: one peer's record of a far-off round must not push every receipt out of the window
-        return corroborated_max((r.record.peer_id, r.record.round) for r in records)
+        return corroborated_max(
+            ((r.record.peer_id, r.record.round) for r in records), lone_stands=announced <= 2
+        )
 
     def _close_loop(self) -> None:
         while not self._stop.wait(1.0):
@@ -370,7 +377,8 @@ class ContributionDesk:
         if not self._ledger.run(lambda _: self.rounds.waiting()):
             return
         # DHT reads (each bounded) before the work goes to the writer: handlers must not wait behind them.
-        swarm_round, bindings = self._swarm_round(), self._read_bindings()
+        bindings = self._read_bindings()
+        swarm_round = self._swarm_round(announced=len(bindings))
         self.witness.read(self._ledger.run(lambda _: self.rounds.attempts_due(swarm_round, force)))
         notes = self._ledger.run(lambda _: self._close_due(swarm_round, bindings, force))
         if notes:
