@@ -352,8 +352,9 @@ class ContributionDesk:
 
     def _swarm_round(self, announced: int) -> int:
         """The newest round two peers' progress records show (-1: none); ``announced``: how many
-        peers the roster holds. Corroborated: one peer's record of a far-off round must not push
-        every receipt out of the window. A lone record stands only in a swarm of two: records live
+        peers the roster holds (0: the read failed). Corroborated: one peer's record of a far-off round
+        must not push every receipt out of the window. A lone record stands only in a swarm of two
+        (not when the roster is unknown: then each receipt's own round is the reference): records live
         30 s and honest peers publish only while they compute, so a liar's was at times the only
         one left, and the aggregator refused a whole round's honest receipts as 20 rounds too old
         (the red team's rogue-progress peer on the emulated internet)."""
@@ -363,7 +364,7 @@ class ContributionDesk:
             lambda sub, value: open_progress_value(self.task_id, sub, value),
         )
         return corroborated_max(
-            ((r.record.peer_id, r.record.round) for r in records), lone_stands=announced <= 2
+            ((r.record.peer_id, r.record.round) for r in records), lone_stands=0 < announced <= 2
         )
 
     def _close_loop(self) -> None:

@@ -23,6 +23,7 @@ def test_a_lone_far_off_progress_record_sets_the_round_only_in_a_swarm_of_two(tm
             assert liar.publish(10**9, 64, 1.0, 1.0, "cohort-a", 10**9 - 1)
             wait_until(lambda: desk._swarm_round(announced=2) == 10**9, 15, "the desk to read the record")
             assert desk._swarm_round(announced=6) == -1  # the roster holds others: one record is one word
+            assert desk._swarm_round(announced=0) == -1  # the roster read failed: no word stands alone
             honest = ProgressBoard(second, TASK, Identity.generate(), fake_peer_id(b"honest"))
             assert honest.publish(5, 64, 1.0, 1.0, "cohort-a", 4)
             wait_until(lambda: desk._swarm_round(announced=6) == 5, 15, "the desk to read both records")
