@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -11,6 +12,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
+import pytest
+
+# The emulated internet (testbed.wan) builds network namespaces, shapes links with tc and NATs with
+# iptables: without root or those tools its tests cannot run here (`make test` installs iptables; CI
+# runs as root).
+needs_emulated_internet = pytest.mark.skipif(
+    os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "tc", "iptables")),
+    reason="the emulated internet needs root, iproute2 and iptables (make test installs iptables)",
+)
 
 
 def console_script(name: str) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,13 +23,10 @@ from testbed.wan.linkcheck import check_site_link
 from testbed.wan.netns import namespaces
 from testbed.wan.scenario import LinkProfile, uniform_scenario
 from testbed.wan.topology import EmulatedInternet, remove_stale
-from tests.helpers import console_script
+from tests.helpers import console_script, needs_emulated_internet
 
 pytestmark = [
-    pytest.mark.skipif(
-        os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "tc", "iptables")),
-        reason="the emulated internet needs root, iproute2 and iptables (make test installs iptables)",
-    ),
+    needs_emulated_internet,
     pytest.mark.exclusive,  # measures rates and round trips: nothing may compete for the CPU
 ]
 

@@ -4,8 +4,6 @@ exit, and leaves no namespace or process behind (it once left both after a secon
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,14 +12,11 @@ import time
 import pytest
 
 from testbed.wan.netns import namespaces
-from tests.helpers import processes_mentioning, wait_until
+from tests.helpers import needs_emulated_internet, processes_mentioning, wait_until
 
 pytestmark = [
     pytest.mark.swarm,
-    pytest.mark.skipif(
-        os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "tc", "iptables")),
-        reason="the emulated internet needs root, iproute2 and iptables (make test installs iptables)",
-    ),
+    needs_emulated_internet,
 ]
 
 

@@ -10,21 +10,17 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 
 import pytest
 
 from supernet.checkpoint import load_checkpoint
 from testbed.wan.netns import namespaces
-from tests.helpers import console_script, processes_mentioning
+from tests.helpers import console_script, needs_emulated_internet, processes_mentioning
 
 pytestmark = [
     pytest.mark.swarm,
-    pytest.mark.skipif(
-        os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "tc", "iptables")),
-        reason="the emulated internet needs root, iproute2 and iptables (make test installs iptables)",
-    ),
+    needs_emulated_internet,
 ]
 
 SMALL = ["--target-samples", "64", "--subnets", "2", "--width-mult", "0.25", "--batch-size", "16"]

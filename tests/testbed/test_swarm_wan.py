@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -16,14 +15,11 @@ import time
 import pytest
 
 from testbed.wan.netns import namespaces
-from tests.helpers import console_script, processes_mentioning
+from tests.helpers import console_script, needs_emulated_internet, processes_mentioning
 
 pytestmark = [
     pytest.mark.swarm,
-    pytest.mark.skipif(
-        os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "tc", "iptables")),
-        reason="the emulated internet needs root, iproute2 and iptables (make test installs iptables)",
-    ),
+    needs_emulated_internet,
 ]
 
 # a progress line names the newest round any peer committed; it may skip numbers when two rounds
