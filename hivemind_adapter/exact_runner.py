@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator
 
 import torch
@@ -18,8 +19,10 @@ from hivemind.proto import averaging_pb2
 from hivemind.utils.asyncio import aiter_with_timeout, amap_in_executor, attach_event_on_finished
 
 from hivemind_adapter.alignment import MIN_VALUES, AlignmentRecord
+from hivemind_adapter.reducer_proof import PartProof, check_proof, pack_proofs, sketch_seed, unpack_proofs
 from hivemind_adapter.reply_check import implausible_reply, reply_cosine
-from hivemind_adapter.robust_reduce import RobustConfig, RobustPartReducer
+from hivemind_adapter.robust_reduce import RobustConfig, RobustPartReducer, capped_weights
+from hivemind_adapter.wire_codecs import rounding_bound, roundtrip
 
 # How long a reducer keeps a sender's stream open after its last reply, waiting for the sender to
 # close it (it does as soon as it holds every reply): a bound for a sender that died meanwhile.
@@ -48,17 +51,24 @@ class ExactAllReduceRunner(AllReduceRunner):
         self.reply_alignment = reply_alignment if robust is not None else None
         self.lying_reducers = self.reply_alignment.suspects() if self.reply_alignment is not None else set()
         self.check_replies = robust is not None  # doubt a reducer's reply against our own part
+        # and, robust, take a remote reducer's parts only with a proof that they are its centre
+        self.robust = robust
+        self._slotted_tensors = slotted_tensors
         if robust is not None:
             unused = self.tensor_part_reducer
             suspects = self.alignment.suspects() if self.alignment is not None else set()
             excluded = [i for i, p in enumerate(self.sender_peer_ids) if p.to_base58() in suspects]
-            self.tensor_part_reducer = RobustPartReducer(
+            compression = self.tensor_part_container.compression
+            exact_wire = isinstance(compression, NoCompression)
+            self.tensor_part_reducer = self.reducer_type(
                 unused.part_shapes,
                 unused.num_senders,
                 robust,
                 excluded=excluded,
                 min_aligned_values=MIN_VALUES,
-                slotted_parts=self._local_slotted_parts(slotted_tensors),
+                slotted_parts=self._slotted_parts_of(self.peer_id),
+                proof_context=self._proof_context(self.peer_id),
+                as_received=None if exact_wire else functools.partial(roundtrip, compression),
             )
             unused.finished.set()  # never used: its finalize would report "received 0% of input tensors"
         # With absolute outputs, a part whose reducer failed falls back to the local part, not to a zero delta.
@@ -71,20 +81,27 @@ class ExactAllReduceRunner(AllReduceRunner):
         # per reducer (base58), the cosine of each reply with the part this member sent (robust only)
         self.reply_cosines: dict[str, list[float]] = {}
 
-    def _local_slotted_parts(self, slotted_tensors: int) -> frozenset[int]:
-        """Indices, among the parts this member reduces, of the last ``slotted_tensors`` tensors' parts.
+    reducer_type: type[RobustPartReducer] = RobustPartReducer  # (the red team's liars replace it)
+
+    def _slotted_parts_of(self, reducer: PeerID) -> frozenset[int]:
+        """Indices, among the parts ``reducer`` reduces, of the last ``slotted_tensors`` tensors' parts.
         hivemind never splits a part across tensors and deals parts to reducers in order, so the
         last tensors' parts are the last parts of the vector."""
-        if slotted_tensors <= 0:
+        if self._slotted_tensors <= 0:
             return frozenset()
         container = self.tensor_part_container
-        by_tensor = container.num_parts_by_tensor[-slotted_tensors:]
+        by_tensor = container.num_parts_by_tensor[-self._slotted_tensors :]
         if any(n != 1 for n in by_tensor):
             raise ValueError("a slotted tensor must fit in one part")
         total = sum(container.num_parts_by_tensor)
-        first = sum(container.num_parts_by_peer[: self.ordered_peer_ids.index(self.peer_id)])
-        mine = range(first, first + len(self.parts_for_local_averaging))
-        return frozenset(i - first for i in range(total - len(by_tensor), total) if i in mine)
+        index = self.ordered_peer_ids.index(reducer)
+        first = sum(container.num_parts_by_peer[:index])
+        theirs = range(first, first + container.num_parts_by_peer[index])
+        return frozenset(i - first for i in range(total - len(by_tensor), total) if i in theirs)
+
+    def _proof_context(self, reducer: PeerID) -> bytes:
+        """What binds a reducer's proofs to this all-reduce and to that reducer (their sketches' seed)."""
+        return bytes(self.group_id) + reducer.to_bytes()
 
     async def _communicate_with_peer(self, peer_id: PeerID):
         if peer_id != self.peer_id:
@@ -140,6 +157,10 @@ class ExactAllReduceRunner(AllReduceRunner):
         inputs = attach_event_on_finished(self._counted(self._generate_input_for_peer(peer_index)), sent_all)
         replies = None
         received = 0
+        # robust: parts are held back until the reducer's proof of them checked out (a part once
+        # registered counts as averaged, whatever happens next)
+        held: list[torch.Tensor] | None = [] if self.robust is not None else None
+        proof = None
         try:
             replies = await self._get_peer_stub(peer_id).rpc_aggregate_part(inputs)
             if self.should_delay_results(self.peer_id):  # a member that reduces nothing sends first
@@ -149,6 +170,9 @@ class ExactAllReduceRunner(AllReduceRunner):
                 if message.code != averaging_pb2.AVERAGED_PART:
                     raise AllreduceException(f"{peer_id} sent {averaging_pb2.MessageCode.Name(message.code)}")
                 self._count(received=len(message.tensor_part.buffer))
+                if received == expected:  # after the parts, their proofs
+                    proof = message.tensor_part
+                    break
                 # decoded and checked off the event loop (the check reads the part twice in float64)
                 own = container._input_parts_by_peer[peer_index][received][0] if self.check_replies else None
                 part, doubt, cosine = await loop.run_in_executor(None, _take_reply, message.tensor_part, own)
@@ -160,12 +184,25 @@ class ExactAllReduceRunner(AllReduceRunner):
                     self.refused_reducers.add(peer_id)
                     await self._finish_reducing()
                     raise AllreduceException(f"implausible reply to part {received}: {doubt}")
-                container.register_processed_part(peer_index, received, part)
+                if held is None:
+                    container.register_processed_part(peer_index, received, part)
+                else:
+                    held.append(part)
                 received += 1
-                if received == expected:
+                if received == expected and held is None:
                     break
             if received != expected:
                 raise AllreduceException(f"peer {peer_id} sent {received} parts, but we expected {expected}")
+            if held is not None:
+                doubt = "sent no proof of its parts" if proof is None else None
+                if doubt is None:
+                    doubt = await loop.run_in_executor(None, self._doubt_proofs, peer_id, proof, held)
+                if doubt is not None:
+                    self.refused_reducers.add(peer_id)
+                    await self._finish_reducing()
+                    raise AllreduceException(f"refused the parts of reducer {peer_id}: {doubt}")
+                for index, part in enumerate(held):
+                    container.register_processed_part(peer_index, index, part)
         except BaseException:
             container.register_failed_reducer(peer_index)
             raise
@@ -173,6 +210,47 @@ class ExactAllReduceRunner(AllReduceRunner):
             if replies is not None:
                 with contextlib.suppress(RuntimeError):  # it is still running only if it was cancelled
                     await replies.aclose()
+
+    def _doubt_proofs(self, reducer: PeerID, message_part, results: list[torch.Tensor]) -> str | None:
+        """Why ``reducer``'s proofs (one message after its parts) do not show that ``results`` are the
+        robust centres of what its senders sent, or None (runs in a worker thread)."""
+        try:
+            proofs = unpack_proofs(deserialize_torch_tensor(message_part))
+        except ValueError as e:
+            return f"sent a malformed proof ({e})"
+        if len(proofs) != len(results):
+            return f"sent {len(proofs)} proofs for {len(results)} parts"
+        container = self.tensor_part_container
+        peer_index = self.ordered_peer_ids.index(reducer)
+        slotted = self._slotted_parts_of(reducer)
+        context = self._proof_context(reducer)
+        member, by = self.sender_peer_ids.index(self.peer_id), self.sender_peer_ids.index(reducer)
+        cap = functools.partial(capped_weights, max_weight_ratio=self.robust.max_weight_ratio)
+        exact_wire = isinstance(container.compression, NoCompression)
+        for index, (data, result) in enumerate(zip(proofs, results)):
+            if index in slotted:
+                continue  # each slot is its owner's value, checked by its owner (peer.known_cohort)
+            own, info = container._input_parts_by_peer[peer_index][index]
+            if not exact_wire:  # what the reducer decoded of this member's part
+                own = deserialize_torch_tensor(container.compression.compress(own, info))
+            try:
+                proof = PartProof.from_bytes(data, len(self.sender_peer_ids))
+            except ValueError as e:
+                return f"sent a malformed proof of part {index} ({e})"
+            why = check_proof(
+                proof,
+                member=member,
+                own_part=own,
+                own_weight=float(self.weight),
+                reducer=by,
+                result=result,
+                seed=sketch_seed(context, index, result),
+                cap_rule=cap,
+                rounding=None if exact_wire else rounding_bound(container.compression, result),
+            )
+            if why is not None:
+                return f"part {index}: {why}"
+        return None
 
     async def _finish_reducing(self) -> None:
         """Wait (bounded) until this member's own reducer has reduced every part. A member that
@@ -229,6 +307,13 @@ class ExactAllReduceRunner(AllReduceRunner):
                 parts_done += 1
                 # The same averaged bytes go to every sender of this part: that is what makes results exact.
                 payload = await loop.run_in_executor(None, serialize_torch_tensor, averaged, compression)
+                self._count(sent=len(payload.buffer))
+                yield averaging_pb2.AveragingData(code=averaging_pb2.AVERAGED_PART, tensor_part=payload)
+            reducer = self.tensor_part_reducer
+            if parts_done == reducer.num_parts and getattr(reducer, "proof_context", None) is not None:
+                # one message after the parts: the proof of each (hivemind_adapter.reducer_proof)
+                proofs = pack_proofs([reducer.proofs.get(j, b"") for j in range(reducer.num_parts)])
+                payload = serialize_torch_tensor(proofs, NoCompression.compression_type)
                 self._count(sent=len(payload.buffer))
                 yield averaging_pb2.AveragingData(code=averaging_pb2.AVERAGED_PART, tensor_part=payload)
         finally:

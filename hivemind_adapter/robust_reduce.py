@@ -32,11 +32,13 @@ from __future__ import annotations
 import asyncio
 import math
 import multiprocessing
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
 
 import torch
 from hivemind.averaging.partition import AllreduceException, BannedException, TensorPartReducer
+
+from hivemind_adapter.reducer_proof import make_proof, sketch_seed
 
 # CenteredClip stops early once a step moves the centre by less than this fraction of the radius
 # (about float32's resolution: the radius is at most a few times the parts' norms).
@@ -105,12 +107,18 @@ class ClipResult:
     the parts refused (not finite) or named (farther than ``outlier_factor × radius`` from the centre
     the first pass found), ascending. ``radius``: the clipping radius, in the parts' units.
     ``alignments``: per part, the cosine between it and the centre of the other parts (None for a
-    part refused, of zero weight, or alone): what :mod:`hivemind_adapter.alignment` keeps."""
+    part refused, of zero weight, or alone): what :mod:`hivemind_adapter.alignment` keeps.
+    ``capped``: the weight of each part the cap rule counted, after it; ``in_centre``: the parts
+    the final centre is the fixed point of (both by part index)."""
 
     value: torch.Tensor
     outliers: tuple[int, ...]
     radius: float
     alignments: tuple[float | None, ...] = ()
+    # what a reducer's proof lists (hivemind_adapter.reducer_proof): the capped weight of every part
+    # counted by the cap rule, and the parts in the final centre
+    capped: dict[int, float] = field(default_factory=dict)
+    in_centre: tuple[int, ...] = ()
 
 
 def centered_clip(
@@ -179,7 +187,14 @@ def centered_clip(
         named = []
     left_out = set(usable) - set(active) | set(named)
     alignments = _alignments(parts, usable, left_out, dict(zip(active, w.tolist())), centre)
-    return ClipResult(centre.to(dtype).reshape(shape), tuple(sorted(refused + named)), radius, alignments)
+    return ClipResult(
+        centre.to(dtype).reshape(shape),
+        tuple(sorted(refused + named)),
+        radius,
+        alignments,
+        capped=dict(zip(active, w.tolist())),
+        in_centre=tuple(i for i in active if i not in named),
+    )
 
 
 def slotted_centre(parts: Sequence[torch.Tensor], senders: Sequence[int], num_senders: int) -> ClipResult:
@@ -326,8 +341,16 @@ class RobustPartReducer(TensorPartReducer):
         excluded: Collection[int] = (),
         min_aligned_values: int = 1024,
         slotted_parts: Collection[int] = (),
+        proof_context: bytes | None = None,
+        as_received: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
         self.config = config
+        # With a context (the all-reduce's group id and this reducer), every robust part's result comes
+        # with a proof that members check (hivemind_adapter.reducer_proof); ``as_received`` gives what
+        # members decode of a result (the wire's codec), which the proof must speak of.
+        self.proof_context = proof_context
+        self.as_received = as_received or (lambda t: t)
+        self.proofs: dict[int, bytes] = {}  # part index -> its proof (b"" for a slotted part)
         self.slotted_parts = frozenset(slotted_parts)
         self.part_dtype = part_dtype or torch.get_default_dtype()
         self.excluded = frozenset(excluded)
@@ -406,13 +429,20 @@ class RobustPartReducer(TensorPartReducer):
         parts, weights = [inputs[s][0] for s in senders], [inputs[s][1] for s in senders]
         del inputs
         try:
+            value = None
             if part_index in self.slotted_parts:
                 result = slotted_centre(parts, senders, self.num_senders)
+                self.proofs[part_index] = b""  # each slot is its owner's value: members check their own
             else:
                 excluded = [j for j, sender in enumerate(senders) if sender in self.excluded]
-                result = await asyncio.get_running_loop().run_in_executor(
+                loop = asyncio.get_running_loop()
+                result = await loop.run_in_executor(
                     None, centered_clip, parts, weights, self.config, excluded
                 )
+                if self.proof_context is not None:
+                    value, self.proofs[part_index] = await loop.run_in_executor(
+                        None, self.answer, result, parts, senders, weights, part_index
+                    )
         except Exception as e:  # no usable part (ValueError), or worse: this slice cannot be averaged
             for j, part in enumerate(parts):
                 if not bool(torch.isfinite(part).all()):
@@ -426,12 +456,36 @@ class RobustPartReducer(TensorPartReducer):
                 cosines = {senders[j]: c for j, c in enumerate(result.alignments) if c is not None}
                 self.alignments.append(cosines)
             if not future.done():  # not cancelled by finalize meanwhile
-                future.set_result(result.value)
+                future.set_result(result.value if value is None else value)
         finally:
             del parts
             self._reducing = None
             if not self.finished.is_set():
                 self.reset_accumulators()
+
+    def answer(
+        self,
+        result: ClipResult,
+        parts: Sequence[torch.Tensor],
+        senders: Sequence[int],
+        weights: Sequence[float],
+        part_index: int,
+    ) -> tuple[torch.Tensor, bytes]:
+        """What this reducer sends back for a part (its centre) and the proof that goes with it (runs
+        in a worker thread; the red team's dishonest reducers override it)."""
+        received = self.as_received(result.value)
+        seed = sketch_seed(self.proof_context, part_index, received)
+        proof = make_proof(
+            dict(zip(senders, parts)),
+            dict(zip(senders, weights)),
+            self.num_senders,
+            received,
+            result.radius,
+            {senders[j]: w for j, w in result.capped.items()},
+            [senders[j] for j in result.in_centre],
+            seed,
+        )
+        return result.value, proof.to_bytes()
 
     def finalize(self) -> None:
         self._inputs = {}

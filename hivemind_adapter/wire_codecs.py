@@ -168,6 +168,22 @@ def codec_for(name: str) -> CompressionBase:
     return makers[name]()
 
 
+def rounding_bound(codec: CompressionBase, decoded: torch.Tensor) -> torch.Tensor | None:
+    """Per value of ``decoded`` (what a receiver decoded), how far the value the sender encoded may
+    have been from it: half a quantization step of its block (int codecs), half a float16 unit in the
+    last place (fp16), or None where the wire is exact (none). A reducer's proof is checked against
+    the decoded result (:mod:`hivemind_adapter.reducer_proof`), and this is the leeway its codec gives."""
+    if type(codec) is NoCompression:
+        return None
+    flat = decoded.detach().reshape(-1).to(torch.float32)
+    if isinstance(codec, _PowerOfTwoBlockwise):
+        _codes, exponents = codec.quantize(flat)  # a decoded tensor finds its own grid again (idempotent)
+        half = _pow2(exponents.to(torch.int64) - 1).double()
+        return half.repeat_interleave(BLOCK)[: flat.numel()]
+    # fp16 (hivemind's own): half an ulp of the value, and of the smallest subnormal near zero
+    return flat.double().abs() * 2.0**-11 + 2.0**-25
+
+
 def roundtrip(codec: CompressionBase, tensor: torch.Tensor) -> torch.Tensor:
     """What a receiver decodes from ``codec.compress(tensor)`` (whole, or in block-aligned parts), bit
     for bit, in ``tensor``'s dtype, shape and device: the sender's side of error feedback. fp16 clamps

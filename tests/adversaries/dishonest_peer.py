@@ -28,7 +28,8 @@ The red team of issue 19 (``benchmarks/red_team.py``) adds:
   every part it reduces (a reducer decides its part's result for every member alike);
 - ``noisy-reducer``: computes and sends honestly, but as a reducer returns every part's centre plus
   a random direction ten times its length: nearly orthogonal to every member's part, so neither
-  far enough out nor pointing against them;
+  far enough out nor pointing against them. Both lying reducers send the proof that comes closest
+  to passing: the other senders' entries true, their own part moved to balance the lie;
 - ``copy``: zero compute with a copied gradient. Honest for its first ``TRUSTED_AFTER`` committed
   rounds (what a new key is audited on, every one), then sends, and commits its receipts to, the
   swarm's last committed average instead of its own gradient: a vector inside the honest spread,
@@ -50,6 +51,7 @@ import peer.cli
 import peer.round
 from hivemind_adapter.allreduce import VerifiedAverager
 from hivemind_adapter.exact_runner import ExactAllReduceRunner
+from hivemind_adapter.reducer_proof import PartProof, make_proof, sketch, sketch_seed
 from hivemind_adapter.robust_reduce import RobustPartReducer
 from peer.node import PeerNode
 from peer.search_service import EvaluationService
@@ -174,6 +176,8 @@ def take_any_reply() -> None:
     # nor keep a record of the reducers' directions (a flipped sender's own parts point against every
     # honest reply, and it would refuse them all from the second all-reduce on)
     hivemind_adapter.exact_runner.reply_cosine = lambda own, reply, min_values=1024: None
+    # nor check the reducers' proofs (a poisoned part's own entry is true, but it is no check's business)
+    hivemind_adapter.exact_runner.check_proof = lambda *args, **kwargs: None
 
 
 NOISE_TIMES = 10.0  # the noisy reducer's added direction, in lengths of the honest centre
@@ -181,29 +185,66 @@ NOISE_TIMES = 10.0  # the noisy reducer's added direction, in lengths of the hon
 
 def lying_runner(lie: str) -> type[ExactAllReduceRunner]:
     """An all-reduce runner whose reducer returns every part's centre scaled x1000 (``lie="x1000"``),
-    plus a random direction ``NOISE_TIMES`` its length (``lie="noise"``), or negated (any other value)."""
+    plus a random direction ``NOISE_TIMES`` its length (``lie="noise"``), or negated (any other value).
+    It sends with each lie the proof that comes closest to passing (:func:`covering_proof`)."""
     noise = torch.Generator().manual_seed(19)
 
     class LyingReducer(RobustPartReducer):
-        async def accumulate_part(self, *args, **kwargs):
-            centre = await super().accumulate_part(*args, **kwargs)
+        own_sender: int | None = None  # this reducer's own sender index (set by its runner)
+
+        def answer(self, result, parts, senders, weights, part_index):
+            honest, _proof = super().answer(result, parts, senders, weights, part_index)
             if lie == "x1000":
-                return centre * 1000
-            if lie == "noise":
-                direction = torch.randn(centre.shape, generator=noise).to(centre.dtype)
-                length = NOISE_TIMES * torch.linalg.vector_norm(centre) / torch.linalg.vector_norm(direction)
-                return centre + direction * length
-            return -centre
+                told = honest * 1000
+            elif lie == "noise":
+                direction = torch.randn(honest.shape, generator=noise).to(honest.dtype)
+                length = NOISE_TIMES * torch.linalg.vector_norm(honest) / torch.linalg.vector_norm(direction)
+                told = honest + direction * length
+            else:
+                told = -honest
+            received = self.as_received(told)
+            seed = sketch_seed(self.proof_context, part_index, received)
+            proof = make_proof(
+                dict(zip(senders, parts)), dict(zip(senders, weights)), self.num_senders, received,
+                result.radius, {senders[j]: w for j, w in result.capped.items()},
+                [senders[j] for j in result.in_centre], seed,
+            )  # fmt: skip
+            return told, covering_proof(proof, self.own_sender, received, seed).to_bytes()
 
     class LyingRunner(ExactAllReduceRunner):
+        reducer_type = LyingReducer
+
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            honest = self.tensor_part_reducer
-            if isinstance(honest, RobustPartReducer):  # (a plain-mean swarm's reducer is hivemind's)
-                self.tensor_part_reducer = LyingReducer(honest.part_shapes, honest.num_senders, honest.config)
-                honest.finished.set()  # never used
+            if isinstance(self.tensor_part_reducer, LyingReducer):  # (a plain-mean swarm's is hivemind's)
+                self.tensor_part_reducer.own_sender = self.sender_peer_ids.index(self.peer_id)
 
     return LyingRunner
+
+
+def covering_proof(proof: PartProof, own: int | None, result: torch.Tensor, seed: int) -> PartProof:
+    """A liar's best proof of a wrong ``result``: every other sender's entry as it is (each member
+    checks its own), and its own part moved to where it balances the projected fixed point (nobody
+    else holds that part), with a radius past every distance so that no part is clipped (a clipped
+    force is bounded by the radius; an unclipped one is not). ``proof`` lists the honest entries;
+    ``own``: the liar's sender index (None, or a part it did not weigh: nothing to move)."""
+    if own is None or proof.capped[own] <= 0:
+        return proof
+    centre = sketch(result, seed)
+    in_centre = [i for i, inside in enumerate(proof.in_centre) if inside or i == own]
+    pull = sum(
+        (proof.capped[i] * (proof.points[i] - centre) for i in in_centre if i != own),
+        torch.zeros_like(centre),
+    )
+    points = proof.points.clone()
+    points[own] = centre - pull / proof.capped[own]
+    distances = list(proof.distances)
+    distances[own] = float(torch.linalg.vector_norm(points[own] - centre))
+    radius = max(distances[i] for i in in_centre)
+    return PartProof(
+        radius, proof.weights, proof.capped, tuple(i in in_centre for i in range(len(distances))),
+        tuple(distances), points,
+    )  # fmt: skip
 
 
 def lying_averager(lie: str) -> type[VerifiedAverager]:

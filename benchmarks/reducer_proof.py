@@ -1,0 +1,180 @@
+"""Reducers' proofs on the red team's real gradients: how far an honest reducer's own part lies from
+the others (what :data:`hivemind_adapter.reducer_proof.OWN_PART_FACTOR` must stay above), and how
+large a shift a lying reducer can hide behind its best proof.
+
+Gradients are the digits supernet's (the red team's task, :mod:`benchmarks.simulated_swarm`), one
+per peer from its own sample stream, at several sample counts per group. Each round the vector is
+cut into hivemind's 512 KiB robust parts; every part is reduced with CenteredClip and every sender
+in turn is taken as its reducer:
+
+- honest: the reducer's proof as :class:`~hivemind_adapter.robust_reduce.RobustPartReducer` makes
+  it; every other member checks it (:func:`~hivemind_adapter.reducer_proof.check_proof`); the own-part
+  ratio of each reducer is recorded;
+- lying: the result shifted by a random direction ``times`` the centre's length (the red team's
+  ``noisy-reducer`` uses 10), with the liar's best proof
+  (``tests/adversaries/dishonest_peer.covering_proof``: the others' entries true, its own part
+  placed to balance the fixed point); "caught" means every honest member refuses it.
+
+The model moves between rounds by the plain mean of three peers, as a swarm's would. Run:
+
+    python -m benchmarks.reducer_proof [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch  # noqa: E402
+
+from benchmarks.simulated_swarm import swarm_workload  # noqa: I001 (prepares the process first)
+from hivemind_adapter.reducer_proof import (
+    OWN_PART_FACTOR,
+    check_proof,
+    make_proof,
+    own_part_ratio,
+    sketch_seed,
+)
+from hivemind_adapter.robust_reduce import RobustConfig, capped_weights, centered_clip
+from supernet.contribution import compute_contribution
+from supernet.state import init_optimizer_state
+from supernet.training import maybe_sort_channels, optimizer_step, step_configs
+from tests.adversaries.dishonest_peer import covering_proof
+
+GROUPS = {
+    "3 x 64": [64, 64, 64],
+    "16/64/128": [16, 64, 128],
+    "6 x 64": [64] * 6,
+    "8/32/64/256": [8, 32, 64, 256],
+}
+SHIFTS = (10.0, 3.0, 1.0, 0.5, 0.25)  # the lie's length, in lengths of the centre
+PART_VALUES = 2**19 // 4  # hivemind's robust part size (peer.hierarchy.ROBUST_PART_SIZE_BYTES), in floats
+CONFIG = RobustConfig()
+
+
+def _cap(w: torch.Tensor) -> torch.Tensor:
+    return capped_weights(w, CONFIG.max_weight_ratio)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    command = f"python -m benchmarks.reducer_proof {' '.join(sys.argv[1:])}".strip()
+    load_before, started = os.getloadavg(), time.monotonic()
+    print(f"$ {command}", flush=True)
+    torch.set_num_threads(1)
+    workload, task_seed = swarm_workload(0, 40)
+    cfg = workload.cfg
+    net = workload.build()
+    optimizer = workload.make_optimizer(net)
+    init_optimizer_state(net, optimizer)
+    noise = torch.Generator().manual_seed(19)
+    ratios: dict[str, list[float]] = {g: [] for g in GROUPS}
+    false_refusals: list[str] = []
+    caught: dict[tuple[str, float], list[bool]] = {}
+    for round_index in range(args.rounds):
+        maybe_sort_channels(net, round_index, cfg, optimizer)
+        configs = step_configs(net, round_index, cfg)
+        means: dict[tuple[int, int], torch.Tensor] = {}
+        for group, samples in GROUPS.items():
+            for peer, n in enumerate(samples):
+                if (peer, n) not in means:
+                    work = compute_contribution(
+                        workload, net, configs, "cpu", task_seed, round_index, f"peer-{peer}",
+                        go_on=lambda s, n=n: s < n,
+                    )  # fmt: skip
+                    means[(peer, n)] = torch.cat(
+                        [t.detach().reshape(-1) / work.samples for t in work.numerator]
+                    )
+            vectors, weights = [means[(p, n)] for p, n in enumerate(samples)], [float(n) for n in samples]
+            for start in range(0, vectors[0].numel(), PART_VALUES):
+                parts = [v[start : start + PART_VALUES] for v in vectors]
+                if parts[0].numel() < 1024:
+                    continue
+                _measure(group, round_index, start, parts, weights, noise, ratios, false_refusals, caught)
+        plain = torch.stack([means[(p, 64)] for p in range(3)]).mean(0)
+        offset = 0
+        for p in net.parameters():
+            p.grad = plain[offset : offset + p.numel()].reshape(p.shape).clone()
+            offset += p.numel()
+        optimizer_step(net, optimizer, round_index, cfg)
+        print(
+            f"round {round_index + 1}/{args.rounds} measured ({time.monotonic() - started:.0f} s)", flush=True
+        )
+
+    print(f"\nHonest reducers: own-part ratio (refused above {OWN_PART_FACTOR:g})")
+    print(f"{'group (samples)':<16} {'proofs':>7} {'median':>7} {'99th pct':>9} {'max':>6} {'margin':>7}")
+    for group, values in ratios.items():
+        values.sort()
+        top = values[int(0.99 * (len(values) - 1))]
+        print(f"{group:<16} {len(values):>7} {statistics.median(values):>7.2f} {top:>9.2f} {max(values):>6.2f} "
+              f"{OWN_PART_FACTOR / max(values):>6.1f}x")  # fmt: skip
+    print(f"honest proofs refused by an honest member: {len(false_refusals)}")
+    for line in false_refusals[:5]:
+        print("  " + line)
+    print("\nLying reducers with their best proof: caught (every honest member refuses) / tried, and the")
+    print("smallest own-part ratio its proof showed")
+    print(f"{'group (samples)':<16} " + " ".join(f"{f'x{s:g}':>16}" for s in SHIFTS))
+    for group in GROUPS:
+        cells = []
+        for shift in SHIFTS:
+            seen = caught[(group, shift)]
+            cells.append(f"{sum(seen)}/{len(seen)} ({min(caught[(group, shift, 'ratio')]):.1f})")
+        print(f"{group:<16} " + " ".join(f"{c:>16}" for c in cells))
+    print(f"\n$ {command}\nload average before: {load_before}   after: {os.getloadavg()}; "
+          f"total {time.monotonic() - started:.0f} s on {os.cpu_count()} cores")  # fmt: skip
+
+
+def _measure(group, round_index, start, parts, weights, noise, ratios, false_refusals, caught) -> None:
+    clip = centered_clip(parts, weights, CONFIG)
+    context = f"{group}/{round_index}/{start}".encode()
+
+    def proof_of(result):
+        seed = sketch_seed(context, 0, result)
+        proof = make_proof(dict(enumerate(parts)), dict(enumerate(weights)), len(parts), result, clip.radius,
+                           clip.capped, clip.in_centre, seed)  # fmt: skip
+        return proof, seed
+
+    def doubts(proof, reducer, result, seed):
+        return [
+            check_proof(
+                proof,
+                member=m,
+                own_part=parts[m],
+                own_weight=weights[m],
+                reducer=reducer,
+                result=result,
+                seed=seed,
+                cap_rule=_cap,
+            )
+            for m in range(len(parts))
+            if m != reducer
+        ]
+
+    honest, seed = proof_of(clip.value)
+    for reducer in range(len(parts)):
+        ratio = own_part_ratio(honest, reducer)
+        if ratio is not None:
+            ratios[group].append(ratio)
+        for doubt in doubts(honest, reducer, clip.value, seed):
+            if doubt is not None:
+                false_refusals.append(
+                    f"{group} round {round_index} values {start}+, reducer {reducer}: {doubt}"
+                )
+    for shift in SHIFTS:
+        for reducer in range(len(parts)):
+            direction = torch.randn(clip.value.shape, generator=noise)
+            told = clip.value + direction * (shift * clip.value.norm() / direction.norm())
+            lie, seed = proof_of(told)
+            covered = covering_proof(lie, reducer, told, seed)
+            refused = all(d is not None for d in doubts(covered, reducer, told, seed))
+            caught.setdefault((group, shift), []).append(refused)
+            caught.setdefault((group, shift, "ratio"), []).append(own_part_ratio(covered, reducer) or 0.0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,245 @@
+"""A reducer's proof of each part's robust centre: what honest reducers' proofs look like to every
+member, what a lying reducer can and cannot make pass, and real averagers refusing a noisy reducer."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+
+from hivemind_adapter.allreduce import PartialAllReduceError, VerifiedAverager
+from hivemind_adapter.reducer_proof import (
+    OWN_PART_FACTOR,
+    PartProof,
+    check_proof,
+    make_proof,
+    own_part_ratio,
+    pack_proofs,
+    sketch,
+    sketch_seed,
+    unpack_proofs,
+)
+from hivemind_adapter.robust_reduce import RobustConfig, capped_weights, centered_clip
+from hivemind_adapter.wire_codecs import codec_for, rounding_bound, roundtrip
+from tests.adversaries.dishonest_peer import NOISE_TIMES, covering_proof, lying_averager
+from tests.hivemind_adapter.averager_group import step_known_group
+
+CONFIG = RobustConfig()
+CAP = functools.partial(capped_weights, max_weight_ratio=CONFIG.max_weight_ratio)
+
+
+def _means(samples: list[int], size: int = 20_000, seed: int = 0) -> list[torch.Tensor]:
+    """Per-sample mean gradients: a shared signal plus noise that shrinks with the samples behind it."""
+    g = torch.Generator().manual_seed(seed)
+    signal = 0.3 * torch.randn(size, generator=g)
+    return [signal + torch.randn(size, generator=g) / math.sqrt(n) for n in samples]
+
+
+def _proof_of(parts, weights, result, clip, context=b"test"):
+    seed = sketch_seed(context, 0, result)
+    proof = make_proof(dict(enumerate(parts)), dict(enumerate(weights)), len(parts), result, clip.radius,
+                       clip.capped, clip.in_centre, seed)  # fmt: skip
+    return proof, seed
+
+
+def _doubts(proof, parts, weights, reducer, result, seed, rounding=None) -> list[str | None]:
+    """What every member other than ``reducer`` says of ``proof``."""
+    return [
+        check_proof(
+            proof,
+            member=m,
+            own_part=parts[m],
+            own_weight=weights[m],
+            reducer=reducer,
+            result=result,
+            seed=seed,
+            cap_rule=CAP,
+            rounding=rounding,
+        )
+        for m in range(len(parts))
+        if m != reducer
+    ]
+
+
+def _noisy(result: torch.Tensor, times: float, seed: int = 1) -> torch.Tensor:
+    direction = torch.randn(result.shape, generator=torch.Generator().manual_seed(seed))
+    return result + direction * (
+        times * torch.linalg.vector_norm(result) / torch.linalg.vector_norm(direction)
+    )
+
+
+GROUPS = {
+    "three equal": [64, 64, 64],
+    "three unequal": [16, 64, 128],
+    "six": [64] * 6,
+    "four mixed": [8, 32, 64, 256],
+}
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_every_member_accepts_an_honest_reducers_proof(group):
+    samples = GROUPS[group]
+    parts, weights = _means(samples), [float(n) for n in samples]
+    clip = centered_clip(parts, weights, CONFIG)
+    proof, seed = _proof_of(parts, weights, clip.value, clip)
+    for reducer in range(len(parts)):
+        assert _doubts(proof, parts, weights, reducer, clip.value, seed) == [None] * (len(parts) - 1)
+        assert own_part_ratio(proof, reducer) < OWN_PART_FACTOR / 2
+
+
+def test_an_honest_proof_passes_with_a_poisoned_sender_a_nan_sender_and_a_zero_weight_follower():
+    parts = _means([64] * 4, seed=3)
+    parts += [parts[0] * 1000, torch.full_like(parts[0], math.nan), torch.zeros_like(parts[0])]
+    weights = [64.0] * 6 + [0.0]
+    clip = centered_clip(parts, weights, CONFIG)
+    assert 4 in clip.outliers and 5 in clip.outliers  # named far, and refused
+    proof, seed = _proof_of(parts, weights, clip.value, clip)
+    for reducer in range(4):
+        assert _doubts(proof, parts, weights, reducer, clip.value, seed) == [None] * 6
+    # the poisoner reducing: its own part is far, but not in the centre, so it moves nothing
+    assert own_part_ratio(proof, 4) is None
+    assert _doubts(proof, parts, weights, 4, clip.value, seed) == [None] * 6
+
+
+def test_a_clipped_centre_still_balances_its_projected_forces():
+    """A sender inside the outlier bound but beyond the radius is clipped, not dropped: the proof's
+    radius and distances let every member recompute each part's clipped force."""
+    parts = _means([64] * 5, seed=4)
+    spread = float(torch.linalg.vector_norm(parts[0] - parts[1]))
+    direction = torch.randn(parts[0].shape, generator=torch.Generator().manual_seed(9))
+    parts.append(parts[0] + direction / torch.linalg.vector_norm(direction) * 2.5 * spread)
+    weights = [64.0] * 6
+    clip = centered_clip(parts, weights, CONFIG)
+    assert not clip.outliers
+    proof, seed = _proof_of(parts, weights, clip.value, clip)
+    assert any(d > proof.radius for d in proof.distances), "the test wants a clipped part"
+    assert _doubts(proof, parts, weights, 0, clip.value, seed) == [None] * 5
+
+
+def test_a_noisy_result_with_its_honest_proof_fails_the_projected_fixed_point():
+    parts, weights = _means([64, 64, 64]), [64.0] * 3
+    clip = centered_clip(parts, weights, CONFIG)
+    told = _noisy(clip.value, 0.25)  # a quarter of the centre's length
+    proof, seed = _proof_of(parts, weights, told, clip)
+    for doubt in _doubts(proof, parts, weights, 2, told, seed):
+        assert doubt is not None and "not the centre its proof lists" in doubt
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_a_noisy_reducer_that_moves_its_own_part_to_cover_the_noise_is_caught_by_where_that_part_lies(group):
+    """The red team's noisy reducer (ten times the centre's length) with its best proof: the others'
+    entries true (their owners check them), its own part placed to balance the fixed point, which
+    puts it far from every other part."""
+    samples = GROUPS[group]
+    parts, weights = _means(samples, seed=5), [float(n) for n in samples]
+    clip = centered_clip(parts, weights, CONFIG)
+    told = _noisy(clip.value, NOISE_TIMES)
+    honest, seed = _proof_of(parts, weights, told, clip)
+    for reducer in range(len(parts)):
+        covered = covering_proof(honest, reducer, told, seed)
+        assert own_part_ratio(covered, reducer) > OWN_PART_FACTOR
+        for doubt in _doubts(covered, parts, weights, reducer, told, seed):
+            assert doubt is not None and "its own part lies" in doubt
+
+
+def test_a_proof_that_misstates_a_members_entry_or_the_cap_is_refused_by_that_member():
+    parts, weights = _means([64, 64, 64, 64]), [64.0] * 4
+    clip = centered_clip(parts, weights, CONFIG)
+    proof, seed = _proof_of(parts, weights, clip.value, clip)
+    points = proof.points.clone()
+    points[1] += 1e-3 * torch.linalg.vector_norm(points[1])
+    moved = PartProof(proof.radius, proof.weights, proof.capped, proof.in_centre, proof.distances, points)
+    doubts = _doubts(moved, parts, weights, 0, clip.value, seed)
+    assert doubts[0] == "its proof misstates this member's part"  # member 1, and only member 1, sees it
+    weights_told = (64.0, 8.0, 64.0, 64.0)
+    lighter = PartProof(
+        proof.radius, weights_told, proof.capped, proof.in_centre, proof.distances, proof.points
+    )
+    assert "weight as 8" in _doubts(lighter, parts, weights, 0, clip.value, seed)[0]
+    heavier = PartProof(proof.radius, proof.weights, (64.0, 64.0, 64.0, 500.0), proof.in_centre,
+                        proof.distances, proof.points)  # fmt: skip
+    assert "cap rule" in _doubts(heavier, parts, weights, 0, clip.value, seed)[0]
+
+
+def test_a_proof_travels_bit_for_bit_and_malformed_ones_are_refused():
+    parts, weights = _means([64, 64, 64], size=2048), [64.0] * 3
+    clip = centered_clip(parts, weights, CONFIG)
+    proof, _seed = _proof_of(parts, weights, clip.value, clip)
+    again = PartProof.from_bytes(proof.to_bytes(), 3)
+    assert again.to_bytes() == proof.to_bytes() and torch.equal(again.points, proof.points)
+    assert unpack_proofs(pack_proofs([proof.to_bytes(), b"", b"x"])) == [proof.to_bytes(), b"", b"x"]
+    for bad in (b"", proof.to_bytes()[:-8], b"XXXX" + proof.to_bytes()[4:]):
+        with pytest.raises(ValueError):
+            PartProof.from_bytes(bad, 3)
+    with pytest.raises(ValueError):
+        PartProof.from_bytes(proof.to_bytes(), 4)  # another group's size
+    with pytest.raises(ValueError):
+        unpack_proofs(torch.tensor([9, 0, 0, 0], dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("codec", ["int8", "int4", "fp16"])
+def test_a_lossy_wire_moves_the_result_within_what_its_codec_may_round(codec):
+    """Over a lossy codec members receive the centre rounded onto the codec's grid: the fixed point
+    is off by that rounding, which the codec bounds; a shifted result is still caught."""
+    wire = codec_for(codec)
+    parts, weights = [roundtrip(wire, p) for p in _means([64, 64, 64], size=16384)], [64.0] * 3
+    clip = centered_clip(parts, weights, CONFIG)
+    received = roundtrip(wire, clip.value)
+    proof, seed = _proof_of(parts, weights, received, clip)
+    rounding = rounding_bound(wire, received)
+    assert _doubts(proof, parts, weights, 0, received, seed, rounding) == [None, None]
+    told = roundtrip(wire, _noisy(clip.value, NOISE_TIMES))
+    lie, seed = _proof_of(parts, weights, told, clip)
+    covered = covering_proof(lie, 0, told, seed)
+    assert all(
+        d is not None for d in _doubts(covered, parts, weights, 0, told, seed, rounding_bound(wire, told))
+    )
+
+
+def test_the_sketch_is_linear_and_keeps_lengths():
+    g = torch.Generator().manual_seed(2)
+    a, b = torch.randn(50_000, generator=g).double(), torch.randn(50_000, generator=g).double()
+    assert torch.allclose(sketch(a - 2 * b, 7), sketch(a, 7) - 2 * sketch(b, 7))
+    ratio = float(torch.linalg.vector_norm(sketch(a, 7)) / torch.linalg.vector_norm(a))
+    assert 0.6 < ratio < 1.4
+    assert not torch.equal(sketch(a, 7), sketch(a, 8))
+
+
+# ------------------------------------------------------------------ real averagers
+
+
+@pytest.mark.parametrize("size", [3, 4])
+def test_every_honest_member_refuses_a_noisy_reducer_and_writes_nothing(size):
+    """The red team's noisy-reducer passed every reply check (its results ~6x a member's part and
+    nearly orthogonal to it). With proofs, every honest member refuses its parts, writes nothing and
+    names it, in a cohort of three as in a group of four."""
+    parts = _means([64] * size, size=4 * 65536, seed=8)
+
+    results, outcomes, named, peer_ids = step_known_group(
+        size,
+        lambda i: [parts[i]],
+        lambda i: dict(robust=CONFIG),
+        lambda i: lying_averager("noise") if i == size - 1 else VerifiedAverager,
+        prefix=f"noisy-reducer-{size}",
+        part_size_bytes=256 * 1024,
+    )
+    liar = peer_ids[-1]
+    for i in range(size - 1):
+        assert isinstance(outcomes[i], PartialAllReduceError), outcomes
+        assert f"refused the parts of reducer {liar}" in str(outcomes[i]), outcomes[i]
+        assert "its own part lies" in str(outcomes[i]), outcomes[i]
+        assert torch.equal(results[i][0], parts[i]), "a refused step writes nothing"
+        assert liar in named[i], named
+
+
+def test_an_honest_robust_group_commits_its_mean_with_proofs_checked():
+    parts = _means([64, 32, 128], size=2 * 65536, seed=9)
+    results, outcomes, named, _ids = step_known_group(
+        3, lambda i: [parts[i]], lambda i: dict(robust=CONFIG), prefix="honest-proofs",
+        part_size_bytes=128 * 1024,
+    )  # fmt: skip
+    assert outcomes == [None] * 3, outcomes
+    assert all(torch.equal(r[0], results[0][0]) for r in results)
+    assert named == [[]] * 3
