@@ -33,6 +33,7 @@ import torch  # noqa: E402
 from benchmarks.simulated_swarm import swarm_workload  # noqa: I001 (prepares the process first)
 from hivemind_adapter.reducer_proof import (
     OWN_PART_FACTOR,
+    PartProof,
     check_proof,
     make_proof,
     own_part_ratio,
@@ -125,8 +126,41 @@ def main() -> None:
             seen = caught[(group, shift)]
             cells.append(f"{sum(seen)}/{len(seen)} ({min(caught[(group, shift, 'ratio')]):.1f})")
         print(f"{group:<16} " + " ".join(f"{c:>16}" for c in cells))
+    _costs()
     print(f"\n$ {command}\nload average before: {load_before}   after: {os.getloadavg()}; "
           f"total {time.monotonic() - started:.0f} s on {os.cpu_count()} cores")  # fmt: skip
+
+
+def _costs(repeats: int = 20) -> None:
+    """What a proof costs beside the centre it proves: one 512 KiB part from 3 and 6 senders (time
+    per part, one thread: the reducer's worker thread and a member's check run there) and bytes."""
+    print(f"\nCost per 512 KiB part (one thread, median of {repeats})")
+    print(f"{'senders':>8} {'CenteredClip ms':>16} {'make proof ms':>14} {'check proof ms':>15} {'proof bytes':>12} "
+          f"{'of the part':>12}")  # fmt: skip
+    g = torch.Generator().manual_seed(3)
+    for senders in (3, 6):
+        signal = torch.randn(PART_VALUES, generator=g)
+        parts = [signal + torch.randn(PART_VALUES, generator=g) for _ in range(senders)]
+        weights = [64.0] * senders
+        clip_ms, make_ms, check_ms = [], [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            clip = centered_clip(parts, weights, CONFIG)
+            t1 = time.perf_counter()
+            seed = sketch_seed(b"cost", 0, clip.value)
+            proof = make_proof(dict(enumerate(parts)), dict(enumerate(weights)), senders, clip.value, clip.radius,
+                               clip.capped, clip.in_centre, seed)  # fmt: skip
+            wire = proof.to_bytes()
+            t2 = time.perf_counter()
+            doubt = check_proof(PartProof.from_bytes(wire, senders), member=1, own_part=parts[1], own_weight=64.0,
+                                reducer=0, result=clip.value, seed=sketch_seed(b"cost", 0, clip.value), cap_rule=_cap)  # fmt: skip
+            t3 = time.perf_counter()
+            assert doubt is None, doubt
+            clip_ms.append(1e3 * (t1 - t0))
+            make_ms.append(1e3 * (t2 - t1))
+            check_ms.append(1e3 * (t3 - t2))
+        print(f"{senders:>8} {statistics.median(clip_ms):>16.1f} {statistics.median(make_ms):>14.1f} "
+              f"{statistics.median(check_ms):>15.1f} {len(wire):>12} {len(wire) / (4 * PART_VALUES):>11.2%}")  # fmt: skip
 
 
 def _measure(group, round_index, start, parts, weights, noise, ratios, false_refusals, caught) -> None:

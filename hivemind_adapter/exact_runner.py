@@ -247,6 +247,7 @@ class ExactAllReduceRunner(AllReduceRunner):
                 seed=sketch_seed(context, index, result),
                 cap_rule=cap,
                 rounding=None if exact_wire else rounding_bound(container.compression, result),
+                like_parts=self.robust.like_parts,
             )
             if why is not None:
                 return f"part {index}: {why}"

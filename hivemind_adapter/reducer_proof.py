@@ -129,11 +129,21 @@ def sketch_seed(context: bytes, part_index: int, result: torch.Tensor) -> int:
 def sketch(values: torch.Tensor, seed: int, size: int = SKETCH_SIZE) -> torch.Tensor:
     """The count sketch of ``values``: each value, with a random sign, added into one of ``size``
     random buckets (float64). Linear, so it keeps the fixed point's equation; O(values) to compute."""
-    flat = values.detach().reshape(-1).to(torch.float64)
+    return sketches([values], seed, size)[0]
+
+
+def sketches(vectors: Sequence[torch.Tensor], seed: int, size: int = SKETCH_SIZE) -> list[torch.Tensor]:
+    """:func:`sketch` of each of ``vectors`` (all of one length), drawing the buckets and signs once."""
+    n = vectors[0].numel()
     generator = torch.Generator().manual_seed(seed)
-    buckets = torch.randint(size, (flat.numel(),), generator=generator)
-    signs = torch.randint(2, (flat.numel(),), generator=generator, dtype=torch.int8).to(torch.float64) * 2 - 1
-    return torch.zeros(size, dtype=torch.float64).index_add_(0, buckets, flat * signs)
+    buckets = torch.randint(size, (n,), generator=generator)
+    signs = torch.randint(2, (n,), generator=generator, dtype=torch.int8).to(torch.float64) * 2 - 1
+    return [
+        torch.zeros(size, dtype=torch.float64).index_add_(
+            0, buckets, v.detach().reshape(-1).to(torch.float64) * signs
+        )
+        for v in vectors
+    ]
 
 
 def make_proof(
@@ -152,10 +162,10 @@ def make_proof(
     c = result.detach().reshape(-1).to(torch.float64)
     points = torch.zeros(num_senders, SKETCH_SIZE, dtype=torch.float64)
     distances = [0.0] * num_senders
-    for i, part in parts.items():
-        x = part.detach().reshape(-1).to(torch.float64)
-        points[i] = sketch(x, seed)
-        distances[i] = float(torch.linalg.vector_norm(x - c))
+    senders = sorted(parts)
+    for i, point in zip(senders, sketches([parts[i] for i in senders], seed) if senders else []):
+        points[i] = point
+        distances[i] = float(torch.linalg.vector_norm(parts[i].detach().reshape(-1).to(torch.float64) - c))
     return PartProof(
         float(radius),
         tuple(float(weights.get(i, 0.0)) for i in range(num_senders)),
@@ -177,12 +187,14 @@ def check_proof(
     seed: int,
     cap_rule: Callable[[torch.Tensor], torch.Tensor],
     rounding: torch.Tensor | None = None,
+    like_parts: bool = True,
 ) -> str | None:
     """Why ``proof`` is not an honest reducer's account of ``result`` (what this member received for
     the part it sent as ``own_part`` with ``own_weight``), or None. ``member`` and ``reducer`` are
     sender indices; ``cap_rule`` caps a vector of weights as the reducer must have
     (:func:`~hivemind_adapter.robust_reduce.capped_weights` with the group's ratio); ``rounding``: per value, how far the wire's codec may have moved the result
-    from the centre the reducer computed (None: only float32's rounding)."""
+    from the centre the reducer computed (None: only float32's rounding); ``like_parts``: the parts
+    estimate one vector (:class:`~hivemind_adapter.robust_reduce.RobustConfig`), so point 5 applies."""
     c = result.detach().reshape(-1).to(torch.float64)
     points = proof.points
     # (a refused sender's entry may hold anything: NaN parts, weights that are no number)
@@ -197,8 +209,8 @@ def check_proof(
     if proof.weights[member] != float(own_weight) and math.isfinite(own_weight):
         return f"its proof lists this member's weight as {proof.weights[member]:g}, not {own_weight:g}"
     x = own_part.detach().reshape(-1).to(torch.float64)
+    mine, sc = sketches([x, c], seed)
     if own_weight > 0 and bool(torch.isfinite(x).all()):
-        mine = sketch(x, seed)
         if not _close(points[member], mine):
             return "its proof misstates this member's part"
         if not _close_number(proof.distances[member], float(torch.linalg.vector_norm(x - c))):
@@ -214,7 +226,6 @@ def check_proof(
     centre = [i for i, inside in enumerate(proof.in_centre) if inside]
     if not centre:
         return "its proof names no part in the centre"
-    sc = sketch(c, seed)
     forces = torch.stack(
         [
             proof.capped[i] * min(1.0, proof.radius / max(proof.distances[i], 1e-300)) * (points[i] - sc)
@@ -245,7 +256,7 @@ def check_proof(
                 f"its proof lists sender {i}'s distance as {listed:.3g} where its sketch says {sketched:.3g}"
             )
     # 5. the reducer's own part among the others
-    ratio = own_part_ratio(proof, reducer)
+    ratio = own_part_ratio(proof, reducer) if like_parts else None
     if ratio is not None and ratio > OWN_PART_FACTOR:
         return f"its own part lies {ratio:.1f}x farther from the others' than they lie from each other"
     return None

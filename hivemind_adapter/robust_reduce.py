@@ -83,12 +83,18 @@ class RobustConfig:
     the cap (a GPU peer beside CPU peers counts as two of them): their means weigh less than their
     samples would say, which changes the variance of the average, not its expectation (every mean is an unbiased
     estimate of the same gradient).
+
+    ``like_parts`` — the senders' parts estimate one vector, each with sampling noise that shrinks
+    with its weight (data-parallel means). Members then hold a reducer's own part to the others'
+    spread (:mod:`hivemind_adapter.reducer_proof`, point 5). Off where parts differ by design (the
+    cross-cohort stage of model-parallel rounds: each cohort's mean of its own sub-networks).
     """
 
     tau: float = 2.0
     iterations: int = 20
     outlier_factor: float = 3.0
     max_weight_ratio: float = 2.0
+    like_parts: bool = True
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.tau) and self.tau > 0):

@@ -264,7 +264,8 @@ class HierarchicalAverager:
             dht,
             prefix=f"{run_id}_cross",
             compression=self._cross_compression,
-            robust=robust,
+            # model-parallel: each cohort's mean is of its own sub-networks, so the parts differ by design
+            robust=replace(robust, like_parts=False) if robust is not None and per_cohort else robust,
             part_size_bytes=PART_SIZE_BYTES if robust is None else ROBUST_PART_SIZE_BYTES,
             client_mode=client_mode,
             **common,

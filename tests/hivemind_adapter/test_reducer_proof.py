@@ -243,3 +243,38 @@ def test_an_honest_robust_group_commits_its_mean_with_proofs_checked():
     assert outcomes == [None] * 3, outcomes
     assert all(torch.equal(r[0], results[0][0]) for r in results)
     assert named == [[]] * 3
+
+
+def test_model_parallel_parts_that_differ_by_design_are_not_held_to_each_others_spread():
+    """In a model-parallel cross stage each cohort's mean is of its own sub-networks: a reducer whose
+    cohort trained other weights than two others sends a part farther from theirs than they lie from
+    each other, honestly (here: six times their noise, not yet far enough to be named). Its proof
+    holds, and only the own-part test would refuse it, which ``like_parts=False`` (RobustConfig, set
+    for that stage) leaves out."""
+    g = torch.Generator().manual_seed(12)
+    size = 20_000
+    base = torch.randn(size, generator=g)
+    parts = [base + 0.05 * torch.randn(size, generator=g) for _ in range(2)]
+    other = torch.randn(size, generator=g)
+    parts.append(base + 6 * 0.05 * math.sqrt(size) * other / torch.linalg.vector_norm(other))
+    weights = [1.0, 1.0, 1.0]
+    clip = centered_clip(parts, weights, RobustConfig(like_parts=False))
+    assert clip.in_centre == (0, 1, 2)
+    proof, seed = _proof_of(parts, weights, clip.value, clip)
+    assert own_part_ratio(proof, 2) > OWN_PART_FACTOR
+    assert "its own part lies" in _doubts(proof, parts, weights, 2, clip.value, seed)[0]
+    unlike = [
+        check_proof(
+            proof,
+            member=m,
+            own_part=parts[m],
+            own_weight=1.0,
+            reducer=2,
+            result=clip.value,
+            seed=seed,
+            cap_rule=CAP,
+            like_parts=False,
+        )  # fmt: skip
+        for m in (0, 1)
+    ]
+    assert unlike == [None, None]
