@@ -13,7 +13,9 @@ in turn is taken as its reducer:
 - lying: the result shifted by a random direction ``times`` the centre's length (the red team's
   ``noisy-reducer`` uses 10), with the liar's best proof
   (``tests/adversaries/dishonest_peer.covering_proof``: the others' entries true, its own part
-  placed to balance the fixed point); "caught" means every honest member refuses it.
+  placed to balance the fixed point); "caught" means every honest member refuses it. The last
+  column says what a shift of 1x the centre is worth: the centre's length over one honest peer's
+  pull on the group's mean (how far leaving one peer out moves it), median over parts.
 
 The model moves between rounds by the plain mean of three peers, as a swarm's would. Run:
 
@@ -119,13 +121,16 @@ def main() -> None:
         print("  " + line)
     print("\nLying reducers with their best proof: caught (every honest member refuses) / tried, and the")
     print("smallest own-part ratio its proof showed")
-    print(f"{'group (samples)':<16} " + " ".join(f"{f'x{s:g}':>16}" for s in SHIFTS))
+    print(
+        f"{'group (samples)':<16} " + " ".join(f"{f'x{s:g}':>16}" for s in SHIFTS) + "   x1 in peers' pulls"
+    )
     for group in GROUPS:
         cells = []
         for shift in SHIFTS:
             seen = caught[(group, shift)]
             cells.append(f"{sum(seen)}/{len(seen)} ({min(caught[(group, shift, 'ratio')]):.1f})")
-        print(f"{group:<16} " + " ".join(f"{c:>16}" for c in cells))
+        centre = statistics.median(caught[(group, "centre")])
+        print(f"{group:<16} " + " ".join(f"{c:>16}" for c in cells) + f"   {centre:>10.1f}")
     _costs()
     print(f"\n$ {command}\nload average before: {load_before}   after: {os.getloadavg()}; "
           f"total {time.monotonic() - started:.0f} s on {os.cpu_count()} cores")  # fmt: skip
@@ -189,6 +194,17 @@ def _measure(group, round_index, start, parts, weights, noise, ratios, false_ref
             if m != reducer
         ]
 
+    # the centre's length in units of one honest peer's pull on the mean (what x1 below amounts to)
+    mean = torch.stack([p.double() for p in parts]).mean(0)
+    pulls = [
+        float(
+            torch.linalg.vector_norm(
+                mean - torch.stack([p.double() for j, p in enumerate(parts) if j != k]).mean(0)
+            )
+        )
+        for k in range(len(parts))
+    ]
+    caught.setdefault((group, "centre"), []).append(float(clip.value.norm()) / statistics.median(pulls))
     honest, seed = proof_of(clip.value)
     for reducer in range(len(parts)):
         ratio = own_part_ratio(honest, reducer)
