@@ -30,22 +30,28 @@ import statistics
 import sys
 import time
 
+from hivemind_adapter.runtime import prepare_process
+
+prepare_process()
+
 import torch  # noqa: E402
 
-from benchmarks.simulated_swarm import swarm_workload  # noqa: I001 (prepares the process first)
-from hivemind_adapter.reducer_proof import (
+from benchmarks.simulated_swarm import swarm_workload  # noqa: E402
+from hivemind_adapter.reducer_proof import (  # noqa: E402
     OWN_PART_FACTOR,
     PartProof,
     check_proof,
     make_proof,
+    noise_level,
     own_part_ratio,
+    pair_ratio,
     sketch_seed,
 )
-from hivemind_adapter.robust_reduce import RobustConfig, capped_weights, centered_clip
-from supernet.contribution import compute_contribution
-from supernet.state import init_optimizer_state
-from supernet.training import maybe_sort_channels, optimizer_step, step_configs
-from tests.adversaries.dishonest_peer import covering_proof
+from hivemind_adapter.robust_reduce import RobustConfig, capped_weights, centered_clip  # noqa: E402
+from supernet.contribution import compute_contribution  # noqa: E402
+from supernet.state import init_optimizer_state  # noqa: E402
+from supernet.training import maybe_sort_channels, optimizer_step, step_configs  # noqa: E402
+from tests.adversaries.dishonest_peer import covering_proof  # noqa: E402
 
 GROUPS = {
     "3 x 64": [64, 64, 64],
@@ -131,6 +137,16 @@ def main() -> None:
             cells.append(f"{sum(seen)}/{len(seen)} ({min(caught[(group, shift, 'ratio')]):.1f})")
         centre = statistics.median(caught[(group, "centre")])
         print(f"{group:<16} " + " ".join(f"{c:>16}" for c in cells) + f"   {centre:>10.1f}")
+    honest_pairs = sorted(caught[("pair", "honest")])
+    print(
+        "\nA pair of heads (two cohorts of the '6 x 64' gradients), each holding the other to the noise its"
+    )
+    print(f"cohort stage measured: honest ratio median {statistics.median(honest_pairs):.2f}, max "
+          f"{max(honest_pairs):.2f} over {len(honest_pairs)} (refused above {OWN_PART_FACTOR:g}); lies caught / tried (smallest ratio):")  # fmt: skip
+    print("  " + "  ".join(
+        f"x{s:g}: {sum(caught[('pair', s)])}/{len(caught[('pair', s)])} ({min(caught[('pair', s, 'ratio')]):.1f})"
+        for s in SHIFTS
+    ))  # fmt: skip
     _costs()
     print(f"\n$ {command}\nload average before: {load_before}   after: {os.getloadavg()}; "
           f"total {time.monotonic() - started:.0f} s on {os.cpu_count()} cores")  # fmt: skip
@@ -166,6 +182,45 @@ def _costs(repeats: int = 20) -> None:
             check_ms.append(1e3 * (t3 - t2))
         print(f"{senders:>8} {statistics.median(clip_ms):>16.1f} {statistics.median(make_ms):>14.1f} "
               f"{statistics.median(check_ms):>15.1f} {len(wire):>12} {len(wire) / (4 * PART_VALUES):>11.2%}")  # fmt: skip
+
+
+def _measure_pair(group, parts, weight, noise, caught) -> None:
+    """Two cohorts of three (the red team's 2 sites) meet as a pair of heads: each head holds the
+    other to the noise level its own cohort stage measured (``pair_ratio``)."""
+    cohorts = [parts[:3], parts[3:]]
+    references = []
+    for members in cohorts:
+        clip = centered_clip(members, [weight] * 3, CONFIG)
+        seed = sketch_seed(b"cohort", 0, clip.value)
+        proof = make_proof(dict(enumerate(members)), dict.fromkeys(range(3), weight), 3, clip.value, clip.radius,
+                           clip.capped, clip.in_centre, seed)  # fmt: skip
+        references.append(noise_level(proof))
+    heads = [torch.stack(members).mean(0) for members in cohorts]
+    weights = [3 * weight, 3 * weight]
+    clip = centered_clip(heads, weights, CONFIG)
+
+    def proof_of(result):
+        seed = sketch_seed(b"pair", 0, result)
+        return make_proof(dict(enumerate(heads)), dict(enumerate(weights)), 2, result, clip.radius, clip.capped,
+                          clip.in_centre, seed), seed  # fmt: skip
+
+    honest, seed = proof_of(clip.value)
+    for reducer in (0, 1):
+        caught.setdefault(("pair", "honest"), []).append(pair_ratio(honest, reducer, references[1 - reducer]))
+    for shift in SHIFTS:
+        for reducer in (0, 1):
+            direction = torch.randn(clip.value.shape, generator=noise)
+            told = clip.value + direction * (shift * clip.value.norm() / direction.norm())
+            lie, seed = proof_of(told)
+            covered = covering_proof(lie, reducer, told, seed)
+            member = 1 - reducer
+            doubt = check_proof(covered, member=member, own_part=heads[member], own_weight=weights[member],
+                                reducer=reducer, result=told, seed=seed, cap_rule=_cap,
+                                noise_reference=references[member])  # fmt: skip
+            caught.setdefault(("pair", shift), []).append(doubt is not None)
+            caught.setdefault(("pair", shift, "ratio"), []).append(
+                pair_ratio(covered, reducer, references[member])
+            )
 
 
 def _measure(group, round_index, start, parts, weights, noise, ratios, false_refusals, caught) -> None:
@@ -205,6 +260,8 @@ def _measure(group, round_index, start, parts, weights, noise, ratios, false_ref
         for k in range(len(parts))
     ]
     caught.setdefault((group, "centre"), []).append(float(clip.value.norm()) / statistics.median(pulls))
+    if len(parts) == 6 and len(set(weights)) == 1:
+        _measure_pair(group, parts, weights[0], noise, caught)
     honest, seed = proof_of(clip.value)
     for reducer in range(len(parts)):
         ratio = own_part_ratio(honest, reducer)

@@ -39,7 +39,8 @@ from hivemind_adapter.alignment import AlignmentRecord
 from hivemind_adapter.exact_runner import ExactAllReduceRunner
 from hivemind_adapter.group_keys import Admission, DeclarationSigner, SignedGroupKeys, admit_only_roster_peers
 from hivemind_adapter.known_groups import KnownGroupSteps
-from hivemind_adapter.robust_reduce import RobustConfig, SharedNames
+from hivemind_adapter.reducer_proof import NoiseMap
+from hivemind_adapter.robust_reduce import RobustConfig, SharedNames, SharedNoiseMap
 
 
 class PartialAllReduceError(AllreduceException):
@@ -121,6 +122,10 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
         # how each reducer's replies pointed against this averager's parts (its members' check of reducers)
         self._reply_alignment = AlignmentRecord() if robust is not None else None
         self._declarations = declarations  # read in the averager's process, where matchmaking runs
+        # sampling noise along the vector (hivemind_adapter.reducer_proof.NoiseMap): what this
+        # averager's all-reduces last measured, and what it holds a pair's reducer to (set by its owner)
+        self._noise_measured = SharedNoiseMap()
+        self._noise_reference = SharedNoiseMap()
         self._admission = Admission()  # the copy in the averager's process is the one that counts
         super().__init__(*args, **kwargs)
 
@@ -140,6 +145,16 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
         """Base58 ids of the reducers whose replies this averager refused as implausible (a reducer
         decides its part's result for everyone: :mod:`hivemind_adapter.reply_check`) since the last call."""
         return self._refused_since.take()
+
+    def take_measured_noise(self) -> NoiseMap | None:
+        """The sampling noise along the vector that this averager's last all-reduce that measured any
+        (since the last call) showed, or None; forgotten once taken."""
+        return self._noise_measured.take()
+
+    def set_noise_reference(self, noise: NoiseMap | None) -> None:
+        """Hold a reducer that has only one other part beside its own (a pair) to ``noise``, measured
+        elsewhere (:meth:`take_measured_noise` of another stage), in the next all-reduces; None: do not."""
+        self._noise_reference.write(noise)
 
     def wire_bytes(self) -> tuple[int, int]:
         """Tensor payload bytes this averager's all-reduces sent and received so far."""
@@ -258,6 +273,7 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
             **kwargs,
         )
         runner.wire_bytes = self._wire_bytes
+        runner.noise_reference = self._noise_reference.read()
         assert group_id in self._running_groups, "all-reduce group was not registered"
         self._running_groups[group_id].set_result(runner)
         self._last_outliers.write([])
@@ -276,6 +292,8 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
             self._last_outliers.write(named)
             self._named_since.add(named)
             self._refused_since.add([p.to_base58() for p in runner.refused_reducers])
+            if (noise := runner.measured_noise()) is not None:
+                self._noise_measured.write(noise)
         reason = runner.incomplete_reason()
         if reason is not None or len(results) != len(tensors):
             raise PartialAllReduceError(f"all-reduce in group {group_id.hex()[:12]} was partial: {reason}")

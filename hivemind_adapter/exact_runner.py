@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 from collections.abc import AsyncIterator
 
 import torch
@@ -19,7 +20,15 @@ from hivemind.proto import averaging_pb2
 from hivemind.utils.asyncio import aiter_with_timeout, amap_in_executor, attach_event_on_finished
 
 from hivemind_adapter.alignment import MIN_VALUES, AlignmentRecord
-from hivemind_adapter.reducer_proof import PartProof, check_proof, pack_proofs, sketch_seed, unpack_proofs
+from hivemind_adapter.reducer_proof import (
+    NoiseMap,
+    PartProof,
+    check_proof,
+    noise_level,
+    pack_proofs,
+    sketch_seed,
+    unpack_proofs,
+)
 from hivemind_adapter.reply_check import implausible_reply, reply_cosine
 from hivemind_adapter.robust_reduce import RobustConfig, RobustPartReducer, capped_weights
 from hivemind_adapter.wire_codecs import rounding_bound, roundtrip
@@ -75,6 +84,11 @@ class ExactAllReduceRunner(AllReduceRunner):
         self.tensor_part_container.return_deltas = False
         self.reducer_errors: list[str] = []  # why each remote reducer failed this member, if one did
         self.wire_bytes = None  # VerifiedAverager's shared [sent, received] payload byte counters
+        # the sampling noise this member measured in another stage, what a pair's reducer is held
+        # to (None: pairs are not held to anything); and what the proofs it accepted here measured
+        self.noise_reference: NoiseMap | None = None
+        self.noise_measured: list[tuple[int, int, float]] = []
+        self._part_starts: list[int] | None = None  # where each part begins in the flat vector
         self._served_whole: set[PeerID] = set()  # senders that were handed every reply of this reducer
         # reducers whose replies this member refused as implausible
         self.refused_reducers: set[PeerID] = set()
@@ -200,7 +214,7 @@ class ExactAllReduceRunner(AllReduceRunner):
                 if doubt is not None:
                     self.refused_reducers.add(peer_id)
                     await self._finish_reducing()
-                    raise AllreduceException(f"refused the parts of reducer {peer_id}: {doubt}")
+                    raise AllreduceException(f"refused its parts: {doubt}")  # (the error names the reducer)
                 for index, part in enumerate(held):
                     container.register_processed_part(peer_index, index, part)
         except BaseException:
@@ -227,9 +241,11 @@ class ExactAllReduceRunner(AllReduceRunner):
         member, by = self.sender_peer_ids.index(self.peer_id), self.sender_peer_ids.index(reducer)
         cap = functools.partial(capped_weights, max_weight_ratio=self.robust.max_weight_ratio)
         exact_wire = isinstance(container.compression, NoCompression)
+        measured = []
         for index, (data, result) in enumerate(zip(proofs, results)):
             if index in slotted:
                 continue  # each slot is its owner's value, checked by its owner (peer.known_cohort)
+            start, end = self._part_range(peer_index, index)
             own, info = container._input_parts_by_peer[peer_index][index]
             if not exact_wire:  # what the reducer decoded of this member's part
                 own = deserialize_torch_tensor(container.compression.compress(own, info))
@@ -248,9 +264,15 @@ class ExactAllReduceRunner(AllReduceRunner):
                 cap_rule=cap,
                 rounding=None if exact_wire else rounding_bound(container.compression, result),
                 like_parts=self.robust.like_parts,
+                noise_reference=None
+                if self.noise_reference is None
+                else self.noise_reference.over(start, end),
             )
             if why is not None:
                 return f"part {index}: {why}"
+            if (level := noise_level(proof)) is not None:
+                measured.append((start, end, level / (end - start)))
+        self.noise_measured += measured  # only once every proof of this reducer checked out
         return None
 
     async def _finish_reducing(self) -> None:
@@ -342,6 +364,25 @@ class ExactAllReduceRunner(AllReduceRunner):
         named = set(getattr(reducer, "outliers", {})) | set(getattr(reducer, "excluded", ()))
         senders = [self.sender_peer_ids[i].to_base58() for i in sorted(named)]
         return senders + sorted(p.to_base58() for p in self.refused_reducers if p.to_base58() not in senders)
+
+    def measured_noise(self) -> NoiseMap | None:
+        """The sampling noise along the vector that this all-reduce's proofs showed: those this member
+        accepted and those its own reducer made (None: none had three parts or more)."""
+        own = self.ordered_peer_ids.index(self.peer_id)
+        ranges = list(self.noise_measured)
+        for index, level in getattr(self.tensor_part_reducer, "noise_levels", {}).items():
+            start, end = self._part_range(own, index)
+            ranges.append((start, end, level / (end - start)))
+        return NoiseMap(tuple(sorted(ranges))) if ranges else None
+
+    def _part_range(self, peer_index: int, index: int) -> tuple[int, int]:
+        """Where the ``index``-th part that peer ``peer_index`` reduces lies in the flat vector (hivemind
+        deals consecutive parts to reducers in group order)."""
+        if self._part_starts is None:  # the parts' sizes in vector order, each peer's in turn
+            parts = self.tensor_part_container._input_parts_by_peer
+            self._part_starts = [0, *itertools.accumulate(part.numel() for held in parts for part, _ in held)]
+        first = sum(self.tensor_part_container.num_parts_by_peer[:peer_index]) + index
+        return self._part_starts[first], self._part_starts[first + 1]
 
     def note_alignments(self) -> None:
         """Add the cosines this member's reducer measured to the averager's alignment record."""

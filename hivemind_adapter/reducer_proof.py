@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import statistics
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -188,13 +189,17 @@ def check_proof(
     cap_rule: Callable[[torch.Tensor], torch.Tensor],
     rounding: torch.Tensor | None = None,
     like_parts: bool = True,
+    noise_reference: float | None = None,
 ) -> str | None:
     """Why ``proof`` is not an honest reducer's account of ``result`` (what this member received for
     the part it sent as ``own_part`` with ``own_weight``), or None. ``member`` and ``reducer`` are
     sender indices; ``cap_rule`` caps a vector of weights as the reducer must have
     (:func:`~hivemind_adapter.robust_reduce.capped_weights` with the group's ratio); ``rounding``: per value, how far the wire's codec may have moved the result
     from the centre the reducer computed (None: only float32's rounding); ``like_parts``: the parts
-    estimate one vector (:class:`~hivemind_adapter.robust_reduce.RobustConfig`), so point 5 applies."""
+    estimate one vector (:class:`~hivemind_adapter.robust_reduce.RobustConfig`), so point 5 applies;
+    ``noise_reference``: this part's sampling noise as this member measured it elsewhere
+    (:meth:`NoiseMap.over` of its own cohort stage), what point 5 holds a reducer to where it has
+    one other part to compare with (a pair: two cohorts' heads)."""
     c = result.detach().reshape(-1).to(torch.float64)
     points = proof.points
     # (a refused sender's entry may hold anything: NaN parts, weights that are no number)
@@ -255,11 +260,77 @@ def check_proof(
             return (
                 f"its proof lists sender {i}'s distance as {listed:.3g} where its sketch says {sketched:.3g}"
             )
-    # 5. the reducer's own part among the others
-    ratio = own_part_ratio(proof, reducer) if like_parts else None
+    # 5. the reducer's own part among the others (or, in a pair, against the noise measured elsewhere)
+    if not like_parts:
+        return None
+    ratio = own_part_ratio(proof, reducer)
     if ratio is not None and ratio > OWN_PART_FACTOR:
         return f"its own part lies {ratio:.1f}x farther from the others' than they lie from each other"
+    ratio = pair_ratio(proof, reducer, noise_reference)
+    if ratio is not None and ratio > OWN_PART_FACTOR:
+        return f"in a pair, its own part lies {ratio:.1f}x beyond the sampling noise measured elsewhere"
     return None
+
+
+@dataclass(frozen=True)
+class NoiseMap:
+    """Sampling noise per value over ranges ``(start, end, level)`` of an averager's flat vector, as
+    one all-reduce's proofs showed it (:func:`noise_level` over a part's values). Gradient noise is
+    far from even along a model (measured on the digits supernet: 5x between its 512 KiB parts), so
+    a part is held to the noise of its own values, not to an average."""
+
+    ranges: tuple[tuple[int, int, float], ...]
+
+    def over(self, start: int, end: int) -> float | None:
+        """The noise level a part of values ``[start, end)`` has where these ranges cover at least
+        :data:`NOISE_MAP_COVERAGE` of it (their level times the values they share), else None."""
+        level, covered = 0.0, 0
+        for s, e, per_value in self.ranges:
+            shared = min(end, e) - max(start, s)
+            if shared > 0:
+                level += per_value * shared
+                covered += shared
+        return level if end > start and covered >= NOISE_MAP_COVERAGE * (end - start) else None
+
+
+# A part is held to a noise map only where the map covers this much of its values.
+NOISE_MAP_COVERAGE = 0.9
+
+
+def noise_level(proof: PartProof) -> float | None:
+    """The median over pairs of listed parts of ``D_ij`` (point 5 of the module's docstring): the
+    sampling noise of one unit of weight, in squared units of the parts, as the senders' spread
+    shows it (None with fewer than three parts: one pair's distance is no spread). A head measures
+    it in its cohort stage and holds the other head of a pair to it in the cross stage."""
+    valid = _valid(proof)
+    if len(valid) < 3:
+        return None
+    return statistics.median(_d(proof, i, j) for a, i in enumerate(valid) for j in valid[a + 1 :])
+
+
+def pair_ratio(proof: PartProof, reducer: int, reference: float | None) -> float | None:
+    """In a pair (the reducer and one other sender), how far the reducer's own listed part lies
+    from the other's, in units of ``reference`` (:func:`noise_level` measured elsewhere); None where
+    it says nothing: no reference, not a pair, or the reducer's part not in the centre."""
+    if reference is None or not math.isfinite(reference) or reference <= 0 or not proof.in_centre[reducer]:
+        return None
+    valid = _valid(proof)
+    if reducer not in valid or len(valid) != 2:
+        return None
+    other = valid[0] if valid[1] == reducer else valid[1]
+    return _d(proof, reducer, other) / reference
+
+
+def _valid(proof: PartProof) -> list[int]:
+    """Senders that sent a part with a weight, whose listed sketch is finite."""
+    return [i for i, w in enumerate(proof.weights) if w > 0 and bool(torch.isfinite(proof.points[i]).all())]
+
+
+def _d(proof: PartProof, i: int, j: int) -> float:
+    """``|S x_i - S x_j|^2 / (1/w_i + 1/w_j)``: two per-sample means' squared distance over their
+    expected sampling noise (the same for every pair of honest parts)."""
+    gap = float(torch.linalg.vector_norm(proof.points[i] - proof.points[j])) ** 2
+    return gap / (1.0 / proof.weights[i] + 1.0 / proof.weights[j])
 
 
 def own_part_ratio(proof: PartProof, reducer: int) -> float | None:
@@ -269,19 +340,14 @@ def own_part_ratio(proof: PartProof, reducer: int) -> float | None:
     poisoned part and named it far is no liar as a reducer), or fewer than two others sent one."""
     if not proof.in_centre[reducer]:
         return None
-    valid = [i for i, w in enumerate(proof.weights) if w > 0 and bool(torch.isfinite(proof.points[i]).all())]
+    valid = _valid(proof)
     if reducer not in valid:
         return None
     others = [i for i in valid if i != reducer]
     if len(others) < 2:
         return None
-
-    def d(i: int, j: int) -> float:
-        gap = float(torch.linalg.vector_norm(proof.points[i] - proof.points[j])) ** 2
-        return gap / (1.0 / proof.weights[i] + 1.0 / proof.weights[j])
-
-    own = sorted(d(reducer, j) for j in others)[(len(others) - 1) // 2]  # the lower median
-    pairs = sorted(d(i, j) for a, i in enumerate(others) for j in others[a + 1 :])
+    own = sorted(_d(proof, reducer, j) for j in others)[(len(others) - 1) // 2]  # the lower median
+    pairs = sorted(_d(proof, i, j) for a, i in enumerate(others) for j in others[a + 1 :])
     reference = pairs[len(pairs) // 2]  # the upper median
     if reference <= 0:
         return None if own <= 0 else math.inf

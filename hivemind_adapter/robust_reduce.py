@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import torch
 from hivemind.averaging.partition import AllreduceException, BannedException, TensorPartReducer
 
-from hivemind_adapter.reducer_proof import make_proof, sketch_seed
+from hivemind_adapter.reducer_proof import NoiseMap, make_proof, noise_level, sketch_seed
 
 # CenteredClip stops early once a step moves the centre by less than this fraction of the radius
 # (about float32's resolution: the radius is at most a few times the parts' norms).
@@ -357,6 +357,7 @@ class RobustPartReducer(TensorPartReducer):
         self.proof_context = proof_context
         self.as_received = as_received or (lambda t: t)
         self.proofs: dict[int, bytes] = {}  # part index -> its proof (b"" for a slotted part)
+        self.noise_levels: dict[int, float] = {}  # part index -> reducer_proof.noise_level of its proof
         self.slotted_parts = frozenset(slotted_parts)
         self.part_dtype = part_dtype or torch.get_default_dtype()
         self.excluded = frozenset(excluded)
@@ -491,6 +492,8 @@ class RobustPartReducer(TensorPartReducer):
             [senders[j] for j in result.in_centre],
             seed,
         )
+        if (level := noise_level(proof)) is not None:
+            self.noise_levels[part_index] = level
         return result.value, proof.to_bytes()
 
     def finalize(self) -> None:
@@ -540,3 +543,40 @@ class SharedNames:
     def _read(self) -> list[str]:
         text = self._buffer.value.decode()
         return text.split("\n") if text else []
+
+
+class SharedNoiseMap:
+    """A :class:`~hivemind_adapter.reducer_proof.NoiseMap` written in one process and read in another
+    (an averager's and its owner's), in a fixed-size shared buffer made before the writer forks.
+    Ranges past its capacity are left out: a part they would have covered is then not held to it."""
+
+    def __init__(self, capacity: int = 2048):
+        self._capacity = capacity
+        self._buffer = multiprocessing.Array("d", 1 + 3 * capacity)
+
+    def write(self, noise: NoiseMap | None) -> None:
+        ranges = [] if noise is None else list(noise.ranges)[: self._capacity]
+        with self._buffer.get_lock():
+            self._buffer[0] = len(ranges)
+            for k, (start, end, level) in enumerate(ranges):
+                self._buffer[1 + 3 * k : 4 + 3 * k] = [float(start), float(end), float(level)]
+
+    def read(self) -> NoiseMap | None:
+        with self._buffer.get_lock():
+            return self._read()
+
+    def take(self) -> NoiseMap | None:
+        """What is held, which is then forgotten."""
+        with self._buffer.get_lock():
+            noise = self._read()
+            self._buffer[0] = 0
+        return noise
+
+    def _read(self) -> NoiseMap | None:
+        count = int(self._buffer[0])
+        if count == 0:
+            return None
+        values = self._buffer[1 : 1 + 3 * count]
+        return NoiseMap(
+            tuple((int(values[3 * k]), int(values[3 * k + 1]), values[3 * k + 2]) for k in range(count))
+        )

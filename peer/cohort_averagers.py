@@ -72,6 +72,7 @@ class CohortAveragers:
             cross_codec="fp16" if params.cross_cohort_fp16 else "none",
             cross_group_size=params.cross_group_size,
             per_cohort=self.task.mode == "model",
+            pairs_held_to_cohort_noise=True,
             commit_board=self.round_board,
             leaving=self.leaving,
             deadlines=deadlines,

@@ -181,7 +181,10 @@ class HierarchicalAverager:
 
     ``template`` gives the shapes and dtypes; all peers of a run must use the same. ``per_cohort``
     selects the model-parallel combination (see the module docstring); without it the result is the
-    sample-weighted mean over every contributor (data-parallel rounds). ``averager_type`` builds the
+    sample-weighted mean over every contributor (data-parallel rounds). ``pairs_held_to_cohort_noise``:
+    in a cross stage of two heads, each holds the other's proof to the sampling noise its cohort
+    stage measured (:func:`hivemind_adapter.reducer_proof.pair_ratio`; only where both stages
+    average the round's per-sample means, as a round's averager does). ``averager_type`` builds the
     two hivemind averagers (a subclass that fails on purpose is how tests kill a peer at an exact
     point of a stage).
     """
@@ -194,6 +197,7 @@ class HierarchicalAverager:
         template: Sequence[torch.Tensor],
         *,
         per_cohort: bool = False,
+        pairs_held_to_cohort_noise: bool = False,
         cross_codec: str = "none",
         cross_group_size: int = DEFAULT_FANOUT,
         timeouts: AveragingTimeouts = AveragingTimeouts(),
@@ -210,6 +214,9 @@ class HierarchicalAverager:
     ):
         self.dht, self.run_id, self.cohort, self.timeouts = dht, run_id, cohort, timeouts
         self.per_cohort = per_cohort
+        # the cross stage's parts are the round's per-sample means, like the cohort stage's: a pair's
+        # reducer there is held to the noise measured in the cohort stage (see _across_cohorts)
+        self.pairs_held_to_cohort_noise = pairs_held_to_cohort_noise and not per_cohort
         # how vectors cross between cohorts: one of wire_codecs.CODECS ("fp16" halves the rounds' traffic)
         self.cross_codec = cross_codec
         self.cross_group_size = cross_group_size
@@ -522,6 +529,11 @@ class HierarchicalAverager:
         the way travels down with the result's place, so every group below learns it at once."""
         # Both averagers share one buffer: without a cross stage the cohort's result is already where
         # _finish_average reads it.
+        # A cross stage of two heads is a pair, whose reducer has no others' spread to be held to:
+        # each head holds it to the sampling noise its own cohort stage measured, where the parts of
+        # both stages are the round's per-sample means (not in outer exchanges)
+        noise = self._cohort.take_measured_noise()
+        self._cross.set_noise_reference(noise if self.pairs_held_to_cohort_noise else None)
         contributors, cohorts, joined, abort = self._climb(attempt, members, tree, state_digest, live)
         final = None
         if abort is None and (not joined or joined[-1].head == self.peer_id):

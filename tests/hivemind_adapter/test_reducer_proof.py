@@ -10,21 +10,25 @@ import pytest
 import torch
 
 from hivemind_adapter.allreduce import PartialAllReduceError, VerifiedAverager
+from hivemind_adapter.known_groups import known_group_id
 from hivemind_adapter.reducer_proof import (
     OWN_PART_FACTOR,
+    NoiseMap,
     PartProof,
     check_proof,
     make_proof,
+    noise_level,
     own_part_ratio,
     pack_proofs,
+    pair_ratio,
     sketch,
     sketch_seed,
     unpack_proofs,
 )
-from hivemind_adapter.robust_reduce import RobustConfig, capped_weights, centered_clip
+from hivemind_adapter.robust_reduce import RobustConfig, SharedNoiseMap, capped_weights, centered_clip
 from hivemind_adapter.wire_codecs import codec_for, rounding_bound, roundtrip
 from tests.adversaries.dishonest_peer import NOISE_TIMES, covering_proof, lying_averager
-from tests.hivemind_adapter.averager_group import step_known_group
+from tests.hivemind_adapter.averager_group import ALLREDUCE_TIMEOUT, ARRIVAL_TIMEOUT, step_known_group
 
 CONFIG = RobustConfig()
 CAP = functools.partial(capped_weights, max_weight_ratio=CONFIG.max_weight_ratio)
@@ -228,7 +232,7 @@ def test_every_honest_member_refuses_a_noisy_reducer_and_writes_nothing(size):
     liar = peer_ids[-1]
     for i in range(size - 1):
         assert isinstance(outcomes[i], PartialAllReduceError), outcomes
-        assert f"refused the parts of reducer {liar}" in str(outcomes[i]), outcomes[i]
+        assert f"{liar[-8:]}: AllreduceException: refused its parts" in str(outcomes[i]), outcomes[i]
         assert "its own part lies" in str(outcomes[i]), outcomes[i]
         assert torch.equal(results[i][0], parts[i]), "a refused step writes nothing"
         assert liar in named[i], named
@@ -278,3 +282,100 @@ def test_model_parallel_parts_that_differ_by_design_are_not_held_to_each_others_
         for m in (0, 1)
     ]
     assert unlike == [None, None]
+
+
+# ------------------------------------------------------------------ pairs
+
+
+def test_a_pairs_reducer_is_held_to_the_sampling_noise_measured_in_another_stage():
+    """Two cohorts' heads make a pair: the liar's own part is the only other point, so no spread of
+    the others exists to hold it to. A head measured its cohort's spread in the cohort stage
+    (noise_level: the same per-sample noise), and the pair's reducer is held to that."""
+    peers = _means([64] * 9, seed=14)  # one gradient's estimates, three cohorts of three
+    members = peers[:3]  # this head's cohort, weighed by their samples
+    cohort = centered_clip(members, [64.0] * 3, CONFIG)
+    measured, _seed = _proof_of(members, [64.0] * 3, cohort.value, cohort)
+    reference = noise_level(measured)
+    assert reference is not None and reference > 0
+    heads = [torch.stack(peers[3:6]).mean(0), torch.stack(peers[6:]).mean(0)]  # two cohorts' means
+    weights = [192.0, 192.0]
+    clip = centered_clip(heads, weights, CONFIG)
+    honest, seed = _proof_of(heads, weights, clip.value, clip)
+    assert own_part_ratio(honest, 1) is None  # a pair: no others' spread
+    assert pair_ratio(honest, 1, reference) < OWN_PART_FACTOR / 2
+    assert _doubts(honest, heads, weights, 1, clip.value, seed) == [None]
+    told = _noisy(clip.value, NOISE_TIMES)
+    lie, seed = _proof_of(heads, weights, told, clip)
+    covered = covering_proof(lie, 1, told, seed)
+    assert _doubts(covered, heads, weights, 1, told, seed) == [None]  # without a reference it passes
+    doubt = check_proof(covered, member=0, own_part=heads[0], own_weight=192.0, reducer=1, result=told, seed=seed,
+                        cap_rule=CAP, noise_reference=reference)  # fmt: skip
+    assert doubt is not None and "in a pair, its own part lies" in doubt
+
+
+def test_a_member_with_a_noise_reference_refuses_a_noisy_reducer_of_a_pair():
+    """The same through real averagers: the member's reference (what its cohort stage measured,
+    set by its owner) travels into the averager's process and its check."""
+    parts = _means([64] * 5, size=4 * 65536, seed=17)
+    members = [p[:65536] for p in parts[2:]]
+    cohort = centered_clip(members, [1.0] * 3, CONFIG)
+    measured, _seed = _proof_of(members, [1.0] * 3, cohort.value, cohort)
+    per_value = noise_level(measured) / 65536  # as if measured over the whole vector
+
+    def take_step(i, averager, peer_ids):
+        averager.set_noise_reference(NoiseMap(((0, 4 * 65536, per_value),)))
+        return averager.step_in_known_group(
+            known_group_id("robust-test-0", *sorted(peer_ids)), sorted(peer_ids), weight=1.0,
+            arrival_timeout=ARRIVAL_TIMEOUT, allreduce_timeout=ALLREDUCE_TIMEOUT,
+        )  # fmt: skip
+
+    results, outcomes, named, peer_ids = step_known_group(
+        2,
+        lambda i: [parts[i]],
+        lambda i: dict(robust=CONFIG),
+        lambda i: lying_averager("noise") if i == 1 else VerifiedAverager,
+        prefix="noisy-pair",
+        part_size_bytes=256 * 1024,
+        take_step=take_step,
+    )
+    assert isinstance(outcomes[0], PartialAllReduceError), outcomes
+    assert "in a pair, its own part lies" in str(outcomes[0]), outcomes[0]
+    assert torch.equal(results[0][0], parts[0]), "a refused step writes nothing"
+    assert peer_ids[1] in named[0], named
+
+
+def test_a_noise_map_gives_a_part_the_noise_of_its_own_values_and_crosses_processes():
+    noise = NoiseMap(((0, 100, 1.0), (100, 300, 5.0)))
+    assert noise.over(0, 100) == 100.0
+    assert noise.over(50, 150) == 50 * 1.0 + 50 * 5.0
+    assert noise.over(250, 400) is None  # a third covered: not enough to hold a part to
+    shared = SharedNoiseMap(capacity=4)
+    assert shared.read() is None
+    shared.write(noise)
+    assert shared.read() == noise and shared.take() == noise and shared.take() is None
+
+
+def test_an_honest_all_reduce_measures_the_noise_along_its_whole_vector():
+    """What a cohort stage hands its cross stage: every proof a member accepted and its own
+    reducer's cover the vector, each part with the noise of its own values."""
+    parts = _means([64] * 3, size=3 * 65536, seed=18)
+    maps = {}
+
+    def take_step(i, averager, peer_ids):
+        outcome = averager.step_in_known_group(
+            known_group_id("robust-test-0", *sorted(peer_ids)), sorted(peer_ids), weight=64.0,
+            arrival_timeout=ARRIVAL_TIMEOUT, allreduce_timeout=ALLREDUCE_TIMEOUT,
+        )  # fmt: skip
+        maps[i] = averager.take_measured_noise()
+        return outcome
+
+    _results, outcomes, _named, _ids = step_known_group(
+        3, lambda i: [parts[i]], lambda i: dict(robust=CONFIG), prefix="noise-map",
+        part_size_bytes=256 * 1024, take_step=take_step,
+    )  # fmt: skip
+    assert outcomes == [None] * 3, outcomes
+    for noise in maps.values():
+        assert noise is not None and noise.over(0, 3 * 65536) is not None
+        assert noise == maps[0]  # every member saw the same proofs
+    # the noise of one unit of weight: |x_i - x_j|^2 / (1/64 + 1/64), per value, about 1 here
+    assert 0.5 < maps[0].over(0, 3 * 65536) / (3 * 65536) < 2.0

@@ -222,3 +222,49 @@ def test_a_lying_reducer_is_named_in_the_failed_attempt_and_left_out_of_the_next
     assert all(o["committed"] for o in second), second
     assert len({o["digest"] for o in second}) == 1, "the honest peers hold one result"
     assert not results["p3"]["outcomes"][1]["committed"]  # the liar met nobody
+
+
+def _peer_in_a_pair_of_heads(dht, *, seed, cohort, liar, run_id):
+    """Cohort ``host-a`` has three honest peers, ``host-b`` one peer (``liar``: its reducer returns
+    every centre plus a random direction ten times its length, with its best proof): the cross stage
+    is a pair of heads, where no others' spread exists to hold the liar's own part to."""
+    averager = HierarchicalAverager(
+        dht, run_id, cohort, [torch.zeros(SHAPE)], timeouts=FAST, robust=RobustConfig(),
+        pairs_held_to_cohort_noise=True,
+        averager_type=lying_averager("noise") if liar else VerifiedAverager,
+    )  # fmt: skip
+    try:
+        roster = _join_roster(dht, run_id)
+        res = averager.average(
+            0, [_gradient(seed) * SAMPLES], SAMPLES, cohort_size=1 if liar else 3, num_cohorts=2,
+            cohort_rank=1 if liar else 0, expected_peers=roster,
+        )  # fmt: skip
+        return dict(me=peer_id(dht), committed=res.committed, reason=res.reason, digest=res.digest,
+                    tensor=None if res.tensors is None else res.tensors[0].numpy(), outliers=res.outliers,
+                    contributors=[c.peer for c in res.contributors])  # fmt: skip
+    finally:
+        averager.shutdown()
+
+
+def test_a_head_that_lies_in_a_pair_of_heads_is_held_to_the_noise_its_partners_cohort_measured():
+    """Two cohorts meet as a pair of heads. The honest head measured its cohort's sampling noise along
+    the vector in its cohort stage and holds the liar's proof to it: it refuses the noisy parts, names
+    the liar, and its cohort commits the mean of its own three members, bit-identical."""
+    boot, maddrs = start_bootstrap_dht()
+    args = {
+        f"p{i}": dict(seed=i, cohort="host-b" if i == 3 else "host-a", liar=i == 3, run_id="pair-of-heads")
+        for i in range(PEERS)
+    }
+    try:
+        results = run_peers(_peer_in_a_pair_of_heads, maddrs, args)
+    finally:
+        boot.shutdown()
+    honest = [results[f"p{i}"] for i in range(3)]
+    liar = results["p3"]["me"]
+    assert all(r["committed"] for r in honest), [r["reason"] for r in honest]
+    assert len({r["digest"] for r in honest}) == 1
+    assert all(liar not in r["contributors"] for r in honest)
+    want = sum(_gradient(i) for i in range(3)) / 3
+    torch.testing.assert_close(torch.from_numpy(honest[0]["tensor"]), want, rtol=1e-5, atol=1e-6)
+    assert any(liar in r["outliers"] for r in honest), [r["outliers"] for r in honest]  # the honest head
+    assert not results["p3"]["committed"]
