@@ -41,6 +41,7 @@ from hivemind_adapter.reducer_proof import (  # noqa: E402
     OWN_PART_FACTOR,
     PartProof,
     check_proof,
+    every_members_doubt,
     make_proof,
     noise_level,
     own_part_ratio,
@@ -234,20 +235,7 @@ def _measure(group, round_index, start, parts, weights, noise, ratios, false_ref
         return proof, seed
 
     def doubts(proof, reducer, result, seed):
-        return [
-            check_proof(
-                proof,
-                member=m,
-                own_part=parts[m],
-                own_weight=weights[m],
-                reducer=reducer,
-                result=result,
-                seed=seed,
-                cap_rule=_cap,
-            )
-            for m in range(len(parts))
-            if m != reducer
-        ]
+        return every_members_doubt(proof, parts, weights, reducer, result, seed, _cap)
 
     # the centre's length in units of one honest peer's pull on the mean (what x1 below amounts to)
     mean = torch.stack([p.double() for p in parts]).mean(0)

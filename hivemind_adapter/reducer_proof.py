@@ -30,6 +30,10 @@ checks (:func:`check_proof`):
    in units of their expected sampling noise, the reducer's lower median ``D`` against the others
    must stay within :data:`OWN_PART_FACTOR` times the others' upper median ``D`` among themselves.
 
+In a pair (the reducer and one other part: two cohorts' heads) there are no others to compare
+with; there point 5 holds the reducer's own part to the sampling noise the member measured in
+another stage (:class:`NoiseMap`, :func:`pair_ratio`).
+
 Point 3 forces a reducer that shifted the result to list parts that balance the shift; the honest
 members' entries are checked by their owners (1), so the balance must come from its own part, which
 then lies far from everybody's (5): a shift of about the members' own sampling noise is caught.
@@ -295,6 +299,36 @@ class NoiseMap:
 
 # A part is held to a noise map only where the map covers this much of its values.
 NOISE_MAP_COVERAGE = 0.9
+
+
+def every_members_doubt(
+    proof: PartProof,
+    parts: Sequence[torch.Tensor],
+    weights: Sequence[float],
+    reducer: int,
+    result: torch.Tensor,
+    seed: int,
+    cap_rule: Callable[[torch.Tensor], torch.Tensor],
+    **options,
+) -> list[str | None]:
+    """What each sender other than ``reducer`` says of ``proof`` (:func:`check_proof`), each from its
+    own part and weight: a whole group's verdict where one process holds every part (simulations,
+    benchmarks and tests). ``options`` go to every check."""
+    return [
+        check_proof(
+            proof,
+            member=m,
+            own_part=parts[m],
+            own_weight=weights[m],
+            reducer=reducer,
+            result=result,
+            seed=seed,
+            cap_rule=cap_rule,
+            **options,
+        )  # fmt: skip
+        for m in range(len(parts))
+        if m != reducer
+    ]
 
 
 def noise_level(proof: PartProof) -> float | None:

@@ -16,6 +16,7 @@ from hivemind_adapter.reducer_proof import (
     NoiseMap,
     PartProof,
     check_proof,
+    every_members_doubt,
     make_proof,
     noise_level,
     own_part_ratio,
@@ -50,21 +51,7 @@ def _proof_of(parts, weights, result, clip, context=b"test"):
 
 def _doubts(proof, parts, weights, reducer, result, seed, rounding=None) -> list[str | None]:
     """What every member other than ``reducer`` says of ``proof``."""
-    return [
-        check_proof(
-            proof,
-            member=m,
-            own_part=parts[m],
-            own_weight=weights[m],
-            reducer=reducer,
-            result=result,
-            seed=seed,
-            cap_rule=CAP,
-            rounding=rounding,
-        )
-        for m in range(len(parts))
-        if m != reducer
-    ]
+    return every_members_doubt(proof, parts, weights, reducer, result, seed, CAP, rounding=rounding)
 
 
 def _noisy(result: torch.Tensor, times: float, seed: int = 1) -> torch.Tensor:

@@ -76,16 +76,23 @@ def _peer(dht, *, seed, attack, run_id, robust):
         averager.shutdown()
 
 
-def _run(run_id: str, attack: str, robust: bool) -> dict:
+def _swarm(peer, args: dict[str, dict]) -> dict:
+    """``peer(dht, **args[name])`` in a process of its own per name, on one bootstrap DHT."""
     boot, maddrs = start_bootstrap_dht()
-    args = {
-        f"p{i}": dict(seed=i, attack=attack if i == 3 else "", run_id=run_id, robust=robust)
-        for i in range(PEERS)
-    }
     try:
-        return run_peers(_peer, maddrs, args)
+        return run_peers(peer, maddrs, args)
     finally:
         boot.shutdown()
+
+
+def _run(run_id: str, attack: str, robust: bool) -> dict:
+    return _swarm(
+        _peer,
+        {
+            f"p{i}": dict(seed=i, attack=attack if i == 3 else "", run_id=run_id, robust=robust)
+            for i in range(PEERS)
+        },
+    )
 
 
 @pytest.mark.parametrize("attack", ["x1000", "sign", "nan"])
@@ -147,12 +154,8 @@ def _flipping_peer(dht, *, seed, flip, run_id, attempts):
 
 def test_a_sign_flip_inside_the_honest_spread_is_named_by_its_direction_and_then_left_out():
     attempts = 4
-    boot, maddrs = start_bootstrap_dht()
     args = {f"p{i}": dict(seed=i, flip=i == 3, run_id="robust-flip", attempts=attempts) for i in range(PEERS)}
-    try:
-        results = run_peers(_flipping_peer, maddrs, args)
-    finally:
-        boot.shutdown()
+    results = _swarm(_flipping_peer, args)
     honest, attacker = [results[f"p{i}"] for i in range(3)], results["p3"]["me"]
     for attempt in range(attempts):
         assert all(r["rounds"][attempt]["committed"] for r in honest), [
@@ -208,12 +211,9 @@ def test_a_lying_reducer_is_named_in_the_failed_attempt_and_left_out_of_the_next
     stage. Each honest member names the liar in its commit report (two such reports and the aggregator
     refuses its receipt) and bars it from its groups: the next attempt forms without it and commits.
     (The first may commit too, if the stage's retry formed without the liar.)"""
-    boot, maddrs = start_bootstrap_dht()
-    args = {f"p{i}": dict(seed=i, liar=i == 3, run_id="liar-reducer") for i in range(PEERS)}
-    try:
-        results = run_peers(_peer_beside_a_liar, maddrs, args)
-    finally:
-        boot.shutdown()
+    results = _swarm(
+        _peer_beside_a_liar, {f"p{i}": dict(seed=i, liar=i == 3, run_id="liar-reducer") for i in range(PEERS)}
+    )
     honest = [results[f"p{i}"] for i in range(3)]
     liar = results["p3"]["me"]
     first = [r["outcomes"][0] for r in honest]
@@ -250,15 +250,11 @@ def test_a_head_that_lies_in_a_pair_of_heads_is_held_to_the_noise_its_partners_c
     """Two cohorts meet as a pair of heads. The honest head measured its cohort's sampling noise along
     the vector in its cohort stage and holds the liar's proof to it: it refuses the noisy parts, names
     the liar, and its cohort commits the mean of its own three members, bit-identical."""
-    boot, maddrs = start_bootstrap_dht()
     args = {
         f"p{i}": dict(seed=i, cohort="host-b" if i == 3 else "host-a", liar=i == 3, run_id="pair-of-heads")
         for i in range(PEERS)
     }
-    try:
-        results = run_peers(_peer_in_a_pair_of_heads, maddrs, args)
-    finally:
-        boot.shutdown()
+    results = _swarm(_peer_in_a_pair_of_heads, args)
     honest = [results[f"p{i}"] for i in range(3)]
     liar = results["p3"]["me"]
     assert all(r["committed"] for r in honest), [r["reason"] for r in honest]
