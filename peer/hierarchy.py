@@ -60,6 +60,7 @@ import torch
 from hivemind_adapter.allreduce import VerifiedAverager
 from hivemind_adapter.dht import peer_id
 from hivemind_adapter.group_keys import DeclarationSigner
+from hivemind_adapter.reducer_proof import NoiseMap
 from hivemind_adapter.robust_reduce import RobustConfig, without_negative_zeros
 from hivemind_adapter.wire_codecs import codec_for, roundtrip
 from peer.admission import AdmissionMemory
@@ -90,6 +91,9 @@ PART_SIZE_BYTES = 4 * 2**20
 # word, and a sender it drops is named by that reducer alone (the aggregator wants two: one reducer
 # may lie). Smaller parts spread every tensor over the group.
 ROBUST_PART_SIZE_BYTES = 2**19
+# A cohort stage's noise map holds pairs (hivemind_adapter.reducer_proof.pair_ratio) this many
+# attempts after it was measured, no longer.
+NOISE_MAP_ATTEMPTS = 10
 
 
 @dataclass(frozen=True)
@@ -182,9 +186,10 @@ class HierarchicalAverager:
     ``template`` gives the shapes and dtypes; all peers of a run must use the same. ``per_cohort``
     selects the model-parallel combination (see the module docstring); without it the result is the
     sample-weighted mean over every contributor (data-parallel rounds). ``pairs_held_to_cohort_noise``:
-    in a cross stage of two heads, each holds the other's proof to the sampling noise its cohort
-    stage measured (:func:`hivemind_adapter.reducer_proof.pair_ratio`; only where both stages
-    average the round's per-sample means, as a round's averager does). ``averager_type`` builds the
+    in a stage of two (a cohort of two, or a cross stage of two heads) each holds the other's proof
+    to the sampling noise its last cohort stage of three or more measured
+    (:func:`hivemind_adapter.reducer_proof.pair_ratio`; only where the stages average the round's
+    per-sample means, as a round's averager does). ``averager_type`` builds the
     two hivemind averagers (a subclass that fails on purpose is how tests kill a peer at an exact
     point of a stage).
     """
@@ -217,6 +222,7 @@ class HierarchicalAverager:
         # the cross stage's parts are the round's per-sample means, like the cohort stage's: a pair's
         # reducer there is held to the noise measured in the cohort stage (see _across_cohorts)
         self.pairs_held_to_cohort_noise = pairs_held_to_cohort_noise and not per_cohort
+        self._cohort_noise: tuple[int, NoiseMap] | None = None  # (attempt, what its cohort stage measured)
         # how vectors cross between cohorts: one of wire_codecs.CODECS ("fp16" halves the rounds' traffic)
         self.cross_codec = cross_codec
         self.cross_group_size = cross_group_size
@@ -350,6 +356,8 @@ class HierarchicalAverager:
         self._named = set()
         self._admit()
         try:
+            # a cohort stage of two is a pair too: it is held to the noise the last ones measured
+            self._cohort.set_noise_reference(self._noise_for(attempt))
             with self._cohort.get_tensors() as buf:
                 for b, t in zip(buf, numerator):
                     b.copy_(t)
@@ -403,6 +411,8 @@ class HierarchicalAverager:
                 except NoGroup as e:
                     logger.info(f"attempt {attempt}: {e}; this peer goes on as a cohort of one")
             outcome.seconds["cohort"] = time.perf_counter() - t_start
+            if (noise := self._cohort.take_measured_noise()) is not None:
+                self._cohort_noise = (attempt, noise)
             outcome.cohort_members = [m.peer for m in members]
             # The leader must be able to serve others (client-mode peers cannot reduce or lead).
             outcome.leader = _leader_of(members)
@@ -493,6 +503,16 @@ class HierarchicalAverager:
             )
         return outcome
 
+    def _noise_for(self, attempt: int) -> NoiseMap | None:
+        """What a pair's reducer is held to in ``attempt``: the sampling noise along the vector that the
+        last cohort stage of three or more measured, if this averager holds pairs to it and that
+        stage was at most :data:`NOISE_MAP_ATTEMPTS` attempts ago (gradient noise drifts as the model
+        trains)."""
+        if not self.pairs_held_to_cohort_noise or self._cohort_noise is None:
+            return None
+        measured, noise = self._cohort_noise
+        return noise if attempt - measured <= NOISE_MAP_ATTEMPTS else None
+
     def _live_peers(self, inner_step: bool = False) -> set[str] | None:
         """The peers that posted anything (a result, a failure, a departure notice) for this averager's
         previous attempt: the ones that showed life lately (None: no previous attempt, or nothing
@@ -532,8 +552,7 @@ class HierarchicalAverager:
         # A cross stage of two heads is a pair, whose reducer has no others' spread to be held to:
         # each head holds it to the sampling noise its own cohort stage measured, where the parts of
         # both stages are the round's per-sample means (not in outer exchanges)
-        noise = self._cohort.take_measured_noise()
-        self._cross.set_noise_reference(noise if self.pairs_held_to_cohort_noise else None)
+        self._cross.set_noise_reference(self._noise_for(attempt))
         contributors, cohorts, joined, abort = self._climb(attempt, members, tree, state_digest, live)
         final = None
         if abort is None and (not joined or joined[-1].head == self.peer_id):

@@ -264,3 +264,52 @@ def test_a_head_that_lies_in_a_pair_of_heads_is_held_to_the_noise_its_partners_c
     torch.testing.assert_close(torch.from_numpy(honest[0]["tensor"]), want, rtol=1e-5, atol=1e-6)
     assert any(liar in r["outliers"] for r in honest), [r["outliers"] for r in honest]  # the honest head
     assert not results["p3"]["committed"]
+
+
+def _peer_in_a_cohort_that_shrinks_to_two(dht, *, seed, role, run_id):
+    """Attempt 0: a cohort of three, all honest (the ``liar`` reduces honestly in its first
+    all-reduce) and every stage of three measures the sampling noise. Attempt 1: the ``sitter`` sits
+    it out, so the cohort stage is a pair, and the liar lies in it."""
+    averager = HierarchicalAverager(
+        dht, run_id, "host-a", [torch.zeros(SHAPE)], timeouts=FAST, robust=RobustConfig(),
+        pairs_held_to_cohort_noise=True,
+        averager_type=lying_averager("noise", honest_first=1) if role == "liar" else VerifiedAverager,
+    )  # fmt: skip
+    try:
+        store(dht, f"{run_id}_roles", role, 300.0, subkey=peer_id(dht))
+        deadline = time.monotonic() + 60
+        while len(roles := read_entries(dht, f"{run_id}_roles")) < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        roster = sorted(roles)
+        outcomes = []
+        for attempt in (0, 1):
+            if attempt == 1 and role == "sitter":
+                break
+            expected = roster if attempt == 0 else [p for p in roster if roles[p] != "sitter"]
+            res = averager.average(
+                attempt, [_gradient(seed) * SAMPLES], SAMPLES, cohort_size=len(expected), num_cohorts=1,
+                expected_peers=expected,
+            )  # fmt: skip
+            outcomes.append(dict(committed=res.committed, reason=res.reason, outliers=res.outliers))
+        return dict(me=peer_id(dht), outcomes=outcomes)
+    finally:
+        averager.shutdown()
+
+
+def test_a_cohort_stage_of_two_holds_its_reducer_to_the_noise_the_last_stage_of_three_measured():
+    """A cohort that shrinks to two meets as a pair: the honest member holds the liar's proof to the
+    noise its cohort's last stage of three measured, refuses its noisy parts ("in a pair, its own
+    part lies ... beyond the sampling noise measured elsewhere") and names it."""
+    roles = {"p0": "honest", "p1": "liar", "p2": "sitter"}
+    results = _swarm(
+        _peer_in_a_cohort_that_shrinks_to_two,
+        {name: dict(seed=i, role=roles[name], run_id="shrinking-cohort") for i, name in enumerate(roles)},
+    )
+    honest, liar = results["p0"], results["p1"]["me"]
+    assert all(r["outcomes"][0]["committed"] for r in results.values()), results
+    second = honest["outcomes"][1]
+    # the refusal names the liar; the honest member, alone after it, holds no quorum of the two and
+    # keeps its values (without the check the pair commits the liar's noisy centre)
+    assert liar in second["outliers"], second
+    assert not second["committed"], second
