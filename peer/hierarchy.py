@@ -91,9 +91,6 @@ PART_SIZE_BYTES = 4 * 2**20
 # word, and a sender it drops is named by that reducer alone (the aggregator wants two: one reducer
 # may lie). Smaller parts spread every tensor over the group.
 ROBUST_PART_SIZE_BYTES = 2**19
-# A cohort stage's noise map holds pairs (hivemind_adapter.reducer_proof.pair_ratio) this many
-# attempts after it was measured, no longer.
-NOISE_MAP_ATTEMPTS = 10
 
 
 @dataclass(frozen=True)
@@ -186,10 +183,9 @@ class HierarchicalAverager:
     ``template`` gives the shapes and dtypes; all peers of a run must use the same. ``per_cohort``
     selects the model-parallel combination (see the module docstring); without it the result is the
     sample-weighted mean over every contributor (data-parallel rounds). ``pairs_held_to_cohort_noise``:
-    in a stage of two (a cohort of two, or a cross stage of two heads) each holds the other's proof
-    to the sampling noise its last cohort stage of three or more measured
-    (:func:`hivemind_adapter.reducer_proof.pair_ratio`; only where the stages average the round's
-    per-sample means, as a round's averager does). ``averager_type`` builds the
+    in a cross stage of two heads each holds the other's proof to the sampling noise its own cohort
+    stage of the same attempt measured (:func:`hivemind_adapter.reducer_proof.pair_ratio`; only
+    where both stages average the round's per-sample means, as a round's averager does). ``averager_type`` builds the
     two hivemind averagers (a subclass that fails on purpose is how tests kill a peer at an exact
     point of a stage).
     """
@@ -356,8 +352,6 @@ class HierarchicalAverager:
         self._named = set()
         self._admit()
         try:
-            # a cohort stage of two is a pair too: it is held to the noise the last ones measured
-            self._cohort.set_noise_reference(self._noise_for(attempt))
             with self._cohort.get_tensors() as buf:
                 for b, t in zip(buf, numerator):
                     b.copy_(t)
@@ -504,14 +498,15 @@ class HierarchicalAverager:
         return outcome
 
     def _noise_for(self, attempt: int) -> NoiseMap | None:
-        """What a pair's reducer is held to in ``attempt``: the sampling noise along the vector that the
-        last cohort stage of three or more measured, if this averager holds pairs to it and that
-        stage was at most :data:`NOISE_MAP_ATTEMPTS` attempts ago (gradient noise drifts as the model
-        trains)."""
+        """What a pair of heads' reducer is held to in ``attempt``: the sampling noise along the vector
+        that this attempt's own cohort stage measured (three parts or more), if this averager holds
+        pairs to it. Never an earlier attempt's: each round trains other sub-networks, so where the
+        gradient is noisy moves from round to round (measured on the emulated internet: maps one or
+        two rounds old put honest pairs at 10-44 times the bound's unit, and they refused each other)."""
         if not self.pairs_held_to_cohort_noise or self._cohort_noise is None:
             return None
         measured, noise = self._cohort_noise
-        return noise if attempt - measured <= NOISE_MAP_ATTEMPTS else None
+        return noise if measured == attempt else None
 
     def _live_peers(self, inner_step: bool = False) -> set[str] | None:
         """The peers that posted anything (a result, a failure, a departure notice) for this averager's

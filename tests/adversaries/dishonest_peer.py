@@ -183,23 +183,17 @@ def take_any_reply() -> None:
 NOISE_TIMES = 10.0  # the noisy reducer's added direction, in lengths of the honest centre
 
 
-def lying_runner(lie: str, honest_first: int = 0) -> type[ExactAllReduceRunner]:
+def lying_runner(lie: str) -> type[ExactAllReduceRunner]:
     """An all-reduce runner whose reducer returns every part's centre scaled x1000 (``lie="x1000"``),
     plus a random direction ``NOISE_TIMES`` its length (``lie="noise"``), or negated (any other value).
-    It sends with each lie the proof that comes closest to passing (:func:`covering_proof`). Its first
-    ``honest_first`` all-reduces (in this process) it reduces honestly."""
+    It sends with each lie the proof that comes closest to passing (:func:`covering_proof`)."""
     noise = torch.Generator().manual_seed(19)
-    runs = [0]  # all-reduces this process's averagers ran so far
 
     class LyingReducer(RobustPartReducer):
         own_sender: int | None = None  # this reducer's own sender index (set by its runner)
 
-        honest: bool = False  # this all-reduce is one of the first, honest ones
-
         def answer(self, result, parts, senders, weights, part_index):
             honest, _proof = super().answer(result, parts, senders, weights, part_index)
-            if self.honest:
-                return honest, _proof
             if lie == "x1000":
                 told = honest * 1000
             elif lie == "noise":
@@ -222,10 +216,8 @@ def lying_runner(lie: str, honest_first: int = 0) -> type[ExactAllReduceRunner]:
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            runs[0] += 1
             if isinstance(self.tensor_part_reducer, LyingReducer):  # (a plain-mean swarm's is hivemind's)
                 self.tensor_part_reducer.own_sender = self.sender_peer_ids.index(self.peer_id)
-                self.tensor_part_reducer.honest = runs[0] <= honest_first
 
     return LyingRunner
 
@@ -255,12 +247,10 @@ def covering_proof(proof: PartProof, own: int | None, result: torch.Tensor, seed
     )  # fmt: skip
 
 
-def lying_averager(lie: str, honest_first: int = 0) -> type[VerifiedAverager]:
+def lying_averager(lie: str) -> type[VerifiedAverager]:
     """A VerifiedAverager whose reducer lies as :func:`lying_runner` says."""
     # hivemind names a servicer's RPC handlers after its class: the liar must look like the others
-    return type(
-        VerifiedAverager.__name__, (VerifiedAverager,), {"runner_type": lying_runner(lie, honest_first)}
-    )
+    return type(VerifiedAverager.__name__, (VerifiedAverager,), {"runner_type": lying_runner(lie)})
 
 
 def lie_as_reducer(lie: str = "negated") -> None:
