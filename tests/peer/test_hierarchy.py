@@ -527,9 +527,14 @@ def test_an_all_reduce_that_hangs_ends_at_its_stages_bound_from_recent_rounds(tm
     assert all(r["committed"] for r in others), [(r["reason"], r["seconds"]) for r in others]
     assert len({r["digest"] for r in others}) == 1
     # Its step ended at the bound, alive: it looks for the others again, and it may be in time for
-    # their new group (measured: all four committed together) or not (then its own attempt fails).
+    # their new group (measured: all four committed together) or not. Then its own attempt fails:
+    # its cohort stage fails outright, or it finds nobody within two periods and goes on as a cohort
+    # of one, whose result (its own contribution alone) the commit board refuses (measured: 5 of 12
+    # runs with both cores busy, and once in CI).
     if hung["committed"]:
         assert hung["digest"] == others[0]["digest"]
+    elif "no quorum" in hung["reason"]:
+        assert hung["contributors"] == [last], (hung["reason"], hung["contributors"])
     else:
         assert "cohort" in hung["reason"], hung["reason"]
     assert all(r["regrouped"] == ["cohort"] for r in others), [r["regrouped"] for r in others]
