@@ -53,7 +53,10 @@ def step_known_group_repeatedly(
             dhts.append(start_dht(host_maddrs=LOOPBACK, initial_peers=visible_maddrs(dhts[0])))
         common = {**PAIR_SETTINGS, **settings}
         for i, dht in enumerate(dhts):
-            averagers.append(averager_type(i)(tensors(i), dht, **common, **averager_kwargs(i)))
+            # copies: hivemind shares an averager's tensors in place, and every step writes them
+            # (the caller's tensors would silently become the result it compares against)
+            held = [t.clone() for t in tensors(i)]
+            averagers.append(averager_type(i)(held, dht, **common, **averager_kwargs(i)))
         peer_ids = [averager.peer_id.to_base58() for averager in averagers]
         history = []
         for step_index in range(steps):
