@@ -78,6 +78,7 @@ from protocol.fields import (
 )
 from protocol.identity import Identity, verify_signature
 from protocol.note import checkpoint_body, open_note, parse_checkpoint_body, sign_note, split_note
+from protocol.proof_attestation import TOKEN_MAX_CHARS, TOKEN_PATTERN
 from protocol.shards import DataSpec
 
 # -- reasons ----------------------------------------------------------------------------------------
@@ -344,6 +345,10 @@ class Revocation(SealedRecord):
     timestamp: Int53
 
 
+MAX_PROOFS_POSTED = 16  # attestations one commit report carries (a cohort stage, a cross stage, retries)
+ProofToken = Annotated[str, StringConstraints(max_length=TOKEN_MAX_CHARS, pattern=TOKEN_PATTERN)]
+
+
 class RoundCommit(SealedRecord):
     """A peer's report at the end of an averaging attempt: did it succeed, and with which result.
 
@@ -353,7 +358,7 @@ class RoundCommit(SealedRecord):
     """
 
     RECORD_TYPE: ClassVar[str] = "commit"
-    MAX_WIRE_BYTES: ClassVar[int] = 1024
+    MAX_WIRE_BYTES: ClassVar[int] = 8192  # (1 KiB before the proofs' attestations)
 
     task_id: Name
     attempt: Int53
@@ -377,6 +382,10 @@ class RoundCommit(SealedRecord):
     # Peers whose values this peer's reducers named outliers in the attempt (robust averaging): their
     # contribution was clipped or dropped, so the aggregator does not credit it.
     outliers: Annotated[tuple[PeerId, ...], Field(max_length=32)] = ()
+    # The robust reducers' signed digests of the proofs this peer accepted in the attempt
+    # (:mod:`protocol.proof_attestation` tokens): two that a reducer signed for one all-reduce and that
+    # differ show that it told members different stories, and no result it took part in commits.
+    proofs: Annotated[tuple[ProofToken, ...], Field(max_length=MAX_PROOFS_POSTED)] = ()
 
 
 # hivemind's group keys are ``<prefix>.0b<bits>``; MANTA's prefixes are ``<task id>_<averager>``.
