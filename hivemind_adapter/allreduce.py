@@ -41,6 +41,7 @@ from hivemind_adapter.group_keys import Admission, DeclarationSigner, SignedGrou
 from hivemind_adapter.known_groups import KnownGroupSteps
 from hivemind_adapter.reducer_proof import NoiseMap
 from hivemind_adapter.robust_reduce import RobustConfig, SharedNames, SharedNoiseMap
+from protocol.proof_attestation import ProofAttestation, parse_tokens
 
 
 class PartialAllReduceError(AllreduceException):
@@ -113,6 +114,8 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
         self._last_outliers = SharedNames()  # what the last all-reduce's reducer named, shared likewise
         self._named_since = SharedNames()  # what all-reduces named since take_named() last read it
         self._refused_since = SharedNames()  # reducers whose replies were refused, since take_refused()
+        # the reducers' signed proof digests this averager's all-reduces accepted, since take_attestations()
+        self._attested_since = SharedNames(16384)
         self._robust = robust  # read in the averager's process, by every runner it builds
         # the last tensors that hold one slot per sender (a robust reducer reduces them as such)
         self._slotted_tail = slotted_tail
@@ -145,6 +148,12 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
         """Base58 ids of the reducers whose replies this averager refused as implausible (a reducer
         decides its part's result for everyone: :mod:`hivemind_adapter.reply_check`) since the last call."""
         return self._refused_since.take()
+
+    def take_attestations(self) -> list[ProofAttestation]:
+        """The reducers' signed digests of the proofs messages this averager's all-reduces accepted
+        since the last call (robust only): what its owner posts, so that a reducer that sent members
+        different proofs is caught by its own signatures (:mod:`protocol.proof_attestation`)."""
+        return parse_tokens(self._attested_since.take())
 
     def take_measured_noise(self) -> NoiseMap | None:
         """The sampling noise along the vector that this averager's last all-reduce that measured any
@@ -270,6 +279,8 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
             reply_alignment=self._reply_alignment,
             # a step over the last tensors only (a known group's confirmation) holds the same tail
             slotted_tensors=min(self._slotted_tail, len(tensors)),
+            signer=None if self._declarations is None else self._declarations.identity,
+            public_keys=self._admission.peers,
             **kwargs,
         )
         runner.wire_bytes = self._wire_bytes
@@ -292,6 +303,7 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
             self._last_outliers.write(named)
             self._named_since.add(named)
             self._refused_since.add([p.to_base58() for p in runner.refused_reducers])
+            self._attested_since.add([a.to_token() for a in runner.attestations])
             if (noise := runner.measured_noise()) is not None:
                 self._noise_measured.write(noise)
         reason = runner.incomplete_reason()

@@ -32,6 +32,8 @@ from hivemind_adapter.reducer_proof import (
 from hivemind_adapter.reply_check import implausible_reply, reply_cosine
 from hivemind_adapter.robust_reduce import RobustConfig, RobustPartReducer, capped_weights
 from hivemind_adapter.wire_codecs import rounding_bound, roundtrip
+from protocol.identity import Identity
+from protocol.proof_attestation import ProofAttestation, group_tag, proofs_digest
 
 # How long a reducer keeps a sender's stream open after its last reply, waiting for the sender to
 # close it (it does as soon as it holds every reply): a bound for a sender that died meanwhile.
@@ -51,9 +53,20 @@ class ExactAllReduceRunner(AllReduceRunner):
         alignment: AlignmentRecord | None = None,
         reply_alignment: AlignmentRecord | None = None,
         slotted_tensors: int = 0,
+        signer: Identity | None = None,
+        public_keys: dict[str, str] | None = None,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
+        # Robust: this reducer signs the digest of its proofs message with its MANTA key (None: it
+        # has none, a test swarm), and a member checks a reducer's signature under ``public_keys``
+        # (the roster's, peer id -> hex key; a reducer not in it, or no roster: not checked).
+        self.signer, self.public_keys = signer, public_keys
+        # (digest, message): the proofs message as last sealed, the same for every sender
+        self._sealed_proofs: tuple[str, averaging_pb2.AveragingData] | None = None
+        # the signed digests of the proofs messages this member accepted and of those its own reducer
+        # sent (protocol.proof_attestation)
+        self.attestations: list[ProofAttestation] = []
         self.alignment = alignment if robust is not None else None
         # how each reducer's replies pointed against this member's parts, across all-reduces: a
         # reducer it names is refused from its first reply on
@@ -232,8 +245,18 @@ class ExactAllReduceRunner(AllReduceRunner):
             proofs = unpack_proofs(deserialize_torch_tensor(message_part))
         except ValueError as e:
             return f"sent a malformed proof ({e})"
-        if len(proofs) != len(results):
-            return f"sent {len(proofs)} proofs for {len(results)} parts"
+        if len(proofs) != len(results) + 1:  # the proofs, then the reducer's signature
+            return f"sent {len(proofs) - 1} proofs for {len(results)} parts"
+        *proofs, signature = proofs
+        attestation = ProofAttestation(
+            group_tag(bytes(self.group_id)),
+            reducer.to_base58(),
+            proofs_digest(pack_proofs(proofs).numpy().tobytes()),
+            signature.hex(),
+        )
+        key = None if self.public_keys is None else self.public_keys.get(reducer.to_base58())
+        if key is not None and not attestation.verifies(key):
+            return "its proofs do not carry its valid signature"
         container = self.tensor_part_container
         peer_index = self.ordered_peer_ids.index(reducer)
         slotted = self._slotted_parts_of(reducer)
@@ -273,6 +296,7 @@ class ExactAllReduceRunner(AllReduceRunner):
             if (level := noise_level(proof)) is not None:
                 measured.append((start, end, level / (end - start)))
         self.noise_measured += measured  # only once every proof of this reducer checked out
+        self.attestations.append(attestation)
         return None
 
     async def _finish_reducing(self) -> None:
@@ -335,13 +359,36 @@ class ExactAllReduceRunner(AllReduceRunner):
             reducer = self.tensor_part_reducer
             if parts_done == reducer.num_parts and getattr(reducer, "proof_context", None) is not None:
                 # one message after the parts: the proof of each (hivemind_adapter.reducer_proof)
-                proofs = pack_proofs([reducer.proofs.get(j, b"") for j in range(reducer.num_parts)])
-                payload = serialize_torch_tensor(proofs, NoCompression.compression_type)
-                self._count(sent=len(payload.buffer))
-                yield averaging_pb2.AveragingData(code=averaging_pb2.AVERAGED_PART, tensor_part=payload)
+                # and this reducer's signature of their digest, the same bytes for every sender
+                message = self._proofs_message(sender_index)
+                self._count(sent=len(message.tensor_part.buffer))
+                yield message
         finally:
             if parts_done != self.tensor_part_reducer.num_parts:
                 await self._ban_sender(self.sender_peer_ids[sender_index])
+
+    def proofs_for(self, sender_index: int) -> list[bytes]:
+        """The proofs this reducer sends ``sender_index`` (the same for every sender: a reducer that
+        sends different ones signs its own equivocation; the red team overrides this)."""
+        reducer = self.tensor_part_reducer
+        return [reducer.proofs.get(j, b"") for j in range(reducer.num_parts)]
+
+    def _proofs_message(self, sender_index: int) -> averaging_pb2.AveragingData:
+        proofs = self.proofs_for(sender_index)
+        digest = proofs_digest(pack_proofs(proofs).numpy().tobytes())
+        if self._sealed_proofs is not None and self._sealed_proofs[0] == digest:
+            return self._sealed_proofs[1]
+        attestation = ProofAttestation.signed(
+            self.signer, group_tag(bytes(self.group_id)), self.peer_id.to_base58(), digest
+        )
+        payload = serialize_torch_tensor(
+            pack_proofs([*proofs, bytes.fromhex(attestation.signature)]), NoCompression.compression_type
+        )
+        message = averaging_pb2.AveragingData(code=averaging_pb2.AVERAGED_PART, tensor_part=payload)
+        self._sealed_proofs = (digest, message)
+        # its own word too: every member of an honest all-reduce then holds the same attestations
+        self.attestations.append(attestation)
+        return message
 
     def _count(self, sent: int = 0, received: int = 0) -> None:
         if self.wire_bytes is not None:

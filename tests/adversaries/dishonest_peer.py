@@ -186,17 +186,20 @@ NOISE_TIMES = 10.0  # the noisy reducer's added direction, in lengths of the hon
 def lying_runner(lie: str) -> type[ExactAllReduceRunner]:
     """An all-reduce runner whose reducer returns every part's centre scaled x1000 (``lie="x1000"``),
     plus a random direction ``NOISE_TIMES`` its length (``lie="noise"``), or negated (any other value).
-    It sends with each lie the proof that comes closest to passing (:func:`covering_proof`)."""
+    It sends with each lie the proof that comes closest to passing (:func:`covering_proof`); with
+    ``lie="equivocate"`` it tells the noise lie and sends each member a proof of its own
+    (:func:`equivocating_proof`), which that member's checks cannot tell from an honest one."""
     noise = torch.Generator().manual_seed(19)
 
     class LyingReducer(RobustPartReducer):
         own_sender: int | None = None  # this reducer's own sender index (set by its runner)
+        told: dict[int, tuple[PartProof, torch.Tensor, int]]  # per part: its true proof of the lie
 
         def answer(self, result, parts, senders, weights, part_index):
             honest, _proof = super().answer(result, parts, senders, weights, part_index)
             if lie == "x1000":
                 told = honest * 1000
-            elif lie == "noise":
+            elif lie in ("noise", "equivocate"):
                 direction = torch.randn(honest.shape, generator=noise).to(honest.dtype)
                 length = NOISE_TIMES * torch.linalg.vector_norm(honest) / torch.linalg.vector_norm(direction)
                 told = honest + direction * length
@@ -209,6 +212,9 @@ def lying_runner(lie: str) -> type[ExactAllReduceRunner]:
                 result.radius, {senders[j]: w for j, w in result.capped.items()},
                 [senders[j] for j in result.in_centre], seed,
             )  # fmt: skip
+            if not hasattr(self, "told"):
+                self.told = {}
+            self.told[part_index] = (proof, received, seed)
             return told, covering_proof(proof, self.own_sender, received, seed).to_bytes()
 
     class LyingRunner(ExactAllReduceRunner):
@@ -218,6 +224,21 @@ def lying_runner(lie: str) -> type[ExactAllReduceRunner]:
             super().__init__(*args, **kwargs)
             if isinstance(self.tensor_part_reducer, LyingReducer):  # (a plain-mean swarm's is hivemind's)
                 self.tensor_part_reducer.own_sender = self.sender_peer_ids.index(self.peer_id)
+
+        def _proofs_message(self, sender_index: int):
+            message = super()._proofs_message(sender_index)
+            if lie == "equivocate":  # it does not post its own signed words against itself
+                self.attestations = [a for a in self.attestations if a.reducer != self.peer_id.to_base58()]
+            return message
+
+        def proofs_for(self, sender_index: int) -> list[bytes]:
+            reducer = self.tensor_part_reducer
+            if lie != "equivocate" or not isinstance(reducer, LyingReducer):
+                return super().proofs_for(sender_index)
+            proofs = super().proofs_for(sender_index)
+            for j, (proof, received, seed) in getattr(reducer, "told", {}).items():
+                proofs[j] = equivocating_proof(proof, sender_index, received, seed).to_bytes()
+            return proofs
 
     return LyingRunner
 
@@ -243,6 +264,31 @@ def covering_proof(proof: PartProof, own: int | None, result: torch.Tensor, seed
     radius = max(distances[i] for i in in_centre)
     return PartProof(
         radius, proof.weights, proof.capped, tuple(i in in_centre for i in range(len(distances))),
+        tuple(distances), points,
+    )  # fmt: skip
+
+
+def equivocating_proof(proof: PartProof, member: int, result: torch.Tensor, seed: int) -> PartProof:
+    """The proof a liar sends ``member`` alone: that member's entry as it is (it checks its own), and
+    every other sender's part, the liar's own included, moved by one common shift that balances the
+    projected fixed point at the lie. The others keep their spread among themselves, so the liar's
+    own part still looks like one of them (point 5), and no part is clipped. Each member gets another
+    proof: only comparing them shows the lie (:mod:`protocol.proof_attestation`)."""
+    centre = sketch(result, seed)
+    counted = [i for i, w in enumerate(proof.capped) if w > 0]
+    others = [i for i in counted if i != member]
+    if not others or member not in counted:
+        return proof
+    pull = sum((proof.capped[i] * (proof.points[i] - centre) for i in counted), torch.zeros_like(centre))
+    shift = -pull / sum(proof.capped[i] for i in others)
+    points = proof.points.clone()
+    distances = list(proof.distances)
+    for i in others:
+        points[i] = points[i] + shift
+        distances[i] = float(torch.linalg.vector_norm(points[i] - centre))  # as the sketch says
+    radius = max(distances[i] for i in counted)
+    return PartProof(
+        radius, proof.weights, proof.capped, tuple(i in counted for i in range(len(distances))),
         tuple(distances), points,
     )  # fmt: skip
 
