@@ -39,6 +39,10 @@ class AdmissionMemory:
         now = self.clock()
         return {p for p, until in self._barred.items() if until > now}
 
+    def keys(self) -> dict[str, str]:
+        """Every peer of the recent reads, barred ones included, with its key: whose signatures count."""
+        return {p: k for p, (k, _) in self._seen.items()}
+
     def update(self, read: Mapping[str, str], own_peer_id: str) -> dict[str, str] | None:
         """Take one roster read; the peers to admit now if they changed since the last call, else
         None. A read without ``own_peer_id`` is incomplete and changes nothing."""

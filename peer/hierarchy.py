@@ -75,10 +75,13 @@ from peer.round_commit import (
     await_attempt_decided,
     await_commit,
     await_quorum_reports,
+    equivocation_in,
     report_state,
     result_holds_quorum,
 )
 from protocol.averaging_group import averaging_group_id, contributors_root
+from protocol.proof_attestation import proofs_fingerprint
+from protocol.records import MAX_PROOFS_POSTED
 from supernet.state import digest
 
 logger = logging.getLogger(__name__)
@@ -133,13 +136,18 @@ class AveragingOutcome:
     regrouped: list[str] = field(default_factory=list)  # stages whose all-reduce broke and formed again
     known_group: bool = False  # the cohort met as a group known from the roster, without matchmaking
     outliers: list[str] = field(default_factory=list)  # peers this peer's reducers named (robust averaging)
+    # the reducers' signed digests of the proofs this peer accepted (protocol.proof_attestation tokens)
+    proofs: list[str] = field(default_factory=list)
     # The result this peer posted but saw no quorum for within its commit wait (None otherwise): if
     # the others' reports make one after all, it commits late (committed_late).
     pending: list[torch.Tensor] | None = None
 
 
 def committed_late(
-    outcome: AveragingOutcome, reports: dict[str, dict], roster: Collection[str]
+    outcome: AveragingOutcome,
+    reports: dict[str, dict],
+    roster: Collection[str],
+    public_keys: Mapping[str, str] | None = None,
 ) -> AveragingOutcome:
     """``outcome`` committed, if the result it gave up on holds a quorum in ``reports`` after all.
 
@@ -148,11 +156,13 @@ def committed_late(
     quorum and commits, while the first gave up and kept its old state. Once the attempt settled, the
     one that gave up checks again: the same rule as a commit, only later, so both hold one state.
     Before, it found no quorum of holders of the new state to catch up with and fell behind the swarm
-    for up to 95 s (4-peer churn benchmark)."""
+    for up to 95 s (4-peer churn benchmark). Not where the reports show a reducer's equivocation
+    (:func:`~peer.round_commit.equivocation_in`, signatures under ``public_keys``)."""
     if (
         outcome.committed
         or outcome.pending is None
         or not result_holds_quorum(reports, roster, outcome.digest)
+        or equivocation_in(reports, public_keys) is not None
     ):
         return outcome
     return replace(outcome, committed=True, reason="", tensors=outcome.pending, pending=None)
@@ -290,6 +300,7 @@ class HierarchicalAverager:
         # (attempt, its roster) when every roster peer had posted for that attempt by this peer's commit
         self.everyone_posted: tuple[int, frozenset[str]] | None = None
         self._named: set[str] = set()  # peers this peer's reducers named outliers, this attempt
+        self._attested: dict[str, None] = {}  # this attempt's proof attestations (tokens, in order)
 
     # ------------------------------------------------------------------ the round
 
@@ -349,7 +360,7 @@ class HierarchicalAverager:
         live = self._live_peers(inner_step=known_group) if self._cohort_peers else None
         self._previous_attempt = attempt
         self._take_named()  # what came after the last attempt's end is not this attempt's
-        self._named = set()
+        self._named, self._attested = set(), {}
         self._admit()
         try:
             with self._cohort.get_tensors() as buf:
@@ -477,6 +488,7 @@ class HierarchicalAverager:
 
         self._take_named()
         outcome.outliers = sorted(self._named)
+        outcome.proofs = list(self._attested)[:MAX_PROOFS_POSTED]
         if outcome.outliers:
             logger.warning(
                 f"attempt {attempt}: values of {', '.join(p[-8:] for p in outcome.outliers)} were outliers"
@@ -665,8 +677,14 @@ class HierarchicalAverager:
         form again around it (a dishonest peer that bars honest ones isolates only itself)."""
         for averager in (self._cohort, self._cross):
             self._named.update(averager.take_named())
+            self._attested.update((a.to_token(), None) for a in averager.take_attestations())
             for reducer in averager.take_refused():
                 self._caught(reducer, "this peer refused its averages as implausible")
+
+    def public_keys(self) -> dict[str, str] | None:
+        """The roster's keys (peer id -> hex) whose signatures count here; None in a swarm without
+        MANTA keys (its peers trust each other)."""
+        return None if self.admitted is None else self._admission.keys()
 
     def _caught(self, peer: str, why: str) -> None:
         """``peer`` sent this peer results it cannot have computed honestly: name it in this attempt's
@@ -827,8 +845,9 @@ class HierarchicalAverager:
         # Not waiting for the DHT's store: the first reads overlap it (this peer's own report counts
         # once it shows, like everyone else's).
         self.board.post(
-            attempt, ok, outcome.digest, wait=False, group=outcome.group, outliers=outcome.outliers
-        )
+            attempt, ok, outcome.digest, wait=False, group=outcome.group, outliers=outcome.outliers,
+            proofs=outcome.proofs,
+        )  # fmt: skip
         if not ok:
             return False, outcome.reason
         if roster == {self.peer_id}:
@@ -842,8 +861,11 @@ class HierarchicalAverager:
             bound = self.deadlines.allreduce_bound(
                 "cohort", self.timeouts.allreduce, least=2.0 * self.timeouts.next_chunk
             )
+            # every member confirms the result and the proofs it took with it (a reducer that
+            # equivocated gave members different ones: then the board decides, and shows it)
+            confirmed = proofs_fingerprint(outcome.digest, outcome.proofs)
             if self._known.confirm(
-                self._cohort, attempt, members, self.peer_id, outcome.digest, state_digest, bound
+                self._cohort, attempt, members, self.peer_id, confirmed, state_digest, bound
             ):
                 self.everyone_posted = (attempt, frozenset(roster))  # every member took part, none is past it
                 return True, ""
@@ -856,8 +878,11 @@ class HierarchicalAverager:
         skipped = max(0, self._levels - self._broadcasts_taken) * self.deadlines.deadline("broadcast").seconds
         decision = await_commit(
             self.board, attempt, outcome.digest, roster, self._commit_wait() + skipped,
-            never=lambda: self._never_reporting(attempt, roster),
+            never=lambda: self._never_reporting(attempt, roster), public_keys=self.public_keys(),
+            witnesses=[c.peer for c in outcome.contributors if c.peer != self.peer_id],
         )  # fmt: skip
+        if decision.equivocation is not None:
+            self._caught(decision.equivocation.reducer, decision.equivocation.describe())
         if decision.committed:
             self.deadlines.record("commit", time.monotonic() - started)
         # Who showed life in this attempt, if everyone did: the next attempt needs no read to know.
@@ -902,7 +927,7 @@ class HierarchicalAverager:
         except Exception as e:  # the DHT may fail a read; the round stays aborted, catch-up follows
             logger.debug(f"could not read attempt {attempt}'s reports again: {e}")
             return outcome
-        late = committed_late(outcome, reports, set(roster) | {self.peer_id})
+        late = committed_late(outcome, reports, set(roster) | {self.peer_id}, self.public_keys())
         if late.committed:
             logger.info(
                 f"attempt {attempt}: its result reached a quorum after this peer gave up waiting: committed"

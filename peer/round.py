@@ -92,7 +92,9 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
     work = RoundWork(plan, host, commitments, start_digest)
     if not outcome.committed and outcome.pending is not None and not ctx.stop.is_set():
         # its posted result may still find a quorum (commit_pending)
-        ctx.pending = [*ctx.pending, PendingResult(work, outcome, time.monotonic())][-PENDING_KEPT:]
+        ctx.pending = [*ctx.pending, PendingResult(work, outcome, time.monotonic(), averager.public_keys())][
+            -PENDING_KEPT:
+        ]
     report = finish_round(ctx, work, outcome, compute_seconds, started)
     if ctx.outer is not None and report.committed and ctx.outer.settings.is_boundary(round_index):
         report.outer = take_outer_step(ctx, swarm_plan, outcome)
@@ -225,7 +227,8 @@ def committed_since(
         except Exception as e:  # the DHT may fail a read: look again before the next round
             logger.debug(f"could not read attempt {candidate.work.plan.attempt}'s reports: {e}")
             continue
-        outcome = committed_late(candidate.outcome, reports, set(candidate.work.plan.roster) | {peer_id})
+        roster = set(candidate.work.plan.roster) | {peer_id}
+        outcome = committed_late(candidate.outcome, reports, roster, candidate.public_keys)
         if outcome.committed:
             # its averaging time is in the aborted round's report already
             return candidate, replace(outcome, seconds={})

@@ -15,16 +15,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from hivemind_adapter.dht import peer_id, read_entries, store
+from protocol.proof_attestation import Equivocation, find_equivocation, parse_tokens
 
 logger = logging.getLogger(__name__)
 
 COMMIT_POLL_SECONDS = 0.1  # how often a peer re-reads the board while it waits for a quorum
 NEVER_POLL_SECONDS = 2.0  # how often it asks which roster peers will never report (a roster read)
+# Once its result holds a quorum, how long a peer still waits for the reports of the other contributors
+# to it (their proof attestations may show that a reducer told them a different story). Honest ones
+# post within a poll or two of each other; a silent one costs every round at most this.
+WITNESS_GRACE_SECONDS = 2.0
 
 
 class CommitBoard(Protocol):
@@ -42,13 +47,15 @@ class CommitBoard(Protocol):
         wait: bool = True,
         group: str = "",
         outliers: Sequence[str] = (),
+        proofs: Sequence[str] = (),
     ) -> None:
         """``left``: a departure notice for ``attempt`` (not an attempt run; see :meth:`latest_attempt`).
         ``state``: the state digest after committing ``digest`` (the same report, posted again).
         ``wait=False``: return while the DHT still stores it (a later report of the same attempt
         replaces an earlier one whichever lands first: it expires later). ``group``: the averaging
         group id of the result (:class:`protocol.records.RoundCommit`), what receipts are checked
-        against; ``outliers``: the peers this peer's reducers named."""
+        against; ``outliers``: the peers this peer's reducers named; ``proofs``: the reducers' signed
+        digests of the proofs it accepted (:mod:`protocol.proof_attestation` tokens)."""
         ...
 
     def read(self, attempt: int) -> dict[str, dict]:
@@ -81,10 +88,13 @@ class DHTCommitBoard:
         wait: bool = True,
         group: str = "",
         outliers: Sequence[str] = (),
+        proofs: Sequence[str] = (),
     ) -> None:
         value = {"ok": ok, "digest": digest, "left": left, "state": state, "group": group}
         if outliers:
             value["outliers"] = list(outliers)
+        if proofs:
+            value["proofs"] = list(proofs)
         store(self.dht, self.key, value, self.ttl, subkey=f"{attempt}/{self.peer_id}", wait=wait)
 
     def _entries(self) -> dict[tuple[int, str], dict]:
@@ -126,6 +136,7 @@ class CommitDecision:
     agreeing: int = 0  # peers that posted this peer's digest when it decided
     timed_out: bool = False  # undecided when the wait ended (not: decided against this result)
     seen: frozenset[str] = frozenset()  # the peers that had posted anything for the attempt, last read
+    equivocation: Equivocation | None = None  # a reducer's two signed, different proofs, if posted
 
 
 def await_commit(
@@ -135,10 +146,18 @@ def await_commit(
     roster: Collection[str],
     deadline_seconds: float,
     never: Callable[[], Collection[str]] | None = None,
+    public_keys: Mapping[str, str] | None = None,
+    witnesses: Collection[str] = (),
 ) -> CommitDecision:
     """Wait (at most ``deadline_seconds``) until the peers that posted ``digest`` for ``attempt`` are
     a quorum of ``roster``. Gives up early once that can no longer happen (too many roster peers
     posted a failure or another digest). This peer's own report must already be on the board.
+
+    Never commits while the reports hold a reducer's equivocation (:func:`equivocation_in`, its
+    signatures checked under ``public_keys``): a reducer that sent members different proofs can
+    have passed any result. ``witnesses`` (the other contributors to this result, every member of
+    its all-reduces) are the peers whose attestations show one: once the quorum holds, it waits
+    :data:`WITNESS_GRACE_SECONDS` more for those that have not posted yet.
 
     ``never`` (asked every :data:`NEVER_POLL_SECONDS`): roster peers that will not report for ``attempt``
     (gone from the roster: dead or cut off). They only hasten giving up: a result
@@ -147,14 +166,25 @@ def await_commit(
     out the whole commit deadline (40-66 s on the churn benchmark)."""
     deadline = time.monotonic() + deadline_seconds
     gone = _Throttled(never)
+    witnessed_by: float | None = None  # when the quorum held: the wait for witnesses ends then
     while True:
         reports = board.read(attempt)
         # A peer that announced its departure from this attempt never posts a result for it, so
         # leaving it out of the roster cannot make two results quorums (they still share a peer).
         members = set(roster) - {p for p, r in reports.items() if r.get("left")}
         agreeing = {p for p, r in reports.items() if r.get("ok") and r.get("digest") == digest}
+        if (equivocation := equivocation_in(reports, public_keys)) is not None:
+            return CommitDecision(
+                False, f"not committed: {equivocation.describe()}", len(agreeing),
+                seen=frozenset(reports), equivocation=equivocation,
+            )  # fmt: skip
         if result_holds_quorum(reports, roster, digest):
-            return CommitDecision(True, "", len(agreeing), seen=frozenset(reports))
+            witnessed_by = witnessed_by or time.monotonic() + WITNESS_GRACE_SECONDS
+            missing = set(witnesses) - reports.keys() - gone()
+            if not missing or time.monotonic() > min(witnessed_by, deadline):
+                return CommitDecision(True, "", len(agreeing), seen=frozenset(reports))
+            time.sleep(COMMIT_POLL_SECONDS)
+            continue
         undecided = members - reports.keys()
         silent = gone() & undecided
         if not is_quorum(agreeing | (undecided - silent), members):
@@ -217,6 +247,13 @@ def _poll(condition: Callable[[], bool], deadline_seconds: float) -> bool:
         if time.monotonic() > deadline:
             return False
         time.sleep(COMMIT_POLL_SECONDS)
+
+
+def equivocation_in(reports: dict[str, dict], public_keys: Mapping[str, str] | None) -> Equivocation | None:
+    """A reducer's equivocation among the proof attestations that ``reports`` carry (signatures
+    checked under ``public_keys``; None: compared as posted, a swarm whose peers trust each other)."""
+    posted = ((peer, parse_tokens(report.get("proofs") or ())) for peer, report in sorted(reports.items()))
+    return find_equivocation(posted, public_keys)
 
 
 def result_holds_quorum(reports: dict[str, dict], roster: Collection[str], digest: str) -> bool:

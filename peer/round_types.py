@@ -170,3 +170,5 @@ class PendingResult:
     work: RoundWork
     outcome: AveragingOutcome  # aborted, its ``pending`` the result it posted
     ended: float  # time.monotonic() when the round ended
+    # the roster's keys its reducers' signed proofs are checked under (None: a swarm without keys)
+    public_keys: dict[str, str] | None = None

@@ -32,6 +32,7 @@ from protocol.dht_schema import (
 )
 from protocol.identity import Identity
 from protocol.records import (
+    MAX_PROOFS_POSTED,
     Affinity,
     DeviceInfo,
     IdentityBinding,
@@ -217,6 +218,7 @@ class SignedCommitBoard:
         wait: bool = True,
         group: str = "",
         outliers: Sequence[str] = (),
+        proofs: Sequence[str] = (),
     ) -> None:
         record = RoundCommit(
             task_id=self.task_id,
@@ -230,6 +232,7 @@ class SignedCommitBoard:
             state=state,
             group=group,
             outliers=tuple(outliers)[:32],
+            proofs=tuple(proofs)[:MAX_PROOFS_POSTED],
         )
         self.dht.store(
             commits_key(self.task_id, attempt),
@@ -257,7 +260,14 @@ class SignedCommitBoard:
     def read(self, attempt: int) -> dict[str, dict]:
         entries = _entries(self.dht, commits_key(self.task_id, attempt))
         return {
-            r.peer_id: {"ok": r.ok, "digest": r.digest, "left": r.left, "state": r.state, "group": r.group}
+            r.peer_id: {
+                "ok": r.ok,
+                "digest": r.digest,
+                "left": r.left,
+                "state": r.state,
+                "group": r.group,
+                "proofs": list(r.proofs),
+            }  # fmt: skip
             for r in self._open(entries, attempt)
         }
 

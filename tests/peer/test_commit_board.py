@@ -20,6 +20,7 @@ from hivemind_adapter.dht import peer_id
 from peer.catch_up import sit_out_running_attempt
 from peer.hierarchy import AveragingOutcome, committed_late
 from peer.round_commit import (
+    WITNESS_GRACE_SECONDS,
     CommittedState,
     attempt_decided,
     await_attempt_decided,
@@ -31,6 +32,7 @@ from peer.round_commit import (
 from peer.swarm_view import SignedCommitBoard
 from protocol.dht_schema import COMMIT_BUCKETS, commits_key
 from protocol.identity import Identity
+from protocol.proof_attestation import ProofAttestation, group_tag, proofs_digest
 from tests.helpers import two_task_dhts, wait_until
 
 TASK = "digits-board-test"
@@ -51,7 +53,9 @@ def test_a_departure_notice_fails_its_attempt_but_does_not_count_as_one(two_boar
 
     assert stayer.latest_attempt() == 3  # so the stayer's next attempt is 4, the one the notice names
     reports = stayer.read(4)
-    assert reports == {leaver.peer_id: {"ok": False, "digest": "", "left": True, "state": "", "group": ""}}
+    assert reports == {
+        leaver.peer_id: {"ok": False, "digest": "", "left": True, "state": "", "group": "", "proofs": []}
+    }
     # an attempt someone actually ran (and failed) does move the counter
     leaver.post(4, False, "")
     assert stayer.latest_attempt() == 4
@@ -69,7 +73,14 @@ def test_attempts_that_share_a_bucket_are_read_apart_and_the_newest_is_found_in_
     assert commits_key(TASK, 3) == commits_key(TASK, 3 + COMMIT_BUCKETS)
     for attempt in (3, 3 + COMMIT_BUCKETS, last):
         assert reader.read(attempt) == {
-            writer.peer_id: {"ok": True, "digest": f"{attempt:064x}", "left": False, "state": "", "group": ""}
+            writer.peer_id: {
+                "ok": True,
+                "digest": f"{attempt:064x}",
+                "left": False,
+                "state": "",
+                "group": "",
+                "proofs": [],
+            }  # fmt: skip
         }
     assert reader.latest_attempt() == last
     writer.post(last + 2, False, "")  # an attempt run and failed, in another bucket
@@ -346,3 +357,50 @@ def test_sitting_out_is_bounded_and_ends_on_stop(two_boards):
     stop.set()  # Ctrl-C
     thread.join(15)
     assert not thread.is_alive() and result == [1]
+
+
+def _told(reducer: Identity, reducer_id: str, story: bytes) -> str:
+    """A reducer's signed word on the proofs it sent in one all-reduce (protocol.proof_attestation)."""
+    return ProofAttestation.signed(reducer, group_tag(b"g" * 20), reducer_id, proofs_digest(story)).to_token()
+
+
+def test_a_result_whose_members_hold_different_signed_proofs_of_one_reducer_never_commits(two_boards):
+    # Both members hold the same result, a quorum; but the reducer signed a different proofs message
+    # for each (each true about its member): the result may be any lie, and its reducer is named.
+    a, b = two_boards
+    reducer = Identity.generate()
+    keys = {"QmReducerThatLied": reducer.public_key_hex}
+    roster = {a.peer_id, b.peer_id}
+    result = "e1" * 32
+    a.post(11, True, result, proofs=[_told(reducer, "QmReducerThatLied", b"the story told to a")])
+    b.post(11, True, result, proofs=[_told(reducer, "QmReducerThatLied", b"the story told to b")])
+    decision = await_commit(a, 11, result, roster, deadline_seconds=30, public_keys=keys)
+    assert not decision.committed and "different signed proofs" in decision.reason, decision
+    assert decision.equivocation is not None and decision.equivocation.reducer == "QmReducerThatLied"
+    pending = AveragingOutcome(committed=False, reason="x", digest=result, pending=[torch.zeros(1)])
+    assert not committed_late(pending, a.read(11), roster, keys).committed
+    # the same stories told alike commit; a story forged in the reducer's name convicts nobody
+    a.post(12, True, result, proofs=[_told(reducer, "QmReducerThatLied", b"one story")])
+    forged = _told(Identity.generate(), "QmReducerThatLied", b"a story b made up")
+    b.post(12, True, result, proofs=[_told(reducer, "QmReducerThatLied", b"one story"), forged])
+    assert await_commit(a, 12, result, roster, deadline_seconds=30, public_keys=keys).committed
+    assert committed_late(pending, a.read(12), roster, keys).committed
+
+
+def test_once_its_quorum_holds_a_peer_waits_briefly_for_the_other_contributors_reports(two_boards):
+    # A quorum (2 of 3) holds the result, but the third contributor, whose proofs could show a
+    # reducer's second story, has not posted: the peer waits for it, and commits at the grace's end
+    # if it never comes (a contributor that stays silent costs the round that grace, not the round).
+    a, b = two_boards
+    roster = {a.peer_id, b.peer_id, "QmSlowContributor"}
+    result = "e2" * 32
+    a.post(13, True, result)
+    b.post(13, True, result)
+    started = time.monotonic()
+    decision = await_commit(a, 13, result, roster, 30, witnesses=[b.peer_id, "QmSlowContributor"])
+    waited = time.monotonic() - started
+    assert decision.committed, decision
+    assert WITNESS_GRACE_SECONDS <= waited < WITNESS_GRACE_SECONDS + 10, waited
+    started = time.monotonic()
+    assert await_commit(a, 13, result, roster, 30, witnesses=[b.peer_id]).committed
+    assert time.monotonic() - started < WITNESS_GRACE_SECONDS, "waited for a witness that had posted"

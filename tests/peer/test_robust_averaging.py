@@ -177,14 +177,16 @@ def test_a_sign_flip_inside_the_honest_spread_is_named_by_its_direction_and_then
     ) > 0.1 * float(torch.linalg.vector_norm(want)), "before it was named, the flip did move the average"
 
 
-def _peer_beside_a_liar(dht, *, seed, liar, run_id):
+def _peer_beside_a_liar(dht, *, seed, liar, run_id, lie="negated"):
     """Two attempts of one cohort with signed matchmaking and a roster of keys; ``liar``'s reducer
+    lies as ``lie`` says (:func:`~tests.adversaries.dishonest_peer.lying_runner`): by default it
     returns the negated centre of every part it reduces."""
     identity = Identity.generate()
+    mean = sum(_gradient(i) for i in range(PEERS)) / PEERS  # every peer's honest gradient, the liar's too
     averager = HierarchicalAverager(
         dht, run_id, "host-a", [torch.zeros(SHAPE)], robust=RobustConfig(),
         timeouts=replace(FAST, step=15.0, allreduce=10.0) if liar else FAST,  # the liar gives up sooner
-        averager_type=lying_averager("negated") if liar else VerifiedAverager,
+        averager_type=lying_averager(lie) if liar else VerifiedAverager,
         declarations=DeclarationSigner(run_id, identity),
         admitted=lambda: {p: str(k) for p, k in read_entries(dht, f"{run_id}_keys").items()},
     )  # fmt: skip
@@ -197,9 +199,15 @@ def _peer_beside_a_liar(dht, *, seed, liar, run_id):
             res = averager.average(
                 attempt, numerator, SAMPLES, cohort_size=PEERS, num_cohorts=1, expected_peers=roster
             )
+            held = res.tensors if res.tensors is not None else res.pending
+            off = (
+                None
+                if held is None
+                else float(torch.linalg.vector_norm(held[0] - mean) / torch.linalg.vector_norm(mean))
+            )
             outcomes.append(
                 dict(committed=res.committed, reason=res.reason, outliers=res.outliers, digest=res.digest,
-                     seconds=dict(res.seconds))
+                     seconds=dict(res.seconds), contributors=[c.peer for c in res.contributors], off=off)
             )  # fmt: skip
         return dict(me=peer_id(dht), outcomes=outcomes)
     finally:
@@ -222,6 +230,29 @@ def test_a_lying_reducer_is_named_in_the_failed_attempt_and_left_out_of_the_next
     assert all(o["committed"] for o in second), second
     assert len({o["digest"] for o in second}) == 1, "the honest peers hold one result"
     assert not results["p3"]["outcomes"][1]["committed"]  # the liar met nobody
+
+
+def test_a_reducer_that_tells_each_member_its_own_story_is_caught_by_its_signatures_and_left_out():
+    """The liar tells the noisy lie (ten times the centre's length) and sends every member a proof of
+    its own, true about that member: every honest member's check passes and each holds the lie. Each
+    posts the reducer's signed digest of what it was sent; the digests differ, so no honest peer
+    commits, and each bars the liar: the next attempt forms without it and commits."""
+    results = _swarm(
+        _peer_beside_a_liar,
+        {f"p{i}": dict(seed=i, liar=i == 3, run_id="equivocator", lie="equivocate") for i in range(PEERS)},
+    )
+    honest = [results[f"p{i}"] for i in range(3)]
+    liar = results["p3"]["me"]
+    outcomes = [o for r in honest for o in r["outcomes"]]
+    assert not any(o["committed"] and o["off"] > 0.1 for o in outcomes), "an honest peer committed the lie"
+    met = [o for o in outcomes if liar in o["contributors"]]
+    assert met, "the liar never took part: nothing was shown"
+    for o in met:
+        assert not o["committed"] and "different signed proofs" in o["reason"], o["reason"]
+        assert o["off"] > 1.0, "every proof check passed and the result held the lie"
+    second = [r["outcomes"][1] for r in honest]
+    assert all(o["committed"] and liar not in o["contributors"] for o in second), second
+    assert len({o["digest"] for o in second}) == 1 and second[0]["off"] < 0.1
 
 
 def _peer_in_a_pair_of_heads(dht, *, seed, cohort, liar, run_id):
