@@ -20,6 +20,7 @@ from collections.abc import Iterable
 
 from hivemind_adapter.dht import read_signed
 from protocol.dht_schema import commits_key, open_commit_value
+from protocol.proof_attestation import Equivocation, find_equivocation, parse_tokens
 from protocol.records import RoundCommit
 
 ATTEMPTS_KEPT = 512  # attempts whose reports are remembered (several per round across the window)
@@ -73,6 +74,16 @@ class CommitWitness:
         with self._lock:
             reports = self._seen.get(attempt, {})
             return {key for key, commit in reports.items() if peer_id in commit.outliers}
+
+    def equivocation(self, attempt: int, peer_id: str, public_key: str) -> Equivocation | None:
+        """Two different proofs messages that ``peer_id`` signed under ``public_key`` for one
+        all-reduce of ``attempt``, as the members it sent them to posted them; None if none."""
+        with self._lock:
+            posted = [
+                (commit.peer_id, [a for a in parse_tokens(commit.proofs) if a.reducer == peer_id])
+                for _key, commit in sorted(self._seen.get(attempt, {}).items())
+            ]
+        return find_equivocation(posted, {peer_id: public_key})
 
     def known(self, attempt: int) -> bool:
         with self._lock:

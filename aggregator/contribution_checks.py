@@ -50,6 +50,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from protocol.averaging_group import GroupMembership, averaging_group_id, proves_membership
+from protocol.proof_attestation import Equivocation
 from protocol.records import ContributionReceipt, RejectReason, Sealed
 
 PLAUSIBILITY_SLACK = 3.0  # announced throughput is a recent average; allow bursts up to 3x
@@ -94,6 +95,9 @@ class SwarmFacts:
     # (attempt, peer id) -> the keys whose commit reports name that peer an outlier: its values were
     # clipped or dropped by their reducers (robust averaging), so its receipt earns nothing.
     named_outlier: Callable[[int, str], set[str]] | None = None
+    # (attempt, peer id, key) -> the evidence that the peer, as a reducer, signed two different proofs
+    # in one of the attempt's all-reduces (protocol.proof_attestation): it may have passed any lie.
+    equivocation: Callable[[int, str, str], Equivocation | None] | None = None
     # The desk audits every receipt of a peer alone in its cohort's inner step (outer tasks): such a
     # receipt has no witness but may stand on its audit (see lone_inner_step).
     lone_audited: bool = False
@@ -117,6 +121,7 @@ def check_round(
             or _plausible(r, facts)
             or _witnessed(r, facts)
             or _outlier(r, facts)
+            or _equivocated(r, facts)
         )
         if reason:
             rejected[sealed.wire] = reason
@@ -231,6 +236,15 @@ def _outlier(r: ContributionReceipt, facts: SwarmFacts) -> tuple[RejectReason, s
             f"{len(named_by)} peers' reducers named its values in attempt {r.attempt} outliers (clipped or dropped)"
         )
     return None
+
+
+def _equivocated(r: ContributionReceipt, facts: SwarmFacts) -> tuple[RejectReason, str] | None:
+    if (
+        facts.equivocation is None
+        or (found := facts.equivocation(r.attempt, r.peer_id, r.public_key)) is None
+    ):
+        return None
+    return RejectReason.EQUIVOCATED, f"in attempt {r.attempt}: {found.describe()}"
 
 
 def _group_key(r: ContributionReceipt) -> tuple:

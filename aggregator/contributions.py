@@ -398,6 +398,7 @@ class ContributionDesk:
                 witnesses=self.witness.witnesses,
                 commit_counts=self.witness.commit_counts,
                 named_outlier=self.witness.named_outlier,
+                equivocation=self.witness.equivocation,
                 pricing=self.pricing.check if self.pricing is not None else None,
                 measured_rates=rates,
                 excluded=frozenset(self.trust.excluded()),

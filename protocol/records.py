@@ -110,6 +110,7 @@ class RejectReason(enum.StrEnum):
     EXCLUDED = "excluded"  # the key failed an audit and is excluded from the task
     AUDIT_UNAVAILABLE = "audit_unavailable"  # an audit could not get the start state (revocation reason)
     OUTLIER = "outlier"  # other peers' reducers named its values outliers: they were clipped or dropped
+    EQUIVOCATED = "equivocated"  # as a reducer it signed two different proofs for one all-reduce
 
 
 class RecordRejected(ValueError):

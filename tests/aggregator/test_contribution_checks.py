@@ -7,10 +7,12 @@ from dataclasses import replace
 
 import pytest
 
+from aggregator.commit_witness import CommitWitness
 from aggregator.contribution_checks import SwarmFacts, check_round, lone_inner_step, over_measured_bound
 from protocol.averaging_group import averaging_group_id, group_membership
 from protocol.identity import Identity
-from protocol.records import RejectReason
+from protocol.proof_attestation import ProofAttestation, group_tag, proofs_digest
+from protocol.records import RejectReason, RoundCommit
 from tests.protocol.factories import TASK, group_fields, peer_id_of, sealed_receipt
 
 PEERS = [Identity.generate() for _ in range(3)]
@@ -308,3 +310,35 @@ def test_a_peer_two_others_named_an_outlier_earns_nothing_for_that_attempt():
     refused = check_round(receipts, facts)
     victim = next(r for r in receipts if r.record.peer_id == named)
     assert list(refused) == [victim.wire] and refused[victim.wire][0] is RejectReason.OUTLIER
+
+
+def _report(identity: Identity, group: str, proofs: list[str]) -> RoundCommit:
+    return RoundCommit(
+        task_id=TASK, attempt=9, peer_id=peer_id_of(identity), public_key=identity.public_key_hex, ok=True,
+        digest="cd" * 32, timestamp=1, group=group, proofs=tuple(proofs),
+    )  # fmt: skip
+
+
+def test_a_reducer_whose_members_posted_two_stories_it_signed_earns_nothing_for_that_attempt():
+    receipts = [_committed(p) for p in PEERS]
+    group = receipts[0].record.group_id
+    liar, liar_id = PEERS[2], peer_id_of(PEERS[2])
+    told = [
+        ProofAttestation.signed(liar, group_tag(b"g" * 20), liar_id, proofs_digest(story)).to_token()
+        for story in (b"told to the first", b"told to the second")
+    ]
+    forged = ProofAttestation.signed(PEERS[1], group_tag(b"g" * 20), liar_id, proofs_digest(b"made up"))
+    witness = CommitWitness(dht=None, task_id=TASK)
+    facts = replace(
+        _witnessed_by({(9, group): {p.public_key_hex for p in PEERS}}), equivocation=witness.equivocation
+    )
+    # the same story to both, and a story another member made up in the liar's name: nothing to see
+    witness.learn(
+        [_report(PEERS[0], group, told[:1]), _report(PEERS[1], group, [told[0], forged.to_token()])]
+    )
+    assert check_round(receipts, facts) == {}
+    witness.learn([_report(PEERS[1], group, told[1:])])  # its latest report: the second story
+    refused = check_round(receipts, facts)
+    victim = next(r for r in receipts if r.record.peer_id == liar_id)
+    assert list(refused) == [victim.wire] and refused[victim.wire][0] is RejectReason.EQUIVOCATED
+    assert "different signed proofs" in refused[victim.wire][1]
