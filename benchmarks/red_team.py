@@ -55,14 +55,15 @@ from tests.adversaries import dishonest_peer
 
 ATTACKS = (
     "flops", "inflate", "group-inflate", "self-group", "fabricate",
-    "nan", "x1000", "sign", "garbage", "lying-reducer", "noisy-reducer", "forged-state", "rogue-progress",
-    "silent", "copy",
+    "nan", "x1000", "sign", "garbage", "lying-reducer", "noisy-reducer", "equivocating-reducer", "forged-state",
+    "rogue-progress", "silent", "copy",
 )  # fmt: skip
 AVERAGING_ATTACKS = (
     *dishonest_peer.POISONS,
     "lying-reducer",
     "noisy-reducer",
-)  # caught by naming, not by the desk
+    "equivocating-reducer",
+)  # caught by naming (or its own signatures), not by the desk
 PEERS, ATTACKER, LATE = 6, 5, 4
 
 
@@ -159,6 +160,10 @@ def _credits(swarm: LocalSwarm, honest: list[int]) -> dict:
     )
 
 
+# what an honest peer logs when its members' reports convict a reducer (peer.round_commit)
+EQUIVOCATION_LINE = r"attempt (\d+): averaging aborted.*reducer (\w{8}) sent different signed proofs"
+
+
 def _caught(swarm: LocalSwarm, attack: str) -> str:
     """Where the attack was first caught (a round or an attempt), or "-" if it never was."""
     if attack in AVERAGING_ATTACKS:
@@ -167,7 +172,8 @@ def _caught(swarm: LocalSwarm, attack: str) -> str:
             int(m.group(1))
             for i in range(PEERS)
             if i != ATTACKER and (swarm.peer_dir(i) / "log.txt").exists()
-            for m in re.finditer(r"attempt (\d+): values of (.*) were outliers", (swarm.peer_dir(i) / "log.txt").read_text())
+            for pattern in (r"attempt (\d+): values of (.*) were outliers", EQUIVOCATION_LINE)
+            for m in re.finditer(pattern, (swarm.peer_dir(i) / "log.txt").read_text())
             if me in m.group(2).split(", ")
         ]  # fmt: skip
         named = f"named in attempt {min(attempts)}" if attempts else "never named"

@@ -30,6 +30,9 @@ The red team of issue 19 (``benchmarks/red_team.py``) adds:
   a random direction ten times its length: nearly orthogonal to every member's part, so neither
   far enough out nor pointing against them. Both lying reducers send the proof that comes closest
   to passing: the other senders' entries true, their own part moved to balance the lie;
+- ``equivocating-reducer``: the noisy reducer's lie, with a proof of its own for every member (true
+  about that member, every other part shifted to balance the lie), which that member's checks pass;
+  it does not post the signed digests of its own proofs;
 - ``copy``: zero compute with a copied gradient. Honest for its first ``TRUSTED_AFTER`` committed
   rounds (what a new key is audited on, every one), then sends, and commits its receipts to, the
   swarm's last committed average instead of its own gradient: a vector inside the honest spread,
@@ -63,7 +66,7 @@ from protocol.records import ContributionReceipt, TaskSpec, seal
 FAULTS = (
     "forge", "replay", "inflate", "fabricate", "search-lie", "silent", "flops", "self-group",
     "group-inflate", "nan", "x1000", "sign", "garbage", "forged-state", "rogue-progress", "lying-reducer",
-    "noisy-reducer", "copy",
+    "noisy-reducer", "equivocating-reducer", "copy",
 )  # fmt: skip
 POISONS = ("nan", "x1000", "sign", "garbage")
 INFLATION = 10  # group-inflate's factor
@@ -400,6 +403,8 @@ if __name__ == "__main__":
         lie_as_reducer()
     if chosen == "noisy-reducer":
         lie_as_reducer("noise")
+    if chosen == "equivocating-reducer":
+        lie_as_reducer("equivocate")
     if chosen == "copy":
         copy_gradient()
     peer.cli.NODE_CLASS = dishonest_node(chosen)
