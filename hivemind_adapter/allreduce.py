@@ -303,6 +303,7 @@ class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
             self._last_outliers.write(named)
             self._named_since.add(named)
             self._refused_since.add([p.to_base58() for p in runner.refused_reducers])
+            runner.seal_own_proofs()
             self._attested_since.add([a.to_token() for a in runner.attestations])
             if (noise := runner.measured_noise()) is not None:
                 self._noise_measured.write(noise)
