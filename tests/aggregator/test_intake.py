@@ -85,6 +85,7 @@ SWARM_REASONS = {
     RejectReason.EXCLUDED,  # the desk's (tests/aggregator/test_trust.py)
     RejectReason.AUDIT_UNAVAILABLE,
     RejectReason.OUTLIER,
+    RejectReason.EQUIVOCATED,  # from the commit reports' attestations
 }
 
 
