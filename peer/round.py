@@ -92,9 +92,8 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
     work = RoundWork(plan, host, commitments, start_digest)
     if not outcome.committed and outcome.pending is not None and not ctx.stop.is_set():
         # its posted result may still find a quorum (commit_pending)
-        ctx.pending = [*ctx.pending, PendingResult(work, outcome, time.monotonic(), averager.public_keys())][
-            -PENDING_KEPT:
-        ]
+        pending = PendingResult(work, outcome, time.monotonic(), averager.public_keys())
+        ctx.pending = [*ctx.pending, pending][-PENDING_KEPT:]
     report = finish_round(ctx, work, outcome, compute_seconds, started)
     if ctx.outer is not None and report.committed and ctx.outer.settings.is_boundary(round_index):
         report.outer = take_outer_step(ctx, swarm_plan, outcome)
