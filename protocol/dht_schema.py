@@ -24,6 +24,9 @@ nobody can overwrite another party's entry — the subkey must name the key that
 - ``manta_T_ledger``: subkey ``<public key>``, the latest signed checkpoint note of that aggregator's ledger.
 - ``manta_T_anchor``: subkey ``<public key>``, the sealed :class:`~protocol.records.StateAnchor` of the
   state that aggregator's newest checkpoint holds (what a peer may load without a quorum's word).
+- ``manta_T_convictions``: subkey ``<reducer key>/<public key>``, a sealed
+  :class:`~protocol.records.ReducerConviction` that key posted: two different proofs digests the
+  reducer key signed for one all-reduce (the validator checks both signatures). Long-lived.
 - ``manta_tasks`` (one key for the whole DHT, so a volunteer can join without knowing the task id):
   subkey ``T``, value the sealed TaskSpec of ``T``.
 
@@ -56,6 +59,7 @@ from protocol.records import (
     PeerAnnouncement,
     PeerProgress,
     RecordRejected,
+    ReducerConviction,
     RejectReason,
     RoundCommit,
     Sealed,
@@ -137,6 +141,16 @@ def anchor_key(task_id: str) -> str:
     return f"manta_{task_id}_anchor"
 
 
+def convictions_key(task_id: str) -> str:
+    """Where peers post the evidence that a reducer equivocated (:class:`protocol.records.ReducerConviction`)."""
+    return f"manta_{task_id}_convictions"
+
+
+def conviction_subkey(reducer_key_hex: str, public_key_hex: str) -> str:
+    """One entry per convicted key and poster: a poster cannot overwrite another's evidence."""
+    return f"{reducer_key_hex}/{public_key_hex}"
+
+
 def commit_subkey(attempt: int, public_key_hex: str) -> str:
     return f"{attempt}/{public_key_hex}"
 
@@ -204,6 +218,21 @@ def open_anchor_value(task_id: str, subkey: Any, value: Any) -> Sealed[StateAnch
     return sealed
 
 
+def open_conviction_value(task_id: str, subkey: Any, value: Any) -> Sealed[ReducerConviction]:
+    """Check one entry of ``manta_T_convictions``: a ReducerConviction for ``task_id`` under
+    ``<reducer key>/<poster key>``, sealed by the poster, whose two attestations the reducer's key
+    signed (evidence that does not hold is refused before any node stores it)."""
+    sealed = open_sealed(_as_bytes(value), ReducerConviction)
+    record = sealed.record
+    if record.task_id != task_id:
+        raise RecordRejected(RejectReason.WRONG_TASK, f"conviction for {record.task_id!r}")
+    if subkey != conviction_subkey(record.reducer_key, sealed.public_key.hex()):
+        raise RecordRejected(RejectReason.BAD_SIGNATURE, "the subkey must be <reducer key>/<poster's key>")
+    if not record.signatures_hold():
+        raise RecordRejected(RejectReason.BAD_SIGNATURE, "the attestations are not signed by the reducer key")
+    return sealed
+
+
 def open_aggregator_value(subkey: Any, value: Any) -> Sealed[IdentityBinding]:
     """Check one entry of ``manta_T_aggregators``: an IdentityBinding sealed by the subkey's key."""
     sealed = open_sealed(_as_bytes(value), IdentityBinding)
@@ -258,6 +287,7 @@ class MantaRecordValidator:
             aggregators_key(task_id): open_aggregator_value,
             ledger_key(task_id): open_ledger_value,
             anchor_key(task_id): lambda sk, v: open_anchor_value(task_id, sk, v),
+            convictions_key(task_id): lambda sk, v: open_conviction_value(task_id, sk, v),
             TASKS_INDEX_KEY: open_index_value,
         }
         for board in (task_id, outer_board_id(task_id)):

@@ -78,7 +78,7 @@ from protocol.fields import (
 )
 from protocol.identity import Identity, verify_signature
 from protocol.note import checkpoint_body, open_note, parse_checkpoint_body, sign_note, split_note
-from protocol.proof_attestation import TOKEN_MAX_CHARS, TOKEN_PATTERN
+from protocol.proof_attestation import TOKEN_MAX_CHARS, TOKEN_PATTERN, ProofAttestation
 from protocol.shards import DataSpec
 
 # -- reasons ----------------------------------------------------------------------------------------
@@ -389,6 +389,48 @@ class RoundCommit(SealedRecord):
     proofs: Annotated[tuple[ProofToken, ...], Field(max_length=MAX_PROOFS_POSTED)] = ()
 
 
+class ReducerConviction(SealedRecord):
+    """Evidence that a reducer told two members of one all-reduce different stories: two digests of
+    proofs messages it signed for one group (:mod:`protocol.proof_attestation`), as members posted them.
+
+    The commit board shows such a pair only to peers that read it while both reports live, and a
+    victim whose report comes after the others committed is seen by nobody who could act on it. The
+    peer that finds a pair posts it here, sealed by its own key (no one can overwrite another's
+    evidence); anyone can check it, since both signatures must hold under ``reducer_key``. Honest
+    software never signs two digests for one group, so the key is convicted whatever peer id it runs
+    under: peers stop meeting it and the aggregator stops crediting it."""
+
+    RECORD_TYPE: ClassVar[str] = "conviction"
+    MAX_WIRE_BYTES: ClassVar[int] = 2048
+
+    task_id: Name
+    public_key: Hex32  # the poster's
+    reducer_key: Hex32  # the key both attestations are signed by
+    first: ProofToken
+    second: ProofToken
+    timestamp: Int53
+
+    @model_validator(mode="after")
+    def _two_stories_of_one_group(self) -> ReducerConviction:
+        first, second = ProofAttestation.from_token(self.first), ProofAttestation.from_token(self.second)
+        if (first.group, first.reducer) != (second.group, second.reducer):
+            raise ValueError("the two attestations must be one reducer's for one all-reduce")
+        if first.digest == second.digest:
+            raise ValueError("the two attestations must name different proofs")
+        return self
+
+    @property
+    def reducer(self) -> str:
+        """The peer id the reducer signed under."""
+        return ProofAttestation.from_token(self.first).reducer
+
+    def signatures_hold(self) -> bool:
+        """Whether both attestations are signed by ``reducer_key`` (the check a validator makes)."""
+        return all(
+            ProofAttestation.from_token(t).verifies(self.reducer_key) for t in (self.first, self.second)
+        )
+
+
 # hivemind's group keys are ``<prefix>.0b<bits>``; MANTA's prefixes are ``<task id>_<averager>``.
 GroupKeyName = Annotated[str, StringConstraints(max_length=256, pattern=r"^[A-Za-z0-9_.:/-]+\.0b[01]{0,64}$")]
 
@@ -508,6 +550,7 @@ SEALED_TYPES: dict[tuple[str, int], type[SealedRecord]] = {
         AveragingDeclaration,
         PeerProgress,
         StateAnchor,
+        ReducerConviction,
     )
 }
 _TYPE_NAMES = {cls.RECORD_TYPE for cls in SEALED_TYPES.values()}
