@@ -10,10 +10,13 @@ seconds. A forged declaration or a Sybil that never announced itself is never in
 A peer can also be barred for a while (:meth:`AdmissionMemory.bar`): a reducer whose replies this
 peer refused as implausible would otherwise be met again at once, and refused again, attempt after
 attempt. Barring is this peer's own view: a dishonest peer barring honest ones only isolates itself.
+A key convicted by evidence anyone can check (:mod:`peer.conviction_watch`) is barred for good
+(:meth:`AdmissionMemory.bar_key`), under whatever peer id it announces.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping
 
@@ -27,33 +30,51 @@ class AdmissionMemory:
 
     def __init__(self, memory: float = ADMISSION_MEMORY, clock: Callable[[], float] = time.monotonic):
         self.memory, self.clock = memory, clock
+        # guards the four fields below: the round's thread updates them, the conviction watch's
+        # thread reads the keys (peer.conviction_watch)
+        self._lock = threading.Lock()
         self._seen: dict[str, tuple[str, float]] = {}  # peer id -> (its key, when last read)
         self._last: dict[str, str] | None = None  # what update() last returned
         self._barred: dict[str, float] = {}  # peer id -> until when (clock time) it is not met
+        self._barred_keys: set[str] = set()  # public keys (hex) never met again
 
     def bar(self, peer_id: str, seconds: float) -> None:
         """Admit ``peer_id`` to no group for ``seconds`` (from the next :meth:`update` on)."""
-        self._barred[peer_id] = max(self._barred.get(peer_id, 0.0), self.clock() + seconds)
+        with self._lock:
+            self._barred[peer_id] = max(self._barred.get(peer_id, 0.0), self.clock() + seconds)
+
+    def bar_key(self, public_key_hex: str) -> None:
+        """Admit no peer that announces ``public_key_hex``, from the next :meth:`update` on, for good."""
+        with self._lock:
+            self._barred_keys.add(public_key_hex)
 
     def barred(self) -> set[str]:
         now = self.clock()
-        return {p for p, until in self._barred.items() if until > now}
+        with self._lock:
+            by_key = {p for p, (k, _) in self._seen.items() if k in self._barred_keys}
+            return {p for p, until in self._barred.items() if until > now} | by_key
 
     def keys(self) -> dict[str, str]:
         """Every peer of the recent reads, barred ones included, with its key: whose signatures count."""
-        return {p: k for p, (k, _) in self._seen.items()}
+        with self._lock:
+            return {p: k for p, (k, _) in self._seen.items()}
 
     def update(self, read: Mapping[str, str], own_peer_id: str) -> dict[str, str] | None:
         """Take one roster read; the peers to admit now if they changed since the last call, else
         None. A read without ``own_peer_id`` is incomplete and changes nothing."""
         now = self.clock()
-        if own_peer_id in read:
-            for peer, key in read.items():
-                self._seen[peer] = (key, now)
-        self._seen = {p: (k, t) for p, (k, t) in self._seen.items() if now - t <= self.memory}
-        self._barred = {p: until for p, until in self._barred.items() if until > now}
-        admitted = {p: k for p, (k, _) in self._seen.items() if p not in self._barred}
-        if not admitted or admitted == self._last:
-            return None
-        self._last = admitted
-        return admitted
+        with self._lock:
+            if own_peer_id in read:
+                for peer, key in read.items():
+                    self._seen[peer] = (key, now)
+            self._seen = {p: (k, t) for p, (k, t) in self._seen.items() if now - t <= self.memory}
+            self._barred = {p: until for p, until in self._barred.items() if until > now}
+            admitted = {
+                p: k
+                for p, (k, _) in self._seen.items()
+                if p not in self._barred and k not in self._barred_keys
+            }
+            if not admitted or admitted == self._last:
+                return None
+            self._last = admitted
+            return admitted

@@ -15,6 +15,7 @@ import torch
 from hivemind_adapter.group_keys import DeclarationSigner
 from hivemind_adapter.robust_reduce import RobustConfig
 from peer.averaging_stage import AveragingTimeouts
+from peer.conviction_watch import ConvictionWatch
 from peer.hierarchy import HierarchicalAverager
 from peer.round_commit import CommitBoard
 from protocol.records import TaskSpec
@@ -37,6 +38,7 @@ class CohortAveragers:
         declarations: DeclarationSigner | None = None,
         admitted: Callable[[], Mapping[str, str]] | None = None,
         serves_cohort: Callable[[str], bool] = lambda cohort: False,
+        convictions: ConvictionWatch | None = None,
     ):
         self.dht, self.task, self.template = dht, task, list(template)
         self.timeouts, self.client_mode = timeouts, client_mode
@@ -48,6 +50,7 @@ class CohortAveragers:
             declarations,
             admitted,
         )  # matchmaking's (hivemind_adapter.group_keys)
+        self.convictions = convictions  # reducers convicted of equivocation (peer.conviction_watch)
         self.current: HierarchicalAverager | None = None  # the rounds' averager
         self.current_outer: HierarchicalAverager | None = None
         self._retired_bytes = 0  # cross-cohort bytes of the averagers shut down so far
@@ -80,6 +83,7 @@ class CohortAveragers:
             declarations=self.declarations,
             admitted=self.admitted,
             robust=RobustConfig() if params.robust_averaging else None,
+            convictions=self.convictions,
         )
         self.on_new()
         return self.current
@@ -109,6 +113,7 @@ class CohortAveragers:
             declarations=self.declarations,
             admitted=self.admitted,
             robust=RobustConfig() if params.robust_averaging else None,
+            convictions=self.convictions,
         )
         self.on_new()
         return self.current_outer
@@ -121,6 +126,11 @@ class CohortAveragers:
     def _retire(self, averager: HierarchicalAverager) -> None:
         self._retired_bytes += averager.cross_cohort_bytes()
         averager.shutdown()
+
+    def public_keys(self) -> dict[str, str]:
+        """The keys (peer id -> hex) the rounds' averager admitted recently: whose signatures count."""
+        averager = self.current
+        return (averager.public_keys() if averager is not None else None) or {}
 
     def shutdown(self) -> None:
         for averager in (self.current, self.current_outer):

@@ -65,6 +65,7 @@ from hivemind_adapter.robust_reduce import RobustConfig, without_negative_zeros
 from hivemind_adapter.wire_codecs import codec_for, roundtrip
 from peer.admission import AdmissionMemory
 from peer.averaging_stage import AveragingTimeouts, HeadGone, NoGroup, RoundAborted, StageRunner
+from peer.conviction_watch import ConvictionWatch
 from peer.cross_tree import DEFAULT_FANOUT, JoinedGroup, TreeGroup, cross_groups, units_of
 from peer.deadlines import StageDeadlines
 from peer.known_cohort import KnownCohort, new_roll
@@ -222,8 +223,12 @@ class HierarchicalAverager:
         robust: RobustConfig | None = None,
         declarations: DeclarationSigner | None = None,
         admitted: Callable[[], Mapping[str, str]] | None = None,
+        convictions: ConvictionWatch | None = None,
     ):
         self.dht, self.run_id, self.cohort, self.timeouts = dht, run_id, cohort, timeouts
+        # reducers convicted of equivocation, here or by anyone (never met again), and where this
+        # averager's reports are read again later and its own evidence posted
+        self.convictions = convictions
         self.per_cohort = per_cohort
         # the cross stage's parts are the round's per-sample means, like the cohort stage's: a pair's
         # reducer there is held to the noise measured in the cohort stage (see _across_cohorts)
@@ -660,6 +665,9 @@ class HierarchicalAverager:
         """Tell both averagers' matchmaking which peers it may meet in this attempt."""
         if self.admitted is None:
             return
+        if self.convictions is not None:
+            for key in self.convictions.convicted_keys():
+                self._admission.bar_key(key)
         try:
             read = dict(self.admitted())
         except Exception as e:  # a failed read admits no one new and bars no one
@@ -850,6 +858,8 @@ class HierarchicalAverager:
         )  # fmt: skip
         if not ok:
             return False, outcome.reason
+        if self.convictions is not None:  # a member whose results came late may show a second story
+            self.convictions.recheck_later(self.board, attempt)
         if roster == {self.peer_id}:
             # A roster of one (a cohort of one in an inner step): its quorum is this peer, and reading
             # its own report back from the DHT only waited for the store to cross the wide area (22 %
@@ -883,6 +893,8 @@ class HierarchicalAverager:
         )  # fmt: skip
         if decision.equivocation is not None:
             self._caught(decision.equivocation.reducer, decision.equivocation.describe())
+            if self.convictions is not None:  # every other peer bars it too, once it reads this
+                self.convictions.report(decision.equivocation)
         if decision.committed:
             self.deadlines.record("commit", time.monotonic() - started)
         # Who showed life in this attempt, if everyone did: the next attempt needs no read to know.

@@ -43,6 +43,7 @@ from peer.catch_up import (
     trusted_round,
 )
 from peer.cohort_averagers import CohortAveragers
+from peer.conviction_watch import ConvictionWatch
 from peer.data_feed import DataFeed, DataUnavailable
 from peer.devices import WorkerDevice
 from peer.hierarchy import AveragingTimeouts
@@ -132,6 +133,7 @@ class PeerNode:
         self._sharer: StateSharer | None = None
         self._archive: StateArchive | None = None
         self._averagers: CohortAveragers | None = None
+        self._convictions: ConvictionWatch | None = None
         self._round: RoundContext | None = None
         self.data: DataFeed | None = None  # tasks on an operator's dataset (TaskSpec.data)
 
@@ -209,6 +211,10 @@ class PeerNode:
         )
         self._archive = StateArchive(self._endpoint, task.task_id)
         self._commit_board = SignedCommitBoard(self.dht, task.task_id, self.identity, self.peer_id)
+        # reducers that told members different stories: found late, posted, read from others
+        self._convictions = ConvictionWatch(
+            self.dht, task.task_id, self.identity, lambda: self._averagers.public_keys()
+        ).start()
         self._averagers = CohortAveragers(
             self.dht,
             task,
@@ -230,6 +236,7 @@ class PeerNode:
             admitted=lambda: {
                 p.entry.peer_id: p.announcement.public_key for p in read_roster(self.dht, task.task_id)
             },
+            convictions=self._convictions,
         )
         self._progress = SwarmProgress(
             board,
@@ -670,6 +677,8 @@ class PeerNode:
                 logger.debug(f"withdraw failed: {e}")
         if self._workers is not None:
             self._workers.stop()
+        if self._convictions is not None:
+            self._convictions.stop()
         if self._averagers is not None:
             self._averagers.shutdown()
         for part in (self._sharer,):
