@@ -19,9 +19,9 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 from hivemind_adapter.dht import read_signed
-from protocol.dht_schema import commits_key, open_commit_value
+from protocol.dht_schema import commits_key, convictions_key, open_commit_value, open_conviction_value
 from protocol.proof_attestation import Equivocation, find_equivocation, parse_tokens
-from protocol.records import RoundCommit
+from protocol.records import ReducerConviction, RoundCommit
 
 ATTEMPTS_KEPT = 512  # attempts whose reports are remembered (several per round across the window)
 
@@ -88,3 +88,14 @@ class CommitWitness:
     def known(self, attempt: int) -> bool:
         with self._lock:
             return attempt in self._seen
+
+    def convictions(self) -> list[ReducerConviction]:
+        """The convictions peers posted for the task (:mod:`peer.conviction_watch`), each checked
+        again here: two different proofs digests its reducer key signed for one all-reduce. Evidence
+        found after a round's reports expired, or that the aggregator never read in time."""
+        found = read_signed(
+            self.dht,
+            convictions_key(self.task_id),
+            lambda sub, v: open_conviction_value(self.task_id, sub, v),
+        )
+        return [sealed.record for sealed in found]

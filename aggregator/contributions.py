@@ -40,7 +40,7 @@ from aggregator.commit_witness import CommitWitness
 from aggregator.intake import ContributionIntake, Submission
 from aggregator.ledger_writer import LedgerWriter
 from aggregator.round_closing import RoundCloser
-from aggregator.trust import EXCLUSION_REASON, TrustBook
+from aggregator.trust import CONVICTION_REASON, EXCLUDING_REASONS, EXCLUSION_REASON, TrustBook
 from aggregator.work_pricing import WorkPricing
 from hivemind_adapter.dht import peer_id, read_signed, store
 from hivemind_adapter.p2p import Endpoint
@@ -63,6 +63,7 @@ from protocol.merkle import leaf_hash
 from protocol.records import (
     ContributionReceipt,
     IdentityBinding,
+    ReducerConviction,
     RejectReason,
     Revocation,
     Sealed,
@@ -73,6 +74,8 @@ from protocol.records import (
 from protocol.verified_records import VerifiedRecords
 
 logger = logging.getLogger(__name__)
+
+CONVICTIONS_READ_SECONDS = 10.0  # how often the closer reads the convictions peers posted
 
 BINDINGS_REFRESH = 10.0  # seconds a read of the peers' announcements serves receipts for
 
@@ -122,6 +125,7 @@ class ContributionDesk:
         self.auditor = SpotAuditor(workload, states, spec.seed, secret, self._on_verdict)
         self.trust = TrustBook(audit_fraction)
         self.witness = CommitWitness(dht, self.task_id)
+        self._convictions_read_at = float("-inf")  # (the closer thread's)
         self.pricing = WorkPricing(workload, spec.mode) if workload is not None else None
         self._claimed_rates: dict[bytes, float] = {}  # leaf -> samples/s it claimed, until its audit
         self._prefetched: dict[str, None] = {}  # start states fetched for audits, oldest first
@@ -347,7 +351,7 @@ class ContributionDesk:
             sealed = parse_sealed(data, (ContributionReceipt, Revocation))
             if isinstance(sealed.record, ContributionReceipt):
                 keys[index] = sealed.record.public_key
-            elif sealed.record.reason.startswith(EXCLUSION_REASON) and sealed.record.entry_index in keys:
+            elif sealed.record.reason.startswith(EXCLUDING_REASONS) and sealed.record.entry_index in keys:
                 self.trust.exclude(keys[sealed.record.entry_index])
 
     def _swarm_round(self, announced: int) -> int:
@@ -375,6 +379,9 @@ class ContributionDesk:
                 logger.warning(f"closing rounds failed: {type(e).__name__}: {e}")
 
     def close_due_rounds(self, force: bool = False) -> None:
+        if force or time.monotonic() >= self._convictions_read_at + CONVICTIONS_READ_SECONDS:
+            self._convictions_read_at = time.monotonic()
+            self._exclude_convicted(self.witness.convictions())
         if not self._ledger.run(lambda _: self.rounds.waiting()):
             return
         # DHT reads (each bounded) before the work goes to the writer: handlers must not wait behind them.
@@ -384,6 +391,31 @@ class ContributionDesk:
         notes = self._ledger.run(lambda _: self._close_due(swarm_round, bindings, force))
         if notes:
             self._publish_checkpoint(notes[-1])
+
+    def _exclude_convicted(self, convictions: list[ReducerConviction]) -> None:
+        """A key that peers convicted of telling members different stories as a reducer (evidence
+        anyone can check: :class:`protocol.records.ReducerConviction`) is treated as one that failed
+        an audit: excluded, and every credit since its last passed audit revoked."""
+        for conviction in convictions:
+            key = conviction.reducer_key
+            after = self.trust.convict(key)
+            if after is None:
+                continue
+            reason = (
+                f"{CONVICTION_REASON}: reducer {conviction.reducer} signed two different proofs for one "
+                "all-reduce; every credit since the key's last passed audit revoked and the key excluded"
+            )
+            revoked, checkpoint = self._ledger.run(
+                lambda _, key=key, after=after, reason=reason: self._revoke_since(key, after, reason)
+            )
+            if revoked:
+                self._publish_checkpoint(checkpoint.note)
+            self.counters["convicted"] += 1
+            logger.warning(
+                f"CONVICTED: {conviction.reducer[-8:]} key {key[:16]} sent different signed proofs "
+                f"(posted by {conviction.public_key[:16]}): excluded, {len(revoked)} entr"
+                f"{'y' if len(revoked) == 1 else 'ies'} revoked"
+            )
 
     def _close_due(self, swarm_round: int, bindings: list, force: bool) -> list[str]:
         """Close every due round (a writer job); the checkpoint notes to publish."""

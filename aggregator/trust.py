@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 TRUSTED_AFTER = 3  # passed audits before a key is audited at the base rate only
 EXCLUSION_REASON = "audit_failed"  # the revocation reason prefix that excluded a key
+CONVICTION_REASON = "equivocated"  # the prefix of a key's revocations for a posted conviction
+EXCLUDING_REASONS = (EXCLUSION_REASON, CONVICTION_REASON)  # revocations that exclude their key
 
 
 @dataclass
@@ -77,6 +79,17 @@ class TrustBook:
         its credit is revoked (its last passed audit's, or -1)."""
         with self._lock:
             trust = self._of(key)
+            trust.excluded = True
+            return trust.last_passed_index
+
+    def convict(self, key: str) -> int | None:
+        """Peers posted evidence that ``key`` equivocated as a reducer: exclude it as after a failed
+        audit. Returns the ledger index after which its credit is revoked, or None if it was excluded
+        already (evidence read twice, or by two threads, convicts once)."""
+        with self._lock:
+            trust = self._of(key)
+            if trust.excluded:
+                return None
             trust.excluded = True
             return trust.last_passed_index
 

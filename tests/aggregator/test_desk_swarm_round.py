@@ -1,15 +1,20 @@
-"""Which round the aggregator's desk takes the swarm to be in, from peers' signed progress records on
-a real DHT: a liar's far-off round, alone on the board, must not push every honest receipt out of
-the window (the red team's rogue-progress peer once made it refuse a whole round's receipts)."""
+"""The aggregator's desk reading a real DHT: which round it takes the swarm to be in, from peers'
+signed progress records (a liar's far-off round, alone on the board, must not push every honest
+receipt out of the window: the red team's rogue-progress peer once made it refuse a whole round's
+receipts), and which keys peers convicted of equivocation."""
 
 from __future__ import annotations
 
 from aggregator.contributions import ContributionDesk
+from hivemind_adapter.dht import store
 from hivemind_adapter.p2p import Endpoint
 from peer.swarm_view import ProgressBoard
+from protocol.dht_schema import conviction_subkey, convictions_key
 from protocol.identity import Identity
+from protocol.proof_attestation import ProofAttestation, group_tag, proofs_digest
+from protocol.records import ContributionReceipt, ReducerConviction, Revocation, parse_sealed, seal
 from tests.helpers import two_task_dhts, wait_until
-from tests.protocol.factories import TASK, fake_peer_id, task_spec
+from tests.protocol.factories import TASK, fake_peer_id, now_ms, peer_id_of, sealed_receipt, task_spec
 
 
 def test_a_lone_far_off_progress_record_sets_the_round_only_in_a_swarm_of_two(tmp_path):
@@ -29,3 +34,44 @@ def test_a_lone_far_off_progress_record_sets_the_round_only_in_a_swarm_of_two(tm
             wait_until(lambda: desk._swarm_round(announced=6) == 5, 15, "the desk to read both records")
         finally:
             desk.shutdown()
+
+
+def test_a_posted_conviction_excludes_the_reducer_key_and_revokes_its_credit_for_good(tmp_path):
+    # Evidence a peer posted (a reducer's two signed stories, protocol.records.ReducerConviction):
+    # the desk excludes the key as after a failed audit, revokes every credit it holds, and still
+    # excludes it after a restart, from the ledger alone.
+    aggregator, reducer, poster = Identity.generate(), Identity.generate(), Identity.generate()
+    reducer_id = peer_id_of(reducer)
+    story = lambda told: ProofAttestation.signed(  # noqa: E731
+        reducer, group_tag(b"g" * 20), reducer_id, proofs_digest(told)
+    ).to_token()
+    conviction = ReducerConviction(
+        task_id=TASK, public_key=poster.public_key_hex, reducer_key=reducer.public_key_hex,
+        first=story(b"told to one"), second=story(b"told to another"), timestamp=now_ms(),
+    )  # fmt: skip
+    ledger = tmp_path / "l.sqlite"
+    with two_task_dhts(TASK) as (first, second):
+        desk = ContributionDesk(first, Endpoint(first, "desk"), aggregator, task_spec(aggregator), ledger)
+        try:
+            credited = [sealed_receipt(reducer, seq) for seq in (1, 2)] + [sealed_receipt(poster, 1)]
+            desk._ledger.run(lambda store: store.append_batch(credited, aggregator))
+            subkey = conviction_subkey(reducer.public_key_hex, poster.public_key_hex)
+            assert store(second, convictions_key(TASK), seal(conviction, poster), ttl=600, subkey=subkey)
+            desk.close_due_rounds(force=True)
+            assert desk.trust.excluded() == {reducer.public_key_hex}
+            revocations = [
+                parse_sealed(data, (ContributionReceipt, Revocation)).record
+                for _, data in desk._ledger.run(lambda store: list(store.entries(3)))
+            ]
+            assert sorted(r.entry_index for r in revocations) == [0, 1]  # the poster's credit stands
+            assert all(r.reason.startswith("equivocated") for r in revocations)
+            desk.close_due_rounds(force=True)  # read again: convicted once
+            assert desk.counters["convicted"] == 1
+        finally:
+            desk.shutdown()
+    with two_task_dhts(TASK) as (first, _):
+        again = ContributionDesk(first, Endpoint(first, "desk"), aggregator, task_spec(aggregator), ledger)
+        try:
+            assert again.trust.excluded() == {reducer.public_key_hex}
+        finally:
+            again.shutdown()

@@ -34,3 +34,11 @@ def test_a_key_named_an_outlier_is_audited_on_every_receipt_again():
     assert book.audit_rate("k") == 0.1
     book.suspect("k")
     assert book.audit_rate("k") == 1.0 and book.measured_rates() == {"k": 10.0}
+
+
+def test_a_conviction_excludes_once_and_revokes_since_the_last_passed_audit():
+    book = TrustBook(base_rate=0.1)
+    book.passed("k", index=4, rate=None)
+    assert book.convict("k") == 4 and book.is_excluded("k")
+    assert book.convict("k") is None  # the same evidence read again convicts nobody twice
+    assert book.convict("never-passed") == -1
