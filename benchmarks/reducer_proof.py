@@ -39,6 +39,7 @@ import torch  # noqa: E402
 from benchmarks.simulated_swarm import swarm_workload  # noqa: E402
 from hivemind_adapter.reducer_proof import (  # noqa: E402
     OWN_PART_FACTOR,
+    RESULT_FACTOR,
     PartProof,
     check_proof,
     every_members_doubt,
@@ -46,13 +47,14 @@ from hivemind_adapter.reducer_proof import (  # noqa: E402
     noise_level,
     own_part_ratio,
     pair_ratio,
+    result_ratio,
     sketch_seed,
 )
 from hivemind_adapter.robust_reduce import RobustConfig, capped_weights, centered_clip  # noqa: E402
 from supernet.contribution import compute_contribution  # noqa: E402
 from supernet.state import init_optimizer_state  # noqa: E402
 from supernet.training import maybe_sort_channels, optimizer_step, step_configs  # noqa: E402
-from tests.adversaries.dishonest_peer import covering_proof  # noqa: E402
+from tests.adversaries.dishonest_peer import absent_member_proof, covering_proof  # noqa: E402
 
 GROUPS = {
     "3 x 64": [64, 64, 64],
@@ -83,7 +85,7 @@ def main() -> None:
     optimizer = workload.make_optimizer(net)
     init_optimizer_state(net, optimizer)
     noise = torch.Generator().manual_seed(19)
-    ratios: dict[str, list[float]] = {g: [] for g in GROUPS}
+    ratios: dict = {g: [] for g in GROUPS} | {(g, "result"): [] for g in GROUPS}
     false_refusals: list[str] = []
     caught: dict[tuple[str, float], list[bool]] = {}
     for round_index in range(args.rounds):
@@ -118,11 +120,18 @@ def main() -> None:
 
     print(f"\nHonest reducers: own-part ratio (refused above {OWN_PART_FACTOR:g})")
     print(f"{'group (samples)':<16} {'proofs':>7} {'median':>7} {'99th pct':>9} {'max':>6} {'margin':>7}")
-    for group, values in ratios.items():
-        values.sort()
+    for group in GROUPS:
+        values = sorted(ratios[group])
         top = values[int(0.99 * (len(values) - 1))]
         print(f"{group:<16} {len(values):>7} {statistics.median(values):>7.2f} {top:>9.2f} {max(values):>6.2f} "
               f"{OWN_PART_FACTOR / max(values):>6.1f}x")  # fmt: skip
+    print(f"\nHonest results: result ratio of each member (refused above {RESULT_FACTOR:g})")
+    print(f"{'group (samples)':<16} {'members':>7} {'median':>7} {'99th pct':>9} {'max':>6} {'margin':>7}")
+    for group in GROUPS:
+        values = sorted(ratios[group, "result"])
+        top = values[int(0.99 * (len(values) - 1))]
+        print(f"{group:<16} {len(values):>7} {statistics.median(values):>7.2f} {top:>9.2f} {max(values):>6.2f} "
+              f"{RESULT_FACTOR / max(values):>6.1f}x")  # fmt: skip
     print(f"honest proofs refused by an honest member: {len(false_refusals)}")
     for line in false_refusals[:5]:
         print("  " + line)
@@ -138,6 +147,16 @@ def main() -> None:
             cells.append(f"{sum(seen)}/{len(seen)} ({min(caught[(group, shift, 'ratio')]):.1f})")
         centre = statistics.median(caught[(group, "centre")])
         print(f"{group:<16} " + " ".join(f"{c:>16}" for c in cells) + f"   {centre:>10.1f}")
+    print("\nThe same lies hidden behind a member that never checks (absent_member_proof: the liar's own")
+    print("part true, the absent member's placed to balance): caught (every member left refuses) / tried,")
+    print("and the smallest result ratio a checking member saw")
+    print(f"{'group (samples)':<16} " + " ".join(f"{f'x{s:g}':>16}" for s in SHIFTS))
+    for group in GROUPS:
+        cells = []
+        for shift in SHIFTS:
+            seen = caught[(group, shift, "absent")]
+            cells.append(f"{sum(seen)}/{len(seen)} ({min(caught[(group, shift, 'absent ratio')]):.1f})")
+        print(f"{group:<16} " + " ".join(f"{c:>16}" for c in cells))
     honest_pairs = sorted(caught[("pair", "honest")])
     print(
         "\nA pair of heads (two cohorts of the '6 x 64' gradients), each holding the other to the noise its"
@@ -260,6 +279,11 @@ def _measure(group, round_index, start, parts, weights, noise, ratios, false_ref
                 false_refusals.append(
                     f"{group} round {round_index} values {start}+, reducer {reducer}: {doubt}"
                 )
+    for member, part in enumerate(parts):
+        distance = float(torch.linalg.vector_norm(part.double() - clip.value.double()))
+        ratio = result_ratio(honest, member, distance)
+        if ratio is not None:
+            ratios[group, "result"].append(ratio)
     for shift in SHIFTS:
         for reducer in range(len(parts)):
             direction = torch.randn(clip.value.shape, generator=noise)
@@ -269,6 +293,18 @@ def _measure(group, round_index, start, parts, weights, noise, ratios, false_ref
             refused = all(d is not None for d in doubts(covered, reducer, told, seed))
             caught.setdefault((group, shift), []).append(refused)
             caught.setdefault((group, shift, "ratio"), []).append(own_part_ratio(covered, reducer) or 0.0)
+            # the same lie hidden behind a member that never checks: every member left refuses it
+            absent = (reducer + 1) % len(parts)
+            hidden = absent_member_proof(lie, absent, told, seed)
+            verdicts = [d for m, d in enumerate(doubts(hidden, reducer, told, seed)) if m != absent]
+            caught.setdefault((group, shift, "absent"), []).append(all(d is not None for d in verdicts))
+            lowest = min(
+                result_ratio(hidden, m, float(torch.linalg.vector_norm(parts[m].double() - told.double())))
+                or 0.0
+                for m in range(len(parts))
+                if m not in (reducer, absent)
+            )
+            caught.setdefault((group, shift, "absent ratio"), []).append(lowest)
 
 
 if __name__ == "__main__":

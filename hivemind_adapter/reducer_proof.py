@@ -30,6 +30,13 @@ checks (:func:`check_proof`):
    in units of their expected sampling noise, the reducer's lower median ``D`` against the others
    must stay within :data:`OWN_PART_FACTOR` times the others' upper median ``D`` among themselves.
 
+6. the result lies among the parts, seen from this member: its exact distance to the result is
+   within :data:`RESULT_FACTOR` times (squared) its sketched distance to the second-nearest other
+   part. Points 1-5 hold only the entries of members that check the proof: a member that never does
+   (the reducer held its results back until the others committed, or it left) can be listed
+   anywhere, and its entry alone then balances any result. An honest centre is a weighted mean of
+   the parts, never farther from a member's part than they are.
+
 In a pair (the reducer and one other part: two cohorts' heads) there are no others to compare
 with; there point 5 holds the reducer's own part to the sampling noise the member measured in
 another stage (:class:`NoiseMap`, :func:`pair_ratio`).
@@ -70,6 +77,12 @@ DISTANCE_BAND = 4.0
 # equal samples and 3.6 with 8/32/64/256 samples; a liar covering a shift of 10x the centre's length
 # showed at least 30 (every one refused), of 3x at least 3.3 (most refused), of 1x at most 2.6.
 OWN_PART_FACTOR = 10.0
+# How much farther (squared) the result may lie from a member's part than the second-nearest other
+# part does (point 6). Measured on the red team's gradients (benchmarks/reducer_proof.py, 4 rounds,
+# 192 honest members' checks): at most 1.06 (8/32/64/256), 0.69 in groups of equal samples; the
+# noisy lie (10x the centre) hidden behind one member that never checks showed at least 5.0 (every
+# one refused in groups of 4 and 6), 3x at most 1.0 (none refused).
+RESULT_FACTOR = 4.0
 # Parts of fewer values are held to points 1-3 only: their sketches say little about lengths.
 MIN_VALUES_TO_MEASURE = 1024
 
@@ -273,6 +286,13 @@ def check_proof(
     ratio = pair_ratio(proof, reducer, noise_reference)
     if ratio is not None and ratio > OWN_PART_FACTOR:
         return f"in a pair, its own part lies {ratio:.1f}x beyond the sampling noise measured elsewhere"
+    # 6. the result near this member's part, as near as the nearest other part lies
+    beyond_rounding = max(
+        0.0, float(torch.linalg.vector_norm(x - c)) - float(torch.linalg.vector_norm(moved))
+    )
+    ratio = result_ratio(proof, member, beyond_rounding) if own_weight > 0 else None
+    if ratio is not None and ratio > RESULT_FACTOR:
+        return f"the result lies {ratio:.1f}x farther from this member's part than the second-nearest other part does"
     return None
 
 
@@ -386,6 +406,31 @@ def own_part_ratio(proof: PartProof, reducer: int) -> float | None:
     if reference <= 0:
         return None if own <= 0 else math.inf
     return own / reference
+
+
+def result_ratio(proof: PartProof, member: int, distance: float) -> float | None:
+    """How far the result lies from ``member``'s part (``distance``, measured exactly), over how far
+    the second-nearest other listed part lies from it (sketched), both squared (point 6 of the
+    module's docstring); None where it says nothing (fewer than two other parts).
+
+    Lengths, not noise units as in point 5: the result carries the capped mean's noise, which for a
+    member of many samples is most of its distance to the result (the 256-sample member of
+    8/32/64/256 read 8.4 in noise units, 1.5 in lengths). Not a median of the others: a reducer can
+    list the entry of a member that never checks it (one whose results it held back, or that left)
+    anywhere, but a made-up entry only ever brings the near parts closer. Not the nearest: one
+    dishonest member whose part lies next to this member's would then make it refuse honest results."""
+    valid = _valid(proof)
+    if member not in valid:
+        return None
+    others = [j for j in valid if j != member]
+    if len(others) < 2:
+        return None
+    gaps = sorted(float(torch.linalg.vector_norm(proof.points[member] - proof.points[j])) for j in others)
+    second = gaps[1] ** 2
+    own = distance**2
+    if second <= 0:
+        return None if own <= 0 else math.inf
+    return own / second
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -271,6 +271,30 @@ def covering_proof(proof: PartProof, own: int | None, result: torch.Tensor, seed
     )  # fmt: skip
 
 
+def absent_member_proof(proof: PartProof, absent: int, result: torch.Tensor, seed: int) -> PartProof:
+    """A liar's proof of ``result`` that moves only the entry of ``absent``, a member that will never
+    check it (its results were held back until the others committed, or it left): every checking
+    member's entry and the liar's own part as they are (so point 5 passes), ``absent``'s part placed
+    to balance the projected fixed point, with a radius past every distance (nothing clipped)."""
+    centre = sketch(result, seed)
+    counted = [i for i, w in enumerate(proof.capped) if w > 0]
+    if absent not in counted:
+        return proof
+    pull = sum(
+        (proof.capped[i] * (proof.points[i] - centre) for i in counted if i != absent),
+        torch.zeros_like(centre),
+    )
+    points = proof.points.clone()
+    points[absent] = centre - pull / proof.capped[absent]
+    distances = list(proof.distances)
+    distances[absent] = float(torch.linalg.vector_norm(points[absent] - centre))
+    radius = max(distances[i] for i in counted)
+    return PartProof(
+        radius, proof.weights, proof.capped, tuple(i in counted for i in range(len(distances))),
+        tuple(distances), points,
+    )  # fmt: skip
+
+
 def equivocating_proof(proof: PartProof, member: int, result: torch.Tensor, seed: int) -> PartProof:
     """The proof a liar sends ``member`` alone: that member's entry as it is (it checks its own), and
     every other sender's part, the liar's own included, moved by one common shift that balances the

@@ -13,6 +13,7 @@ from hivemind_adapter.allreduce import PartialAllReduceError, VerifiedAverager
 from hivemind_adapter.known_groups import known_group_id
 from hivemind_adapter.reducer_proof import (
     OWN_PART_FACTOR,
+    RESULT_FACTOR,
     NoiseMap,
     PartProof,
     check_proof,
@@ -22,13 +23,14 @@ from hivemind_adapter.reducer_proof import (
     own_part_ratio,
     pack_proofs,
     pair_ratio,
+    result_ratio,
     sketch,
     sketch_seed,
     unpack_proofs,
 )
 from hivemind_adapter.robust_reduce import RobustConfig, SharedNoiseMap, capped_weights, centered_clip
 from hivemind_adapter.wire_codecs import codec_for, rounding_bound, roundtrip
-from tests.adversaries.dishonest_peer import NOISE_TIMES, covering_proof, lying_averager
+from tests.adversaries.dishonest_peer import NOISE_TIMES, absent_member_proof, covering_proof, lying_averager
 from tests.hivemind_adapter.averager_group import ALLREDUCE_TIMEOUT, ARRIVAL_TIMEOUT, step_known_group
 
 CONFIG = RobustConfig()
@@ -133,6 +135,42 @@ def test_a_noisy_reducer_that_moves_its_own_part_to_cover_the_noise_is_caught_by
         assert own_part_ratio(covered, reducer) > OWN_PART_FACTOR
         for doubt in _doubts(covered, parts, weights, reducer, told, seed):
             assert doubt is not None and "its own part lies" in doubt
+
+
+@pytest.mark.parametrize("group", ["six", "four mixed"])
+def test_a_lie_hidden_behind_a_member_that_never_checks_is_refused_by_every_member_left(group):
+    """The noisy lie with the entry of a member that never sees the proof (its results held back until
+    the others committed, or it left) placed to balance the fixed point: the liar's own part stays
+    true, so point 5 passes, and every checking member's entry is true. Only where the result lies
+    relative to the members' own parts (point 6) shows it."""
+    samples = GROUPS[group]
+    parts, weights = _means(samples, seed=6), [float(n) for n in samples]
+    clip = centered_clip(parts, weights, CONFIG)
+    told = _noisy(clip.value, NOISE_TIMES)
+    honest, seed = _proof_of(parts, weights, told, clip)
+    for reducer in range(len(parts)):
+        absent = (reducer + 1) % len(parts)
+        hidden = absent_member_proof(honest, absent, told, seed)
+        doubts = _doubts(hidden, parts, weights, reducer, told, seed)
+        checking = [d for m, d in zip((m for m in range(len(parts)) if m != reducer), doubts) if m != absent]
+        assert checking and all(d is not None and "farther from this member's part" in d for d in checking)
+        # the absent member would have refused it (its own entry is not its part), had it checked
+        said = dict(zip((m for m in range(len(parts)) if m != reducer), doubts))[absent]
+        assert said is not None and "misstates this member's part" in said
+
+
+def test_a_members_near_twin_does_not_make_it_refuse_an_honest_result():
+    # One other part next to a member's own (a copier's, or a peer on the same samples) brings the
+    # nearest part to it, not the second-nearest that point 6 measures against.
+    parts = _means([64] * 5, seed=7)
+    parts.append(parts[0] + 1e-4 * torch.randn(parts[0].shape, generator=torch.Generator().manual_seed(3)))
+    weights = [64.0] * 6
+    clip = centered_clip(parts, weights, CONFIG)
+    proof, seed = _proof_of(parts, weights, clip.value, clip)
+    distance = float(torch.linalg.vector_norm(parts[0] - clip.value))
+    assert result_ratio(proof, 0, distance) < RESULT_FACTOR / 2
+    for reducer in range(6):
+        assert _doubts(proof, parts, weights, reducer, clip.value, seed) == [None] * 5
 
 
 def test_a_proof_that_misstates_a_members_entry_or_the_cap_is_refused_by_that_member():
