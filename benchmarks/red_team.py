@@ -55,7 +55,8 @@ from tests.adversaries import dishonest_peer
 
 ATTACKS = (
     "flops", "inflate", "group-inflate", "self-group", "fabricate",
-    "nan", "x1000", "sign", "garbage", "lying-reducer", "noisy-reducer", "equivocating-reducer", "forged-state",
+    "nan", "x1000", "sign", "garbage", "lying-reducer", "noisy-reducer", "equivocating-reducer",
+    "hiding-reducer", "forged-state",
     "rogue-progress", "silent", "copy",
 )  # fmt: skip
 AVERAGING_ATTACKS = (
@@ -63,6 +64,7 @@ AVERAGING_ATTACKS = (
     "lying-reducer",
     "noisy-reducer",
     "equivocating-reducer",
+    "hiding-reducer",
 )  # caught by naming (or its own signatures), not by the desk
 PEERS, ATTACKER, LATE = 6, 5, 4
 

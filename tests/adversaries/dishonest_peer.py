@@ -33,6 +33,10 @@ The red team of issue 19 (``benchmarks/red_team.py``) adds:
 - ``equivocating-reducer``: the noisy reducer's lie, with a proof of its own for every member (true
   about that member, every other part shifted to balance the lie), which that member's checks pass;
   it does not post the signed digests of its own proofs;
+- ``hiding-reducer``: the noisy reducer's lie, hidden behind one member: it holds that member's
+  results back for ``HOLD_BACK_SECONDS`` (the others have checked and committed by then; the
+  member's own reducer still serves them), and tells every member the same story, its own part
+  true and the held-back member's entry placed to balance the lie (:func:`absent_member_proof`);
 - ``copy``: zero compute with a copied gradient. Honest for its first ``TRUSTED_AFTER`` committed
   rounds (what a new key is audited on, every one), then sends, and commits its receipts to, the
   swarm's last committed average instead of its own gradient: a vector inside the honest spread,
@@ -42,6 +46,7 @@ The red team of issue 19 (``benchmarks/red_team.py``) adds:
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 import sys
@@ -66,7 +71,7 @@ from protocol.records import ContributionReceipt, TaskSpec, seal
 FAULTS = (
     "forge", "replay", "inflate", "fabricate", "search-lie", "silent", "flops", "self-group",
     "group-inflate", "nan", "x1000", "sign", "garbage", "forged-state", "rogue-progress", "lying-reducer",
-    "noisy-reducer", "equivocating-reducer", "copy",
+    "noisy-reducer", "equivocating-reducer", "hiding-reducer", "copy",
 )  # fmt: skip
 POISONS = ("nan", "x1000", "sign", "garbage")
 INFLATION = 10  # group-inflate's factor
@@ -183,6 +188,7 @@ def take_any_reply() -> None:
     hivemind_adapter.exact_runner.check_proof = lambda *args, **kwargs: None
 
 
+HOLD_BACK_SECONDS = 4.0  # how long the hiding reducer holds one member's results (under next_chunk)
 NOISE_TIMES = 10.0  # the noisy reducer's added direction, in lengths of the honest centre
 
 
@@ -202,7 +208,7 @@ def lying_runner(lie: str) -> type[ExactAllReduceRunner]:
             honest, _proof = super().answer(result, parts, senders, weights, part_index)
             if lie == "x1000":
                 told = honest * 1000
-            elif lie in ("noise", "equivocate"):
+            elif lie in ("noise", "equivocate", "hide"):
                 direction = torch.randn(honest.shape, generator=noise).to(honest.dtype)
                 length = NOISE_TIMES * torch.linalg.vector_norm(honest) / torch.linalg.vector_norm(direction)
                 told = honest + direction * length
@@ -218,6 +224,9 @@ def lying_runner(lie: str) -> type[ExactAllReduceRunner]:
             if not hasattr(self, "told"):
                 self.told = {}
             self.told[part_index] = (proof, received, seed)
+            if lie == "hide" and self.own_sender is not None:
+                starved = starved_member(self.own_sender, self.num_senders)
+                return told, absent_member_proof(proof, starved, received, seed).to_bytes()
             return told, covering_proof(proof, self.own_sender, received, seed).to_bytes()
 
     class LyingRunner(ExactAllReduceRunner):
@@ -234,6 +243,28 @@ def lying_runner(lie: str) -> type[ExactAllReduceRunner]:
                 self.attestations = [a for a in self.attestations if a.reducer != self.peer_id.to_base58()]
             return message
 
+        async def _accumulate_parts_streaming(self, stream, sender_index: int):
+            replies = super()._accumulate_parts_streaming(stream, sender_index)
+            reducer = self.tensor_part_reducer
+            starved = (
+                lie == "hide"
+                and isinstance(reducer, LyingReducer)
+                and reducer.own_sender is not None
+                and sender_index == starved_member(reducer.own_sender, reducer.num_senders)
+            )
+            held_back = []
+            async for message in replies:
+                if starved:  # its parts are taken (the others' results need them); the replies wait
+                    held_back.append(message)
+                else:
+                    yield message
+            if held_back:
+                # until the others have checked the lie (and, in a swarm, committed it): then it
+                # gets them, too late to be compared, and its own step fails on its own entry
+                await asyncio.sleep(HOLD_BACK_SECONDS)
+                for message in held_back:
+                    yield message
+
         def proofs_for(self, sender_index: int) -> list[bytes]:
             reducer = self.tensor_part_reducer
             if lie != "equivocate" or not isinstance(reducer, LyingReducer):
@@ -244,6 +275,11 @@ def lying_runner(lie: str) -> type[ExactAllReduceRunner]:
             return proofs
 
     return LyingRunner
+
+
+def starved_member(own: int, senders: int) -> int:
+    """The member a hiding reducer never answers: the next sender after itself."""
+    return (own + 1) % senders
 
 
 def covering_proof(proof: PartProof, own: int | None, result: torch.Tensor, seed: int) -> PartProof:
@@ -429,6 +465,8 @@ if __name__ == "__main__":
         lie_as_reducer("noise")
     if chosen == "equivocating-reducer":
         lie_as_reducer("equivocate")
+    if chosen == "hiding-reducer":
+        lie_as_reducer("hide")
     if chosen == "copy":
         copy_gradient()
     peer.cli.NODE_CLASS = dishonest_node(chosen)

@@ -30,7 +30,13 @@ from hivemind_adapter.reducer_proof import (
 )
 from hivemind_adapter.robust_reduce import RobustConfig, SharedNoiseMap, capped_weights, centered_clip
 from hivemind_adapter.wire_codecs import codec_for, rounding_bound, roundtrip
-from tests.adversaries.dishonest_peer import NOISE_TIMES, absent_member_proof, covering_proof, lying_averager
+from tests.adversaries.dishonest_peer import (
+    NOISE_TIMES,
+    absent_member_proof,
+    covering_proof,
+    lying_averager,
+    starved_member,
+)
 from tests.hivemind_adapter.averager_group import ALLREDUCE_TIMEOUT, ARRIVAL_TIMEOUT, step_known_group
 
 CONFIG = RobustConfig()
@@ -259,6 +265,41 @@ def test_every_honest_member_refuses_a_noisy_reducer_and_writes_nothing(size):
         assert isinstance(outcomes[i], PartialAllReduceError), outcomes
         assert f"{liar[-8:]}: AllreduceException: refused its parts" in str(outcomes[i]), outcomes[i]
         assert "its own part lies" in str(outcomes[i]), outcomes[i]
+        assert torch.equal(results[i][0], parts[i]), "a refused step writes nothing"
+        assert liar in named[i], named
+
+
+@pytest.mark.parametrize("size", [3, 4])
+def test_a_reducer_that_starves_one_member_and_hides_its_lie_behind_it(size):
+    """The red team's hiding-reducer: it holds one member's results back until the others are done
+    (that member then refuses its own misstated entry, too late to matter in a swarm) and tells every
+    member one story, its own part true and the held-back member's entry placed to balance the noise
+    lie. In a group of four, every member left refuses it (point 6) and writes nothing. In a group
+    of three, the one member left has no second honest part to measure by: the lie passes (README,
+    "One peer cannot break the model": what small groups are held to)."""
+    parts = _means([64] * size, size=4 * 65536, seed=9)
+    results, outcomes, named, peer_ids = step_known_group(
+        size,
+        lambda i: [parts[i]],
+        lambda i: dict(robust=CONFIG),
+        lambda i: lying_averager("hide") if i == size - 1 else VerifiedAverager,
+        prefix=f"hiding-reducer-{size}",
+        part_size_bytes=256 * 1024,
+    )
+    liar = peer_ids[-1]
+    order = sorted(peer_ids)  # the known group's senders, in the order its members agree on
+    starved = peer_ids.index(order[starved_member(order.index(liar), size)])
+    assert "misstates this member's part" in str(outcomes[starved]), outcomes[starved]
+    assert torch.equal(results[starved][0], parts[starved])
+    left = [i for i in range(size - 1) if i != starved]
+    for i in left:
+        if size == 3:
+            assert outcomes[i] is None, outcomes[i]  # the lie passed
+            assert not torch.equal(results[i][0], parts[i])
+            continue
+        assert isinstance(outcomes[i], PartialAllReduceError), outcomes
+        assert f"{liar[-8:]}: AllreduceException: refused its parts" in str(outcomes[i]), outcomes[i]
+        assert "farther from this member's part" in str(outcomes[i]), outcomes[i]
         assert torch.equal(results[i][0], parts[i]), "a refused step writes nothing"
         assert liar in named[i], named
 
