@@ -127,6 +127,7 @@ class RunResult:
     honest_named: int = 0  # (round, reducer, honest sender) namings, outliers or excluded
     honest_refused_receipts: int = 0  # (round, honest sender) pairs named by two reducers or more
     honest_replies_refused: int = 0  # replies an honest member's reply check would have refused
+    honest_result_ratio: float = 0.0  # the largest result ratio (proof point 6) an honest member saw
     influence: list[Influence] = field(default_factory=list)  # per applied round, with an attacker
 
 
@@ -204,6 +205,7 @@ def _count(result: RunResult, reduced: AllReduce, round_index: int, attacker: in
         result.honest_named += reducers
         result.honest_refused_receipts += reducers >= 2
         result.honest_replies_refused += reduced.replies_refused[s]
+        result.honest_result_ratio = max(result.honest_result_ratio, reduced.result_ratios[s])
     if attacker is None:
         return
     for r in range(n):
@@ -397,6 +399,8 @@ def main() -> None:
             result = run(row, seed, args.rounds)
             results.append(result)
             notes = f"; {len(result.skipped)} rounds skipped" if result.skipped else ""
+            if row.robust:
+                notes += f"; honest result ratio at most {result.honest_result_ratio:.2f}"
             if result.diverged_at is not None:
                 notes += f"; diverged at round {result.diverged_at}"
             print(

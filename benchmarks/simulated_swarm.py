@@ -18,7 +18,7 @@ import random
 import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hivemind_adapter.runtime import prepare_process
@@ -31,6 +31,7 @@ from hivemind.averaging.partition import TensorPartContainer, TensorPartReducer 
 
 from aggregator.task_publication import build_task_spec  # noqa: E402
 from hivemind_adapter.alignment import MIN_VALUES, AlignmentRecord  # noqa: E402
+from hivemind_adapter.reducer_proof import RESULT_FACTOR  # noqa: E402
 from hivemind_adapter.reply_check import implausible_reply  # noqa: E402
 from hivemind_adapter.robust_reduce import RobustConfig, RobustPartReducer  # noqa: E402
 from peer.hierarchy import PART_SIZE_BYTES, ROBUST_PART_SIZE_BYTES  # noqa: E402
@@ -137,11 +138,32 @@ class AllReduce:
     sizes: list[list[int]]  # each part's values (the roll's part counted as 0)
     live: list[list[set[int]]]  # per sender position, its parts that were not all zeros
     # per sender position:
-    replies_refused: list[int]  # remote replies its reply check would have refused
+    replies_refused: list[int]  # remote replies its reply check (or proof's point 6) would have refused
+    # the largest result ratio (hivemind_adapter.reducer_proof, point 6: exact distances, not sketched)
+    # it saw in a remote reply, over parts of at least MIN_VALUES values
+    result_ratios: list[float] = field(default_factory=list)
 
     def named(self, r: int) -> set[int]:
         """The senders reducer ``r`` names in its commit report (ExactAllReduceRunner.outlier_senders)."""
         return set(self.outliers[r]) | set(self.excluded[r])
+
+
+def _result_ratio(
+    parts: Sequence[torch.Tensor], weights: Sequence[float], member: int, result: torch.Tensor
+) -> float:
+    """Point 6 of a reducer's proof as ``member`` would see it (exact distances; 0 where it says
+    nothing: a part too short to measure, or fewer than two other senders with a weight)."""
+    if result.numel() < MIN_VALUES or weights[member] <= 0:
+        return 0.0
+    own = parts[member].double().reshape(-1)
+    gaps = sorted(
+        float(torch.linalg.vector_norm(own - parts[t].double().reshape(-1)))
+        for t in range(len(parts))
+        if t != member and weights[t] > 0 and bool(torch.isfinite(parts[t]).all())
+    )
+    if len(gaps) < 2 or gaps[1] <= 0:
+        return 0.0
+    return (float(torch.linalg.vector_norm(own - result.double().reshape(-1))) / gaps[1]) ** 2
 
 
 def all_reduce(
@@ -174,7 +196,9 @@ async def _all_reduce(tensors, fractions, part_size, weights, robust, records, n
         [{j for j, part in enumerate(parts[s][r]) if bool((part != 0).any())} for s in range(n)]
         for r in range(n)
     ]
-    out = AllReduce(None, [frozenset()] * n, [{} for _ in range(n)], [[] for _ in range(n)], live, [0] * n)
+    out = AllReduce(
+        None, [frozenset()] * n, [{} for _ in range(n)], [[] for _ in range(n)], live, [0] * n, [0.0] * n
+    )
     replies: list[list[torch.Tensor]] = []
     failed = False
     for r in range(n):
@@ -220,6 +244,10 @@ async def _all_reduce(tensors, fractions, part_size, weights, robust, records, n
                         implausible_reply(own, reply, MIN_VALUES) is not None
                         for own, reply in zip(parts[s][r], results[s])
                     )
+                    for j, reply in enumerate(results[s]):
+                        ratio = _result_ratio([parts[t][r][j] for t in range(n)], weights, s, reply)
+                        out.result_ratios[s] = max(out.result_ratios[s], ratio)
+                        out.replies_refused[s] += ratio > RESULT_FACTOR
     if failed:
         return out
     flat = [part for share in replies for part in share]
