@@ -6,8 +6,9 @@ the others have committed keeps that member's report out of every comparison tha
 result, and a peer that saw the two stories barred the reducer from its own groups only: the others
 met it again in the next attempt. So the evidence is kept looking for and passed on:
 
-- every attempt this peer posted a result for is read again later (:data:`RECHECK_AFTER_SECONDS`,
-  while the board still keeps its reports), on this thread, off the round's;
+- an attempt whose contributors had not all reported when this peer decided is read again later
+  (:data:`RECHECK_AFTER_SECONDS`, while the board still keeps its reports), on this thread, off the
+  round's (with every report in, every story was compared already);
 - two signed digests that differ are posted as a :class:`~protocol.records.ReducerConviction`,
   which every node's validator checks (both signatures under the reducer's key) before storing it;
 - every peer reads the convictions every :data:`READ_EVERY_SECONDS`, and its averagers meet no peer
@@ -86,7 +87,8 @@ class ConvictionWatch:
     # ------------------------------------------------------------------ the round's side
 
     def recheck_later(self, board: CommitBoard, attempt: int) -> None:
-        """This peer posted a result for ``attempt`` on ``board``: read its reports again later."""
+        """This peer decided ``attempt`` on ``board`` before every contributor reported: read its
+        reports again later."""
         now = time.monotonic()
         with self._lock:
             self._due.extend((now + after, attempt, board) for after in self.recheck_after)

@@ -858,8 +858,6 @@ class HierarchicalAverager:
         )  # fmt: skip
         if not ok:
             return False, outcome.reason
-        if self.convictions is not None:  # a member whose results came late may show a second story
-            self.convictions.recheck_later(self.board, attempt)
         if roster == {self.peer_id}:
             # A roster of one (a cohort of one in an inner step): its quorum is this peer, and reading
             # its own report back from the DHT only waited for the store to cross the wide area (22 %
@@ -886,15 +884,21 @@ class HierarchicalAverager:
         # they may take. (Not the whole attempt's deadlines: a dead peer in the roster, undecided
         # forever, would then hold the survivors in very different waits and out of step.)
         skipped = max(0, self._levels - self._broadcasts_taken) * self.deadlines.deadline("broadcast").seconds
+        witnesses = [c.peer for c in outcome.contributors if c.peer != self.peer_id]
         decision = await_commit(
             self.board, attempt, outcome.digest, roster, self._commit_wait() + skipped,
             never=lambda: self._never_reporting(attempt, roster), public_keys=self.public_keys(),
-            witnesses=[c.peer for c in outcome.contributors if c.peer != self.peer_id],
+            witnesses=witnesses,
         )  # fmt: skip
         if decision.equivocation is not None:
             self._caught(decision.equivocation.reducer, decision.equivocation.describe())
             if self.convictions is not None:  # every other peer bars it too, once it reads this
                 self.convictions.report(decision.equivocation)
+        elif self.convictions is not None and set(witnesses) - decision.seen:
+            # A contributor had not reported when this peer decided: its story, when it comes (a
+            # reducer may have held its results back), is compared later. (With every report in,
+            # every story was compared; a known cohort's confirmation compares them all too.)
+            self.convictions.recheck_later(self.board, attempt)
         if decision.committed:
             self.deadlines.record("commit", time.monotonic() - started)
         # Who showed life in this attempt, if everyone did: the next attempt needs no read to know.
