@@ -61,6 +61,16 @@ class CommitWitness:
             reports = self._seen.get(attempt, {})
             return {key for key, commit in reports.items() if commit.group == group}
 
+    def states_after(self, attempt: int, group: str) -> dict[str, set[str]]:
+        """State digest -> the peer ids that reported holding it after committing ``group`` in
+        ``attempt`` (each peer's latest report: the state report re-posts the commit with it)."""
+        with self._lock:
+            out: dict[str, set[str]] = {}
+            for commit in self._seen.get(attempt, {}).values():
+                if commit.group == group and commit.state:
+                    out.setdefault(commit.state, set()).add(commit.peer_id)
+            return out
+
     def commit_counts(self, attempt: int) -> dict[str, int]:
         """Group id -> how many keys reported committing it in ``attempt``."""
         with self._lock:

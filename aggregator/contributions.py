@@ -76,6 +76,7 @@ from protocol.verified_records import VerifiedRecords
 logger = logging.getLogger(__name__)
 
 CONVICTIONS_READ_SECONDS = 10.0  # how often the closer reads the convictions peers posted
+STATE_WITNESSES = 2  # peers that must report the same state after a group before a checkpoint takes it
 
 BINDINGS_REFRESH = 10.0  # seconds a read of the peers' announcements serves receipts for
 
@@ -392,6 +393,24 @@ class ContributionDesk:
         if notes:
             self._publish_checkpoint(notes[-1])
 
+    def _learn_state_after(self, receipt: ContributionReceipt) -> None:
+        """The state its committers hold after the witnessed group of ``receipt``, where at least
+        :data:`STATE_WITNESSES` of them report the same one (one dishonest peer cannot name a state
+        alone): a checkpoint, and so an anchor, may use it before any receipt of the next round.
+
+        Without it, a swarm split in two could stay split for good: one side committed round r with a
+        bare majority of the roster it had read (a read that missed some peers), the other side could
+        not load that state (no majority of the full roster held it, and the state reports expire
+        from the board within 90 s), and neither side could commit round r + 1 alone; the anchor came
+        only from round r + 1's receipts (measured on the emulated internet: two sites stuck for 10
+        minutes on round 1 after the equivocating reducer's first attempt). Not in outer tasks: there
+        a period's last state report is posted twice (before and after the outer step)."""
+        if self.spec.params.sync == "outer":
+            return
+        for state, holders in self.witness.states_after(receipt.attempt, receipt.group_id).items():
+            if len(holders) >= STATE_WITNESSES:
+                self.states.learn(receipt.round, state, sorted(holders))
+
     def _exclude_convicted(self, convictions: list[ReducerConviction]) -> None:
         """A key that peers convicted of telling members different stories as a reducer (evidence
         anyone can check: :class:`protocol.records.ReducerConviction`) is treated as one that failed
@@ -450,6 +469,7 @@ class ContributionDesk:
                 if self.states is not None and not lone:
                     # a start state the swarm committed (its group is witnessed): checkpoints may use it
                     self.states.learn(receipt.round - 1, receipt.state_digest, [receipt.peer_id])
+                    self._learn_state_after(receipt)
                 # a key whose rate was never measured has its claim checked by an audit instead, a lone
                 # inner step has nothing else to vouch for it, and a claim above the measured bound
                 # stands only on its audit

@@ -5,6 +5,7 @@ receipts), and which keys peers convicted of equivocation."""
 
 from __future__ import annotations
 
+from aggregator.checkpoints import CheckpointKeeper
 from aggregator.contributions import ContributionDesk
 from hivemind_adapter.dht import store
 from hivemind_adapter.p2p import Endpoint
@@ -12,9 +13,19 @@ from peer.swarm_view import ProgressBoard
 from protocol.dht_schema import conviction_subkey, convictions_key
 from protocol.identity import Identity
 from protocol.proof_attestation import ProofAttestation, group_tag, proofs_digest
-from protocol.records import ContributionReceipt, ReducerConviction, Revocation, parse_sealed, seal
+from protocol.records import (
+    ContributionReceipt,
+    ReducerConviction,
+    Revocation,
+    RoundCommit,
+    parse_sealed,
+    seal,
+)
+from supernet.workload import workload_for
 from tests.helpers import two_task_dhts, wait_until
 from tests.protocol.factories import TASK, fake_peer_id, now_ms, peer_id_of, sealed_receipt, task_spec
+
+SMALL = dict(seed=0, batch_size=32, num_subnets=2, width_mult=0.25, head_channels=64, total_steps=4)
 
 
 def test_a_lone_far_off_progress_record_sets_the_round_only_in_a_swarm_of_two(tmp_path):
@@ -75,3 +86,41 @@ def test_a_posted_conviction_excludes_the_reducer_key_and_revokes_its_credit_for
             assert again.trust.excluded() == {reducer.public_key_hex}
         finally:
             again.shutdown()
+
+
+def test_a_state_two_committers_report_after_a_witnessed_group_is_one_a_checkpoint_may_take(tmp_path):
+    # A swarm split in two stayed split for good: one side committed round r with a bare majority of
+    # the roster it had read, the other could not load that state (no majority of the whole roster
+    # held it), and no anchor came until a receipt of round r + 1. Now the state two committers of a
+    # witnessed group report holding is one the keeper may checkpoint and anchor; one peer's word is
+    # not enough.
+    aggregator = Identity.generate()
+    committers = [Identity.generate() for _ in range(3)]
+    spec = task_spec(aggregator)
+    with two_task_dhts(TASK) as (first, _):
+        endpoint = Endpoint(first, "desk")
+        keeper = CheckpointKeeper(first, endpoint, TASK, workload_for("digits", SMALL), tmp_path / "ckpt")
+        desk = ContributionDesk(first, endpoint, aggregator, spec, tmp_path / "l.sqlite", states=keeper)
+        try:
+            initial = keeper.newest_known()
+            group, after = "ab" * 32, "cd" * 32
+            receipt = sealed_receipt(committers[0], 3, attempt=7, group_id=group).record
+
+            def report(identity: Identity, state: str, at_group: str = group) -> RoundCommit:
+                return RoundCommit(
+                    task_id=TASK, attempt=7, peer_id=peer_id_of(identity), public_key=identity.public_key_hex,
+                    ok=True, digest="ef" * 32, timestamp=now_ms(), state=state, group=at_group,
+                )  # fmt: skip
+
+            # one committer's word, and a state reported after another group: not taken
+            desk.witness.learn([report(committers[0], after), report(committers[1], "12" * 32, "99" * 32)])
+            desk._learn_state_after(receipt)
+            assert keeper.newest_known() == initial
+            desk.witness.learn([report(committers[1], after)])
+            desk._learn_state_after(receipt)
+            digest, known = keeper.newest_known()
+            assert digest == after and known.round == 3
+            assert set(known.holders) == {peer_id_of(c) for c in committers[:2]}
+        finally:
+            desk.shutdown()
+            keeper.shutdown()
