@@ -43,6 +43,11 @@ class AdmissionMemory:
         with self._lock:
             self._barred[peer_id] = max(self._barred.get(peer_id, 0.0), self.clock() + seconds)
 
+    def unbar(self, peer_id: str) -> None:
+        """Admit ``peer_id`` again (from the next :meth:`update` on), unless its key is barred."""
+        with self._lock:
+            self._barred.pop(peer_id, None)
+
     def bar_key(self, public_key_hex: str) -> None:
         """Admit no peer that announces ``public_key_hex``, from the next :meth:`update` on, for good."""
         with self._lock:

@@ -305,6 +305,9 @@ class HierarchicalAverager:
         # (attempt, its roster) when every roster peer had posted for that attempt by this peer's commit
         self.everyone_posted: tuple[int, frozenset[str]] | None = None
         self._named: set[str] = set()  # peers this peer's reducers named outliers, this attempt
+        # reducer -> the attempt in which this peer refused its averages (and barred it): see _excuse
+        self._refused_in: dict[str, int | None] = {}
+        self._convicted_seen = 0  # how many convicted keys _admit has barred so far
         self._attested: dict[str, None] = {}  # this attempt's proof attestations (tokens, in order)
 
     # ------------------------------------------------------------------ the round
@@ -666,8 +669,12 @@ class HierarchicalAverager:
         if self.admitted is None:
             return
         if self.convictions is not None:
-            for key in self.convictions.convicted_keys():
+            convicted = self.convictions.convicted_keys()
+            for key in convicted:
                 self._admission.bar_key(key)
+            if len(convicted) > self._convicted_seen:  # a lie just came to light: see _excuse
+                self._convicted_seen = len(convicted)
+                self._excuse(self._previous_attempt, "a reducer of the swarm was convicted of equivocation")
         try:
             read = dict(self.admitted())
         except Exception as e:  # a failed read admits no one new and bars no one
@@ -688,6 +695,7 @@ class HierarchicalAverager:
             self._attested.update((a.to_token(), None) for a in averager.take_attestations())
             for reducer in averager.take_refused():
                 self._caught(reducer, "this peer refused its averages as implausible")
+                self._refused_in[reducer] = self._previous_attempt
 
     def public_keys(self) -> dict[str, str] | None:
         """The roster's keys (peer id -> hex) whose signatures count here; None in a swarm without
@@ -701,6 +709,27 @@ class HierarchicalAverager:
         if peer not in self._admission.barred():
             logger.warning(f"{peer[-8:]} barred for {BAR_SECONDS:.0f} s: {why}")
         self._admission.bar(peer, BAR_SECONDS)
+
+    def _excuse(self, attempt: int | None, why: str, liar: str | None = None) -> None:
+        """Lift the bars this peer placed in ``attempt`` (or the one before) on reducers whose averages
+        it refused: a reducer convicted of equivocation in the same attempt explains them. An honest
+        cohort head that carried the lie into the cross stage had its averages refused there, and,
+        barred for 10 minutes by the other site's head, kept the two sites from ever meeting again:
+        no quorum (measured on the emulated internet: the swarm stalled on round 1). A reducer that
+        really lied is refused, and barred, again in its next attempt."""
+        if attempt is None:
+            return
+        recent = [
+            p
+            for p, at in self._refused_in.items()
+            if p != liar and at is not None and attempt - 1 <= at <= attempt
+        ]
+        for peer in recent:
+            del self._refused_in[peer]
+            self._admission.unbar(peer)
+            logger.warning(
+                f"{peer[-8:]} no longer barred: {why}, which its refused averages may have carried"
+            )
 
     def _snapshot(self) -> list[torch.Tensor]:
         with self._cohort.get_tensors() as buf:
@@ -892,6 +921,8 @@ class HierarchicalAverager:
         )  # fmt: skip
         if decision.equivocation is not None:
             self._caught(decision.equivocation.reducer, decision.equivocation.describe())
+            liar = decision.equivocation.reducer
+            self._excuse(attempt, f"reducer {liar[-8:]} told members different stories", liar)
             if self.convictions is not None:  # every other peer bars it too, once it reads this
                 self.convictions.report(decision.equivocation)
         elif self.convictions is not None and set(witnesses) - decision.seen:

@@ -47,3 +47,17 @@ def test_a_barred_peer_is_left_out_until_its_bar_ends():
     assert memory.barred() == {"liar"}
     clock.now = 61.0
     assert memory.update(roster, "me") == roster
+
+
+def test_a_bar_can_be_lifted_but_not_a_barred_key():
+    memory = AdmissionMemory()
+    read = {"QmHonestHead": "aa" * 32, "QmLiar": "bb" * 32, "QmSelf": "cc" * 32}
+    memory.update(read, "QmSelf")
+    memory.bar("QmHonestHead", 600)
+    memory.bar("QmLiar", 600)
+    memory.bar_key("bb" * 32)
+    assert set(memory.update(read, "QmSelf")) == {"QmSelf"}
+    memory.unbar("QmHonestHead")  # its refused averages carried another reducer's lie
+    memory.unbar("QmLiar")  # a convicted key stays out whatever its peer id's bar says
+    assert set(memory.update(read, "QmSelf")) == {"QmSelf", "QmHonestHead"}
+    assert memory.barred() == {"QmLiar"}
