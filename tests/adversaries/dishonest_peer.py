@@ -290,21 +290,8 @@ def covering_proof(proof: PartProof, own: int | None, result: torch.Tensor, seed
     ``own``: the liar's sender index (None, or a part it did not weigh: nothing to move)."""
     if own is None or proof.capped[own] <= 0:
         return proof
-    centre = sketch(result, seed)
     in_centre = [i for i, inside in enumerate(proof.in_centre) if inside or i == own]
-    pull = sum(
-        (proof.capped[i] * (proof.points[i] - centre) for i in in_centre if i != own),
-        torch.zeros_like(centre),
-    )
-    points = proof.points.clone()
-    points[own] = centre - pull / proof.capped[own]
-    distances = list(proof.distances)
-    distances[own] = float(torch.linalg.vector_norm(points[own] - centre))
-    radius = max(distances[i] for i in in_centre)
-    return PartProof(
-        radius, proof.weights, proof.capped, tuple(i in in_centre for i in range(len(distances))),
-        tuple(distances), points,
-    )  # fmt: skip
+    return _balanced_by(proof, own, in_centre, result, seed)
 
 
 def absent_member_proof(proof: PartProof, absent: int, result: torch.Tensor, seed: int) -> PartProof:
@@ -312,21 +299,29 @@ def absent_member_proof(proof: PartProof, absent: int, result: torch.Tensor, see
     check it (its results were held back until the others committed, or it left): every checking
     member's entry and the liar's own part as they are (so point 5 passes), ``absent``'s part placed
     to balance the projected fixed point, with a radius past every distance (nothing clipped)."""
-    centre = sketch(result, seed)
     counted = [i for i, w in enumerate(proof.capped) if w > 0]
     if absent not in counted:
         return proof
+    return _balanced_by(proof, absent, counted, result, seed)
+
+
+def _balanced_by(
+    proof: PartProof, mover: int, in_centre: list[int], result: torch.Tensor, seed: int
+) -> PartProof:
+    """``proof`` with the entry of ``mover`` placed where it balances the projected fixed point at
+    ``result`` over the parts ``in_centre``, and a radius past every distance (nothing clipped)."""
+    centre = sketch(result, seed)
     pull = sum(
-        (proof.capped[i] * (proof.points[i] - centre) for i in counted if i != absent),
+        (proof.capped[i] * (proof.points[i] - centre) for i in in_centre if i != mover),
         torch.zeros_like(centre),
     )
     points = proof.points.clone()
-    points[absent] = centre - pull / proof.capped[absent]
+    points[mover] = centre - pull / proof.capped[mover]
     distances = list(proof.distances)
-    distances[absent] = float(torch.linalg.vector_norm(points[absent] - centre))
-    radius = max(distances[i] for i in counted)
+    distances[mover] = float(torch.linalg.vector_norm(points[mover] - centre))
+    radius = max(distances[i] for i in in_centre)
     return PartProof(
-        radius, proof.weights, proof.capped, tuple(i in counted for i in range(len(distances))),
+        radius, proof.weights, proof.capped, tuple(i in in_centre for i in range(len(distances))),
         tuple(distances), points,
     )  # fmt: skip
 
