@@ -232,10 +232,14 @@ def check_proof(
         return f"its proof lists this member's weight as {proof.weights[member]:g}, not {own_weight:g}"
     x = own_part.detach().reshape(-1).to(torch.float64)
     mine, sc = sketches([x, c], seed)
-    if own_weight > 0 and bool(torch.isfinite(x).all()):
+    # this member's exact distance to the result (points 1 and 6), where it sent a part that counts
+    own_distance = (
+        float(torch.linalg.vector_norm(x - c)) if own_weight > 0 and bool(torch.isfinite(x).all()) else None
+    )
+    if own_distance is not None:
         if not _close(points[member], mine):
             return "its proof misstates this member's part"
-        if not _close_number(proof.distances[member], float(torch.linalg.vector_norm(x - c))):
+        if not _close_number(proof.distances[member], own_distance):
             return "its proof misstates this member's distance to the result"
     # 2. the cap rule, over the senders it counted
     if any(i not in counted for i, inside in enumerate(proof.in_centre) if inside):
@@ -262,9 +266,8 @@ def check_proof(
         if rounding is None
         else rounding.reshape(-1).to(torch.float64) + c.abs() * 2.0**-24
     )
-    allowed = RESIDUAL_TOLERANCE * total + pull * (
-        2.0 * float(torch.linalg.vector_norm(moved)) + 1e-5 * proof.radius
-    )
+    moved_length = float(torch.linalg.vector_norm(moved))
+    allowed = RESIDUAL_TOLERANCE * total + pull * (2.0 * moved_length + 1e-5 * proof.radius)
     if residual > allowed:
         return f"the result is not the centre its proof lists (residual {residual / max(total, 1e-300):.2g} of the forces)"
     if c.numel() < MIN_VALUES_TO_MEASURE:
@@ -287,10 +290,9 @@ def check_proof(
     if ratio is not None and ratio > OWN_PART_FACTOR:
         return f"in a pair, its own part lies {ratio:.1f}x beyond the sampling noise measured elsewhere"
     # 6. the result near this member's part, as near as the nearest other part lies
-    beyond_rounding = max(
-        0.0, float(torch.linalg.vector_norm(x - c)) - float(torch.linalg.vector_norm(moved))
+    ratio = (
+        None if own_distance is None else result_ratio(proof, member, max(0.0, own_distance - moved_length))
     )
-    ratio = result_ratio(proof, member, beyond_rounding) if own_weight > 0 else None
     if ratio is not None and ratio > RESULT_FACTOR:
         return f"the result lies {ratio:.1f}x farther from this member's part than the second-nearest other part does"
     return None

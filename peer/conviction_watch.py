@@ -68,9 +68,8 @@ class ConvictionWatch:
         self._lock = threading.Lock()  # guards the three collections below
         self._due: list[tuple[float, int, CommitBoard]] = []  # (when, attempt, board) to read again
         self._convicted: dict[str, str] = {}  # reducer key -> why, as first learnt
-        self._posted: dict[
-            str, tuple[ReducerConviction, float]
-        ] = {}  # reducer key -> own evidence, when posted
+        # reducer key -> this peer's own evidence against it, and when it was last posted
+        self._posted: dict[str, tuple[ReducerConviction, float]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="manta-convictions", daemon=True)
         self.rechecks = 0  # attempts read again (for tests and logs)

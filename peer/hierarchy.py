@@ -920,8 +920,8 @@ class HierarchicalAverager:
             witnesses=witnesses,
         )  # fmt: skip
         if decision.equivocation is not None:
-            self._caught(decision.equivocation.reducer, decision.equivocation.describe())
             liar = decision.equivocation.reducer
+            self._caught(liar, decision.equivocation.describe())
             self._excuse(attempt, f"reducer {liar[-8:]} told members different stories", liar)
             if self.convictions is not None:  # every other peer bars it too, once it reads this
                 self.convictions.report(decision.equivocation)
