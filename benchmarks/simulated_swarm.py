@@ -31,7 +31,7 @@ from hivemind.averaging.partition import TensorPartContainer, TensorPartReducer 
 
 from aggregator.task_publication import build_task_spec  # noqa: E402
 from hivemind_adapter.alignment import MIN_VALUES, AlignmentRecord  # noqa: E402
-from hivemind_adapter.reducer_proof import RESULT_FACTOR  # noqa: E402
+from hivemind_adapter.reducer_proof import RESULT_FACTOR, reference_rank  # noqa: E402
 from hivemind_adapter.reply_check import implausible_reply  # noqa: E402
 from hivemind_adapter.robust_reduce import RobustConfig, RobustPartReducer  # noqa: E402
 from peer.hierarchy import PART_SIZE_BYTES, ROBUST_PART_SIZE_BYTES  # noqa: E402
@@ -161,9 +161,9 @@ def _result_ratio(
         for t in range(len(parts))
         if t != member and weights[t] > 0 and bool(torch.isfinite(parts[t]).all())
     )
-    if len(gaps) < 2 or gaps[1] <= 0:
+    if len(gaps) < 2 or (reference := gaps[reference_rank(len(gaps))]) <= 0:
         return 0.0
-    return (float(torch.linalg.vector_norm(own - result.double().reshape(-1))) / gaps[1]) ** 2
+    return (float(torch.linalg.vector_norm(own - result.double().reshape(-1))) / reference) ** 2
 
 
 def all_reduce(

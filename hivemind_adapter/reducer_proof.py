@@ -31,8 +31,9 @@ checks (:func:`check_proof`):
    must stay within :data:`OWN_PART_FACTOR` times the others' upper median ``D`` among themselves.
 
 6. the result lies among the parts, seen from this member: its exact distance to the result is
-   within :data:`RESULT_FACTOR` times (squared) its sketched distance to the second-nearest other
-   part. Points 1-5 hold only the entries of members that check the proof: a member that never does
+   within :data:`RESULT_FACTOR` times (squared) its sketched distance to the other parts' lower
+   median (the second-nearest in groups of up to five; :func:`reference_rank`). Points 1-5 hold
+   only the entries of members that check the proof: a member that never does
    (the reducer held its results back until the others committed, or it left) can be listed
    anywhere, and its entry alone then balances any result. An honest centre is a weighted mean of
    the parts, never farther from a member's part than they are.
@@ -77,8 +78,8 @@ DISTANCE_BAND = 4.0
 # equal samples and 3.6 with 8/32/64/256 samples; a liar covering a shift of 10x the centre's length
 # showed at least 30 (every one refused), of 3x at least 3.3 (most refused), of 1x at most 2.6.
 OWN_PART_FACTOR = 10.0
-# How much farther (squared) the result may lie from a member's part than the second-nearest other
-# part does (point 6). Measured on the red team's gradients (benchmarks/reducer_proof.py, 4 rounds,
+# How much farther (squared) the result may lie from a member's part than the other parts' lower
+# median does (point 6; the second-nearest in groups of up to five). Measured on the red team's gradients (benchmarks/reducer_proof.py, 4 rounds,
 # 192 honest members' checks): at most 1.06 (8/32/64/256), 0.69 in groups of equal samples; the
 # noisy lie (10x the centre) hidden behind one member that never checks showed at least 5.0 (every
 # one refused in groups of 4 and 6), 3x at most 1.0 (none refused).
@@ -294,7 +295,9 @@ def check_proof(
         None if own_distance is None else result_ratio(proof, member, max(0.0, own_distance - moved_length))
     )
     if ratio is not None and ratio > RESULT_FACTOR:
-        return f"the result lies {ratio:.1f}x farther from this member's part than the second-nearest other part does"
+        return (
+            f"the result lies {ratio:.1f}x farther from this member's part than the other parts' median does"
+        )
     return None
 
 
@@ -412,15 +415,17 @@ def own_part_ratio(proof: PartProof, reducer: int) -> float | None:
 
 def result_ratio(proof: PartProof, member: int, distance: float) -> float | None:
     """How far the result lies from ``member``'s part (``distance``, measured exactly), over how far
-    the second-nearest other listed part lies from it (sketched), both squared (point 6 of the
-    module's docstring); None where it says nothing (fewer than two other parts).
+    the other listed parts lie from it (sketched; their lower median, never nearer than the second:
+    :func:`reference_rank`), both squared (point 6 of the module's docstring); None where it says
+    nothing (fewer than two other parts).
 
     Lengths, not noise units as in point 5: the result carries the capped mean's noise, which for a
     member of many samples is most of its distance to the result (the 256-sample member of
-    8/32/64/256 read 8.4 in noise units, 1.5 in lengths). Not a median of the others: a reducer can
-    list the entry of a member that never checks it (one whose results it held back, or that left)
-    anywhere, but a made-up entry only ever brings the near parts closer. Not the nearest: one
-    dishonest member whose part lies next to this member's would then make it refuse honest results."""
+    8/32/64/256 read 8.4 in noise units, 1.5 in lengths). A reducer can list the entry of a member
+    that never checks it (one whose results it held back, or that left) anywhere: placed far, it
+    raises the median by one rank; placed near, it only makes the check stricter. Not the nearest:
+    one dishonest member whose part lies next to this member's would then make it refuse honest
+    results."""
     valid = _valid(proof)
     if member not in valid:
         return None
@@ -428,11 +433,23 @@ def result_ratio(proof: PartProof, member: int, distance: float) -> float | None
     if len(others) < 2:
         return None
     gaps = sorted(float(torch.linalg.vector_norm(proof.points[member] - proof.points[j])) for j in others)
-    second = gaps[1] ** 2
+    reference = gaps[reference_rank(len(gaps))] ** 2
     own = distance**2
-    if second <= 0:
+    if reference <= 0:
         return None if own <= 0 else math.inf
-    return own / second
+    return own / reference
+
+
+def reference_rank(others: int) -> int:
+    """Which of a member's sorted gaps to the ``others`` other parts point 6 measures the result by
+    (0-based): the lower median, never below the second-nearest. The second-nearest alone was too
+    tight late in training, where parts cluster (most members' 64 samples are all learned, a few hold
+    a hard example): three near-zero parts of six are each other's nearest two, the centre lies among
+    all six, and an honest member's ratio reached 3.96 against the limit of 4 (benchmarks/README.md,
+    "Point 6 late in training"). The median of five gaps is one of the far cluster's there. One
+    made-up entry moves the median by at most one rank, and a twin placed next to a victim's part
+    moves only its nearest gap."""
+    return max(1, (others - 1) // 2)
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
