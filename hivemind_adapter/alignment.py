@@ -7,9 +7,14 @@ the gradient's signal (measured on the digits supernet: every few steps). It is 
 enough out to be named, and it pulls every average it joins back toward where the model came from.
 What gives it away is its direction: an honest sender's part is, in expectation, positively aligned
 with the mean of the others (they estimate the same gradient), a flipped one negatively, by as much.
-One part says little (with 64 samples a peer, an honest part of ~50k values was anti-aligned with
-the others in about 1 part in 6, measured over 120 steps of the digits supernet); the record therefore keeps each sender's last
-:data:`WINDOW` cosines and names it only when their mean is negative by ``z_score`` standard errors.
+One all-reduce says little (with 64 samples a peer, an honest part of ~50k values was anti-aligned
+with the others in about 1 part in 6, measured over 120 steps of the digits supernet); the record
+therefore keeps each sender's last :data:`WINDOW` cosines and names it only when their mean is
+negative by ``z_score`` standard errors. A reducer notes one cosine per sender and all-reduce, over
+its whole share (:attr:`hivemind_adapter.robust_reduce.RobustPartReducer.alignments`): the parts of
+one all-reduce come from one batch, and late in training a batch holding a hard example points
+against the others in most of them at once. With one cosine per part, a window held a single
+round, and honest members were named 228-260 times in 120-round runs.
 
 The standard error is not the sender's own (a few values give a poor estimate): it is the spread of
 every sender's cosine around its part's median cosine, pooled over the last :data:`POOLED` of them,
@@ -36,9 +41,9 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-# A sender's last this many cosines are its evidence: long enough that a flipped sender is caught
-# within a few rounds (each round gives one cosine per part this reducer averages), short enough
-# that a sender that stops attacking is no longer named within a few rounds.
+# A sender's last this many cosines are its evidence: one per all-reduce this reducer took part in
+# (its whole share), so a flipped sender is caught after min_cosines of them and one that stops
+# attacking is no longer named within a few.
 WINDOW = 16
 # Cosines pooled, over all senders, to estimate the spread of one cosine.
 POOLED = 96

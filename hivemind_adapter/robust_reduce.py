@@ -70,9 +70,15 @@ class RobustConfig:
     honest majority: 20 steps are far past float32 precision, at a cost of 20 passes over the part.
 
     ``outlier_factor`` — a part farther than ``outlier_factor × radius`` from the centre is an outlier
-    (named, and left out of the result). 3.0, that is six typical honest distances: honest parts of a
-    part-sized vector are never that far (their distances concentrate), so naming a sender is a
-    strong claim, while an attack that far out costs the result nothing. Must be >= 1.
+    (named, and left out of the result). 10.0, that is twenty typical honest distances. Early in
+    training honest parts of a part-sized vector concentrate within 3; late in training they do not:
+    most members' samples are all learned and their parts are small, while one whose batch holds a
+    hard example sends a part several radii out. In two clean 120-round runs of the red team's task
+    honest parts reached 5.3 radii, and at 3.0 honest members were named in 66 parts from round 60
+    on (benchmarks/README.md, "Honest members named late in training"). Naming a sender is a strong
+    claim (its receipt earns nothing), while the attacks it is for lie far beyond 10 (x1000 and
+    random garbage a hundred times a gradient's length); a part within it is clipped, pulling the
+    result by at most a radius times its weight share. Must be >= 1.
 
     ``max_weight_ratio`` — no sender's weight counts for more than this many times the median weight.
     A weight is its sender's word (hivemind sends it beside the parts; MANTA weighs a mean by the
@@ -92,7 +98,7 @@ class RobustConfig:
 
     tau: float = 2.0
     iterations: int = 20
-    outlier_factor: float = 3.0
+    outlier_factor: float = 10.0
     max_weight_ratio: float = 2.0
     like_parts: bool = True
 
@@ -108,19 +114,38 @@ class RobustConfig:
 
 
 @dataclass(frozen=True)
+class Alignment:
+    """How one sender's part lies against the centre of the others': their dot product and both
+    squared lengths. Sums of these over a reducer's parts give the cosine of the sender's whole share
+    (:attr:`RobustPartReducer.alignments`), which is what the alignment record keeps."""
+
+    dot: float
+    own: float  # |x|^2
+    others: float  # |centre of the others|^2
+
+    def __add__(self, other: Alignment) -> Alignment:
+        return Alignment(self.dot + other.dot, self.own + other.own, self.others + other.others)
+
+    @property
+    def cosine(self) -> float | None:
+        norms = math.sqrt(self.own) * math.sqrt(self.others)
+        return self.dot / norms if norms > 0 else None
+
+
+@dataclass(frozen=True)
 class ClipResult:
     """``value``: the robust weighted centre (the inputs' shape and dtype). ``outliers``: indices of
     the parts refused (not finite) or named (farther than ``outlier_factor × radius`` from the centre
     the first pass found), ascending. ``radius``: the clipping radius, in the parts' units.
-    ``alignments``: per part, the cosine between it and the centre of the other parts (None for a
-    part refused, of zero weight, or alone): what :mod:`hivemind_adapter.alignment` keeps.
+    ``alignments``: per part, how it lies against the centre of the other parts (None for a part
+    refused, of zero weight, or alone); its :attr:`Alignment.cosine` is the cosine.
     ``capped``: the weight of each part the cap rule counted, after it; ``in_centre``: the parts
     the final centre is the fixed point of (both by part index)."""
 
     value: torch.Tensor
     outliers: tuple[int, ...]
     radius: float
-    alignments: tuple[float | None, ...] = ()
+    alignments: tuple[Alignment | None, ...] = ()
     # what a reducer's proof lists (hivemind_adapter.reducer_proof): the capped weight of every part
     # counted by the cap rule, and the parts in the final centre
     capped: dict[int, float] = field(default_factory=dict)
@@ -192,7 +217,7 @@ def centered_clip(
     else:
         named = []
     left_out = set(usable) - set(active) | set(named)
-    alignments = _alignments(parts, usable, left_out, dict(zip(active, w.tolist())), centre)
+    alignments = _alignments(parts, usable, left_out, dict(zip(active, w.tolist())), centre, radius)
     return ClipResult(
         centre.to(dtype).reshape(shape),
         tuple(sorted(refused + named)),
@@ -248,25 +273,40 @@ def capped_weights(w: torch.Tensor, max_weight_ratio: float) -> torch.Tensor:
     return capped
 
 
-def _alignments(parts, usable, left_out, weight_of, centre) -> tuple[float | None, ...]:
-    """Each usable part's cosine with the centre of the others. For a part in the centre, the others'
-    centre is the centre with that part's weighted share taken out (exact for a plain mean, close
-    for a clipped one); for one left out of it, the centre itself."""
-    result: list[float | None] = [None] * len(parts)
+def _alignments(parts, usable, left_out, weight_of, centre, radius) -> tuple[Alignment | None, ...]:
+    """Each usable part against the centre of the others. For a part in the centre, the others'
+    centre is the mean of the other parts in it, each with the weight it has in the centre: its
+    weight times its clip factor ``min(1, radius / |x - centre|)`` (at CenteredClip's fixed point
+    the centre is exactly that weighted mean). Taking a clipped part's whole weighted value out of
+    the centre instead, as this once did, left the others' centre pointing away from it: late in
+    training, when a member's 64 samples hold a hard example and its part is clipped, honest members
+    read anti-aligned round after round and were left out (488 namings, 123 receipts in two clean
+    120-round runs; benchmarks/README.md, "Honest members named late in training"). For a part left
+    out of the centre, the others' centre is the centre itself."""
+    result: list[Alignment | None] = [None] * len(parts)
     if len(usable) < 2:
         return tuple(result)
-    total = sum(weight for i, weight in weight_of.items() if i not in left_out)
+    inside = [i for i in weight_of if i not in left_out]
+    values = {i: parts[i].detach().reshape(-1).to(torch.float64) for i in usable}
+    counted = {}
+    for i in inside:
+        distance = float(torch.linalg.vector_norm(values[i] - centre))
+        counted[i] = weight_of[i] * (min(1.0, radius / distance) if distance > 0 else 1.0)
+    total = sum(counted.values())
+    weighted = torch.zeros_like(centre)
+    for i in sorted(counted):  # in index order: every reducer sums the same way
+        weighted.add_(values[i], alpha=counted[i])
     for i in usable:
-        x = parts[i].detach().reshape(-1).to(torch.float64)
+        x = values[i]
         if i in left_out:
             others = centre
-        elif (rest := total - weight_of[i]) > 0:
-            others = (centre * total - x * weight_of[i]) / rest
+        elif (rest := total - counted[i]) > 0:
+            others = (weighted - x * counted[i]) / rest
         else:
             continue
-        norms = float(torch.linalg.vector_norm(x)) * float(torch.linalg.vector_norm(others))
-        if norms > 0:
-            result[i] = float(torch.dot(x, others)) / norms
+        result[i] = Alignment(
+            float(torch.dot(x, others)), float(torch.dot(x, x)), float(torch.dot(others, others))
+        )
     return tuple(result)
 
 
@@ -329,8 +369,12 @@ class RobustPartReducer(TensorPartReducer):
     waits for it until the all-reduce's timeout).
 
     ``outliers`` maps a sender index to the part indices on which it was refused or named.
-    ``alignments`` holds, per part of at least ``min_aligned_values`` values, each sender's cosine
-    with the others' centre (by sender index). ``excluded`` senders (suspected by an
+    ``alignments`` holds each sender's cosine with the others' centres over this reducer's whole
+    share (its parts of at least ``min_aligned_values`` values together; by sender index): one
+    cosine per sender and all-reduce. Not one per part: a sender's parts of one all-reduce come from
+    one batch, and late in training a batch with a hard example points against the others in most
+    of them at once; a record window of per-part cosines then held one round's evidence, and honest
+    members were named (benchmarks/README.md, "Honest members named late in training"). ``excluded`` senders (suspected by an
     :class:`~hivemind_adapter.alignment.AlignmentRecord`) are left out of every centre.
     ``slotted_parts`` (part indices) are reduced by :func:`slotted_centre`, not robustly: the
     cohort's roll of sample counts, each member's in its own slot.
@@ -363,10 +407,17 @@ class RobustPartReducer(TensorPartReducer):
         self.excluded = frozenset(excluded)
         self.min_aligned_values = min_aligned_values
         self.outliers: dict[int, set[int]] = {}
-        self.alignments: list[dict[int, float]] = []
+        self._alignment_sums: dict[int, Alignment] = {}  # sender index -> over its parts so far
         self._inputs: dict[int, tuple[torch.Tensor, float]] = {}  # sender index -> its current part, weight
         self._reducing: asyncio.Task | None = None  # the current part's reduction, while it runs
         super().__init__(part_shapes, num_senders)  # calls reset_accumulators
+
+    @property
+    def alignments(self) -> list[dict[int, float]]:
+        """Each sender's cosine over this reducer's share so far, as one record entry (empty before
+        any part of at least ``min_aligned_values`` values was reduced)."""
+        cosines = {i: c for i, a in sorted(self._alignment_sums.items()) if (c := a.cosine) is not None}
+        return [cosines] if cosines else []
 
     def reset_accumulators(self) -> None:
         if self.current_part_index >= self.num_parts - 1:
@@ -460,8 +511,10 @@ class RobustPartReducer(TensorPartReducer):
             for j in result.outliers:
                 self.outliers.setdefault(senders[j], set()).add(part_index)
             if parts[0].numel() >= self.min_aligned_values:
-                cosines = {senders[j]: c for j, c in enumerate(result.alignments) if c is not None}
-                self.alignments.append(cosines)
+                for j, alignment in enumerate(result.alignments):
+                    if alignment is not None:
+                        known = self._alignment_sums.get(senders[j])
+                        self._alignment_sums[senders[j]] = alignment if known is None else known + alignment
             if not future.done():  # not cancelled by finalize meanwhile
                 future.set_result(result.value if value is None else value)
         finally:

@@ -27,9 +27,30 @@ def test_a_flipped_part_inside_the_honest_spread_is_not_named_but_points_against
     parts[5] = -parts[5]
     result = centered_clip(parts, [1.0] * 6, CONFIG)
     assert result.outliers == (), "a flip this noisy is no distance outlier: only its direction shows"
-    honest, flipped = result.alignments[:5], result.alignments[5]
+    cosines = [a.cosine for a in result.alignments]
+    honest, flipped = cosines[:5], cosines[5]
     assert all(c > 0.2 for c in honest), honest
     assert flipped < -0.2, flipped
+
+
+def test_a_long_honest_part_that_is_clipped_reads_as_aligned_as_it_is():
+    """Late in training most members' gradients are noise around a small signal, and one whose
+    samples hold a hard example sends a longer part, off in a direction of its own. It is clipped,
+    not named. Its cosine must be the one with the other parts' mean (they are not clipped): taking
+    its whole weighted value out of the clipped centre, as the old estimate did (computed here),
+    reads it pointing against the others, and honest members were left out round after round."""
+    g = torch.Generator().manual_seed(6)
+    base = torch.randn(8192, generator=g)
+    parts = [0.3 * base + torch.randn(8192, generator=g) for _ in range(5)]
+    parts.append(0.3 * base + 3.0 * torch.randn(8192, generator=g))
+    result = centered_clip(parts, [1.0] * 6, CONFIG)
+    long, centre = parts[5].double(), result.value.double()
+    assert result.outliers == () and float(torch.linalg.vector_norm(long - centre)) > result.radius
+    others = torch.stack(parts[:5]).double().mean(0)
+    truth = float(long @ others / (torch.linalg.vector_norm(long) * torch.linalg.vector_norm(others)))
+    assert truth > 0 and result.alignments[5].cosine == pytest.approx(truth, abs=1e-6)
+    old = (centre * 6 - long) / 5
+    assert float(long @ old / (torch.linalg.vector_norm(long) * torch.linalg.vector_norm(old))) < -0.1
 
 
 def test_an_excluded_part_is_left_out_of_the_centre_and_still_measured():
@@ -38,7 +59,7 @@ def test_an_excluded_part_is_left_out_of_the_centre_and_still_measured():
     result = centered_clip(parts, [1.0] * 5, CONFIG, excluded=[4])
     want = torch.stack(parts[:4]).double().mean(0).float()
     assert torch.allclose(result.value, want, atol=1e-6)
-    assert result.alignments[4] < -0.5
+    assert result.alignments[4].cosine < -0.5
     assert 4 not in result.outliers  # naming a suspect is the record's word, not this part's
 
 
@@ -71,7 +92,7 @@ def test_a_lone_or_zero_weight_part_has_no_alignment():
     parts = _noisy(3, 2048, noise=0.1, seed=4)
     assert centered_clip(parts[:1], [1.0], CONFIG).alignments == (None,)
     alignments = centered_clip(parts, [1.0, 0.0, 1.0], CONFIG).alignments
-    assert alignments[1] is None and alignments[0] > 0.9 and alignments[2] > 0.9
+    assert alignments[1] is None and alignments[0].cosine > 0.9 and alignments[2].cosine > 0.9
 
 
 def _stream(record: AlignmentRecord, rng: random.Random, parts: int, mean: float, spread: float, flipped=()):
@@ -125,19 +146,27 @@ def test_no_one_is_named_without_enough_evidence():
         AlignmentConfig(z_score=float("nan"))
 
 
-def test_the_reducer_leaves_excluded_senders_out_and_records_each_parts_cosines():
-    parts = _noisy(4, 4096, noise=0.5, seed=5)
+def test_the_reducer_leaves_excluded_senders_out_and_records_one_cosine_per_sender_over_its_share():
+    """Two parts of one all-reduce give one cosine per sender, over both together: a sender's parts
+    of one all-reduce come from one batch, so they are one piece of evidence, not two."""
+    parts = _noisy(4, 8192, noise=0.5, seed=5)
     parts[3] = -parts[3]
+    halves = [(p[:4096], p[4096:]) for p in parts]
 
     async def run():
-        reducer = RobustPartReducer([torch.Size([4096])], 4, CONFIG, excluded=[3])
-        results = await asyncio.gather(
-            *(reducer.accumulate_part(i, 0, parts[i], weight=1.0) for i in range(4))
-        )
-        return reducer, results
+        reducer = RobustPartReducer([torch.Size([4096])] * 2, 4, CONFIG, excluded=[3])
+
+        async def send(i):
+            return [await reducer.accumulate_part(i, j, halves[i][j], weight=1.0) for j in range(2)]
+
+        return reducer, await asyncio.gather(*(send(i) for i in range(4)))
 
     reducer, results = asyncio.run(run())
     want = torch.stack(parts[:3]).double().mean(0).float()
-    assert all(torch.allclose(r, want, atol=1e-6) for r in results)
+    assert all(torch.allclose(torch.cat(r), want, atol=1e-6) for r in results)
     assert len(reducer.alignments) == 1
-    assert reducer.alignments[0][3] < -0.5 < 0.5 < min(reducer.alignments[0][i] for i in range(3))
+    cosines = reducer.alignments[0]
+    assert cosines[3] < -0.5 < 0.5 < min(cosines[i] for i in range(3))
+    # an honest sender's share against the mean of the other two honest ones (the centre's others)
+    x, others = parts[0].double(), torch.stack(parts[1:3]).double().mean(0)
+    assert cosines[0] == pytest.approx(float(x @ others / (x.norm() * others.norm())), abs=1e-6)
