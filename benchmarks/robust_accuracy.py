@@ -245,6 +245,23 @@ def verdict(mean: float, se: float, n: int, bound: float = 1.0) -> str:
     return "open"
 
 
+def cost_verdict(mean: float, se: float, n: int, bound: float = 1.0) -> str:
+    """Whether a change costs less than ``bound`` pp: "yes" if the one-sided 95 % upper bound of the
+    drop (clean minus the row, ``-mean``) lies below ``bound``, "no" if its one-sided 95 % lower bound
+    lies above it, "open" otherwise. The question the issue asks of an attack is whether it costs
+    accuracy; a row that reads above clean costs nothing, however far above."""
+    if n < 2 or not math.isfinite(se):
+        return "-"
+    from scipy.stats import t
+
+    margin = float(t.ppf(0.95, n - 1)) * se
+    if -mean + margin < bound:
+        return "yes"
+    if -mean - margin > bound:
+        return "no"
+    return "open"
+
+
 def _pp(mean: float, se: float) -> str:
     if not math.isfinite(mean):
         return "-"
@@ -260,10 +277,10 @@ def table(rows: Sequence[Row], results: Sequence[RunResult]) -> str:
         by_row.setdefault(r.row, []).append(r)
     clean = {k: {r.seed: r.accuracy[k] for r in by_row.get("clean", [])} for k in KINDS}
     lines = [
-        "| row | largest % | smallest % | largest Δ pp | smallest Δ pp | within 1 pp (95 %) "
+        "| row | largest % | smallest % | largest Δ pp | smallest Δ pp | within ±1 pp (95 %) | costs < 1 pp (95 %, one-sided) "
         "| attacker's non-zero values kept out: excluded / named | first kept out / receipt refused (round) "
         "| honest peers: named / receipts refused / replies refused | rounds skipped | s per run |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         runs = by_row.get(row.name, [])
@@ -272,11 +289,12 @@ def table(rows: Sequence[Row], results: Sequence[RunResult]) -> str:
         acc = {k: {r.seed: r.accuracy[k] for r in runs} for k in KINDS}
         means = {k: statistics.fmean(acc[k].values()) for k in KINDS}
         if row.name == "clean":
-            deltas = ["(reference)", "(reference)", ""]
+            deltas = ["(reference)", "(reference)", "", ""]
         else:
             stats = {k: paired(acc[k], clean[k]) for k in KINDS}
             deltas = [_pp(*stats[k][:2]) for k in KINDS]
             deltas.append(" / ".join(verdict(*stats[k]) for k in KINDS))
+            deltas.append(" / ".join(cost_verdict(*stats[k]) for k in KINDS))
         if row.attack and row.robust:
             sent = max(1, sum(r.attacker_values for r in runs))
             kept = (
@@ -359,7 +377,13 @@ def _round(value: int | None) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=40)
-    parser.add_argument("--seeds", type=int, default=3, help="seeds 0 .. N-1 (the task's seed)")
+    parser.add_argument("--seeds", type=int, default=3, help="how many seeds (the task's seed)")
+    parser.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="run seeds FIRST .. FIRST+SEEDS-1 (to split seeds over processes)",
+    )
     parser.add_argument(
         "--attacks", default=",".join(POISONS), help="a comma-separated list of " + ", ".join(POISONS)
     )
@@ -372,16 +396,26 @@ def main() -> None:
     parser.add_argument("--no-clean-5", action="store_true", help="skip the five honest peers alone")
     parser.add_argument("--only", default="", help="run only these rows (comma-separated names)")
     parser.add_argument("--json", type=Path, help="write every run's measurements here (after each run)")
+    parser.add_argument(
+        "--tables-from",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="train nothing: print the tables of the runs these --json files hold (seeds split over processes)",
+    )
     args = parser.parse_args()
     attacks = tuple(a for a in args.attacks.split(",") if a)
     unknown = [a for a in attacks if a not in POISONS]
-    if unknown or args.rounds < 1 or args.seeds < 1:
+    if unknown or args.rounds < 1 or args.seeds < 1 or args.first_seed < 0:
         sys.exit(
             f"robust_accuracy: unknown attack(s) {', '.join(unknown)}"
             if unknown
-            else "need rounds, seeds >= 1"
+            else "robust_accuracy: need --rounds, --seeds >= 1 and --first-seed >= 0"
         )
     rows = rows_for(attacks, not args.no_clean_5)
+    if args.tables_from:
+        print_tables(rows, load_runs(args.tables_from))
+        return
     if args.only:
         wanted = set(args.only.split(","))
         rows = [r for r in rows if r.name in wanted]
@@ -392,7 +426,8 @@ def main() -> None:
     print(f"load average before: {load_before}; {os.cpu_count()} cores; torch threads 1", flush=True)
     started = time.monotonic()
     results: list[RunResult] = []
-    for seed in range(args.seeds):  # seed by seed: a stopped run still leaves complete pairs
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    for seed in seeds:  # seed by seed: a stopped run still leaves complete pairs
         for row in rows:
             if row.attack and not row.robust and seed >= args.plain_attack_seeds:
                 continue
@@ -413,13 +448,39 @@ def main() -> None:
     load_after = os.getloadavg()
     total = time.monotonic() - started
     print(f"\n$ {command}\nload average before: {load_before}   after: {load_after}; total {total:.0f} s\n")
+    print_tables(rows, results)
+    if args.json:
+        _write(args.json, command, load_before, load_after, results)
+
+
+def print_tables(rows: Sequence[Row], results: Sequence[RunResult]) -> None:
     print(table(rows, results))
     print("\nThe update each attacked round applied, against that round's honest gradients:\n")
     print(influence_table(rows, results))
     print("\nPer seed, largest / smallest %:\n")
     print(per_seed(rows, results))
-    if args.json:
-        _write(args.json, command, load_before, load_after, results)
+
+
+def load_runs(paths: Sequence[Path]) -> list[RunResult]:
+    """The runs of several ``--json`` files (one per process), each (row, seed) once; exits with a
+    one-line message on a file that is missing or not such a document, or two runs that disagree."""
+    found: dict[tuple[str, int], RunResult] = {}
+    for path in paths:
+        try:
+            document = json.loads(path.read_text())
+            runs = [
+                RunResult(**{**run, "influence": [Influence(**i) for i in run.get("influence", [])]})
+                for run in document["runs"]
+            ]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            sys.exit(f"robust_accuracy: {path}: not a --json document of this benchmark ({e})")
+        for run in runs:
+            known = found.setdefault((run.row, run.seed), run)
+            if known.digest != run.digest:
+                sys.exit(
+                    f"robust_accuracy: {run.row} seed {run.seed} ended in two different states in {path}"
+                )
+    return list(found.values())
 
 
 def _write(path: Path, command: str, before, after, results: Sequence[RunResult]) -> None:
