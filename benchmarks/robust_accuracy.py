@@ -44,6 +44,11 @@ would be applied.
 
     python -m benchmarks.robust_accuracy [--rounds 40] [--seeds 3] [--attacks sign,x1000,nan,garbage]
                                          [--plain-attack-seeds 1] [--no-clean-5] [--json OUT]
+                                         [--first-seed 0] [--only clean,sign,...]
+    python -m benchmarks.robust_accuracy --tables-from A.json B.json ...   (the table of several processes)
+
+Runs are independent, so a table's seeds can be split over processes (one per core, each with its
+own ``--first-seed``, ``--seeds`` and ``--json``) and printed together with ``--tables-from``.
 
 The plain mean under an attack is a contrast, not a candidate: by default it runs for the first seed
 only (``--plain-attack-seeds``). One run (a row and a seed) takes 3-5 s a round on one core of this
