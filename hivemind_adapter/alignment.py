@@ -53,6 +53,26 @@ MIN_VALUES = 1024
 
 
 @dataclass(frozen=True)
+class Alignment:
+    """How a sender's part lies against the centre of the others': their dot product and both
+    squared lengths. Sums of these over a reducer's parts of one all-reduce give the cosine of the
+    sender's whole share there (:attr:`~hivemind_adapter.robust_reduce.RobustPartReducer.alignments`),
+    which is what an :class:`AlignmentRecord` keeps."""
+
+    dot: float
+    own: float  # |x|^2
+    others: float  # |centre of the others|^2
+
+    def __add__(self, other: Alignment) -> Alignment:
+        return Alignment(self.dot + other.dot, self.own + other.own, self.others + other.others)
+
+    @property
+    def cosine(self) -> float | None:
+        norms = math.sqrt(self.own) * math.sqrt(self.others)
+        return self.dot / norms if norms > 0 else None
+
+
+@dataclass(frozen=True)
 class AlignmentConfig:
     """``z_score``: how many standard errors below zero a sender's window mean must be to name it.
     ``min_cosines``: the fewest cosines a sender needs before it can be named (and the fewest pooled

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import torch
 from hivemind.averaging.partition import AllreduceException, BannedException, TensorPartReducer
 
+from hivemind_adapter.alignment import Alignment
 from hivemind_adapter.reducer_proof import NoiseMap, make_proof, noise_level, sketch_seed
 
 # CenteredClip stops early once a step moves the centre by less than this fraction of the radius
@@ -111,25 +112,6 @@ class RobustConfig:
             raise ValueError(f"outlier_factor must be a number >= 1, not {self.outlier_factor}")
         if not (math.isfinite(self.max_weight_ratio) and self.max_weight_ratio >= 1):
             raise ValueError(f"max_weight_ratio must be a number >= 1, not {self.max_weight_ratio}")
-
-
-@dataclass(frozen=True)
-class Alignment:
-    """How one sender's part lies against the centre of the others': their dot product and both
-    squared lengths. Sums of these over a reducer's parts give the cosine of the sender's whole share
-    (:attr:`RobustPartReducer.alignments`), which is what the alignment record keeps."""
-
-    dot: float
-    own: float  # |x|^2
-    others: float  # |centre of the others|^2
-
-    def __add__(self, other: Alignment) -> Alignment:
-        return Alignment(self.dot + other.dot, self.own + other.own, self.others + other.others)
-
-    @property
-    def cosine(self) -> float | None:
-        norms = math.sqrt(self.own) * math.sqrt(self.others)
-        return self.dot / norms if norms > 0 else None
 
 
 @dataclass(frozen=True)
