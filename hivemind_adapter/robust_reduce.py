@@ -262,9 +262,9 @@ def _alignments(parts, usable, left_out, weight_of, centre, radius) -> tuple[Ali
     the centre is exactly that weighted mean). Taking a clipped part's whole weighted value out of
     the centre instead, as this once did, left the others' centre pointing away from it: late in
     training, when a member's 64 samples hold a hard example and its part is clipped, honest members
-    read anti-aligned round after round and were left out (488 namings, 123 receipts in two clean
-    120-round runs; benchmarks/README.md, "Honest members named late in training"). For a part left
-    out of the centre, the others' centre is the centre itself."""
+    read anti-aligned and were left out (one of three causes of honest members named late in
+    training: benchmarks/README.md, "Honest members named late in training"). For a part left out
+    of the centre, the others' centre is the centre itself."""
     result: list[Alignment | None] = [None] * len(parts)
     if len(usable) < 2:
         return tuple(result)
