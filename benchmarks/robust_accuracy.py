@@ -127,11 +127,13 @@ class RunResult:
     attacker_values: int = 0
     attacker_excluded: int = 0  # ... of which a reducer's AlignmentRecord had it left out
     attacker_named: int = 0  # ... of which a reducer refused or named it (ClipResult.outliers)
+    attacker_dropped: int = 0  # ... of which a reducer dropped it without naming it (ClipResult.dropped)
     first_kept_out: int | None = None  # the first round any reducer excluded or named it
     first_refused_receipt: int | None = None  # the first round two reducers named it (its receipt refused)
     honest_named: int = 0  # (round, reducer, honest sender) namings, outliers or excluded
     honest_refused_receipts: int = 0  # (round, honest sender) pairs named by two reducers or more
     honest_replies_refused: int = 0  # replies an honest member's reply check would have refused
+    honest_dropped: int = 0  # (round, reducer, honest sender, part) drops without naming
     honest_result_ratio: float = 0.0  # the largest result ratio (proof point 6) an honest member saw
     influence: list[Influence] = field(default_factory=list)  # per applied round, with an attacker
 
@@ -208,6 +210,7 @@ def _count(result: RunResult, reduced: AllReduce, round_index: int, attacker: in
                 result.first_refused_receipt = round_index
             continue
         result.honest_named += reducers
+        result.honest_dropped += sum(len(reduced.dropped[r].get(s, ())) for r in range(n))
         result.honest_refused_receipts += reducers >= 2
         result.honest_replies_refused += reduced.replies_refused[s]
         result.honest_result_ratio = max(result.honest_result_ratio, reduced.result_ratios[s])
@@ -220,7 +223,9 @@ def _count(result: RunResult, reduced: AllReduce, round_index: int, attacker: in
         if attacker in reduced.excluded[r]:
             result.attacker_excluded += sent
         else:
-            result.attacker_named += sum(sizes[j] for j in reduced.outliers[r].get(attacker, ()) if j in live)
+            named, dropped = reduced.outliers[r].get(attacker, ()), reduced.dropped[r].get(attacker, ())
+            result.attacker_named += sum(sizes[j] for j in named if j in live)
+            result.attacker_dropped += sum(sizes[j] for j in dropped if j in live)
 
 
 # ------------------------------------------------------------------------------------------ the table
@@ -283,8 +288,8 @@ def table(rows: Sequence[Row], results: Sequence[RunResult]) -> str:
     clean = {k: {r.seed: r.accuracy[k] for r in by_row.get("clean", [])} for k in KINDS}
     lines = [
         "| row | largest % | smallest % | largest Δ pp | smallest Δ pp | within ±1 pp (95 %) | costs < 1 pp (95 %, one-sided) "
-        "| attacker's non-zero values kept out: excluded / named | first kept out / receipt refused (round) "
-        "| honest peers: named / receipts refused / replies refused | rounds skipped | s per run |",
+        "| attacker's non-zero values kept out: excluded / named / dropped | first excluded or named / receipt refused (round) "
+        "| honest peers: named / receipts refused / replies refused / parts dropped | rounds skipped | s per run |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
@@ -304,14 +309,15 @@ def table(rows: Sequence[Row], results: Sequence[RunResult]) -> str:
             sent = max(1, sum(r.attacker_values for r in runs))
             kept = (
                 f"{100 * sum(r.attacker_excluded for r in runs) / sent:.1f} % / "
-                f"{100 * sum(r.attacker_named for r in runs) / sent:.1f} %"
+                f"{100 * sum(r.attacker_named for r in runs) / sent:.1f} % / "
+                f"{100 * sum(r.attacker_dropped for r in runs) / sent:.1f} %"
             )
             first = ", ".join(f"{_round(r.first_kept_out)} / {_round(r.first_refused_receipt)}" for r in runs)
         else:
             kept = first = ""
         honest = (
             f"{sum(r.honest_named for r in runs)} / {sum(r.honest_refused_receipts for r in runs)} / "
-            f"{sum(r.honest_replies_refused for r in runs)}"
+            f"{sum(r.honest_replies_refused for r in runs)} / {sum(r.honest_dropped for r in runs)}"
             if row.robust
             else ""
         )

@@ -142,6 +142,9 @@ class AllReduce:
     # the largest result ratio (hivemind_adapter.reducer_proof, point 6: exact distances, not sketched)
     # it saw in a remote reply, over parts of at least MIN_VALUES values
     result_ratios: list[float] = field(default_factory=list)
+    # per reducer position, per sender position: the parts it dropped (beyond RobustConfig.drop_factor
+    # radii) without naming the sender
+    dropped: list[dict[int, set[int]]] = field(default_factory=list)
 
     def named(self, r: int) -> set[int]:
         """The senders reducer ``r`` names in its commit report (ExactAllReduceRunner.outlier_senders)."""
@@ -197,8 +200,9 @@ async def _all_reduce(tensors, fractions, part_size, weights, robust, records, n
         for r in range(n)
     ]
     out = AllReduce(
-        None, [frozenset()] * n, [{} for _ in range(n)], [[] for _ in range(n)], live, [0] * n, [0.0] * n
-    )
+        None, [frozenset()] * n, [{} for _ in range(n)], [[] for _ in range(n)], live, [0] * n, [0.0] * n,
+        [{} for _ in range(n)],
+    )  # fmt: skip
     replies: list[list[torch.Tensor]] = []
     failed = False
     for r in range(n):
@@ -231,6 +235,7 @@ async def _all_reduce(tensors, fractions, part_size, weights, robust, records, n
         if robust:
             out.excluded[r] = reducer.excluded
             out.outliers[r] = {s: set(indices) for s, indices in reducer.outliers.items()}
+            out.dropped[r] = {s: set(indices) for s, indices in reducer.dropped.items()}
             for cosines in reducer.alignments:  # ExactAllReduceRunner.note_alignments
                 records[r].note_part({names[i]: c for i, c in cosines.items()})
         if results is None:

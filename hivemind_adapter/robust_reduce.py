@@ -13,9 +13,12 @@ sender's part of the current slice and, once all of them are in, takes a robust 
    multiple of the honest spread, whatever the scale of the values (scale-free);
 4. CenteredClip iterates ``v <- v + sum_i w_i (x_i - v) min(1, radius / |x_i - v|) / sum_i w_i``: a
    part within the radius counts fully, one beyond it pulls by at most the radius times its weight;
-5. parts farther than ``outlier_factor × radius`` from that centre are named outliers and dropped,
-   and the centre is taken again from the others (a part that far out is not an honest one; clipping
-   alone would still let each of them pull the result by a radius times its weight share).
+5. parts farther than ``drop_factor × radius`` from that centre are dropped, and the centre is
+   taken again from the others (clipping alone would still let each of them pull the result by a
+   radius times its weight share); of those, parts farther than ``outlier_factor × radius`` are also
+   named outliers (a part that far out is not an honest one). Dropping costs an honest part that
+   lies out (a batch with a hard example) only its say in one centre; naming costs its sender the
+   round's credit, so it is kept for parts no honest batch gives.
 
 The reducer is trusted by nobody: a member checks each reply against the part it sent
 (:func:`hivemind_adapter.reply_check.implausible_reply`) and refuses one that no honest centre can be. Over rounds, each sender's
@@ -70,8 +73,16 @@ class RobustConfig:
     shrinks the distance to the fixed point by about the clipped weight share, under 1/2 with an
     honest majority: 20 steps are far past float32 precision, at a cost of 20 passes over the part.
 
+    ``drop_factor`` — a part farther than ``drop_factor × radius`` from the centre is left out of the
+    result (dropped, not named). 3.0: early in training honest parts of a part-sized vector
+    concentrate within it, so an honest group keeps its plain mean. A bad part between 3 and 10
+    radii, clipped but kept, pulls the result by a radius times its weight share in every round it
+    is sent; with dropping and naming both at 10, random garbage pulled the red team's largest
+    sub-network by up to 4.5 honest peers' worth in a round, where at 3 it had been 1.2
+    (benchmarks/README.md, "Late in training"). Must be between 1 and ``outlier_factor``.
+
     ``outlier_factor`` — a part farther than ``outlier_factor × radius`` from the centre is an outlier
-    (named, and left out of the result). 10.0, that is twenty typical honest distances. Early in
+    (named, as well as dropped). 10.0, that is twenty typical honest distances. Early in
     training honest parts of a part-sized vector concentrate within 3; late in training they do not:
     most members' samples are all learned and their parts are small, while one whose batch holds a
     hard example sends a part several radii out. In two clean 120-round runs of the red team's task
@@ -79,7 +90,8 @@ class RobustConfig:
     on (benchmarks/README.md, "Honest members named late in training"). Naming a sender is a strong
     claim (its receipt earns nothing), while the attacks it is for lie far beyond 10 (x1000 and
     random garbage a hundred times a gradient's length); a part within it is clipped, pulling the
-    result by at most a radius times its weight share. Must be >= 1.
+    result by at most a radius times its weight share, and one beyond ``drop_factor`` not at all.
+    Must be >= 1.
 
     ``max_weight_ratio`` — no sender's weight counts for more than this many times the median weight.
     A weight is its sender's word (hivemind sends it beside the parts; MANTA weighs a mean by the
@@ -99,6 +111,7 @@ class RobustConfig:
 
     tau: float = 2.0
     iterations: int = 20
+    drop_factor: float = 3.0
     outlier_factor: float = 10.0
     max_weight_ratio: float = 2.0
     like_parts: bool = True
@@ -110,6 +123,11 @@ class RobustConfig:
             raise ValueError(f"iterations must be at least 1, not {self.iterations}")
         if not (math.isfinite(self.outlier_factor) and self.outlier_factor >= 1):
             raise ValueError(f"outlier_factor must be a number >= 1, not {self.outlier_factor}")
+        if not (math.isfinite(self.drop_factor) and 1 <= self.drop_factor <= self.outlier_factor):
+            raise ValueError(
+                f"drop_factor must be a number between 1 and outlier_factor ({self.outlier_factor}), "
+                f"not {self.drop_factor}"
+            )
         if not (math.isfinite(self.max_weight_ratio) and self.max_weight_ratio >= 1):
             raise ValueError(f"max_weight_ratio must be a number >= 1, not {self.max_weight_ratio}")
 
@@ -118,7 +136,9 @@ class RobustConfig:
 class ClipResult:
     """``value``: the robust weighted centre (the inputs' shape and dtype). ``outliers``: indices of
     the parts refused (not finite) or named (farther than ``outlier_factor × radius`` from the centre
-    the first pass found), ascending. ``radius``: the clipping radius, in the parts' units.
+    the first pass found), ascending. ``dropped``: the parts left out of the centre for lying
+    farther than ``drop_factor × radius`` from it, but not named, ascending. ``radius``: the
+    clipping radius, in the parts' units.
     ``alignments``: per part, how it lies against the centre of the other parts (None for a part
     refused, of zero weight, or alone); its :attr:`Alignment.cosine` is the cosine.
     ``capped``: the weight of each part the cap rule counted, after it; ``in_centre``: the parts
@@ -132,6 +152,7 @@ class ClipResult:
     # counted by the cap rule, and the parts in the final centre
     capped: dict[int, float] = field(default_factory=dict)
     in_centre: tuple[int, ...] = ()
+    dropped: tuple[int, ...] = ()
 
 
 def centered_clip(
@@ -178,7 +199,8 @@ def centered_clip(
         radius = max(radius, RADIUS_FLOOR_ULPS * info.eps * float(torch.linalg.vector_norm(start)), info.tiny)
 
     centre = _clipped_centre(x, w, start, radius, config.iterations)
-    far = torch.linalg.vector_norm(x - centre, dim=1) > config.outlier_factor * radius
+    distances = torch.linalg.vector_norm(x - centre, dim=1)
+    far = distances > config.drop_factor * radius
     # Dropping parts presumes an honest majority: never drop half the weight or more, and keep at
     # least two parts that agree, more than are dropped. By weight alone, the lighter of two parts was
     # always "far" (the weighted median is the heavier one, at distance 0): on the emulated internet
@@ -195,10 +217,12 @@ def centered_clip(
         and x.shape[1] >= MIN_VALUES_TO_NAME
     ):
         centre = _clipped_centre(x[~far], w[~far], centre, radius, config.iterations)
-        named = [active[j] for j in far.nonzero().flatten().tolist()]
+        beyond = far.nonzero().flatten().tolist()
+        named = [active[j] for j in beyond if float(distances[j]) > config.outlier_factor * radius]
+        dropped = [active[j] for j in beyond if float(distances[j]) <= config.outlier_factor * radius]
     else:
-        named = []
-    left_out = set(usable) - set(active) | set(named)
+        named, dropped = [], []
+    left_out = set(usable) - set(active) | set(named) | set(dropped)
     alignments = _alignments(parts, usable, left_out, dict(zip(active, w.tolist())), centre, radius)
     return ClipResult(
         centre.to(dtype).reshape(shape),
@@ -206,7 +230,8 @@ def centered_clip(
         radius,
         alignments,
         capped=dict(zip(active, w.tolist())),
-        in_centre=tuple(i for i in active if i not in named),
+        in_centre=tuple(i for i in active if i not in left_out),
+        dropped=tuple(dropped),
     )
 
 
@@ -350,7 +375,9 @@ class RobustPartReducer(TensorPartReducer):
     cancelled, the sender is dropped only after that part, which nobody will ever send (the part
     waits for it until the all-reduce's timeout).
 
-    ``outliers`` maps a sender index to the part indices on which it was refused or named.
+    ``outliers`` maps a sender index to the part indices on which it was refused or named;
+    ``dropped``, to those on which its part was left out for lying beyond ``drop_factor`` radii
+    but not named.
     ``alignments`` holds each sender's cosine with the others' centres over this reducer's whole
     share (its parts of at least ``min_aligned_values`` values together; by sender index): one
     cosine per sender and all-reduce. Not one per part: a sender's parts of one all-reduce come from
@@ -389,6 +416,7 @@ class RobustPartReducer(TensorPartReducer):
         self.excluded = frozenset(excluded)
         self.min_aligned_values = min_aligned_values
         self.outliers: dict[int, set[int]] = {}
+        self.dropped: dict[int, set[int]] = {}
         self._alignment_sums: dict[int, Alignment] = {}  # sender index -> over its parts so far
         self._inputs: dict[int, tuple[torch.Tensor, float]] = {}  # sender index -> its current part, weight
         self._reducing: asyncio.Task | None = None  # the current part's reduction, while it runs
@@ -492,6 +520,8 @@ class RobustPartReducer(TensorPartReducer):
         else:
             for j in result.outliers:
                 self.outliers.setdefault(senders[j], set()).add(part_index)
+            for j in result.dropped:
+                self.dropped.setdefault(senders[j], set()).add(part_index)
             if parts[0].numel() >= self.min_aligned_values:
                 for j, alignment in enumerate(result.alignments):
                     if alignment is not None:

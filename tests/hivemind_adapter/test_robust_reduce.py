@@ -90,18 +90,45 @@ def test_one_bad_part_of_six_is_named_and_moves_the_result_by_almost_nothing(att
     assert torch.isfinite(result.value).all()
 
 
-def test_a_bad_part_within_the_outlier_bound_moves_the_result_by_at_most_its_share_of_the_radius():
-    """Not far enough to be named: clipped to the radius, it pulls by at most w_bad / w_honest of it."""
-    parts = _honest(6)
+def _honest_mean_and_probe(parts: list[torch.Tensor]):
     honest_mean = torch.stack(parts[:5]).double().mean(0)
     direction = torch.randn(parts[0].shape, generator=torch.Generator().manual_seed(3)).double()
     direction /= torch.linalg.vector_norm(direction)
     probe = centered_clip(parts[:5], [1.0] * 5, CONFIG)  # about the radius the attacked set will have
-    parts[5] = (honest_mean + 0.8 * CONFIG.outlier_factor * probe.radius * direction).float()
+    return honest_mean, direction, probe.radius
+
+
+def test_a_bad_part_within_the_drop_bound_moves_the_result_by_at_most_its_share_of_the_radius():
+    """Not far enough to be dropped: clipped to the radius, it pulls by at most w_bad / w_honest of it."""
+    parts = _honest(6)
+    honest_mean, direction, radius = _honest_mean_and_probe(parts)
+    parts[5] = (honest_mean + 0.8 * CONFIG.drop_factor * radius * direction).float()
     result = centered_clip(parts, [1.0] * 6, CONFIG)
-    assert result.outliers == ()
+    assert result.outliers == () and result.dropped == ()
+    assert result.in_centre == (0, 1, 2, 3, 4, 5)
     shift = float(torch.linalg.vector_norm(result.value.double() - honest_mean))
     assert shift <= 1.01 * result.radius / 5
+
+
+def test_a_bad_part_between_the_drop_and_outlier_bounds_is_dropped_but_not_named():
+    """Beyond drop_factor radii (an honest batch with a hard example can lie there late in training)
+    a part has no say in the centre, which is then the others' mean; its sender keeps its credit."""
+    parts = _honest(6)
+    honest_mean, direction, radius = _honest_mean_and_probe(parts)
+    between = (CONFIG.drop_factor + CONFIG.outlier_factor) / 2
+    parts[5] = (honest_mean + between * radius * direction).float()
+    result = centered_clip(parts, [1.0] * 6, CONFIG)
+    assert result.outliers == () and result.dropped == (5,)
+    assert result.in_centre == (0, 1, 2, 3, 4)
+    assert torch.equal(result.value, _mean64(parts[:5], [1.0] * 5))
+    assert result.alignments[5] is not None  # still measured, against the centre it had no say in
+
+
+def test_the_drop_bound_lies_between_one_and_the_outlier_bound():
+    for drop, name in ((0.5, 10.0), (11.0, 10.0), (math.nan, 10.0)):
+        with pytest.raises(ValueError, match="drop_factor"):
+            RobustConfig(drop_factor=drop, outlier_factor=name)
+    assert RobustConfig(drop_factor=4.0, outlier_factor=4.0).drop_factor == 4.0
 
 
 def test_zero_weight_parts_take_no_part_and_are_never_outliers():
