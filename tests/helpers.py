@@ -55,6 +55,36 @@ def processes_mentioning(path: Path) -> list[psutil.Process]:
     return found
 
 
+def wait_for_a_quiet_machine(timeout: float = 30.0, busy_percent: float = 20.0) -> str:
+    """Wait (at most ``timeout`` s) until the whole machine's CPU is below ``busy_percent`` over one
+    second, for a test that measures rates or round trips: its relays are Python processes that
+    fall short of a link's rate when something else holds the cores (a 50mbit downlink read 41.9
+    once in a full suite, and full rate alone). Returns what it saw, for the test's failure message:
+    the last reading, and the busiest processes if the machine never quieted."""
+    deadline = time.monotonic() + timeout
+    while True:
+        busy = psutil.cpu_percent(interval=1.0)
+        if busy < busy_percent:
+            return f"machine {busy:.0f} % busy before measuring"
+        if time.monotonic() > deadline:
+            break
+    procs = list(psutil.process_iter(["name", "pid"]))
+    for proc in procs:
+        try:
+            proc.cpu_percent(None)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    time.sleep(1.0)
+    usage = []
+    for proc in procs:
+        try:
+            usage.append((proc.cpu_percent(None), f"{proc.info['name']}[{proc.info['pid']}]"))
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    top = ", ".join(f"{name} {cpu:.0f} %" for cpu, name in sorted(usage, reverse=True)[:3])
+    return f"machine still {busy:.0f} % busy after {timeout:.0f} s (busiest: {top})"
+
+
 def wait_until(predicate: Callable[[], object], timeout: float, what: str, poll: float = 0.5) -> None:
     """Poll ``predicate`` until it is true; an AssertionError naming ``what`` after ``timeout`` s."""
     deadline = time.monotonic() + timeout

@@ -23,7 +23,7 @@ from testbed.wan.linkcheck import check_site_link
 from testbed.wan.netns import namespaces
 from testbed.wan.scenario import LinkProfile, uniform_scenario
 from testbed.wan.topology import EmulatedInternet, remove_stale
-from tests.helpers import console_script, needs_emulated_internet
+from tests.helpers import console_script, needs_emulated_internet, wait_for_a_quiet_machine
 
 pytestmark = [
     needs_emulated_internet,
@@ -39,22 +39,26 @@ def _json(text: str) -> dict:
 
 def test_a_links_rate_and_round_trip_match_their_settings(tmp_path):
     scenario = uniform_scenario(1, 1, LinkProfile(20_000_000, 50_000_000, 15, 0, 0))
+    machine = wait_for_a_quiet_machine()
     with EmulatedInternet(scenario, tmp_path, probe_host=True) as net:
         rows = check_site_link(
             net, scenario.sites[0], ("round trip", "uplink rate", "downlink rate"), progress=lambda _: None
         )
     assert [r.quantity for r in rows] == ["round trip", "uplink rate", "downlink rate"]
-    assert all(r.ok for r in rows), "\n".join(f"{r.quantity}: {r.configured} vs {r.measured}" for r in rows)
+    assert all(r.ok for r in rows), "\n".join(
+        [machine, *(f"{r.quantity}: {r.configured} vs {r.measured}" for r in rows)]
+    )
 
 
 def test_loss_each_way_matches_its_setting(tmp_path):
     scenario = uniform_scenario(1, 1, LinkProfile(20_000_000, 20_000_000, 2, 0, 2.0))
+    machine = wait_for_a_quiet_machine()
     with EmulatedInternet(scenario, tmp_path, probe_host=True) as net:
         rows = check_site_link(
             net, scenario.sites[0], ("uplink loss", "downlink loss"), progress=lambda _: None
         )
         relay = json.loads((tmp_path / "links" / "site-1.json").read_text())
-    assert all(r.ok for r in rows), [r.measured for r in rows]
+    assert all(r.ok for r in rows), [machine, *(r.measured for r in rows)]
     assert relay["up"]["dropped_frames"] > 0 and relay["down"]["dropped_frames"] > 0
 
 
