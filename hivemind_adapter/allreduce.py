@@ -40,7 +40,8 @@ from hivemind_adapter.exact_runner import ExactAllReduceRunner
 from hivemind_adapter.group_keys import Admission, DeclarationSigner, SignedGroupKeys, admit_only_roster_peers
 from hivemind_adapter.known_groups import KnownGroupSteps
 from hivemind_adapter.reducer_proof import NoiseMap
-from hivemind_adapter.robust_reduce import RobustConfig, SharedNames, SharedNoiseMap
+from hivemind_adapter.robust_reduce import RobustConfig
+from hivemind_adapter.shared_buffers import SharedNames, SharedNoiseMap
 from protocol.proof_attestation import ProofAttestation, parse_tokens
 
 

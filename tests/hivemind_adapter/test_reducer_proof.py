@@ -28,7 +28,8 @@ from hivemind_adapter.reducer_proof import (
     sketch_seed,
     unpack_proofs,
 )
-from hivemind_adapter.robust_reduce import RobustConfig, SharedNoiseMap, capped_weights, centered_clip
+from hivemind_adapter.robust_reduce import RobustConfig, capped_weights, centered_clip
+from hivemind_adapter.shared_buffers import SharedNoiseMap
 from hivemind_adapter.wire_codecs import codec_for, rounding_bound, roundtrip
 from tests.adversaries.dishonest_peer import (
     NOISE_TIMES,
