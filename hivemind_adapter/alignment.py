@@ -30,6 +30,20 @@ flipped one was named after 4 to 9 parts. A sender named here is left out of the
 centres of the parts this record's reducer averages, and keeps being measured: it is named while
 its window says so.
 
+Only while the swarm's own alignment is measurable. Late in training an honest sender's expected
+cosine falls to about zero (gradients are mostly batch noise), and the cosines are heavier-tailed
+than the spread above says: an honest sender's window then lay 3 to 4.4 standard errors below zero
+now and then (2 honest receipts refused in 13,200, all in rounds 98-119 of 120). So nobody is named
+unless the median sender's window, among those seen in the last :data:`WINDOW` parts, lies
+``swarm_z`` standard errors *above* zero. That median stands for the swarm only among at least
+:data:`MIN_SWARM_SENDERS` senders; a record of fewer (a cohort of three, a pair of heads) keeps the
+rule without it, false namings late in training included. A flipped gradient cancels only what the others agree on,
+so where their agreement is not measurable it costs little. Replayed on every window of two
+120-round runs (``sign`` and clean, seed 0): an honest sender's window was named 6 times before,
+never after; the flipped sender's in 99 % of its windows in rounds 0-60 (99-100 % before), 93 % in
+rounds 60-80 (95 %), 11 % and 1 % in rounds 80-100 and 100-120 (28 % and 29 %). Over the whole
+120-round table honest senders were named 7 times instead of 124 (benchmarks/README.md).
+
 Pure Python: the cosines come from :func:`hivemind_adapter.robust_reduce.centered_clip`.
 """
 
@@ -50,6 +64,11 @@ POOLED = 96
 # Parts of fewer values give no cosine: their direction is mostly noise (a known group's
 # confirmation is a few values).
 MIN_VALUES = 1024
+# The fewest recent senders whose median score can stand for the swarm's agreement. In a group of
+# three a flipped sender is half of each honest sender's "others", whose centre is then the
+# difference of two gradients (the signal cancels): every honest score sits near zero and the
+# median with it (measured on the emulated internet, cohorts of three: the flip was never named).
+MIN_SWARM_SENDERS = 5
 
 
 @dataclass(frozen=True)
@@ -75,15 +94,19 @@ class Alignment:
 @dataclass(frozen=True)
 class AlignmentConfig:
     """``z_score``: how many standard errors below zero a sender's window mean must be to name it.
+    ``swarm_z``: how many above zero the median recent sender's must be before anyone is named.
     ``min_cosines``: the fewest cosines a sender needs before it can be named (and the fewest pooled
     ones before anyone can)."""
 
     z_score: float = 3.0
+    swarm_z: float = 2.0
     min_cosines: int = 4
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.z_score) and self.z_score > 0):
             raise ValueError(f"z_score must be a positive number, not {self.z_score}")
+        if not (math.isfinite(self.swarm_z) and self.swarm_z >= 0):
+            raise ValueError(f"swarm_z must be a number of at least 0, not {self.swarm_z}")
         if not 1 <= self.min_cosines <= WINDOW:
             raise ValueError(f"min_cosines must be between 1 and {WINDOW}, not {self.min_cosines}")
 
@@ -97,6 +120,8 @@ class AlignmentRecord:
         self.config = config or AlignmentConfig()
         self._cosines: dict[str, deque[float]] = {}
         self._deviations: deque[float] = deque(maxlen=POOLED)  # |cosine - its part's median cosine|
+        self._parts = 0  # parts noted so far
+        self._last_part: dict[str, int] = {}  # per sender, the part it was last noted in
 
     def note_part(self, cosines: Mapping[str, float]) -> None:
         """Record the cosines of one part's senders (a sender's part against the centre of the others').
@@ -105,9 +130,11 @@ class AlignmentRecord:
         if len(finite) < 2:
             return
         median = statistics.median(finite.values())
+        self._parts += 1
         for name, cosine in finite.items():
             self._cosines.setdefault(name, deque(maxlen=WINDOW)).append(cosine)
             self._deviations.append(abs(cosine - median))
+            self._last_part[name] = self._parts
 
     def spread(self) -> float | None:
         """The estimated standard deviation of one cosine, or None before enough were pooled."""
@@ -123,8 +150,23 @@ class AlignmentRecord:
             return None
         return statistics.fmean(cosines) * math.sqrt(len(cosines)) / spread
 
+    def swarm_score(self) -> float | None:
+        """The median score of the senders noted in the last :data:`WINDOW` parts (a minority
+        cannot move it), or None without enough evidence or with fewer than
+        :data:`MIN_SWARM_SENDERS` of them."""
+        recent = [
+            score
+            for name, last in self._last_part.items()
+            if self._parts - last < WINDOW and (score := self.score(name)) is not None
+        ]
+        return statistics.median(recent) if len(recent) >= MIN_SWARM_SENDERS else None
+
     def suspects(self, among: Iterable[str] | None = None) -> set[str]:
-        """The senders (of ``among``, default all) whose score is below ``-z_score``."""
+        """The senders (of ``among``, default all) whose score is below ``-z_score``, while the
+        swarm's own score is at least ``swarm_z`` (where it can be measured); else nobody."""
+        swarm = self.swarm_score()
+        if swarm is not None and swarm < self.config.swarm_z:
+            return set()
         names = self._cosines if among is None else among
         return {
             name for name in names if (score := self.score(name)) is not None and score < -self.config.z_score

@@ -125,6 +125,41 @@ def test_a_flipped_sender_is_named_within_a_window_and_only_it(seed):
     assert record.score("s0") > 0 > record.score("s5")
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_nobody_is_named_while_the_swarm_s_own_alignment_is_not_measurable(seed):
+    # late training: honest cosines centred on zero. At 3 standard errors a window of six such
+    # senders fell below -3 about once in 700 (it did, 2 honest receipts refused in 13,200)
+    record = AlignmentRecord()
+    assert _stream(record, random.Random(seed), 2000, mean=0.0, spread=0.1) == {}
+    assert record.swarm_score() is not None and abs(record.swarm_score()) < 2
+    without = AlignmentRecord(AlignmentConfig(swarm_z=0.0))  # the old rule names some of them
+    assert _stream(without, random.Random(seed), 2000, mean=0.0, spread=0.1) != {}
+
+
+def test_the_swarm_s_alignment_is_that_of_the_senders_seen_lately():
+    record, rng = AlignmentRecord(), random.Random(3)
+    _stream(record, rng, 40, mean=0.3, spread=0.1)  # s0-s5, well aligned, then they leave
+    assert record.swarm_score() > 5
+    for _ in range(WINDOW):  # six others whose cosines carry no signal
+        record.note_part({f"t{i}": rng.gauss(0.0, 0.1) for i in range(6)})
+    assert abs(record.swarm_score()) < 2 and record.suspects() == set()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_in_a_group_of_three_a_flipped_sender_is_named_although_it_cancels_the_others_agreement(seed):
+    # one flipped of three: each honest sender's "others" are the other honest one and the flip,
+    # whose centre carries no signal, so honest cosines sit at zero (the emulated internet's cohorts)
+    record, rng = AlignmentRecord(), random.Random(seed)
+    named_at = None
+    for part in range(40):
+        record.note_part({"h1": rng.gauss(0.0, 0.1), "h2": rng.gauss(0.0, 0.1), "f": rng.gauss(-0.2, 0.1)})
+        if "f" in record.suspects():
+            named_at = part
+            break
+    assert named_at is not None and named_at < WINDOW
+    assert record.swarm_score() is None  # too few senders for their median to stand for the swarm
+
+
 def test_a_sender_that_stops_flipping_is_no_longer_named_once_its_window_turns():
     record, rng = AlignmentRecord(), random.Random(7)
     _stream(record, rng, 40, mean=0.3, spread=0.1, flipped={"s2"})
@@ -144,6 +179,8 @@ def test_no_one_is_named_without_enough_evidence():
         AlignmentConfig(min_cosines=0)
     with pytest.raises(ValueError):
         AlignmentConfig(z_score=float("nan"))
+    with pytest.raises(ValueError):
+        AlignmentConfig(swarm_z=-1.0)
 
 
 def test_the_reducer_leaves_excluded_senders_out_and_records_one_cosine_per_sender_over_its_share():
