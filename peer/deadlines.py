@@ -6,7 +6,18 @@ broadcast) keeps the time its last few successful rounds took to find their grou
 peer waits a few times the slowest of those before it goes on without the missing partners (or gives
 the round up). Arrivals are spread by the last mini-batch each peer finishes and by link speed, and
 both show in these figures. The wait never falls below a few matchmaking periods (hivemind forms a
-group that is not full only after one) and never exceeds the configured step timeout.
+group that is not full only after one) and never exceeds the configured step timeout, except by the
+drift allowance below.
+
+Cohorts drift apart between outer steps: each runs its inner steps at its own pace, so the heads reach
+an exchange's cross stage as far apart as a period's worth of their speed difference. So an outer
+exchange's averager (:mod:`peer.outer_round`) allows the period's length on top of the cross stage's
+and the broadcast's waits. Overlapped, waiting that long costs no compute (the next period trains
+meanwhile, and a head more than a period ahead blocks at its next period's end anyway); blocking, it is
+the outer step's barrier, and giving up would split the swarm's step. Measured on the two-site
+emulated-internet test (tests/testbed/test_swarm_outer.py): the first exchange's cross stage took 6-22 s
+(the first connection across the NAT, plus the cohorts' drift of up to 15 s) against its first wait of
+20 s; one CI run lost an outer step.
 
 One peer thread uses an instance; nothing here is shared.
 """
@@ -21,6 +32,8 @@ from dataclasses import dataclass
 logger = logging.getLogger(__name__)
 
 HISTORY = 8  # successful stages remembered per stage name
+# the stages that wait for other cohorts (a broadcast: for its head's climb across them)
+DRIFTING_STAGES = ("cross", "broadcast")
 
 
 @dataclass(frozen=True)
@@ -29,11 +42,13 @@ class StageDeadline:
 
     seconds: float
     slowest_recent: float | None  # None: no history yet, the initial wait
+    drift: float = 0.0  # of ``seconds``, what the other cohorts may lag behind (allow_drift)
 
     def describe(self) -> str:
+        allowance = f", {self.drift:.1f} s of it for the cohorts' drift" if self.drift else ""
         if self.slowest_recent is None:
-            return f"{self.seconds:.1f} s (no history yet)"
-        return f"{self.seconds:.1f} s (recent groups took up to {self.slowest_recent:.1f} s)"
+            return f"{self.seconds:.1f} s (no history yet{allowance})"
+        return f"{self.seconds:.1f} s (recent groups took up to {self.slowest_recent:.1f} s{allowance})"
 
 
 class StageDeadlines:
@@ -47,6 +62,12 @@ class StageDeadlines:
         self.floor = min(ceiling, 3.0 * matchmaking)
         self.initial = min(ceiling, initial if initial is not None else 10.0 * matchmaking)
         self._history: dict[str, deque[float]] = {}
+        self.drift = 0.0
+
+    def allow_drift(self, seconds: float) -> None:
+        """The other cohorts may reach this exchange up to ``seconds`` later than this peer: the
+        cross stage and the broadcast wait that much longer, above the ceiling too."""
+        self.drift = max(0.0, seconds)
 
     def record(self, stage: str, seconds: float) -> None:
         """A stage that found its group and finished, in ``seconds`` from when this peer entered it."""
@@ -54,6 +75,12 @@ class StageDeadlines:
 
     def deadline(self, stage: str, ceiling: float | None = None) -> StageDeadline:
         """The wait for ``stage``; ``ceiling`` overrides the default bound (the commit has its own)."""
+        chosen = self._deadline(stage, ceiling)
+        if stage not in DRIFTING_STAGES or not self.drift:
+            return chosen
+        return StageDeadline(chosen.seconds + self.drift, chosen.slowest_recent, self.drift)
+
+    def _deadline(self, stage: str, ceiling: float | None) -> StageDeadline:
         top = self.ceiling if ceiling is None else ceiling
         history = self._history.get(stage)
         if not history:
@@ -63,7 +90,7 @@ class StageDeadlines:
                 # a broadcast was timed (its history then holds that climb), it also waits out the
                 # head's cross stage. Without this an outer step's first broadcast gave up a second
                 # before its head arrived, whose cross stage took 19 s (a NAT'd head, emulated internet).
-                wait += self.deadline("cross", ceiling).seconds
+                wait += self._deadline("cross", ceiling).seconds
             return StageDeadline(wait, None)
         slowest = max(history)
         wait = self.factor * slowest + 2.0 * self.matchmaking

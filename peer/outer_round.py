@@ -80,6 +80,8 @@ class OuterStepper:
         self.steps_taken = 0  # outer steps this peer applied
         self.steps_adopted = 0  # outer steps it missed and took from the others' states (adopt_global)
         self._running: threading.Thread | None = None  # the last exchange's thread, even one dropped
+        # when this period began (the first: when the peer set out): the cohorts' drift is up to a period
+        self._period_started = time.perf_counter()
         # Model-parallel tasks: which weights this cohort's sub-networks touched this period (a nonzero
         # averaged gradient in any inner step). The exchange carries the touched pseudo-gradient and
         # the mask, so each weight is averaged over the cohorts that trained it (averager template:
@@ -133,6 +135,11 @@ class OuterStepper:
         the first period's end), then this period's exchange starts in the background."""
         started = time.perf_counter()
         averager = self._averager_for(plan.cohort)
+        # The other cohorts reach this exchange up to a period later (each trains at its own pace):
+        # overlapped, waiting for them costs nothing while the next period trains; blocking, it is the
+        # outer step's barrier, and giving up splits the swarm's step (peer.deadlines says more).
+        period, self._period_started = started - self._period_started, started
+        averager.deadlines.allow_drift(min(period, EXCHANGE_WAIT_SECONDS))
         if not self.settings.overlap:
             report = self._exchange_now(averager, plan, attempt, superseded)
             report.blocked_seconds = time.perf_counter() - started

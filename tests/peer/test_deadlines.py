@@ -74,3 +74,21 @@ def test_an_all_reduce_may_run_a_multiple_of_its_stages_recent_time_above_the_dr
     # above the step timeout (60 s, the wait for a group), within the all-reduce's own ceiling
     assert d.allreduce_bound("cross", 120.0, least=20.0) == 120.0
     assert d.allreduce_bound("cross", 200.0, least=20.0) == 154.0
+
+
+def test_a_drift_allowance_lengthens_only_the_waits_for_other_cohorts_above_the_ceiling():
+    """An outer exchange allows the other cohorts a period's lag: the cross stage and the
+    broadcast (which waits for the head's cross stage) wait that much longer, even past the step
+    timeout; the cohort stage and the commit do not."""
+    d = StageDeadlines(2.0, 60.0)
+    d.record("cross", 30.0)  # 3 x 30 + 4 = 94: capped at 60
+    d.allow_drift(45.0)
+    assert d.deadline("cross").seconds == 60.0 + 45.0
+    assert d.deadline("cross").drift == 45.0
+    assert "45.0 s of it for the cohorts' drift" in d.deadline("cross").describe()
+    # its own initial wait, the head's climb, the drift
+    assert d.deadline("broadcast").seconds == 20.0 + 60.0 + 45.0
+    assert d.deadline("cohort").seconds == 20.0
+    assert d.deadline("commit", ceiling=20.0).seconds == 20.0
+    d.allow_drift(0.0)
+    assert d.deadline("cross").seconds == 60.0 and d.deadline("cross").drift == 0.0

@@ -315,16 +315,18 @@ def test_five_cohorts_in_groups_of_two_climb_a_tree_to_the_exact_mean_even_witho
         torch.testing.assert_close(torch.from_numpy(got), want, rtol=1e-5, atol=1e-6)
 
 
-def _late_leader_peer(dht, *, rank, seed, samples, late, run_id):
-    """A cohort leader of 3 cohorts of one that enters the cross stage ``late`` seconds after it
-    could (its last mini-batch, its link or its machine held it up)."""
+def _late_leader_peer(dht, *, rank, seed, samples, late, run_id, cohorts=3, drift=0.0):
+    """A cohort leader of ``cohorts`` cohorts of one that enters the cross stage ``late`` seconds after
+    it could (its last mini-batch, its link or its machine held it up), with ``drift`` seconds allowed
+    for the other cohorts' lag (an outer exchange's period)."""
     averager = HierarchicalAverager(dht, run_id, f"c{rank}", [torch.zeros(s) for s in SHAPES], timeouts=FAST)
     try:
-        roster = _roster(dht, run_id, 3)
+        roster = _roster(dht, run_id, cohorts)
+        averager.deadlines.allow_drift(drift)
         time.sleep(late)
         numerator = [g * samples for g in _grads(seed)]
         res = averager.average(
-            0, numerator, samples, cohort_size=1, num_cohorts=3, cohort_rank=rank, expected_peers=roster
+            0, numerator, samples, cohort_size=1, num_cohorts=cohorts, cohort_rank=rank, expected_peers=roster
         )
         return _outcome(res)
     finally:
@@ -347,6 +349,28 @@ def test_a_cohort_leader_arriving_after_one_matchmaking_period_still_joins_the_w
     assert all(r["committed"] for r in outcomes), [r["reason"] for r in outcomes]
     assert len({r["digest"] for r in outcomes}) == 1
     assert all(len(r["contributors"]) == 3 for r in outcomes), [r["contributors"] for r in outcomes]
+    total = sum(n for _, n, _ in late.values())
+    want = [sum(_grads(seed)[i] * n for seed, n, _ in late.values()) / total for i in range(len(SHAPES))]
+    for got, expected in zip(outcomes[0]["tensors"], want):
+        torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_cohort_a_period_behind_still_meets_the_other_when_its_drift_is_allowed():
+    """Cohorts run their inner steps at their own pace, so their heads reach an outer exchange apart.
+    One 25 s late is past the cross stage's first wait (10 matchmaking periods, 20 s): without a drift
+    allowance the head on time went on alone, the late one too, and neither result had a quorum
+    (measured, drift 0: "no quorum for this result: 1 of 2 roster peer(s) hold it" after 45 s). Allowed a
+    40 s period, both take the exact mean."""
+    late = {"d0": (40, 3, 0.0), "d1": (41, 5, 25.0)}
+    args = {
+        name: dict(rank=rank, seed=seed, samples=n, late=delay, run_id="hier-drift", cohorts=2, drift=40.0)
+        for rank, (name, (seed, n, delay)) in enumerate(late.items())
+    }
+    results = _run("hier-drift", args, _late_leader_peer, timeout=300)
+    outcomes = [results[n] for n in late]
+    assert all(r["committed"] for r in outcomes), [r["reason"] for r in outcomes]
+    assert len({r["digest"] for r in outcomes}) == 1
+    assert outcomes[0]["seconds"]["cross"] > 20.0  # it waited past the first wait for the late head
     total = sum(n for _, n, _ in late.values())
     want = [sum(_grads(seed)[i] * n for seed, n, _ in late.values()) / total for i in range(len(SHAPES))]
     for got, expected in zip(outcomes[0]["tensors"], want):
