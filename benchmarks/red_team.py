@@ -45,7 +45,7 @@ from ledger.store import LedgerStore
 from protocol.identity import Identity
 from protocol.records import ContributionReceipt, Revocation, parse_sealed
 from testbed.interrupts import stop_signals_held, stop_signals_interrupt
-from testbed.local_swarm import LocalSwarm, SwarmOptions
+from testbed.local_swarm import AGGREGATOR_GRACE_SECONDS, LocalSwarm, SwarmOptions
 from testbed.summary import summarise
 from testbed.wan.netns import TestbedError, require_privileges
 from testbed.wan.rates import RateError, parse_rate
@@ -110,7 +110,7 @@ def run(
             if not (attack and i == ATTACKER):
                 swarm.procs[f"peer-{i}"].wait(timeout=1800)
         swarm.stop([f"peer-{ATTACKER}"])  # if it is still there (a silent one waits to be stopped)
-        swarm.stop(["aggregator"], grace=180.0)  # it closes the last rounds and finishes its audits
+        swarm.stop(["aggregator"], grace=AGGREGATOR_GRACE_SECONDS)  # its last rounds and audits
     except KeyboardInterrupt:
         print(
             f"   stopping {name}: its processes are stopped (seconds), then the emulated internet removed",

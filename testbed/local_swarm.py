@@ -40,6 +40,11 @@ from testbed.wan.topology import AGGREGATOR_SITE, EmulatedInternet
 logger = logging.getLogger("manta.swarm")
 
 GRACE_SECONDS = 60.0  # a peer finishing its round on SIGTERM may need an averaging timeout or two
+# The aggregator's shutdown closes its last rounds (at most 30 s) and runs the audits it already chose
+# (at most 120 s), so that no receipt it accepted goes unaudited. Killed sooner, it left its ledger
+# without those audits, and its DHT's and state server's socket files in /tmp (every manta-swarm run
+# did, at 5 s).
+AGGREGATOR_GRACE_SECONDS = 180.0
 LOOPBACK = "127.0.0.1"
 
 
@@ -308,7 +313,10 @@ class LocalSwarm:
         self.record_exits()
 
     def close(self) -> None:
-        self.stop(grace=5.0)
+        """Stop what is still running: peers get 5 s (normally they have left), the aggregator its
+        bounded shutdown (:data:`AGGREGATOR_GRACE_SECONDS`)."""
+        self.stop(self.peer_names(), grace=5.0)
+        self.stop(["aggregator"], grace=AGGREGATOR_GRACE_SECONDS)
         for log in self._logs:
             log.close()
 

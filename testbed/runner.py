@@ -16,7 +16,7 @@ from typing import Any
 
 from testbed.churn import ChurnDriver
 from testbed.interrupts import stop_signals_held, stop_signals_interrupt
-from testbed.local_swarm import LocalSwarm, SwarmOptions
+from testbed.local_swarm import AGGREGATOR_GRACE_SECONDS, LocalSwarm, SwarmOptions
 from testbed.summary import progress_line, summarise, write_summary
 from testbed.wan.scenario import ChurnPlan, Scenario
 from testbed.wan.topology import EmulatedInternet
@@ -80,6 +80,13 @@ def _run(
             swarm.start_peer(i)
         churn = ChurnDriver(churn_plan, swarm, random.Random(options.seed), say) if churn_plan else None
         _watch(swarm, options, churn, started, say, time_limit)
+        if "aggregator" in swarm.procs and swarm.procs["aggregator"].poll() is None:
+            # here, not in the cleanup below, so that a Ctrl-C can still cut the wait short
+            say(
+                "peers done; the aggregator closes its last rounds and finishes its audits "
+                f"(at most {AGGREGATOR_GRACE_SECONDS:.0f} s)"
+            )
+            swarm.stop(["aggregator"], grace=AGGREGATOR_GRACE_SECONDS)
         returncodes = {n: swarm.procs[n].returncode for n in swarm.peer_names()}
         failed = failed_peers(returncodes, swarm.signalled, churn.killed if churn else ())
         if failed:
