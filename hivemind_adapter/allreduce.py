@@ -39,6 +39,7 @@ from hivemind_adapter.alignment import AlignmentRecord
 from hivemind_adapter.exact_runner import ExactAllReduceRunner
 from hivemind_adapter.group_keys import Admission, DeclarationSigner, SignedGroupKeys, admit_only_roster_peers
 from hivemind_adapter.known_groups import KnownGroupSteps
+from hivemind_adapter.p2p_sockets import RemovesItsSocket
 from hivemind_adapter.reducer_proof import NoiseMap
 from hivemind_adapter.robust_reduce import RobustConfig
 from hivemind_adapter.shared_buffers import SharedNames, SharedNoiseMap
@@ -83,7 +84,7 @@ def _spaced_reads(key_manager) -> None:
     key_manager.get_averagers = get_averagers
 
 
-class VerifiedAverager(KnownGroupSteps, DecentralizedAverager):
+class VerifiedAverager(RemovesItsSocket, KnownGroupSteps, DecentralizedAverager):
     """A DecentralizedAverager whose steps are exact (bit-identical across members) and all-or-nothing
     locally: on any partial failure the step raises and the averaged tensors keep their old values.
 

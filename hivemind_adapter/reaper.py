@@ -7,7 +7,24 @@ the terminal's foreground group (Ctrl-C would no longer reach it). So a tiny wat
 fresh snapshot of the watched process's descendants and, once that process is gone, kills every
 process of the last snapshot (checking each one's start time, so a recycled pid is never hit).
 
-Run as ``python -m hivemind_adapter.reaper PID``; :func:`hivemind_adapter.runtime.start_orphan_reaper` does that.
+Files too: a killed tree cannot remove the unix sockets it listened on (hivemind's
+``/tmp/hivemind-p2p*.sock``, multiprocessing's listeners in ``/tmp/pymp-*``), and they piled up in
+``/tmp`` by the thousand. The watcher also keeps the paths of those the tree listens on and removes
+them once every process of the tree is gone. Their names are random per listener, so no other
+process can be using them then. A ``pymp-*`` folder is removed too, once empty, unless the watched
+process already had it when it started the watcher: forked children share their parent's folder, so
+that one may belong to a process outside the tree that is still running (removing it broke a test
+harness that had started the killed peer). A folder made later was made inside the tree.
+
+A path the tree held is not always the tree's own: a socket accepted on a listener carries the
+listener's path, and a process forked while its parent's resource sharer was serving a connection
+inherits that accepted socket. Removing such a path unlinked the parent's listener (CI: the test
+harness's own multiprocessing listener went, and every later DHT call in it hung). So once the tree
+is gone, a path that some socket still alive is bound to is left alone: only processes outside the
+tree can hold it then.
+
+Run as ``python -m hivemind_adapter.reaper PID [KEPT_FOLDER]``;
+:func:`hivemind_adapter.runtime.start_orphan_reaper` does that.
 """
 
 from __future__ import annotations
@@ -15,9 +32,15 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import psutil
+
+SOCKET_PREFIX = "hivemind-p2p"  # hivemind's p2pd and p2p client sockets, in the temp folder
+MP_FOLDER_PREFIX = "pymp-"  # multiprocessing's per-process folder of listener sockets
+SOCKETS_EVERY = 4  # snapshots between two reads of the tree's sockets (a read costs ~6 ms)
 
 
 def _snapshot(watched: psutil.Process) -> dict[int, float]:
@@ -36,14 +59,68 @@ def _snapshot(watched: psutil.Process) -> dict[int, float]:
     return out
 
 
-def watch(pid: int, interval: float = 0.25) -> int:
-    """Block until ``pid`` exits, then kill its last known descendants. Returns how many were killed."""
+def _socket_files(procs: list[psutil.Process]) -> set[Path]:
+    """The files to remove once ``procs`` are gone: the sockets they listen on that hivemind or
+    multiprocessing made in the temp folder."""
+    temp = Path(tempfile.gettempdir())
+    found = set()
+    for proc in procs:
+        try:
+            connections = proc.net_connections(kind="unix")
+        except psutil.Error:
+            continue
+        for connection in connections:
+            path = Path(connection.laddr) if isinstance(connection.laddr, str) and connection.laddr else None
+            if path is None:
+                continue
+            if (path.parent == temp and path.name.startswith(SOCKET_PREFIX)) or (
+                path.parent.parent == temp and path.parent.name.startswith(MP_FOLDER_PREFIX)
+            ):
+                found.add(path)
+    return found
+
+
+def bound_socket_paths() -> set[str]:
+    """The paths that living unix sockets of this network namespace are bound to (an accepted
+    connection shows its listener's path). Read from ``/proc/net/unix``; empty if it cannot be read."""
+    try:
+        with open("/proc/net/unix") as table:
+            next(table, None)  # the header
+            return {fields[7] for line in table if len(fields := line.split()) == 8}
+    except OSError:
+        return set()
+
+
+def remove_files(paths: set[Path], kept_folder: str | None = None) -> None:
+    """Remove ``paths`` but those a living socket is still bound to (held outside the tree), then each
+    ``pymp-*`` folder they were in that is now empty (but ``kept_folder``)."""
+    bound = bound_socket_paths()
+    for path in paths:
+        if str(path) in bound:
+            continue
+        try:
+            path.unlink()
+        except OSError:  # gone already (its owner removed it), or not ours to remove
+            pass
+    kept = Path(kept_folder) if kept_folder else None
+    for folder in {p.parent for p in paths if p.parent.name.startswith(MP_FOLDER_PREFIX)} - {kept}:
+        try:
+            folder.rmdir()  # only if empty: a listener of a process still running keeps it
+        except OSError:
+            pass
+
+
+def watch(pid: int, interval: float = 0.25, kept_folder: str | None = None) -> int:
+    """Block until ``pid`` exits, then kill its last known descendants and remove their socket files
+    (and their multiprocessing folders, but ``kept_folder``). Returns how many were killed."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the watched process, not for us
     try:
         watched = psutil.Process(pid)
     except psutil.NoSuchProcess:
         return 0
     known: dict[int, float] = {}
+    files: set[Path] = set()
+    snapshots = 0
     while True:
         try:
             alive = watched.is_running() and watched.status() != psutil.STATUS_ZOMBIE
@@ -53,6 +130,9 @@ def watch(pid: int, interval: float = 0.25) -> int:
             break
         known.update(_snapshot(watched))
         known = {p: t for p, t in known.items() if psutil.pid_exists(p)}
+        if snapshots % SOCKETS_EVERY == 0:
+            files |= _socket_files([watched, *_living(known)])
+        snapshots += 1
         time.sleep(interval)
     victims = []
     for p, created in known.items():
@@ -62,14 +142,26 @@ def watch(pid: int, interval: float = 0.25) -> int:
                 victims.append(proc)
         except psutil.NoSuchProcess:
             pass
+    files |= _socket_files(victims)  # still running: what they listen on now, whatever started late
     for proc in victims:
         try:
             proc.kill()
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(victims, timeout=5)
+    remove_files(files, kept_folder)
     return len(victims)
 
 
+def _living(known: dict[int, float]) -> list[psutil.Process]:
+    procs = []
+    for p in known:
+        try:
+            procs.append(psutil.Process(p))
+        except psutil.NoSuchProcess:
+            pass
+    return procs
+
+
 if __name__ == "__main__":
-    sys.exit(0 if watch(int(sys.argv[1])) >= 0 else 1)
+    sys.exit(0 if watch(int(sys.argv[1]), kept_folder=sys.argv[2] if len(sys.argv) > 2 else None) >= 0 else 1)

@@ -63,8 +63,12 @@ def start_orphan_reaper() -> subprocess.Popen:
     watcher exits by itself after this process exits; a normal shutdown stops children first, so it
     then finds nothing to kill.
     """
+    # multiprocessing's folder this process already has (inherited from its parent at fork, or its
+    # own): shared with processes outside the tree, so the watcher keeps it (util.get_temp_dir's cache)
+    inherited = mp.current_process()._config.get("tempdir")
+    command = [sys.executable, "-m", "hivemind_adapter.reaper", str(os.getpid())]
     return subprocess.Popen(
-        [sys.executable, "-m", "hivemind_adapter.reaper", str(os.getpid())],
+        command + ([inherited] if inherited else []),
         stdin=subprocess.DEVNULL,
         close_fds=True,
     )

@@ -4,13 +4,16 @@ hivemind needs the fork start method and reads its torch sharing strategy at imp
 ``prepare_process`` runs here, before any test module can import hivemind. Every test is followed by
 a reaper: any process the test started and left running (a DHT process, an averager, a ``p2pd``
 daemon, a worker) is stopped, and the test is reported as leaking, so a hang or an orphan never
-survives into the next test or past the suite.
+survives into the next test or past the suite. And if this process's own multiprocessing listener
+is gone after a test, the session stops there: every later call that passes a pipe to a DHT's
+process would hang to its timeout (one CI run spent 75 minutes that way, test after test).
 """
 
 from __future__ import annotations
 
 import os
 import warnings
+from multiprocessing import resource_sharer
 
 import pytest
 
@@ -43,6 +46,19 @@ def reap_child_processes(request: pytest.FixtureRequest):
             f"{request.node.nodeid} left {len(stopped)} process(es) running: {names}",
             LeakedProcessWarning,
             stacklevel=1,
+        )
+
+
+@pytest.fixture(autouse=True)
+def keep_this_process_s_listener(request: pytest.FixtureRequest):
+    yield
+    # multiprocessing's resource sharer: where a DHT's process fetches the pipes this process sends it
+    address = resource_sharer._resource_sharer._address
+    if isinstance(address, str) and not os.path.exists(address):
+        pytest.exit(
+            f"this test process's multiprocessing listener {address} was removed (found after "
+            f"{request.node.nodeid}): every later call passing a pipe to a DHT would hang",
+            returncode=3,
         )
 
 

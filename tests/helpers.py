@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -53,6 +54,16 @@ def processes_mentioning(path: Path) -> list[psutil.Process]:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return found
+
+
+def socket_files() -> set[str]:
+    """The unix socket files in /tmp that hivemind (daemon, clients) and multiprocessing (listeners)
+    create: a run whose processes all shut down properly leaves none of its own behind."""
+    return {
+        str(path)
+        for pattern in ("hivemind-p2p*.sock", "pymp-*/listener-*")
+        for path in Path(tempfile.gettempdir()).glob(pattern)
+    }
 
 
 def wait_for_a_quiet_machine(timeout: float = 30.0, busy_percent: float = 20.0) -> str:

@@ -16,7 +16,7 @@ import pytest
 
 from supernet.checkpoint import load_checkpoint
 from testbed.wan.netns import namespaces
-from tests.helpers import console_script, needs_emulated_internet, processes_mentioning
+from tests.helpers import console_script, needs_emulated_internet, processes_mentioning, socket_files
 
 pytestmark = [
     pytest.mark.swarm,
@@ -34,7 +34,7 @@ def _lines(path) -> list[dict]:
 
 def test_two_sites_take_inner_steps_apart_and_meet_in_overlapped_outer_steps(tmp_path):
     run, summary_path = tmp_path / "run", tmp_path / "summary.json"
-    before = set(namespaces())
+    before, sockets_before = set(namespaces()), socket_files()
     cmd = [console_script("manta-swarm"), "--sites", "2", "--peers", "4", "--uplink", "20mbit", "--downlink",
            "50mbit", "--delay", "10", "--nat", "1", "--sync", "outer", "--inner-steps", "3", "--rounds", "6", *SMALL,
            "--data-dir", str(run), "--summary", str(summary_path)]  # fmt: skip
@@ -45,6 +45,11 @@ def test_two_sites_take_inner_steps_apart_and_meet_in_overlapped_outer_steps(tmp
     assert "the emulated internet removed" in done.stdout + done.stderr
     assert not set(namespaces()) - before, "the run left namespaces behind"
     assert processes_mentioning(run) == [], "the run left processes behind"
+    # the aggregator shut down by itself, its last audits run: no socket file of its own left in /tmp
+    exits = {e["name"]: e["returncode"] for e in _lines(run / "processes.jsonl") if e["event"] == "exit"}
+    assert exits.get("aggregator") == 0, exits
+    assert "contributions: {" in (run / "aggregator" / "log.txt").read_text()
+    assert not socket_files() - sockets_before, socket_files() - sockets_before
     summary = json.loads(summary_path.read_text())
     swarm = summary["swarm"]
     nat = {site["name"]: site["nat"] for site in summary["sites"]}

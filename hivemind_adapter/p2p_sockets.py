@@ -1,0 +1,158 @@
+"""Removing the unix sockets hivemind's averager processes, and DHTs that failed to start, leave in
+``/tmp``.
+
+Every client of a p2pd daemon listens on a socket file of its own, ``/tmp/hivemind-p2pclient-*.sock``.
+An averager's process opens one (``dht.replicate_p2p()``) and hivemind never closes it: the process
+ends with ``os._exit``, so no finaliser runs, and the file stays. Measured before this module: every
+averager ever started had left its file, 8,478 of them after a day of test runs. So an averager
+records its socket's path where its parent can read it (shared memory made before the fork), closes
+the client when it is shut down, and its parent removes the file after the process has ended, which
+also covers a process that had to be terminated the hard way.
+
+A DHT whose daemon gave up (no initial peer answered) leaves the daemon's socket file: the daemon exits
+on its own and hivemind removes nothing (one per ``manta-peer join`` with a wrong address). The path is
+made inside the DHT's process, so :func:`remove_dead_daemon_sockets` finds it afterwards: a daemon
+socket file that appeared meanwhile and that nothing listens on any more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import glob
+import multiprocessing
+import multiprocessing.util
+import os
+import socket
+import tempfile
+import time
+
+from hivemind_adapter.reaper import bound_socket_paths
+
+_PATH_BYTES = 512  # a socket path is at most 108 bytes (sun_path)
+
+
+def daemon_socket_files() -> set[str]:
+    """The p2pd daemons' socket files in the temp folder now."""
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "hivemind-p2pd-*.sock")))
+
+
+def remove_dead_daemon_sockets(before: set[str], patience: float = 2.0) -> list[str]:
+    """Remove the daemon socket files that are not in ``before`` and that refuse a connection (their
+    daemon is gone); returns them. One still listening is looked at again for ``patience`` seconds
+    (the daemon that gave up may still be exiting); another process's daemon that started meanwhile
+    keeps listening, and keeps its file."""
+    removed: list[str] = []
+    waiting = daemon_socket_files() - before
+    deadline = time.monotonic() + patience
+    while waiting:
+        waiting = {path for path in waiting if not _removed_if_dead(path, removed)}
+        if not waiting or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    return removed
+
+
+def _removed_if_dead(path: str, removed: list[str]) -> bool:
+    """True once ``path`` is settled: removed (nothing listens on it) or gone; False while it listens."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(path)
+        return False
+    except ConnectionRefusedError:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+            removed.append(path)
+        return True
+    except OSError:  # gone already, or not ours to judge
+        return True
+    finally:
+        probe.close()
+
+
+def client_socket_path(p2p) -> str | None:
+    """The file ``p2p`` (a hivemind P2P client) listens on, or None if it is not a unix socket."""
+    try:
+        return p2p._client_listen_maddr["unix"]  # hivemind's own attribute: this module is its one reader
+    except (AttributeError, KeyError, TypeError):
+        return None
+
+
+class RemovesItsSocket:
+    """Mixin for a ``DecentralizedAverager`` subclass (listed before it): its process's p2p client is
+    closed at shutdown and the client's socket file is removed, whichever way the process ended; so is
+    the process's own multiprocessing folder (``pymp-*``, where its resource sharer listens when it
+    passes a pipe to the DHT's process), which a killed averager left with its listener in it."""
+
+    def __init__(self, *args, **kwargs):
+        # written in the averager's process, read here: made before super().__init__ forks it
+        self._socket_path = multiprocessing.Array(ctypes.c_char, _PATH_BYTES, lock=False)
+        self._own_mp_folder = multiprocessing.Array(ctypes.c_char, _PATH_BYTES, lock=False)
+        self._inherited_mp_folder: str | None = None  # set in the averager's process, by run()
+        super().__init__(*args, **kwargs)
+
+    def run(self):
+        # The averager's process starts here. The folder it has now it inherited (its Process object
+        # copied its parent's config when it was made): its parent's, never its own to remove. Read
+        # in the parent at __init__ instead, a folder the parent made between then and the fork (in
+        # another thread) passed for the averager's own, and the parent's listener went with it.
+        self._inherited_mp_folder = multiprocessing.current_process()._config.get("tempdir")
+        super().run()
+
+    # hivemind sets self._p2p once, in the averager's process, right after replicating the client
+    @property
+    def _p2p(self):
+        try:
+            return self.__dict__["_p2p_client"]
+        except KeyError:  # as before: an attribute only the averager's process ever sets
+            raise AttributeError("_p2p") from None
+
+    @_p2p.setter
+    def _p2p(self, p2p) -> None:
+        self.__dict__["_p2p_client"] = p2p
+        path = (client_socket_path(p2p) or "").encode()
+        if len(path) < _PATH_BYTES:
+            self._socket_path.value = path
+        folder = multiprocessing.util.get_temp_dir()  # made now if this process has none yet
+        if folder != self._inherited_mp_folder and len(folder.encode()) < _PATH_BYTES:
+            self._own_mp_folder.value = folder.encode()
+
+    async def _shutdown(self, timeout) -> None:
+        try:
+            await super()._shutdown(timeout)
+        finally:
+            if (p2p := self.__dict__.get("_p2p_client")) is not None:
+                await p2p.shutdown()  # closes the client and removes its socket file
+
+    def shutdown(self) -> None:
+        try:
+            super().shutdown()
+        finally:
+            self.remove_socket_file()
+
+    def remove_socket_file(self) -> None:
+        """Remove the averager process's socket file and its own multiprocessing folder if the process
+        has ended and left them."""
+        if self.is_alive():
+            return
+        path = self._socket_path.value.decode()
+        if path:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+        folder = self._own_mp_folder.value.decode()
+        if folder and folder != multiprocessing.current_process()._config.get("tempdir"):
+            remove_socket_folder(folder)
+
+
+def remove_socket_folder(folder: str) -> None:
+    """Remove multiprocessing's listener folder ``folder`` of a process that has ended: its socket
+    files that no living socket is bound to, then the folder if that left it empty."""
+    bound = bound_socket_paths()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder):
+            if entry.path not in bound:
+                with contextlib.suppress(OSError):
+                    os.remove(entry.path)
+    with contextlib.suppress(OSError):
+        os.rmdir(folder)  # only if empty: a listener someone still holds keeps it

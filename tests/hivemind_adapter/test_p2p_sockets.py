@@ -1,0 +1,261 @@
+"""No socket file is left in /tmp: an averager's, whether it was shut down or killed, nor any of a
+peer's tree killed with SIGKILL (hivemind never removes the p2p client socket an averager's process
+opens, and a killed tree removes nothing: thousands piled up in /tmp)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import psutil
+import torch
+
+from hivemind_adapter.allreduce import VerifiedAverager
+from hivemind_adapter.dht import start_dht
+from hivemind_adapter.p2p_sockets import daemon_socket_files, remove_dead_daemon_sockets
+from hivemind_adapter.reaper import remove_files
+from hivemind_adapter.state_sharing import StateSharer
+
+LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+
+
+def _socket_file(averager) -> str:
+    path = averager._socket_path.value.decode()
+    assert path.startswith("/tmp/hivemind-p2pclient-") and os.path.exists(path), path
+    return path
+
+
+def test_an_averager_shut_down_removes_its_socket_file():
+    dht = start_dht(host_maddrs=LOOPBACK)
+    try:
+        averager = VerifiedAverager([torch.zeros(4)], dht, prefix="sockets", start=True)
+        sharer = StateSharer([torch.zeros(4)], dht, "sockets", consensus=1)
+        paths = [_socket_file(averager), _socket_file(sharer)]
+        assert paths[0] != paths[1]
+        averager.shutdown()
+        sharer.shutdown()
+        assert not any(os.path.exists(p) for p in paths)
+    finally:
+        dht.shutdown()
+
+
+def test_a_killed_averager_s_socket_file_is_removed_by_its_parent():
+    """And its own multiprocessing folder, with the listener its resource sharer left there (run in
+    a fresh interpreter, whose averager has no folder to inherit)."""
+    code = textwrap.dedent(f"""
+        import json, os, signal, time, torch
+        from hivemind_adapter.runtime import prepare_process
+        prepare_process()
+        from hivemind_adapter.allreduce import VerifiedAverager
+        from hivemind_adapter.dht import start_dht
+        dht = start_dht(host_maddrs={LOOPBACK!r})
+        averager = VerifiedAverager([torch.zeros(4)], dht, prefix="killed", start=True)
+        path, folder = averager._socket_path.value.decode(), averager._own_mp_folder.value.decode()
+        seen = dict(path=os.path.exists(path), folder=os.path.isdir(folder))
+        # At once, its start-up calls to the DHT's process maybe still in flight: one that the DHT's
+        # process could no longer open once ended that process (EOFError; tests/hivemind_adapter/
+        # test_dht.py makes it happen every time), and the DHT must outlive the averager here.
+        os.kill(averager.pid, signal.SIGKILL)
+        averager.join(10)
+        time.sleep(0.2)
+        seen |= dict(dead=not averager.is_alive(), path_after_kill=os.path.exists(path))
+        seen["left"] = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+        averager.shutdown()
+        seen |= dict(path_after=os.path.exists(path), folder_after=os.path.exists(folder), dht=dht.is_alive())
+        dht.shutdown()
+        print(json.dumps(dict(seen, folder_name=os.path.basename(folder))))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["path"] and seen["folder"] and seen["folder_name"].startswith("pymp-"), seen
+    assert seen["dead"], seen
+    # nobody in the killed process could remove its socket file, nor its listener
+    assert seen["path_after_kill"] and seen["left"], seen
+    assert not seen["path_after"] and not seen["folder_after"], seen
+    assert seen["dht"], seen
+
+
+def test_an_averager_never_removes_the_multiprocessing_folder_its_parent_uses():
+    """The parent makes its folder after the averager's __init__ began and before its process was
+    made (in CI another thread did): the averager inherits that folder, which is not its own, and
+    shutting it down must leave it, with the parent's listener in it. Before, the parent's listener
+    went with the averager, and every later call that passed a pipe to the DHT's process hung."""
+    code = textwrap.dedent(f"""
+        import json, multiprocessing, multiprocessing.util, os, torch
+        from hivemind_adapter.runtime import prepare_process
+        prepare_process()
+        from hivemind_adapter.allreduce import VerifiedAverager
+        from hivemind_adapter.dht import read_entries, start_dht, store
+
+        class FolderMadeFirst(multiprocessing.Process):
+            # next after hivemind's averager in the order below: runs just before its Process is made
+            def __init__(self, *args, **kwargs):
+                multiprocessing.util.get_temp_dir()
+                super().__init__(*args, **kwargs)
+
+        class Averager(VerifiedAverager, FolderMadeFirst):
+            pass
+
+        dht = start_dht(host_maddrs={LOOPBACK!r})
+        before = multiprocessing.current_process()._config.get("tempdir")
+        averager = Averager([torch.zeros(4)], dht, prefix="inherits", start=True)
+        folder = multiprocessing.current_process()._config.get("tempdir")
+        listening = bool(folder) and bool(os.listdir(folder))
+        averager.shutdown()
+        kept = bool(folder) and os.path.isdir(folder) and bool(os.listdir(folder))
+        stored = store(dht, "after", 1, 60.0, subkey="a", timeout=10.0)  # passes a pipe to the DHT's process
+        read = read_entries(dht, "after", timeout=10.0)
+        dht.shutdown()
+        print(json.dumps(dict(before=before, folder=folder, listening=listening, kept=kept, stored=stored, read=read)))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["before"] is None and seen["folder"] and seen["listening"], seen
+    assert seen["kept"] and seen["stored"] and seen["read"] == {"a": 1}, seen
+
+
+def test_the_reaper_leaves_a_listener_the_tree_only_inherited_a_connection_of():
+    """A process forked while its parent's resource sharer served a connection holds that accepted
+    socket, which carries the parent's listener's path. Killed, its tree's reaper must not take the
+    parent's listener with it (in CI it did, and the test harness's own DHT calls hung)."""
+    folder = tempfile.mkdtemp(prefix="pymp-outside-")
+    listener_path = os.path.join(folder, "listener-outside")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(listener_path)
+        listener.listen()
+        client.connect(listener_path)
+        accepted, _ = listener.accept()
+        code = "from hivemind_adapter.runtime import start_orphan_reaper; import time; start_orphan_reaper(); time.sleep(60)"
+        child = subprocess.Popen([sys.executable, "-c", code], pass_fds=[accepted.fileno()], cwd=os.getcwd())
+        accepted.close()  # only the child holds it now, as a forked child would
+        try:
+            deadline = time.monotonic() + 30
+            reaper = []
+            while not reaper and time.monotonic() < deadline:
+                reaper = psutil.Process(child.pid).children()
+                time.sleep(0.1)
+            assert reaper, "the child started no reaper"
+            held = {c.laddr for c in psutil.Process(child.pid).net_connections(kind="unix")}
+            assert listener_path in held, held  # what the reaper reads as one of the tree's listeners
+            time.sleep(1.5)  # the reaper reads the tree's sockets once a second
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait(timeout=10)
+            psutil.wait_procs(reaper, timeout=15)
+        finally:
+            if child.poll() is None:
+                child.kill()
+        assert not any(p.is_running() for p in reaper), "the reaper did not finish"
+        assert os.path.exists(listener_path)
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.connect(listener_path)  # still the parent's, still answering
+        probe.close()
+    finally:
+        client.close()
+        listener.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_killed_peer_s_whole_tree_leaves_no_socket_file(tmp_path):
+    """The orphan reaper removes what a SIGKILLed process tree listened on: the DHT's daemon socket,
+    the averager's client socket and multiprocessing's listeners."""
+    listing = tmp_path / "sockets"
+    code = textwrap.dedent(f"""
+        import time, torch
+        from hivemind_adapter.runtime import prepare_process, start_orphan_reaper
+        prepare_process()
+        start_orphan_reaper()
+        from hivemind_adapter.allreduce import VerifiedAverager
+        from hivemind_adapter.dht import start_dht
+        from hivemind_adapter.p2p import _daemon_address
+        dht = start_dht(host_maddrs={LOOPBACK!r})
+        averager = VerifiedAverager([torch.zeros(4)], dht, prefix="tree", start=True)
+        daemon = dht.run_coroutine(_daemon_address)["unix"]
+        open({str(listing)!r} + ".part", "w").write(daemon + "\\n" + averager._socket_path.value.decode())
+        import os; os.rename({str(listing)!r} + ".part", {str(listing)!r})
+        time.sleep(120)
+    """)
+    peer = subprocess.Popen([sys.executable, "-c", code], cwd=os.getcwd())
+    try:
+        deadline = time.monotonic() + 60
+        while not listing.exists() and time.monotonic() < deadline and peer.poll() is None:
+            time.sleep(0.05)
+        paths = listing.read_text().split("\n")
+        assert len(paths) == 2 and all(os.path.exists(p) for p in paths), paths
+        tree = [psutil.Process(peer.pid), *psutil.Process(peer.pid).children(recursive=True)]
+        listeners = {
+            c.laddr
+            for proc in tree
+            for c in proc.net_connections(kind="unix")
+            if isinstance(c.laddr, str) and os.path.basename(os.path.dirname(c.laddr)).startswith("pymp-")
+        }
+        assert listeners  # hivemind's futures listen in multiprocessing's folder
+        paths += sorted(listeners)
+        # the tree's own multiprocessing folders too (a fresh interpreter inherited none)
+        paths += sorted({os.path.dirname(listener) for listener in listeners})
+        time.sleep(1.5)  # the reaper reads the tree's sockets once a second
+        os.kill(peer.pid, signal.SIGKILL)
+        peer.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while any(os.path.exists(p) for p in paths) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(os.path.exists(p) for p in paths), [p for p in paths if os.path.exists(p)]
+    finally:
+        if peer.poll() is None:
+            peer.kill()
+
+
+def test_the_reaper_removes_a_multiprocessing_folder_once_empty_unless_the_watched_process_had_it(tmp_path):
+    """A ``pymp-*`` folder the tree made goes with its listeners; one the watched process already had
+    when it started the watcher may be its parent's (shared at fork) and stays, as does one that
+    still holds a listener the tree did not own."""
+    made, inherited, shared = (tmp_path / name for name in ("pymp-made", "pymp-inherited", "pymp-shared"))
+    listeners = set()
+    for folder in (made, inherited, shared):
+        folder.mkdir()
+        listeners.add(folder / "listener-tree")
+        (folder / "listener-tree").touch()
+    (shared / "listener-someone-else").touch()
+    remove_files(listeners, kept_folder=str(inherited))
+    assert not any(path.exists() for path in listeners)
+    assert not made.exists()
+    assert inherited.is_dir() and shared.is_dir()
+
+
+def test_a_daemon_socket_file_left_by_a_daemon_that_gave_up_is_removed_and_a_live_ones_kept():
+    """What start_dht does after a DHT failed to start: new daemon socket files that refuse a
+    connection go; one that listens (another process's daemon, started meanwhile) stays, as does
+    any file that was there before."""
+    tag = f"{os.getpid()}-{time.monotonic_ns()}"
+    older, dead, live = (f"/tmp/hivemind-p2pd-test-{name}-{tag}.sock" for name in ("older", "dead", "live"))
+    sockets = []
+    try:
+        for path in (older, dead, live):
+            if path == dead:
+                before = daemon_socket_files()  # as start_dht takes it, before the DHT starts
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            server.bind(path)
+            server.listen()
+            sockets.append(server)
+        sockets[0].close()  # a stale file from before: not this call's to judge
+        sockets[1].close()  # its daemon is gone: the file stays, refusing connections
+        assert remove_dead_daemon_sockets(before, patience=0.3) == [dead]
+        assert not os.path.exists(dead)
+        assert os.path.exists(live) and os.path.exists(older)
+    finally:
+        for server in sockets:
+            server.close()
+        for path in (older, dead, live):
+            if os.path.exists(path):
+                os.remove(path)
