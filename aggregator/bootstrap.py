@@ -27,8 +27,8 @@ from aggregator.contributions import ContributionDesk
 from aggregator.monitor.service import Monitor
 from aggregator.monitor.swarm_reader import read_swarm
 from aggregator.task_data import DataDesk
+from hivemind_adapter.dht import DHTWatch, read_signed, start_dht, store
 from hivemind_adapter.dht import peer_id as dht_peer_id
-from hivemind_adapter.dht import read_signed, start_dht, store
 from hivemind_adapter.dht import visible_maddrs as dht_visible_maddrs
 from hivemind_adapter.p2p import Endpoint
 from protocol.dht_schema import (
@@ -69,6 +69,10 @@ class BootstrapConfig:
     dashboard_fallback: bool = False  # that port taken: listen on a free one instead of failing
 
 
+class DHTLost(RuntimeError):
+    """The aggregator's DHT process ended: peers can no longer reach it; one line for the operator."""
+
+
 class BootstrapAggregator:
     def __init__(self, spec: TaskSpec, identity: Identity, config: BootstrapConfig):
         self.spec, self.identity, self.config = spec, identity, config
@@ -81,6 +85,8 @@ class BootstrapAggregator:
         self.monitor = None
         self.data_desk: DataDesk | None = None  # tasks on an operator's dataset
         self._stop = threading.Event()
+        self._dht_watch: DHTWatch | None = None
+        self.dht_lost: str | None = None  # why it stopped serving, once its DHT's process ended
         self._anchor_wire: bytes | None = None  # the sealed StateAnchor of the state the keeper serves
 
     def start(self) -> list[str]:
@@ -99,6 +105,7 @@ class BootstrapAggregator:
             identity_path=str(self.config.data_dir / "p2p.key"),
             validators=[MantaRecordValidator(self.task_id)],
         )
+        self._dht_watch = DHTWatch(self.dht, self._dht_ended)
         self.published = self._choose_spec()
         self.endpoint = Endpoint(self.dht, "manta-aggregator")
         if self.published.record.data is not None:
@@ -246,12 +253,24 @@ class BootstrapAggregator:
             self._publish()
             self._publish_anchor()
             logger.info(f"task {self.task_id}: {self.peers_online()} peer(s) online")
+        if self.dht_lost is not None:
+            raise DHTLost(self.dht_lost)
+
+    def _dht_ended(self, exit_code: int | None) -> None:
+        self.dht_lost = (
+            f"the aggregator's DHT process ended (exit code {exit_code}): peers can no longer reach it; "
+            "start manta-aggregator again (--resume continues the run)"
+        )
+        logger.error(self.dht_lost)
+        self._stop.set()
 
     def stop(self) -> None:
         self._stop.set()
 
     def shutdown(self) -> None:
         self._stop.set()
+        if self._dht_watch is not None:
+            self._dht_watch.stop()  # the DHT is shut down on purpose below
         if self.keeper is not None:
             self.keeper.stop_serving()  # before anything slow, so the grace overlaps the rest
         if self.monitor is not None:

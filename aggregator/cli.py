@@ -100,7 +100,7 @@ def start(
     from hivemind_adapter.runtime import prepare_process, start_orphan_reaper
 
     prepare_process()
-    from aggregator.bootstrap import BootstrapAggregator, BootstrapConfig
+    from aggregator.bootstrap import BootstrapAggregator, BootstrapConfig, DHTLost
     from aggregator.monitor.server import DashboardError, parse_dashboard_option
     from aggregator.task_data import pack_into
     from aggregator.task_publication import TaskFileError, build_task_spec, saved_task_spec
@@ -153,7 +153,10 @@ def start(
             f"  manta-peer join --task {node.published.record.task_id} --initial-peers {' '.join(maddrs)}"
         )
         sys.stdout.flush()
-        node.serve_forever()
+        try:
+            node.serve_forever()
+        except DHTLost as e:
+            raise UserError(str(e)) from None
         logger.info("stopping")
     finally:
         node.shutdown()

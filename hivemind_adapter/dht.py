@@ -8,21 +8,71 @@ anything), and skips what its opener rejects. That loop used to be written out a
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
 import time
 from collections.abc import Callable, Sequence
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, TypeVar
 
 import hivemind
 from hivemind.utils import get_dht_time
 
+from hivemind_adapter.p2p_sockets import daemon_socket_files, remove_dead_daemon_sockets
 from protocol.records import RecordRejected
 
 T = TypeVar("T")
 READ_TIMEOUT = 10.0  # seconds for one DHT read: a dead bootstrap must cost this, never a hang
+logger = logging.getLogger(__name__)
 
 
 class SwarmUnreachable(RuntimeError):
     """The DHT node could not join the swarm; one line for the user."""
+
+
+class _RequestPipe:
+    """The DHT process's end of the pipe its callers send requests down, where a request that cannot
+    be opened is dropped instead of ending the process.
+
+    A request carries its caller's reply pipe, which the DHT's process fetches from the caller's own
+    process as it unpickles the request. If that process died meanwhile (an averager killed just after
+    it started), the fetch fails: hivemind's loop waits 3 s and goes on after most such errors, but an
+    EOFError (the caller died after reading the fetch's question, before answering it) ended the loop,
+    and with it the DHT's process, so every later call of the peer on it hung. Nobody waits for the
+    dropped request's answer: its caller is gone. A pipe that is itself closed (the DHT's parent is
+    gone) still ends the loop, as before."""
+
+    def __init__(self, pipe):
+        self._pipe = pipe
+
+    def fileno(self) -> int:
+        return self._pipe.fileno()
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        return self._pipe.poll(timeout)
+
+    def recv(self) -> tuple[str, list, dict]:
+        message = self._pipe.recv_bytes()
+        try:
+            return ForkingPickler.loads(message)
+        except (EOFError, OSError) as e:
+            logger.warning("a DHT request was dropped: its sender is gone (%s: %s)", type(e).__name__, e)
+            return "_dropped_request", [], {}
+
+    def close(self) -> None:
+        self._pipe.close()
+
+
+class SwarmDHT(hivemind.DHT):
+    """hivemind's DHT, whose process outlives a caller that died in the middle of a request."""
+
+    def run(self) -> None:
+        self._inner_pipe = _RequestPipe(self._inner_pipe)  # in the DHT's own process
+        super().run()
+
+    async def _dropped_request(self) -> None:
+        return None
 
 
 def start_dht(
@@ -35,8 +85,9 @@ def start_dht(
     validators: Sequence[Any] = (),
 ) -> hivemind.DHT:
     """A running DHT node (its own process and p2pd daemon). SwarmUnreachable if it cannot join."""
+    daemons_before = daemon_socket_files()
     try:
-        return hivemind.DHT(
+        return SwarmDHT(
             initial_peers=list(initial_peers),
             host_maddrs=list(host_maddrs),
             announce_maddrs=list(announce_maddrs) if announce_maddrs else None,
@@ -47,10 +98,43 @@ def start_dht(
             start=True,
         )
     except Exception as e:
+        remove_dead_daemon_sockets(daemons_before)  # the daemon that gave up left its socket file
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if "initial_peers responded" in first or "failed to connect to bootstrap peers" in first:
             first = f"cannot reach any initial peer ({', '.join(initial_peers)})"
         raise SwarmUnreachable(first) from None
+
+
+class DHTWatch:
+    """Calls ``on_death(exit_code)`` once, from a thread of its own, when ``dht``'s process has ended
+    while the watch runs. Without its DHT's process a node can neither find partners nor read or post
+    a record, and hivemind's calls on a dead DHT wait for it forever (measured: a peer whose DHT's
+    process was killed printed no round for minutes, until it was stopped). Stop the watch before
+    shutting the DHT down on purpose."""
+
+    def __init__(self, dht: hivemind.DHT, on_death: Callable[[int | None], None], every: float = 1.0):
+        self._dht, self._on_death, self._every = dht, on_death, every
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="dht-watch", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(self._every):
+            if not self._dht.is_alive():
+                if not self._stopped.is_set():
+                    self._on_death(self._dht.exitcode)
+                return
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=2 * self._every + 1.0)
+
+
+def dht_gone(dht: hivemind.DHT) -> bool:
+    """Whether ``dht``'s process has ended: then a call would only wait out its timeout (a peer shutting
+    down after losing it waited 10 s per read). Known only in the process that started the DHT; an
+    averager's process, which holds a copy, cannot tell and asks as before."""
+    return getattr(dht, "_parent_pid", None) == os.getpid() and not dht.is_alive()
 
 
 def peer_id(dht: hivemind.DHT) -> str:
@@ -77,6 +161,8 @@ def store(
 ) -> bool:
     """Store ``value`` for ``ttl`` seconds; False if no node took it within ``timeout``. ``wait=False``:
     return True at once while the DHT's process stores it."""
+    if dht_gone(dht):
+        return False
     future = dht.store(key, value, get_dht_time() + ttl, subkey=subkey, return_future=True)
     if not wait:
         return True
@@ -96,6 +182,8 @@ def read_entries_of_keys(
 ) -> list[dict[str, Any]]:
     """:func:`read_entries` of each of ``keys``, the lookups in flight together (one ``timeout`` for
     all; a key whose lookup has not finished by then reads as {})."""
+    if dht_gone(dht):
+        return [{} for _ in keys]
     futures = [dht.get(key, latest=True, return_future=True) for key in keys]
     deadline = time.monotonic() + timeout
     out = []

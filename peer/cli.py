@@ -112,9 +112,11 @@ def join(
     from hivemind_adapter.runtime import prepare_process, start_orphan_reaper
 
     prepare_process()
+    from hivemind_adapter.averager_process import AveragerStartFailed
     from peer.devices import discover_devices
     from peer.node import JoinConfig, PeerNode, PeerStartError
     from peer.shard_cache import parse_size
+    from peer.stopping import SwarmLost
     from peer.worker_pool import WorkerDied
     from protocol.netaddr import AddressError, check_peer_multiaddr, host_port_to_multiaddr
 
@@ -164,6 +166,8 @@ def join(
             f"left after {len(reports)} round(s), {committed} committed; final state "
             f"{node.state_digest[:12]} (round {node.state_round}) saved to {saved}"
         )
+    except (SwarmLost, AveragerStartFailed) as e:
+        raise UserError(node.swarm_lost or str(e)) from None  # an averager waits in vain on a lost DHT
     except KeyboardInterrupt:
         log.info("round abandoned")
     except WorkerDied as e:

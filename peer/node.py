@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from hivemind_adapter.dht import SwarmUnreachable, start_dht
+from hivemind_adapter.dht import DHTWatch, SwarmUnreachable, start_dht
 from hivemind_adapter.dht import peer_id as dht_peer_id
 from hivemind_adapter.group_keys import DeclarationSigner
 from hivemind_adapter.p2p import Endpoint
@@ -111,6 +111,8 @@ class PeerNode:
         self.attempt = 0  # averaging attempts so far, swarm-wide (see run)
         self.state_digest = ""
         self._signals = StopSignals()
+        self._dht_watch: DHTWatch | None = None
+        self.swarm_lost: str | None = None  # why the peer cannot go on, once its DHT's process ended
         self._stop = self._signals.stop  # set by the first Ctrl-C
         # what start() builds, in order
         self.dht = None
@@ -154,6 +156,7 @@ class PeerNode:
             )
         except SwarmUnreachable as e:
             raise PeerStartError(str(e)) from None
+        self._dht_watch = DHTWatch(self.dht, self._dht_ended)
         # One endpoint for every call this node makes or answers (search, receipts, state archive).
         self._endpoint = Endpoint(self.dht, "manta-peer")
         self.peer_id = dht_peer_id(self.dht)
@@ -661,8 +664,20 @@ class PeerNode:
         (:mod:`peer.stopping`)."""
         self._signals.install()
 
+    def _dht_ended(self, exit_code: int | None) -> None:
+        reason = (
+            f"the peer's DHT process ended (exit code {exit_code}): it can no longer reach the swarm; "
+            "start manta-peer join again"
+        )
+        self.swarm_lost = reason
+        logger.error(reason)
+        self._signals.lose(reason)
+
     def shutdown(self) -> None:
         """Leave: stop serving, deliver receipts (bounded), withdraw, stop workers and every process."""
+        self._signals.closing()
+        if self._dht_watch is not None:
+            self._dht_watch.stop()  # the DHT is shut down on purpose below
         self.display.close()
         if self._sharer is not None:
             self._sharer.stop_serving()  # first: its grace for a transfer in flight overlaps the rest
@@ -670,7 +685,7 @@ class PeerNode:
             self._search.shutdown()
         if self._courier is not None:
             self._courier.stop(flush_seconds=15.0)
-        if self._announcer is not None:
+        if self._announcer is not None and self.swarm_lost is None:  # no DHT to withdraw through
             try:
                 self._announcer.withdraw()
             except Exception as e:  # the DHT may already be unreachable; the record then simply expires

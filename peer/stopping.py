@@ -4,10 +4,15 @@ The first asks the peer to leave: it closes its computation early, finishes the 
 (the others count on its share), catches up with a round the swarm is finishing, and leaves. A second
 one during the round abandons it at once; a second one during that last catch-up ends the wait and
 leaves with the state the peer holds.
+
+A peer that lost its DHT's process cannot go on at all: :meth:`StopSignals.lose` interrupts the main
+thread wherever it waits and raises :class:`SwarmLost` there, as a second Ctrl-C would abandon the
+round, so the peer shuts down and says why in one line.
 """
 
 from __future__ import annotations
 
+import _thread
 import logging
 import signal
 import threading
@@ -15,6 +20,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 logger = logging.getLogger("manta.peer")
+
+LOSS_REPEAT_SECONDS = 2.0  # a lost swarm interrupts the main thread again this often until it stops
+
+
+class SwarmLost(BaseException):
+    """Raised in the main thread when the peer can no longer reach the swarm (its DHT's process
+    ended). A BaseException, as KeyboardInterrupt is: no ``except Exception`` on the way may swallow
+    it and carry on with a peer that can do nothing."""
 
 
 class StopSignals:
@@ -25,6 +38,8 @@ class StopSignals:
         self.leave_now = threading.Event()
         self._waiting_to_leave = False
         self._installed = False
+        self._lost: str | None = None  # why the swarm is lost, once it is
+        self._lost_raised = threading.Event()
 
     def install(self) -> None:
         """Handle SIGINT and SIGTERM in this (the main) thread.
@@ -51,7 +66,26 @@ class StopSignals:
         finally:
             self._waiting_to_leave = False
 
+    def lose(self, reason: str) -> None:
+        """From any thread: the peer cannot go on. Interrupts the main thread (again every
+        :data:`LOSS_REPEAT_SECONDS` while hivemind has SIGINT ignored there, as it does while it
+        starts an averager) until it has raised :class:`SwarmLost`."""
+        self._lost = reason
+        self.stop.set()
+        if not self._installed:
+            return  # no handler of ours to raise it (an embedding program's): the round loop sees stop
+        while not self._lost_raised.is_set():
+            _thread.interrupt_main(signal.SIGINT)
+            self._lost_raised.wait(LOSS_REPEAT_SECONDS)
+
+    def closing(self) -> None:
+        """The peer shuts down now: a loss not raised yet is not raised any more (nor interrupts)."""
+        self._lost_raised.set()
+
     def _on_signal(self, signum, frame) -> None:
+        if self._lost is not None and not self._lost_raised.is_set():
+            self._lost_raised.set()
+            raise SwarmLost(self._lost)
         if self.stop.is_set() and self._waiting_to_leave:
             self.leave_now.set()  # after the round: leave with the state this peer holds
             return

@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hivemind_adapter.dht import dht_time, read_entries, read_entries_of_keys
+from hivemind_adapter.dht import read_entries, read_entries_of_keys, store
 from peer.affinity import RosterEntry
 from protocol.dht_schema import (
     COMMIT_BUCKETS,
@@ -135,13 +135,9 @@ class Announcer:
             timestamp=int(time.time() * 1000),
         )
         value = [seal(record, self.identity), self._binding]
-        return bool(
-            self.dht.store(
-                peers_key(self.task_id),
-                value,
-                dht_time() + ANNOUNCE_TTL,
-                subkey=self.identity.public_key_hex,
-            )
+        # bounded: hivemind's own store waits forever on a DHT whose process has ended
+        return store(
+            self.dht, peers_key(self.task_id), value, ANNOUNCE_TTL, subkey=self.identity.public_key_hex
         )
 
     def keep_fresh(self, interval: float = ANNOUNCE_TTL / 4) -> None:
@@ -234,12 +230,13 @@ class SignedCommitBoard:
             outliers=tuple(outliers)[:32],
             proofs=tuple(proofs)[:MAX_PROOFS_POSTED],
         )
-        self.dht.store(
+        store(
+            self.dht,
             commits_key(self.task_id, attempt),
             seal(record, self.identity),
-            dht_time() + self.ttl,
+            self.ttl,
             subkey=commit_subkey(attempt, self.identity.public_key_hex),
-            return_future=not wait,
+            wait=wait,
         )
 
     def _open(self, entries: dict[str, Any], attempt: int | None = None) -> list[RoundCommit]:
@@ -335,14 +332,14 @@ class ProgressBoard:
             data_bytes_served=int(data[1]),
             data_bytes_fetched=int(data[2]),
         )
-        stored = self.dht.store(
+        return store(
+            self.dht,
             progress_key(self.task_id),
             seal(record, self.identity),
-            dht_time() + PROGRESS_TTL,
+            PROGRESS_TTL,
             subkey=self.identity.public_key_hex,
-            return_future=not wait,
+            wait=wait,
         )
-        return True if not wait else bool(stored)
 
     def read(self) -> list[PeerProgress]:
         """Every peer's latest verified progress record."""

@@ -14,13 +14,14 @@ from typing import Any
 import hivemind
 import torch
 
+from hivemind_adapter.dht import start_dht
 from hivemind_adapter.runtime import start_orphan_reaper
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 
 
 def start_bootstrap_dht() -> tuple[hivemind.DHT, list[str]]:
-    dht = hivemind.DHT(host_maddrs=LOOPBACK, start=True)
+    dht = start_dht(host_maddrs=LOOPBACK)
     return dht, [str(m) for m in dht.get_visible_maddrs()]
 
 
@@ -33,7 +34,7 @@ def _child(target: Callable, initial_peers: list[str], args: dict, results: mp.Q
     dht = None
     start_orphan_reaper()  # as a real peer does: if this process is killed, its DHT and p2pd die with it
     try:
-        dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=LOOPBACK, start=True)
+        dht = start_dht(initial_peers=initial_peers, host_maddrs=LOOPBACK)  # as a real peer starts it
         results.put((name, "ok", target(dht, **args)))
     except BaseException as e:  # report, never hang the parent waiting on the queue
         results.put((name, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))

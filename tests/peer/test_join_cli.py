@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers import console_script
+from tests.helpers import console_script, socket_files
 
 pytestmark = pytest.mark.swarm
 
@@ -253,6 +253,7 @@ def test_a_plain_hivemind_node_reads_the_published_task(swarm):
 
 
 def test_unreachable_initial_peer_is_a_one_line_error(tmp_path):
+    sockets_before = socket_files()
     with socket_closed_port() as port:
         done = subprocess.run(
             [
@@ -276,6 +277,8 @@ def test_unreachable_initial_peer_is_a_one_line_error(tmp_path):
     assert "Traceback" not in done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
     assert errors == [errors[0]] and "cannot reach any initial peer" in errors[0]
+    # the daemon that gave up on its bootstrap leaves no socket file behind
+    assert not socket_files() - sockets_before, socket_files() - sockets_before
 
 
 def test_kill_9_of_a_peer_leaves_none_of_its_processes(swarm):
@@ -288,6 +291,41 @@ def test_kill_9_of_a_peer_leaves_none_of_its_processes(swarm):
     peer.wait(timeout=10)
     gone, alive = psutil.wait_procs(family, timeout=20)
     assert not alive, f"left running after kill -9: {[(p.pid, p.name()) for p in alive]}"
+
+
+def test_a_peer_whose_dht_process_died_says_so_in_one_line_and_leaves_nothing(swarm):
+    """Its DHT's process gone (killed here; hivemind's loop also ended on its own on a request it could
+    not open), a peer can neither average nor post: it stops with one line and a non-zero exit, instead
+    of failing round after round, or hanging on an averager that waits for that process forever."""
+    peer = swarm.join("orphan")
+    swarm.wait_for(lambda: 0 in swarm.rounds("orphan"), 180, "the peer's first round")
+    family = psutil.Process(peer.pid).children(recursive=True)
+    daemon = next(p for p in family if p.name() == "p2pd")
+    dht_process = daemon.parent()  # hivemind's DHT process starts the p2pd daemon; averagers replicate it
+    assert dht_process.pid != peer.pid and dht_process in family
+    dht_process.kill()
+    assert peer.wait(timeout=240) != 0, swarm.log("orphan")[-3000:]
+    log = swarm.log("orphan")
+    assert "Traceback" not in log, log[-3000:]
+    assert "the peer's DHT process ended" in log.strip().splitlines()[-1], log[-2000:]
+    gone, alive = psutil.wait_procs(family, timeout=20)
+    assert not alive, f"left running: {[(p.pid, p.name()) for p in alive]}"
+
+
+def test_an_aggregator_whose_dht_process_died_says_so_in_one_line_and_closes_its_ledger(swarm):
+    """The operator's side of the same loss: the aggregator stops serving a task nobody can reach,
+    appends what it had queued, and exits with one line instead of logging "0 peer(s) online"."""
+    agg = swarm.procs["aggregator"]
+    family = psutil.Process(agg.pid).children(recursive=True)
+    daemon = next(p for p in family if p.name() == "p2pd")
+    daemon.parent().kill()  # the aggregator's DHT process
+    assert agg.wait(timeout=240) != 0, (swarm.dir / "aggregator.err").read_text()[-3000:]
+    log = (swarm.dir / "aggregator.err").read_text()
+    assert "Traceback" not in log, log[-3000:]
+    assert "the aggregator's DHT process ended" in log.strip().splitlines()[-1], log[-2000:]
+    assert "contributions: {" in log, log[-2000:]  # its ledger closed as at a normal stop
+    gone, alive = psutil.wait_procs(family, timeout=20)
+    assert not alive, f"left running: {[(p.pid, p.name()) for p in alive]}"
 
 
 class socket_closed_port:

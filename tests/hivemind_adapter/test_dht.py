@@ -1,0 +1,51 @@
+"""The DHT's process outlives a caller that dies in the middle of a request (run in a fresh
+interpreter: the caller is a forked child whose multiprocessing internals it replaces)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+
+
+def test_a_caller_that_dies_while_its_request_is_opened_leaves_the_dht_running():
+    """The DHT's process fetches a request's reply pipe from the caller's process. Here the caller
+    reads the fetch's question and dies before answering (what an averager killed just after it
+    started did): hivemind's loop ended on that EOFError, and the peer's every later DHT call hung."""
+    code = textwrap.dedent(f"""
+        import json, multiprocessing, os, time
+        from multiprocessing import resource_sharer
+        from hivemind_adapter.runtime import prepare_process
+        prepare_process()
+        from hivemind_adapter.dht import read_entries, start_dht, store
+
+        dht = start_dht(host_maddrs={LOOPBACK!r})
+        store(dht, "before", 1, 60.0, subkey="a")
+
+        def caller():
+            def read_the_question_then_die(sharer):
+                sharer._listener.accept().recv()
+                os._exit(0)
+            resource_sharer._ResourceSharer._serve = read_the_question_then_die
+            dht.get("before", latest=True, return_future=True)  # carries this process's reply pipe
+            time.sleep(30)
+
+        child = multiprocessing.get_context("fork").Process(target=caller)
+        child.start()
+        child.join(20)
+        time.sleep(0.5)
+        alive = dht.is_alive()
+        stored = store(dht, "after", 2, 60.0, subkey="b", timeout=10.0)
+        read = read_entries(dht, "after", timeout=10.0)
+        dht.shutdown()
+        print(json.dumps(dict(caller_exit=child.exitcode, alive=alive, stored=stored, read=read)))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["caller_exit"] == 0, seen  # it died where it was meant to, not elsewhere
+    assert "a DHT request was dropped: its sender is gone (EOFError" in done.stderr, done.stderr[-2000:]
+    assert seen["alive"] and seen["stored"] and seen["read"] == {"b": 2}, seen
