@@ -15,6 +15,11 @@ task nobody awaits, bounded by ``asyncio.wait_for``. When the DHT does not answe
 ended, or it is overloaded), asyncio logs each such task's TimeoutError with a full traceback, "Task
 exception was never retrieved", every 30 s per averager: the next declaration is the retry, and
 nothing is lost. :class:`UnawaitedTimeouts` drops exactly those records; any other error is logged.
+
+The lock hivemind makes for the averaged tensors, shared by the parent and the averager's process,
+is a semaphore that a process killed while holding it (stopped the hard way here, or by the OOM
+killer) leaves held for ever, and the parent's next ``get_tensors`` then hangs; it is replaced by a
+:class:`~hivemind_adapter.process_locks.DeathSafeLock` before the fork.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import signal
 import threading
 
 from hivemind_adapter.dht import dht_gone
+from hivemind_adapter.process_locks import DeathSafeLock
 
 # Measured here: an averager gets ready in 0.07 s on an idle 2-core machine (benchmarks/dht_survival.py)
 # and in a few seconds under load; a minute is far past any start that will still succeed.
@@ -65,6 +71,7 @@ class StartsWithinBound:
         in_main_thread = threading.current_thread() is threading.main_thread()
         handler = signal.getsignal(signal.SIGINT) if in_main_thread else None
         try:
+            self.lock_averaged_tensors = DeathSafeLock()  # before the fork: the process shares it
             super().run_in_background(await_ready=False)
             if not await_ready:
                 return

@@ -20,6 +20,7 @@ import hivemind
 from hivemind.utils import get_dht_time
 
 from hivemind_adapter.p2p_sockets import daemon_socket_files, remove_dead_daemon_sockets
+from hivemind_adapter.process_locks import install_death_safe_locks
 from protocol.records import RecordRejected
 
 T = TypeVar("T")
@@ -85,6 +86,7 @@ def start_dht(
     validators: Sequence[Any] = (),
 ) -> hivemind.DHT:
     """A running DHT node (its own process and p2pd daemon). SwarmUnreachable if it cannot join."""
+    install_death_safe_locks()  # a node's first hivemind process is its DHT's: the tree shares them
     daemons_before = daemon_socket_files()
     try:
         return SwarmDHT(

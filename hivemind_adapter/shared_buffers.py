@@ -1,13 +1,15 @@
 """Small fixed-size buffers that one process writes and another reads: an averager runs in a child
 process of its owner, and what its reducer found (the senders it named, the sampling noise its
 proofs measured) must reach the owner after each all-reduce. Each buffer is made before the writer
-forks and guarded by its own lock."""
+forks and guarded by its own lock, one that the writer's death releases (a semaphore, held by an
+averager killed mid-write, would hang its owner's next read for ever: hivemind_adapter.process_locks)."""
 
 from __future__ import annotations
 
 import multiprocessing
 from collections.abc import Sequence
 
+from hivemind_adapter.process_locks import DeathSafeLock
 from hivemind_adapter.reducer_proof import NoiseMap
 
 
@@ -18,10 +20,11 @@ class SharedNames:
     than a group's worth)."""
 
     def __init__(self, size: int = 4096):
-        self._buffer = multiprocessing.Array("c", size)
+        self._buffer = multiprocessing.Array("c", size, lock=False)
+        self._lock = DeathSafeLock()
 
     def write(self, names: Sequence[str]) -> None:
-        with self._buffer.get_lock():
+        with self._lock:
             self._write(names)
 
     def _write(self, names: Sequence[str]) -> None:
@@ -34,18 +37,18 @@ class SharedNames:
         self._buffer.value = text
 
     def read(self) -> list[str]:
-        with self._buffer.get_lock():
+        with self._lock:
             return self._read()
 
     def add(self, names: Sequence[str]) -> None:
         """Add ``names`` to those held (each once, in the order first added)."""
-        with self._buffer.get_lock():
+        with self._lock:
             held = self._read()
             self._write(held + [n for n in dict.fromkeys(names) if n not in held])
 
     def take(self) -> list[str]:
         """The names held, which are then forgotten."""
-        with self._buffer.get_lock():
+        with self._lock:
             names = self._read()
             self._buffer.value = b""
         return names
@@ -62,22 +65,23 @@ class SharedNoiseMap:
 
     def __init__(self, capacity: int = 2048):
         self._capacity = capacity
-        self._buffer = multiprocessing.Array("d", 1 + 3 * capacity)
+        self._buffer = multiprocessing.Array("d", 1 + 3 * capacity, lock=False)
+        self._lock = DeathSafeLock()
 
     def write(self, noise: NoiseMap | None) -> None:
         ranges = [] if noise is None else list(noise.ranges)[: self._capacity]
-        with self._buffer.get_lock():
+        with self._lock:
             self._buffer[0] = len(ranges)
             for k, (start, end, level) in enumerate(ranges):
                 self._buffer[1 + 3 * k : 4 + 3 * k] = [float(start), float(end), float(level)]
 
     def read(self) -> NoiseMap | None:
-        with self._buffer.get_lock():
+        with self._lock:
             return self._read()
 
     def take(self) -> NoiseMap | None:
         """What is held, which is then forgotten."""
-        with self._buffer.get_lock():
+        with self._lock:
             noise = self._read()
             self._buffer[0] = 0
         return noise
