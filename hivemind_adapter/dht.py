@@ -8,6 +8,7 @@ anything), and skips what its opener rejects. That loop used to be written out a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -17,14 +18,18 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any, TypeVar
 
 import hivemind
+import psutil
 from hivemind.utils import get_dht_time
 
-from hivemind_adapter.p2p_sockets import daemon_socket_files, remove_dead_daemon_sockets
+from hivemind_adapter.p2p_sockets import daemon_socket_files, remove_dead_daemon_sockets, remove_dead_socket
 from hivemind_adapter.process_locks import install_death_safe_locks
 from protocol.records import RecordRejected
 
 T = TypeVar("T")
 READ_TIMEOUT = 10.0  # seconds for one DHT read: a dead bootstrap must cost this, never a hang
+# A DHT's start: its daemon's (hivemind allows 15 s) and its bootstrap's, each bounded inside hivemind;
+# two minutes is far past any start that will still succeed, even on a slow emulated link.
+DHT_START_SECONDS = 120.0
 logger = logging.getLogger(__name__)
 
 
@@ -65,8 +70,16 @@ class _RequestPipe:
         self._pipe.close()
 
 
+class DHTStartFailed(RuntimeError):
+    """A DHT's process ended, or did not get ready within its bound, while it started."""
+
+
 class SwarmDHT(hivemind.DHT):
-    """hivemind's DHT, whose process outlives a caller that died in the middle of a request."""
+    """hivemind's DHT, whose process outlives a caller that died in the middle of a request, whose
+    start is bounded, and which knows its daemon's socket file (to remove it if the process is killed).
+    """
+
+    daemon_socket: str | None = None  # the p2pd daemon's socket file, once started
 
     def run(self) -> None:
         self._inner_pipe = _RequestPipe(self._inner_pipe)  # in the DHT's own process
@@ -74,6 +87,57 @@ class SwarmDHT(hivemind.DHT):
 
     async def _dropped_request(self) -> None:
         return None
+
+    def run_in_background(self, await_ready: bool = True, timeout: float | None = None) -> None:
+        """hivemind waits for the DHT's process to get ready with no bound (a process killed while it
+        started, or one that cannot report, hung the caller for good); this waits ``timeout`` seconds
+        (default :data:`DHT_START_SECONDS`) at most and fails at once if the process ended."""
+        self.start()
+        if not await_ready:
+            return
+        bound = DHT_START_SECONDS if timeout is None else timeout
+        deadline = time.monotonic() + bound
+        while True:
+            try:
+                self._ready.result(timeout=0.5)  # the start's own error, if it failed
+                break
+            except TimeoutError:
+                pass
+            if not self.is_alive():
+                with contextlib.suppress(TimeoutError):
+                    self._ready.result(timeout=1.0)  # raises an error it reported as it ended, if any
+                raise DHTStartFailed(f"the DHT's process ended while starting (exit code {self.exitcode})")
+            if time.monotonic() >= deadline:
+                self.kill()
+                self.join(10.0)
+                raise DHTStartFailed(f"the DHT's process did not get ready within {bound:.0f} s")
+        self.daemon_socket = _daemon_socket_of(self.pid)
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        if self._parent_pid == os.getpid():  # only the process that started it knows it ended
+            self.remove_daemon_socket()  # left by a process killed (or terminated) before this
+
+    def remove_daemon_socket(self, patience: float = 5.0) -> bool:
+        """After this DHT's process ended without shutting down (killed), remove its daemon's socket
+        file once the daemon has stopped listening (it ends by itself, within ``patience`` seconds
+        measured here; hivemind removes the file only at a shutdown). True if it is gone."""
+        if self.daemon_socket is None or self.is_alive():
+            return self.daemon_socket is None
+        return remove_dead_socket(self.daemon_socket, patience)
+
+
+def _daemon_socket_of(pid: int) -> str | None:
+    """The unix socket of the p2pd daemon that process ``pid`` started (read from the daemon's
+    command line: hivemind keeps the path inside the DHT's process)."""
+    try:
+        for child in psutil.Process(pid).children():
+            for arg in child.cmdline():
+                if arg.startswith("-listen=/unix/"):
+                    return arg[len("-listen=/unix") :]
+    except psutil.Error:
+        pass
+    return None
 
 
 def start_dht(

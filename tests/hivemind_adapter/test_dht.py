@@ -1,12 +1,19 @@
 """The DHT's process outlives a caller that dies in the middle of a request (run in a fresh
-interpreter: the caller is a forked child whose multiprocessing internals it replaces)."""
+interpreter: the caller is a forked child whose multiprocessing internals it replaces); its start is
+bounded; a killed DHT's daemon socket file is removed."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
+import time
+
+import pytest
+
+from hivemind_adapter.dht import DHTStartFailed, SwarmDHT, start_dht
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 
@@ -49,3 +56,40 @@ def test_a_caller_that_dies_while_its_request_is_opened_leaves_the_dht_running()
     assert seen["caller_exit"] == 0, seen  # it died where it was meant to, not elsewhere
     assert "a DHT request was dropped: its sender is gone (EOFError" in done.stderr, done.stderr[-2000:]
     assert seen["alive"] and seen["stored"] and seen["read"] == {"b": 2}, seen
+
+
+class _EndsWhileStarting(SwarmDHT):
+    def run(self) -> None:
+        os._exit(3)  # before it could report anything, as a process killed while it started
+
+
+class _NeverReady(SwarmDHT):
+    def run(self) -> None:
+        time.sleep(600)
+
+
+def test_a_dht_whose_process_ends_while_starting_fails_at_once_rather_than_waiting_for_ever():
+    started = time.monotonic()
+    with pytest.raises(DHTStartFailed, match=r"ended while starting \(exit code 3\)"):
+        _EndsWhileStarting(host_maddrs=LOOPBACK, start=True)
+    assert time.monotonic() - started < 30.0  # hivemind waited for its readiness with no bound
+
+
+def test_a_dht_that_never_gets_ready_is_stopped_at_its_bound():
+    dht = _NeverReady(host_maddrs=LOOPBACK, start=False)
+    with pytest.raises(DHTStartFailed, match="did not get ready within 2 s"):
+        dht.run_in_background(timeout=2.0)
+    assert not dht.is_alive()
+
+
+def test_a_killed_dht_s_daemon_socket_is_removed_by_its_shutdown():
+    """hivemind removes the daemon's socket file only in a shutdown its process carries out."""
+    dht = start_dht(host_maddrs=LOOPBACK)
+    path = dht.daemon_socket
+    assert path is not None and os.path.exists(path)
+    dht.kill()
+    dht.join(10)
+    time.sleep(1.0)
+    assert os.path.exists(path)  # the daemon ended, its file stayed
+    dht.shutdown()
+    assert not os.path.exists(path)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -303,6 +305,8 @@ def test_a_peer_whose_dht_process_died_says_so_in_one_line_and_leaves_nothing(sw
     daemon = next(p for p in family if p.name() == "p2pd")
     dht_process = daemon.parent()  # hivemind's DHT process starts the p2pd daemon; averagers replicate it
     assert dht_process.pid != peer.pid and dht_process in family
+    listened = _socket_files_of([psutil.Process(peer.pid), *family])
+    assert any("hivemind-p2pd" in path for path in listened), listened  # the daemon's, among them
     dht_process.kill()
     assert peer.wait(timeout=240) != 0, swarm.log("orphan")[-3000:]
     log = swarm.log("orphan")
@@ -310,6 +314,20 @@ def test_a_peer_whose_dht_process_died_says_so_in_one_line_and_leaves_nothing(sw
     assert "the peer's DHT process ended" in log.strip().splitlines()[-1], log[-2000:]
     gone, alive = psutil.wait_procs(family, timeout=20)
     assert not alive, f"left running: {[(p.pid, p.name()) for p in alive]}"
+    assert not [path for path in listened if os.path.exists(path)], "socket files left in /tmp"
+
+
+def _socket_files_of(procs: list[psutil.Process]) -> set[str]:
+    """The unix socket files in /tmp that ``procs`` listen on (hivemind's, multiprocessing's)."""
+    paths = set()
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            paths |= {c.laddr for c in proc.net_connections(kind="unix") if isinstance(c.laddr, str)}
+    return {
+        p
+        for p in paths
+        if p.startswith(tempfile.gettempdir() + "/") and ("hivemind-p2p" in p or "/pymp-" in p)
+    }
 
 
 def test_an_aggregator_whose_dht_process_died_says_so_in_one_line_and_closes_its_ledger(swarm):
