@@ -53,6 +53,17 @@ def remove_dead_daemon_sockets(before: set[str], patience: float = 2.0) -> list[
     return removed
 
 
+def remove_dead_socket(path: str, patience: float = 5.0) -> bool:
+    """Remove the socket file ``path`` once nothing listens on it (looked at for ``patience`` seconds,
+    its process may still be ending). True if it is gone."""
+    deadline = time.monotonic() + patience
+    while not _removed_if_dead(path, []):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return not os.path.exists(path)
+
+
 def _removed_if_dead(path: str, removed: list[str]) -> bool:
     """True once ``path`` is settled: removed (nothing listens on it) or gone; False while it listens."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -98,6 +109,11 @@ class RemovesItsSocket:
         # in the parent at __init__ instead, a folder the parent made between then and the fork (in
         # another thread) passed for the averager's own, and the parent's listener went with it.
         self._inherited_mp_folder = multiprocessing.current_process()._config.get("tempdir")
+        # Its own folder, made now and recorded before anything can listen in it: an averager killed
+        # while it started (its DHT gone) had already made one, before its p2p client existed.
+        folder = multiprocessing.util.get_temp_dir()
+        if folder != self._inherited_mp_folder and len(folder.encode()) < _PATH_BYTES:
+            self._own_mp_folder.value = folder.encode()
         super().run()
 
     # hivemind sets self._p2p once, in the averager's process, right after replicating the client
@@ -114,9 +130,6 @@ class RemovesItsSocket:
         path = (client_socket_path(p2p) or "").encode()
         if len(path) < _PATH_BYTES:
             self._socket_path.value = path
-        folder = multiprocessing.util.get_temp_dir()  # made now if this process has none yet
-        if folder != self._inherited_mp_folder and len(folder.encode()) < _PATH_BYTES:
-            self._own_mp_folder.value = folder.encode()
 
     async def _shutdown(self, timeout) -> None:
         try:
