@@ -6,12 +6,14 @@ a reaper: any process the test started and left running (a DHT process, an avera
 daemon, a worker) is stopped, and the test is reported as leaking, so a hang or an orphan never
 survives into the next test or past the suite. And if this process's own multiprocessing listener
 is gone after a test, the session stops there: every later call that passes a pipe to a DHT's
-process would hang to its timeout (one CI run spent 75 minutes that way, test after test).
+process would hang to its timeout (one CI run spent 75 minutes that way, test after test); so does a
+hivemind result lock still held after a test (another CI run lost an hour to a dead holder).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from multiprocessing import resource_sharer
 
@@ -32,6 +34,25 @@ if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("MANTA_TEST_TORCH_TH
 
 class LeakedProcessWarning(UserWarning):
     """A test left a child process running; the reaper stopped it."""
+
+
+@pytest.fixture(autouse=True)
+def keep_the_tree_s_result_lock_free(request: pytest.FixtureRequest):
+    # Defined before the reaper, so checked after it has stopped what the test left running.
+    yield
+    mpfuture = sys.modules.get("hivemind.utils.mpfuture")
+    if mpfuture is None:
+        return
+    # hivemind's lock on writing a result to this process: held for good, every later DHT call and
+    # start waits on it (hivemind_adapter.process_locks; one CI run lost an hour so)
+    lock = mpfuture.MPFuture._update_lock
+    if not lock.acquire(timeout=10.0):
+        pytest.exit(
+            f"hivemind's result lock of this test process is still held 10 s after {request.node.nodeid}: "
+            "every later DHT call and start would hang",
+            returncode=3,
+        )
+    lock.release()
 
 
 @pytest.fixture(autouse=True)
