@@ -80,6 +80,7 @@ class SwarmDHT(hivemind.DHT):
     """
 
     daemon_socket: str | None = None  # the p2pd daemon's socket file, once started
+    daemon_process: tuple[int, float] | None = None  # the daemon's pid and start time, once started
 
     def run(self) -> None:
         self._inner_pipe = _RequestPipe(self._inner_pipe)  # in the DHT's own process
@@ -111,7 +112,7 @@ class SwarmDHT(hivemind.DHT):
                 self.kill()
                 self.join(10.0)
                 raise DHTStartFailed(f"the DHT's process did not get ready within {bound:.0f} s")
-        self.daemon_socket = _daemon_socket_of(self.pid)
+        self.daemon_socket, self.daemon_process = _daemon_of(self.pid)
 
     def shutdown(self) -> None:
         super().shutdown()
@@ -119,25 +120,34 @@ class SwarmDHT(hivemind.DHT):
             self.remove_daemon_socket()  # left by a process killed (or terminated) before this
 
     def remove_daemon_socket(self, patience: float = 5.0) -> bool:
-        """After this DHT's process ended without shutting down (killed), remove its daemon's socket
-        file once the daemon has stopped listening (it ends by itself, within ``patience`` seconds
-        measured here; hivemind removes the file only at a shutdown). True if it is gone."""
+        """After this DHT's process ended without shutting down (killed), stop its daemon if it still
+        runs (orphaned, it served nobody until the process tree ended) and remove its socket file,
+        which hivemind removes only in a shutdown its process carries out. True if the file is gone."""
         if self.daemon_socket is None or self.is_alive():
             return self.daemon_socket is None
+        if self.daemon_process is not None:
+            pid, started = self.daemon_process
+            with contextlib.suppress(psutil.Error):
+                daemon = psutil.Process(pid)
+                if daemon.create_time() == started:  # not a recycled pid
+                    daemon.terminate()
+                    _, alive = psutil.wait_procs([daemon], timeout=3.0)
+                    for left in alive:
+                        left.kill()
         return remove_dead_socket(self.daemon_socket, patience)
 
 
-def _daemon_socket_of(pid: int) -> str | None:
-    """The unix socket of the p2pd daemon that process ``pid`` started (read from the daemon's
-    command line: hivemind keeps the path inside the DHT's process)."""
+def _daemon_of(pid: int) -> tuple[str | None, tuple[int, float] | None]:
+    """The unix socket of the p2pd daemon that process ``pid`` started, and the daemon's pid and start
+    time (read from the daemon's command line: hivemind keeps the path inside the DHT's process)."""
     try:
         for child in psutil.Process(pid).children():
             for arg in child.cmdline():
                 if arg.startswith("-listen=/unix/"):
-                    return arg[len("-listen=/unix") :]
+                    return arg[len("-listen=/unix") :], (child.pid, child.create_time())
     except psutil.Error:
         pass
-    return None
+    return None, None
 
 
 def start_dht(

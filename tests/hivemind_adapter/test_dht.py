@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 
+import psutil
 import pytest
 
 from hivemind_adapter.dht import DHTStartFailed, SwarmDHT, start_dht
@@ -93,3 +94,7 @@ def test_a_killed_dht_s_daemon_socket_is_removed_by_its_shutdown():
     assert os.path.exists(path)  # the daemon ended, its file stayed
     dht.shutdown()
     assert not os.path.exists(path)
+    assert dht.daemon_process is not None
+    pid, started = dht.daemon_process
+    running = psutil.pid_exists(pid) and psutil.Process(pid).create_time() == started
+    assert not running or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # no orphaned daemon
