@@ -194,9 +194,11 @@ class VerifiedAverager(StartsWithinBound, RemovesItsSocket, KnownGroupSteps, Dec
 
     def set_target_group_size(self, size: int | None, wait: bool = True):
         """Form groups as soon as ``size`` members joined (cohorts grow and shrink between rounds)."""
+        if wait:
+            return self.ask("_set_target_group_size", size=size)
         future = MPFuture()
         self._outer_pipe.send(("_set_target_group_size", [], dict(size=size, future=future)))
-        return future.result() if wait else future
+        return future
 
     async def _set_target_group_size(self, size: int | None, future: MPFuture):
         try:
@@ -210,11 +212,7 @@ class VerifiedAverager(StartsWithinBound, RemovesItsSocket, KnownGroupSteps, Dec
     def set_admitted(self, peers: dict[str, str] | None) -> None:
         """Meet only ``peers`` (peer id -> MANTA public key hex, the roster as read for this attempt)
         in the next steps' matchmaking; None: anyone. Only with ``declarations``."""
-        future = MPFuture()
-        self._outer_pipe.send(
-            ("_set_admitted", [], dict(peers=None if peers is None else dict(peers), future=future))
-        )
-        future.result()
+        self.ask("_set_admitted", peers=None if peers is None else dict(peers))
 
     async def _set_admitted(self, peers: dict[str, str] | None, future: MPFuture):
         self._admission.peers = peers
@@ -222,9 +220,7 @@ class VerifiedAverager(StartsWithinBound, RemovesItsSocket, KnownGroupSteps, Dec
 
     def admission_refusals(self) -> dict[str, int]:
         """What this averager's matchmaking refused so far (declarations and join requests), by reason."""
-        future = MPFuture()
-        self._outer_pipe.send(("_admission_refusals", [], dict(future=future)))
-        return future.result()
+        return self.ask("_admission_refusals")
 
     async def _admission_refusals(self, future: MPFuture):
         future.set_result(dict(self._admission.refused))
@@ -232,9 +228,7 @@ class VerifiedAverager(StartsWithinBound, RemovesItsSocket, KnownGroupSteps, Dec
     def set_allreduce_timeout(self, seconds: float) -> None:
         """Bound the all-reduce of the next steps (from the moment their group formed) to ``seconds``:
         how long one may run depends on the stage and on what recent rounds took."""
-        future = MPFuture()
-        self._outer_pipe.send(("_set_allreduce_timeout", [], dict(seconds=float(seconds), future=future)))
-        future.result()
+        self.ask("_set_allreduce_timeout", seconds=float(seconds))
 
     async def _set_allreduce_timeout(self, seconds: float, future: MPFuture):
         self._allreduce_timeout = seconds  # read by hivemind's step, in this (the averager's) process
@@ -248,9 +242,7 @@ class VerifiedAverager(StartsWithinBound, RemovesItsSocket, KnownGroupSteps, Dec
         once the matchmaking time has passed)."""
         client = follow or self.client_mode
         self.mode = AveragingMode.CLIENT if client else AveragingMode.NODE  # what this step gathers
-        future = MPFuture()
-        self._outer_pipe.send(("_set_follow_only", [], dict(client=client, future=future)))
-        future.result()
+        self.ask("_set_follow_only", client=client)
 
     async def _set_follow_only(self, client: bool, future: MPFuture):
         try:

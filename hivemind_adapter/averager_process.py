@@ -28,6 +28,9 @@ import asyncio
 import logging
 import signal
 import threading
+import time
+
+from hivemind.utils import MPFuture
 
 from hivemind_adapter.dht import dht_gone
 from hivemind_adapter.process_locks import DeathSafeLock
@@ -37,8 +40,18 @@ from hivemind_adapter.process_locks import DeathSafeLock
 AVERAGER_START_SECONDS = 60.0
 
 
+# How long the parent waits for its averager's process to answer a setting (measured: well under a
+# second; the process answers between the steps of its event loop).
+ANSWER_SECONDS = 60.0
+
+
 class AveragerStartFailed(RuntimeError):
     """An averager's process did not get ready within its bound; one line for the user."""
+
+
+class AveragerGone(RuntimeError):
+    """An averager's process ended (killed, out of memory) or stopped answering: what the parent asked
+    of it, or the step it waits for, will never come; one line for the user."""
 
 
 class UnawaitedTimeouts(logging.Filter):
@@ -88,6 +101,29 @@ class StartsWithinBound:
         finally:
             if handler is not None:  # None: not a Python-level handler, nothing to give back
                 signal.signal(signal.SIGINT, handler)
+
+    def ask(self, method: str, bound: float = ANSWER_SECONDS, **kwargs):
+        """Have the averager's process run ``method(**kwargs, future=...)`` and return its answer.
+        hivemind's own calls wait for the answer with no bound; a process that ended never gives one,
+        so this raises :class:`AveragerGone` as soon as the process has ended, or after ``bound``."""
+        future = MPFuture()
+        self._outer_pipe.send((method, [], dict(kwargs, future=future)))
+        deadline = time.monotonic() + bound
+        while True:
+            try:
+                return future.result(timeout=min(1.0, bound))
+            except TimeoutError:
+                self.check_alive()
+                if time.monotonic() >= deadline:
+                    raise AveragerGone(
+                        f"an averager's process did not answer within {bound:.0f} s ({method})"
+                    ) from None
+
+    def check_alive(self) -> None:
+        """Raise :class:`AveragerGone` if the averager's process has ended (a step it was running will
+        never finish: its parent waited for it for ever)."""
+        if not self.is_alive():
+            raise AveragerGone(f"an averager's process ended (exit code {self.exitcode})")
 
     def run(self) -> None:
         # the averager's process starts here

@@ -203,6 +203,7 @@ class StageRunner:
             offline: set[str] = set()  # the units' peers gone from the roster, as last read
             while not control.done():
                 time.sleep(0.05)
+                averager.check_alive()  # a step of an ended process never finishes (AveragerGone)
                 # Only a step still looking for its group is cancelled: cancelling a running all-reduce
                 # races hivemind's own completion. A running one ends within its own timeouts.
                 if time.monotonic() >= next_check and looking_for_group(control):

@@ -112,7 +112,7 @@ def join(
     from hivemind_adapter.runtime import prepare_process, start_orphan_reaper
 
     prepare_process()
-    from hivemind_adapter.averager_process import AveragerStartFailed
+    from hivemind_adapter.averager_process import AveragerGone, AveragerStartFailed
     from peer.devices import discover_devices
     from peer.node import JoinConfig, PeerNode, PeerStartError
     from peer.shard_cache import parse_size
@@ -166,7 +166,7 @@ def join(
             f"left after {len(reports)} round(s), {committed} committed; final state "
             f"{node.state_digest[:12]} (round {node.state_round}) saved to {saved}"
         )
-    except (SwarmLost, AveragerStartFailed) as e:
+    except (SwarmLost, AveragerStartFailed, AveragerGone) as e:
         raise UserError(node.swarm_lost or str(e)) from None  # an averager waits in vain on a lost DHT
     except KeyboardInterrupt:
         log.info("round abandoned")

@@ -39,6 +39,7 @@ class CohortAveragers:
         admitted: Callable[[], Mapping[str, str]] | None = None,
         serves_cohort: Callable[[str], bool] = lambda cohort: False,
         convictions: ConvictionWatch | None = None,
+        on_ended: Callable[[str], None] = lambda reason: None,
     ):
         self.dht, self.task, self.template = dht, task, list(template)
         self.timeouts, self.client_mode = timeouts, client_mode
@@ -54,10 +55,13 @@ class CohortAveragers:
         self.current: HierarchicalAverager | None = None  # the rounds' averager
         self.current_outer: HierarchicalAverager | None = None
         self._retired_bytes = 0  # cross-cohort bytes of the averagers shut down so far
+        self.on_ended = on_ended  # told once, why, if a process of an averager in use ended
+        self._ended_told = False
 
     def rounds(self, cohort: str) -> HierarchicalAverager:
         """The cohort's averager for its rounds."""
         if self.current is not None and self.current.cohort == cohort:
+            self._check(self.current)
             return self.current
         deadlines = None
         if self.current is not None:
@@ -93,6 +97,7 @@ class CohortAveragers:
         task's codec; in model-parallel tasks with the touched-weights mask beside them
         (:mod:`peer.outer_round`), so its vector is the parameters' twice."""
         if self.current_outer is not None and self.current_outer.cohort == cohort:
+            self._check(self.current_outer)
             return self.current_outer
         if self.current_outer is not None:
             self._retire(self.current_outer)
@@ -122,6 +127,16 @@ class CohortAveragers:
         """Payload bytes this peer's all-reduces moved across cohorts since it started."""
         live = sum(a.cross_cohort_bytes() for a in (self.current, self.current_outer) if a is not None)
         return self._retired_bytes + live
+
+    def _check(self, averager: HierarchicalAverager) -> None:
+        # A process of it ended (killed, out of memory): its calls and steps fail at once
+        # (AveragerGone), and a new averager for the same cohort cannot take its place on this node
+        # (measured: p2pd keeps the ended process's handlers, "handler ... already set"). So the peer
+        # is told once, and stops in one line rather than fail every round.
+        reason = averager.ended()
+        if reason is not None and not self._ended_told:
+            self._ended_told = True
+            self.on_ended(reason)
 
     def _retire(self, averager: HierarchicalAverager) -> None:
         self._retired_bytes += averager.cross_cohort_bytes()

@@ -58,6 +58,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from hivemind_adapter.allreduce import VerifiedAverager
+from hivemind_adapter.averager_process import AveragerGone
 from hivemind_adapter.dht import peer_id
 from hivemind_adapter.group_keys import DeclarationSigner
 from hivemind_adapter.reducer_proof import NoiseMap
@@ -1032,7 +1033,19 @@ class HierarchicalAverager:
         this averager moved over the wide-area links (the cohort stage's stay on the cohort's)."""
         return sum(self._cross.wire_bytes())
 
+    def ended(self) -> str | None:
+        """Why this averager can no longer average (one of its processes ended: killed, out of memory),
+        or None while both run."""
+        for averager in (self._cohort, self._cross):
+            try:
+                averager.check_alive()
+            except AveragerGone as e:
+                return str(e)
+        return None
+
     def shutdown(self) -> None:
         for averager in (self._cohort, self._cross):
             if averager.is_alive():
                 averager.shutdown()
+            else:  # ended without a shutdown: what it left in /tmp
+                averager.remove_socket_file()

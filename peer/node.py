@@ -234,6 +234,7 @@ class PeerNode:
             leaving=self._stop.is_set,
             online=lambda: [p.entry.peer_id for p in read_roster(self.dht, task.task_id)],
             on_new=self._signals.reclaim,
+            on_ended=self._averager_ended,
             # matchmaking declares signed and meets the roster's peers only
             declarations=DeclarationSigner(task.task_id, self.identity),
             admitted=lambda: {
@@ -669,6 +670,14 @@ class PeerNode:
             f"the peer's DHT process ended (exit code {exit_code}): it can no longer reach the swarm; "
             "start manta-peer join again"
         )
+        self.swarm_lost = reason
+        logger.error(reason)
+        self._signals.lose(reason)
+
+    def _averager_ended(self, why: str) -> None:
+        if self.swarm_lost is not None:
+            return
+        reason = f"{why}: the peer can no longer average; start manta-peer join again"
         self.swarm_lost = reason
         logger.error(reason)
         self._signals.lose(reason)
