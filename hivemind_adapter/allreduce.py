@@ -36,7 +36,7 @@ from hivemind.utils import MPFuture, get_dht_time
 from hivemind.utils.asyncio import as_aiter, azip
 
 from hivemind_adapter.alignment import AlignmentRecord
-from hivemind_adapter.averager_process import StartsWithinBound
+from hivemind_adapter.averager_process import BoundedAveragerProcess
 from hivemind_adapter.exact_runner import ExactAllReduceRunner
 from hivemind_adapter.group_keys import Admission, DeclarationSigner, SignedGroupKeys, admit_only_roster_peers
 from hivemind_adapter.known_groups import KnownGroupSteps
@@ -85,7 +85,7 @@ def _spaced_reads(key_manager) -> None:
     key_manager.get_averagers = get_averagers
 
 
-class VerifiedAverager(StartsWithinBound, RemovesItsSocket, KnownGroupSteps, DecentralizedAverager):
+class VerifiedAverager(BoundedAveragerProcess, RemovesItsSocket, KnownGroupSteps, DecentralizedAverager):
     """A DecentralizedAverager whose steps are exact (bit-identical across members) and all-or-nothing
     locally: on any partial failure the step raises and the averaged tensors keep their old values.
 

@@ -7,8 +7,9 @@ forever: a peer whose DHT's process was killed printed nothing for minutes, stuc
 averager it started. While it waits, SIGINT is ignored in the parent (hivemind sets it so before the
 fork, for the child to inherit), so not even Ctrl-C reached it.
 
-:class:`StartsWithinBound` waits :data:`AVERAGER_START_SECONDS` at most, stops a process that did
-not get ready, and gives the parent its SIGINT handler back whichever way the start ended.
+:class:`BoundedAveragerProcess` waits :data:`AVERAGER_START_SECONDS` at most (less if the process
+ended: then it fails at once), stops a process that did not get ready, and gives the parent its
+SIGINT handler back whichever way the start ended. Its settings and steps are bounded the same way.
 
 In the averager's process, hivemind re-declares the averager for state downloads every period in a
 task nobody awaits, bounded by ``asyncio.wait_for``. When the DHT does not answer in time (its process
@@ -28,11 +29,11 @@ import asyncio
 import logging
 import signal
 import threading
-import time
 
 from hivemind.utils import MPFuture
 
 from hivemind_adapter.dht import dht_gone
+from hivemind_adapter.process_answers import NoAnswer, await_answer
 from hivemind_adapter.process_locks import DeathSafeLock
 
 # Measured here: an averager gets ready in 0.07 s on an idle 2-core machine (benchmarks/dht_survival.py)
@@ -64,10 +65,11 @@ class UnawaitedTimeouts(logging.Filter):
         return not (unawaited and isinstance(error, (TimeoutError, asyncio.TimeoutError)))
 
 
-class StartsWithinBound:
-    """Mixin for a ``DecentralizedAverager`` subclass (listed before it): ``run_in_background`` waits
-    for the averager's process at most :data:`AVERAGER_START_SECONDS` (or the ``timeout`` given),
-    then stops it and raises :class:`AveragerStartFailed`."""
+class BoundedAveragerProcess:
+    """Mixin for a ``DecentralizedAverager`` subclass (listed before it), the parent's bounded view of
+    the averager's process: ``run_in_background`` waits for it at most :data:`AVERAGER_START_SECONDS`
+    (or the ``timeout`` given) and at once fails if it ended, then stops it and raises
+    :class:`AveragerStartFailed`; :meth:`ask` and :meth:`check_alive` raise :class:`AveragerGone`."""
 
     def __init__(self, *args, **kwargs):
         # hivemind's __init__ already asks the DHT's process (for its client mode), unbounded
@@ -90,13 +92,13 @@ class StartsWithinBound:
                 return
             bound = AVERAGER_START_SECONDS if timeout is None else timeout
             try:
-                self.wait_until_ready(bound)
-            except TimeoutError:
+                await_answer(self._ready, self, bound)  # raises the start's own error, if it failed
+            except NoAnswer as no_answer:
                 dht_ended = dht_gone(self.dht)
                 self._stop_unready()
                 raise AveragerStartFailed(
-                    f"an averager did not start within {bound:.0f} s"
-                    + (": its DHT's process has ended" if dht_ended else "")
+                    f"an averager did not start: {no_answer}"
+                    + (" (its DHT's process has ended)" if dht_ended else "")
                 ) from None
         finally:
             if handler is not None:  # None: not a Python-level handler, nothing to give back
@@ -108,16 +110,10 @@ class StartsWithinBound:
         so this raises :class:`AveragerGone` as soon as the process has ended, or after ``bound``."""
         future = MPFuture()
         self._outer_pipe.send((method, [], dict(kwargs, future=future)))
-        deadline = time.monotonic() + bound
-        while True:
-            try:
-                return future.result(timeout=min(1.0, bound))
-            except TimeoutError:
-                self.check_alive()
-                if time.monotonic() >= deadline:
-                    raise AveragerGone(
-                        f"an averager's process did not answer within {bound:.0f} s ({method})"
-                    ) from None
+        try:
+            return await_answer(future, self, bound)
+        except NoAnswer as no_answer:
+            raise AveragerGone(f"an averager did not answer ({method}): {no_answer}") from None
 
     def check_alive(self) -> None:
         """Raise :class:`AveragerGone` if the averager's process has ended (a step it was running will

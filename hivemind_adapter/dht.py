@@ -22,6 +22,7 @@ import psutil
 from hivemind.utils import get_dht_time
 
 from hivemind_adapter.p2p_sockets import daemon_socket_files, remove_dead_daemon_sockets, remove_dead_socket
+from hivemind_adapter.process_answers import NoAnswerWithin, ProcessEnded, await_answer
 from hivemind_adapter.process_locks import install_death_safe_locks
 from protocol.records import RecordRejected
 
@@ -97,21 +98,16 @@ class SwarmDHT(hivemind.DHT):
         if not await_ready:
             return
         bound = DHT_START_SECONDS if timeout is None else timeout
-        deadline = time.monotonic() + bound
-        while True:
-            try:
-                self._ready.result(timeout=0.5)  # the start's own error, if it failed
-                break
-            except TimeoutError:
-                pass
-            if not self.is_alive():
-                with contextlib.suppress(TimeoutError):
-                    self._ready.result(timeout=1.0)  # raises an error it reported as it ended, if any
-                raise DHTStartFailed(f"the DHT's process ended while starting (exit code {self.exitcode})")
-            if time.monotonic() >= deadline:
-                self.kill()
-                self.join(10.0)
-                raise DHTStartFailed(f"the DHT's process did not get ready within {bound:.0f} s")
+        try:
+            await_answer(self._ready, self, bound)  # raises the start's own error, if it failed
+        except ProcessEnded as ended:
+            raise DHTStartFailed(
+                f"the DHT's process ended while starting (exit code {ended.exitcode})"
+            ) from None
+        except NoAnswerWithin:
+            self.kill()
+            self.join(10.0)
+            raise DHTStartFailed(f"the DHT's process did not get ready within {bound:.0f} s") from None
         self.daemon_socket, self.daemon_process = _daemon_of(self.pid)
 
     def shutdown(self) -> None:

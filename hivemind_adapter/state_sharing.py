@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from hivemind.averaging import DecentralizedAverager
 
-from hivemind_adapter.averager_process import StartsWithinBound
+from hivemind_adapter.averager_process import BoundedAveragerProcess
 from hivemind_adapter.p2p_sockets import RemovesItsSocket
 from supernet.state import digest
 
@@ -46,7 +46,7 @@ class SharedState:
     tensors: list[torch.Tensor]
 
 
-class StateSharer(StartsWithinBound, RemovesItsSocket, DecentralizedAverager):
+class StateSharer(BoundedAveragerProcess, RemovesItsSocket, DecentralizedAverager):
     """Shares one state (CPU tensors in the task's fixed layout) under ``{run_id}_state``.
 
     Stopping cleanly: hivemind hands a served state to the averager's own process as tensors whose

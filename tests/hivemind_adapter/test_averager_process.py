@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
+import time
 
 import pytest
 import torch
@@ -57,13 +59,37 @@ def test_an_averager_that_never_gets_ready_is_stopped_at_its_bound_and_gives_sig
         averager = VerifiedAverager([torch.zeros(4)], dht, prefix="never-ready", start=False)
         dht.kill()
         dht.join(10)
-        with pytest.raises(AveragerStartFailed, match="within 5 s: its DHT's process has ended"):
+        with pytest.raises(
+            AveragerStartFailed, match=r"did not answer within 5 s \(its DHT's process has ended\)"
+        ):
             averager.run_in_background(timeout=5.0)
         assert not averager.is_alive()  # stopped, not left waiting on the DHT
         assert signal.getsignal(signal.SIGINT) is handler
     finally:
         signal.signal(signal.SIGINT, before)
         remove_dead_daemon_sockets(daemons)
+
+
+class _EndsAtStart(VerifiedAverager):
+    """An averager whose process ends as it starts, before it reports ready (as one the OOM killer
+    takes, or one that fails to bind)."""
+
+    def run(self) -> None:
+        os._exit(3)
+
+
+def test_an_averager_whose_process_ends_while_starting_fails_at_once_not_at_its_bound():
+    dht = start_dht(host_maddrs=LOOPBACK)
+    try:
+        averager = _EndsAtStart([torch.zeros(4)], dht, prefix="ends-at-start", start=False)
+        began = time.monotonic()
+        with pytest.raises(AveragerStartFailed, match=r"its process ended \(exit code 3\)"):
+            averager.run_in_background(timeout=600.0)
+        # noticed within a poll or two (plus the second it gives the pipe), not at the 600 s bound
+        assert time.monotonic() - began < 30.0
+        assert not averager.is_alive()
+    finally:
+        dht.shutdown()
 
 
 def _unawaited_task_report(error: BaseException, records: list[logging.LogRecord]) -> None:
