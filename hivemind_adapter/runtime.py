@@ -25,6 +25,8 @@ import warnings
 
 import psutil
 
+from hivemind_adapter.pipe_sharing import install_quiet_pipe_sharing
+
 SHARING_STRATEGY = "file_descriptor"
 _PR_SET_PDEATHSIG = 1
 
@@ -38,6 +40,7 @@ def prepare_process() -> None:
         raise RuntimeError("hivemind was imported before hivemind_adapter.runtime.prepare_process()")
     if mp.get_start_method(allow_none=True) != "fork":
         mp.set_start_method("fork", force=True)
+    install_quiet_pipe_sharing()  # a killed DHT or averager process mid-fetch: one line, not a traceback
 
 
 def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
