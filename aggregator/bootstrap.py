@@ -27,10 +27,11 @@ from aggregator.contributions import ContributionDesk
 from aggregator.monitor.service import Monitor
 from aggregator.monitor.swarm_reader import read_swarm
 from aggregator.task_data import DataDesk
-from hivemind_adapter.dht import DHTWatch, read_signed, start_dht, store
 from hivemind_adapter.dht import peer_id as dht_peer_id
+from hivemind_adapter.dht import read_signed, start_dht, store
 from hivemind_adapter.dht import visible_maddrs as dht_visible_maddrs
 from hivemind_adapter.p2p import Endpoint
+from hivemind_adapter.process_answers import ProcessWatch
 from protocol.dht_schema import (
     TASKS_INDEX_KEY,
     MantaRecordValidator,
@@ -69,8 +70,9 @@ class BootstrapConfig:
     dashboard_fallback: bool = False  # that port taken: listen on a free one instead of failing
 
 
-class DHTLost(RuntimeError):
-    """The aggregator's DHT process ended: peers can no longer reach it; one line for the operator."""
+class ProcessLost(RuntimeError):
+    """A process the aggregator cannot serve without ended (its DHT's: peers can no longer reach it;
+    its state sharer's: newcomers get no checkpoint from it); one line for the operator."""
 
 
 class BootstrapAggregator:
@@ -85,8 +87,9 @@ class BootstrapAggregator:
         self.monitor = None
         self.data_desk: DataDesk | None = None  # tasks on an operator's dataset
         self._stop = threading.Event()
-        self._dht_watch: DHTWatch | None = None
-        self.dht_lost: str | None = None  # why it stopped serving, once its DHT's process ended
+        self._dht_watch: ProcessWatch | None = None
+        self.lost: str | None = None  # why it stopped serving, once its DHT's or state sharer's process ended
+        self._sharer_watch: ProcessWatch | None = None
         self._anchor_wire: bytes | None = None  # the sealed StateAnchor of the state the keeper serves
 
     def start(self) -> list[str]:
@@ -105,7 +108,7 @@ class BootstrapAggregator:
             identity_path=str(self.config.data_dir / "p2p.key"),
             validators=[MantaRecordValidator(self.task_id)],
         )
-        self._dht_watch = DHTWatch(self.dht, self._dht_ended)
+        self._dht_watch = ProcessWatch(self.dht, self._dht_ended)
         self.published = self._choose_spec()
         self.endpoint = Endpoint(self.dht, "manta-aggregator")
         if self.published.record.data is not None:
@@ -156,6 +159,7 @@ class BootstrapAggregator:
             outer_period=task.params.inner_steps if task.params.sync == "outer" else None,
         )
         self.keeper.on_serve = self._anchor
+        self._sharer_watch = ProcessWatch(self.keeper.sharer, self._sharer_ended)
         if self.config.resume:
             self.keeper.resume()
         if self.config.checkpoint_seconds > 0:
@@ -253,15 +257,26 @@ class BootstrapAggregator:
             self._publish()
             self._publish_anchor()
             logger.info(f"task {self.task_id}: {self.peers_online()} peer(s) online")
-        if self.dht_lost is not None:
-            raise DHTLost(self.dht_lost)
+        if self.lost is not None:
+            raise ProcessLost(self.lost)
 
     def _dht_ended(self, exit_code: int | None) -> None:
-        self.dht_lost = (
+        self._lose(
             f"the aggregator's DHT process ended (exit code {exit_code}): peers can no longer reach it; "
             "start manta-aggregator again (--resume continues the run)"
         )
-        logger.error(self.dht_lost)
+
+    def _sharer_ended(self, exit_code: int | None) -> None:
+        self._lose(
+            f"the aggregator's state sharer process ended (exit code {exit_code}): it can serve no "
+            "checkpoint; start manta-aggregator again (--resume continues the run)"
+        )
+
+    def _lose(self, why: str) -> None:
+        if self.lost is not None:
+            return
+        self.lost = why
+        logger.error(why)
         self._stop.set()
 
     def stop(self) -> None:
@@ -269,8 +284,9 @@ class BootstrapAggregator:
 
     def shutdown(self) -> None:
         self._stop.set()
-        if self._dht_watch is not None:
-            self._dht_watch.stop()  # the DHT is shut down on purpose below
+        for watch in (self._dht_watch, self._sharer_watch):
+            if watch is not None:
+                watch.stop()  # the DHT and the state sharer are shut down on purpose below
         if self.keeper is not None:
             self.keeper.stop_serving()  # before anything slow, so the grace overlaps the rest
         if self.monitor is not None:

@@ -100,7 +100,7 @@ def start(
     from hivemind_adapter.runtime import prepare_process, start_orphan_reaper
 
     prepare_process()
-    from aggregator.bootstrap import BootstrapAggregator, BootstrapConfig, DHTLost
+    from aggregator.bootstrap import BootstrapAggregator, BootstrapConfig, ProcessLost
     from aggregator.monitor.server import DashboardError, parse_dashboard_option
     from aggregator.task_data import pack_into
     from aggregator.task_publication import TaskFileError, build_task_spec, saved_task_spec
@@ -155,7 +155,7 @@ def start(
         sys.stdout.flush()
         try:
             node.serve_forever()
-        except DHTLost as e:
+        except ProcessLost as e:
             raise UserError(str(e)) from None
         logger.info("stopping")
     finally:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing.reduction import ForkingPickler
@@ -175,31 +174,6 @@ def start_dht(
         if "initial_peers responded" in first or "failed to connect to bootstrap peers" in first:
             first = f"cannot reach any initial peer ({', '.join(initial_peers)})"
         raise SwarmUnreachable(first) from None
-
-
-class DHTWatch:
-    """Calls ``on_death(exit_code)`` once, from a thread of its own, when ``dht``'s process has ended
-    while the watch runs. Without its DHT's process a node can neither find partners nor read or post
-    a record, and hivemind's calls on a dead DHT wait for it forever (measured: a peer whose DHT's
-    process was killed printed no round for minutes, until it was stopped). Stop the watch before
-    shutting the DHT down on purpose."""
-
-    def __init__(self, dht: hivemind.DHT, on_death: Callable[[int | None], None], every: float = 1.0):
-        self._dht, self._on_death, self._every = dht, on_death, every
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="dht-watch", daemon=True)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        while not self._stopped.wait(self._every):
-            if not self._dht.is_alive():
-                if not self._stopped.is_set():
-                    self._on_death(self._dht.exitcode)
-                return
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self._thread.join(timeout=2 * self._every + 1.0)
 
 
 def dht_gone(dht: hivemind.DHT) -> bool:

@@ -5,13 +5,19 @@ hivemind's DHT and averagers each run in their own process and answer their pare
 no bound, and a process that was killed (by a user, the OOM killer, a test) never gives one, so its
 parent hung for good. :func:`await_answer` is the one wait MANTA uses instead: it polls the future,
 checks between polls whether the process is still running, and gives up at a deadline.
+
+Between calls nothing waits on such a process, so a death would go unnoticed until the next call, or
+for good where no call comes (a state sharer only serves). :class:`ProcessWatch` notices it within a
+second and tells its owner once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from hivemind.utils import MPFuture
@@ -59,3 +65,34 @@ def await_answer(future: MPFuture, process: multiprocessing.process.BaseProcess,
             raise ProcessEnded(process.exitcode)
         if left <= 0:
             raise NoAnswerWithin(bound)
+
+
+class ProcessWatch:
+    """Calls ``on_death(exit_code)`` once, from a thread of its own, when ``process`` (a DHT's, an
+    averager's, a state sharer's) has ended while the watch runs. Without its DHT's process a node can
+    neither find partners nor read or post a record, and hivemind's calls on it wait forever
+    (measured: a peer whose DHT's process was killed printed no round for minutes, until it was
+    stopped); without its state sharer's, it silently serves no state and fetches none. Stop the watch
+    before shutting the process down on purpose."""
+
+    def __init__(
+        self,
+        process: multiprocessing.process.BaseProcess,
+        on_death: Callable[[int | None], None],
+        every: float = 1.0,
+    ):
+        self._process, self._on_death, self._every = process, on_death, every
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="process-watch", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(self._every):
+            if not self._process.is_alive():
+                if not self._stopped.is_set():
+                    self._on_death(self._process.exitcode)
+                return
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=2 * self._every + 1.0)

@@ -90,7 +90,8 @@ class StateSharer(BoundedAveragerProcess, RemovesItsSocket, DecentralizedAverage
 
     def publish(self, round_index: int, tensors: list[torch.Tensor], attempt: int, tiebreak: float) -> str:
         """Serve ``tensors`` (the state after ``round_index``, made in averaging attempt ``attempt``);
-        returns its digest."""
+        returns its digest. :class:`AveragerGone` if this sharer's process ended (it would serve nothing)."""
+        self.check_alive()
         with self.get_tensors() as shared:
             for dst, src in zip(shared, tensors):
                 dst.copy_(src)
@@ -119,7 +120,9 @@ class StateSharer(BoundedAveragerProcess, RemovesItsSocket, DecentralizedAverage
 
     def download(self, timeout: float = 60.0) -> SharedState | None:
         """The best verified state another node serves, or None (none served, its digest did not
-        match, or nothing finished within ``timeout`` s: the caller carries on with its own state)."""
+        match, or nothing finished within ``timeout`` s: the caller carries on with its own state).
+        :class:`AveragerGone` at once if this sharer's process ended (the wait would be in vain)."""
+        self.check_alive()
         try:
             result = self.load_state_from_peers(wait=True, timeout=timeout)
         except TimeoutError:

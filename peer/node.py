@@ -26,10 +26,11 @@ from pathlib import Path
 
 import torch
 
-from hivemind_adapter.dht import DHTWatch, SwarmUnreachable, start_dht
+from hivemind_adapter.dht import SwarmUnreachable, start_dht
 from hivemind_adapter.dht import peer_id as dht_peer_id
 from hivemind_adapter.group_keys import DeclarationSigner
 from hivemind_adapter.p2p import Endpoint
+from hivemind_adapter.process_answers import ProcessWatch
 from hivemind_adapter.state_archive import StateArchive
 from hivemind_adapter.state_sharing import StateSharer, peer_tiebreak
 from peer.affinity import assign_cohorts, cohort_on_lan, default_gateway_mac, host_id, network_id
@@ -111,7 +112,8 @@ class PeerNode:
         self.attempt = 0  # averaging attempts so far, swarm-wide (see run)
         self.state_digest = ""
         self._signals = StopSignals()
-        self._dht_watch: DHTWatch | None = None
+        self._dht_watch: ProcessWatch | None = None
+        self._sharer_watch: ProcessWatch | None = None
         self.swarm_lost: str | None = None  # why the peer cannot go on, once its DHT's process ended
         self._stop = self._signals.stop  # set by the first Ctrl-C
         # what start() builds, in order
@@ -156,7 +158,7 @@ class PeerNode:
             )
         except SwarmUnreachable as e:
             raise PeerStartError(str(e)) from None
-        self._dht_watch = DHTWatch(self.dht, self._dht_ended)
+        self._dht_watch = ProcessWatch(self.dht, self._dht_ended)
         # One endpoint for every call this node makes or answers (search, receipts, state archive).
         self._endpoint = Endpoint(self.dht, "manta-peer")
         self.peer_id = dht_peer_id(self.dht)
@@ -212,6 +214,7 @@ class PeerNode:
             self._served_consensus(),
             client_mode=self.config.client_mode,
         )
+        self._sharer_watch = ProcessWatch(self._sharer, self._sharer_ended)
         self._archive = StateArchive(self._endpoint, task.task_id)
         self._commit_board = SignedCommitBoard(self.dht, task.task_id, self.identity, self.peer_id)
         # reducers that told members different stories: found late, posted, read from others
@@ -666,18 +669,24 @@ class PeerNode:
         self._signals.install()
 
     def _dht_ended(self, exit_code: int | None) -> None:
-        reason = (
+        self._lose(
             f"the peer's DHT process ended (exit code {exit_code}): it can no longer reach the swarm; "
             "start manta-peer join again"
         )
-        self.swarm_lost = reason
-        logger.error(reason)
-        self._signals.lose(reason)
+
+    def _sharer_ended(self, exit_code: int | None) -> None:
+        self._lose(
+            f"the peer's state sharer process ended (exit code {exit_code}): it can neither serve the "
+            "swarm's state nor fetch it; start manta-peer join again"
+        )
 
     def _averager_ended(self, why: str) -> None:
+        self._lose(f"{why}: the peer can no longer average; start manta-peer join again")
+
+    def _lose(self, reason: str) -> None:
+        """Stop the peer with one line: a process it cannot train without has ended (told once)."""
         if self.swarm_lost is not None:
             return
-        reason = f"{why}: the peer can no longer average; start manta-peer join again"
         self.swarm_lost = reason
         logger.error(reason)
         self._signals.lose(reason)
@@ -685,8 +694,9 @@ class PeerNode:
     def shutdown(self) -> None:
         """Leave: stop serving, deliver receipts (bounded), withdraw, stop workers and every process."""
         self._signals.closing()
-        if self._dht_watch is not None:
-            self._dht_watch.stop()  # the DHT is shut down on purpose below
+        for watch in (self._dht_watch, self._sharer_watch):
+            if watch is not None:
+                watch.stop()  # the DHT and the state sharer are shut down on purpose below
         self.display.close()
         if self._sharer is not None:
             self._sharer.stop_serving()  # first: its grace for a transfer in flight overlaps the rest

@@ -1,14 +1,21 @@
 """The one state sharer, as peers and the aggregator use it: a serving node's newest state reaches a
 newcomer checked against its digest, a node offers nothing before it published a state, and a
-client-mode node (behind NAT: it serves nothing) can still download and publish."""
+client-mode node (behind NAT: it serves nothing) can still download and publish; a sharer whose
+process ended says so at once, and its owner is told."""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 
+import pytest
 import torch
 
+from hivemind_adapter.averager_process import AveragerGone
 from hivemind_adapter.dht import start_dht, visible_maddrs
+from hivemind_adapter.process_answers import ProcessWatch
 from hivemind_adapter.state_sharing import StateSharer
 from supernet.state import digest
 
@@ -77,3 +84,30 @@ def test_a_node_offers_its_state_only_once_it_published_one():
             part.shutdown()
         second_dht.shutdown()
         first_dht.shutdown()
+
+
+def test_a_sharer_whose_process_ended_tells_its_owner_once_and_fails_its_calls_at_once():
+    """Killed (or out of memory), a sharer serves nothing and a download on it waited its whole
+    timeout: the owner is told within a second, and the calls fail at once."""
+    dht = start_dht(host_maddrs=LOOPBACK)
+    sharer = StateSharer(_state(0), dht, "share-gone", consensus=2)
+    told: list[int | None] = []
+    once = threading.Event()
+    watch = ProcessWatch(sharer, lambda code: (told.append(code), once.set()), every=0.2)
+    try:
+        sharer.publish(0, _state(1), attempt=0, tiebreak=0.5)
+        assert not told  # alive: nothing to tell
+        os.kill(sharer.pid, signal.SIGKILL)
+        assert once.wait(10.0)
+        time.sleep(0.5)  # a second report would come within this
+        assert told == [-signal.SIGKILL]
+        started = time.monotonic()
+        with pytest.raises(AveragerGone, match=r"ended \(exit code -9\)"):
+            sharer.download(timeout=600.0)
+        with pytest.raises(AveragerGone, match=r"ended \(exit code -9\)"):
+            sharer.publish(1, _state(2), attempt=1, tiebreak=0.5)
+        assert time.monotonic() - started < 5.0  # not the download's 600 s
+    finally:
+        watch.stop()
+        sharer.remove_socket_file()
+        dht.shutdown()
