@@ -159,6 +159,10 @@ class WorkerPool:
 
     def stop(self) -> None:
         """Ask every worker to leave, kill what has not within the grace (bounded)."""
+        # A worker in the middle of a round (a peer that lost its swarm, a second Ctrl-C) computes
+        # until this flag rises: raised, it finishes its mini-batch and reads the request to leave,
+        # instead of computing through the whole grace and being killed.
+        self.raise_stop_flag()
         for _proc, conn in self._workers:
             try:
                 conn.send(Stop())

@@ -53,3 +53,17 @@ def test_a_round_computes_applies_and_a_killed_worker_is_reported(pool):
     os.kill(proc.pid, signal.SIGKILL)
     with pytest.raises(WorkerDied, match="worker"):
         _computed(pool, 60)
+
+
+def test_a_worker_stopped_in_the_middle_of_a_round_leaves_by_itself_instead_of_being_killed(monkeypatch):
+    """A peer that lost its swarm mid-round (or a second Ctrl-C) stops its pool while the worker still
+    computes: the worker finishes its mini-batch and leaves. Before, nothing told it to stop
+    computing, and it was killed at the end of the pool's grace."""
+    monkeypatch.setenv("MANTA_WORKER_THREADS", "1")
+    with spawned_pool(OPTIONS, 3, "peer-test") as (pool, _params):
+        pool.start_compute(Compute(round_index=0, mode="data", cohort_rank=0, num_cohorts=1))
+        time.sleep(1.0)
+        pool.stop()
+        proc = pool._workers[0][0]
+        assert not proc.is_alive()
+        assert proc.exitcode == 0, f"the worker was killed (exit code {proc.exitcode})"
