@@ -15,7 +15,9 @@ import hivemind
 import torch
 
 from hivemind_adapter.dht import start_dht
+from hivemind_adapter.p2p_sockets import remove_dead_socket
 from hivemind_adapter.runtime import start_orphan_reaper
+from tests.helpers import socket_files
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 
@@ -56,6 +58,7 @@ def run_peers(
     reporting maps to None.
     """
     ctx = mp.get_context("fork")
+    sockets_before = socket_files()
     results: mp.Queue = ctx.Queue()
     procs = {
         name: ctx.Process(target=_child, args=(target, initial_peers, a, results, name), daemon=False)
@@ -88,6 +91,11 @@ def run_peers(
             if p.is_alive():
                 p.kill()
                 p.join(5)
+        # A peer killed on purpose can leave a hivemind socket file its reaper had not yet seen bound
+        # (one made just before the kill): any new one nobody listens on any more is removed.
+        for path in socket_files() - sockets_before:
+            if "hivemind-p2p" in path:
+                remove_dead_socket(path, patience=0.0)  # one look: a living one belongs to someone
     for name in procs:
         out.setdefault(name, None)
     return out
