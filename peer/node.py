@@ -114,7 +114,8 @@ class PeerNode:
         self._signals = StopSignals()
         self._dht_watch: ProcessWatch | None = None
         self._sharer_watch: ProcessWatch | None = None
-        self.swarm_lost: str | None = None  # why the peer cannot go on, once its DHT's process ended
+        # why the peer cannot go on, once a process it needs (its DHT's, an averager's, its sharer's) ended
+        self.swarm_lost: str | None = None
         self._stop = self._signals.stop  # set by the first Ctrl-C
         # what start() builds, in order
         self.dht = None
@@ -702,11 +703,13 @@ class PeerNode:
             self._sharer.stop_serving()  # first: its grace for a transfer in flight overlaps the rest
         if self._search is not None:
             self._search.shutdown()
+        # Without its DHT nothing reaches the swarm: the receipts stay in the outbox on disk for the next
+        # start, instead of costing the exit a 15 s flush that delivers nothing, and the announcement
+        # expires by itself. A peer that lost only an averager or its sharer still delivers both.
+        reachable = self.dht is not None and not dht_gone(self.dht)
         if self._courier is not None:
-            # Without its DHT, nothing reaches the aggregator: the receipts stay in the outbox on disk for
-            # the next start, instead of costing the exit a 15 s flush that delivers nothing.
-            self._courier.stop(flush_seconds=0.0 if self.dht is None or dht_gone(self.dht) else 15.0)
-        if self._announcer is not None and self.swarm_lost is None:  # no DHT to withdraw through
+            self._courier.stop(flush_seconds=15.0 if reachable else 0.0)
+        if self._announcer is not None and reachable:
             try:
                 self._announcer.withdraw()
             except Exception as e:  # the DHT may already be unreachable; the record then simply expires
