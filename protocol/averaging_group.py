@@ -89,3 +89,22 @@ def averaging_group_id(
         {"task": task_id, "attempt": attempt, "group": root, "size": size, "state": state_digest}
     )
     return hashlib.sha256(body).hexdigest()
+
+
+def stage_check_token(
+    task_id: str, attempt: int, stage: str, members: Sequence[str], result_digest: str
+) -> str:
+    """What a member of one all-reduce posts once it checked the result it received: SHA-256 over the
+    canonical JSON of the attempt, the stage (e.g. ``cohort``, ``cross/1/0``), the members (sorted)
+    and the digest of the result. Members that received the same bytes in the same group post the
+    same token; a member that got another result, or was in another group, posts another."""
+    body = canonical_json(
+        {
+            "task": task_id,
+            "attempt": attempt,
+            "stage": stage,
+            "members": sorted(members),
+            "result": result_digest,
+        }
+    )
+    return hashlib.sha256(body).hexdigest()

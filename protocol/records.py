@@ -347,6 +347,7 @@ class Revocation(SealedRecord):
 
 
 MAX_PROOFS_POSTED = 16  # attestations one commit report carries (a cohort stage, a cross stage, retries)
+MAX_CHECKS_POSTED = 8  # checked groups of three one commit report carries (a cohort stage, cross levels)
 ProofToken = Annotated[str, StringConstraints(max_length=TOKEN_MAX_CHARS, pattern=TOKEN_PATTERN)]
 
 
@@ -387,6 +388,22 @@ class RoundCommit(SealedRecord):
     # (:mod:`protocol.proof_attestation` tokens): two that a reducer signed for one all-reduce and that
     # differ show that it told members different stories, and no result it took part in commits.
     proofs: Annotated[tuple[ProofToken, ...], Field(max_length=MAX_PROOFS_POSTED)] = ()
+    # The all-reduces of three that this peer checked in the attempt and found right
+    # (:func:`protocol.averaging_group.stage_check_token`: the stage, its members, the result's digest).
+    # Each member of such a group goes on only once both partners list its token: a reducer that held
+    # one member's results back, to hide a lie behind the entry that member never checked, leaves it
+    # without the token (see ``peer.round_commit.await_partners_checked``). Later reports of the
+    # attempt repeat the list, since they replace the earlier ones.
+    checked: Annotated[tuple[Hex32, ...], Field(max_length=MAX_CHECKS_POSTED)] = ()
+    # A marker, not a report: the peer posted its checks and waits for its partners'. Readers of the
+    # attempt's outcome treat it as "not reported yet" (``ok`` is False, and means nothing here).
+    checking: bool = False
+
+    @model_validator(mode="after")
+    def _a_marker_reports_nothing(self) -> RoundCommit:
+        if self.checking and (self.ok or self.left or self.digest or self.state or self.group):
+            raise ValueError("a checking marker carries checks only: no result, state, group or departure")
+        return self
 
 
 class ReducerConviction(SealedRecord):

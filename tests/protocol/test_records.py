@@ -19,6 +19,7 @@ from protocol.records import (
     RecordRejected,
     RejectReason,
     Revocation,
+    RoundCommit,
     SwarmParams,
     TaskSpec,
     check_binding,
@@ -277,3 +278,16 @@ def test_check_binding():
         with pytest.raises(RecordRejected) as err:
             check_binding(sealed, bad_binding, sender)
         assert err.value.reason is RejectReason.UNBOUND_PEER
+
+
+def test_a_commit_marker_carries_checks_only():
+    identity = Identity.generate()
+    base = dict(task_id=TASK, attempt=3, peer_id=fake_peer_id(b"marker"), public_key=identity.public_key_hex,
+                timestamp=now_ms(), checked=("ab" * 32,), checking=True)  # fmt: skip
+    marker = RoundCommit(ok=False, digest="", **base)
+    assert open_sealed(seal(marker, identity), RoundCommit).record.checked == ("ab" * 32,)
+    for claim in (dict(ok=True, digest="cd" * 32), dict(ok=False, digest="", left=True)):
+        with pytest.raises(pydantic.ValidationError, match="checks only"):
+            RoundCommit(**{**base, **claim})
+    with pytest.raises(pydantic.ValidationError):  # a check token is a SHA-256, nothing else
+        RoundCommit(ok=False, digest="", **{**base, "checked": ("not a token",)})
