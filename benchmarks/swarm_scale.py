@@ -173,7 +173,7 @@ def _thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, 
             )  # fmt: skip
             if outcome.committed:
                 figures.committed += 1
-                averager.report_state(attempt, outcome.digest, outcome.digest)
+                averager.report_state(attempt, outcome, outcome.digest)
             else:
                 figures.reasons.append(outcome.reason)
                 averager.settle(attempt, [p.entry.peer_id for p in roster])

@@ -73,15 +73,17 @@ from peer.known_cohort import KnownCohort, new_roll
 from peer.round_commit import (
     CommitBoard,
     DHTCommitBoard,
+    PostedResult,
     attempt_decided,
     await_attempt_decided,
     await_commit,
+    await_partners_checked,
     await_quorum_reports,
     equivocation_in,
     report_state,
     result_holds_quorum,
 )
-from protocol.averaging_group import averaging_group_id, contributors_root
+from protocol.averaging_group import averaging_group_id, contributors_root, stage_check_token
 from protocol.proof_attestation import proofs_fingerprint
 from protocol.records import MAX_PROOFS_POSTED
 from supernet.state import digest
@@ -140,9 +142,17 @@ class AveragingOutcome:
     outliers: list[str] = field(default_factory=list)  # peers this peer's reducers named (robust averaging)
     # the reducers' signed digests of the proofs this peer accepted (protocol.proof_attestation tokens)
     proofs: list[str] = field(default_factory=list)
+    # the tokens of the all-reduces of three this peer checked with its partners (round_commit.PostedChecks)
+    checked: list[str] = field(default_factory=list)
     # The result this peer posted but saw no quorum for within its commit wait (None otherwise): if
     # the others' reports make one after all, it commits late (committed_late).
     pending: list[torch.Tensor] | None = None
+
+    def posted(self) -> PostedResult:
+        """What this peer's report of the result carries (and its state report again)."""
+        return PostedResult(
+            self.digest, self.group, tuple(self.outliers), tuple(self.proofs), tuple(self.checked)
+        )
 
 
 def committed_late(
@@ -310,6 +320,8 @@ class HierarchicalAverager:
         self._refused_in: dict[str, int | None] = {}
         self._convicted_seen = 0  # how many convicted keys _admit has barred so far
         self._attested: dict[str, None] = {}  # this attempt's proof attestations (tokens, in order)
+        self._checked: list[str] = []  # this attempt's checked groups of three (_check_with_partners)
+        self._check_seconds = 0.0  # spent waiting for partners' checks this attempt
 
     # ------------------------------------------------------------------ the round
 
@@ -370,6 +382,7 @@ class HierarchicalAverager:
         self._previous_attempt = attempt
         self._take_named()  # what came after the last attempt's end is not this attempt's
         self._named, self._attested = set(), {}
+        self._checked, self._check_seconds = [], 0.0
         self._admit()
         try:
             with self._cohort.get_tensors() as buf:
@@ -406,6 +419,7 @@ class HierarchicalAverager:
             if counts is not None:
                 members = [Contributor(p, self.cohort, n, state_digest, False) for p, n in zip(known, counts)]
                 outcome.known_group = True
+                self._check_with_partners(attempt, "cohort", known, self._cohort)
                 if self.robust is None:
                     self._to_cohort_mean(members)
             elif self.robust is None:
@@ -422,6 +436,7 @@ class HierarchicalAverager:
                     members = sorted(
                         (Contributor.from_wire(m) for m in gathered.values()), key=lambda c: c.peer
                     )
+                    self._check_with_partners(attempt, "cohort", list(gathered), self._cohort)
                 except NoGroup as e:
                     logger.info(f"attempt {attempt}: {e}; this peer goes on as a cohort of one")
             outcome.seconds["cohort"] = time.perf_counter() - t_start
@@ -498,6 +513,9 @@ class HierarchicalAverager:
         self._take_named()
         outcome.outliers = sorted(self._named)
         outcome.proofs = list(self._attested)[:MAX_PROOFS_POSTED]
+        outcome.checked = list(self._checked)
+        if self._check_seconds:
+            outcome.seconds["check"] = self._check_seconds
         if outcome.outliers:
             logger.warning(
                 f"attempt {attempt}: values of {', '.join(p[-8:] for p in outcome.outliers)} were outliers"
@@ -517,6 +535,41 @@ class HierarchicalAverager:
                 f"attempt {attempt}: averaging aborted, keeping previous values ({outcome.reason})"
             )
         return outcome
+
+    def _check_with_partners(
+        self,
+        attempt: int,
+        stage: str,
+        peers: Sequence[str],
+        averager: VerifiedAverager,
+    ) -> None:
+        """After a robust all-reduce of exactly three: go on only once both partners say they received
+        and checked the same result (:func:`peer.round_commit.await_partners_checked`, which says why
+        groups of three need it). Posts this peer's marker, listing every group it checked in this
+        attempt, and waits for theirs; raises :class:`RoundAborted` if they do not confirm. Groups of
+        four or more hold a hidden lie by point 6 of the proof; pairs are not covered (README)."""
+        if self.robust is None or len(set(peers)) != 3 or self.peer_id not in peers:
+            return
+        t0 = time.perf_counter()
+        with averager.get_tensors() as buf:
+            received = digest(list(buf))
+        token = stage_check_token(self.run_id, attempt, stage, peers, received)
+        self._checked.append(token)
+        self.board.post(attempt, False, "", wait=False, checked=self._checked, checking=True)
+        partners = sorted(set(peers) - {self.peer_id})
+        bound = (
+            self.deadlines.allreduce_bound(
+                stage.partition("/")[0], self.timeouts.allreduce, least=2.0 * self.timeouts.next_chunk
+            )
+            + self._commit_wait()
+        )
+        why = await_partners_checked(
+            self.board, attempt, token, partners, bound,
+            never=lambda: self._never_reporting(attempt, partners),
+        )  # fmt: skip
+        self._check_seconds += time.perf_counter() - t0
+        if why is not None:
+            raise RoundAborted(f"{stage} group of three not confirmed: {why}")
 
     def _noise_for(self, attempt: int) -> NoiseMap | None:
         """What a pair of heads' reducer is held to in ``attempt``: the sampling noise along the vector
@@ -656,6 +709,12 @@ class HierarchicalAverager:
             if self.per_cohort and len(set(cohorts)) != len(cohorts):
                 # A cohort that split (one part missed the other) would count its sub-networks twice.
                 return contributors, cohorts, joined, "a cohort reached the cross stage in two parts"
+            try:
+                self._check_with_partners(
+                    attempt, f"cross/{group.level}/{group.index}", list(gathered), self._cross
+                )
+            except RoundAborted as e:
+                return contributors, cohorts, joined, str(e)
             if group.level == len(tree):
                 break  # the top: every member holds the same bytes and computes the final vector itself
             servers = sorted(p for p, r in gathered.items() if not r.get("client", False))
@@ -884,7 +943,7 @@ class HierarchicalAverager:
         # once it shows, like everyone else's).
         self.board.post(
             attempt, ok, outcome.digest, wait=False, group=outcome.group, outliers=outcome.outliers,
-            proofs=outcome.proofs,
+            proofs=outcome.proofs, checked=outcome.checked,
         )  # fmt: skip
         if not ok:
             return False, outcome.reason
@@ -1016,9 +1075,9 @@ class HierarchicalAverager:
             return after + 1
         return max(after, self.board.latest_attempt(peers)) + 1
 
-    def report_state(self, attempt: int, result_digest: str, state_digest: str) -> None:
-        """After committing ``result_digest`` of ``attempt``: :func:`peer.round_commit.report_state`."""
-        report_state(self.board, attempt, result_digest, state_digest)
+    def report_state(self, attempt: int, outcome: AveragingOutcome, state_digest: str) -> None:
+        """After committing ``outcome`` of ``attempt``: :func:`peer.round_commit.report_state`."""
+        report_state(self.board, attempt, outcome.posted(), state_digest)
 
     def leave(self, attempt: int) -> None:
         """Tell the swarm this peer will not take part in ``attempt``: its cohort stops waiting for it

@@ -142,10 +142,7 @@ def take_outer_step(
         return None
     if outer.committed:
         ctx.publish_state(plan.round_index, plan.attempt)
-        report_state(
-            ctx.commit_board, plan.attempt, round_outcome.digest, ctx.state_digest(), round_outcome.group,
-            round_outcome.outliers,
-        )  # fmt: skip
+        report_state(ctx.commit_board, plan.attempt, round_outcome.posted(), ctx.state_digest())
         logger.info(
             f"outer step (attempt {outer.attempt}) at the end of round {plan.round_index}: {outer.contributors} "
             f"contributor(s) in {outer.cohorts} cohort(s), exchange {outer.seconds:.1f} s, round held "
@@ -176,14 +173,7 @@ def finish_round(
         ctx.progress.note_committed((c.peer, c.samples) for c in outcome.contributors)
         ctx.pending = []  # a new state: no older result applies to it
         ctx.publish_state(plan.round_index, plan.attempt)
-        report_state(
-            ctx.commit_board,
-            plan.attempt,
-            outcome.digest,
-            ctx.state_digest(),
-            outcome.group,
-            outcome.outliers,
-        )
+        report_state(ctx.commit_board, plan.attempt, outcome.posted(), ctx.state_digest())
     outcome.seconds["apply"], outcome.seconds["publish"] = t1 - t0, time.perf_counter() - t1
     return _report(ctx, plan, work.host, outcome, lr, compute_seconds, time.perf_counter() - started)
 

@@ -32,6 +32,14 @@ NEVER_POLL_SECONDS = 2.0  # how often it asks which roster peers will never repo
 WITNESS_GRACE_SECONDS = 2.0
 
 
+@dataclass(frozen=True)
+class PostedChecks:
+    """What one peer's latest record of an attempt says about the groups of three it checked."""
+
+    tokens: frozenset[str]  # :func:`protocol.averaging_group.stage_check_token` of each
+    marker: bool  # only a marker: the peer has not reported the attempt yet
+
+
 class CommitBoard(Protocol):
     """Where participants post and read their end-of-attempt reports."""
 
@@ -48,6 +56,8 @@ class CommitBoard(Protocol):
         group: str = "",
         outliers: Sequence[str] = (),
         proofs: Sequence[str] = (),
+        checked: Sequence[str] = (),
+        checking: bool = False,
     ) -> None:
         """``left``: a departure notice for ``attempt`` (not an attempt run; see :meth:`latest_attempt`).
         ``state``: the state digest after committing ``digest`` (the same report, posted again).
@@ -55,12 +65,18 @@ class CommitBoard(Protocol):
         replaces an earlier one whichever lands first: it expires later). ``group``: the averaging
         group id of the result (:class:`protocol.records.RoundCommit`), what receipts are checked
         against; ``outliers``: the peers this peer's reducers named; ``proofs``: the reducers' signed
-        digests of the proofs it accepted (:mod:`protocol.proof_attestation` tokens)."""
+        digests of the proofs it accepted (:mod:`protocol.proof_attestation` tokens); ``checked``: the
+        tokens of the groups of three it checked (:func:`await_partners_checked`), which every later
+        report of the attempt repeats; ``checking``: a marker that carries only those, not a report."""
         ...
 
     def read(self, attempt: int) -> dict[str, dict]:
         """peer id -> {"ok": bool, "digest": str, "left": bool, "state": str} for every report of
-        ``attempt`` seen."""
+        ``attempt`` seen (markers aside: a peer that posted only a marker has not reported)."""
+        ...
+
+    def read_checks(self, attempt: int) -> dict[str, PostedChecks]:
+        """peer id -> the checks its latest record of ``attempt`` lists, marker or report."""
         ...
 
     def latest_attempt(self, peers: Collection[str] | None = None) -> int:
@@ -89,12 +105,16 @@ class DHTCommitBoard:
         group: str = "",
         outliers: Sequence[str] = (),
         proofs: Sequence[str] = (),
+        checked: Sequence[str] = (),
+        checking: bool = False,
     ) -> None:
         value = {"ok": ok, "digest": digest, "left": left, "state": state, "group": group}
         if outliers:
             value["outliers"] = list(outliers)
         if proofs:
             value["proofs"] = list(proofs)
+        if checked or checking:
+            value.update(checked=list(checked), checking=checking)
         store(self.dht, self.key, value, self.ttl, subkey=f"{attempt}/{self.peer_id}", wait=wait)
 
     def _entries(self) -> dict[tuple[int, str], dict]:
@@ -106,7 +126,14 @@ class DHTCommitBoard:
         return out
 
     def read(self, attempt: int) -> dict[str, dict]:
-        return {peer: r for (a, peer), r in self._entries().items() if a == attempt}
+        return {peer: r for (a, peer), r in self._entries().items() if a == attempt and not r.get("checking")}
+
+    def read_checks(self, attempt: int) -> dict[str, PostedChecks]:
+        return {
+            peer: PostedChecks(frozenset(map(str, r.get("checked") or ())), bool(r.get("checking")))
+            for (a, peer), r in self._entries().items()
+            if a == attempt
+        }
 
     def latest_attempt(self, peers: Collection[str] | None = None) -> int:
         return max(
@@ -209,6 +236,52 @@ def await_commit(
         time.sleep(COMMIT_POLL_SECONDS)
 
 
+def await_partners_checked(
+    board: CommitBoard,
+    attempt: int,
+    token: str,
+    partners: Collection[str],
+    deadline_seconds: float,
+    never: Callable[[], Collection[str]] | None = None,
+) -> str | None:
+    """Wait (at most ``deadline_seconds``) until every one of ``partners`` lists ``token`` (this
+    peer's :func:`~protocol.averaging_group.stage_check_token` of an all-reduce they shared) in its
+    record of ``attempt``. Returns None once they all do, else why not, as soon as that is known: a
+    partner reported the attempt (a failure, a departure, a result) without it, or left the roster
+    (``never``), or the wait ran out. This peer's own marker must already be posted.
+
+    Why, in groups of three: a reducer that holds one member's results back until the others are
+    done can list that member's entry anywhere in its proof, since nobody else checks it; there it
+    balances a lie that the one member left has no second honest part to measure by
+    (:mod:`hivemind_adapter.reducer_proof`, point 6). Once that member's report counts toward a
+    quorum, deciding otherwise later changes nothing (:func:`commit_pending` commits it anyway), so
+    the agreement comes first: nobody goes on until both partners say they received and checked the
+    same result. The held-back member posts a failure, or nothing, and the lie goes no further. A
+    partner whose marker lists another result (a reducer that sent two results) is only waited out."""
+    deadline = time.monotonic() + deadline_seconds
+    gone = _Throttled(never)
+    while True:
+        checks = board.read_checks(attempt)
+        waiting = []
+        for partner in sorted(partners):
+            posted = checks.get(partner)
+            if posted is not None and token in posted.tokens:
+                continue
+            if posted is not None and not posted.marker:
+                return f"{partner[-8:]} reported the attempt without confirming this group's result"
+            waiting.append(partner)
+        if not waiting:
+            return None
+        if left := gone() & set(waiting):
+            return f"{', '.join(p[-8:] for p in sorted(left))} left the roster before confirming this group's result"
+        if time.monotonic() > deadline:
+            return (
+                f"{', '.join(p[-8:] for p in waiting)} did not confirm this group's result "
+                f"within {deadline_seconds:.0f} s"
+            )
+        time.sleep(COMMIT_POLL_SECONDS)
+
+
 def await_quorum_reports(
     board: CommitBoard,
     attempt: int,
@@ -294,20 +367,28 @@ def await_attempt_decided(
     return _poll(lambda: attempt_decided(board.read(attempt), roster, done()), deadline_seconds)
 
 
-def report_state(
-    board: CommitBoard,
-    attempt: int,
-    result_digest: str,
-    state_digest: str,
-    group: str = "",
-    outliers: Sequence[str] = (),
-) -> None:
-    """After committing ``result_digest`` of ``attempt`` and applying it: say which state this peer
-    now holds (and serves), so peers catching up know whom to ask for it."""
+@dataclass(frozen=True)
+class PostedResult:
+    """What a peer's report of a result it posted for an attempt carries, all of which its state
+    report (:func:`report_state`) must carry again, since it replaces that report: the group
+    receipts name, the outliers the aggregator refuses, the proof attestations that late rechecks
+    compare (:mod:`peer.conviction_watch`), the checks slow partners may still be reading."""
+
+    digest: str
+    group: str = ""
+    outliers: tuple[str, ...] = ()
+    proofs: tuple[str, ...] = ()
+    checked: tuple[str, ...] = ()
+
+
+def report_state(board: CommitBoard, attempt: int, result: PostedResult, state_digest: str) -> None:
+    """After committing ``result`` of ``attempt`` and applying it: say which state this peer now holds
+    (and serves), so peers catching up know whom to ask for it."""
     try:  # nobody waits for it: the DHT stores it while the next round computes
         board.post(
-            attempt, True, result_digest, state=state_digest, wait=False, group=group, outliers=outliers
-        )
+            attempt, True, result.digest, state=state_digest, wait=False, group=result.group,
+            outliers=result.outliers, proofs=result.proofs, checked=result.checked,
+        )  # fmt: skip
     except Exception as e:  # the DHT may be unreachable; catch-up then falls back to state sharing
         logger.debug(f"state report failed: {e}")
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from hivemind_adapter.dht import read_entries, read_entries_of_keys, store
 from peer.affinity import RosterEntry
+from peer.round_commit import PostedChecks
 from protocol.dht_schema import (
     COMMIT_BUCKETS,
     TASKS_INDEX_KEY,
@@ -32,6 +33,7 @@ from protocol.dht_schema import (
 )
 from protocol.identity import Identity
 from protocol.records import (
+    MAX_CHECKS_POSTED,
     MAX_PROOFS_POSTED,
     Affinity,
     DeviceInfo,
@@ -215,6 +217,8 @@ class SignedCommitBoard:
         group: str = "",
         outliers: Sequence[str] = (),
         proofs: Sequence[str] = (),
+        checked: Sequence[str] = (),
+        checking: bool = False,
     ) -> None:
         record = RoundCommit(
             task_id=self.task_id,
@@ -229,6 +233,8 @@ class SignedCommitBoard:
             group=group,
             outliers=tuple(outliers)[:32],
             proofs=tuple(proofs)[:MAX_PROOFS_POSTED],
+            checked=tuple(checked)[-MAX_CHECKS_POSTED:],
+            checking=checking,
         )
         store(
             self.dht,
@@ -266,6 +272,13 @@ class SignedCommitBoard:
                 "proofs": list(r.proofs),
             }  # fmt: skip
             for r in self._open(entries, attempt)
+            if not r.checking
+        }
+
+    def read_checks(self, attempt: int) -> dict[str, PostedChecks]:
+        entries = _entries(self.dht, commits_key(self.task_id, attempt))
+        return {
+            r.peer_id: PostedChecks(frozenset(r.checked), r.checking) for r in self._open(entries, attempt)
         }
 
     def latest_attempt(self, peers: Collection[str] | None = None) -> int:

@@ -13,7 +13,7 @@ from hivemind_adapter.state_archive import StateArchive
 from peer.outer_repair import missed_outer_state, takers_of
 from peer.outer_round import OuterStepper
 from peer.outer_step import OuterSettings
-from peer.round_commit import report_state
+from peer.round_commit import PostedResult, report_state
 from peer.swarm_view import SignedCommitBoard
 from protocol.dht_schema import outer_board_id
 from protocol.identity import Identity
@@ -71,7 +71,7 @@ def test_the_outer_state_the_takers_serve_is_found_once_they_took_the_step():
                 served = served_layout(worker, len(worker), outer)
                 state_digest = digest(served[:consensus])
                 archive.add(10 + attempt, attempt, state_digest, served)
-                report_state(boards[0], attempt, "cc" * 32, state_digest)
+                report_state(boards[0], attempt, PostedResult("cc" * 32), state_digest)
                 wait_until(lambda: boards[1].read(attempt), 15, "their state report to show", poll=0.2)
 
             def look() -> OuterState | None:

@@ -44,11 +44,11 @@ def _poison(mean: torch.Tensor, attack: str) -> torch.Tensor:
     return mean
 
 
-def _join_roster(dht, run_id: str) -> list[str]:
+def _join_roster(dht, run_id: str, peers: int = PEERS) -> list[str]:
     """Announce this peer in the run's roster and wait (bounded) until every peer is in it."""
     store(dht, f"{run_id}_roster", True, 300.0, subkey=peer_id(dht))
     deadline = time.monotonic() + 60
-    while len(roster := sorted(read_entries(dht, f"{run_id}_roster"))) < PEERS:
+    while len(roster := sorted(read_entries(dht, f"{run_id}_roster"))) < peers:
         assert time.monotonic() < deadline
         time.sleep(0.2)
     return roster
@@ -296,3 +296,50 @@ def test_a_head_that_lies_in_a_pair_of_heads_is_held_to_the_noise_its_partners_c
     torch.testing.assert_close(torch.from_numpy(honest[0]["tensor"]), want, rtol=1e-5, atol=1e-6)
     assert any(liar in r["outliers"] for r in honest), [r["outliers"] for r in honest]  # the honest head
     assert not results["p3"]["committed"]
+
+
+def _peer_in_a_group_of_three(dht, *, seed, liar, run_id, layout):
+    """One peer of three, meeting in one all-reduce: the cohort stage of one cohort of three
+    (``layout`` "cohort") or the cross stage of three cohorts of one ("cross"). ``liar``'s reducer
+    tells the noisy lie and hides it behind the member whose results it holds back."""
+    averager = HierarchicalAverager(
+        dht, run_id, "host-a" if layout == "cohort" else f"host-{seed}", [torch.zeros(SHAPE)], timeouts=FAST,
+        robust=RobustConfig(), averager_type=lying_averager("hide") if liar else VerifiedAverager,
+    )  # fmt: skip
+    try:
+        roster = _join_roster(dht, run_id, peers=3)
+        res = averager.average(
+            0, [_gradient(seed) * SAMPLES], SAMPLES, cohort_size=3 if layout == "cohort" else 1,
+            num_cohorts=1 if layout == "cohort" else 3, cohort_rank=0 if layout == "cohort" else seed,
+            expected_peers=roster,
+        )  # fmt: skip
+        return dict(
+            me=peer_id(dht), committed=res.committed, reason=res.reason, checked=res.checked,
+            outliers=res.outliers,
+        )  # fmt: skip
+    finally:
+        averager.shutdown()
+
+
+@pytest.mark.parametrize("layout", ["cohort", "cross"])
+def test_a_lie_hidden_behind_a_held_back_member_of_three_goes_no_further(layout):
+    """The red team's hiding-reducer in an all-reduce of three: the one member it answers has no
+    second honest part to hold the result to, and its proof check passes the lie
+    (tests/hivemind_adapter/test_reducer_proof.py). Its report and the liar's made a quorum of the
+    three: the lie committed. Now that member goes on only once both partners confirm the result it
+    received. The held-back member refuses its own misstated entry (and names the liar), so it never
+    confirms that result: neither honest peer commits anything, and the one that held the lie says
+    why."""
+    args = {
+        f"p{i}": dict(seed=i, liar=i == 2, run_id=f"hidden-in-three-{layout}", layout=layout)
+        for i in range(3)
+    }
+    results = _swarm(_peer_in_a_group_of_three, args)
+    honest, liar = [results["p0"], results["p1"]], results["p2"]["me"]
+    assert not any(r["committed"] for r in honest), [r["reason"] for r in honest]
+    answered = [r for r in honest if "group of three not confirmed" in r["reason"]]
+    assert len(answered) == 1, [r["reason"] for r in honest]
+    (held_back,) = [r for r in honest if r is not answered[0]]
+    assert f"{held_back['me'][-8:]} reported the attempt without confirming" in answered[0]["reason"]
+    assert liar in held_back["outliers"], "the held-back member refused the liar's misstated entry"
+    assert len(answered[0]["checked"]) == 1, "it posted its check of that one all-reduce"

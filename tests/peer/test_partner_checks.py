@@ -1,0 +1,119 @@
+"""Groups of three confirm what they received before anyone goes on, on a real signed board.
+
+In an all-reduce of three, a reducer that held one member's results back can hide a lie behind that
+member's entry, which nobody else checks (:mod:`hivemind_adapter.reducer_proof`, point 6). Each member
+therefore posts a marker listing the token of the result it checked and goes on only once both
+partners list the same token (:func:`peer.round_commit.await_partners_checked`). Real hivemind DHT
+nodes that validate MANTA's records, real Ed25519 signatures: a marker is not a report (the quorum
+never counts it), a partner's failure ends the wait at once, a silent one at the bound, and a state
+report keeps the checks and proof attestations of the report it replaces.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from hivemind_adapter.dht import peer_id
+from peer.round_commit import PostedResult, await_commit, await_partners_checked, report_state
+from peer.swarm_view import SignedCommitBoard
+from protocol.averaging_group import stage_check_token
+from protocol.identity import Identity
+from protocol.proof_attestation import ProofAttestation, group_tag, proofs_digest
+from tests.helpers import two_task_dhts, wait_until
+
+TASK = "digits-partner-checks"
+RESULT = "ab" * 32
+
+
+@pytest.fixture
+def three_boards():
+    """Three signed boards: two on DHT nodes of their own, the third (another key and peer id) on the
+    first node, as a third peer's would be."""
+    with two_task_dhts(TASK) as dhts:
+        a, b = (SignedCommitBoard(d, TASK, Identity.generate(), peer_id(d)) for d in dhts)
+        c = SignedCommitBoard(dhts[0], TASK, Identity.generate(), "QmThirdGroupMember")
+        yield a, b, c
+
+
+def _token(boards, attempt: int, result: str = RESULT, stage: str = "cohort") -> str:
+    return stage_check_token(TASK, attempt, stage, [x.peer_id for x in boards], result)
+
+
+def test_a_marker_is_not_a_report_and_the_reports_after_it_keep_its_checks(three_boards):
+    a, b, _c = three_boards
+    token = _token(three_boards, 5)
+    a.post(5, False, "", checked=[token], checking=True)
+    assert b.read(5) == {}, "a marker is not a report: nobody counts it toward a quorum or a failure"
+    checks = b.read_checks(5)
+    assert checks[a.peer_id].tokens == {token} and checks[a.peer_id].marker
+    assert b.latest_attempt() == 5, "a peer that posted a marker is in that attempt"
+    # nor does a marker make a quorum, or end the wait for one, of a roster of two
+    assert not await_commit(b, 5, RESULT, {a.peer_id, b.peer_id}, deadline_seconds=0.5).committed
+
+    proof = ProofAttestation.signed(
+        Identity.generate(), group_tag(b"g" * 20), "QmReducerThatSignedTheProof", proofs_digest(b"s")
+    )
+    posted = PostedResult(RESULT, "cd" * 32, (b.peer_id,), (proof.to_token(),), (token,))
+    a.post(
+        5, True, RESULT, group=posted.group, outliers=posted.outliers, proofs=posted.proofs, checked=[token]
+    )
+    assert b.read(5)[a.peer_id]["ok"]
+    assert not b.read_checks(5)[a.peer_id].marker
+    # The state report replaces that report: it must keep all of it, the proofs that a late recheck
+    # compares (peer.conviction_watch) and the checks a slow partner may still be reading.
+    report_state(a, 5, posted, "ef" * 32)
+    wait_until(lambda: b.read(5).get(a.peer_id, {}).get("state") == "ef" * 32, 20, "the state report")
+    report = b.read(5)[a.peer_id]
+    assert report["proofs"] == [proof.to_token()] and report["group"] == "cd" * 32
+    assert b.read_checks(5)[a.peer_id].tokens == {token}
+
+
+def test_a_group_of_three_goes_on_once_both_partners_confirm_the_same_result(three_boards):
+    a, b, c = three_boards
+    token = _token(three_boards, 6)
+    a.post(6, False, "", checked=[token], checking=True)
+    b.post(6, False, "", checked=["77" * 32], checking=True)  # an earlier stage's check: not this one
+    found: list[str | None] = []
+    waiter = threading.Thread(
+        target=lambda: found.append(await_partners_checked(a, 6, token, [b.peer_id, c.peer_id], 60.0))
+    )
+    waiter.start()
+    waiter.join(1.0)
+    assert waiter.is_alive(), "went on before either partner confirmed"
+    b.post(6, False, "", checked=["77" * 32, token], checking=True)
+    c.post(6, True, RESULT, checked=[token])  # already past its wait: its report lists the check
+    waiter.join(30.0)
+    assert found == [None]
+
+
+def test_a_partner_that_reports_the_attempt_unconfirmed_ends_the_wait_at_once(three_boards):
+    """The held-back member found its own entry misstated and posted a failure: the member left with
+    the lie goes no further, without waiting out its bound (60 s here)."""
+    a, b, c = three_boards
+    token = _token(three_boards, 7)
+    a.post(7, False, "", checked=[token], checking=True)
+    b.post(7, False, "", checked=[token], checking=True)
+    c.post(7, False, "")
+    why = await_partners_checked(a, 7, token, [b.peer_id, c.peer_id], 60.0)
+    assert why is not None and "reported the attempt without confirming" in why and c.peer_id[-8:] in why
+
+
+def test_a_partner_that_confirms_another_result_or_none_is_waited_out(three_boards):
+    a, b, c = three_boards
+    token = _token(three_boards, 8)
+    a.post(8, False, "", checked=[token], checking=True)
+    b.post(8, False, "", checked=[_token(three_boards, 8, result="cd" * 32)], checking=True)
+    why = await_partners_checked(a, 8, token, [b.peer_id, c.peer_id], 1.0)
+    assert why is not None and "did not confirm this group's result within 1 s" in why
+    assert b.peer_id[-8:] in why and c.peer_id[-8:] in why
+
+
+def test_a_partner_gone_from_the_roster_ends_the_wait(three_boards):
+    a, b, c = three_boards
+    token = _token(three_boards, 9)
+    a.post(9, False, "", checked=[token], checking=True)
+    b.post(9, False, "", checked=[token], checking=True)
+    why = await_partners_checked(a, 9, token, [b.peer_id, c.peer_id], 60.0, never=lambda: {c.peer_id})
+    assert why is not None and "left the roster" in why and c.peer_id[-8:] in why
