@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-STAGES = ("compute", "cohort", "cross", "broadcast", "commit")
+STAGES = ("compute", "cohort", "cross", "broadcast", "commit", "check")  # check: within cohort or cross
 WARM_UP_ROUNDS = 2  # the first rounds include start-up and the deadlines' learning
 
 

@@ -400,6 +400,8 @@ def _report(
         k: outcome.seconds[k] for k in ("roster", "commitments", "apply", "publish") if k in outcome.seconds
     }
     stages["other"] = max(0.0, total - sum(stages.values()))
+    if "check" in outcome.seconds:  # within the cohort and cross stages' times: not in the sum above
+        stages["check"] = outcome.seconds["check"]
     return RoundReport(
         plan.round_index,
         outcome.committed,
