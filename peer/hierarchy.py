@@ -84,7 +84,7 @@ from peer.round_commit import (
     result_holds_quorum,
 )
 from protocol.averaging_group import averaging_group_id, contributors_root, stage_check_token
-from protocol.proof_attestation import proofs_fingerprint
+from protocol.proof_attestation import Equivocation, proofs_fingerprint
 from protocol.records import MAX_PROOFS_POSTED
 from supernet.state import digest
 
@@ -555,7 +555,9 @@ class HierarchicalAverager:
             received = digest(list(buf))
         token = stage_check_token(self.run_id, attempt, stage, peers, received)
         self._checked.append(token)
-        self.board.post(attempt, False, "", wait=False, checked=self._checked, checking=True)
+        self._take_named()  # the stage's proof attestations: the marker carries them
+        proofs = list(self._attested)[:MAX_PROOFS_POSTED]
+        self.board.post(attempt, False, "", wait=False, proofs=proofs, checked=self._checked, checking=True)
         partners = sorted(set(peers) - {self.peer_id})
         bound = (
             self.deadlines.allreduce_bound(
@@ -563,13 +565,15 @@ class HierarchicalAverager:
             )
             + self._commit_wait()
         )
-        why = await_partners_checked(
+        checked = await_partners_checked(
             self.board, attempt, token, partners, bound,
-            never=lambda: self._never_reporting(attempt, partners),
+            never=lambda: self._never_reporting(attempt, partners), public_keys=self.public_keys(),
         )  # fmt: skip
         self._check_seconds += time.perf_counter() - t0
-        if why is not None:
-            raise RoundAborted(f"{stage} group of three not confirmed: {why}")
+        if checked.equivocation is not None:
+            self._convict(attempt, checked.equivocation)
+        if not checked.confirmed:
+            raise RoundAborted(f"{stage} group of three not confirmed: {checked.reason}")
 
     def _noise_for(self, attempt: int) -> NoiseMap | None:
         """What a pair of heads' reducer is held to in ``attempt``: the sampling noise along the vector
@@ -980,11 +984,7 @@ class HierarchicalAverager:
             witnesses=witnesses,
         )  # fmt: skip
         if decision.equivocation is not None:
-            liar = decision.equivocation.reducer
-            self._caught(liar, decision.equivocation.describe())
-            self._excuse(attempt, f"reducer {liar[-8:]} told members different stories", liar)
-            if self.convictions is not None:  # every other peer bars it too, once it reads this
-                self.convictions.report(decision.equivocation)
+            self._convict(attempt, decision.equivocation)
         elif self.convictions is not None and set(witnesses) - decision.seen:
             # A contributor had not reported when this peer decided: its story, when it comes (a
             # reducer may have held its results back), is compared later. (With every report in,
@@ -999,6 +999,15 @@ class HierarchicalAverager:
         if decision.timed_out:
             self._waited_out_commit = attempt
         return decision.committed, decision.reason
+
+    def _convict(self, attempt: int, equivocation: Equivocation) -> None:
+        """A reducer of ``attempt`` signed two different proofs for one all-reduce: bar it here, and
+        post the evidence so that every other peer bars it too, once it reads it."""
+        liar = equivocation.reducer
+        self._caught(liar, equivocation.describe())
+        self._excuse(attempt, f"reducer {liar[-8:]} told members different stories", liar)
+        if self.convictions is not None:
+            self.convictions.report(equivocation)
 
     def settle(self, attempt: int, roster: Collection[str]) -> bool:
         """After this peer's ``attempt`` failed: wait until the others are done with it too, so that

@@ -38,6 +38,16 @@ class PostedChecks:
 
     tokens: frozenset[str]  # :func:`protocol.averaging_group.stage_check_token` of each
     marker: bool  # only a marker: the peer has not reported the attempt yet
+    proofs: tuple[str, ...] = ()  # the proof attestations it accepted so far (markers carry them too)
+
+
+@dataclass(frozen=True)
+class PartnersChecked:
+    """How the wait for a group of three's confirmations ended."""
+
+    confirmed: bool
+    reason: str = ""  # why not, if not
+    equivocation: Equivocation | None = None  # a reducer's two signed, different proofs, if posted
 
 
 class CommitBoard(Protocol):
@@ -130,7 +140,11 @@ class DHTCommitBoard:
 
     def read_checks(self, attempt: int) -> dict[str, PostedChecks]:
         return {
-            peer: PostedChecks(frozenset(map(str, r.get("checked") or ())), bool(r.get("checking")))
+            peer: PostedChecks(
+                frozenset(map(str, r.get("checked") or ())),
+                bool(r.get("checking")),
+                tuple(r.get("proofs") or ()),
+            )
             for (a, peer), r in self._entries().items()
             if a == attempt
         }
@@ -243,12 +257,16 @@ def await_partners_checked(
     partners: Collection[str],
     deadline_seconds: float,
     never: Callable[[], Collection[str]] | None = None,
-) -> str | None:
+    public_keys: Mapping[str, str] | None = None,
+) -> PartnersChecked:
     """Wait (at most ``deadline_seconds``) until every one of ``partners`` lists ``token`` (this
     peer's :func:`~protocol.averaging_group.stage_check_token` of an all-reduce they shared) in its
-    record of ``attempt``. Returns None once they all do, else why not, as soon as that is known: a
-    partner reported the attempt (a failure, a departure, a result) without it, or left the roster
-    (``never``), or the wait ran out. This peer's own marker must already be posted.
+    record of ``attempt``. Confirmed once they all do; otherwise ends as soon as it is known that
+    they will not: a partner reported the attempt (a failure, a departure, a result) without it, or
+    left the roster (``never``), or the records show a reducer's equivocation (the proof
+    attestations that markers carry, signatures under ``public_keys``: a reducer that sent members
+    different results gives them different tokens, and only this shows why), or the wait ran out.
+    This peer's own marker must already be posted.
 
     Why, in groups of three: a reducer that holds one member's results back until the others are
     done can list that member's entry anywhere in its proof, since nobody else checks it; there it
@@ -262,22 +280,31 @@ def await_partners_checked(
     gone = _Throttled(never)
     while True:
         checks = board.read_checks(attempt)
+        posted_proofs = ((p, parse_tokens(c.proofs)) for p, c in sorted(checks.items()))
+        if (equivocation := find_equivocation(posted_proofs, public_keys)) is not None:
+            return PartnersChecked(False, f"not confirmed: {equivocation.describe()}", equivocation)
         waiting = []
         for partner in sorted(partners):
             posted = checks.get(partner)
             if posted is not None and token in posted.tokens:
                 continue
             if posted is not None and not posted.marker:
-                return f"{partner[-8:]} reported the attempt without confirming this group's result"
+                return PartnersChecked(
+                    False, f"{partner[-8:]} reported the attempt without confirming this group's result"
+                )
             waiting.append(partner)
         if not waiting:
-            return None
+            return PartnersChecked(True)
         if left := gone() & set(waiting):
-            return f"{', '.join(p[-8:] for p in sorted(left))} left the roster before confirming this group's result"
+            gone_ones = ", ".join(p[-8:] for p in sorted(left))
+            return PartnersChecked(
+                False, f"{gone_ones} left the roster before confirming this group's result"
+            )
         if time.monotonic() > deadline:
-            return (
+            return PartnersChecked(
+                False,
                 f"{', '.join(p[-8:] for p in waiting)} did not confirm this group's result "
-                f"within {deadline_seconds:.0f} s"
+                f"within {deadline_seconds:.0f} s",
             )
         time.sleep(COMMIT_POLL_SECONDS)
 

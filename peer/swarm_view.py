@@ -278,7 +278,8 @@ class SignedCommitBoard:
     def read_checks(self, attempt: int) -> dict[str, PostedChecks]:
         entries = _entries(self.dht, commits_key(self.task_id, attempt))
         return {
-            r.peer_id: PostedChecks(frozenset(r.checked), r.checking) for r in self._open(entries, attempt)
+            r.peer_id: PostedChecks(frozenset(r.checked), r.checking, tuple(r.proofs))
+            for r in self._open(entries, attempt)
         }
 
     def latest_attempt(self, peers: Collection[str] | None = None) -> int:

@@ -16,7 +16,13 @@ import threading
 import pytest
 
 from hivemind_adapter.dht import peer_id
-from peer.round_commit import PostedResult, await_commit, await_partners_checked, report_state
+from peer.round_commit import (
+    PartnersChecked,
+    PostedResult,
+    await_commit,
+    await_partners_checked,
+    report_state,
+)
 from peer.swarm_view import SignedCommitBoard
 from protocol.averaging_group import stage_check_token
 from protocol.identity import Identity
@@ -75,7 +81,7 @@ def test_a_group_of_three_goes_on_once_both_partners_confirm_the_same_result(thr
     token = _token(three_boards, 6)
     a.post(6, False, "", checked=[token], checking=True)
     b.post(6, False, "", checked=["77" * 32], checking=True)  # an earlier stage's check: not this one
-    found: list[str | None] = []
+    found: list[PartnersChecked] = []
     waiter = threading.Thread(
         target=lambda: found.append(await_partners_checked(a, 6, token, [b.peer_id, c.peer_id], 60.0))
     )
@@ -85,7 +91,7 @@ def test_a_group_of_three_goes_on_once_both_partners_confirm_the_same_result(thr
     b.post(6, False, "", checked=["77" * 32, token], checking=True)
     c.post(6, True, RESULT, checked=[token])  # already past its wait: its report lists the check
     waiter.join(30.0)
-    assert found == [None]
+    assert [f.confirmed for f in found] == [True]
 
 
 def test_a_partner_that_reports_the_attempt_unconfirmed_ends_the_wait_at_once(three_boards):
@@ -96,7 +102,7 @@ def test_a_partner_that_reports_the_attempt_unconfirmed_ends_the_wait_at_once(th
     a.post(7, False, "", checked=[token], checking=True)
     b.post(7, False, "", checked=[token], checking=True)
     c.post(7, False, "")
-    why = await_partners_checked(a, 7, token, [b.peer_id, c.peer_id], 60.0)
+    why = await_partners_checked(a, 7, token, [b.peer_id, c.peer_id], 60.0).reason
     assert why is not None and "reported the attempt without confirming" in why and c.peer_id[-8:] in why
 
 
@@ -105,7 +111,7 @@ def test_a_partner_that_confirms_another_result_or_none_is_waited_out(three_boar
     token = _token(three_boards, 8)
     a.post(8, False, "", checked=[token], checking=True)
     b.post(8, False, "", checked=[_token(three_boards, 8, result="cd" * 32)], checking=True)
-    why = await_partners_checked(a, 8, token, [b.peer_id, c.peer_id], 1.0)
+    why = await_partners_checked(a, 8, token, [b.peer_id, c.peer_id], 1.0).reason
     assert why is not None and "did not confirm this group's result within 1 s" in why
     assert b.peer_id[-8:] in why and c.peer_id[-8:] in why
 
@@ -115,5 +121,38 @@ def test_a_partner_gone_from_the_roster_ends_the_wait(three_boards):
     token = _token(three_boards, 9)
     a.post(9, False, "", checked=[token], checking=True)
     b.post(9, False, "", checked=[token], checking=True)
-    why = await_partners_checked(a, 9, token, [b.peer_id, c.peer_id], 60.0, never=lambda: {c.peer_id})
+    why = await_partners_checked(a, 9, token, [b.peer_id, c.peer_id], 60.0, never=lambda: {c.peer_id}).reason
     assert why is not None and "left the roster" in why and c.peer_id[-8:] in why
+
+
+def test_a_reducer_that_sent_two_results_is_shown_by_the_markers_proofs_at_once(three_boards):
+    """A reducer that sent members different results gives them different tokens: their markers never
+    agree. The proof attestations they carry show why at once (two different digests the reducer
+    signed for one all-reduce), without waiting out the bound, and name the reducer."""
+    a, b, c = three_boards
+    reducer, group = Identity.generate(), group_tag(b"g" * 20)
+
+    def told(story: bytes) -> str:
+        return ProofAttestation.signed(reducer, group, c.peer_id, proofs_digest(story)).to_token()
+
+    a.post(
+        10,
+        False,
+        "",
+        proofs=[told(b"the result sent to a")],
+        checked=[_token(three_boards, 10)],
+        checking=True,
+    )
+    other = _token(three_boards, 10, result="cd" * 32)
+    b.post(10, False, "", proofs=[told(b"the result sent to b")], checked=[other], checking=True)
+    keys = {c.peer_id: reducer.public_key_hex}
+    checked = await_partners_checked(
+        a, 10, _token(three_boards, 10), [b.peer_id, c.peer_id], 60.0, public_keys=keys
+    )
+    assert not checked.confirmed and checked.equivocation is not None
+    assert checked.equivocation.reducer == c.peer_id and "different signed proofs" in checked.reason
+    # without the reducer's key its signatures prove nothing: waited out as any disagreement
+    unkeyed = await_partners_checked(
+        a, 10, _token(three_boards, 10), [b.peer_id, c.peer_id], 1.0, public_keys={}
+    )
+    assert not unkeyed.confirmed and unkeyed.equivocation is None and "within 1 s" in unkeyed.reason
