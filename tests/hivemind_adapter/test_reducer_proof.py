@@ -300,8 +300,9 @@ def test_a_reducer_that_starves_one_member_and_hides_its_lie_behind_it(size):
     (that member then refuses its own misstated entry, too late to matter in a swarm) and tells every
     member one story, its own part true and the held-back member's entry placed to balance the noise
     lie. In a group of four, every member left refuses it (point 6) and writes nothing. In a group
-    of three, the one member left has no second honest part to measure by: the lie passes (README,
-    "One peer cannot break the model": what small groups are held to)."""
+    of three, the one member left has no second honest part to measure by: the lie passes the
+    proof check. (In a round it then goes no further: that member waits for both partners to
+    confirm the result, which the held-back one never does; tests/peer/test_robust_averaging.py.)"""
     parts = _means([64] * size, size=4 * 65536, seed=9)
     results, outcomes, named, peer_ids = step_known_group(
         size,
