@@ -282,7 +282,7 @@ def await_partners_checked(
         checks = board.read_checks(attempt)
         posted_proofs = ((p, parse_tokens(c.proofs)) for p, c in sorted(checks.items()))
         if (equivocation := find_equivocation(posted_proofs, public_keys)) is not None:
-            return PartnersChecked(False, f"not confirmed: {equivocation.describe()}", equivocation)
+            return PartnersChecked(False, equivocation.describe(), equivocation)
         waiting = []
         for partner in sorted(partners):
             posted = checks.get(partner)
