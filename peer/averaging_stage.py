@@ -94,6 +94,9 @@ class StageRunner:
         self._following: dict[str, bool] = {}
         self.superseded: Callable[[], bool] = lambda: False
         self.regrouped: list[str] = []  # this attempt's stages whose all-reduce broke and formed again
+        # Called when a stage's all-reduce broke and this peer looks for its group again: what it
+        # refused may be worth telling the group it left at once (HierarchicalAverager's markers).
+        self.on_broken: Callable[[], None] = lambda: None
 
     def begin_attempt(self, superseded: Callable[[], bool]) -> None:
         """``superseded`` tells a peer still looking for a group that the swarm moved on to a later round."""
@@ -269,6 +272,7 @@ class StageRunner:
                     raise self._no_group(no_group, broken) from e
                 if isinstance(e, AllReduceBroke) and broken is None:
                     broken = e
+                    self.on_broken()
                     regroup = time.monotonic() + 2.0 * self.timeouts.matchmaking + 0.5
                     # A broadcast's head has served the members that took part; the ones it missed
                     # may be looking for it still (it noticed only when their parts were overdue,

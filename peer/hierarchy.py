@@ -308,6 +308,7 @@ class HierarchicalAverager:
         # Ctrl-C: the round goes on while its group forms or runs, but a peer that is leaving does not
         # wait out the whole deadline for partners who are not there (they left before it).
         self._stages = StageRunner(self.deadlines, self.board, timeouts, leaving, online)
+        self._stages.on_broken = self._post_refusals
         self._levels = 1  # the cross-cohort tree's depth in the attempt under way (it sets its deadlines)
         self._broadcasts_taken = 0  # broadcast stages this peer took part in, this attempt
         self._waited_out_commit: int | None = None  # the last attempt whose commit wait ran out here
@@ -555,9 +556,7 @@ class HierarchicalAverager:
             received = digest(list(buf))
         token = stage_check_token(self.run_id, attempt, stage, peers, received)
         self._checked.append(token)
-        self._take_named()  # the stage's proof attestations: the marker carries them
-        proofs = list(self._attested)[:MAX_PROOFS_POSTED]
-        self.board.post(attempt, False, "", wait=False, proofs=proofs, checked=self._checked, checking=True)
+        self._post_marker(attempt)
         partners = sorted(set(peers) - {self.peer_id})
         bound = (
             self.deadlines.allreduce_bound(
@@ -574,6 +573,31 @@ class HierarchicalAverager:
             self._convict(attempt, checked.equivocation)
         if not checked.confirmed:
             raise RoundAborted(f"{stage} group of three not confirmed: {checked.reason}")
+
+    def _post_marker(self, attempt: int) -> None:
+        """Post this peer's marker for ``attempt``: the groups of three it checked, the proof
+        attestations it accepted and the reducers whose averages it refused, so far."""
+        self._take_named()  # the stages' attestations and refusals up to now
+        proofs = list(self._attested)[:MAX_PROOFS_POSTED]
+        refused = sorted(p for p, at in self._refused_in.items() if at == attempt)
+        self.board.post(
+            attempt, False, "", wait=False, proofs=proofs, checked=self._checked, checking=True, refused=refused
+        )  # fmt: skip
+
+    def _post_refusals(self) -> None:
+        """A stage's all-reduce broke: if this peer refused a reducer's averages there, say so in its
+        marker now. The partners of that group wait for its confirmation, which will never come; they
+        used to wait until this peer had looked for a new group and reported (20 s in a test). Only in
+        robust averaging, where refusals and checks happen."""
+        attempt = self._previous_attempt
+        if self.robust is None or attempt is None:
+            return
+        self._take_named()
+        if any(at == attempt for at in self._refused_in.values()):
+            try:
+                self._post_marker(attempt)
+            except Exception as e:  # the DHT may fail a store: the partners then wait as before
+                logger.debug(f"could not post this peer's refusals: {e}")
 
     def _noise_for(self, attempt: int) -> NoiseMap | None:
         """What a pair of heads' reducer is held to in ``attempt``: the sampling noise along the vector

@@ -39,6 +39,7 @@ class PostedChecks:
     tokens: frozenset[str]  # :func:`protocol.averaging_group.stage_check_token` of each
     marker: bool  # only a marker: the peer has not reported the attempt yet
     proofs: tuple[str, ...] = ()  # the proof attestations it accepted so far (markers carry them too)
+    refused: frozenset[str] = frozenset()  # reducers whose averages it refused in the attempt
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class CommitBoard(Protocol):
         proofs: Sequence[str] = (),
         checked: Sequence[str] = (),
         checking: bool = False,
+        refused: Sequence[str] = (),
     ) -> None:
         """``left``: a departure notice for ``attempt`` (not an attempt run; see :meth:`latest_attempt`).
         ``state``: the state digest after committing ``digest`` (the same report, posted again).
@@ -77,7 +79,8 @@ class CommitBoard(Protocol):
         against; ``outliers``: the peers this peer's reducers named; ``proofs``: the reducers' signed
         digests of the proofs it accepted (:mod:`protocol.proof_attestation` tokens); ``checked``: the
         tokens of the groups of three it checked (:func:`await_partners_checked`), which every later
-        report of the attempt repeats; ``checking``: a marker that carries only those, not a report."""
+        report of the attempt repeats; ``checking``: a marker that carries only those (and
+        ``refused``, the reducers whose averages it refused in the attempt), not a report."""
         ...
 
     def read(self, attempt: int) -> dict[str, dict]:
@@ -117,6 +120,7 @@ class DHTCommitBoard:
         proofs: Sequence[str] = (),
         checked: Sequence[str] = (),
         checking: bool = False,
+        refused: Sequence[str] = (),
     ) -> None:
         value = {"ok": ok, "digest": digest, "left": left, "state": state, "group": group}
         if outliers:
@@ -124,7 +128,7 @@ class DHTCommitBoard:
         if proofs:
             value["proofs"] = list(proofs)
         if checked or checking:
-            value.update(checked=list(checked), checking=checking)
+            value.update(checked=list(checked), checking=checking, refused=list(refused))
         store(self.dht, self.key, value, self.ttl, subkey=f"{attempt}/{self.peer_id}", wait=wait)
 
     def _entries(self) -> dict[tuple[int, str], dict]:
@@ -144,6 +148,7 @@ class DHTCommitBoard:
                 frozenset(map(str, r.get("checked") or ())),
                 bool(r.get("checking")),
                 tuple(r.get("proofs") or ()),
+                frozenset(map(str, r.get("refused") or ())),
             )
             for (a, peer), r in self._entries().items()
             if a == attempt
@@ -263,7 +268,8 @@ def await_partners_checked(
     peer's :func:`~protocol.averaging_group.stage_check_token` of an all-reduce they shared) in its
     record of ``attempt``. Confirmed once they all do; otherwise ends as soon as it is known that
     they will not: a partner reported the attempt (a failure, a departure, a result) without it, or
-    left the roster (``never``), or the records show a reducer's equivocation (the proof
+    left the roster (``never``), or refused the averages of a member of the group (its marker says
+    so as soon as its all-reduce broke on them), or the records show a reducer's equivocation (the proof
     attestations that markers carry, signatures under ``public_keys``: a reducer that sent members
     different results gives them different tokens, and only this shows why), or the wait ran out.
     This peer's own marker must already be posted.
@@ -283,6 +289,14 @@ def await_partners_checked(
         posted_proofs = ((p, parse_tokens(c.proofs)) for p, c in sorted(checks.items()))
         if (equivocation := find_equivocation(posted_proofs, public_keys)) is not None:
             return PartnersChecked(False, equivocation.describe(), equivocation)
+        group = set(partners) | {board.peer_id}
+        for partner in sorted(partners):
+            posted = checks.get(partner)
+            if posted is not None and (refused := sorted(posted.refused & (group - {partner}))):
+                # it refused a member's averages in this attempt and never meets it again in it
+                return PartnersChecked(
+                    False, f"{partner[-8:]} refused the averages of {', '.join(p[-8:] for p in refused)}"
+                )
         waiting = []
         for partner in sorted(partners):
             posted = checks.get(partner)

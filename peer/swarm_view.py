@@ -219,6 +219,7 @@ class SignedCommitBoard:
         proofs: Sequence[str] = (),
         checked: Sequence[str] = (),
         checking: bool = False,
+        refused: Sequence[str] = (),
     ) -> None:
         record = RoundCommit(
             task_id=self.task_id,
@@ -235,6 +236,7 @@ class SignedCommitBoard:
             proofs=tuple(proofs)[:MAX_PROOFS_POSTED],
             checked=tuple(checked)[-MAX_CHECKS_POSTED:],
             checking=checking,
+            refused=tuple(refused)[-MAX_CHECKS_POSTED:],
         )
         store(
             self.dht,
@@ -278,7 +280,7 @@ class SignedCommitBoard:
     def read_checks(self, attempt: int) -> dict[str, PostedChecks]:
         entries = _entries(self.dht, commits_key(self.task_id, attempt))
         return {
-            r.peer_id: PostedChecks(frozenset(r.checked), r.checking, tuple(r.proofs))
+            r.peer_id: PostedChecks(frozenset(r.checked), r.checking, tuple(r.proofs), frozenset(r.refused))
             for r in self._open(entries, attempt)
         }
 

@@ -395,6 +395,10 @@ class RoundCommit(SealedRecord):
     # without the token (see ``peer.round_commit.await_partners_checked``). Later reports of the
     # attempt repeat the list, since they replace the earlier ones.
     checked: Annotated[tuple[Hex32, ...], Field(max_length=MAX_CHECKS_POSTED)] = ()
+    # Reducers whose averages this peer refused in the attempt (its all-reduce broke on them, and it
+    # never meets them again in it): a partner waiting for its confirmation of a group with one of
+    # them stops waiting at once.
+    refused: Annotated[tuple[PeerId, ...], Field(max_length=MAX_CHECKS_POSTED)] = ()
     # A marker, not a report: the peer posted its checks and waits for its partners'. Readers of the
     # attempt's outcome treat it as "not reported yet" (``ok`` is False, and means nothing here).
     checking: bool = False

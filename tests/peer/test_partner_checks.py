@@ -156,3 +156,23 @@ def test_a_reducer_that_sent_two_results_is_shown_by_the_markers_proofs_at_once(
         a, 10, _token(three_boards, 10), [b.peer_id, c.peer_id], 1.0, public_keys={}
     )
     assert not unkeyed.confirmed and unkeyed.equivocation is None and "within 1 s" in unkeyed.reason
+
+
+def test_a_partner_that_refused_a_member_s_averages_ends_the_wait_at_once(three_boards):
+    """The held-back member refuses the liar's averages when its results finally come, and looks for
+    a group again (seconds) before it reports. Its marker says whom it refused as soon as its
+    all-reduce broke: the member left stops waiting for a confirmation that will never come."""
+    a, b, c = three_boards
+    token = _token(three_boards, 11)
+    a.post(11, False, "", checked=[token], checking=True)
+    b.post(11, False, "", checked=[token], checking=True)
+    c.post(11, False, "", checking=True, refused=[b.peer_id])
+    checked = await_partners_checked(a, 11, token, [b.peer_id, c.peer_id], 60.0)
+    assert (
+        not checked.confirmed
+        and checked.reason == f"{c.peer_id[-8:]} refused the averages of {b.peer_id[-8:]}"
+    )
+    # a refusal of a peer outside the group says nothing about it
+    c.post(12, False, "", checked=[_token(three_boards, 12)], checking=True, refused=["QmAnotherPeerFarAway"])
+    b.post(12, True, RESULT, checked=[_token(three_boards, 12)])
+    assert await_partners_checked(a, 12, _token(three_boards, 12), [b.peer_id, c.peer_id], 30.0).confirmed

@@ -329,7 +329,7 @@ def test_a_lie_hidden_behind_a_held_back_member_of_three_goes_no_further(layout)
     three: the lie committed. Now that member goes on only once both partners confirm the result it
     received. The held-back member refuses its own misstated entry (and names the liar), so it never
     confirms that result: neither honest peer commits anything, and the one that held the lie says
-    why."""
+    why, as soon as the held-back member's marker names the liar."""
     args = {
         f"p{i}": dict(seed=i, liar=i == 2, run_id=f"hidden-in-three-{layout}", layout=layout)
         for i in range(3)
@@ -340,6 +340,7 @@ def test_a_lie_hidden_behind_a_held_back_member_of_three_goes_no_further(layout)
     answered = [r for r in honest if "group of three not confirmed" in r["reason"]]
     assert len(answered) == 1, [r["reason"] for r in honest]
     (held_back,) = [r for r in honest if r is not answered[0]]
-    assert f"{held_back['me'][-8:]} reported the attempt without confirming" in answered[0]["reason"]
+    # its marker said whom it refused as soon as its all-reduce broke (before it looked for a group again)
+    assert f"{held_back['me'][-8:]} refused the averages of {liar[-8:]}" in answered[0]["reason"]
     assert liar in held_back["outliers"], "the held-back member refused the liar's misstated entry"
     assert len(answered[0]["checked"]) == 1, "it posted its check of that one all-reduce"

@@ -286,6 +286,8 @@ def test_a_commit_marker_carries_checks_only():
                 timestamp=now_ms(), checked=("ab" * 32,), checking=True)  # fmt: skip
     marker = RoundCommit(ok=False, digest="", **base)
     assert open_sealed(seal(marker, identity), RoundCommit).record.checked == ("ab" * 32,)
+    refusing = RoundCommit(ok=False, digest="", **base, refused=(fake_peer_id(b"liar"),))
+    assert open_sealed(seal(refusing, identity), RoundCommit).record.refused == (fake_peer_id(b"liar"),)
     for claim in (dict(ok=True, digest="cd" * 32), dict(ok=False, digest="", left=True)):
         with pytest.raises(pydantic.ValidationError, match="checks only"):
             RoundCommit(**{**base, **claim})
