@@ -280,8 +280,9 @@ def await_partners_checked(
     (:mod:`hivemind_adapter.reducer_proof`, point 6). Once that member's report counts toward a
     quorum, deciding otherwise later changes nothing (:func:`commit_pending` commits it anyway), so
     the agreement comes first: nobody goes on until both partners say they received and checked the
-    same result. The held-back member posts a failure, or nothing, and the lie goes no further. A
-    partner whose marker lists another result (a reducer that sent two results) is only waited out."""
+    same result. The held-back member's marker names the reducer it refused (or it reports a
+    failure, or nothing), and the lie goes no further. A partner whose marker lists another result
+    is waited out, unless the markers' attestations show the reducer's two stories."""
     deadline = time.monotonic() + deadline_seconds
     gone = _Throttled(never)
     while True:
