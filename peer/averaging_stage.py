@@ -138,8 +138,9 @@ class StageRunner:
         unit whose peers all dropped out counts as departed, as with a departure notice (a leader
         killed inside the cross stage's all-reduce left the other leader looking for it for 57 s).
         ``units``: the peer ids behind each member the group expects (``size`` of them; empty: not
-        checked). A unit all of whose peers posted a departure notice for ``attempt`` (a newcomer
-        sitting the attempt out, a volunteer that stopped) will not come: the group stops waiting for
+        checked). A unit all of whose peers reported ``attempt`` (a departure notice: a newcomer
+        sitting the attempt out, a volunteer that stopped; or a failure or a result: their attempt is
+        over) will not come: the group stops waiting for
         it at once, and with nobody else left the stage ends as :class:`NoGroup`. Without this, a
         roster read just before a newcomer sat out cost its cohort partner the whole deadline, and the
         other cohorts' members, waiting for their leaders, gave up on the broadcast.
@@ -320,12 +321,16 @@ class StageRunner:
         live: Collection[str] | None,
         offline: Collection[str] = (),
     ) -> tuple[int, int]:
-        """``(departed, quiet)``: how many of ``units`` have every peer gone (a departure notice for
-        ``attempt`` on the board, or ``offline``: out of the roster, dead), and how many others have
-        no peer in ``live`` (0 if ``live`` is None)."""
+        """``(departed, quiet)``: how many of ``units`` have every peer gone (a report of ``attempt``
+        on the board: a departure notice, a failure or a result, each the end of that peer's attempt;
+        or ``offline``: out of the roster, dead), and how many others have no peer in ``live`` (0 if
+        ``live`` is None). A peer posts nothing else on the board while it is still in an attempt's
+        stages (its check markers are not reports), so a unit whose peers all reported will not come:
+        a member whose all-reduce broke on a lying reducer looked for a group again for 20 s after
+        both its partners had reported the attempt."""
         if len(units) < 2:
             return 0, 0
-        left = {p for p, r in self.board.read(attempt).items() if r.get("left")} | set(offline)
+        left = set(self.board.read(attempt)) | set(offline)
         departed = [bool(unit) and set(unit) <= left for unit in units]
         quiet = 0
         if live is not None:

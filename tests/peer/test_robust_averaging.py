@@ -308,14 +308,17 @@ def _peer_in_a_group_of_three(dht, *, seed, liar, run_id, layout):
     )  # fmt: skip
     try:
         roster = _join_roster(dht, run_id, peers=3)
+        # the cohorts as a peer reads them from the roster: one of three, or three of one
+        cohorts = [roster] if layout == "cohort" else [(p,) for p in roster]
         res = averager.average(
             0, [_gradient(seed) * SAMPLES], SAMPLES, cohort_size=3 if layout == "cohort" else 1,
-            num_cohorts=1 if layout == "cohort" else 3, cohort_rank=0 if layout == "cohort" else seed,
-            expected_peers=roster,
+            num_cohorts=len(cohorts), cohort_rank=0 if layout == "cohort" else roster.index(peer_id(dht)),
+            expected_peers=roster, cohorts=cohorts,
         )  # fmt: skip
         return dict(
             me=peer_id(dht), committed=res.committed, reason=res.reason, checked=res.checked,
-            outliers=res.outliers,
+            outliers=res.outliers, seconds=res.seconds[layout],
+            deadline=averager.deadlines.deadline(layout).seconds,
         )  # fmt: skip
     finally:
         averager.shutdown()
@@ -343,4 +346,8 @@ def test_a_lie_hidden_behind_a_held_back_member_of_three_goes_no_further(layout)
     # its marker said whom it refused as soon as its all-reduce broke (before it looked for a group again)
     assert f"{held_back['me'][-8:]} refused the averages of {liar[-8:]}" in answered[0]["reason"]
     assert liar in held_back["outliers"], "the held-back member refused the liar's misstated entry"
+    # and it stopped looking for a group again once both partners had reported the attempt: before,
+    # it looked with nobody left to meet until too little of its stage's deadline was left for a step
+    gives_up = held_back["deadline"] - FAST.matchmaking - 0.5
+    assert held_back["seconds"] < gives_up, (held_back["seconds"], held_back["deadline"])
     assert len(answered[0]["checked"]) == 1, "it posted its check of that one all-reduce"
