@@ -97,6 +97,9 @@ class StageRunner:
         # Called when a stage's all-reduce broke and this peer looks for its group again: what it
         # refused may be worth telling the group it left at once (HierarchicalAverager's markers).
         self.on_broken: Callable[[], None] = lambda: None
+        # The peers this peer refuses to meet (HierarchicalAverager's bars): a unit of only such peers
+        # will not be in any group this peer forms, so no stage waits for it.
+        self.barred: Callable[[], Collection[str]] = lambda: ()
 
     def begin_attempt(self, superseded: Callable[[], bool]) -> None:
         """``superseded`` tells a peer still looking for a group that the swarm moved on to a later round."""
@@ -140,8 +143,8 @@ class StageRunner:
         ``units``: the peer ids behind each member the group expects (``size`` of them; empty: not
         checked). A unit all of whose peers reported ``attempt`` (a departure notice: a newcomer
         sitting the attempt out, a volunteer that stopped; or a failure or a result: their attempt is
-        over) will not come: the group stops waiting for
-        it at once, and with nobody else left the stage ends as :class:`NoGroup`. Without this, a
+        over), or all of whose peers this peer barred (:attr:`barred`), will not come: the group stops
+        waiting for it at once, and with nobody else left the stage ends as :class:`NoGroup`. Without this, a
         roster read just before a newcomer sat out cost its cohort partner the whole deadline, and the
         other cohorts' members, waiting for their leaders, gave up on the broadcast.
         ``live``: the peers that posted on the commit board in this peer's previous attempt (None: no
@@ -179,7 +182,7 @@ class StageRunner:
         departed, quiet = self._absent_units(attempt, units, live)
         expected = size - departed  # shrinks as units leave the attempt
         if expected <= 1 < size:
-            raise NoGroup(f"{kind} stage: every other member left attempt {attempt}")
+            raise NoGroup(f"{kind} stage: every other member left attempt {attempt} or is barred here")
         while True:
             remaining = deadline - time.monotonic()
             # hivemind refuses a step whose matchmaking period would not end before its timeout (it
@@ -245,13 +248,16 @@ class StageRunner:
                     coming = size - departed
                     if coming < expected:
                         logger.info(
-                            f"attempt {attempt}: {kind} stage: {size - coming} member(s) left the attempt or the roster; "
+                            f"attempt {attempt}: {kind} stage: {size - coming} member(s) left the attempt or the "
+                            f"roster, or are barred here; "
                             f"gathering {coming} of {size}"
                         )
                         expected = coming
                         if expected <= 1:
                             control.cancel()
-                            raise NoGroup(f"{kind} stage: every other member left attempt {attempt}")
+                            raise NoGroup(
+                                f"{kind} stage: every other member left attempt {attempt} or is barred here"
+                            )
                         # Not cancelled and stepped again: members that already joined stay joined, and a
                         # group that is not full begins when its leader's wait ends (GATHER_PERIODS).
                         target = self._target(expected, quiet, gathering)
@@ -323,14 +329,15 @@ class StageRunner:
     ) -> tuple[int, int]:
         """``(departed, quiet)``: how many of ``units`` have every peer gone (a report of ``attempt``
         on the board: a departure notice, a failure or a result, each the end of that peer's attempt;
-        or ``offline``: out of the roster, dead), and how many others have no peer in ``live`` (0 if
-        ``live`` is None). A peer posts nothing else on the board while it is still in an attempt's
+        or ``offline``: out of the roster, dead; or barred by this peer, :attr:`barred`), and how many
+        others have no peer in ``live`` (0 if ``live`` is None). A peer posts nothing else on the board while it is still in an attempt's
         stages (its check markers are not reports), so a unit whose peers all reported will not come:
         a member whose all-reduce broke on a lying reducer looked for a group again for 20 s after
-        both its partners had reported the attempt."""
+        both its partners had reported the attempt, and a head whose pair partner it had just barred
+        for a lie looked for that partner again for 20 s."""
         if len(units) < 2:
             return 0, 0
-        left = set(self.board.read(attempt)) | set(offline)
+        left = set(self.board.read(attempt)) | set(offline) | set(self.barred())
         departed = [bool(unit) and set(unit) <= left for unit in units]
         quiet = 0
         if live is not None:

@@ -309,6 +309,7 @@ class HierarchicalAverager:
         # wait out the whole deadline for partners who are not there (they left before it).
         self._stages = StageRunner(self.deadlines, self.board, timeouts, leaving, online)
         self._stages.on_broken = self._post_refusals
+        self._stages.barred = self._admission.barred
         self._levels = 1  # the cross-cohort tree's depth in the attempt under way (it sets its deadlines)
         self._broadcasts_taken = 0  # broadcast stages this peer took part in, this attempt
         self._waited_out_commit: int | None = None  # the last attempt whose commit wait ran out here

@@ -198,8 +198,9 @@ def _peer_beside_a_liar(dht, *, seed, liar, run_id, lie="negated"):
         for attempt in range(2):
             numerator = [_gradient(seed) * SAMPLES]
             res = averager.average(
-                attempt, numerator, SAMPLES, cohort_size=PEERS, num_cohorts=1, expected_peers=roster
-            )
+                attempt, numerator, SAMPLES, cohort_size=PEERS, num_cohorts=1, expected_peers=roster,
+                cohorts=[roster],
+            )  # fmt: skip
             held = res.tensors if res.tensors is not None else res.pending
             off = (
                 None
@@ -266,10 +267,14 @@ def _peer_in_a_pair_of_heads(dht, *, seed, cohort, liar, run_id):
         averager_type=lying_averager("noise") if liar else VerifiedAverager,
     )  # fmt: skip
     try:
+        store(dht, f"{run_id}_cohorts", cohort, 300.0, subkey=peer_id(dht))
         roster = _join_roster(dht, run_id)
+        # the cohorts as a peer reads them from the roster's announcements
+        named = read_entries(dht, f"{run_id}_cohorts")
+        cohorts = [[p for p in roster if named.get(p) == c] for c in ("host-a", "host-b")]
         res = averager.average(
             0, [_gradient(seed) * SAMPLES], SAMPLES, cohort_size=1 if liar else 3, num_cohorts=2,
-            cohort_rank=1 if liar else 0, expected_peers=roster,
+            cohort_rank=1 if liar else 0, expected_peers=roster, cohorts=cohorts,
         )  # fmt: skip
         return dict(me=peer_id(dht), committed=res.committed, reason=res.reason, digest=res.digest,
                     tensor=None if res.tensors is None else res.tensors[0].numpy(), outliers=res.outliers,
