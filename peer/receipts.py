@@ -161,17 +161,19 @@ class ReceiptCourier:
                     logger.debug(f"receipt {path.stem}: unexpected answer {reply}")
             return  # one aggregator that answered is enough
 
+    def _unsubmitted(self) -> bool:
+        return any(path.name not in self._submitted for path, _ in self.outbox.pending())
+
     def stop(self, flush_seconds: float = 0.0) -> None:
         """Stop; first, for up to ``flush_seconds``, hand over every receipt not submitted yet (the
         rest stays on disk and is delivered when the peer runs again)."""
         deadline = time.monotonic() + flush_seconds
-        while time.monotonic() < deadline and any(
-            path.name not in self._submitted for path, _ in self.outbox.pending()
-        ):
+        while (left := deadline - time.monotonic()) > 0 and self._unsubmitted():
             try:
                 self.deliver_once()
             except Exception:
                 pass
-            time.sleep(self.interval)
+            if self._unsubmitted():  # (it waited one interval after the last delivery: 2 s of every exit)
+                time.sleep(min(self.interval, left))
         self._stop.set()
         self._thread.join(timeout=30)
