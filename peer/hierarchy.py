@@ -575,10 +575,12 @@ class HierarchicalAverager:
         if not checked.confirmed:
             raise RoundAborted(f"{stage} group of three not confirmed: {checked.reason}")
 
-    def _post_marker(self, attempt: int) -> None:
+    def _post_marker(self, attempt: int, *, taken: bool = False) -> None:
         """Post this peer's marker for ``attempt``: the groups of three it checked, the proof
-        attestations it accepted and the reducers whose averages it refused, so far."""
-        self._take_named()  # the stages' attestations and refusals up to now
+        attestations it accepted and the reducers whose averages it refused, so far (``taken``: the
+        caller collected them from the averagers just now, a round of calls to their processes)."""
+        if not taken:
+            self._take_named()  # the stages' attestations and refusals up to now
         proofs = list(self._attested)[:MAX_PROOFS_POSTED]
         refused = sorted(p for p, at in self._refused_in.items() if at == attempt)
         self.board.post(
@@ -596,7 +598,7 @@ class HierarchicalAverager:
         self._take_named()
         if any(at == attempt for at in self._refused_in.values()):
             try:
-                self._post_marker(attempt)
+                self._post_marker(attempt, taken=True)
             except Exception as e:  # the DHT may fail a store: the partners then wait as before
                 logger.debug(f"could not post this peer's refusals: {e}")
 
