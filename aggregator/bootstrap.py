@@ -180,7 +180,13 @@ class BootstrapAggregator:
         )
 
     def _checkpoint_loop(self) -> None:
-        while not self._stop.wait(self.config.checkpoint_seconds):
+        """Every ``checkpoint_seconds``, and at once when an outer task's period-end state is learned."""
+        newer = self.keeper.period_end_learned
+        while not self._stop.is_set():
+            newer.wait(self.config.checkpoint_seconds)
+            newer.clear()
+            if self._stop.is_set():
+                break
             try:
                 self.keeper.write_checkpoint(timeout=30.0)
             except Exception as e:  # a holder left mid-transfer, a disk error: try again next time
@@ -284,6 +290,8 @@ class BootstrapAggregator:
 
     def shutdown(self) -> None:
         self._stop.set()
+        if self.keeper is not None:
+            self.keeper.period_end_learned.set()  # the checkpoint loop's wait ends with the stop
         for watch in (self._dht_watch, self._sharer_watch):
             if watch is not None:
                 watch.stop()  # the DHT and the state sharer are shut down on purpose below

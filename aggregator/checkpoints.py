@@ -107,6 +107,10 @@ class CheckpointKeeper:
         self._cache_size = cache
         self._remember(digest(self.template[: self.consensus]), -1, 0, self.template)  # the initial state
         self._written_round = -1
+        # Set when an outer task's state after a period's end becomes known: it is learned only when
+        # the next round's receipts close, and its holders serve it for a short while after; waiting
+        # for the checkpoint loop's next tick (10 s in manta-swarm) missed it when the run ended first.
+        self.period_end_learned = threading.Event()
         self.fetched_bytes = 0
         self.sharer = StateSharer(self.template, dht, task_id, self.consensus)
 
@@ -119,6 +123,9 @@ class CheckpointKeeper:
             known.holders = list(dict.fromkeys([*holders, *known.holders]))[:16]
             while len(self._known) > 64:
                 self._known.pop(next(iter(self._known)))
+        period_end = self.outer_period is not None and (round_index + 1) % self.outer_period == 0
+        if period_end and round_index > self._written_round:
+            self.period_end_learned.set()
 
     def note_holders(self, state_digest: str, holders: list[str]) -> None:
         """``holders`` say they hold ``state_digest`` (unconfirmed: only a fetch checks it)."""
