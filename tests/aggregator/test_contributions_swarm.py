@@ -168,21 +168,25 @@ def test_the_live_ledger_verifies_and_an_altered_entry_is_named(cheated_run):
 
 @pytest.mark.slow  # a few minutes of swarm: `make test-all` runs it
 def test_unproven_receipts_survive_a_peer_restart_and_an_aggregator_outage(tmp_path):
-    options = SwarmOptions(peers=1, rounds=10_000, run_dir=tmp_path, target_samples=64, subnets=2,
+    # Two peers: a receipt whose group lists its sender alone is refused (no other member witnesses
+    # it), so a lone peer's receipts were all refused and none was left unproven to survive.
+    options = SwarmOptions(peers=2, rounds=10_000, run_dir=tmp_path, target_samples=64, subnets=2,
                            width_mult="0.25", head_channels=64)  # fmt: skip
     first = LocalSwarm(options)
     checkpoints = tmp_path / "aggregator" / "checkpoints"
     try:
         first.start_aggregator(checkpoint_every=1.0, extra_args=("--http", "off"))
-        peer = first.start_peer(0)
-        # The peer trains until the aggregator holds a checkpoint to resume from (it downloads the
-        # state every 2 s; rounds here last well under a second), then leaves (Ctrl-C: after its round).
+        peers = [first.start_peer(i) for i in range(2)]
+        # The peers train until the aggregator holds a checkpoint to resume from (it downloads the
+        # state every 2 s), then leave (Ctrl-C: after their round).
         deadline = time.monotonic() + 600
         while not list(checkpoints.glob("round-*.pt")):
-            assert peer.poll() is None and time.monotonic() < deadline, "no checkpoint while the peer trained"
+            assert all(p.poll() is None for p in peers), "a peer ended before any checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint while the peers trained"
             time.sleep(0.5)
-        peer.send_signal(signal.SIGINT)
-        assert peer.wait(timeout=300) == 0
+        for peer in peers:
+            peer.send_signal(signal.SIGINT)
+        assert [peer.wait(timeout=300) for peer in peers] == [0, 0]
     finally:
         first.close()  # the aggregator goes down right after the peer left
     outbox = tmp_path / "peer-0" / "receipts"
