@@ -143,10 +143,10 @@ class StageRunner:
         ``units``: the peer ids behind each member the group expects (``size`` of them; empty: not
         checked). A unit all of whose peers reported ``attempt`` (a departure notice: a newcomer
         sitting the attempt out, a volunteer that stopped; or a failure or a result: their attempt is
-        over), or all of whose peers this peer barred (:attr:`barred`), will not come: the group stops
-        waiting for it at once, and with nobody else left the stage ends as :class:`NoGroup`. Without this, a
-        roster read just before a newcomer sat out cost its cohort partner the whole deadline, and the
-        other cohorts' members, waiting for their leaders, gave up on the broadcast.
+        over), or all of whose peers this peer barred (:attr:`barred`), will not come: the group
+        stops waiting for it at once, and with nobody else left the stage ends as :class:`NoGroup`.
+        Without this, a roster read just before a newcomer sat out cost its cohort partner the whole
+        deadline, and the other cohorts' members, waiting for their leaders, gave up on the broadcast.
         ``live``: the peers that posted on the commit board in this peer's previous attempt (None: no
         previous attempt). The first step's wait for the whole group (:data:`GATHER_PERIODS`) waits
         only for units with a live peer: one that announced itself and never averages (a sleeping
@@ -330,11 +330,11 @@ class StageRunner:
         """``(departed, quiet)``: how many of ``units`` have every peer gone (a report of ``attempt``
         on the board: a departure notice, a failure or a result, each the end of that peer's attempt;
         or ``offline``: out of the roster, dead; or barred by this peer, :attr:`barred`), and how many
-        others have no peer in ``live`` (0 if ``live`` is None). A peer posts nothing else on the board while it is still in an attempt's
-        stages (its check markers are not reports), so a unit whose peers all reported will not come:
-        a member whose all-reduce broke on a lying reducer looked for a group again for 20 s after
-        both its partners had reported the attempt, and a head whose pair partner it had just barred
-        for a lie looked for that partner again for 20 s."""
+        others have no peer in ``live`` (0 if ``live`` is None). A peer posts no report while it is
+        still in an attempt's stages (its check markers are not reports), so a unit whose peers all
+        reported will not come: a member whose all-reduce broke on a lying reducer looked for a
+        group again for 20 s after both its partners had reported the attempt, and a head whose pair
+        partner it had just barred for a lie looked for that partner again for 20 s."""
         if len(units) < 2:
             return 0, 0
         left = set(self.board.read(attempt)) | set(offline) | set(self.barred())
