@@ -29,16 +29,17 @@ def test_an_outer_tasks_period_end_state_wakes_the_checkpoint_loop(tmp_path):
             assert keeper.period_end_learned.is_set()
         finally:
             keeper.shutdown()
+            endpoint.close()
 
 
 def test_an_every_step_task_leaves_its_checkpoints_to_the_loops_tick(tmp_path):
     # every round's state is checkpointable there; waking for each would fetch and write every round
     with two_task_dhts(TASK) as (first, _):
-        keeper = CheckpointKeeper(
-            first, Endpoint(first, "keeper"), TASK, workload_for("digits", SMALL), tmp_path / "ckpt"
-        )
+        endpoint = Endpoint(first, "keeper")
+        keeper = CheckpointKeeper(first, endpoint, TASK, workload_for("digits", SMALL), tmp_path / "ckpt")
         try:
             keeper.learn(1, digest(keeper.template[: keeper.consensus]), [])
             assert not keeper.period_end_learned.is_set()
         finally:
             keeper.shutdown()
+            endpoint.close()
