@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from hivemind.averaging import DecentralizedAverager
@@ -85,6 +86,22 @@ def _spaced_reads(key_manager) -> None:
     key_manager.get_averagers = get_averagers
 
 
+@dataclass(frozen=True)
+class RefusedReducer:
+    """A reducer whose replies a member refused (base58 ``peer``). ``for_its_own_part``: only its
+    own part's place was implausible (:class:`~hivemind_adapter.reducer_proof.OwnPartDoubt`), which
+    an honest cohort head carrying its cohort's bent result shows too; every other refusal says the
+    reducer misreported what it did."""
+
+    peer: str
+    for_its_own_part: bool
+
+
+# Base58 has no space: a refused reducer's id followed by this, in the shared list, was refused
+# only for its own part.
+_OWN_PART_MARK = " own-part"
+
+
 class VerifiedAverager(BoundedAveragerProcess, RemovesItsSocket, KnownGroupSteps, DecentralizedAverager):
     """A DecentralizedAverager whose steps are exact (bit-identical across members) and all-or-nothing
     locally: on any partial failure the step raises and the averaged tensors keep their old values.
@@ -116,7 +133,9 @@ class VerifiedAverager(BoundedAveragerProcess, RemovesItsSocket, KnownGroupSteps
         self._wire_bytes = multiprocessing.Array("q", 2)
         self._last_outliers = SharedNames()  # what the last all-reduce's reducer named, shared likewise
         self._named_since = SharedNames()  # what all-reduces named since take_named() last read it
-        self._refused_since = SharedNames()  # reducers whose replies were refused, since take_refused()
+        # reducers whose replies were refused, since take_refused() (those refused only for their own
+        # part's place carry _OWN_PART_MARK after their id)
+        self._refused_since = SharedNames()
         # the reducers' signed proof digests this averager's all-reduces accepted, since take_attestations()
         self._attested_since = SharedNames(16384)
         self._robust = robust  # read in the averager's process, by every runner it builds
@@ -147,10 +166,14 @@ class VerifiedAverager(BoundedAveragerProcess, RemovesItsSocket, KnownGroupSteps
         """What :meth:`last_outliers` held after each all-reduce since the last call, together."""
         return self._named_since.take()
 
-    def take_refused(self) -> list[str]:
-        """Base58 ids of the reducers whose replies this averager refused as implausible (a reducer
-        decides its part's result for everyone: :mod:`hivemind_adapter.reply_check`) since the last call."""
-        return self._refused_since.take()
+    def take_refused(self) -> list[RefusedReducer]:
+        """The reducers whose replies this averager refused as implausible (a reducer decides its
+        part's result for everyone: :mod:`hivemind_adapter.reply_check`) since the last call."""
+        refused: dict[str, bool] = {}
+        for name in self._refused_since.take():
+            peer, mark, _ = name.partition(_OWN_PART_MARK)
+            refused[peer] = refused.get(peer, True) and bool(mark)  # any other refusal outweighs
+        return [RefusedReducer(peer, own_part) for peer, own_part in refused.items()]
 
     def take_attestations(self) -> list[ProofAttestation]:
         """The reducers' signed digests of the proofs messages this averager's all-reduces accepted
@@ -297,7 +320,12 @@ class VerifiedAverager(BoundedAveragerProcess, RemovesItsSocket, KnownGroupSteps
             named = runner.outlier_senders()
             self._last_outliers.write(named)
             self._named_since.add(named)
-            self._refused_since.add([p.to_base58() for p in runner.refused_reducers])
+            self._refused_since.add(
+                [
+                    p.to_base58() + (_OWN_PART_MARK if p in runner.refused_for_own_part else "")
+                    for p in runner.refused_reducers
+                ]
+            )
             runner.seal_own_proofs()
             self._attested_since.add([a.to_token() for a in runner.attestations])
             if (noise := runner.measured_noise()) is not None:

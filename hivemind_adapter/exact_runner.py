@@ -22,6 +22,7 @@ from hivemind.utils.asyncio import aiter_with_timeout, amap_in_executor, attach_
 from hivemind_adapter.alignment import MIN_VALUES, AlignmentRecord
 from hivemind_adapter.reducer_proof import (
     NoiseMap,
+    OwnPartDoubt,
     PartProof,
     check_proof,
     noise_level,
@@ -103,8 +104,10 @@ class ExactAllReduceRunner(AllReduceRunner):
         self.noise_measured: list[tuple[int, int, float]] = []
         self._part_starts: list[int] | None = None  # where each part begins in the flat vector
         self._served_whole: set[PeerID] = set()  # senders that were handed every reply of this reducer
-        # reducers whose replies this member refused as implausible
+        # reducers whose replies this member refused as implausible, and those of them refused only
+        # for their own part's place (reducer_proof.OwnPartDoubt: barred for less by the owner)
         self.refused_reducers: set[PeerID] = set()
+        self.refused_for_own_part: set[PeerID] = set()
         # per reducer (base58), the cosine of each reply with the part this member sent (robust only)
         self.reply_cosines: dict[str, list[float]] = {}
 
@@ -226,6 +229,8 @@ class ExactAllReduceRunner(AllReduceRunner):
                     doubt = await loop.run_in_executor(None, self._doubt_proofs, peer_id, proof, held)
                 if doubt is not None:
                     self.refused_reducers.add(peer_id)
+                    if isinstance(doubt, OwnPartDoubt):
+                        self.refused_for_own_part.add(peer_id)
                     await self._finish_reducing()
                     raise AllreduceException(f"refused its parts: {doubt}")  # (the error names the reducer)
                 for index, part in enumerate(held):
@@ -240,7 +245,8 @@ class ExactAllReduceRunner(AllReduceRunner):
 
     def _doubt_proofs(self, reducer: PeerID, message_part, results: list[torch.Tensor]) -> str | None:
         """Why ``reducer``'s proofs (one message after its parts) do not show that ``results`` are the
-        robust centres of what its senders sent, or None (runs in a worker thread)."""
+        robust centres of what its senders sent, or None (runs in a worker thread). An
+        :class:`~hivemind_adapter.reducer_proof.OwnPartDoubt` where only its own part's place failed."""
         try:
             proofs = unpack_proofs(deserialize_torch_tensor(message_part))
         except ValueError as e:
@@ -292,7 +298,11 @@ class ExactAllReduceRunner(AllReduceRunner):
                 else self.noise_reference.over(start, end),
             )
             if why is not None:
-                return f"part {index}: {why}"
+                return (
+                    OwnPartDoubt(f"part {index}: {why}")
+                    if isinstance(why, OwnPartDoubt)
+                    else f"part {index}: {why}"
+                )
             if (level := noise_level(proof)) is not None:
                 measured.append((start, end, level / (end - start)))
         self.noise_measured += measured  # only once every proof of this reducer checked out

@@ -42,6 +42,11 @@ In a pair (the reducer and one other part: two cohorts' heads) there are no othe
 with; there point 5 holds the reducer's own part to the sampling noise the member measured in
 another stage (:class:`NoiseMap`, :func:`pair_ratio`).
 
+Points 1-4 and 6 fail only for a reducer that misreported what it did. Point 5 fails as well for a
+reducer whose own part is far from the others for a reason of its own: in a cross stage a head's
+part is its cohort's result, which a liar inside that cohort may have bent (a cohort stage of two
+is held to nothing). Its doubt is therefore an :class:`OwnPartDoubt`, which a peer bars for less.
+
 Point 3 forces a reducer that shifted the result to list parts that balance the shift; the honest
 members' entries are checked by their owners (1), so the balance must come from its own part, which
 then lies far from everybody's (5): a shift of about the members' own sampling noise is caught.
@@ -89,6 +94,16 @@ MIN_VALUES_TO_MEASURE = 1024
 
 _HEADER = struct.Struct("<4sHHd")
 _MAGIC = b"MRP1"
+
+
+class OwnPartDoubt(str):
+    """A doubt of point 5: the reducer's own listed part lies too far from the others (or, in a pair,
+    beyond the noise measured elsewhere). Either the reducer moved its entry to balance a wrong
+    result, or the part itself is off: then the reducer may be an honest cohort head carrying what a
+    liar in its cohort made of its cohort stage. A member cannot tell these apart, so a peer bars a
+    cross stage's reducer refused so briefly and longer each time
+    (:meth:`peer.admission.AdmissionMemory.bar_again`), not for the full term that a misreported
+    proof earns."""
 
 
 @dataclass(frozen=True)
@@ -286,10 +301,14 @@ def check_proof(
         return None
     ratio = own_part_ratio(proof, reducer)
     if ratio is not None and ratio > OWN_PART_FACTOR:
-        return f"its own part lies {ratio:.1f}x farther from the others' than they lie from each other"
+        return OwnPartDoubt(
+            f"its own part lies {ratio:.1f}x farther from the others' than they lie from each other"
+        )
     ratio = pair_ratio(proof, reducer, noise_reference)
     if ratio is not None and ratio > OWN_PART_FACTOR:
-        return f"in a pair, its own part lies {ratio:.1f}x beyond the sampling noise measured elsewhere"
+        return OwnPartDoubt(
+            f"in a pair, its own part lies {ratio:.1f}x beyond the sampling noise measured elsewhere"
+        )
     # 6. the result near this member's part, as near as the nearest other part lies
     ratio = (
         None if own_distance is None else result_ratio(proof, member, max(0.0, own_distance - moved_length))

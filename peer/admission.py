@@ -12,10 +12,16 @@ peer refused as implausible would otherwise be met again at once, and refused ag
 attempt. Barring is this peer's own view: a dishonest peer barring honest ones only isolates itself.
 A key convicted by evidence anyone can check (:mod:`peer.conviction_watch`) is barred for good
 (:meth:`AdmissionMemory.bar_key`), under whatever peer id it announces.
+
+Some refusals cannot tell the liar from an honest peer that carried the lie (a cohort head whose
+cohort's result a liar bent): such a peer is barred briefly, and twice as long each time it is
+refused again (:meth:`AdmissionMemory.bar_again`). A full bar there split an honest swarm for its
+whole term on the emulated internet; a liar that keeps lying soon earns the full term anyway.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -37,16 +43,38 @@ class AdmissionMemory:
         self._last: dict[str, str] | None = None  # what update() last returned
         self._barred: dict[str, float] = {}  # peer id -> until when (clock time) it is not met
         self._barred_keys: set[str] = set()  # public keys (hex) never met again
+        # peer id -> (how many bars bar_again placed in a row, when the last one ended)
+        self._strikes: dict[str, tuple[int, float]] = {}
 
     def bar(self, peer_id: str, seconds: float) -> None:
         """Admit ``peer_id`` to no group for ``seconds`` (from the next :meth:`update` on)."""
         with self._lock:
             self._barred[peer_id] = max(self._barred.get(peer_id, 0.0), self.clock() + seconds)
 
+    def bar_again(self, peer_id: str, first: float, most: float) -> float:
+        """Bar ``peer_id`` for ``first`` seconds, doubled for each earlier bar of this kind in a row,
+        at most ``most``; the seconds it is barred from now. A peer already barred keeps its bar and
+        earns no new one (one refusal can reach the owner from several stages); one admitted
+        for ``most`` seconds since its last such bar ended starts again from ``first``."""
+        now = self.clock()
+        with self._lock:
+            until = self._barred.get(peer_id, 0.0)
+            if until > now:
+                return until - now
+            count, ended = self._strikes.get(peer_id, (0, -math.inf))
+            if now - ended > most:
+                count = 0
+            seconds = min(most, first * 2.0**count)
+            self._strikes[peer_id] = (count + 1, now + seconds)
+            self._barred[peer_id] = now + seconds
+            return seconds
+
     def unbar(self, peer_id: str) -> None:
-        """Admit ``peer_id`` again (from the next :meth:`update` on), unless its key is barred."""
+        """Admit ``peer_id`` again (from the next :meth:`update` on), unless its key is barred; its
+        earlier bars no longer count toward :meth:`bar_again`'s."""
         with self._lock:
             self._barred.pop(peer_id, None)
+            self._strikes.pop(peer_id, None)
 
     def bar_key(self, public_key_hex: str) -> None:
         """Admit no peer that announces ``public_key_hex``, from the next :meth:`update` on, for good."""
@@ -58,6 +86,14 @@ class AdmissionMemory:
         with self._lock:
             by_key = {p for p, (k, _) in self._seen.items() if k in self._barred_keys}
             return {p for p, until in self._barred.items() if until > now} | by_key
+
+    def barred_for(self) -> dict[str, float]:
+        """Each peer :meth:`barred` holds, with the seconds left of its bar (a barred key's: infinity)."""
+        now = self.clock()
+        with self._lock:
+            left = {p: until - now for p, until in self._barred.items() if until > now}
+            left.update({p: math.inf for p, (k, _) in self._seen.items() if k in self._barred_keys})
+            return left
 
     def keys(self) -> dict[str, str]:
         """Every peer of the recent reads, barred ones included, with its key: whose signatures count."""

@@ -197,6 +197,11 @@ def _cohort_tag(cohort: str) -> str:
 # How long a reducer whose replies this peer refused stays out of its groups: long enough that the
 # rounds go on without it, short enough that a peer refused by mistake comes back.
 BAR_SECONDS = 600.0
+# A reducer of a cross stage refused only for its own part's place (reducer_proof.OwnPartDoubt) may
+# be an honest head carrying its cohort's bent result: it is barred this long, doubled each time it
+# is refused again, up to BAR_SECONDS. About two attempts on the emulated internet, where a full bar of an honest head
+# in a pair of heads left the two sites without a quorum for 10 minutes (benchmarks/README.md).
+FIRST_OWN_PART_BAR_SECONDS = 60.0
 
 
 class HierarchicalAverager:
@@ -784,22 +789,41 @@ class HierarchicalAverager:
         for averager in (self._cohort, self._cross):
             self._named.update(averager.take_named())
             self._attested.update((a.to_token(), None) for a in averager.take_attestations())
-            for reducer in averager.take_refused():
-                self._caught(reducer, "this peer refused its averages as implausible")
-                self._refused_in[reducer] = self._previous_attempt
+            for refused in averager.take_refused():
+                # across cohorts a head's own part is its cohort's result, which a liar in its cohort
+                # may have bent; in its cohort stage a reducer's own part is its own work
+                if refused.for_its_own_part and averager is self._cross:
+                    self._caught(
+                        refused.peer, "its own part lay far beyond the others'", for_its_own_part=True
+                    )
+                else:
+                    self._caught(refused.peer, "this peer refused its averages as implausible")
+                self._refused_in[refused.peer] = self._previous_attempt
 
     def public_keys(self) -> dict[str, str] | None:
         """The roster's keys (peer id -> hex) whose signatures count here; None in a swarm without
         MANTA keys (its peers trust each other)."""
         return None if self.admitted is None else self._admission.keys()
 
-    def _caught(self, peer: str, why: str) -> None:
+    def _caught(self, peer: str, why: str, *, for_its_own_part: bool = False) -> None:
         """``peer`` sent this peer results it cannot have computed honestly: name it in this attempt's
-        commit and bar it from this peer's groups for :data:`BAR_SECONDS`."""
+        commit and bar it from this peer's groups for :data:`BAR_SECONDS`. ``for_its_own_part``: a
+        head of whose averages only its own part was implausible, which its cohort's liar may have
+        made so; barred for :data:`FIRST_OWN_PART_BAR_SECONDS`, doubled each time again."""
         self._named.add(peer)
-        if peer not in self._admission.barred():
-            logger.warning(f"{peer[-8:]} barred for {BAR_SECONDS:.0f} s: {why}")
-        self._admission.bar(peer, BAR_SECONDS)
+        already = peer in self._admission.barred()
+        if for_its_own_part:
+            seconds = self._admission.bar_again(peer, FIRST_OWN_PART_BAR_SECONDS, BAR_SECONDS)
+        else:
+            seconds = BAR_SECONDS
+            self._admission.bar(peer, seconds)
+        if not already:
+            logger.warning(f"{peer[-8:]} barred for {seconds:.0f} s: {why}")
+
+    def barred_for(self) -> dict[str, float]:
+        """The peers this peer now bars from its groups, with the seconds left (a convicted key's:
+        infinity)."""
+        return self._admission.barred_for()
 
     def _excuse(self, attempt: int | None, why: str, liar: str | None = None) -> None:
         """Lift the bars this peer placed in ``attempt`` (or the one before) on reducers whose averages

@@ -61,3 +61,25 @@ def test_a_bar_can_be_lifted_but_not_a_barred_key():
     memory.unbar("QmLiar")  # a convicted key stays out whatever its peer id's bar says
     assert set(memory.update(read, "QmSelf")) == {"QmSelf", "QmHonestHead"}
     assert memory.barred() == {"QmLiar"}
+
+
+def test_a_peer_refused_for_its_own_part_is_barred_briefly_and_longer_each_time():
+    """A head refused only for its own part may carry its cohort's lie: 60 s, then 120, 240, ... up
+    to the full bar, while it is refused again soon after each bar; a quiet spell starts it over."""
+    clock = Clock()
+    memory = AdmissionMemory(clock=clock)
+    roster = {"me": "k0", "head": "k1"}
+    memory.update(roster, "me")
+    terms = []
+    for _ in range(6):
+        terms.append(memory.bar_again("head", 60.0, 600.0))
+        assert memory.barred() == {"head"}
+        assert memory.bar_again("head", 60.0, 600.0) == terms[-1]  # the same refusal again: no new bar
+        clock.now += terms[-1] + 1.0  # met again a second after its bar ended, and refused again
+    assert terms == [60.0, 120.0, 240.0, 480.0, 600.0, 600.0]
+    assert memory.barred_for() == {}
+    clock.now += 601.0  # admitted for longer than the longest bar: its record is forgotten
+    assert memory.bar_again("head", 60.0, 600.0) == 60.0
+    memory.unbar("head")  # its refusals were explained: nothing of them counts any more
+    assert memory.bar_again("head", 60.0, 600.0) == 60.0
+    assert memory.barred_for() == {"head": 60.0}

@@ -15,7 +15,7 @@ from hivemind_adapter.allreduce import VerifiedAverager
 from hivemind_adapter.dht import peer_id, read_entries, store
 from hivemind_adapter.group_keys import DeclarationSigner
 from hivemind_adapter.robust_reduce import RobustConfig
-from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
+from peer.hierarchy import BAR_SECONDS, FIRST_OWN_PART_BAR_SECONDS, AveragingTimeouts, HierarchicalAverager
 from protocol.identity import Identity
 from tests.adversaries.dishonest_peer import lying_averager, take_any_reply
 from tests.peer.swarm_harness import run_peers, start_bootstrap_dht
@@ -211,18 +211,22 @@ def _peer_beside_a_liar(dht, *, seed, liar, run_id, lie="negated"):
                 dict(committed=res.committed, reason=res.reason, outliers=res.outliers, digest=res.digest,
                      seconds=dict(res.seconds), contributors=[c.peer for c in res.contributors], off=off)
             )  # fmt: skip
-        return dict(me=peer_id(dht), outcomes=outcomes)
+        return dict(me=peer_id(dht), outcomes=outcomes, barred=averager.barred_for())
     finally:
         averager.shutdown()
 
 
-def test_a_lying_reducer_is_named_in_the_failed_attempt_and_left_out_of_the_next():
+@pytest.mark.parametrize("lie", ["negated", "noise"])
+def test_a_lying_reducer_is_named_in_the_failed_attempt_and_left_out_of_the_next(lie):
     """A reducer's lie is refused by every honest member (nothing wrong is written) and breaks the
     stage. Each honest member names the liar in its commit report (two such reports and the aggregator
-    refuses its receipt) and bars it from its groups: the next attempt forms without it and commits.
-    (The first may commit too, if the stage's retry formed without the liar.)"""
+    refuses its receipt) and bars it from its groups for the full term: the next attempt forms
+    without it and commits. (The first may commit too, if the stage's retry formed without the liar.)
+    The negated centre fails the reply check; the noisy one passes it and is refused for its own
+    part's place (point 5 of the proof), which in a cohort stage is the reducer's own work."""
     results = _swarm(
-        _peer_beside_a_liar, {f"p{i}": dict(seed=i, liar=i == 3, run_id="liar-reducer") for i in range(PEERS)}
+        _peer_beside_a_liar,
+        {f"p{i}": dict(seed=i, liar=i == 3, run_id=f"liar-reducer-{lie}", lie=lie) for i in range(PEERS)},
     )
     honest = [results[f"p{i}"] for i in range(3)]
     liar = results["p3"]["me"]
@@ -232,6 +236,8 @@ def test_a_lying_reducer_is_named_in_the_failed_attempt_and_left_out_of_the_next
     assert all(o["committed"] for o in second), second
     assert len({o["digest"] for o in second}) == 1, "the honest peers hold one result"
     assert not results["p3"]["outcomes"][1]["committed"]  # the liar met nobody
+    # barred at its refusal in the first attempt: the full term, less the second attempt's seconds
+    assert all(r["barred"][liar] > BAR_SECONDS - 120.0 for r in honest), [r["barred"] for r in honest]
 
 
 def test_a_reducer_that_tells_each_member_its_own_story_is_caught_by_its_signatures_and_left_out():
@@ -278,7 +284,7 @@ def _peer_in_a_pair_of_heads(dht, *, seed, cohort, liar, run_id):
         )  # fmt: skip
         return dict(me=peer_id(dht), committed=res.committed, reason=res.reason, digest=res.digest,
                     tensor=None if res.tensors is None else res.tensors[0].numpy(), outliers=res.outliers,
-                    contributors=[c.peer for c in res.contributors])  # fmt: skip
+                    contributors=[c.peer for c in res.contributors], barred=averager.barred_for())  # fmt: skip
     finally:
         averager.shutdown()
 
@@ -301,6 +307,12 @@ def test_a_head_that_lies_in_a_pair_of_heads_is_held_to_the_noise_its_partners_c
     torch.testing.assert_close(torch.from_numpy(honest[0]["tensor"]), want, rtol=1e-5, atol=1e-6)
     assert any(liar in r["outliers"] for r in honest), [r["outliers"] for r in honest]  # the honest head
     assert not results["p3"]["committed"]
+    # Refused for its own part's place in a cross stage, where an honest head carrying its cohort's
+    # bent result looks the same: barred briefly (longer if refused again), not for the full term.
+    # Only the head met it; its cohort mates bar nobody.
+    barring = [r["barred"] for r in honest if r["barred"]]
+    assert len(barring) == 1 and set(barring[0]) == {liar}, [r["barred"] for r in honest]
+    assert 0 < barring[0][liar] <= FIRST_OWN_PART_BAR_SECONDS, barring
 
 
 def _peer_in_a_group_of_three(dht, *, seed, liar, run_id, layout):
