@@ -10,6 +10,8 @@ an inflated sample count, another start state) has no other witness.
 Reports are read from the DHT per attempt (one bucket, a bounded read) as receipts arrive, and read
 again when a round closes; what was read is kept for the round window, since reports expire from
 the DHT sooner (90 s) than a slow round closes. The reads happen off the ledger's writer thread.
+A receipt that first arrives after its reports expired (this aggregator was down) comes with them:
+its sender kept them (:mod:`protocol.witness_bundle`, :meth:`CommitWitness.take_bundle`).
 """
 
 from __future__ import annotations
@@ -19,11 +21,21 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 from hivemind_adapter.dht import read_signed
-from protocol.dht_schema import commits_key, convictions_key, open_commit_value, open_conviction_value
+from protocol.dht_schema import (
+    commit_subkey,
+    commits_key,
+    convictions_key,
+    open_commit_value,
+    open_conviction_value,
+)
 from protocol.proof_attestation import Equivocation, find_equivocation, parse_tokens
-from protocol.records import ReducerConviction, RoundCommit
+from protocol.records import RecordRejected, ReducerConviction, RoundCommit, parse_sealed
+from protocol.witness_bundle import WitnessBundle
 
 ATTEMPTS_KEPT = 512  # attempts whose reports are remembered (several per round across the window)
+# How far past the newest attempt read from the board a witness bundle may be (the board is read as
+# each receipt arrives, so its receipt's attempt is normally read already).
+BUNDLE_AHEAD = 16
 
 
 class CommitWitness:
@@ -31,7 +43,8 @@ class CommitWitness:
         self.dht, self.task_id = dht, task_id
         # attempt -> public key (hex) -> that key's latest report of the attempt with a group
         self._seen: OrderedDict[int, dict[str, RoundCommit]] = OrderedDict()
-        self._lock = threading.Lock()  # guards _seen (handler threads read, the closer refreshes)
+        self._lock = threading.Lock()  # guards _seen and _newest_read (handler threads, the closer)
+        self._newest_read: int | None = None  # the newest attempt read from the DHT
 
     def read(self, attempts: Iterable[int]) -> None:
         """Read the reports of ``attempts`` from the DHT (one bounded read each) and remember them."""
@@ -42,6 +55,34 @@ class CommitWitness:
                 lambda sub, value: open_commit_value(self.task_id, sub, value),
             )
             self.learn(s.record for s in found if s.record.attempt == attempt)
+            with self._lock:
+                self._newest_read = max(
+                    attempt, self._newest_read if self._newest_read is not None else attempt
+                )
+
+    def take_bundle(self, data: bytes) -> int:
+        """Learn what a receipt's sender kept of its group's reports (:class:`WitnessBundle`): each
+        report signed by the key it names, of this task, of the bundle's attempt and group, from a key
+        not already known for that attempt (a bundle never replaces what the board said). Only near
+        the attempts read from the board (a flood of other attempts would push real ones out of the
+        memory). Returns how many it learned; ValueError if ``data`` is no bundle."""
+        bundle = WitnessBundle.from_bytes(data)
+        with self._lock:
+            newest = self._newest_read
+            known = set(self._seen.get(bundle.attempt, {}))
+        if newest is None or not newest - ATTEMPTS_KEPT // 2 <= bundle.attempt <= newest + BUNDLE_AHEAD:
+            return 0
+        reports = {}
+        for wire in bundle.reports:
+            try:
+                key = parse_sealed(wire, RoundCommit).record.public_key  # where the board keeps it
+                record = open_commit_value(self.task_id, commit_subkey(bundle.attempt, key), wire).record
+            except RecordRejected:
+                continue
+            if record.ok and record.group == bundle.group and record.public_key not in known:
+                reports[record.public_key] = record
+        self.learn(reports.values())
+        return len(reports)
 
     def learn(self, commits: Iterable[RoundCommit]) -> None:
         """Remember signature-checked reports (a key's later report of an attempt replaces its earlier

@@ -57,6 +57,7 @@ from protocol.dht_schema import (
     progress_key,
     status_handler,
     submit_handler,
+    witnesses_handler,
 )
 from protocol.identity import Identity
 from protocol.merkle import leaf_hash
@@ -159,6 +160,7 @@ class ContributionDesk:
             (submit_handler(self.task_id), self.submit),
             (status_handler(self.task_id), self.status),
             (credits_handler(self.task_id), self.credits),
+            (witnesses_handler(self.task_id), self.take_witnesses),
         ):
             self.endpoint.serve(name, wrap(fn))
 
@@ -189,11 +191,22 @@ class ContributionDesk:
         if settled is not None:
             return settled
         bindings = self._bindings_for(sender)  # a DHT read if needed: before the work goes to the writer
-        self._read_commits_of(wire)
+        witnessed = self._read_commits_of(wire)
         reply = self._ledger.run(lambda _: self._queue(leaf, wire, sender, bindings))
         if reply.get("status") == "queued":
             self._prefetch_start_state(wire)
+            # whether another peer's report of its group is known here: if not, its sender hands
+            # over the reports it kept (take_witnesses)
+            reply = {**reply, "witnessed": witnessed}
         return reply
+
+    def take_witnesses(self, payload: bytes, sender: str) -> dict:
+        """A receipt's witnesses, kept by its sender (:meth:`CommitWitness.take_bundle`): sent after
+        the receipt, whose arrival read its attempt from the board."""
+        try:
+            return {"status": "ok", "learned": self.witness.take_bundle(payload)}
+        except ValueError as e:
+            return {"status": "rejected", "detail": str(e)}
 
     def _queue(self, leaf: bytes, wire: bytes, sender: str, bindings: list) -> dict:
         settled = self._settled(leaf)  # the same bytes may have arrived meanwhile
@@ -318,17 +331,19 @@ class ContributionDesk:
             if announcement.record.throughput_milli > 0:
                 self._throughput[announcement.record.peer_id] = announcement.record.throughput_milli / 1000
 
-    def _read_commits_of(self, wire: bytes) -> None:
+    def _read_commits_of(self, wire: bytes) -> bool:
         """The commit reports of a receipt's attempt, read as the receipt arrives: a peer files it
         after a quorum's reports showed, and they can be gone when the round closes (they expire, and
         the peers storing them may have left). Read again only while no other peer is seen to witness
-        the receipt's group; unparseable bytes are the intake's to refuse."""
+        the receipt's group; unparseable bytes are the intake's to refuse. Whether another peer's
+        report of its group is known now."""
         try:
             r = parse_sealed(wire, ContributionReceipt).record
         except ValueError:
-            return
+            return False
         if not self.witness.witnesses(r.attempt, r.group_id) - {r.public_key}:
             self.witness.read([r.attempt])
+        return bool(self.witness.witnesses(r.attempt, r.group_id) - {r.public_key})
 
     def _prefetch_start_state(self, wire: bytes) -> None:
         """Fetch a queued receipt's start state now, while the peers that hold it are online: an audit
@@ -558,6 +573,7 @@ class ContributionDesk:
             submit_handler(self.task_id),
             status_handler(self.task_id),
             credits_handler(self.task_id),
+            witnesses_handler(self.task_id),
         ):
             self.endpoint.unserve(name)
         self._ledger.close()  # runs what is still queued, then closes the store

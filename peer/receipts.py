@@ -10,6 +10,12 @@ validator. The outbox on disk is what makes delivery reliable: a receipt stays i
 ``<data dir>/receipts/pending/`` until a status call (``manta/<task>/status``) returns its ledger index
 with an inclusion proof that checks against the aggregator's signed checkpoint; it survives a peer
 restart and an aggregator outage (the courier simply retries).
+
+The aggregator credits a receipt only where another member of its group reported committing it on
+the commit board, whose reports live 90 s. So as a receipt is first seen here, the courier reads its
+group's other reports from the board and keeps them beside it (``<seq>.witnesses``,
+:mod:`protocol.witness_bundle`); an aggregator that has none when the receipt arrives (it was down
+meanwhile) is handed them.
 """
 
 from __future__ import annotations
@@ -21,12 +27,21 @@ import threading
 import time
 from pathlib import Path
 
-from hivemind_adapter.dht import read_signed
+from hivemind_adapter.dht import read_entries, read_signed
 from hivemind_adapter.p2p import Endpoint
-from protocol.dht_schema import aggregators_key, open_aggregator_value, status_handler, submit_handler
+from protocol.dht_schema import (
+    aggregators_key,
+    commits_key,
+    open_aggregator_value,
+    open_commit_value,
+    status_handler,
+    submit_handler,
+    witnesses_handler,
+)
 from protocol.identity import Identity
 from protocol.merkle import leaf_hash, verify_inclusion
-from protocol.records import Checkpoint, ContributionReceipt, parse_sealed, seal
+from protocol.records import Checkpoint, ContributionReceipt, RecordRejected, parse_sealed, seal
+from protocol.witness_bundle import MAX_REPORTS, WitnessBundle
 
 logger = logging.getLogger(__name__)
 
@@ -58,13 +73,29 @@ class ReceiptOutbox:
             return [(p, p.read_bytes()) for p in sorted((self.dir / "pending").glob("*.receipt"))]
 
     def settle(self, path: Path, outcome: str, detail: dict) -> None:
-        """Move a pending receipt to ``settled/`` or ``rejected/`` with what the aggregator said."""
+        """Move a pending receipt to ``settled/`` or ``rejected/`` with what the aggregator said (and
+        its witnesses with it)."""
         with self._lock:
             if not path.exists():
                 return
             target = self.dir / outcome / path.name
             _atomic_write(target.with_suffix(".json"), json.dumps(detail).encode())
+            if path.with_suffix(".witnesses").exists():
+                os.replace(path.with_suffix(".witnesses"), target.with_suffix(".witnesses"))
             os.replace(path, target)
+
+    def keep_witnesses(self, path: Path, bundle: WitnessBundle) -> None:
+        """Keep ``bundle`` beside the pending receipt at ``path``."""
+        with self._lock:
+            if path.exists():
+                _atomic_write(path.with_suffix(".witnesses"), bundle.to_bytes())
+
+    def witnesses(self, path: Path) -> bytes | None:
+        """The witness bundle kept beside the pending receipt at ``path``, if any."""
+        try:
+            return path.with_suffix(".witnesses").read_bytes()
+        except FileNotFoundError:
+            return None
 
     def settled_credit(self) -> int:
         """Credit of the receipts the ledger has proven included (training FLOPs)."""
@@ -113,12 +144,36 @@ def check_proof(reply: dict, wire: bytes, aggregator_key: str) -> bool:
         return False
 
 
+# A receipt older than this has no reports left on the commit board to keep (they live 90 s).
+WITNESS_READ_SECONDS = 120.0
+
+
+def read_witnesses(dht, task_id: str, wire: bytes) -> WitnessBundle | None:
+    """The signed reports on the commit board, by keys other than the receipt's, that committed the
+    group the receipt in ``wire`` names (None: none there)."""
+    receipt = parse_sealed(wire, ContributionReceipt).record
+    entries = read_entries(dht, commits_key(task_id, receipt.attempt))
+    reports = []
+    for sub, value in entries.items():
+        if not str(sub).startswith(f"{receipt.attempt}/") or not isinstance(value, bytes):
+            continue
+        try:
+            record = open_commit_value(task_id, sub, value).record
+        except RecordRejected:
+            continue
+        if record.ok and record.group == receipt.group_id and record.public_key != receipt.public_key:
+            reports.append(value)
+    reports = reports[:MAX_REPORTS]
+    return WitnessBundle(receipt.attempt, receipt.group_id, tuple(reports)) if reports else None
+
+
 class ReceiptCourier:
     """Delivers pending receipts and collects their proofs, from a background thread."""
 
     def __init__(self, outbox: ReceiptOutbox, link: AggregatorLink, interval: float = 2.0):
         self.outbox, self.link, self.interval = outbox, link, interval
         self._submitted: set[str] = set()  # outbox file names handed over (answered "queued")
+        self._witnesses_looked: set[str] = set()  # outbox file names whose witnesses were looked for
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="manta-courier", daemon=True)
         self._thread.start()
@@ -134,6 +189,7 @@ class ReceiptCourier:
         pending = self.outbox.pending()
         if not pending:
             return
+        self._keep_witnesses(pending)
         aggregators = self.link.aggregators()
         for key, peer_id in sorted(aggregators.items()):
             for path, wire in pending:
@@ -141,6 +197,8 @@ class ReceiptCourier:
                 if path.name not in self._submitted:
                     reply = self.link.call(peer_id, submit_handler(self.link.task_id), wire)
                     self._submitted.add(path.name)
+                    if reply.get("status") == "queued" and reply.get("witnessed") is False:
+                        self._hand_over_witnesses(peer_id, path)
                 else:
                     reply = self.link.call(peer_id, status_handler(self.link.task_id), leaf.hex().encode())
                 status = reply.get("status")
@@ -160,6 +218,35 @@ class ReceiptCourier:
                 elif status not in ("queued", "accepted"):
                     logger.debug(f"receipt {path.stem}: unexpected answer {reply}")
             return  # one aggregator that answered is enough
+
+    def _keep_witnesses(self, pending: list[tuple[Path, bytes]]) -> None:
+        """Read the witnesses of each receipt seen here for the first time while its group's reports
+        can still be on the board (one bounded read each), and keep those found on disk."""
+        now_ms = time.time() * 1000
+        for path, wire in pending:
+            if path.name in self._witnesses_looked:
+                continue
+            self._witnesses_looked.add(path.name)
+            try:
+                receipt = parse_sealed(wire, ContributionReceipt).record
+                if now_ms - receipt.timestamp > WITNESS_READ_SECONDS * 1000 or self.outbox.witnesses(path):
+                    continue
+                bundle = read_witnesses(self.link.dht, self.link.task_id, wire)
+            except ValueError:
+                continue  # not a receipt (a test's fault): the aggregator says what it is
+            if bundle is not None:
+                self.outbox.keep_witnesses(path, bundle)
+
+    def _hand_over_witnesses(self, peer_id: str, path: Path) -> None:
+        """The aggregator knows no other report of the receipt's group: hand it those kept here."""
+        bundle = self.outbox.witnesses(path)
+        if bundle is None:
+            return
+        try:
+            reply = self.link.call(peer_id, witnesses_handler(self.link.task_id), bundle)
+            logger.info(f"receipt {path.stem}: handed over its witnesses ({reply.get('learned', 0)} learned)")
+        except Exception as e:  # the receipt is refused as unwitnessed if nobody else vouches for it
+            logger.debug(f"receipt {path.stem}: its witnesses were not handed over: {e}")
 
     def _unsubmitted(self) -> bool:
         return any(path.name not in self._submitted for path, _ in self.outbox.pending())

@@ -83,6 +83,11 @@ def status_handler(task_id: str) -> str:
     return f"manta/{task_id}/status"
 
 
+def witnesses_handler(task_id: str) -> str:
+    """Where a peer hands over a receipt's witnesses (:class:`protocol.witness_bundle.WitnessBundle`)."""
+    return f"manta/{task_id}/witnesses"
+
+
 def credits_handler(task_id: str) -> str:
     return f"manta/{task_id}/credits"
 
