@@ -199,8 +199,9 @@ def _cohort_tag(cohort: str) -> str:
 BAR_SECONDS = 600.0
 # A reducer of a cross stage refused only for its own part's place (reducer_proof.OwnPartDoubt) may
 # be an honest head carrying its cohort's bent result: it is barred this long, doubled each time it
-# is refused again, up to BAR_SECONDS. About two attempts on the emulated internet, where a full bar of an honest head
-# in a pair of heads left the two sites without a quorum for 10 minutes (benchmarks/README.md).
+# is refused again, up to BAR_SECONDS. About two attempts on the emulated internet, where a full
+# bar of an honest head in a pair of heads left the two sites without a quorum for 10 minutes
+# (benchmarks/README.md).
 FIRST_OWN_PART_BAR_SECONDS = 60.0
 
 

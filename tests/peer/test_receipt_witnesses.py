@@ -91,13 +91,18 @@ def test_a_receipt_first_delivered_after_its_reports_expired_is_credited_on_the_
             endpoint.close()
 
 
-@pytest.fixture
-def desk_after_a_read(tmp_path):
-    """A desk that read attempt ``ATTEMPT`` from the board (as each receipt's arrival makes it)."""
+@pytest.fixture(scope="module")
+def desk_after_a_read(tmp_path_factory):
+    """A desk that read attempt ``ATTEMPT`` from the board (as each receipt's arrival makes it);
+    one for the module's tests, which only add what they check to its memory."""
     aggregator = Identity.generate()
     with two_task_dhts(TASK) as (desk_dht, _):
         desk = ContributionDesk(
-            desk_dht, Endpoint(desk_dht, "desk"), aggregator, task_spec(aggregator), tmp_path / "l.sqlite"
+            desk_dht,
+            Endpoint(desk_dht, "desk"),
+            aggregator,
+            task_spec(aggregator),
+            tmp_path_factory.mktemp("desk") / "l.sqlite",
         )
         try:
             desk.witness.read([ATTEMPT])
