@@ -73,8 +73,9 @@ def test_a_receipt_first_delivered_after_its_reports_expired_is_credited_on_the_
             wait_until(
                 lambda: not read_entries(desk_dht, commits_key(TASK, ATTEMPT)), 30, "the reports to expire"
             )
+            desk_endpoint = Endpoint(desk_dht, "desk")
             desk = ContributionDesk(
-                desk_dht, Endpoint(desk_dht, "desk"), aggregator, task_spec(aggregator), tmp_path / "l.sqlite"
+                desk_dht, desk_endpoint, aggregator, task_spec(aggregator), tmp_path / "l.sqlite"
             )
             try:
                 courier.deliver_once()  # submitted: the desk found no report on the board, and took the kept one
@@ -86,6 +87,7 @@ def test_a_receipt_first_delivered_after_its_reports_expired_is_credited_on_the_
                 assert desk.counters["accepted"] == 1, dict(desk.counters)
             finally:
                 desk.shutdown()
+                desk_endpoint.close()
         finally:
             courier.stop()
             endpoint.close()
@@ -97,9 +99,10 @@ def desk_after_a_read(tmp_path_factory):
     one for the module's tests, which only add what they check to its memory."""
     aggregator = Identity.generate()
     with two_task_dhts(TASK) as (desk_dht, _):
+        endpoint = Endpoint(desk_dht, "desk")
         desk = ContributionDesk(
             desk_dht,
-            Endpoint(desk_dht, "desk"),
+            endpoint,
             aggregator,
             task_spec(aggregator),
             tmp_path_factory.mktemp("desk") / "l.sqlite",
@@ -109,6 +112,7 @@ def desk_after_a_read(tmp_path_factory):
             yield desk
         finally:
             desk.shutdown()
+            endpoint.close()
 
 
 def _report(identity: Identity, group: str, attempt: int = ATTEMPT, ok: bool = True) -> bytes:
