@@ -36,11 +36,19 @@ def prepare_process() -> None:
     os.environ.setdefault("HIVEMIND_MEMORY_SHARING_STRATEGY", SHARING_STRATEGY)
     # hivemind scripts a helper with torch.jit at import; the deprecation notice is not the user's concern.
     warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
-    if "hivemind" in sys.modules and os.environ["HIVEMIND_MEMORY_SHARING_STRATEGY"] != SHARING_STRATEGY:
+    if "hivemind" in sys.modules and _torch_sharing_strategy() not in (None, SHARING_STRATEGY):
+        # hivemind chose the strategy at its import, before the variable above was set: its default
+        # would start a torch_shm_manager per process, whose folders outlive a killed peer in /tmp.
         raise RuntimeError("hivemind was imported before hivemind_adapter.runtime.prepare_process()")
     if mp.get_start_method(allow_none=True) != "fork":
         mp.set_start_method("fork", force=True)
     install_quiet_pipe_sharing()  # a killed DHT or averager process mid-fetch: one line, not a traceback
+
+
+def _torch_sharing_strategy() -> str | None:
+    """torch's tensor sharing strategy in this process, if torch is loaded (never imports it)."""
+    torch_mp = sys.modules.get("torch.multiprocessing")
+    return None if torch_mp is None else torch_mp.get_sharing_strategy()
 
 
 def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:

@@ -52,21 +52,27 @@ import random
 import sys
 from pathlib import Path
 
-import torch
+from hivemind_adapter.runtime import prepare_process
 
-import hivemind_adapter.exact_runner
-import peer.cli
-import peer.round
-from hivemind_adapter.allreduce import VerifiedAverager
-from hivemind_adapter.exact_runner import ExactAllReduceRunner
-from hivemind_adapter.reducer_proof import PartProof, make_proof, sketch, sketch_seed
-from hivemind_adapter.robust_reduce import RobustPartReducer
-from peer.node import PeerNode
-from peer.search_service import EvaluationService
-from peer.swarm_view import ProgressBoard
-from peer.worker_pool import WorkerPool
-from protocol.averaging_group import averaging_group_id, group_membership
-from protocol.records import ContributionReceipt, TaskSpec, seal
+# Before hivemind's import picks torch's sharing strategy, as manta-peer does: hivemind's default
+# starts a torch_shm_manager whose folder outlives a killed peer in /tmp.
+prepare_process()
+
+import torch  # noqa: E402
+
+import hivemind_adapter.exact_runner  # noqa: E402
+import peer.cli  # noqa: E402
+import peer.round  # noqa: E402
+from hivemind_adapter.allreduce import VerifiedAverager  # noqa: E402
+from hivemind_adapter.exact_runner import ExactAllReduceRunner  # noqa: E402
+from hivemind_adapter.reducer_proof import PartProof, make_proof, sketch, sketch_seed  # noqa: E402
+from hivemind_adapter.robust_reduce import RobustPartReducer  # noqa: E402
+from peer.node import PeerNode  # noqa: E402
+from peer.search_service import EvaluationService  # noqa: E402
+from peer.swarm_view import ProgressBoard  # noqa: E402
+from peer.worker_pool import WorkerPool  # noqa: E402
+from protocol.averaging_group import averaging_group_id, group_membership  # noqa: E402
+from protocol.records import ContributionReceipt, TaskSpec, seal  # noqa: E402
 
 FAULTS = (
     "forge", "replay", "inflate", "fabricate", "search-lie", "silent", "flops", "self-group",
