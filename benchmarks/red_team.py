@@ -69,6 +69,26 @@ AVERAGING_ATTACKS = (
 PEERS, ATTACKER, LATE = 6, 5, 4
 
 
+HONEST_WAIT_SECONDS = 1800
+PROGRESS_EVERY_SECONDS = 30.0
+
+
+def _wait_for_honest_peers(swarm: LocalSwarm, honest: list[int], rounds: int) -> None:
+    """Wait (bounded) for the honest peers to leave, which they do once the swarm committed its
+    rounds; a line every half minute says how far each has come."""
+    deadline = time.monotonic() + HONEST_WAIT_SECONDS
+    next_line = time.monotonic() + PROGRESS_EVERY_SECONDS
+    while time.monotonic() < deadline:
+        if all(swarm.procs[f"peer-{i}"].poll() is not None for i in honest):
+            return
+        if time.monotonic() >= next_line:
+            done = [sum(1 for r in swarm.rounds(i) if r.get("committed")) for i in honest]
+            print(f"   rounds committed, honest peers: {' '.join(map(str, done))} of {rounds}", flush=True)
+            next_line += PROGRESS_EVERY_SECONDS
+        time.sleep(1.0)
+    raise TimeoutError(f"honest peers still running after {HONEST_WAIT_SECONDS} s")
+
+
 def run(
     out: Path,
     name: str,
@@ -106,9 +126,7 @@ def run(
             while len(swarm.rounds(0)) < 3 and time.monotonic() < deadline:
                 time.sleep(1.0)
             swarm.start_peer(LATE)
-        for i in range(PEERS):  # the honest peers leave once the swarm committed its rounds
-            if not (attack and i == ATTACKER):
-                swarm.procs[f"peer-{i}"].wait(timeout=1800)
+        _wait_for_honest_peers(swarm, [i for i in range(PEERS) if not (attack and i == ATTACKER)], rounds)
         swarm.stop([f"peer-{ATTACKER}"])  # if it is still there (a silent one waits to be stopped)
         swarm.stop(["aggregator"], grace=AGGREGATOR_GRACE_SECONDS)  # its last rounds and audits
     except KeyboardInterrupt:
