@@ -94,7 +94,10 @@ class CommitBoard(Protocol):
 
     def latest_attempt(self, peers: Collection[str] | None = None) -> int:
         """The highest attempt anyone (of ``peers``, if given) reported recently, departure notices
-        aside (-1 if none): where the swarm (or those peers) is."""
+        and checking markers aside (-1 if none): where the swarm (or those peers) last ended an
+        attempt. A marker is posted in the middle of an attempt: counted, it ended a newcomer's
+        sit-out before the attempt's commit, and sent a peer that fell behind one attempt past the
+        one the swarm runs, out of step for good (measured: the red team's late joiner, 0 rounds)."""
         ...
 
 
@@ -159,7 +162,7 @@ class DHTCommitBoard:
             (
                 a
                 for (a, p), r in self._entries().items()
-                if not r.get("left") and (peers is None or p in peers)
+                if not (r.get("left") or r.get("checking")) and (peers is None or p in peers)
             ),
             default=-1,
         )

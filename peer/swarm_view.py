@@ -293,7 +293,7 @@ class SignedCommitBoard:
                 r.attempt
                 for e in buckets
                 for r in self._open(e)
-                if not r.left and (peers is None or r.peer_id in peers)
+                if not (r.left or r.checking) and (peers is None or r.peer_id in peers)
             ),
             default=-1,
         )

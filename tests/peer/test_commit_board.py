@@ -334,6 +334,24 @@ def test_a_newcomer_sits_out_the_attempt_in_progress_until_its_state_is_committe
     assert not thread.is_alive() and result == [1]
 
 
+def test_a_partners_checking_marker_does_not_end_a_newcomers_sit_out(two_boards):
+    """Groups of three post markers in the middle of an attempt. Taken for the attempt's first result,
+    one ended the sit-out 5 s later, before the commit: the red team's late joiner then ran the
+    attempt after with a state one round old and never committed (0 rounds in 4 minutes)."""
+    newcomer, peer = two_boards
+    peer.post(0, True, "11" * 32, state="aa" * 32)
+    thread, result, announced, _ = _sitting_out(newcomer, [peer.peer_id], outcome_grace=1.0)
+    wait_until(lambda: announced, 15, "the newcomer to sit out attempt 1", poll=0.05)
+    peer.post(1, False, "", checked=["cc" * 32], checking=True)
+    wait_until(lambda: peer.peer_id in newcomer.read_checks(1), 15, "the marker to show", poll=0.05)
+    assert newcomer.latest_attempt() == 0
+    thread.join(3.0)  # three times its grace after a result
+    assert thread.is_alive(), "a marker ended the sit-out as if attempt 1 had a result"
+    peer.post(1, True, "22" * 32, state="bb" * 32)
+    thread.join(10)
+    assert not thread.is_alive() and result == [1]
+
+
 def test_after_an_aborted_attempt_the_newcomer_starts_the_next_one_with_the_swarm(two_boards):
     """Not once the next attempt is over: that would put it a whole attempt out of step for good."""
     newcomer, peer = two_boards
