@@ -97,7 +97,8 @@ class CommitBoard(Protocol):
         and checking markers aside (-1 if none): where the swarm (or those peers) last ended an
         attempt. A marker is posted in the middle of an attempt: counted, it ended a newcomer's
         sit-out before the attempt's commit, and sent a peer that fell behind one attempt past the
-        one the swarm runs, out of step for good (measured: the red team's late joiner, 0 rounds)."""
+        one the swarm runs (measured: the red team's late joiner, one attempt ahead of the swarm in
+        each of its 4 rounds, none committed)."""
         ...
 
 
