@@ -110,6 +110,7 @@ def run(
     internet = EmulatedInternet(scenario, run_dir) if scenario is not None else None
     placement = [site.name for site in scenario.sites for _ in range(site.peers)] if scenario else None
     swarm = LocalSwarm(options, internet, placement)
+    honest = [i for i in range(PEERS) if not (attack and i == ATTACKER)]
     started = time.monotonic()
     try:
         if internet is not None:
@@ -126,7 +127,7 @@ def run(
             while len(swarm.rounds(0)) < 3 and time.monotonic() < deadline:
                 time.sleep(1.0)
             swarm.start_peer(LATE)
-        _wait_for_honest_peers(swarm, [i for i in range(PEERS) if not (attack and i == ATTACKER)], rounds)
+        _wait_for_honest_peers(swarm, honest, rounds)
         swarm.stop([f"peer-{ATTACKER}"])  # if it is still there (a silent one waits to be stopped)
         swarm.stop(["aggregator"], grace=AGGREGATOR_GRACE_SECONDS)  # its last rounds and audits
     except KeyboardInterrupt:
@@ -144,7 +145,6 @@ def run(
                     internet.close()
     wall = time.monotonic() - started
     summary = summarise(swarm, wall)
-    honest = [i for i in range(PEERS) if not (attack and i == ATTACKER)]
     measured = dict(
         name=name,
         wall=wall,
