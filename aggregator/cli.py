@@ -101,6 +101,7 @@ def start(
 
     prepare_process()
     from aggregator.bootstrap import BootstrapAggregator, BootstrapConfig, ProcessLost
+    from aggregator.join_line import join_command
     from aggregator.monitor.server import DashboardError, parse_dashboard_option
     from aggregator.task_data import pack_into
     from aggregator.task_publication import TaskFileError, build_task_spec, saved_task_spec
@@ -150,7 +151,7 @@ def start(
             click.echo(f"Dashboard: {node.monitor.url}")
         click.echo("Volunteers join with:")
         click.echo(
-            f"  manta-peer join --task {node.published.record.task_id} --initial-peers {' '.join(maddrs)}"
+            f"  {join_command(node.published.record.task_id, maddrs, node.published.public_key.hex())}"
         )
         sys.stdout.flush()
         try:

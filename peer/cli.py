@@ -109,25 +109,18 @@ def join(
     identity_path,
 ) -> None:
     """Join a swarm and train until stopped (Ctrl-C finishes the round and leaves cleanly)."""
-    from hivemind_adapter.runtime import prepare_process, start_orphan_reaper
-
-    prepare_process()
-    from hivemind_adapter.averager_process import AveragerGone, AveragerStartFailed
-    from peer.devices import discover_devices
-    from peer.node import JoinConfig, PeerNode, PeerStartError
     from peer.shard_cache import parse_size
-    from peer.stopping import SwarmLost
-    from peer.worker_pool import WorkerDied
+    from protocol.identity import check_public_key_hex
     from protocol.netaddr import AddressError, check_peer_multiaddr, host_port_to_multiaddr
 
-    log = logging.getLogger("manta.peer")
-    ident = load_identity(identity_path, create=True)
+    # Every check that needs no torch comes first: bad input fails at once and creates no file.
     try:
         peers = tuple(check_peer_multiaddr(p) for p in initial_peers)
+        if aggregator_key is not None:
+            aggregator_key = check_public_key_hex(aggregator_key, "--aggregator-key")
         host_port_to_multiaddr(listen, "--listen")
         for a in announce:
             host_port_to_multiaddr(a, "--announce", allow_port_zero=False)
-        devices = discover_devices(gpus, cpu_workers)
     except (AddressError, ValueError) as e:
         raise UserError(str(e)) from None
     try:
@@ -136,6 +129,22 @@ def join(
         raise UserError(f"--cache-size: {e}") from None
     if cohort != "auto" and not cohort.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise UserError(f"--cohort must be letters, digits, '-', '_' or '.', got {cohort!r}")
+
+    from hivemind_adapter.runtime import prepare_process, start_orphan_reaper
+
+    prepare_process()
+    from hivemind_adapter.averager_process import AveragerGone, AveragerStartFailed
+    from peer.devices import discover_devices
+    from peer.node import JoinConfig, PeerNode, PeerStartError
+    from peer.stopping import SwarmLost
+    from peer.worker_pool import WorkerDied
+
+    log = logging.getLogger("manta.peer")
+    try:
+        devices = discover_devices(gpus, cpu_workers)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    ident = load_identity(identity_path, create=True)
     start_orphan_reaper()
     config = JoinConfig(
         peers,

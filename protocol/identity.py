@@ -45,6 +45,14 @@ def fingerprint(public_key: bytes) -> str:
     return hashlib.sha256(public_key).digest()[:8].hex()
 
 
+def check_public_key_hex(text: str, option: str = "public key") -> str:
+    """``text`` as a lower-case 64-digit hex Ed25519 public key; IdentityError (one line) if it is not one."""
+    key = text.strip().lower()
+    if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
+        raise IdentityError(f"{option} must be a 64-digit hex public key, got {text!r}")
+    return key
+
+
 class Identity:
     """An Ed25519 signing key (a peer's or an aggregator's)."""
 
