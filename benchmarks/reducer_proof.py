@@ -1,5 +1,5 @@
 """Reducers' proofs on the red team's real gradients: how far an honest reducer's own part lies from
-the others (what :data:`hivemind_adapter.reducer_proof.OWN_PART_FACTOR` must stay above), and how
+the others (what :data:`robust_aggregation.reducer_proof.OWN_PART_FACTOR` must stay above), and how
 large a shift a lying reducer can hide behind its best proof.
 
 Gradients are the digits supernet's (the red team's task, :mod:`benchmarks.simulated_swarm`), one
@@ -8,7 +8,7 @@ cut into hivemind's 512 KiB robust parts; every part is reduced with CenteredCli
 in turn is taken as its reducer:
 
 - honest: the reducer's proof as :class:`~hivemind_adapter.robust_reduce.RobustPartReducer` makes
-  it; every other member checks it (:func:`~hivemind_adapter.reducer_proof.check_proof`); the own-part
+  it; every other member checks it (:func:`~robust_aggregation.reducer_proof.check_proof`); the own-part
   ratio of each reducer is recorded;
 - lying: the result shifted by a random direction ``times`` the centre's length (the red team's
   ``noisy-reducer`` uses 10), with the liar's best proof
@@ -37,7 +37,8 @@ prepare_process()
 import torch  # noqa: E402
 
 from benchmarks.simulated_swarm import swarm_workload  # noqa: E402
-from hivemind_adapter.reducer_proof import (  # noqa: E402
+from robust_aggregation.centered_clip import RobustConfig, capped_weights, centered_clip  # noqa: E402
+from robust_aggregation.reducer_proof import (  # noqa: E402
     OWN_PART_FACTOR,
     RESULT_FACTOR,
     PartProof,
@@ -50,7 +51,6 @@ from hivemind_adapter.reducer_proof import (  # noqa: E402
     result_ratio,
     sketch_seed,
 )
-from hivemind_adapter.robust_reduce import RobustConfig, capped_weights, centered_clip  # noqa: E402
 from supernet.contribution import compute_contribution  # noqa: E402
 from supernet.state import init_optimizer_state  # noqa: E402
 from supernet.training import maybe_sort_channels, optimizer_step, step_configs  # noqa: E402

@@ -84,7 +84,7 @@ from benchmarks.simulated_swarm import (
     peer_mean,
     swarm_workload,
 )
-from hivemind_adapter.alignment import AlignmentRecord
+from robust_aggregation.alignment import AlignmentRecord
 from supernet.state import digest, init_optimizer_state, state_tensors
 from supernet.training import maybe_sort_channels, optimizer_step, step_configs
 from tests.adversaries.dishonest_peer import POISONS

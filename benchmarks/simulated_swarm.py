@@ -30,13 +30,14 @@ from hivemind.averaging.load_balancing import load_balance_peers  # noqa: E402
 from hivemind.averaging.partition import TensorPartContainer, TensorPartReducer  # noqa: E402
 
 from aggregator.task_publication import build_task_spec  # noqa: E402
-from hivemind_adapter.alignment import MIN_VALUES, AlignmentRecord  # noqa: E402
-from hivemind_adapter.reducer_proof import RESULT_FACTOR, reference_rank  # noqa: E402
-from hivemind_adapter.reply_check import implausible_reply  # noqa: E402
-from hivemind_adapter.robust_reduce import RobustConfig, RobustPartReducer  # noqa: E402
+from hivemind_adapter.robust_reduce import RobustPartReducer  # noqa: E402
 from peer.hierarchy import PART_SIZE_BYTES, ROBUST_PART_SIZE_BYTES  # noqa: E402
 from peer.known_cohort import new_roll  # noqa: E402
 from protocol.identity import Identity  # noqa: E402
+from robust_aggregation.alignment import MIN_VALUES, AlignmentRecord  # noqa: E402
+from robust_aggregation.centered_clip import RobustConfig  # noqa: E402
+from robust_aggregation.reducer_proof import RESULT_FACTOR, reference_rank  # noqa: E402
+from robust_aggregation.reply_check import implausible_reply  # noqa: E402
 from supernet.contribution import compute_contribution  # noqa: E402
 from supernet.workload import Workload, swarm_train_options, workload_for  # noqa: E402
 from testbed.local_swarm import SwarmOptions, task_toml  # noqa: E402
@@ -139,7 +140,7 @@ class AllReduce:
     live: list[list[set[int]]]  # per sender position, its parts that were not all zeros
     # per sender position:
     replies_refused: list[int]  # remote replies its reply check (or proof's point 6) would have refused
-    # the largest result ratio (hivemind_adapter.reducer_proof, point 6: exact distances, not sketched)
+    # the largest result ratio (robust_aggregation.reducer_proof, point 6: exact distances, not sketched)
     # it saw in a remote reply, over parts of at least MIN_VALUES values
     result_ratios: list[float] = field(default_factory=list)
     # per reducer position, per sender position: the parts it dropped (beyond RobustConfig.drop_factor
@@ -242,7 +243,7 @@ async def _all_reduce(tensors, fractions, part_size, weights, robust, records, n
             replies.append([])
             continue
         replies.append(results[0])  # every sender was given the same tensors
-        if robust:  # what each member's check (hivemind_adapter.reply_check) says of a remote reply
+        if robust:  # what each member's check (robust_aggregation.reply_check) says of a remote reply
             for s in range(n):
                 if s != r:
                     out.replies_refused[s] += sum(

@@ -16,7 +16,7 @@ received); otherwise the step raises :class:`PartialAllReduceError` and the tens
 Failures seen only by *another* member are caught one level up (:mod:`peer.hierarchy`), which compares
 what members report after the step. A NaN or infinite result is never written either
 (:class:`NonFiniteResultError`): one member's NaN would otherwise become every member's. With a
-:class:`~hivemind_adapter.robust_reduce.RobustConfig`, reducers take a robust centre of the senders'
+:class:`~robust_aggregation.centered_clip.RobustConfig`, reducers take a robust centre of the senders'
 parts (CenteredClip, as BTARD does) and report whom they named (:meth:`VerifiedAverager.last_outliers`).
 """
 
@@ -36,16 +36,16 @@ from hivemind.averaging.matchmaking import MatchmakingException
 from hivemind.utils import MPFuture, get_dht_time
 from hivemind.utils.asyncio import as_aiter, azip
 
-from hivemind_adapter.alignment import AlignmentRecord
 from hivemind_adapter.averager_process import BoundedAveragerProcess
 from hivemind_adapter.exact_runner import ExactAllReduceRunner
 from hivemind_adapter.group_keys import Admission, DeclarationSigner, SignedGroupKeys, admit_only_roster_peers
 from hivemind_adapter.known_groups import KnownGroupSteps
 from hivemind_adapter.p2p_sockets import RemovesItsSocket
-from hivemind_adapter.reducer_proof import NoiseMap
-from hivemind_adapter.robust_reduce import RobustConfig
 from hivemind_adapter.shared_buffers import SharedNames, SharedNoiseMap
 from protocol.proof_attestation import ProofAttestation, parse_tokens
+from robust_aggregation.alignment import AlignmentRecord
+from robust_aggregation.centered_clip import RobustConfig
+from robust_aggregation.reducer_proof import NoiseMap
 
 
 class PartialAllReduceError(AllreduceException):
@@ -89,7 +89,7 @@ def _spaced_reads(key_manager) -> None:
 @dataclass(frozen=True)
 class RefusedReducer:
     """A reducer whose replies a member refused (base58 ``peer``). ``for_its_own_part``: only its
-    own part's place was implausible (:class:`~hivemind_adapter.reducer_proof.OwnPartDoubt`), which
+    own part's place was implausible (:class:`~robust_aggregation.reducer_proof.OwnPartDoubt`), which
     an honest cohort head carrying its cohort's bent result shows too; every other refusal says the
     reducer misreported what it did."""
 
@@ -111,7 +111,7 @@ class VerifiedAverager(BoundedAveragerProcess, RemovesItsSocket, KnownGroupSteps
     known in advance, without matchmaking. With ``robust``, its reducer withstands a minority of
     malicious senders; :meth:`last_outliers` names those it caught. Its last ``slotted_tail``
     tensors hold one slot per sender (a cohort's roll of sample counts): a robust reducer takes
-    each slot's owner's value there (:func:`~hivemind_adapter.robust_reduce.slotted_centre`), where
+    each slot's owner's value there (:func:`~robust_aggregation.centered_clip.slotted_centre`), where
     a robust centre would clip them. With ``declarations``, its
     matchmaking declares signed and meets only the peers :meth:`set_admitted` names
     (:mod:`hivemind_adapter.group_keys`); without, hivemind's unsigned declarations, which MANTA's
@@ -147,7 +147,7 @@ class VerifiedAverager(BoundedAveragerProcess, RemovesItsSocket, KnownGroupSteps
         # how each reducer's replies pointed against this averager's parts (its members' check of reducers)
         self._reply_alignment = AlignmentRecord() if robust is not None else None
         self._declarations = declarations  # read in the averager's process, where matchmaking runs
-        # sampling noise along the vector (hivemind_adapter.reducer_proof.NoiseMap): what this
+        # sampling noise along the vector (robust_aggregation.reducer_proof.NoiseMap): what this
         # averager's all-reduces last measured, and what it holds a pair's reducer to (set by its owner)
         self._noise_measured = SharedNoiseMap()
         self._noise_reference = SharedNoiseMap()
@@ -168,7 +168,7 @@ class VerifiedAverager(BoundedAveragerProcess, RemovesItsSocket, KnownGroupSteps
 
     def take_refused(self) -> list[RefusedReducer]:
         """The reducers whose replies this averager refused as implausible (a reducer decides its
-        part's result for everyone: :mod:`hivemind_adapter.reply_check`) since the last call."""
+        part's result for everyone: :mod:`robust_aggregation.reply_check`) since the last call."""
         refused: dict[str, bool] = {}
         for name in self._refused_since.take():
             peer, mark, _ = name.partition(_OWN_PART_MARK)

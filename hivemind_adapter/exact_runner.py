@@ -19,8 +19,13 @@ from hivemind.p2p import PeerID
 from hivemind.proto import averaging_pb2
 from hivemind.utils.asyncio import aiter_with_timeout, amap_in_executor, attach_event_on_finished
 
-from hivemind_adapter.alignment import MIN_VALUES, AlignmentRecord
-from hivemind_adapter.reducer_proof import (
+from hivemind_adapter.robust_reduce import RobustPartReducer
+from hivemind_adapter.wire_codecs import rounding_bound, roundtrip
+from protocol.identity import Identity
+from protocol.proof_attestation import ProofAttestation, group_tag, proofs_digest
+from robust_aggregation.alignment import MIN_VALUES, AlignmentRecord
+from robust_aggregation.centered_clip import RobustConfig, capped_weights
+from robust_aggregation.reducer_proof import (
     NoiseMap,
     OwnPartDoubt,
     PartProof,
@@ -30,11 +35,7 @@ from hivemind_adapter.reducer_proof import (
     sketch_seed,
     unpack_proofs,
 )
-from hivemind_adapter.reply_check import implausible_reply, reply_cosine
-from hivemind_adapter.robust_reduce import RobustConfig, RobustPartReducer, capped_weights
-from hivemind_adapter.wire_codecs import rounding_bound, roundtrip
-from protocol.identity import Identity
-from protocol.proof_attestation import ProofAttestation, group_tag, proofs_digest
+from robust_aggregation.reply_check import implausible_reply, reply_cosine
 
 # How long a reducer keeps a sender's stream open after its last reply, waiting for the sender to
 # close it (it does as soon as it holds every reply): a bound for a sender that died meanwhile.
@@ -45,7 +46,7 @@ class ExactAllReduceRunner(AllReduceRunner):
     """A butterfly all-reduce whose outputs are the reducers' averages, not deltas against local parts.
     With ``robust``, this member reduces with a :class:`~hivemind_adapter.robust_reduce.RobustPartReducer`,
     the last ``slotted_tensors`` tensors as slotted parts (see
-    :func:`~hivemind_adapter.robust_reduce.slotted_centre`; each must fit in one part)."""
+    :func:`~robust_aggregation.centered_clip.slotted_centre`; each must fit in one part)."""
 
     def __init__(
         self,
@@ -246,7 +247,7 @@ class ExactAllReduceRunner(AllReduceRunner):
     def _doubt_proofs(self, reducer: PeerID, message_part, results: list[torch.Tensor]) -> str | None:
         """Why ``reducer``'s proofs (one message after its parts) do not show that ``results`` are the
         robust centres of what its senders sent, or None (runs in a worker thread). An
-        :class:`~hivemind_adapter.reducer_proof.OwnPartDoubt` where only its own part's place failed."""
+        :class:`~robust_aggregation.reducer_proof.OwnPartDoubt` where only its own part's place failed."""
         try:
             proofs = unpack_proofs(deserialize_torch_tensor(message_part))
         except ValueError as e:
@@ -368,7 +369,7 @@ class ExactAllReduceRunner(AllReduceRunner):
                 yield averaging_pb2.AveragingData(code=averaging_pb2.AVERAGED_PART, tensor_part=payload)
             reducer = self.tensor_part_reducer
             if parts_done == reducer.num_parts and getattr(reducer, "proof_context", None) is not None:
-                # one message after the parts: the proof of each (hivemind_adapter.reducer_proof)
+                # one message after the parts: the proof of each (robust_aggregation.reducer_proof)
                 # and this reducer's signature of their digest, the same bytes for every sender
                 message = self._proofs_message(sender_index)
                 self._count(sent=len(message.tensor_part.buffer))

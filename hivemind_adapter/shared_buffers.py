@@ -10,7 +10,7 @@ import multiprocessing
 from collections.abc import Sequence
 
 from hivemind_adapter.process_locks import DeathSafeLock
-from hivemind_adapter.reducer_proof import NoiseMap
+from robust_aggregation.reducer_proof import NoiseMap
 
 
 class SharedNames:
@@ -59,7 +59,7 @@ class SharedNames:
 
 
 class SharedNoiseMap:
-    """A :class:`~hivemind_adapter.reducer_proof.NoiseMap` written in one process and read in another
+    """A :class:`~robust_aggregation.reducer_proof.NoiseMap` written in one process and read in another
     (an averager's and its owner's), in a fixed-size shared buffer made before the writer forks.
     Ranges past its capacity are left out: a part they would have covered is then not held to it."""
 

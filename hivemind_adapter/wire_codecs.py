@@ -172,7 +172,7 @@ def rounding_bound(codec: CompressionBase, decoded: torch.Tensor) -> torch.Tenso
     """Per value of ``decoded`` (what a receiver decoded), how far the value the sender encoded may
     have been from it: half a quantization step of its block (int codecs), half a float16 unit in the
     last place (fp16), or None where the wire is exact (none). A reducer's proof is checked against
-    the decoded result (:mod:`hivemind_adapter.reducer_proof`), and this is the leeway its codec gives."""
+    the decoded result (:mod:`robust_aggregation.reducer_proof`), and this is the leeway its codec gives."""
     if type(codec) is NoCompression:
         return None
     flat = decoded.detach().reshape(-1).to(torch.float32)

@@ -13,12 +13,12 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 import torch
 
 from hivemind_adapter.group_keys import DeclarationSigner
-from hivemind_adapter.robust_reduce import RobustConfig
 from peer.averaging_stage import AveragingTimeouts
 from peer.conviction_watch import ConvictionWatch
 from peer.hierarchy import HierarchicalAverager
 from peer.round_commit import CommitBoard
 from protocol.records import TaskSpec
+from robust_aggregation.centered_clip import RobustConfig
 
 
 class CohortAveragers:

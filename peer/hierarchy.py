@@ -28,7 +28,7 @@ that a cohort's sub-networks did not touch has a zero gradient there, so that co
 it: untouched weights are neither diluted by other cohorts' zeros nor zeroed.
 
 Every stage averages per-sample means, never sums that grow with a contributor's samples, so a
-robust reducer (``robust``: CenteredClip per part of the all-reduce, :mod:`hivemind_adapter.robust_reduce`)
+robust reducer (``robust``: CenteredClip per part of the all-reduce, :mod:`robust_aggregation.centered_clip`)
 compares like with like: a minority of contributors sending garbage, a scaled or sign-flipped
 gradient or NaN is clipped or dropped, and whom a reducer named is in :attr:`AveragingOutcome.outliers`.
 
@@ -61,8 +61,6 @@ from hivemind_adapter.allreduce import VerifiedAverager
 from hivemind_adapter.averager_process import AveragerGone
 from hivemind_adapter.dht import peer_id
 from hivemind_adapter.group_keys import DeclarationSigner
-from hivemind_adapter.reducer_proof import NoiseMap
-from hivemind_adapter.robust_reduce import RobustConfig, without_negative_zeros
 from hivemind_adapter.wire_codecs import codec_for, roundtrip
 from peer.admission import AdmissionMemory
 from peer.averaging_stage import AveragingTimeouts, HeadGone, NoGroup, RoundAborted, StageRunner
@@ -86,6 +84,8 @@ from peer.round_commit import (
 from protocol.averaging_group import averaging_group_id, contributors_root, stage_check_token
 from protocol.proof_attestation import Equivocation, proofs_fingerprint
 from protocol.records import MAX_PROOFS_POSTED
+from robust_aggregation.centered_clip import RobustConfig, without_negative_zeros
+from robust_aggregation.reducer_proof import NoiseMap
 from supernet.state import digest
 
 logger = logging.getLogger(__name__)
@@ -212,7 +212,7 @@ class HierarchicalAverager:
     selects the model-parallel combination (see the module docstring); without it the result is the
     sample-weighted mean over every contributor (data-parallel rounds). ``pairs_held_to_cohort_noise``:
     in a cross stage of two heads each holds the other's proof to the sampling noise its own cohort
-    stage of the same attempt measured (:func:`hivemind_adapter.reducer_proof.pair_ratio`; only
+    stage of the same attempt measured (:func:`robust_aggregation.reducer_proof.pair_ratio`; only
     where both stages average the round's per-sample means, as a round's averager does). ``averager_type`` builds the
     two hivemind averagers (a subclass that fails on purpose is how tests kill a peer at an exact
     point of a stage).
@@ -286,7 +286,7 @@ class HierarchicalAverager:
         # Both averagers run on the same shared-memory buffer; their steps are strictly sequential.
         # The cohort's ends with the roll of sample counts that a known group carries (peer.known_cohort),
         # one slot per member: robust reducers take each slot's owner's value there.
-        # ``robust``: reducers take CenteredClip over the senders' parts (hivemind_adapter.robust_reduce).
+        # ``robust``: reducers take CenteredClip over the senders' parts (robust_aggregation.centered_clip).
         self.robust = robust
         self._cohort = averager_type(
             [*self._buffer, new_roll()],

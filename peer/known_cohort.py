@@ -16,7 +16,7 @@ averages in float32, where counts below 2^20 survive both).
 
 With robust averaging the members send their mean gradients weighted by their samples, as in a
 matchmade group, and the reducers take a robust centre of them; the roll is a slotted tensor of the
-averager (:func:`~hivemind_adapter.robust_reduce.slotted_centre`): each slot's value is its owner's,
+averager (:func:`~robust_aggregation.centered_clip.slotted_centre`): each slot's value is its owner's,
 so a member cannot write another's count, and the counts come back as from a plain mean. Without,
 they send their numerators with equal weights, and the mean is made sample-weighted afterwards.
 

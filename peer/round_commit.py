@@ -281,7 +281,7 @@ def await_partners_checked(
     Why, in groups of three: a reducer that holds one member's results back until the others are
     done can list that member's entry anywhere in its proof, since nobody else checks it; there it
     balances a lie that the one member left has no second honest part to measure by
-    (:mod:`hivemind_adapter.reducer_proof`, point 6). Once that member's report counts toward a
+    (:mod:`robust_aggregation.reducer_proof`, point 6). Once that member's report counts toward a
     quorum, deciding otherwise later changes nothing (:func:`commit_pending` commits it anyway), so
     the agreement comes first: nobody goes on until both partners say they received and checked the
     same result. The held-back member's marker names the reducer it refused (or it reports a

@@ -1,6 +1,6 @@
 """A reducer's signed word on the proofs it sent, and the evidence that it sent two different ones.
 
-A robust reducer ends its replies with one message of proofs (``hivemind_adapter.reducer_proof``)
+A robust reducer ends its replies with one message of proofs (``robust_aggregation.reducer_proof``)
 that lists every sender's entry; each member checks only its own entry exactly. So the proofs bind
 only if every member got *the same* message: a reducer that sends each member a different one (each
 true about that member, false about the others) could pass any result. Honest reducers send the same

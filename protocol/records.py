@@ -169,7 +169,7 @@ class SwarmParams(StrictModel):
     # fp16 on the wire between cohorts (halves WAN traffic); the same for every peer, since every
     # member of an exact all-reduce must receive the same bytes.
     cross_cohort_fp16: bool = False
-    # Robust averaging (hivemind_adapter.robust_reduce): every all-reduce reducer takes CenteredClip of
+    # Robust averaging (robust_aggregation.centered_clip): every all-reduce reducer takes CenteredClip of
     # its senders' parts, so a minority sending garbage, scaled or sign-flipped gradients or NaN is
     # clipped or dropped (and named in the commit) instead of becoming everyone's step.
     robust_averaging: bool = True

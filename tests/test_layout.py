@@ -19,6 +19,7 @@ PACKAGES = (
     "protocol",
     "ledger",
     "console",
+    "robust_aggregation",
     "hivemind_adapter",
     "supernet",
     "tasks",
@@ -36,23 +37,52 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
     "ledger": ({"ledger", "protocol", "console"}, set(HEAVY)),
     # Click conventions and logging shared by every entry point.
     "console": ({"console", "protocol"}, set(HEAVY)),
+    # Robust aggregation math (CenteredClip, reducer proofs, alignment, reply checks): torch only.
+    "robust_aggregation": ({"robust_aggregation", "protocol"}, {"hivemind"}),
     # The one place that knows hivemind's internals.
-    "hivemind_adapter": ({"hivemind_adapter", "protocol", "supernet"}, set()),
+    "hivemind_adapter": ({"hivemind_adapter", "robust_aggregation", "protocol", "supernet"}, set()),
     # Models, search, datasets: no networking.
     "supernet": ({"supernet", "tasks", "protocol", "console"}, {"hivemind"}),
     "tasks": ({"tasks", "supernet", "protocol"}, {"hivemind"}),
     # The volunteer client and the operator never import each other, nor the developer tooling.
     "peer": (
-        {"peer", "protocol", "ledger", "console", "hivemind_adapter", "supernet", "tasks"},
+        {
+            "peer",
+            "protocol",
+            "ledger",
+            "console",
+            "robust_aggregation",
+            "hivemind_adapter",
+            "supernet",
+            "tasks",
+        },
         {"hivemind"},
     ),
     "aggregator": (
-        {"aggregator", "protocol", "ledger", "console", "hivemind_adapter", "supernet", "tasks"},
+        {
+            "aggregator",
+            "protocol",
+            "ledger",
+            "console",
+            "robust_aggregation",
+            "hivemind_adapter",
+            "supernet",
+            "tasks",
+        },
         {"hivemind"},
     ),
     # Developer tooling runs the others as processes; it may read their files and records.
     "testbed": (
-        {"testbed", "protocol", "ledger", "console", "hivemind_adapter", "supernet", "tasks"},
+        {
+            "testbed",
+            "protocol",
+            "ledger",
+            "console",
+            "robust_aggregation",
+            "hivemind_adapter",
+            "supernet",
+            "tasks",
+        },
         {"hivemind"},
     ),
 }

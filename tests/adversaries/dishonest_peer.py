@@ -65,7 +65,6 @@ import peer.cli  # noqa: E402
 import peer.round  # noqa: E402
 from hivemind_adapter.allreduce import VerifiedAverager  # noqa: E402
 from hivemind_adapter.exact_runner import ExactAllReduceRunner  # noqa: E402
-from hivemind_adapter.reducer_proof import PartProof, make_proof, sketch, sketch_seed  # noqa: E402
 from hivemind_adapter.robust_reduce import RobustPartReducer  # noqa: E402
 from peer.node import PeerNode  # noqa: E402
 from peer.search_service import EvaluationService  # noqa: E402
@@ -73,6 +72,7 @@ from peer.swarm_view import ProgressBoard  # noqa: E402
 from peer.worker_pool import WorkerPool  # noqa: E402
 from protocol.averaging_group import averaging_group_id, group_membership  # noqa: E402
 from protocol.records import ContributionReceipt, TaskSpec, seal  # noqa: E402
+from robust_aggregation.reducer_proof import PartProof, make_proof, sketch, sketch_seed  # noqa: E402
 
 FAULTS = (
     "forge", "replay", "inflate", "fabricate", "search-lie", "silent", "flops", "self-group",

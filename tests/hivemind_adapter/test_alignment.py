@@ -9,8 +9,9 @@ import random
 import pytest
 import torch
 
-from hivemind_adapter.alignment import WINDOW, AlignmentConfig, AlignmentRecord
-from hivemind_adapter.robust_reduce import RobustConfig, RobustPartReducer, centered_clip
+from hivemind_adapter.robust_reduce import RobustPartReducer
+from robust_aggregation.alignment import WINDOW, AlignmentConfig, AlignmentRecord
+from robust_aggregation.centered_clip import RobustConfig, centered_clip
 
 CONFIG = RobustConfig()
 

@@ -12,10 +12,10 @@ import torch
 from hivemind_adapter.allreduce import VerifiedAverager
 from hivemind_adapter.group_keys import DeclarationSigner
 from hivemind_adapter.known_groups import known_group_id
-from hivemind_adapter.reducer_proof import every_members_doubt, make_proof, sketch_seed
-from hivemind_adapter.robust_reduce import RobustConfig, capped_weights, centered_clip
 from protocol.identity import Identity
 from protocol.proof_attestation import find_equivocation, proofs_fingerprint
+from robust_aggregation.centered_clip import RobustConfig, capped_weights, centered_clip
+from robust_aggregation.reducer_proof import every_members_doubt, make_proof, sketch_seed
 from tests.adversaries.dishonest_peer import NOISE_TIMES, covering_proof, equivocating_proof, lying_averager
 from tests.hivemind_adapter.averager_group import (
     ALLREDUCE_TIMEOUT,

@@ -11,7 +11,10 @@ import torch
 
 from hivemind_adapter.allreduce import PartialAllReduceError, VerifiedAverager
 from hivemind_adapter.known_groups import known_group_id
-from hivemind_adapter.reducer_proof import (
+from hivemind_adapter.shared_buffers import SharedNoiseMap
+from hivemind_adapter.wire_codecs import codec_for, rounding_bound, roundtrip
+from robust_aggregation.centered_clip import RobustConfig, capped_weights, centered_clip
+from robust_aggregation.reducer_proof import (
     OWN_PART_FACTOR,
     RESULT_FACTOR,
     NoiseMap,
@@ -28,9 +31,6 @@ from hivemind_adapter.reducer_proof import (
     sketch_seed,
     unpack_proofs,
 )
-from hivemind_adapter.robust_reduce import RobustConfig, capped_weights, centered_clip
-from hivemind_adapter.shared_buffers import SharedNoiseMap
-from hivemind_adapter.wire_codecs import codec_for, rounding_bound, roundtrip
 from tests.adversaries.dishonest_peer import (
     NOISE_TIMES,
     absent_member_proof,

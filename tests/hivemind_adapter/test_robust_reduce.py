@@ -15,15 +15,15 @@ from hivemind_adapter.allreduce import (
     PartialAllReduceError,
     VerifiedAverager,
 )
-from hivemind_adapter.reply_check import implausible_reply
-from hivemind_adapter.robust_reduce import (
+from hivemind_adapter.robust_reduce import RobustPartReducer
+from robust_aggregation.centered_clip import (
     RobustConfig,
-    RobustPartReducer,
     capped_weights,
     centered_clip,
     slotted_centre,
     without_negative_zeros,
 )
+from robust_aggregation.reply_check import implausible_reply
 from tests.adversaries.dishonest_peer import lying_averager
 from tests.hivemind_adapter.averager_group import step_known_group, step_known_group_repeatedly
 from tests.hivemind_adapter.averager_pair import step_pair

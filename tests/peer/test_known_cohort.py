@@ -11,8 +11,8 @@ import torch
 
 from hivemind_adapter.allreduce import VerifiedAverager
 from hivemind_adapter.known_groups import known_group_id
-from hivemind_adapter.robust_reduce import RobustConfig
 from peer.known_cohort import KnownCohort, new_roll
+from robust_aggregation.centered_clip import RobustConfig
 from tests.hivemind_adapter.averager_group import (
     ALLREDUCE_TIMEOUT,
     ARRIVAL_TIMEOUT,

@@ -1,7 +1,7 @@
 """Groups of three confirm what they received before anyone goes on, on a real signed board.
 
 In an all-reduce of three, a reducer that held one member's results back can hide a lie behind that
-member's entry, which nobody else checks (:mod:`hivemind_adapter.reducer_proof`, point 6). Each member
+member's entry, which nobody else checks (:mod:`robust_aggregation.reducer_proof`, point 6). Each member
 therefore posts a marker listing the token of the result it checked and goes on only once both
 partners list the same token (:func:`peer.round_commit.await_partners_checked`). Real hivemind DHT
 nodes that validate MANTA's records, real Ed25519 signatures: a marker is not a report (the quorum

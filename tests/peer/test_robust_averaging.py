@@ -14,9 +14,9 @@ import torch
 from hivemind_adapter.allreduce import VerifiedAverager
 from hivemind_adapter.dht import peer_id, read_entries, store
 from hivemind_adapter.group_keys import DeclarationSigner
-from hivemind_adapter.robust_reduce import RobustConfig
 from peer.hierarchy import BAR_SECONDS, FIRST_OWN_PART_BAR_SECONDS, AveragingTimeouts, HierarchicalAverager
 from protocol.identity import Identity
+from robust_aggregation.centered_clip import RobustConfig
 from tests.adversaries.dishonest_peer import lying_averager, take_any_reply
 from tests.peer.swarm_harness import run_peers, start_bootstrap_dht
 

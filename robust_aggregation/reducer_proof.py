@@ -2,7 +2,7 @@
 verifying reducers by random projections, made to fit MANTA's butterfly all-reduce).
 
 A reducer decides its part's result for every member alike. The member-side checks of
-:mod:`hivemind_adapter.reply_check` bound a reply by the part the member sent (its length, its
+:mod:`robust_aggregation.reply_check` bound a reply by the part the member sent (its length, its
 direction), but a reducer that adds a random direction a few times the centre's length to every
 result passes them all (the red team's ``noisy-reducer``: ~6x a member's part, cosine ~0.06).
 
@@ -52,9 +52,9 @@ members' entries are checked by their owners (1), so the balance must come from 
 then lies far from everybody's (5): a shift of about the members' own sampling noise is caught.
 The same bytes of a proof go to every member; that a reducer cannot tell each member a different
 story about the others' entries needs the members to compare what they were sent, which
-this module does not do (see README, "One peer cannot break the model").
+this module does not do (:mod:`protocol.proof_attestation` and docs/security.md).
 
-Pure torch, no hivemind: :mod:`hivemind_adapter.robust_reduce` builds proofs,
+Pure torch, no hivemind: :mod:`robust_aggregation.centered_clip` builds proofs,
 :mod:`hivemind_adapter.exact_runner` carries and checks them.
 """
 
@@ -78,16 +78,10 @@ RESIDUAL_TOLERANCE = 1e-3
 # A listed distance may differ from its part's sketched distance by at most this factor.
 DISTANCE_BAND = 4.0
 # How much farther (in squared noise units) the reducer's own part may lie from the others than they
-# lie from each other (the module's docstring, point 5). Measured on the red team's gradients
-# (benchmarks/reducer_proof.py, 4 rounds, 192 honest proofs): honest reducers reached 1.8 in groups of
-# equal samples and 3.6 with 8/32/64/256 samples; a liar covering a shift of 10x the centre's length
-# showed at least 30 (every one refused), of 3x at least 3.3 (most refused), of 1x at most 2.6.
+# lie from each other (point 5); set from honest and lying proofs (benchmarks/RESULTS.md, "Reducer proofs").
 OWN_PART_FACTOR = 10.0
 # How much farther (squared) the result may lie from a member's part than the other parts' lower
-# median does (point 6; the second-nearest in groups of up to five). Measured on the red team's gradients (benchmarks/reducer_proof.py, 4 rounds,
-# 192 honest members' checks): at most 1.06 (8/32/64/256), 0.69 in groups of equal samples; the
-# noisy lie (10x the centre) hidden behind one member that never checks showed at least 5.0 (every
-# one refused in groups of 4 and 6), 3x at most 1.0 (none refused).
+# median does (point 6); set the same way (benchmarks/RESULTS.md, "Reducer proofs").
 RESULT_FACTOR = 4.0
 # Parts of fewer values are held to points 1-3 only: their sketches say little about lengths.
 MIN_VALUES_TO_MEASURE = 1024
@@ -227,9 +221,9 @@ def check_proof(
     """Why ``proof`` is not an honest reducer's account of ``result`` (what this member received for
     the part it sent as ``own_part`` with ``own_weight``), or None. ``member`` and ``reducer`` are
     sender indices; ``cap_rule`` caps a vector of weights as the reducer must have
-    (:func:`~hivemind_adapter.robust_reduce.capped_weights` with the group's ratio); ``rounding``: per value, how far the wire's codec may have moved the result
+    (:func:`~robust_aggregation.centered_clip.capped_weights` with the group's ratio); ``rounding``: per value, how far the wire's codec may have moved the result
     from the centre the reducer computed (None: only float32's rounding); ``like_parts``: the parts
-    estimate one vector (:class:`~hivemind_adapter.robust_reduce.RobustConfig`), so point 5 applies;
+    estimate one vector (:class:`~robust_aggregation.centered_clip.RobustConfig`), so point 5 applies;
     ``noise_reference``: this part's sampling noise as this member measured it elsewhere
     (:meth:`NoiseMap.over` of its own cohort stage), what point 5 holds a reducer to where it has
     one other part to compare with (a pair: two cohorts' heads)."""

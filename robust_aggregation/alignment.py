@@ -44,7 +44,7 @@ never after; the flipped sender's in 99 % of its windows in rounds 0-60 (99-100 
 rounds 60-80 (95 %), 11 % and 1 % in rounds 80-100 and 100-120 (28 % and 29 %). Over the whole
 120-round table honest senders were named 7 times instead of 124 (benchmarks/README.md).
 
-Pure Python: the cosines come from :func:`hivemind_adapter.robust_reduce.centered_clip`.
+Pure Python: the cosines come from :func:`robust_aggregation.centered_clip.centered_clip`.
 """
 
 from __future__ import annotations

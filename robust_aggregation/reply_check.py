@@ -54,7 +54,7 @@ def implausible_reply(own: torch.Tensor, reply: torch.Tensor, min_values: int = 
 def reply_cosine(own: torch.Tensor, reply: torch.Tensor, min_values: int = 1024) -> float | None:
     """The cosine between a part this member sent as ``own`` and the reducer's ``reply``, or None
     where it says nothing (a short part, a zero or non-finite one). One part's cosine is noisy; kept
-    across all-reduces (:class:`~hivemind_adapter.alignment.AlignmentRecord`), it tells a reducer that
+    across all-reduces (:class:`~robust_aggregation.alignment.AlignmentRecord`), it tells a reducer that
     keeps pointing its results against the members' parts, which no single reply shows."""
     if own.numel() < min_values:
         return None
