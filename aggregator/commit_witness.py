@@ -141,7 +141,7 @@ class CommitWitness:
             return attempt in self._seen
 
     def convictions(self) -> list[ReducerConviction]:
-        """The convictions peers posted for the task (:mod:`peer.conviction_watch`), each checked
+        """The convictions peers posted for the task (:mod:`peer.guard.conviction_watch`), each checked
         again here: two different proofs digests its reducer key signed for one all-reduce. Evidence
         found after a round's reports expired, or that the aggregator never read in time."""
         found = read_signed(

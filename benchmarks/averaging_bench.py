@@ -130,7 +130,8 @@ def _hier_worker(rank, barrier, out, initial_peers, ports, numel, rounds, fp16):
     """Ranks 0,1 form host/cohort A, ranks 2,3 host/cohort B; the lower rank of each runs the peer agent."""
     import hivemind
 
-    from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
+    from peer.averaging.factory import build_averager
+    from peer.averaging.stage import AveragingTimeouts
 
     start_orphan_reaper()
     host, local_rank = divmod(rank, 2)
@@ -138,7 +139,7 @@ def _hier_worker(rank, barrier, out, initial_peers, ports, numel, rounds, fp16):
     averager = dht = None
     if agent:
         dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
-        averager = HierarchicalAverager(
+        averager = build_averager(
             dht,
             "bench_hier",
             f"cohort-{host}",

@@ -43,7 +43,8 @@ from hivemind_adapter.dht import (  # noqa: E402
     start_dht,
     visible_maddrs,
 )
-from peer.swarm_view import ProgressBoard, SignedCommitBoard  # noqa: E402
+from peer.commit.boards import SignedCommitBoard  # noqa: E402
+from peer.swarm_view import ProgressBoard  # noqa: E402
 from protocol.dht_schema import (  # noqa: E402
     MantaRecordValidator,
     commit_subkey,

@@ -182,7 +182,7 @@ def _credits(swarm: LocalSwarm, honest: list[int]) -> dict:
     )
 
 
-# what an honest peer logs when its members' reports convict a reducer (peer.round_commit)
+# what an honest peer logs when its members' reports convict a reducer (peer.commit.quorum)
 EQUIVOCATION_LINE = r"attempt (\d+): averaging aborted.*reducer (\w{8}) sent different signed proofs"
 
 

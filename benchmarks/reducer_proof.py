@@ -63,7 +63,9 @@ GROUPS = {
     "8/32/64/256": [8, 32, 64, 256],
 }
 SHIFTS = (10.0, 3.0, 1.0, 0.5, 0.25)  # the lie's length, in lengths of the centre
-PART_VALUES = 2**19 // 4  # hivemind's robust part size (peer.hierarchy.ROBUST_PART_SIZE_BYTES), in floats
+PART_VALUES = (
+    2**19 // 4
+)  # hivemind's robust part size (peer.averaging.hierarchy.ROBUST_PART_SIZE_BYTES), in floats
 CONFIG = RobustConfig()
 
 

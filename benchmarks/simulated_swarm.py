@@ -31,8 +31,8 @@ from hivemind.averaging.partition import TensorPartContainer, TensorPartReducer 
 
 from aggregator.task_publication import build_task_spec  # noqa: E402
 from hivemind_adapter.robust_reduce import RobustPartReducer  # noqa: E402
-from peer.hierarchy import PART_SIZE_BYTES, ROBUST_PART_SIZE_BYTES  # noqa: E402
-from peer.known_cohort import new_roll  # noqa: E402
+from peer.averaging.factory import PART_SIZE_BYTES, ROBUST_PART_SIZE_BYTES  # noqa: E402
+from peer.averaging.known_cohort import new_roll  # noqa: E402
 from protocol.identity import Identity  # noqa: E402
 from robust_aggregation.alignment import MIN_VALUES, AlignmentRecord  # noqa: E402
 from robust_aggregation.centered_clip import RobustConfig  # noqa: E402
@@ -85,7 +85,7 @@ def peer_mean(
         workload, net, configs, "cpu", task_seed, round_index, f"peer-{peer}",
         go_on=lambda s: s < PER_PEER,
     )  # fmt: skip
-    factor = 1.0 / work.samples  # peer.hierarchy's _to_own_mean
+    factor = 1.0 / work.samples  # peer.averaging.hierarchy's _to_own_mean
     honest = [n.detach() * factor for n in work.numerator]
     if attack is None:
         return honest, honest
@@ -182,7 +182,9 @@ def all_reduce(
     reducer's share reduced by MANTA's robust reducer (or hivemind's plain one), its
     ``records[position]`` consulted before and fed after, as ``ExactAllReduceRunner`` does."""
     n = len(means)
-    tensors = [[*m, new_roll()] for m in means]  # peer.hierarchy's cohort averager holds the roll last
+    tensors = [
+        [*m, new_roll()] for m in means
+    ]  # peer.averaging.hierarchy's cohort averager holds the roll last
     total = sum(t.numel() for t in tensors[0])
     fractions = load_balance_peers(total, [None] * n)
     part_size = ROBUST_PART_SIZE_BYTES if robust else PART_SIZE_BYTES

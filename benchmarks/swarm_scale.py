@@ -47,9 +47,11 @@ from hivemind.dht.protocol import DHTProtocol  # noqa: E402
 
 from hivemind_adapter.dht import peer_id, start_dht, visible_maddrs  # noqa: E402
 from peer.affinity import assign_cohorts, cohort_sizes  # noqa: E402
-from peer.hierarchy import AveragingTimeouts, HierarchicalAverager  # noqa: E402
+from peer.averaging.factory import build_averager, committer_for  # noqa: E402
+from peer.averaging.stage import AveragingTimeouts  # noqa: E402
+from peer.commit.boards import SignedCommitBoard  # noqa: E402
 from peer.swarm_progress import SwarmProgress  # noqa: E402
-from peer.swarm_view import Announcer, ProgressBoard, SignedCommitBoard, read_roster  # noqa: E402
+from peer.swarm_view import Announcer, ProgressBoard, read_roster  # noqa: E402
 from protocol.dht_schema import MantaRecordValidator  # noqa: E402
 from protocol.identity import Identity  # noqa: E402
 from protocol.records import Affinity, DeviceInfo  # noqa: E402
@@ -137,7 +139,7 @@ def _thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, 
         announcer.announce()
         announcer.keep_fresh()
         progress = SwarmProgress(ProgressBoard(dht, TASK, identity, me), me, 64, 1, 10**9)
-        board = SignedCommitBoard(dht, TASK, identity, me)
+        committer = committer_for(SignedCommitBoard(dht, TASK, identity, me), TIMEOUTS)
         ready.put(index)
         if not go.wait(timeout=900):
             return
@@ -153,11 +155,11 @@ def _thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, 
             if averager is None or averager.cohort != cohort:
                 if averager is not None:
                     averager.shutdown()
-                averager = HierarchicalAverager(
+                averager = build_averager(
                     dht, TASK, cohort, [torch.zeros(s) for s in opts.shapes], timeouts=TIMEOUTS,
-                    commit_board=board, cross_group_size=opts.cross_group,
+                    committer=committer, cross_group_size=opts.cross_group,
                 )  # fmt: skip
-            attempt = averager.next_attempt(attempt)
+            attempt = committer.next_attempt(attempt)
             progress.begin(round_index, cohort, round_index - 1)
             samples, computing = 0, time.perf_counter()
             while samples == 0 or time.perf_counter() - computing < opts.compute:
@@ -173,7 +175,7 @@ def _thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, 
             )  # fmt: skip
             if outcome.committed:
                 figures.committed += 1
-                averager.report_state(attempt, outcome, outcome.digest)
+                committer.report_state(attempt, outcome.report(), outcome.digest)
             else:
                 figures.reasons.append(outcome.reason)
                 averager.settle(attempt, [p.entry.peer_id for p in roster])

@@ -13,7 +13,7 @@ shard, so results agree bit for bit.
 :class:`VerifiedAverager` collects the results aside and writes them into the averaged tensors only
 when the all-reduce was complete from its point of view (no failed reducer, every sender's parts
 received); otherwise the step raises :class:`PartialAllReduceError` and the tensors are untouched.
-Failures seen only by *another* member are caught one level up (:mod:`peer.hierarchy`), which compares
+Failures seen only by *another* member are caught one level up (:mod:`peer.averaging.hierarchy`), which compares
 what members report after the step. A NaN or infinite result is never written either
 (:class:`NonFiniteResultError`): one member's NaN would otherwise become every member's. With a
 :class:`~robust_aggregation.centered_clip.RobustConfig`, reducers take a robust centre of the senders'

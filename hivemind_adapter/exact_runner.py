@@ -274,7 +274,7 @@ class ExactAllReduceRunner(AllReduceRunner):
         measured = []
         for index, (data, result) in enumerate(zip(proofs, results)):
             if index in slotted:
-                continue  # each slot is its owner's value, checked by its owner (peer.known_cohort)
+                continue  # each slot is its owner's value, checked by its owner (peer.averaging.known_cohort)
             start, end = self._part_range(peer_index, index)
             own, info = container._input_parts_by_peer[peer_index][index]
             if not exact_wire:  # what the reducer decoded of this member's part

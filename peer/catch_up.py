@@ -30,7 +30,9 @@ from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.paged_blobs import BlobUnavailable
 from hivemind_adapter.state_archive import fetch_state
 from hivemind_adapter.state_sharing import SharedState
-from peer.round_commit import CommitBoard, CommittedState, newest_committed_state
+from peer.commit.boards import CommitBoard
+from peer.commit.quorum import CommittedState, newest_committed_state
+from peer.commit.report import CommitReport
 from protocol.dht_schema import anchor_key, open_anchor_value
 from protocol.records import TaskSpec
 
@@ -58,7 +60,7 @@ def committed_state(
     """``(newest, state)``: the newest state a quorum holds (None if the board knows none) and that
     state, fetched from its holders and checked against its digest (None if this peer already holds
     it, or no holder could serve it: the caller falls back to state sharing). ``any_holder``: see
-    :func:`~peer.round_commit.newest_committed_state`."""
+    :func:`~peer.commit.quorum.newest_committed_state`."""
     result = newest_committed_state(board, roster, any_holder=any_holder)
     if result is None or result.digest == own_digest:
         return result, None
@@ -123,7 +125,7 @@ def sit_out_running_attempt(
         return None
     running = board.latest_attempt() + 1
     try:
-        board.post(running, False, "", left=True)
+        board.post(running, CommitReport.departure())
     except Exception as e:  # the DHT may be unreachable; then the attempt we skip may wait for us
         logger.debug(f"departure notice failed: {e}")
     announce(running)

@@ -135,8 +135,9 @@ def join(
     prepare_process()
     from hivemind_adapter.averager_process import AveragerGone, AveragerStartFailed
     from peer.devices import discover_devices
-    from peer.node import JoinConfig, PeerNode, PeerStartError
-    from peer.stopping import SwarmLost
+    from peer.node import PeerNode
+    from peer.startup import JoinConfig, PeerStartError
+    from peer.stopping import StopSignals, SwarmLost
     from peer.worker_pool import WorkerDied
 
     log = logging.getLogger("manta.peer")
@@ -160,11 +161,12 @@ def join(
         cache_bytes=cache_bytes,
         whole_dataset=whole_dataset,
     )
-    node = (NODE_CLASS or PeerNode)(config, ident, devices)
-    node.install_signal_handlers()
+    signals = StopSignals()
+    signals.install()  # Ctrl-C during start-up stops what was built, too
+    node = None
     try:
         try:
-            node.start()
+            node = (NODE_CLASS or PeerNode).start(config, ident, devices, signals)
         except PeerStartError as e:
             raise UserError(str(e)) from None
         log.info(f"training on {len(devices)} worker(s): {', '.join(d.torch_device for d in devices)}")
@@ -176,13 +178,14 @@ def join(
             f"{node.state_digest[:12]} (round {node.state_round}) saved to {saved}"
         )
     except (SwarmLost, AveragerStartFailed, AveragerGone) as e:
-        raise UserError(node.swarm_lost or str(e)) from None  # an averager waits in vain on a lost DHT
+        raise UserError(signals.lost or str(e)) from None  # an averager waits in vain on a lost DHT
     except KeyboardInterrupt:
         log.info("round abandoned")
     except WorkerDied as e:
         raise UserError(f"{e}; the worker's error is in the log above") from None
     finally:
-        node.shutdown()
+        if node is not None:
+            node.shutdown()
 
 
 @main.command()

@@ -28,7 +28,8 @@ import torch
 from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.paged_blobs import BlobUnavailable
 from hivemind_adapter.state_archive import fetch_state
-from peer.round_commit import CommitBoard, is_quorum, newest_committed_state
+from peer.commit.boards import CommitBoard
+from peer.commit.quorum import is_quorum, members_of, newest_committed_state
 from supernet.outer_state import OuterState, outer_digest, split_served
 
 logger = logging.getLogger("manta.peer")
@@ -41,11 +42,11 @@ def takers_of(outer_board: CommitBoard, attempt: int, roster: Collection[str], p
     quorum of ``roster`` reports (none if no result has one: then nobody took a step, and an "ok"
     only says that a peer's own group finished, as two cohorts that missed each other both do)."""
     reports = outer_board.read(attempt)
-    members = set(roster) - {p for p, r in reports.items() if r.get("left")}
+    members = members_of(reports, roster)
     by_result: dict[str, set[str]] = {}
     for peer, report in reports.items():
-        if report.get("ok") and report.get("digest"):
-            by_result.setdefault(report["digest"], set()).add(peer)
+        if report.ok and report.digest:
+            by_result.setdefault(report.digest, set()).add(peer)
     for peers in by_result.values():
         if is_quorum(peers, members):
             return sorted(peers - {peer_id})

@@ -27,7 +27,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from peer.hierarchy import AveragingOutcome, HierarchicalAverager
+from peer.averaging.hierarchy import HierarchicalAverager
+from peer.averaging.outcome import AveragingOutcome
 from peer.outer_step import OuterSettings, nesterov_outer_step, outgoing
 from peer.round_types import OuterReport, RoundPlan
 from peer.worker_pool import WorkerPool
@@ -137,7 +138,7 @@ class OuterStepper:
         averager = self._averager_for(plan.cohort)
         # The other cohorts reach this exchange up to a period later (each trains at its own pace):
         # overlapped, waiting for them costs nothing while the next period trains; blocking, it is the
-        # outer step's barrier, and giving up splits the swarm's step (peer.deadlines says more).
+        # outer step's barrier, and giving up splits the swarm's step (peer.averaging.deadlines says more).
         period, self._period_started = started - self._period_started, started
         averager.deadlines.allow_drift(min(period, EXCHANGE_WAIT_SECONDS))
         if not self.settings.overlap:

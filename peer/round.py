@@ -16,7 +16,7 @@
     publish the new state                             # newcomers and laggards download it
 
 Everything a stage hands to the next is a typed value (:mod:`peer.round_types`: a plan,
-:class:`~peer.worker_protocol.HostContribution`, commitments, :class:`~peer.hierarchy.AveragingOutcome`),
+:class:`~peer.worker_protocol.HostContribution`, commitments, :class:`~peer.averaging.hierarchy.AveragingOutcome`),
 and the round's result is one report. The collaborators a round needs (DHT, worker pool, averager,
 outbox, ...) come in one context that the peer's agent (:mod:`peer.node`) builds once at start-up.
 """
@@ -29,12 +29,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from peer.affinity import assign_cohorts, cohort_sizes
-from peer.hierarchy import AveragingOutcome, committed_late
-from peer.round_commit import CommitBoard, report_state
+from peer.averaging.outcome import AveragingOutcome
+from peer.commit.committer import PendingResult
 from peer.round_types import (
     Commitments,
     OuterReport,
-    PendingResult,
     RoundContext,
     RoundPlan,
     RoundReport,
@@ -53,7 +52,6 @@ from supernet.training import phase_at
 logger = logging.getLogger("manta.peer")
 
 COMPUTE_POLL_SECONDS = 0.25  # how often the agent looks at the swarm's progress while workers train
-PENDING_KEPT = 4  # aborted rounds whose results are still looked at before each round
 
 
 def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
@@ -92,8 +90,11 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
     work = RoundWork(plan, host, commitments, start_digest)
     if not outcome.committed and outcome.pending is not None and not ctx.stop.is_set():
         # its posted result may still find a quorum (commit_pending)
-        pending = PendingResult(work, outcome, time.monotonic(), averager.public_keys())
-        ctx.pending = [*ctx.pending, pending][-PENDING_KEPT:]
+        roster = frozenset(plan.roster) | {ctx.peer_id}
+        ctx.commits.hold(
+            PendingResult(plan.attempt, roster, outcome.digest, start_digest, averager.public_keys(),
+                          time.monotonic(), (work, outcome))
+        )  # fmt: skip
     report = finish_round(ctx, work, outcome, compute_seconds, started)
     if ctx.outer is not None and report.committed and ctx.outer.settings.is_boundary(round_index):
         report.outer = take_outer_step(ctx, swarm_plan, outcome)
@@ -107,7 +108,7 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
 def _average(
     ctx: RoundContext, plan: RoundPlan, averager, host: HostContribution, start_digest: str
 ) -> AveragingOutcome:
-    """The round's averaging (:meth:`peer.hierarchy.HierarchicalAverager.average`) of the host's numerator."""
+    """The round's averaging (:meth:`peer.averaging.hierarchy.HierarchicalAverager.average`) of the host's numerator."""
     return averager.average(
         plan.attempt,
         ctx.workers.host_numerator(),
@@ -142,7 +143,7 @@ def take_outer_step(
         return None
     if outer.committed:
         ctx.publish_state(plan.round_index, plan.attempt)
-        report_state(ctx.commit_board, plan.attempt, round_outcome.posted(), ctx.state_digest())
+        ctx.commits.report_state(plan.attempt, round_outcome.report(), ctx.state_digest())
         logger.info(
             f"outer step (attempt {outer.attempt}) at the end of round {plan.round_index}: {outer.contributors} "
             f"contributor(s) in {outer.cohorts} cohort(s), exchange {outer.seconds:.1f} s, round held "
@@ -171,57 +172,32 @@ def finish_round(
         ctx.outbox.add(receipt, ctx.seal_receipt(receipt))
     if outcome.committed:
         ctx.progress.note_committed((c.peer, c.samples) for c in outcome.contributors)
-        ctx.pending = []  # a new state: no older result applies to it
+        ctx.commits.drop_pending()  # a new state: no older result applies to it
         ctx.publish_state(plan.round_index, plan.attempt)
-        report_state(ctx.commit_board, plan.attempt, outcome.posted(), ctx.state_digest())
+        ctx.commits.report_state(plan.attempt, outcome.report(), ctx.state_digest())
     outcome.seconds["apply"], outcome.seconds["publish"] = t1 - t0, time.perf_counter() - t1
     return _report(ctx, plan, work.host, outcome, lr, compute_seconds, time.perf_counter() - started)
 
 
 def commit_pending(ctx: RoundContext) -> RoundReport | None:
     """Before a round: commit the newest aborted round whose posted result a quorum of its roster
-    now holds, if this peer's state is still the one that round started from. Returns its report
-    (``late``), or None.
-
-    :meth:`~peer.hierarchy.HierarchicalAverager.commit_late` looks once, right after the settle; a
-    cohort head whose broadcast waits out a member that died can post its result after that (15 s
-    later on the 4-peer churn benchmark). Its cohort and this peer's quorum then committed, this
-    peer did not, and no quorum held the new state for it to catch up with: it computed the old
-    round again, "behind the swarm", for two minutes. Looking again before every round, for as long
-    as its state is unchanged (a committed round or a catch-up changes it and drops the pending
-    results), it takes the step the others took as soon as their reports show it."""
-    current = ctx.state_digest()
-    ctx.pending = [p for p in ctx.pending if p.work.start_digest == current]
-    found = committed_since(ctx.pending, ctx.commit_board, ctx.peer_id)
+    now holds, if this peer's state is still the one that round started from (a head's late
+    broadcast can make that quorum after this peer's settle looked). Returns its report (``late``),
+    or None."""
+    found = ctx.commits.committed_pending(ctx.state_digest())
     if found is None:
         return None
-    pending, outcome = found
+    work, aborted = found.payload
+    outcome = replace(
+        aborted.committed_late(), seconds={}
+    )  # its averaging time is in the aborted round's report
     logger.info(
-        f"round {pending.work.plan.round_index} (attempt {pending.work.plan.attempt}): its result reached a quorum "
-        f"{time.monotonic() - pending.ended:.1f} s after the round ended here: committed late"
+        f"round {work.plan.round_index} (attempt {work.plan.attempt}): its result reached a quorum "
+        f"{time.monotonic() - found.ended:.1f} s after the round ended here: committed late"
     )
-    report = finish_round(ctx, pending.work, outcome, 0.0, time.perf_counter())
+    report = finish_round(ctx, work, outcome, 0.0, time.perf_counter())
     report.late = True
     return report
-
-
-def committed_since(
-    pending: list[PendingResult], board: CommitBoard, peer_id: str
-) -> tuple[PendingResult, AveragingOutcome] | None:
-    """The newest of ``pending`` whose posted result a quorum of its roster (and this peer) now holds
-    on ``board``, and its outcome, committed (None: none does, or the board cannot be read)."""
-    for candidate in reversed(pending):
-        try:
-            reports = board.read(candidate.work.plan.attempt)
-        except Exception as e:  # the DHT may fail a read: look again before the next round
-            logger.debug(f"could not read attempt {candidate.work.plan.attempt}'s reports: {e}")
-            continue
-        roster = set(candidate.work.plan.roster) | {peer_id}
-        outcome = committed_late(candidate.outcome, reports, roster, candidate.public_keys)
-        if outcome.committed:
-            # its averaging time is in the aborted round's report already
-            return candidate, replace(outcome, seconds={})
-    return None
 
 
 def kept_when_leaving(

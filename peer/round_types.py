@@ -9,10 +9,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from peer.hierarchy import AveragingOutcome, HierarchicalAverager
+from peer.averaging.hierarchy import HierarchicalAverager
+from peer.commit.committer import RoundCommitter
 from peer.progress_display import ProgressDisplay
 from peer.receipts import ReceiptOutbox
-from peer.round_commit import CommitBoard
 from peer.swarm_progress import SwarmProgress
 from peer.swarm_view import Announcer
 from peer.worker_pool import WorkerPool
@@ -139,10 +139,8 @@ class RoundContext:
     state_round: Callable[[], int]  # the round that state is the result of
     publish_state: Callable[[int, int], None]  # (round, attempt): serve the state just committed
     seal_receipt: Callable[[ContributionReceipt], bytes | None]  # the wire bytes (None: honest seal)
-    commit_board: CommitBoard
+    commits: RoundCommitter  # the rounds' board: posting, waiting, late commits, the attempt counter
     roster_size: int = 0  # peers online in the last round's roster (for the progress display)
-    # aborted rounds whose posted result may still find a quorum, oldest first (commit_pending)
-    pending: list[PendingResult] = field(default_factory=list)
     # sync = "outer": takes the outer step after every inner_steps rounds (None: every-step tasks)
     outer: OuterStepper | None = None
     # (when it was started, the read) of the roster for the next inner step, read while this one computes
@@ -160,15 +158,3 @@ class RoundWork:
     host: HostContribution
     commitments: Commitments
     start_digest: str  # only from this state does the round's result make the step the others took
-
-
-@dataclass(frozen=True)
-class PendingResult:
-    """A round that ended aborted after this peer posted its result: everything needed to commit it
-    later, if a quorum of the roster turns out to hold that result (:func:`peer.round.commit_pending`)."""
-
-    work: RoundWork
-    outcome: AveragingOutcome  # aborted, its ``pending`` the result it posted
-    ended: float  # time.monotonic() when the round ended
-    # the roster's keys its reducers' signed proofs are checked under (None: a swarm without keys)
-    public_keys: dict[str, str] | None = None

@@ -67,16 +67,24 @@ class StopSignals:
             self._waiting_to_leave = False
 
     def lose(self, reason: str) -> None:
-        """From any thread: the peer cannot go on. Interrupts the main thread (again every
+        """From any thread: the peer cannot go on (logged once; later calls do nothing). Interrupts the main thread (again every
         :data:`LOSS_REPEAT_SECONDS` while hivemind has SIGINT ignored there, as it does while it
         starts an averager) until it has raised :class:`SwarmLost`."""
+        if self._lost is not None:
+            return  # told once
         self._lost = reason
+        logger.error(reason)
         self.stop.set()
         if not self._installed:
             return  # no handler of ours to raise it (an embedding program's): the round loop sees stop
         while not self._lost_raised.is_set():
             _thread.interrupt_main(signal.SIGINT)
             self._lost_raised.wait(LOSS_REPEAT_SECONDS)
+
+    @property
+    def lost(self) -> str | None:
+        """Why the peer cannot go on, once :meth:`lose` was told (None until then)."""
+        return self._lost
 
     def closing(self) -> None:
         """The peer shuts down now: a loss not raised yet is not raised any more (nor interrupts)."""

@@ -63,15 +63,17 @@ class SwarmProgress:
         target: int,
         *,
         rounds_by_cohort: bool = False,
+        traffic: Callable[[], tuple[int, int]] | None = None,
+        data: Callable[[], tuple[str, int, int]] | None = None,
     ):
         self.board, self.peer_id = board, peer_id
         # sync = "outer": cohorts take their inner steps apart, so only this peer's own cohort tells it
         # that it is behind (the others' samples still count towards the round's target: lockstep)
         self.rounds_by_cohort = rounds_by_cohort
         # (outer steps taken, cross-cohort bytes) for every record: what the dashboard shows
-        self.traffic: Callable[[], tuple[int, int]] = lambda: (0, 0)
+        self.traffic: Callable[[], tuple[int, int]] = traffic or (lambda: (0, 0))
         # (shards held as a bitmap, shard bytes served, fetched) in tasks on shards (peer.data_feed)
-        self.data: Callable[[], tuple[str, int, int]] = lambda: ("", 0, 0)
+        self.data: Callable[[], tuple[str, int, int]] = data or (lambda: ("", 0, 0))
         self.batch_size, self.devices, self.target = batch_size, devices, target
         self.throughput = 0.0  # samples/s over the last round's computation (0: none measured yet)
         self._finished: tuple[int, int, float] | None = None  # (round, samples, loss) last computed

@@ -10,19 +10,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from hivemind_adapter.dht import read_entries, read_entries_of_keys, store
+from hivemind_adapter.dht import read_entries, store
 from peer.affinity import RosterEntry
-from peer.round_commit import PostedChecks
 from protocol.dht_schema import (
-    COMMIT_BUCKETS,
     TASKS_INDEX_KEY,
-    commit_subkey,
-    commits_key,
-    open_commit_value,
     open_index_value,
     open_peer_value,
     open_progress_value,
@@ -33,15 +27,12 @@ from protocol.dht_schema import (
 )
 from protocol.identity import Identity
 from protocol.records import (
-    MAX_CHECKS_POSTED,
-    MAX_PROOFS_POSTED,
     Affinity,
     DeviceInfo,
     IdentityBinding,
     PeerAnnouncement,
     PeerProgress,
     RecordRejected,
-    RoundCommit,
     Sealed,
     TaskSpec,
     seal,
@@ -191,112 +182,6 @@ def read_roster(dht, task_id: str) -> list[RosterPeer]:
         entry = RosterEntry(a.peer_id, a.affinity.host_id, a.affinity.network_id, explicit)
         peers[a.peer_id] = RosterPeer(entry, len(a.devices), a)
     return [peers[k] for k in sorted(peers)]
-
-
-class SignedCommitBoard:
-    """The averaging commit board of a MANTA task: sealed RoundCommit records under
-    ``manta_T_commits_B``, which every node's validator checks, so no peer can abort other peers'
-    rounds or fake agreement in someone else's name.
-
-    Reports are spread over :data:`COMMIT_BUCKETS` keys by attempt: the read a peer repeats while it
-    waits for a quorum (:meth:`read`) fetches one bucket, about one attempt's reports, not every
-    attempt's the TTL keeps; :meth:`latest_attempt`, once a round, reads every bucket at once."""
-
-    def __init__(self, dht, task_id: str, identity: Identity, peer_id: str, ttl: float = 90.0):
-        self.dht, self.task_id, self.identity, self.peer_id, self.ttl = dht, task_id, identity, peer_id, ttl
-        self.verified = VerifiedRecords(lambda sub, value: open_commit_value(task_id, sub, value))
-
-    def post(
-        self,
-        attempt: int,
-        ok: bool,
-        digest: str,
-        left: bool = False,
-        state: str = "",
-        wait: bool = True,
-        group: str = "",
-        outliers: Sequence[str] = (),
-        proofs: Sequence[str] = (),
-        checked: Sequence[str] = (),
-        checking: bool = False,
-        refused: Sequence[str] = (),
-    ) -> None:
-        record = RoundCommit(
-            task_id=self.task_id,
-            attempt=attempt,
-            peer_id=self.peer_id,
-            public_key=self.identity.public_key_hex,
-            ok=ok,
-            digest=digest,
-            timestamp=int(time.time() * 1000),
-            left=left,
-            state=state,
-            group=group,
-            outliers=tuple(outliers)[:32],
-            proofs=tuple(proofs)[:MAX_PROOFS_POSTED],
-            checked=tuple(checked)[-MAX_CHECKS_POSTED:],
-            checking=checking,
-            refused=tuple(refused)[-MAX_CHECKS_POSTED:],
-        )
-        store(
-            self.dht,
-            commits_key(self.task_id, attempt),
-            seal(record, self.identity),
-            self.ttl,
-            subkey=commit_subkey(attempt, self.identity.public_key_hex),
-            wait=wait,
-        )
-
-    def _open(self, entries: dict[str, Any], attempt: int | None = None) -> list[RoundCommit]:
-        """Verified reports among ``entries`` (of ``attempt`` only, if given: the subkey names it, so
-        other attempts sharing its bucket are skipped before any check; a subkey that lies about its
-        attempt fails the check)."""
-        prefix = None if attempt is None else f"{attempt}/"
-        out = []
-        for sub, value in entries.items():
-            if prefix is not None and not str(sub).startswith(prefix):
-                continue
-            try:
-                out.append(self.verified.open(sub, value).record)
-            except RecordRejected:
-                continue
-        return out
-
-    def read(self, attempt: int) -> dict[str, dict]:
-        entries = _entries(self.dht, commits_key(self.task_id, attempt))
-        return {
-            r.peer_id: {
-                "ok": r.ok,
-                "digest": r.digest,
-                "left": r.left,
-                "state": r.state,
-                "group": r.group,
-                "proofs": list(r.proofs),
-            }  # fmt: skip
-            for r in self._open(entries, attempt)
-            if not r.checking
-        }
-
-    def read_checks(self, attempt: int) -> dict[str, PostedChecks]:
-        entries = _entries(self.dht, commits_key(self.task_id, attempt))
-        return {
-            r.peer_id: PostedChecks(frozenset(r.checked), r.checking, tuple(r.proofs), frozenset(r.refused))
-            for r in self._open(entries, attempt)
-        }
-
-    def latest_attempt(self, peers: Collection[str] | None = None) -> int:
-        buckets = read_entries_of_keys(
-            self.dht, [commits_key(self.task_id, b) for b in range(COMMIT_BUCKETS)]
-        )
-        return max(
-            (
-                r.attempt
-                for e in buckets
-                for r in self._open(e)
-                if not (r.left or r.checking) and (peers is None or r.peer_id in peers)
-            ),
-            default=-1,
-        )
 
 
 PROGRESS_TTL = 30.0  # a peer that stopped reporting drops out of the round's sample count

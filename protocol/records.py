@@ -355,7 +355,7 @@ class RoundCommit(SealedRecord):
     """A peer's report at the end of an averaging attempt: did it succeed, and with which result.
 
     Every participant publishes one in the DHT and a result commits once a quorum of the roster
-    reports ``ok`` with the same ``digest`` (see ``peer.round_commit``); sealing it means nobody can
+    reports ``ok`` with the same ``digest`` (see ``peer.commit.quorum``); sealing it means nobody can
     abort other peers' rounds, or fake agreement, in another peer's name.
     """
 
@@ -392,7 +392,7 @@ class RoundCommit(SealedRecord):
     # (:func:`protocol.averaging_group.stage_check_token`: the stage, its members, the result's digest).
     # Each member of such a group goes on only once both partners list its token: a reducer that held
     # one member's results back, to hide a lie behind the entry that member never checked, leaves it
-    # without the token (see ``peer.round_commit.await_partners_checked``). Later reports of the
+    # without the token (see ``peer.commit.quorum.await_partners_checked``). Later reports of the
     # attempt repeat the list, since they replace the earlier ones.
     checked: Annotated[tuple[Hex32, ...], Field(max_length=MAX_CHECKS_POSTED)] = ()
     # Reducers whose averages this peer refused in the attempt (its all-reduce broke on them, and it

@@ -238,7 +238,7 @@ def slotted_centre(parts: Sequence[torch.Tensor], senders: Sequence[int], num_se
     positions congruent to its sender index modulo ``num_senders`` and writes zeros elsewhere, so
     each position has one value, its owner's. The result is that value divided by ``num_senders``
     (what a plain mean of the parts gives when every sender keeps to its slots: a cohort's roll of
-    sample counts, :mod:`peer.known_cohort`). A robust centre of such a part would be wrong (its
+    sample counts, :mod:`peer.averaging.known_cohort`). A robust centre of such a part would be wrong (its
     coordinate-wise median is zero), and it needs none: what a sender writes in another's slots is
     ignored, and the sender named; so is one whose own values are not finite (they count as zero)."""
     result = torch.zeros(parts[0].numel(), dtype=torch.float64)

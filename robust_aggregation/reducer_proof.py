@@ -96,7 +96,7 @@ class OwnPartDoubt(str):
     result, or the part itself is off: then the reducer may be an honest cohort head carrying what a
     liar in its cohort made of its cohort stage. A member cannot tell these apart, so a peer bars a
     cross stage's reducer refused so briefly and longer each time
-    (:meth:`peer.admission.AdmissionMemory.bar_again`), not for the full term that a misreported
+    (:meth:`peer.guard.admission.AdmissionMemory.bar_again`), not for the full term that a misreported
     proof earns."""
 
 

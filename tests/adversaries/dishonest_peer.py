@@ -1,8 +1,8 @@
 """A volunteer client that cheats in one way, for the swarm tests that check the aggregator catches it.
 
 Run as ``python tests/adversaries/dishonest_peer.py FAULT join ...`` (the arguments of ``manta-peer
-join``): it is the real peer with one of its two replaceable parts (:meth:`PeerNode.receipt_wire`,
-:meth:`PeerNode.open_evaluation_service`) overridden, so everything else it does is what an honest
+join``): it is the real peer with one of its replaceable parts (:meth:`PeerNode.receipt_wire`,
+:attr:`PeerNode.kinds`) replaced, so everything else it does is what an honest
 peer does. The faults live here, in test code, and nowhere in ``peer/``:
 
 - ``forge``: a receipt whose signature does not verify under the key it names;
@@ -68,10 +68,12 @@ from hivemind_adapter.exact_runner import ExactAllReduceRunner  # noqa: E402
 from hivemind_adapter.robust_reduce import RobustPartReducer  # noqa: E402
 from peer.node import PeerNode  # noqa: E402
 from peer.search_service import EvaluationService  # noqa: E402
+from peer.startup import PeerKinds  # noqa: E402
+from peer.state_keeper import StateKeeper  # noqa: E402
 from peer.swarm_view import ProgressBoard  # noqa: E402
 from peer.worker_pool import WorkerPool  # noqa: E402
 from protocol.averaging_group import averaging_group_id, group_membership  # noqa: E402
-from protocol.records import ContributionReceipt, TaskSpec, seal  # noqa: E402
+from protocol.records import ContributionReceipt, seal  # noqa: E402
 from robust_aggregation.reducer_proof import PartProof, make_proof, sketch, sketch_seed  # noqa: E402
 
 FAULTS = (
@@ -413,8 +415,24 @@ class LyingEvaluationService(EvaluationService):
         return answer
 
 
+class ForgingStateKeeper(StateKeeper):
+    """Serves a forged state beside its own: its own state stays what it averages from."""
+
+    def publish(self, round_index: int, attempt: int) -> None:
+        super().publish(round_index, attempt)
+        own = self.state_digest
+        forged = [torch.randn_like(t) if t.is_floating_point() else t.clone() for t in self.served()]
+        self.sharer.publish(round_index + 1000, forged, attempt, 0.49)
+        self.state_digest = own
+
+
 def dishonest_node(fault: str) -> type[PeerNode]:
     class DishonestPeer(PeerNode):
+        kinds = PeerKinds(
+            evaluation_service=LyingEvaluationService if fault == "search-lie" else EvaluationService,
+            state_keeper=ForgingStateKeeper if fault == "forged-state" else StateKeeper,
+        )
+
         def run(self):
             if fault != "silent":
                 return super().run()
@@ -425,23 +443,6 @@ def dishonest_node(fault: str) -> type[PeerNode]:
 
         def receipt_wire(self, receipt: ContributionReceipt) -> bytes | None:
             return dishonest_wire(fault, self, receipt)
-
-        def _publish_state(self, round_index: int, attempt: int) -> None:
-            super()._publish_state(round_index, attempt)
-            if fault == "forged-state":  # its own state stays what it averages from; what it serves is not
-                own = self.state_digest
-                forged = [
-                    torch.randn_like(t) if t.is_floating_point() else t.clone() for t in self._served_state()
-                ]
-                self._sharer.publish(round_index + 1000, forged, attempt, 0.49)
-                self.state_digest = own
-
-        def open_evaluation_service(self, task: TaskSpec) -> EvaluationService:
-            if fault != "search-lie":
-                return super().open_evaluation_service(task)
-            return LyingEvaluationService(
-                self._endpoint, task.task_id, tuple(task.aggregator_keys), self.config.data_dir
-            )
 
     return DishonestPeer
 

@@ -145,7 +145,11 @@ def test_parts_starting_at_block_multiples_decode_to_the_whole_roundtrip(codec):
 
 @pytest.mark.parametrize("codec", INT_CODECS)
 def test_hivemind_cuts_whole_blocks_and_its_parts_decode_to_the_roundtrip(codec):
-    for part_size_bytes in (64 * 1024, 2**19, 4 * 2**20):  # a test's, hivemind's default, peer.hierarchy's
+    for part_size_bytes in (
+        64 * 1024,
+        2**19,
+        4 * 2**20,
+    ):  # a test's, hivemind's default, peer.averaging.hierarchy's
         container = TensorPartContainer([torch.zeros(20_000_000)], (1.0,), codec, part_size_bytes)
         parts = [part for part, _info in container._input_parts_by_peer[0]]
         assert len(parts) > 1 and all(part.numel() % BLOCK == 0 for part in parts[:-1])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from peer.admission import AdmissionMemory
+from peer.guard.admission import AdmissionMemory
 
 
 class Clock:

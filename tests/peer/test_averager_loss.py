@@ -14,10 +14,9 @@ import torch
 from hivemind_adapter.allreduce import VerifiedAverager
 from hivemind_adapter.averager_process import AveragerGone
 from hivemind_adapter.dht import peer_id, start_dht
-from peer.averaging_stage import AveragingTimeouts
-from peer.cohort_averagers import CohortAveragers
-from peer.hierarchy import HierarchicalAverager
-from peer.round_commit import DHTCommitBoard
+from peer.averaging.factory import CohortAveragers, build_averager, committer_for
+from peer.averaging.stage import AveragingTimeouts
+from peer.commit.boards import DHTCommitBoard
 from protocol.identity import Identity
 from tests.protocol.factories import task_spec
 
@@ -54,10 +53,10 @@ def test_an_averager_whose_process_ended_fails_its_calls_at_once(dht):
 
 
 def test_a_round_on_an_averager_whose_process_ended_fails_at_once_and_says_why(dht):
-    averager = HierarchicalAverager(dht, "gone-round", "c0", [torch.zeros(s) for s in SHAPES], timeouts=FAST)
+    averager = build_averager(dht, "gone-round", "c0", [torch.zeros(s) for s in SHAPES], timeouts=FAST)
     try:
         assert averager.ended() is None
-        _kill(averager._cross)
+        _kill(averager.cross.averager)
         assert "exit code -9" in (averager.ended() or "")
         started = time.monotonic()
         outcome = averager.average(
@@ -86,7 +85,7 @@ def test_a_cohort_whose_averager_ended_tells_the_peer_once(dht):
         [torch.zeros(s) for s in SHAPES],
         timeouts=FAST,
         client_mode=False,
-        round_board=DHTCommitBoard(dht, spec.task_id),
+        round_commits=committer_for(DHTCommitBoard(dht, spec.task_id), FAST),
         outer_board=None,
         leaving=lambda: False,
         online=lambda: [peer_id(dht)],

@@ -17,19 +17,18 @@ import pytest
 import torch
 
 from hivemind_adapter.dht import peer_id
+from peer.averaging.outcome import AveragingOutcome
 from peer.catch_up import sit_out_running_attempt
-from peer.hierarchy import AveragingOutcome, committed_late
-from peer.round_commit import (
-    WITNESS_GRACE_SECONDS,
+from peer.commit.boards import SignedCommitBoard
+from peer.commit.quorum import (
     CommittedState,
     attempt_decided,
-    await_attempt_decided,
-    await_commit,
-    await_quorum_reports,
+    commits_late,
     is_quorum,
     newest_committed_state,
 )
-from peer.swarm_view import SignedCommitBoard
+from peer.commit.report import CommitReport
+from peer.commit.waits import WITNESS_GRACE_SECONDS, await_attempt_decided, await_commit, await_quorum_reports
 from protocol.dht_schema import COMMIT_BUCKETS, commits_key
 from protocol.identity import Identity
 from protocol.proof_attestation import ProofAttestation, group_tag, proofs_digest
@@ -47,17 +46,15 @@ def two_boards():
 def test_a_departure_notice_fails_its_attempt_but_does_not_count_as_one(two_boards):
     stayer, leaver = two_boards
     digest = "ab" * 32
-    stayer.post(3, True, digest)
-    leaver.post(3, True, digest)
-    leaver.post(4, False, "", left=True)  # the leaver's next attempt: it will not be there
+    stayer.post(3, CommitReport(ok=True, digest=digest))
+    leaver.post(3, CommitReport(ok=True, digest=digest))
+    leaver.post(4, CommitReport.departure())  # the leaver's next attempt: it will not be there
 
     assert stayer.latest_attempt() == 3  # so the stayer's next attempt is 4, the one the notice names
     reports = stayer.read(4)
-    assert reports == {
-        leaver.peer_id: {"ok": False, "digest": "", "left": True, "state": "", "group": "", "proofs": []}
-    }
+    assert reports == {leaver.peer_id: CommitReport.departure()}
     # an attempt someone actually ran (and failed) does move the counter
-    leaver.post(4, False, "")
+    leaver.post(4, CommitReport())
     assert stayer.latest_attempt() == 4
 
 
@@ -68,22 +65,13 @@ def test_attempts_that_share_a_bucket_are_read_apart_and_the_newest_is_found_in_
     writer, reader = two_boards
     last = COMMIT_BUCKETS + 4
     for attempt in range(last + 1):
-        writer.post(attempt, True, f"{attempt:064x}")
-    writer.post(last + 1, False, "", left=True)  # a departure notice does not count as an attempt
+        writer.post(attempt, CommitReport(ok=True, digest=f"{attempt:064x}"))
+    writer.post(last + 1, CommitReport.departure())  # a departure notice does not count as an attempt
     assert commits_key(TASK, 3) == commits_key(TASK, 3 + COMMIT_BUCKETS)
     for attempt in (3, 3 + COMMIT_BUCKETS, last):
-        assert reader.read(attempt) == {
-            writer.peer_id: {
-                "ok": True,
-                "digest": f"{attempt:064x}",
-                "left": False,
-                "state": "",
-                "group": "",
-                "proofs": [],
-            }  # fmt: skip
-        }
+        assert reader.read(attempt) == {writer.peer_id: CommitReport(ok=True, digest=f"{attempt:064x}")}
     assert reader.latest_attempt() == last
-    writer.post(last + 2, False, "")  # an attempt run and failed, in another bucket
+    writer.post(last + 2, CommitReport())  # an attempt run and failed, in another bucket
     assert reader.latest_attempt() == last + 2
 
 
@@ -91,9 +79,9 @@ def test_a_cohort_reads_where_its_own_peers_are_not_where_another_cohort_ran_ahe
     """An outer task's cohorts take their inner steps apart: a cohort's next attempt is one past the
     highest its own peers posted, whatever another cohort, already a step ahead, posted."""
     here, elsewhere = two_boards
-    here.post(4, True, "ab" * 32)
-    elsewhere.post(5, True, "cd" * 32)
-    elsewhere.post(6, False, "")
+    here.post(4, CommitReport(ok=True, digest="ab" * 32))
+    elsewhere.post(5, CommitReport(ok=True, digest="cd" * 32))
+    elsewhere.post(6, CommitReport())
     assert here.latest_attempt() == 6
     assert here.latest_attempt(peers={here.peer_id}) == 4
     assert here.latest_attempt(peers={elsewhere.peer_id}) == 6
@@ -120,8 +108,8 @@ def test_a_result_commits_once_a_quorum_holds_it_without_waiting_for_the_rest(tw
     stayer, other = two_boards
     digest = "cd" * 32
     roster = {stayer.peer_id, other.peer_id, "QmSilentPeerThatNeverAverages"}
-    stayer.post(7, True, digest)
-    other.post(7, True, digest)
+    stayer.post(7, CommitReport(ok=True, digest=digest))
+    other.post(7, CommitReport(ok=True, digest=digest))
     started = time.monotonic()
     decision = await_commit(stayer, 7, digest, roster, deadline_seconds=30)
     assert decision.committed and decision.agreeing == 2, decision
@@ -130,8 +118,8 @@ def test_a_result_commits_once_a_quorum_holds_it_without_waiting_for_the_rest(tw
 
 def test_a_result_the_others_contradict_is_given_up_at_once(two_boards):
     stayer, other = two_boards
-    stayer.post(8, True, "aa" * 32)
-    other.post(8, True, "bb" * 32)
+    stayer.post(8, CommitReport(ok=True, digest="aa" * 32))
+    other.post(8, CommitReport(ok=True, digest="bb" * 32))
     started = time.monotonic()
     decision = await_commit(stayer, 8, "aa" * 32, [stayer.peer_id, other.peer_id], deadline_seconds=30)
     assert not decision.committed and "no quorum for this result" in decision.reason, decision
@@ -145,8 +133,8 @@ def test_a_result_the_others_contradict_is_given_up_at_once(two_boards):
 
 def test_a_departed_peer_no_longer_counts_in_the_roster(two_boards):
     stayer, leaver = two_boards
-    leaver.post(9, False, "", left=True)
-    stayer.post(9, True, "ee" * 32)
+    leaver.post(9, CommitReport.departure())
+    stayer.post(9, CommitReport(ok=True, digest="ee" * 32))
     decision = await_commit(stayer, 9, "ee" * 32, {stayer.peer_id, leaver.peer_id}, deadline_seconds=30)
     assert decision.committed, decision
     assert await_quorum_reports(stayer, 9, {stayer.peer_id, leaver.peer_id}, deadline_seconds=5)
@@ -159,7 +147,7 @@ def test_peers_gone_from_the_roster_end_the_wait_for_a_quorum_but_never_make_one
     # quorum ends once that shows (before, it ran out the whole commit deadline).
     stayer, other = two_boards
     roster = [stayer.peer_id, other.peer_id, "QmDead", "QmCutOff"]
-    stayer.post(20, True, "cc" * 32)
+    stayer.post(20, CommitReport(ok=True, digest="cc" * 32))
     asked = []
 
     def never() -> set[str]:
@@ -175,7 +163,7 @@ def test_peers_gone_from_the_roster_end_the_wait_for_a_quorum_but_never_make_one
     assert await_attempt_decided(stayer, 20, roster, deadline_seconds=60, never=never)
     # They never count towards a quorum: the other's agreeing report makes 2 of 4, not a quorum of
     # the 2 left; and without them the same wait still runs to its deadline.
-    other.post(20, True, "cc" * 32)
+    other.post(20, CommitReport(ok=True, digest="cc" * 32))
     assert not await_commit(stayer, 20, "cc" * 32, roster, deadline_seconds=60, never=never).committed
     # Decided only because they are gone: 2 of 4 with the other two still to report is open.
     assert attempt_decided(stayer.read(20), roster, {"QmDead", "QmCutOff"})
@@ -186,58 +174,56 @@ def test_peers_gone_from_the_roster_end_the_wait_for_a_quorum_but_never_make_one
 
 def test_an_attempt_is_decided_once_a_result_holds_a_quorum_or_none_can():
     roster = ["p0", "p1", "p2", "p3"]
-    ok = {"ok": True, "digest": "d1"}
+    ok = CommitReport(ok=True, digest="d1")
+    failed = CommitReport()
     # Two of four hold d1 and one failed: the fourth, silent (dead, or still averaging), could make
     # d1 a quorum, so the holders of d1 still wait for their commit.
-    waiting = {"p0": ok, "p1": ok, "p2": {"ok": False, "digest": ""}}
+    waiting = {"p0": ok, "p1": ok, "p2": failed}
     assert not attempt_decided(waiting, roster)
     assert attempt_decided({**waiting, "p3": ok}, roster)  # d1 holds 3 of 4: committed
-    assert attempt_decided({**waiting, "p3": {"ok": True, "digest": "d2"}}, roster)  # nobody can commit
-    assert attempt_decided({**waiting, "p3": {"ok": False, "digest": "", "left": True}}, roster)  # 2 of 3
+    assert attempt_decided({**waiting, "p3": CommitReport(ok=True, digest="d2")}, roster)  # nobody can commit
+    assert attempt_decided({**waiting, "p3": CommitReport.departure()}, roster)  # 2 of 3
     # Nothing posted yet, or only failures from a minority: the silent majority may still agree.
     assert not attempt_decided({}, roster)
-    assert not attempt_decided({"p0": {"ok": False, "digest": ""}}, roster)
-    assert attempt_decided({p: {"ok": False, "digest": ""} for p in roster[:2]}, roster)
-    assert not attempt_decided(
-        {"p0": {"ok": True, "digest": "d1"}, "stranger": ok}, roster
-    )  # outsiders do not count
+    assert not attempt_decided({"p0": failed}, roster)
+    assert attempt_decided({p: failed for p in roster[:2]}, roster)
+    assert not attempt_decided({"p0": ok, "stranger": ok}, roster)  # outsiders do not count
 
 
 def test_a_failed_peer_waits_until_the_attempt_is_decided_bounded(two_boards):
     stayer, other = two_boards
     roster = {stayer.peer_id, other.peer_id, "QmSilentPeer"}
-    stayer.post(11, False, "")
-    other.post(11, True, "ab" * 32)
+    stayer.post(11, CommitReport())
+    other.post(11, CommitReport(ok=True, digest="ab" * 32))
     started = time.monotonic()
     assert not await_attempt_decided(stayer, 11, roster, deadline_seconds=1.0)  # the silent peer could agree
     assert 1.0 <= time.monotonic() - started < 10
-    other.post(12, True, "ab" * 32)
-    threading.Timer(0.5, lambda: stayer.post(12, True, "ab" * 32)).start()
+    other.post(12, CommitReport(ok=True, digest="ab" * 32))
+    threading.Timer(0.5, lambda: stayer.post(12, CommitReport(ok=True, digest="ab" * 32))).start()
     assert await_attempt_decided(other, 12, roster, deadline_seconds=30)
 
 
 def test_a_result_that_finds_its_quorum_after_the_commit_wait_commits_late(two_boards):
-    # Run m of the churn benchmark: two peers posted a result and gave up waiting for a quorum; a
-    # cohort head posted the same result after its slow broadcast, saw the quorum and committed. The
-    # two that gave up commit it too once they look again, rather than fall behind the swarm.
+    # Two peers posted a result and gave up waiting for a quorum; a cohort head posted the same result
+    # after its slow broadcast, saw the quorum and committed. The two that gave up commit it too once
+    # they look again, rather than fall behind the swarm.
     early, late_head = two_boards
     roster = [early.peer_id, late_head.peer_id, "QmKilledPeer"]  # 2 of 3 is a quorum
     result = "5e" * 32
     tensors = [torch.arange(3.0)]
     gave_up = AveragingOutcome(committed=False, reason="no quorum within 6 s", digest=result, pending=tensors)
-    early.post(5, True, result)
-    assert not committed_late(gave_up, early.read(5), roster).committed  # still 1 of 3
-    late_head.post(5, True, result)
+    early.post(5, CommitReport(ok=True, digest=result))
+    assert not commits_late(early.read(5), roster, result, None)  # still 1 of 3
+    late_head.post(5, CommitReport(ok=True, digest=result))
     assert await_commit(late_head, 5, result, roster, 5.0).committed  # the head commits at once
-    late = committed_late(gave_up, early.read(5), roster)
+    assert commits_late(early.read(5), roster, result, None)
+    late = gave_up.committed_late()
     assert late.committed and late.tensors is tensors and late.pending is None and not late.reason
     # Only the result it posted, and only a strict majority of the roster, ever commits.
-    other = AveragingOutcome(committed=False, reason="no quorum", digest="77" * 32, pending=tensors)
-    assert not committed_late(other, early.read(5), roster).committed
-    assert not committed_late(gave_up, early.read(5), [*roster, "QmOther1", "QmOther2"]).committed
+    assert not commits_late(early.read(5), roster, "77" * 32, None)
+    assert not commits_late(early.read(5), [*roster, "QmOther1", "QmOther2"], result, None)
     # A round that failed before it had a result to post has nothing to commit.
-    failed = AveragingOutcome(committed=False, reason="cohort stage failed", digest=result)
-    assert not committed_late(failed, early.read(5), roster).committed
+    assert not commits_late(early.read(5), roster, "", None)
 
 
 def test_a_peer_catching_up_finds_the_newest_state_a_quorum_holds_and_its_holders(two_boards):
@@ -247,28 +233,30 @@ def test_a_peer_catching_up_finds_the_newest_state_a_quorum_holds_and_its_holder
     s5, s6, s7 = "aa" * 32, "bb" * 32, "cc" * 32  # the states after applying them
     assert newest_committed_state(a, roster) is None  # an empty board: fall back to state sharing
     for board in (a, b):
-        board.post(5, True, r5)
-        board.post(5, True, r5, state=s5)  # the same report again, once the step is applied
-        board.post(6, True, r6)
+        board.post(5, CommitReport(ok=True, digest=r5))
+        board.post(
+            5, CommitReport(ok=True, digest=r5, state=s5)
+        )  # the same report again, once the step is applied
+        board.post(6, CommitReport(ok=True, digest=r6))
     both = tuple(sorted([a.peer_id, b.peer_id]))
     # Attempt 6 committed, but nobody has reported the state after it yet: attempt 5's answers.
     assert newest_committed_state(b, roster) == CommittedState(5, s5, both)
-    a.post(6, True, r6, state=s6)
+    a.post(6, CommitReport(ok=True, digest=r6, state=s6))
     assert newest_committed_state(b, roster) == CommittedState(5, s5, both)  # one holder is no quorum
-    b.post(6, True, r6, state=s6)
-    a.post(7, True, r7)  # the newest attempt is still running
-    b.post(7, False, "")
+    b.post(6, CommitReport(ok=True, digest=r6, state=s6))
+    a.post(7, CommitReport(ok=True, digest=r7))  # the newest attempt is still running
+    b.post(7, CommitReport())
     assert newest_committed_state(b, roster) == CommittedState(6, s6, both)
     # The same reports are no majority of a bigger roster, nor is a state only one peer holds.
     assert newest_committed_state(a, [*roster, "QmOther1", "QmOther2"]) is None
     assert newest_committed_state(a, [a.peer_id, "QmOther1", "QmOther2"]) is None
     # A peer that reports a state the others do not hold does not make it the swarm's.
-    b.post(6, True, r6, state=s7)
+    b.post(6, CommitReport(ok=True, digest=r6, state=s7))
     assert newest_committed_state(a, roster) == CommittedState(5, s5, both)
     # A peer that posted a departure notice for an attempt is out of that attempt's roster.
-    b.post(8, False, "", left=True)
-    a.post(8, True, r7)
-    a.post(8, True, r7, state=s7)
+    b.post(8, CommitReport.departure())
+    a.post(8, CommitReport(ok=True, digest=r7))
+    a.post(8, CommitReport(ok=True, digest=r7, state=s7))
     assert newest_committed_state(a, [a.peer_id, b.peer_id]) == CommittedState(8, s7, (a.peer_id,))
 
 
@@ -279,15 +267,15 @@ def test_a_cohort_that_split_finds_one_state_for_both_its_members(two_boards):
     a, b = two_boards
     cohort = [a.peer_id, b.peer_id]
     sa, sb, s4 = "aa" * 32, "bb" * 32, "cc" * 32
-    a.post(3, True, "11" * 32, state=sa)
-    b.post(3, True, "22" * 32, state=sb)
+    a.post(3, CommitReport(ok=True, digest="11" * 32, state=sa))
+    b.post(3, CommitReport(ok=True, digest="22" * 32, state=sb))
     assert newest_committed_state(a, cohort) is None  # 1 of 2 each: no quorum
     first = min(cohort)
     expected = CommittedState(3, sa if first == a.peer_id else sb, (first,))
     assert newest_committed_state(a, cohort, any_holder=True) == expected
     assert newest_committed_state(b, cohort, any_holder=True) == expected
     assert newest_committed_state(a, ["QmOtherCohort"], any_holder=True) is None  # only its own peers
-    b.post(4, True, "33" * 32, state=s4)
+    b.post(4, CommitReport(ok=True, digest="33" * 32, state=s4))
     assert newest_committed_state(a, cohort, any_holder=True) == CommittedState(4, s4, (b.peer_id,))
 
 
@@ -310,26 +298,30 @@ def test_a_newcomer_joins_a_forming_swarm_at_once_and_posts_nothing(two_boards):
     stop = threading.Event()
     roster = [peer.peer_id]
     assert sit_out_running_attempt(newcomer, roster, stop) is None  # nothing committed yet
-    peer.post(0, True, "11" * 32)  # a result, but no state a quorum holds: still forming
+    peer.post(
+        0, CommitReport(ok=True, digest="11" * 32)
+    )  # a result, but no state a quorum holds: still forming
     assert sit_out_running_attempt(newcomer, roster, stop) is None
     assert newcomer.peer_id not in newcomer.read(1) and newcomer.peer_id not in newcomer.read(0)
 
 
 def test_a_newcomer_sits_out_the_attempt_in_progress_until_its_state_is_committed(two_boards):
     newcomer, peer = two_boards
-    peer.post(0, True, "11" * 32, state="aa" * 32)  # the swarm committed attempt 0; attempt 1 runs
+    peer.post(
+        0, CommitReport(ok=True, digest="11" * 32, state="aa" * 32)
+    )  # the swarm committed attempt 0; attempt 1 runs
     thread, result, announced, _ = _sitting_out(newcomer, [peer.peer_id], outcome_grace=60.0)
     wait_until(lambda: announced, 15, "the newcomer to say which attempt it sits out", poll=0.05)
     assert announced == [1]
     report = peer.read(1).get(newcomer.peer_id)
-    assert report is not None and report["left"], report  # out of attempt 1's quorum where a roster holds it
+    assert report is not None and report.left, report  # out of attempt 1's quorum where a roster holds it
     assert peer.latest_attempt() == 0  # and the notice does not move the swarm's attempt counter
     thread.join(1.5)
     assert thread.is_alive(), "stopped waiting before attempt 1 ended"
-    peer.post(1, True, "22" * 32)
+    peer.post(1, CommitReport(ok=True, digest="22" * 32))
     thread.join(1.5)
     assert thread.is_alive(), "a posted result is not yet a committed state (its grace is 60 s here)"
-    peer.post(1, True, "22" * 32, state="bb" * 32)
+    peer.post(1, CommitReport(ok=True, digest="22" * 32, state="bb" * 32))
     thread.join(10)
     assert not thread.is_alive() and result == [1]
 
@@ -339,15 +331,15 @@ def test_a_partners_checking_marker_does_not_end_a_newcomers_sit_out(two_boards)
     one ended the sit-out 5 s later, before the commit: the red team's late joiner then ran the
     attempt after with a state one round old and never committed (0 rounds in 4 minutes)."""
     newcomer, peer = two_boards
-    peer.post(0, True, "11" * 32, state="aa" * 32)
+    peer.post(0, CommitReport(ok=True, digest="11" * 32, state="aa" * 32))
     thread, result, announced, _ = _sitting_out(newcomer, [peer.peer_id], outcome_grace=1.0)
     wait_until(lambda: announced, 15, "the newcomer to sit out attempt 1", poll=0.05)
-    peer.post(1, False, "", checked=["cc" * 32], checking=True)
+    peer.post(1, CommitReport(checked=("cc" * 32,), checking=True))
     wait_until(lambda: peer.peer_id in newcomer.read_checks(1), 15, "the marker to show", poll=0.05)
     assert newcomer.latest_attempt() == 0
     thread.join(3.0)  # three times its grace after a result
     assert thread.is_alive(), "a marker ended the sit-out as if attempt 1 had a result"
-    peer.post(1, True, "22" * 32, state="bb" * 32)
+    peer.post(1, CommitReport(ok=True, digest="22" * 32, state="bb" * 32))
     thread.join(10)
     assert not thread.is_alive() and result == [1]
 
@@ -355,10 +347,10 @@ def test_a_partners_checking_marker_does_not_end_a_newcomers_sit_out(two_boards)
 def test_after_an_aborted_attempt_the_newcomer_starts_the_next_one_with_the_swarm(two_boards):
     """Not once the next attempt is over: that would put it a whole attempt out of step for good."""
     newcomer, peer = two_boards
-    peer.post(0, True, "11" * 32, state="aa" * 32)
+    peer.post(0, CommitReport(ok=True, digest="11" * 32, state="aa" * 32))
     thread, result, announced, _ = _sitting_out(newcomer, [peer.peer_id], outcome_grace=1.0)
     wait_until(lambda: announced, 15, "the newcomer to sit out attempt 1", poll=0.05)
-    peer.post(1, False, "")  # attempt 1 aborted; its peers go on to attempt 2
+    peer.post(1, CommitReport())  # attempt 1 aborted; its peers go on to attempt 2
     thread.join(15)
     assert not thread.is_alive() and result == [1]
     assert peer.latest_attempt() == 1  # nobody posted attempt 2: the newcomer takes part in it
@@ -366,7 +358,7 @@ def test_after_an_aborted_attempt_the_newcomer_starts_the_next_one_with_the_swar
 
 def test_sitting_out_is_bounded_and_ends_on_stop(two_boards):
     newcomer, peer = two_boards
-    peer.post(0, True, "11" * 32, state="aa" * 32)
+    peer.post(0, CommitReport(ok=True, digest="11" * 32, state="aa" * 32))
     thread, result, _, _ = _sitting_out(newcomer, [peer.peer_id], limit=1.0)
     thread.join(15)  # nobody ever posts attempt 1
     assert not thread.is_alive() and result == [1]
@@ -390,19 +382,35 @@ def test_a_result_whose_members_hold_different_signed_proofs_of_one_reducer_neve
     keys = {"QmReducerThatLied": reducer.public_key_hex}
     roster = {a.peer_id, b.peer_id}
     result = "e1" * 32
-    a.post(11, True, result, proofs=[_told(reducer, "QmReducerThatLied", b"the story told to a")])
-    b.post(11, True, result, proofs=[_told(reducer, "QmReducerThatLied", b"the story told to b")])
+    a.post(
+        11,
+        CommitReport(
+            ok=True, digest=result, proofs=(_told(reducer, "QmReducerThatLied", b"the story told to a"),)
+        ),
+    )
+    b.post(
+        11,
+        CommitReport(
+            ok=True, digest=result, proofs=(_told(reducer, "QmReducerThatLied", b"the story told to b"),)
+        ),
+    )
     decision = await_commit(a, 11, result, roster, deadline_seconds=30, public_keys=keys)
     assert not decision.committed and "different signed proofs" in decision.reason, decision
     assert decision.equivocation is not None and decision.equivocation.reducer == "QmReducerThatLied"
-    pending = AveragingOutcome(committed=False, reason="x", digest=result, pending=[torch.zeros(1)])
-    assert not committed_late(pending, a.read(11), roster, keys).committed
+    assert not commits_late(a.read(11), roster, result, keys)
     # the same stories told alike commit; a story forged in the reducer's name convicts nobody
-    a.post(12, True, result, proofs=[_told(reducer, "QmReducerThatLied", b"one story")])
+    a.post(
+        12, CommitReport(ok=True, digest=result, proofs=(_told(reducer, "QmReducerThatLied", b"one story"),))
+    )
     forged = _told(Identity.generate(), "QmReducerThatLied", b"a story b made up")
-    b.post(12, True, result, proofs=[_told(reducer, "QmReducerThatLied", b"one story"), forged])
+    b.post(
+        12,
+        CommitReport(
+            ok=True, digest=result, proofs=(_told(reducer, "QmReducerThatLied", b"one story"), forged)
+        ),
+    )
     assert await_commit(a, 12, result, roster, deadline_seconds=30, public_keys=keys).committed
-    assert committed_late(pending, a.read(12), roster, keys).committed
+    assert commits_late(a.read(12), roster, result, keys)
 
 
 def test_once_its_quorum_holds_a_peer_waits_briefly_for_the_other_contributors_reports(two_boards):
@@ -412,8 +420,8 @@ def test_once_its_quorum_holds_a_peer_waits_briefly_for_the_other_contributors_r
     a, b = two_boards
     roster = {a.peer_id, b.peer_id, "QmSlowContributor"}
     result = "e2" * 32
-    a.post(13, True, result)
-    b.post(13, True, result)
+    a.post(13, CommitReport(ok=True, digest=result))
+    b.post(13, CommitReport(ok=True, digest=result))
     started = time.monotonic()
     decision = await_commit(a, 13, result, roster, 30, witnesses=[b.peer_id, "QmSlowContributor"])
     waited = time.monotonic() - started

@@ -13,10 +13,11 @@ import time
 import pytest
 
 from hivemind_adapter.dht import peer_id, read_entries, store
-from peer.admission import AdmissionMemory
-from peer.conviction_watch import ConvictionWatch
-from peer.round_commit import await_commit
-from peer.swarm_view import SignedCommitBoard
+from peer.commit.boards import SignedCommitBoard
+from peer.commit.report import CommitReport
+from peer.commit.waits import await_commit
+from peer.guard.admission import AdmissionMemory
+from peer.guard.conviction_watch import ConvictionWatch
 from protocol.dht_schema import conviction_subkey, convictions_key
 from protocol.identity import Identity
 from protocol.proof_attestation import ProofAttestation, group_tag, proofs_digest
@@ -46,7 +47,7 @@ def test_a_second_story_posted_after_the_commit_convicts_the_reducer_for_every_p
     result = "e1" * 32
     # The quorum (a, and the reducer's own report) commits on the story told to a; b, the victim,
     # gets its results (and its own story) only after that.
-    a.post(21, True, result, proofs=[_told(reducer, b"the story told to a")])
+    a.post(21, CommitReport(ok=True, digest=result, proofs=(_told(reducer, b"the story told to a"),)))
     assert await_commit(a, 21, result, {a.peer_id}, deadline_seconds=30, public_keys=keys).committed
     watches = [
         ConvictionWatch(d, TASK, i, lambda: keys, recheck_after=(1.5,), read_every=1.0).start()
@@ -54,7 +55,9 @@ def test_a_second_story_posted_after_the_commit_convicts_the_reducer_for_every_p
     ]
     try:
         watches[0].recheck_later(a, 21)  # a posted a result for attempt 21
-        b.post(21, True, result, proofs=[_told(reducer, b"the story told to b")])  # late, as the victim
+        b.post(
+            21, CommitReport(ok=True, digest=result, proofs=(_told(reducer, b"the story told to b"),))
+        )  # late, as the victim
         wait_until(lambda: reducer.public_key_hex in watches[0].convicted_keys(), 20, "a's watch to convict")
         assert watches[0].rechecks >= 1
         # b's watch was never asked to read attempt 21: it learns the conviction from the DHT
@@ -79,8 +82,8 @@ def test_one_story_told_twice_convicts_nobody(swarm):
     dhts, identities, (a, b) = swarm
     reducer = Identity.generate()
     keys = {REDUCER: reducer.public_key_hex}
-    a.post(22, True, "e2" * 32, proofs=[_told(reducer, b"one story")])
-    b.post(22, True, "e2" * 32, proofs=[_told(reducer, b"one story")])
+    a.post(22, CommitReport(ok=True, digest="e2" * 32, proofs=(_told(reducer, b"one story"),)))
+    b.post(22, CommitReport(ok=True, digest="e2" * 32, proofs=(_told(reducer, b"one story"),)))
     watch = ConvictionWatch(dhts[0], TASK, identities[0], lambda: keys, recheck_after=(0.0,), read_every=1.0)
     watch.start()
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from peer.cross_tree import TreeGroup, cross_groups, units_of
+from peer.averaging.cross_tree import TreeGroup, cross_groups, units_of
 
 
 @pytest.mark.parametrize("fanout", [2, 3, 8])

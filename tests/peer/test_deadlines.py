@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from peer.deadlines import StageDeadlines
+from peer.averaging.deadlines import StageDeadlines
 
 
 def test_a_stage_without_history_waits_the_initial_time_within_the_ceiling():

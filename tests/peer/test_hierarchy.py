@@ -12,9 +12,10 @@ import torch
 
 from hivemind_adapter.allreduce import VerifiedAverager
 from hivemind_adapter.dht import peer_id, read_entries, store
-from peer.averaging_stage import GATHER_PERIODS
-from peer.hierarchy import AveragingTimeouts, HierarchicalAverager
-from peer.round_commit import DHTCommitBoard
+from peer.averaging.factory import build_averager
+from peer.averaging.stage import GATHER_PERIODS, AveragingTimeouts
+from peer.commit.boards import DHTCommitBoard
+from peer.commit.report import CommitReport
 from tests.peer.swarm_harness import run_peers, start_bootstrap_dht
 
 pytestmark = pytest.mark.swarm
@@ -82,7 +83,7 @@ def _peer(
     events=None,
 ):
     """One peer: ``sizes`` lists (cohort_size, num_cohorts) per round, as its DHT roster would say."""
-    averager = HierarchicalAverager(
+    averager = build_averager(
         dht,
         run_id,
         cohort,
@@ -261,8 +262,8 @@ TREE = {f"t{i}": (i, 10 + i, n) for i, n in enumerate((3, 5, 2, 7, 4))}
 
 def _tree_peer(dht, *, rank, seed, samples, rounds, fp16, run_id):
     """A cohort leader of 5 cohorts whose cross-cohort groups hold 2: a 3-level tree
-    (:mod:`peer.cross_tree`). ``rounds`` is how many rounds it takes part in before it dies."""
-    averager = HierarchicalAverager(
+    (:mod:`peer.averaging.cross_tree`). ``rounds`` is how many rounds it takes part in before it dies."""
+    averager = build_averager(
         dht, run_id, f"c{rank}", [torch.zeros(s) for s in SHAPES], cross_codec="fp16" if fp16 else "none", cross_group_size=2, timeouts=FAST
     )  # fmt: skip
     try:
@@ -319,7 +320,7 @@ def _late_leader_peer(dht, *, rank, seed, samples, late, run_id, cohorts=3, drif
     """A cohort leader of ``cohorts`` cohorts of one that enters the cross stage ``late`` seconds after
     it could (its last mini-batch, its link or its machine held it up), with ``drift`` seconds allowed
     for the other cohorts' lag (an outer exchange's period)."""
-    averager = HierarchicalAverager(dht, run_id, f"c{rank}", [torch.zeros(s) for s in SHAPES], timeouts=FAST)
+    averager = build_averager(dht, run_id, f"c{rank}", [torch.zeros(s) for s in SHAPES], timeouts=FAST)
     try:
         roster = _roster(dht, run_id, cohorts)
         averager.deadlines.allow_drift(drift)
@@ -338,7 +339,7 @@ def test_a_cohort_leader_arriving_after_one_matchmaking_period_still_joins_the_w
     # matchmaking period (2 s), the late one found nobody left, and the round committed without it.
     # The window is widened here from 3 periods to 5: on a loaded 2-core CI machine the late one's
     # step began more than 3 s after its 3 s delay once (the others had formed their pair at 6 s).
-    monkeypatch.setattr("peer.averaging_stage.GATHER_PERIODS", 5.0)
+    monkeypatch.setattr("peer.averaging.stage.GATHER_PERIODS", 5.0)
     late = {"l0": (30, 3, 0.0), "l1": (31, 5, 0.0), "l2": (32, 4, 1.5 * FAST.matchmaking)}
     args = {
         name: dict(rank=rank, seed=seed, samples=n, late=delay, run_id="hier-late")
@@ -427,7 +428,7 @@ def _arm(dht) -> None:
 def _mortal_peer(dht, *, peers, cohort, rank, num_cohorts, seed, samples, victim, rounds, run_id):
     """A peer whose averagers die in their second all-reduce if it is the victim: ``victim`` is True,
     or "last" for the peer with the largest id (never its cohort's leader)."""
-    averager = HierarchicalAverager(
+    averager = build_averager(
         dht, run_id, cohort, [torch.zeros(s) for s in SHAPES], timeouts=FAST, averager_type=_KilledInAnAllReduce
     )  # fmt: skip
     try:
@@ -590,13 +591,13 @@ def _sitting_out_peer(dht, *, name, cohorts, run_id, seed=0, samples=0, leaves=F
     ids = {n: p for p, n in read_entries(dht, f"{run_id}_names").items()}
     assert len(ids) == len(roster), "every peer posts its name before its roster entry"
     if leaves:
-        DHTCommitBoard(dht, run_id, ttl=300.0).post(0, False, "", left=True)
+        DHTCommitBoard(dht, run_id, ttl=300.0).post(0, CommitReport.departure())
         deadline = time.monotonic() + 120
         while not read_entries(dht, f"{run_id}_done") and time.monotonic() < deadline:
             time.sleep(0.2)
         return None
     rank = next(r for r, c in enumerate(cohorts) if name in c)
-    averager = HierarchicalAverager(dht, run_id, f"c{rank}", [torch.zeros(s) for s in SHAPES], timeouts=FAST)
+    averager = build_averager(dht, run_id, f"c{rank}", [torch.zeros(s) for s in SHAPES], timeouts=FAST)
     try:
         numerator = [g * samples for g in _grads(seed)]
         res = averager.average(
@@ -654,7 +655,7 @@ def _with_a_silent_member_peer(dht, *, name, cohorts, run_id, seed=0, samples=0,
             time.sleep(0.2)
         return None
     rank = next(r for r, c in enumerate(cohorts) if name in c)
-    averager = HierarchicalAverager(dht, run_id, f"c{rank}", [torch.zeros(s) for s in SHAPES], timeouts=FAST)
+    averager = build_averager(dht, run_id, f"c{rank}", [torch.zeros(s) for s in SHAPES], timeouts=FAST)
     try:
         out = []
         for attempt in (0, 1):

@@ -11,7 +11,7 @@ import torch
 
 from hivemind_adapter.allreduce import VerifiedAverager
 from hivemind_adapter.known_groups import known_group_id
-from peer.known_cohort import KnownCohort, new_roll
+from peer.averaging.known_cohort import KnownCohort, new_roll
 from robust_aggregation.centered_clip import RobustConfig
 from tests.hivemind_adapter.averager_group import (
     ALLREDUCE_TIMEOUT,
@@ -72,7 +72,7 @@ def _mean_gradient(i: int) -> torch.Tensor:
 
 
 def _robust_known_group(take_step) -> tuple[list, list, list, list[str]]:
-    """Four robust cohort averagers (the roll a slotted tail, as :class:`~peer.hierarchy.
+    """Four robust cohort averagers (the roll a slotted tail, as :class:`~peer.averaging.hierarchy.
     HierarchicalAverager` builds them) take one known-group step with ``take_step(i, averager,
     members)``; returns what each holds, each outcome, each ``last_outliers()`` and the peer ids."""
     history, peer_ids = step_known_group_repeatedly(

@@ -20,7 +20,7 @@ import torch
 
 from hivemind_adapter.allreduce import VerifiedAverager
 from hivemind_adapter.dht import peer_id, read_entries, store
-from peer.hierarchy import HierarchicalAverager
+from peer.averaging.factory import build_averager
 from tests.peer.test_hierarchy import (
     FAST,
     PEERS,
@@ -74,7 +74,7 @@ def _headless_cohort_peer(dht, *, name, cohort, rank, seed, samples, run_id):
     assert len(cohort_of) == len(roster), "every peer posts its cohort before its roster entry"
     if peer_id(dht) == min(p for p, c in cohort_of.items() if c == "rack-b"):
         open(f"{_KilledInTheCrossStage.armed}.{peer_id(dht)}", "w").close()
-    averager = HierarchicalAverager(
+    averager = build_averager(
         dht, run_id, cohort, [torch.zeros(s) for s in SHAPES], timeouts=FAST,
         averager_type=_KilledInTheCrossStage, online=lambda: list(read_entries(dht, f"{run_id}_alive")),
     )  # fmt: skip

@@ -14,8 +14,9 @@ import pytest
 
 from hivemind_adapter.dht import peer_id
 from peer.catch_up import catch_up_before_leaving
-from peer.round_commit import newest_committed_state
-from peer.swarm_view import SignedCommitBoard
+from peer.commit.boards import SignedCommitBoard
+from peer.commit.quorum import newest_committed_state
+from peer.commit.report import CommitReport
 from protocol.identity import Identity
 from tests.helpers import two_task_dhts, wait_until
 
@@ -69,30 +70,34 @@ class Leaver:
 
 def test_a_leaver_whose_last_round_aborted_loads_the_round_the_others_committed_without_waiting(boards):
     leaver, other = boards
-    other.post(2, True, "22" * 32, state="b2" * 32)  # the others committed round 2; nobody computes round 3
+    other.post(
+        2, CommitReport(ok=True, digest="22" * 32, state="b2" * 32)
+    )  # the others committed round 2; nobody computes round 3
     left = Leaver(leaver, [other.peer_id], state_round=1, running=2)
     assert left.ended(10) and left.result == [2] and left.announced == []
 
 
 def test_a_leaver_waits_for_the_round_the_others_are_finishing_and_ends_on_its_state(boards):
     leaver, other = boards
-    other.post(2, True, "22" * 32, state="b2" * 32)
+    other.post(2, CommitReport(ok=True, digest="22" * 32, state="b2" * 32))
     left = Leaver(leaver, [other.peer_id], state_round=2, running=3, outcome_grace=60.0)
     wait_until(lambda: left.announced, 10, "the leaver to say which round it waits for", poll=0.05)
     assert left.announced == [3]
     assert not left.ended(1.0), "left before the round the others compute ended"
-    other.post(3, True, "33" * 32)  # the result: committed a moment later, when its state is reported
+    other.post(
+        3, CommitReport(ok=True, digest="33" * 32)
+    )  # the result: committed a moment later, when its state is reported
     assert not left.ended(1.0)
-    other.post(3, True, "33" * 32, state="b3" * 32)
+    other.post(3, CommitReport(ok=True, digest="33" * 32, state="b3" * 32))
     assert left.ended(10) and left.result == [3]
 
 
 def test_a_round_that_aborts_ends_the_wait_after_its_grace_and_so_do_stale_progress_records(boards):
     leaver, other = boards
-    other.post(2, True, "22" * 32, state="b2" * 32)
+    other.post(2, CommitReport(ok=True, digest="22" * 32, state="b2" * 32))
     left = Leaver(leaver, [other.peer_id], state_round=2, running=3, outcome_grace=0.5)
     wait_until(lambda: left.announced, 10, "the leaver to wait for round 3", poll=0.05)
-    other.post(3, False, "")  # round 3 aborted for the others
+    other.post(3, CommitReport())  # round 3 aborted for the others
     assert left.ended(10) and left.result == [2]
     left = Leaver(leaver, [other.peer_id], state_round=2, running=4)
     wait_until(lambda: left.announced, 10, "the leaver to wait for round 4", poll=0.05)
@@ -102,7 +107,7 @@ def test_a_round_that_aborts_ends_the_wait_after_its_grace_and_so_do_stale_progr
 
 def test_the_wait_is_bounded_and_a_second_ctrl_c_ends_it(boards):
     leaver, other = boards
-    other.post(2, True, "22" * 32, state="b2" * 32)
+    other.post(2, CommitReport(ok=True, digest="22" * 32, state="b2" * 32))
     left = Leaver(leaver, [other.peer_id], state_round=2, running=3, limit=1.0)
     assert left.ended(10) and left.result == [2]  # nobody ever posts round 3
     left = Leaver(leaver, [other.peer_id], state_round=2, running=3)  # 30 s by default

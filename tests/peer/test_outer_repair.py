@@ -10,11 +10,13 @@ import torch
 from hivemind_adapter.dht import peer_id
 from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.state_archive import StateArchive
+from peer.averaging.factory import committer_for
+from peer.averaging.stage import AveragingTimeouts
+from peer.commit.boards import SignedCommitBoard
+from peer.commit.report import CommitReport
 from peer.outer_repair import missed_outer_state, takers_of
 from peer.outer_round import OuterStepper
 from peer.outer_step import OuterSettings
-from peer.round_commit import PostedResult, report_state
-from peer.swarm_view import SignedCommitBoard
 from protocol.dht_schema import outer_board_id
 from protocol.identity import Identity
 from supernet.outer_state import OuterState, outer_digest, served_consensus, served_layout
@@ -31,14 +33,16 @@ def test_the_peers_that_committed_an_outer_step_are_a_quorum_holding_one_result(
         me, other = (SignedCommitBoard(d, TASK, Identity.generate(), peer_id(d)) for d in dhts)
         roster = [me.peer_id, other.peer_id, "QmThirdPeerOfTheRoster"]
         assert takers_of(me, 2, roster, me.peer_id) == []  # nobody posted: nothing to take
-        me.post(2, True, "aa" * 32)  # this peer's own group's result
-        other.post(2, True, "bb" * 32)  # and another group's: two cohorts that missed each other
+        me.post(2, CommitReport(ok=True, digest="aa" * 32))  # this peer's own group's result
+        other.post(
+            2, CommitReport(ok=True, digest="bb" * 32)
+        )  # and another group's: two cohorts that missed each other
         wait_until(lambda: len(me.read(2)) == 2, 15, "both posts to show", poll=0.2)
         # each "ok" says only that a group finished; neither result holds a quorum of 3: no step taken
         assert takers_of(me, 2, roster, me.peer_id) == []
         # with a roster of the two, neither holds more than half either; with the other alone, it does
         assert takers_of(me, 2, roster[:2], me.peer_id) == []
-        other.post(3, True, "cc" * 32)
+        other.post(3, CommitReport(ok=True, digest="cc" * 32))
         wait_until(lambda: other.read(3), 15, "the post to show", poll=0.2)
         assert takers_of(me, 3, roster[1:2], me.peer_id) == [other.peer_id]
 
@@ -65,13 +69,17 @@ def test_the_outer_state_the_takers_serve_is_found_once_they_took_the_step():
             for d in (their_dht, my_dht)
         ]
         try:
-            outer_boards[0].post(1, True, "dd" * 32)  # they committed outer exchange 1
+            outer_boards[0].post(
+                1, CommitReport(ok=True, digest="dd" * 32)
+            )  # they committed outer exchange 1
 
             def serve(outer: OuterState, attempt: int) -> None:
                 served = served_layout(worker, len(worker), outer)
                 state_digest = digest(served[:consensus])
                 archive.add(10 + attempt, attempt, state_digest, served)
-                report_state(boards[0], attempt, PostedResult("cc" * 32), state_digest)
+                committer_for(boards[0], AveragingTimeouts()).report_state(
+                    attempt, CommitReport(ok=True, digest="cc" * 32), state_digest
+                )
                 wait_until(lambda: boards[1].read(attempt), 15, "their state report to show", poll=0.2)
 
             def look() -> OuterState | None:

@@ -1,9 +1,9 @@
-"""Aborted rounds whose posted result finds its quorum later (peer.round.committed_since), read from a
-real signed commit board on a real hivemind DHT.
+"""Aborted rounds whose posted result finds its quorum later (RoundCommitter.committed_pending), read
+from a real signed commit board on a real hivemind DHT.
 
-Run o of the churn benchmark: two peers gave up on attempt 8 and settled; the other cohort's head
-posted the same result 15 s later and committed with them as its quorum. Looking once after the
-settle was too early; a peer keeps the round's result and looks before each later round.
+Two peers gave up on an attempt and settled; the other cohort's head posted the same result later and
+committed with them as its quorum. Looking once after the settle is too early: a peer keeps the
+round's result and looks before each later round, while it still holds the state it started from.
 """
 
 from __future__ import annotations
@@ -11,18 +11,18 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
 
 from hivemind_adapter.dht import peer_id
-from peer.hierarchy import AveragingOutcome
-from peer.round import committed_since
-from peer.round_types import Commitments, PendingResult, RoundPlan, RoundWork
-from peer.swarm_view import SignedCommitBoard
-from peer.worker_protocol import HostContribution
+from peer.averaging.factory import committer_for
+from peer.averaging.stage import AveragingTimeouts
+from peer.commit.boards import SignedCommitBoard
+from peer.commit.committer import PENDING_KEPT, PendingResult
+from peer.commit.report import CommitReport
 from protocol.identity import Identity
 from tests.helpers import two_task_dhts
 
 TASK = "digits-pending-test"
+START = "5a" * 32  # the state the pending rounds started from
 
 
 @pytest.fixture
@@ -31,50 +31,56 @@ def boards():
         yield [SignedCommitBoard(d, TASK, Identity.generate(), peer_id(d)) for d in dhts]
 
 
-def _gave_up(
-    attempt: int, roster: tuple[str, ...], result: str, tensors: list[torch.Tensor]
-) -> PendingResult:
-    plan = RoundPlan(3, attempt, "site-1", 0, 2, 2, roster)
-    host = HostContribution(48, 2.3, 10_000, ("c0ffee",), 1.0, 0.8)
-    outcome = AveragingOutcome(
-        committed=False,
-        reason="no quorum within 6 s",
-        digest=result,
-        pending=tensors,
-        seconds={"cohort": 1.5},
+def _gave_up(attempt: int, roster: tuple[str, ...], result: str, start: str = START) -> PendingResult:
+    return PendingResult(
+        attempt, frozenset(roster), result, start, None, time.monotonic(), f"round of {attempt}"
     )
-    work = RoundWork(plan, host, Commitments("ab" * 32, (1, 2), (48,)), "5a" * 32)
-    return PendingResult(work, outcome, time.monotonic())
 
 
 def test_a_result_whose_quorum_shows_after_the_settle_commits_before_the_next_round(boards):
     me, head = boards
+    commits = committer_for(me, AveragingTimeouts())
     roster = (me.peer_id, head.peer_id, "QmKilledPeer")  # 2 of 3 is a quorum
-    result, tensors = "5e" * 32, [torch.arange(3.0)]
-    pending = [_gave_up(8, roster, result, tensors)]
-    me.post(8, True, result)  # this peer's result; it gave up waiting and settled
-    assert committed_since(pending, me, me.peer_id) is None  # 1 of 3: still nothing to commit
-    head.post(8, True, result)  # the head's broadcast ended: its result, the same, makes the quorum
-    found = committed_since(pending, me, me.peer_id)
-    assert found is not None
-    kept, outcome = found
-    assert kept is pending[0] and outcome.committed and outcome.tensors is tensors and not outcome.reason
-    assert outcome.seconds == {}  # its averaging time was counted when the round ended aborted
+    result = "5e" * 32
+    pending = _gave_up(8, roster, result)
+    commits.hold(pending)
+    me.post(8, CommitReport(ok=True, digest=result))  # this peer's result; it gave up waiting and settled
+    assert commits.committed_pending(START) is None  # 1 of 3: still nothing to commit
+    head.post(8, CommitReport(ok=True, digest=result))  # the head's broadcast ended: the same result
+    assert commits.committed_pending(START) is pending
+    # a peer whose state changed since (a commit or a catch-up) has nothing pending any more
+    assert commits.committed_pending("6b" * 32) is None
+    assert commits.committed_pending(START) is None
 
 
 def test_only_the_posted_result_commits_and_the_newest_pending_round_is_taken_first(boards):
     me, head = boards
+    commits = committer_for(me, AveragingTimeouts())
     roster = (me.peer_id, head.peer_id, "QmKilledPeer")
-    older = _gave_up(8, roster, "5e" * 32, [torch.zeros(3)])
-    newer = _gave_up(9, roster, "6f" * 32, [torch.ones(3)])
-    me.post(8, True, "5e" * 32)
-    head.post(8, True, "77" * 32)  # the head's result differs: attempt 8 has no quorum for ours
-    assert committed_since([older, newer], me, me.peer_id) is None
-    me.post(9, True, "6f" * 32)
-    head.post(9, True, "6f" * 32)
-    head.post(8, True, "5e" * 32)  # both would commit now: the newest attempt is the swarm's
-    found = committed_since([older, newer], me, me.peer_id)
-    assert found is not None and found[0] is newer
+    older, newer = _gave_up(8, roster, "5e" * 32), _gave_up(9, roster, "6f" * 32)
+    commits.hold(older)
+    commits.hold(newer)
+    me.post(8, CommitReport(ok=True, digest="5e" * 32))
+    head.post(8, CommitReport(ok=True, digest="77" * 32))  # the head's result differs: no quorum for ours
+    assert commits.committed_pending(START) is None
+    me.post(9, CommitReport(ok=True, digest="6f" * 32))
+    head.post(9, CommitReport(ok=True, digest="6f" * 32))
+    head.post(8, CommitReport(ok=True, digest="5e" * 32))  # both would commit now: the newest is the swarm's
+    assert commits.committed_pending(START) is newer
     # A larger roster makes 2 holders a minority: nothing commits.
-    bigger = (*roster, "QmOther1", "QmOther2")
-    assert committed_since([_gave_up(9, bigger, "6f" * 32, [torch.ones(3)])], me, me.peer_id) is None
+    bigger = committer_for(me, AveragingTimeouts())
+    bigger.hold(_gave_up(9, (*roster, "QmOther1", "QmOther2"), "6f" * 32))
+    assert bigger.committed_pending(START) is None
+
+
+def test_only_the_newest_pending_results_are_kept(boards):
+    me, _head = boards
+    commits = committer_for(me, AveragingTimeouts())
+    held = [_gave_up(a, (me.peer_id,), f"{a:064x}") for a in range(PENDING_KEPT + 2)]
+    for p in held:
+        commits.hold(p)
+    for p in held[:2]:  # the two oldest would commit, but are no longer kept
+        me.post(p.attempt, CommitReport(ok=True, digest=p.digest))
+    assert commits.committed_pending(START) is None
+    me.post(held[2].attempt, CommitReport(ok=True, digest=held[2].digest))
+    assert commits.committed_pending(START) is held[2]

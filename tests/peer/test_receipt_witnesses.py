@@ -9,8 +9,9 @@ import pytest
 from aggregator.contributions import ContributionDesk
 from hivemind_adapter.dht import peer_id, read_entries, store
 from hivemind_adapter.p2p import Endpoint
+from peer.commit.boards import SignedCommitBoard
+from peer.commit.report import CommitReport
 from peer.receipts import AggregatorLink, ReceiptCourier, ReceiptOutbox
-from peer.swarm_view import SignedCommitBoard
 from protocol.averaging_group import averaging_group_id, group_membership
 from protocol.dht_schema import commits_key, peers_key
 from protocol.identity import Identity
@@ -48,7 +49,7 @@ def _receipt_of_a_committed_group(dht, sender: Identity, partner: Identity, seq:
     )  # fmt: skip
     for identity in (sender, partner):
         board = SignedCommitBoard(dht, TASK, identity, peer_id_of(identity), ttl=REPORT_TTL)
-        board.post(ATTEMPT, True, "ef" * 32, group=group)
+        board.post(ATTEMPT, CommitReport(ok=True, digest="ef" * 32, group=group))
     return seal(record, sender), group
 
 

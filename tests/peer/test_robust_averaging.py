@@ -14,7 +14,9 @@ import torch
 from hivemind_adapter.allreduce import VerifiedAverager
 from hivemind_adapter.dht import peer_id, read_entries, store
 from hivemind_adapter.group_keys import DeclarationSigner
-from peer.hierarchy import BAR_SECONDS, FIRST_OWN_PART_BAR_SECONDS, AveragingTimeouts, HierarchicalAverager
+from peer.averaging.factory import build_averager
+from peer.averaging.stage import AveragingTimeouts
+from peer.guard.peer_guard import BAR_SECONDS, FIRST_OWN_PART_BAR_SECONDS
 from protocol.identity import Identity
 from robust_aggregation.centered_clip import RobustConfig
 from tests.adversaries.dishonest_peer import lying_averager, take_any_reply
@@ -57,7 +59,7 @@ def _join_roster(dht, run_id: str, peers: int = PEERS) -> list[str]:
 def _peer(dht, *, seed, attack, run_id, robust):
     if attack:
         take_any_reply()
-    averager = HierarchicalAverager(
+    averager = build_averager(
         dht, run_id, "host-a", [torch.zeros(SHAPE)], timeouts=FAST, robust=RobustConfig() if robust else None
     )
     try:
@@ -127,7 +129,7 @@ def _noisy_gradient(seed: int, attempt: int) -> torch.Tensor:
 def _flipping_peer(dht, *, seed, flip, run_id, attempts):
     if flip:
         take_any_reply()
-    averager = HierarchicalAverager(
+    averager = build_averager(
         dht, run_id, "host-a", [torch.zeros(SHAPE)], timeouts=FAST, robust=RobustConfig()
     )
     try:
@@ -184,7 +186,7 @@ def _peer_beside_a_liar(dht, *, seed, liar, run_id, lie="negated"):
     returns the negated centre of every part it reduces."""
     identity = Identity.generate()
     mean = sum(_gradient(i) for i in range(PEERS)) / PEERS  # every peer's honest gradient, the liar's too
-    averager = HierarchicalAverager(
+    averager = build_averager(
         dht, run_id, "host-a", [torch.zeros(SHAPE)], robust=RobustConfig(),
         timeouts=replace(FAST, step=15.0, allreduce=10.0) if liar else FAST,  # the liar gives up sooner
         averager_type=lying_averager(lie) if liar else VerifiedAverager,
@@ -267,7 +269,7 @@ def _peer_in_a_pair_of_heads(dht, *, seed, cohort, liar, run_id):
     """Cohort ``host-a`` has three honest peers, ``host-b`` one peer (``liar``: its reducer returns
     every centre plus a random direction ten times its length, with its best proof): the cross stage
     is a pair of heads, where no others' spread exists to hold the liar's own part to."""
-    averager = HierarchicalAverager(
+    averager = build_averager(
         dht, run_id, cohort, [torch.zeros(SHAPE)], timeouts=FAST, robust=RobustConfig(),
         pairs_held_to_cohort_noise=True,
         averager_type=lying_averager("noise") if liar else VerifiedAverager,
@@ -319,7 +321,7 @@ def _peer_in_a_group_of_three(dht, *, seed, liar, run_id, layout):
     """One peer of three, meeting in one all-reduce: the cohort stage of one cohort of three
     (``layout`` "cohort") or the cross stage of three cohorts of one ("cross"). ``liar``'s reducer
     tells the noisy lie and hides it behind the member whose results it holds back."""
-    averager = HierarchicalAverager(
+    averager = build_averager(
         dht, run_id, "host-a" if layout == "cohort" else f"host-{seed}", [torch.zeros(SHAPE)], timeouts=FAST,
         robust=RobustConfig(), averager_type=lying_averager("hide") if liar else VerifiedAverager,
     )  # fmt: skip

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from peer.hierarchy import AveragingOutcome, Contributor
+from peer.averaging.outcome import AveragingOutcome, Contributor
 from peer.round import kept_when_leaving
 
 ROSTER = ("peer-a", "peer-b", "peer-c")

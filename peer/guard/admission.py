@@ -10,7 +10,7 @@ seconds. A forged declaration or a Sybil that never announced itself is never in
 A peer can also be barred for a while (:meth:`AdmissionMemory.bar`): a reducer whose replies this
 peer refused as implausible would otherwise be met again at once, and refused again, attempt after
 attempt. Barring is this peer's own view: a dishonest peer barring honest ones only isolates itself.
-A key convicted by evidence anyone can check (:mod:`peer.conviction_watch`) is barred for good
+A key convicted by evidence anyone can check (:mod:`peer.guard.conviction_watch`) is barred for good
 (:meth:`AdmissionMemory.bar_key`), under whatever peer id it announces.
 
 Some refusals cannot tell the liar from an honest peer that carried the lie (a cohort head whose
@@ -37,7 +37,7 @@ class AdmissionMemory:
     def __init__(self, memory: float = ADMISSION_MEMORY, clock: Callable[[], float] = time.monotonic):
         self.memory, self.clock = memory, clock
         # guards the four fields below: the round's thread updates them, the conviction watch's
-        # thread reads the keys (peer.conviction_watch)
+        # thread reads the keys (peer.guard.conviction_watch)
         self._lock = threading.Lock()
         self._seen: dict[str, tuple[str, float]] = {}  # peer id -> (its key, when last read)
         self._last: dict[str, str] | None = None  # what update() last returned

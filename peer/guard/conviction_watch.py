@@ -1,7 +1,7 @@
 """Reducers convicted of telling members different stories, found after the fact and shared.
 
 A peer compares the reducers' signed proofs digests only among the reports it reads before it
-commits (:func:`peer.round_commit.await_commit`). A reducer that delays one member's results until
+commits (:func:`peer.commit.quorum.await_commit`). A reducer that delays one member's results until
 the others have committed keeps that member's report out of every comparison that could stop the
 result, and a peer that saw the two stories barred the reducer from its own groups only: the others
 met it again in the next attempt. So the evidence is kept looking for and passed on:
@@ -12,7 +12,7 @@ met it again in the next attempt. So the evidence is kept looking for and passed
 - two signed digests that differ are posted as a :class:`~protocol.records.ReducerConviction`,
   which every node's validator checks (both signatures under the reducer's key) before storing it;
 - every peer reads the convictions every :data:`READ_EVERY_SECONDS`, and its averagers meet no peer
-  of a convicted key for the rest of the run (:meth:`peer.admission.AdmissionMemory.bar_key`).
+  of a convicted key for the rest of the run (:meth:`peer.guard.admission.AdmissionMemory.bar_key`).
 
 A result that committed over a late victim is not undone: every member that committed it checked
 its own entry, so the lie is bounded to the entries of members that had not reported (the late
@@ -30,7 +30,8 @@ from collections.abc import Callable, Mapping
 
 from hivemind_adapter.dht import read_signed
 from hivemind_adapter.dht import store as dht_store
-from peer.round_commit import CommitBoard, equivocation_in
+from peer.commit.boards import CommitBoard
+from peer.commit.quorum import equivocation_in
 from protocol.dht_schema import conviction_subkey, convictions_key, open_conviction_value
 from protocol.identity import Identity
 from protocol.proof_attestation import Equivocation

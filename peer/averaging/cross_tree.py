@@ -12,7 +12,7 @@ group it led), so every leader ends with the same bytes.
 Every step is an exact weighted all-reduce (weights: contributors, or cohorts in model-parallel
 rounds), so the top holds the exact mean over every contributor whose group made it up; a group that
 misses its level carries on with what it has, and the round's commit quorum decides which result
-stands (:mod:`peer.round_commit`). Each leader computes the same tree from the same roster, so the
+stands (:mod:`peer.commit.quorum`). Each leader computes the same tree from the same roster, so the
 plan needs no coordination: only the heads are chosen on the way, from whoever actually came.
 """
 

@@ -42,7 +42,7 @@ import torch
 
 from hivemind_adapter.allreduce import VerifiedAverager
 from hivemind_adapter.known_groups import known_group_id
-from peer.averaging_stage import RoundAborted
+from peer.averaging.stage import RoundAborted
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """One stage of a round's averaging: one hivemind step, bounded by a deadline from recent rounds.
 
-:mod:`peer.hierarchy` decides which stages a peer takes (its cohort, the cross-cohort tree, the
+:mod:`peer.averaging.hierarchy` decides which stages a peer takes (its cohort, the cross-cohort tree, the
 broadcasts back down) and what travels in them; this module takes one of them. It sets the group
 key (attempt, stage, start state, tree group), the group size and whether this peer only follows,
 then steps until a group forms and its all-reduce finishes, the stage's deadline passes
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from hivemind_adapter.allreduce import AllReduceBroke, VerifiedAverager, looking_for_group, member_ids
 from hivemind_adapter.dht import dht_time
-from peer.deadlines import StageDeadlines
-from peer.round_commit import CommitBoard
+from peer.averaging.deadlines import StageDeadlines
+from peer.commit.boards import CommitBoard
 
 logger = logging.getLogger(__name__)
 
@@ -26,12 +26,7 @@ logger = logging.getLogger(__name__)
 # there find each other within one (groups form when full, else after the matchmaking time).
 LEAVING_GRACE_FACTOR = 3
 # A stage's own averaging waits for its whole group (it begins at once when full) up to this many
-# matchmaking periods (and at most half its deadline): members arrive as spread as their last
-# mini-batch, their links and the machine's load make them, and a group that began with the early ones
-# left the late ones to form another. In the cross stage that splits the swarm's result in two, and a
-# round whose peers hold two results commits neither (measured: 8 peers in 4 sites on 2 cores, 4 of 8
-# holding each of two results in 26 of 36 aborted peer-rounds). A missing member costs the others
-# this wait; a fixed number of periods, so that such waits do not lengthen the deadlines they feed.
+# matchmaking periods: a group begun with the early members splits the stage's result in two.
 GATHER_PERIODS = 3.0
 ONLINE_CHECK_SECONDS = 2.0  # how often a broadcast's receiver reads the roster for its sender
 
@@ -64,7 +59,7 @@ class HeadGone(RoundAborted):
 def round_bits(attempt: int, stage: int, state_digest: str, level: int = 0, group: int = 0) -> str:
     """One group key per (attempt, stage, start state, tree group): a slow peer's cohort request never
     meets a fast peer's broadcast, peers that start from different states never average together, and
-    each cross-cohort tree group (:mod:`peer.cross_tree`) gathers apart from the others."""
+    each cross-cohort tree group (:mod:`peer.averaging.cross_tree`) gathers apart from the others."""
     state = int(state_digest[:4], 16) if state_digest else 0
     return (
         format(stage, "01b")
@@ -85,21 +80,29 @@ class StageRunner:
         timeouts: AveragingTimeouts,
         leaving: Callable[[], bool],
         online: Callable[[], Collection[str]] | None = None,
+        *,
+        on_broken: Callable[[], None] = lambda: None,
+        barred: Callable[[], Collection[str]] = lambda: (),
     ):
+        """``leaving``: whether this peer is leaving (it then stops looking for groups soon);
+        ``online``: the roster's peers now (None: unknown); ``on_broken``: told when a stage's
+        all-reduce broke and this peer looks for its group again (to post its refusals at once);
+        ``barred``: the peers this peer refuses to meet (a unit of only such peers is not waited for)."""
         self.deadlines, self.board, self.timeouts, self.leaving = deadlines, board, timeouts, leaving
-        self.online = online  # the roster's peers now (None: unknown)
+        self.online, self.on_broken, self.barred = online, on_broken, barred
         # What each averager was last told (by stage name): telling it again costs a round trip to its process.
         self._sizes: dict[str, int] = {}
         self._allreduce_bounds: dict[str, float] = {}
         self._following: dict[str, bool] = {}
         self.superseded: Callable[[], bool] = lambda: False
         self.regrouped: list[str] = []  # this attempt's stages whose all-reduce broke and formed again
-        # Called when a stage's all-reduce broke and this peer looks for its group again: what it
-        # refused may be worth telling the group it left at once (HierarchicalAverager's markers).
-        self.on_broken: Callable[[], None] = lambda: None
-        # The peers this peer refuses to meet (HierarchicalAverager's bars): a unit of only such peers
-        # will not be in any group this peer forms, so no stage waits for it.
-        self.barred: Callable[[], Collection[str]] = lambda: ()
+
+    def allreduce_bound(self, kind: str) -> float:
+        """How long one all-reduce of stage ``kind`` may run once its group formed (at least twice
+        hivemind's silence timeout, at most the configured all-reduce bound)."""
+        return self.deadlines.allreduce_bound(
+            kind, self.timeouts.allreduce, least=2.0 * self.timeouts.next_chunk
+        )
 
     def begin_attempt(self, superseded: Callable[[], bool]) -> None:
         """``superseded`` tells a peer still looking for a group that the swarm moved on to a later round."""
@@ -122,41 +125,22 @@ class StageRunner:
         **step,
     ) -> dict:
         """One hivemind step (``stage`` 0: a stage's own averaging, 1: a broadcast); returns the gathered
-        metadata by peer id. Not finding a group yet is retried until the stage's deadline (from recent
-        rounds, :mod:`peer.deadlines`, times ``patience``), then :class:`NoGroup`. An all-reduce that
-        broke (a member was included in the group and then went silent: it died, slept, or gave up
-        on the group before its leader's start message reached it) wrote nothing here, and the others
-        it broke for look for each other again: it is retried once, with at least two matchmaking
-        periods left to find them; if they are not found, it is :class:`NoGroup` (this peer's own
-        contribution is intact; :mod:`peer.hierarchy` refuses a contributor that arrives twice).
-        In a broadcast too, but the head retries for two periods exactly: its only reducer, it broke
-        because a member it counted in never sent (measured: a member whose join request timed out
-        on a loaded machine just as the head accepted it, and then looked for the head until its
-        deadline while the head, done, posted its result); the members that took part are served.
-        ``watch``: a peer whose report on the commit board ends the wait at once (a member's
-        cohort leader, during the broadcast: it posts only after its broadcasts, so whether it
-        failed or succeeded it will not come), as does its dropping out of the roster (``online``,
-        every :data:`ONLINE_CHECK_SECONDS`): a leader killed mid-round cost its members the whole
-        broadcast deadline (60 s on the churn benchmark), long after its announcement expired. A
-        unit whose peers all dropped out counts as departed, as with a departure notice (a leader
-        killed inside the cross stage's all-reduce left the other leader looking for it for 57 s).
-        ``units``: the peer ids behind each member the group expects (``size`` of them; empty: not
-        checked). A unit all of whose peers reported ``attempt`` (a departure notice: a newcomer
-        sitting the attempt out, a volunteer that stopped; or a failure or a result: their attempt is
-        over), or all of whose peers this peer barred (:attr:`barred`), will not come: the group
-        stops waiting for it at once, and with nobody else left the stage ends as :class:`NoGroup`.
-        Without this, a roster read just before a newcomer sat out cost its cohort partner the whole
-        deadline, and the other cohorts' members, waiting for their leaders, gave up on the broadcast.
-        ``live``: the peers that posted on the commit board in this peer's previous attempt (None: no
-        previous attempt). The first step's wait for the whole group (:data:`GATHER_PERIODS`) waits
-        only for units with a live peer: one that announced itself and never averages (a sleeping
-        laptop, a key that only squats in the roster) would otherwise cost every round that wait. It
-        may still join if it comes in time.
+        metadata by peer id.
 
-        Once its group formed, the step's all-reduce may run as long as the stage's recent rounds
-        suggest (:meth:`~peer.deadlines.StageDeadlines.allreduce_bound`), not hivemind's fixed bound:
-        a member killed in a broadcast held its partner 124 s there (the 120 s bound) on the churn
-        benchmark, although silent senders and reducers should drop out after 10 and 20 s."""
+        Not finding a group is retried until the stage's deadline (:mod:`peer.averaging.deadlines`,
+        times ``patience``), then :class:`NoGroup`. An all-reduce that broke (a member joined and
+        went silent) wrote nothing here; it is looked for again once, with at least two matchmaking
+        periods left (a broadcast's head: exactly two), then :class:`NoGroup`. Other failures, the
+        swarm moving on (``superseded``, own stages only) and leaving raise :class:`RoundAborted`.
+
+        ``watch``: the head a broadcast's receiver waits for: its report on the board, or its
+        dropping out of the roster (:class:`HeadGone`), ends the wait. ``units``: the peer ids behind
+        each of the ``size`` members expected (empty: not checked); a unit whose peers all reported
+        ``attempt``, left the roster or are barred here will not come, and is no longer waited for.
+        ``live``: the peers that posted for this peer's previous attempt (None: unknown); the first
+        step's wait for the whole group (:data:`GATHER_PERIODS`) waits only for units with a live
+        peer. Once the group formed, its all-reduce may run as long as recent rounds suggest
+        (:meth:`~peer.averaging.deadlines.StageDeadlines.allreduce_bound`)."""
         # A broadcast's receivers only follow: they must not form a group of their own without the
         # sender while it is still busy with the stage before.
         follow_only = stage == 1 and bool(watch)
@@ -166,9 +150,7 @@ class StageRunner:
         bits = round_bits(attempt, stage, state_digest, level, group)
         kind = name if stage == 0 else "broadcast"
         chosen = self.deadlines.deadline(kind)
-        bound = self.deadlines.allreduce_bound(
-            kind, self.timeouts.allreduce, least=2.0 * self.timeouts.next_chunk
-        )
+        bound = self.allreduce_bound(kind)
         if self._allreduce_bounds.get(name) != bound:
             averager.set_allreduce_timeout(bound)
             self._allreduce_bounds[name] = bound
@@ -220,7 +202,7 @@ class StageRunner:
                         # come, and one that succeeded has served everyone it is going to (its retry
                         # after a broken broadcast included).
                         control.cancel()
-                        if not head_report.get("ok"):
+                        if not head_report.ok:
                             raise RoundAborted(f"{kind} stage abandoned: {watch[-8:]} aborted the round")
                         raise RoundAborted(
                             f"{kind} stage abandoned: {watch[-8:]} finished its broadcast without this peer"
@@ -328,13 +310,9 @@ class StageRunner:
         offline: Collection[str] = (),
     ) -> tuple[int, int]:
         """``(departed, quiet)``: how many of ``units`` have every peer gone (a report of ``attempt``
-        on the board: a departure notice, a failure or a result, each the end of that peer's attempt;
-        or ``offline``: out of the roster, dead; or barred by this peer, :attr:`barred`), and how many
-        others have no peer in ``live`` (0 if ``live`` is None). A peer posts no report while it is
-        still in an attempt's stages (its check markers are not reports), so a unit whose peers all
-        reported will not come: a member whose all-reduce broke on a lying reducer looked for a
-        group again for 20 s after both its partners had reported the attempt, and a head whose pair
-        partner it had just barred for a lie looked for that partner again for 20 s."""
+        on the board, which ends that peer's attempt; out of the roster, ``offline``; or barred here),
+        and how many others have no peer in ``live`` (0 if ``live`` is None). Markers are not
+        reports: a peer posts none while it is still in an attempt's stages."""
         if len(units) < 2:
             return 0, 0
         left = set(self.board.read(attempt)) | set(offline) | set(self.barred())
