@@ -355,7 +355,7 @@ class HierarchicalAverager:
         ``cohort_size`` and ``num_cohorts`` are the sizes the DHT roster expects (groups form as soon as
         they are full, else after the matchmaking time), ``cohort_rank`` this cohort's place among them
         (which cross-cohort groups its leader meets, :mod:`peer.cross_tree`). ``scale`` multiplies a per-cohort result
-        (see :func:`supernet.training.cohort_configs`); every peer must pass the same value.
+        (see :func:`supernet.training.schedule.cohort_configs`); every peer must pass the same value.
 
         ``expected_peers`` is this peer's roster: the result commits once a quorum of it holds the
         same digest (see :mod:`peer.round_commit`). ``cohorts``: the roster's peers of each cohort, by

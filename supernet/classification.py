@@ -157,7 +157,7 @@ class ClassificationSupernet(nn.Module):
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
         """The initial weights, drawn from ``generator`` (``None``: torch's global one, as a plain
-        constructor does; :func:`supernet.training.build_supernet` passes one seeded by the config).
+        constructor does; :func:`supernet.training.build.build_supernet` passes one seeded by the config).
 
         Convolutions He-normal (fan-out), batch norms scale 1 (0 for the last BN of residual blocks)
         and shift 0 with fresh statistics, the classifier N(0, 0.01²) with zero bias, kernel

@@ -39,7 +39,7 @@ from supernet.search.latency import (
 from supernet.search.pareto import format_front, pareto_front, plot_front
 from supernet.search.predictor import AccuracyPredictor, encode, fit_with_holdout
 from supernet.search.timing import example_inputs
-from supernet.training import train
+from supernet.training.loop import train
 from supernet.workload import workload_for
 from tests.supernet.threads import single_torch_thread  # noqa: F401
 
