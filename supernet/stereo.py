@@ -45,15 +45,10 @@ from torch import nn
 
 from supernet.bn import recalibrate_bn
 from supernet.config import RandomLike, SearchSpace, SubnetConfig, make_rng
-from supernet.elastic import (
-    ElasticConv2d,
-    ElasticUnit,
-    Masks,
-    Permutation,
-    full_masks,
-    permute_optimizer_state,
-    prefix_masks,
-)
+from supernet.elastic.blocks import ElasticUnit
+from supernet.elastic.conv import ElasticConv2d
+from supernet.elastic.masks import Masks, full_masks, prefix_masks
+from supernet.elastic.permutation import Permutation, permute_optimizer_state
 from supernet.export import make_activation
 from supernet.init import torch_default_
 

@@ -12,7 +12,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from supernet import SearchSpace, StereoSupernet, SubnetConfig, save_torchscript
-from supernet.elastic import ElasticUnit
+from supernet.elastic.blocks import ElasticUnit
 from supernet.stereo import StaticStereo, correlation_1d, correlation_1d_loop
 from tasks.stereo import predict_disparity
 
