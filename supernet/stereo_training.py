@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from supernet.config import SubnetConfig, derive_seed
 from supernet.init import build_initialised
-from supernet.stereo import StereoSupernet
+from supernet.stereo.model import StereoSupernet
 from supernet.training.config import TrainConfig
 from supernet.training.evaluation import evaluation_configs
 from supernet.training.gradients import accumulate_sandwich
