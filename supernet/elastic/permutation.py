@@ -15,7 +15,7 @@ Permutation = tuple[nn.Parameter | torch.Tensor, int, torch.Tensor]
 
 @torch.no_grad()
 def permute_in_place(tensor: torch.Tensor, dim: int, index: torch.Tensor, record: list[Permutation]) -> None:
-    """Replace ``tensor`` by ``tensor.index_select(dim, index)`` in place; append the reordering to ``record``."""
+    """Replace ``tensor`` by ``tensor.index_select(dim, index)`` in place; append that to ``record``."""
     tensor.copy_(tensor.index_select(dim, index.to(tensor.device)))
     record.append((tensor, dim, index))
 
