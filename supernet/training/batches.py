@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.data import Dataset, default_collate
+
+if TYPE_CHECKING:
+    from tasks.registry import Task
 
 __all__ = ["batch_for_step", "training_batch"]
 
@@ -17,7 +21,7 @@ def batch_for_step(dataset: Dataset, indices: Sequence[int]) -> tuple[torch.Tens
 
 
 def training_batch(
-    task, indices: Sequence[int], generator: torch.Generator
+    task: Task, indices: Sequence[int], generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The training samples ``indices`` of ``task``, collated and augmented (``task.augmentation``,
     if any) with draws from ``generator``: the same generator state gives the same batch, whatever

@@ -16,7 +16,10 @@ OPTIMIZERS = ("sgd", "adamw")
 
 @dataclass
 class TrainConfig:
-    """Every hyper-parameter of a supernet training run, in one place (JSON-able via ``to_dict``)."""
+    """Every hyper-parameter of a supernet training run, in one place (JSON-able via ``to_dict``).
+
+    Sequences are stored as tuples. An invalid value raises ``ValueError`` naming its field.
+    """
 
     # task and seed
     task: str = "digits"
@@ -98,14 +101,18 @@ class TrainConfig:
         self.space()  # validates the choices
 
     def space(self) -> SearchSpace:
+        """The supernet's elastic choices; ``ValueError`` if they do not make a search space."""
         return SearchSpace(self.kernel_sizes, self.expand_ratios, self.depths, len(self.unit_channels))
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field by name, tuples as lists: what :meth:`from_dict` takes back."""
         data = asdict(self)
         return {k: list(v) if isinstance(v, tuple) else v for k, v in data.items()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        """The config ``data`` describes (missing fields take their defaults); ``ValueError`` for an
+        unknown key or an invalid value."""
         known = {f.name for f in fields(cls)}
         for key in data:
             if key not in known:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -13,6 +13,9 @@ from supernet.bn import recalibrate_bn
 from supernet.classification import ClassificationSupernet
 from supernet.config import SubnetConfig, derive_seed
 from supernet.training.config import TrainConfig
+
+if TYPE_CHECKING:
+    from tasks.registry import Task
 
 __all__ = [
     "calibration_loader",
@@ -30,7 +33,7 @@ def calibration_loader(dataset: Dataset, cfg: TrainConfig, seed: int = 0) -> Dat
 
 
 def recalibrate_for_evaluation(
-    net: ClassificationSupernet, sub: SubnetConfig, task, cfg: TrainConfig
+    net: ClassificationSupernet, sub: SubnetConfig, task: Task, cfg: TrainConfig
 ) -> None:
     """BN recalibration of ``sub`` on ``cfg.bn_calibration_batches`` training batches, reproducibly.
 
@@ -75,7 +78,7 @@ def evaluation_configs(
 
 def evaluate_subnets(
     net: ClassificationSupernet,
-    task,
+    task: Task,
     cfg: TrainConfig,
     configs: dict[str, SubnetConfig] | None = None,
     *,

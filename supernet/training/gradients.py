@@ -77,6 +77,7 @@ def accumulate_sandwich(
     ``soft_targets(outputs)`` turns the teacher's outputs into detached distillation targets;
     ``distill_loss(outputs, targets)`` is a student's distillation loss. Zeroes the gradients (every
     parameter gets a gradient tensor), sums the gradients of ``configs``, takes no optimizer step.
+    Returns the statistics of :func:`accumulate_gradients`; ``ValueError`` if ``configs`` is empty.
     """
     if not configs:
         raise ValueError("configs: need at least one sub-network")
@@ -133,8 +134,8 @@ def accumulate_gradients(
     Gradients are summed over the sub-networks; no optimizer step is taken. With distillation on, the
     teacher is the largest sub-network: if ``configs[0]`` is it (the sandwich rule puts it first), its
     detached predictions are reused; otherwise it is run once without gradients. ``loss_fn`` defaults
-    to cross-entropy with ``cfg.label_smoothing``. Dropout masks (``cfg.dropout > 0``, which then
-    needs it) are drawn from ``generator``, the computation's own: never torch's global one.
+    to cross-entropy with ``cfg.label_smoothing``. Dropout masks (``cfg.dropout > 0``) are drawn from
+    ``generator``, the computation's own, never torch's global one: without it, ``ValueError``.
 
     Returns ``loss`` (mean total loss over the sub-networks), per-sub-network ``losses``,
     ``task_losses`` and ``distill_losses``, ``config_hashes``, ``samples`` (batch size) and

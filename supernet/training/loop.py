@@ -17,7 +17,7 @@ from supernet.training.evaluation import evaluate_subnets
 from supernet.training.gradients import accumulate_gradients
 from supernet.training.optimizer import make_optimizer, optimizer_step
 from supernet.training.schedule import maybe_sort_channels, phase_at, step_configs
-from tasks import get_task
+from tasks import Task, get_task
 from tasks.sharding import shard_indices
 
 __all__ = ["train"]
@@ -31,7 +31,7 @@ def _format_rows(rows: list[dict[str, Any]], metric: str) -> str:
 
 def train(
     cfg: TrainConfig,
-    task=None,
+    task: Task | None = None,
     *,
     progress: Callable[[str], None] | None = None,
     participant: str = "local/0",

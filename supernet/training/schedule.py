@@ -82,7 +82,8 @@ def phases(cfg: TrainConfig) -> list[Phase]:
 
 
 def phase_at(step: int, cfg: TrainConfig) -> Phase:
-    """The stage that ``step`` (or swarm round) belongs to; steps past the end stay in the last stage."""
+    """The stage that ``step`` (or swarm round) belongs to; steps past the end stay in the last stage.
+    ``ValueError`` for a negative step."""
     if step < 0:
         raise ValueError(f"step: {step} is negative")
     schedule = phases(cfg)
@@ -119,6 +120,7 @@ def cohort_configs(
     list, as one process would compute it, but each cohort only runs its share. When there are more
     cohorts than K, the list is longer than K and the sum is scaled by ``K / len(list)`` so the update
     keeps the size of K sub-networks' gradients. With one cohort this is :func:`step_configs`.
+    ``ValueError`` unless ``0 <= cohort_rank < num_cohorts``.
     """
     if not 0 <= cohort_rank < num_cohorts:
         raise ValueError(f"cohort_rank: {cohort_rank} is not in [0, {num_cohorts})")
