@@ -24,7 +24,7 @@ from supernet.config import SubnetConfig
 from supernet.contribution import compute_contribution, contribution_sketch
 from supernet.sketch import decode_sketch, sketch_distance
 from supernet.state import init_optimizer_state, load_state_tensors
-from supernet.training import cohort_configs, step_configs
+from supernet.training.schedule import cohort_configs, step_configs
 from supernet.workload import Workload
 from tasks.shard_assignment import sample_pool
 

@@ -1,10 +1,10 @@
 """What a receipt's work is worth, derived by the aggregator from the task, never taken from the claim.
 
 The sub-networks of a round are a function of the task's seed and the round (the sandwich rule of
-:func:`supernet.training.step_configs`), and in model-parallel rounds of the cohort's rank among the
-round's cohorts (:func:`supernet.training.cohort_configs`). Their training FLOPs per sample are a
-function of the sub-networks (:func:`supernet.training.sandwich_flops_per_sample`). So a receipt may
-name them (``subnet_hashes``, ``cohort_rank``, ``num_cohorts``) but not price them: a receipt whose
+:func:`supernet.training.schedule.step_configs`), and in model-parallel rounds of the cohort's rank
+among the round's cohorts (:func:`supernet.training.schedule.cohort_configs`). Their training FLOPs
+per sample are a function of the sub-networks
+(:func:`supernet.training.gradients.sandwich_flops_per_sample`). So a receipt may name them (``subnet_hashes``, ``cohort_rank``, ``num_cohorts``) but not price them: a receipt whose
 sub-networks are not the ones derived for its round and cohort, or whose ``flops_per_sample`` is not
 their price, is refused as mispriced. Credit is then ``samples x derived FLOPs``, and samples are
 what the group committed (:mod:`aggregator.contribution_checks`) and the audits replay.
@@ -20,7 +20,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from protocol.records import ContributionReceipt, RejectReason
-from supernet.training import cohort_configs, sandwich_flops_per_sample, step_configs
+from supernet.training.gradients import sandwich_flops_per_sample
+from supernet.training.schedule import cohort_configs, step_configs
 
 CACHED = 256  # derivations kept: a few per round across the round window
 

@@ -3,7 +3,7 @@
 On an image-folder dataset the script writes itself (``--images`` real PNG files, 10 classes, read
 through ``tasks.get_task("imagefolder", ...)``: PIL decode, resize, normalise, then the task's random
 crop as augmentation), with the real :class:`supernet.workload.Workload` and sandwich step
-(:func:`supernet.training.step_configs`, :meth:`Workload.accumulate`), three ways:
+(:func:`supernet.training.schedule.step_configs`, :meth:`Workload.accumulate`), three ways:
 
 (a) bare step:  the model step on batches already decoded, augmented and on the device (the ceiling);
 (b) synchronous: :func:`supernet.contribution.compute_contribution` with ``prefetch=0``: every batch
@@ -45,7 +45,8 @@ import torch.multiprocessing as mp
 from peer.host_reduction import DEFAULT_BUCKET_BYTES, allreduce_bucketed
 from supernet.batch_prefetch import default_decode_threads
 from supernet.contribution import compute_contribution
-from supernet.training import build_supernet, step_configs
+from supernet.training.build import build_supernet
+from supernet.training.schedule import step_configs
 from supernet.workload import train_config, workload_for
 from tasks.sharding import SampleStream
 

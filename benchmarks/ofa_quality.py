@@ -1,6 +1,6 @@
 """Classification supernet quality on ``digits`` within a training-time budget.
 
-Trains a ``ClassificationSupernet`` with the single-process recipe (``supernet.training.train``), then
+Trains a ``ClassificationSupernet`` with the single-process recipe (``supernet.training.loop.train``), then
 evaluates the largest, the smallest and a few random sub-networks after BN recalibration, inside the
 supernet and as exported standalone models (the largest and smallest also after a TorchScript
 save/load round trip). No fine-tuning. Targets (issue 4): largest ≥ 97 %, smallest ≥ 93 % validation
@@ -28,19 +28,14 @@ from pathlib import Path
 import torch
 
 from supernet import save_torchscript
-from supernet.training import (
-    TrainConfig,
-    accumulate_gradients,
-    build_supernet,
-    evaluate,
-    evaluate_subnets,
-    make_optimizer,
-    optimizer_step,
-    recalibrate_for_evaluation,
-    step_configs,
-    train,
-    training_batch,
-)
+from supernet.training.batches import training_batch
+from supernet.training.build import build_supernet
+from supernet.training.config import TrainConfig
+from supernet.training.evaluation import evaluate, evaluate_subnets, recalibrate_for_evaluation
+from supernet.training.gradients import accumulate_gradients
+from supernet.training.loop import train
+from supernet.training.optimizer import make_optimizer, optimizer_step
+from supernet.training.schedule import step_configs
 from tasks import get_task, shard_indices
 
 

@@ -53,7 +53,8 @@ from robust_aggregation.reducer_proof import (  # noqa: E402
 )
 from supernet.contribution import compute_contribution  # noqa: E402
 from supernet.state import init_optimizer_state  # noqa: E402
-from supernet.training import maybe_sort_channels, optimizer_step, step_configs  # noqa: E402
+from supernet.training.optimizer import optimizer_step  # noqa: E402
+from supernet.training.schedule import maybe_sort_channels, step_configs  # noqa: E402
 from tests.adversaries.dishonest_peer import absent_member_proof, covering_proof  # noqa: E402
 
 GROUPS = {

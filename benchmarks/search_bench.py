@@ -37,7 +37,8 @@ from supernet.search.cost import FlopsCost
 from supernet.search.evolution import EvolutionSettings, SearchResult, evolutionary_search, random_search
 from supernet.search.latency import build_latency_table, mean_abs_pct_error, validate
 from supernet.search.predictor import fit_with_holdout
-from supernet.training import TrainConfig, train
+from supernet.training.config import TrainConfig
+from supernet.training.loop import train
 from supernet.workload import workload_for
 
 

@@ -1,10 +1,11 @@
 """Stereo supernet quality on ``stereo-synthetic`` within a CPU training-time budget, and the
 correlation layer's speed against a per-displacement loop.
 
-1. **Correlation speed**: :func:`supernet.stereo.correlation_1d` (all-pairs matrix product + gather)
-   against :func:`supernet.stereo.correlation_1d_loop` (one slice product per displacement), forward and
-   forward + backward, median of repeated runs, at the shapes the benchmark model uses and at the
-   DispNetC shape (128 channels, 1/4 of 384×768, D = 40); side by side with the ratio.
+1. **Correlation speed**: :func:`supernet.stereo.correlation.correlation_1d` (all-pairs matrix
+   product + gather) against :func:`supernet.stereo.correlation.correlation_1d_loop` (one slice
+   product per displacement), forward and forward + backward, median of repeated runs, at the
+   shapes the benchmark model uses and at the DispNetC shape (128 channels, 1/4 of 384×768,
+   D = 40); side by side with the ratio.
 2. **Quality**: trains a ``StereoSupernet`` with the single-process stereo recipe
    (``supernet.stereo_training.train_stereo``: sandwich rule, in-place distillation from the largest
    sub-network, AdamW with warm-up + cosine), then evaluates the largest, the smallest and two random
@@ -31,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from supernet.stereo import correlation_1d, correlation_1d_loop
+from supernet.stereo.correlation import correlation_1d, correlation_1d_loop
 from supernet.stereo_training import (
     StereoTrainConfig,
     accumulate_stereo_gradients,

@@ -47,7 +47,7 @@ from protocol.records import ContributionReceipt
 from supernet.contribution import contribution_sketch
 from supernet.sketch import encode_sketch
 from supernet.state import digest
-from supernet.training import phase_at
+from supernet.training.schedule import phase_at
 
 logger = logging.getLogger("manta.peer")
 

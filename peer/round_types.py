@@ -19,7 +19,7 @@ from peer.worker_pool import WorkerPool
 from peer.worker_protocol import HostContribution
 from protocol.identity import Identity
 from protocol.records import ContributionReceipt, TaskSpec
-from supernet.training import TrainConfig
+from supernet.training.config import TrainConfig
 
 if TYPE_CHECKING:  # outer_round uses these types: imported for annotations only
     from peer.data_feed import DataFeed

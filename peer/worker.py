@@ -54,7 +54,8 @@ from peer.worker_protocol import (
 from protocol.shards import DataSpec
 from supernet.contribution import WorkerContribution, compute_contribution
 from supernet.state import init_optimizer_state, load_state_tensors, state_tensors
-from supernet.training import cohort_configs, maybe_sort_channels, optimizer_step, step_configs
+from supernet.training.optimizer import optimizer_step
+from supernet.training.schedule import cohort_configs, maybe_sort_channels, step_configs
 from supernet.workload import workload_for
 from tasks.shard_assignment import sample_pool
 from tasks.shards.local import local_shard_task
@@ -69,7 +70,7 @@ class WorkerSpec:
     task_name: str
     task_seed: int
     participant: str  # f"{peer_id}/{rank}": this worker's id in the round's sharding
-    train_config: dict  # supernet.training.TrainConfig fields
+    train_config: dict  # supernet.training.config.TrainConfig fields
     threads: int
     # tasks on an operator's dataset: (the task's DataSpec as JSON, the directory holding manifest.json
     # and shards/, tasks.shards.local); None for built-in data

@@ -181,7 +181,7 @@ class SwarmParams(StrictModel):
     total_rounds: Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER)] = 1000
     warmup_rounds: Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER)] = 0
     schedule: Literal["sandwich", "progressive"] = "sandwich"
-    # Supernet size (see supernet.training.TrainConfig): small values make CPU swarms practical.
+    # Supernet size (see supernet.training.config.TrainConfig): small values make CPU swarms practical.
     width_mult: Decimal = "1.0"
     head_channels: Annotated[int, Field(ge=8, le=1 << 16)] = 640
     # How cohorts synchronise (peer/outer_step.py). "every-step": every round's gradient is averaged

@@ -14,7 +14,7 @@ _EXPORTS = {
     "ClassificationSupernet": "supernet.classification",
     "SearchSpace": "supernet.config",
     "StaticClassifier": "supernet.export",
-    "StereoSupernet": "supernet.stereo",
+    "StereoSupernet": "supernet.stereo.model",
     "SubnetConfig": "supernet.config",
     "derive_seed": "supernet.config",
     "recalibrate_bn": "supernet.bn",

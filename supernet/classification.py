@@ -29,16 +29,11 @@ import torch
 from torch import nn
 
 from supernet.config import RandomLike, SearchSpace, SubnetConfig
-from supernet.elastic import (
-    ElasticConv2d,
-    ElasticUnit,
-    Permutation,
-    conv_output_size,
-    full_masks,
-    make_divisible,
-    permute_optimizer_state,
-    prefix_masks,
-)
+from supernet.elastic.blocks import ElasticUnit
+from supernet.elastic.conv import ElasticConv2d
+from supernet.elastic.masks import full_masks, prefix_masks
+from supernet.elastic.permutation import Permutation, permute_optimizer_state
+from supernet.elastic.sizes import conv_output_size, make_divisible
 from supernet.export import StaticClassifier, make_activation
 
 __all__ = ["ClassificationSupernet", "DEFAULT_UNIT_CHANNELS"]
@@ -157,7 +152,7 @@ class ClassificationSupernet(nn.Module):
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
         """The initial weights, drawn from ``generator`` (``None``: torch's global one, as a plain
-        constructor does; :func:`supernet.training.build_supernet` passes one seeded by the config).
+        constructor does; :func:`supernet.training.build.build_supernet` passes one seeded by the config).
 
         Convolutions He-normal (fan-out), batch norms scale 1 (0 for the last BN of residual blocks)
         and shift 0 with fresh statistics, the classifier N(0, 0.01²) with zero bias, kernel
@@ -298,7 +293,8 @@ class ClassificationSupernet(nn.Module):
     def sort_channels(
         self, protected_expand_ratios: Sequence[float] = (), optimizer: torch.optim.Optimizer | None = None
     ) -> list[Permutation]:
-        """Sort every block's middle channels by importance (see :meth:`ElasticMBConv.sort_channels`).
+        """Sort every block's middle channels by importance (see
+        :meth:`supernet.elastic.blocks.ElasticMBConv.sort_channels`).
 
         Deterministic; the optimizer's momentum / moment buffers are permuted alongside so training
         continues consistently. Returns the permutations applied.

@@ -1,15 +1,16 @@
 """Training the stereo supernet: the classification recipe's pieces, with a regression loss.
 
-What is reused from :mod:`supernet.training` unchanged: the configuration (:class:`StereoTrainConfig`
-extends :class:`~supernet.training.TrainConfig`), the schedules (single-stage sandwich or progressive
-shrinking, :func:`~supernet.training.phase_at`), the sandwich rule per step
-(:func:`~supernet.training.step_configs`), channel sorting when a width phase starts, the optimizer
-with its warm-up + cosine schedule (:func:`~supernet.training.make_optimizer`,
-:func:`~supernet.training.optimizer_step`), deterministic data sharding and BN recalibration.
+What is reused from :mod:`supernet.training` unchanged: the configuration
+(:class:`StereoTrainConfig` extends :class:`~supernet.training.config.TrainConfig`), the schedules
+(single-stage sandwich or progressive shrinking, :func:`~supernet.training.schedule.phase_at`), the
+sandwich rule per step (:func:`~supernet.training.schedule.step_configs`), channel sorting when a
+width phase starts, the optimizer with its warm-up + cosine schedule
+(:func:`~supernet.training.optimizer.make_optimizer`,
+:func:`~supernet.training.optimizer.optimizer_step`), deterministic data sharding and BN recalibration.
 
 What is stereo-specific, and why it is written here rather than used from there:
-:func:`~supernet.training.accumulate_gradients` and :func:`~supernet.training.evaluate` take one input
-tensor and class labels, call ``net.logits`` and distil through a softmax; a stereo sub-network takes
+:func:`~supernet.training.gradients.accumulate_gradients` and
+:func:`~supernet.training.evaluation.evaluate` take one input tensor and class labels, call ``net.logits`` and distil through a softmax; a stereo sub-network takes
 two images, returns 7 disparity maps and is a regression. So :func:`accumulate_stereo_gradients` keeps
 the same contract (zero grads, K sub-networks, gradients summed, no optimizer step, the same returned
 statistics for the swarm and the ledger) with the multi-scale loss, and in-place distillation becomes
@@ -36,17 +37,12 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from supernet.config import SubnetConfig, derive_seed
 from supernet.init import build_initialised
-from supernet.stereo import StereoSupernet
-from supernet.training import (
-    TrainConfig,
-    accumulate_sandwich,
-    evaluation_configs,
-    make_optimizer,
-    maybe_sort_channels,
-    optimizer_step,
-    phase_at,
-    step_configs,
-)
+from supernet.stereo.model import StereoSupernet
+from supernet.training.config import TrainConfig
+from supernet.training.evaluation import evaluation_configs
+from supernet.training.gradients import accumulate_sandwich
+from supernet.training.optimizer import make_optimizer, optimizer_step
+from supernet.training.schedule import maybe_sort_channels, phase_at, step_configs
 from tasks import get_task
 from tasks.sharding import shard_indices
 from tasks.stereo.metrics import DEFAULT_SCALE_WEIGHTS, MultiScaleLoss, StereoMetrics
@@ -165,7 +161,7 @@ def accumulate_stereo_gradients(
 ) -> dict[str, Any]:
     """Zero the gradients, then forward/backward each sub-network of ``configs`` on one batch.
 
-    The contract of :func:`supernet.training.accumulate_gradients`: gradients summed over the
+    The contract of :func:`supernet.training.gradients.accumulate_gradients`: gradients summed over the
     sub-networks, no optimizer step; with distillation on, the largest sub-network is the teacher
     (reused if ``configs[0]`` is it, else run once without gradients). Returns ``loss`` (mean total
     loss), ``losses``, ``task_losses``, ``distill_losses``, ``config_hashes``, ``samples`` and
@@ -278,7 +274,7 @@ def train_stereo(
     max_seconds: float | None = None,
     final_eval: bool = True,
 ) -> dict[str, Any]:
-    """Train the stereo supernet on one process; the loop of :func:`supernet.training.train`.
+    """Train the stereo supernet on one process; the loop of :func:`supernet.training.loop.train`.
 
     ``max_seconds`` stops training early (the schedule is cut, the final evaluation still runs).
     Returns ``net``, ``task``, ``history``, ``evaluations``, ``final`` (rows of

@@ -7,7 +7,7 @@ largest and smallest sub-networks — and each family implements them with its o
 :class:`Workload` binds a task to its training configuration and dispatches to them, so callers hold
 one object and no ``if stereo`` branches.
 
-The configuration comes from a plain dict of :class:`~supernet.training.TrainConfig` (or
+The configuration comes from a plain dict of :class:`~supernet.training.config.TrainConfig` (or
 :class:`~supernet.stereo_training.StereoTrainConfig`) fields, which is what travels in task
 specifications and checkpoints.
 
@@ -28,13 +28,11 @@ import torch
 from torch import nn
 
 from supernet.config import SubnetConfig
-from supernet.training import (
-    TrainConfig,
-    accumulate_gradients,
-    evaluate_subnets,
-    make_optimizer,
-    training_batch,
-)
+from supernet.training.batches import training_batch
+from supernet.training.config import TrainConfig
+from supernet.training.evaluation import evaluate_subnets
+from supernet.training.gradients import accumulate_gradients
+from supernet.training.optimizer import make_optimizer
 from tasks import get_task
 
 __all__ = ["Workload", "family_of", "swarm_train_options", "train_config", "workload_for"]
@@ -74,7 +72,7 @@ class Workload:
             from supernet.stereo_training import build_stereo_supernet
 
             return build_stereo_supernet(self.cfg)
-        from supernet.training import build_supernet
+        from supernet.training.build import build_supernet
 
         return build_supernet(self.cfg, self.task.num_classes, self.task.input_size[0])
 
@@ -101,7 +99,8 @@ class Workload:
         generator: torch.Generator,
     ) -> dict[str, Any]:
         """Zero the gradients and sum the gradients of ``configs`` on ``batch`` (no optimizer step);
-        the statistics of :func:`supernet.training.accumulate_sandwich` (``loss``, ``samples``, ...).
+        the statistics of :func:`supernet.training.gradients.accumulate_sandwich` (``loss``,
+        ``samples``, ...).
         Dropout masks, if any, are drawn from ``generator`` (the stereo supernet has no dropout)."""
         if self.family == "stereo":
             from supernet.stereo_training import accumulate_stereo_gradients

@@ -2,7 +2,7 @@
 
 Datasets give deterministic samples (resized, normalised: what validation sees); the random part of
 training augmentation is applied where a training batch is formed, with the generator of that
-computation (:func:`supernet.training.training_batch`, BN recalibration). Why not torchvision's
+computation (:func:`supernet.training.batches.training_batch`, BN recalibration). Why not torchvision's
 random transforms inside ``Dataset.__getitem__``: they draw from torch's global generator, which all
 threads of a process share, so a spot audit replaying a peer's augmentation in one thread of the
 aggregator would see the draws of another thread (and needed a process-wide lock). Here the draws

@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 def _phase_namer(task: TaskSpec) -> Callable[[int], str | None]:
     """round -> the schedule phase it is in (``sandwich``, ``kernel``, ``depth-2``, ...)."""
     try:
-        from supernet.training import phase_at
+        from supernet.training.schedule import phase_at
         from supernet.workload import swarm_train_options, train_config
 
         cfg = train_config(task.task, swarm_train_options(task))

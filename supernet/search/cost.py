@@ -19,7 +19,7 @@ from torch import nn
 from supernet.config import SearchSpace, SubnetConfig
 from supernet.search.latency import LatencyTable, unit_shapes
 from supernet.search.timing import example_inputs
-from supernet.stereo import StereoSupernet
+from supernet.stereo.model import StereoSupernet
 
 __all__ = ["CostModel", "FlopsCost", "InfeasibleBudget", "LatencyCost", "check_budget"]
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from supernet.config import SubnetConfig
 from supernet.export import save_torchscript
-from supernet.training import evaluate
+from supernet.training.evaluation import evaluate
 from supernet.workload import Workload
 
 __all__ = [

@@ -54,7 +54,7 @@ __all__ = [
     "stereo_source",
 ]
 
-STRIDE = 64  # supernet.stereo.STRIDE: the stereo supernet takes sizes it divides
+STRIDE = 64  # supernet.stereo.layout.STRIDE: the stereo supernet takes sizes it divides
 STEREO_LAYOUTS = ("kitti2015", "kitti2012", "sceneflow", "middlebury")
 _KITTI_DIRS = {
     "kitti2015": ("image_2", "image_3", "disp_occ_0"),

@@ -13,7 +13,7 @@ file).
 model, both shapes). Sizes the network's stride does not divide are padded by :func:`pad_to_multiple`
 (replicating the border, at the bottom and the right, so pixel coordinates and disparities are
 unchanged) and the prediction is cropped back by :func:`unpad`; ``StereoSupernet`` itself rejects such
-sizes with a ``ValueError`` that points here (``supernet.stereo.check_stereo_input``).
+sizes with a ``ValueError`` that points here (``supernet.stereo.layout.check_stereo_input``).
 """
 
 from __future__ import annotations

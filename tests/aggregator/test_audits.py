@@ -11,7 +11,7 @@ from protocol.identity import Identity
 from supernet.contribution import compute_contribution, contribution_sketch
 from supernet.sketch import encode_sketch
 from supernet.state import init_optimizer_state, state_tensors
-from supernet.training import step_configs
+from supernet.training.schedule import step_configs
 from supernet.workload import workload_for
 from tests.protocol.factories import peer_id_of, receipt
 from tests.supernet.threads import (

@@ -22,7 +22,7 @@ import pytest
 from protocol.identity import Identity
 from supernet.checkpoint import save_trained
 from supernet.search.run import SearchOptions, SearchReport, run_search
-from supernet.training import train
+from supernet.training.loop import train
 from supernet.workload import workload_for
 from testbed.local_swarm import LocalSwarm, SwarmOptions
 from tests.adversaries import dishonest_peer

@@ -15,7 +15,7 @@ from torch.utils.data import Dataset
 
 from supernet.batch_prefetch import BatchPrefetcher, batch_maker, contribution_generators
 from supernet.contribution import compute_contribution
-from supernet.training import step_configs
+from supernet.training.schedule import step_configs
 from supernet.workload import Workload, workload_for
 from tasks.sharding import SampleStream, augmentation_seed
 from tests.supernet.threads import single_torch_thread  # noqa: F401

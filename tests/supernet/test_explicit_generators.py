@@ -16,7 +16,9 @@ import time
 import torch
 
 from supernet.contribution import compute_contribution
-from supernet.training import accumulate_gradients, recalibrate_for_evaluation, step_configs
+from supernet.training.evaluation import recalibrate_for_evaluation
+from supernet.training.gradients import accumulate_gradients
+from supernet.training.schedule import step_configs
 from supernet.workload import workload_for
 from tests.supernet.threads import (
     another_thread_reseeding_the_global_generator,

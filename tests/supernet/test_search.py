@@ -39,7 +39,7 @@ from supernet.search.latency import (
 from supernet.search.pareto import format_front, pareto_front, plot_front
 from supernet.search.predictor import AccuracyPredictor, encode, fit_with_holdout
 from supernet.search.timing import example_inputs
-from supernet.training import train
+from supernet.training.loop import train
 from supernet.workload import workload_for
 from tests.supernet.threads import single_torch_thread  # noqa: F401
 
@@ -73,7 +73,7 @@ class ProxyEvaluator:
 
 
 def test_tabulated_flops_equal_the_supernets_count():
-    from supernet.stereo import StereoSupernet
+    from supernet.stereo.model import StereoSupernet
 
     stereo = StereoSupernet(widths=(8, 8, 16, 16, 16, 16), stem_channels=8, max_displacement=2)
     rng = random.Random(0)
@@ -463,7 +463,7 @@ def test_a_file_that_is_not_a_latency_table_is_refused_not_overwritten(net, tmp_
 
 
 def test_stereo_latency_table_sees_the_siamese_batch():
-    from supernet.stereo import StereoSupernet
+    from supernet.stereo.model import StereoSupernet
 
     stereo = StereoSupernet(widths=(8, 8, 16, 16, 16, 16), stem_channels=8, max_displacement=2).eval()
     inputs = example_inputs("stereo", (64, 128), torch.device("cpu"))

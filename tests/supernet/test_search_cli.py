@@ -19,7 +19,7 @@ from supernet.search.cli import main
 from supernet.search.deploy import recalibrated_export
 from supernet.search.run import SearchOptions, run_search
 from supernet.search.timing import example_inputs
-from supernet.training import train
+from supernet.training.loop import train
 from supernet.workload import workload_for
 from tests.helpers import console_script
 from tests.supernet.threads import single_torch_thread  # noqa: F401

@@ -12,8 +12,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from supernet import SearchSpace, StereoSupernet, SubnetConfig, save_torchscript
-from supernet.elastic import ElasticUnit
-from supernet.stereo import StaticStereo, correlation_1d, correlation_1d_loop
+from supernet.elastic.blocks import ElasticUnit
+from supernet.stereo.correlation import correlation_1d, correlation_1d_loop
+from supernet.stereo.static import StaticStereo
 from tasks.stereo import predict_disparity
 
 TINY = dict(widths=(8, 8, 8, 8, 8, 16), stem_channels=8, max_displacement=4, redir_channels=8)

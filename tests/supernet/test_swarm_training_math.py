@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from supernet.sketch import decode_sketch, encode_sketch, gradient_sketch, sketch_distance, sketch_seed
-from supernet.training import TrainConfig, build_supernet, cohort_configs, step_configs
+from supernet.training.build import build_supernet
+from supernet.training.config import TrainConfig
+from supernet.training.schedule import cohort_configs, step_configs
 
 
 @pytest.fixture(scope="module")

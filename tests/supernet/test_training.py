@@ -9,20 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from supernet.training import (
-    TrainConfig,
-    accumulate_gradients,
-    build_supernet,
-    lr_at,
-    make_optimizer,
-    maybe_sort_channels,
-    optimizer_step,
-    phase_at,
-    phases,
-    space_for_phase,
-    step_configs,
-    train,
-)
+from supernet.training.build import build_supernet
+from supernet.training.config import TrainConfig
+from supernet.training.gradients import accumulate_gradients
+from supernet.training.loop import train
+from supernet.training.optimizer import lr_at, make_optimizer, optimizer_step
+from supernet.training.schedule import maybe_sort_channels, phase_at, phases, space_for_phase, step_configs
 from tests.supernet.threads import single_torch_thread  # noqa: F401
 
 TINY = dict(width_mult=0.25, head_channels=32, channel_divisor=4)

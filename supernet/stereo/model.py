@@ -1,38 +1,4 @@
-"""Stereo-depth once-for-all supernet: a DispNetC-like encoder–decoder with a 1-D correlation layer.
-
-Layout (strides relative to the input; every searchable unit halves the resolution)::
-
-    left, right ─ stem (3×3, full res) ─ units[0] ─ units[1] ─ units[2]      siamese: one pass, shared weights
-                                          1/2        1/4        1/8
-    correlation_1d(left 1/8, right 1/8; d = 0..D)  ⊕  redir(left 1/8)  = cost features (1/8)
-    cost ─ units[3] ─ units[4] ─ units[5]                                     1/16, 1/32, 1/64
-    decoder: pr6 at 1/64, then 6 × (transposed conv ×2, ⊕ skip, ⊕ ↑previous disparity, 3×3 conv,
-    disparity = ↑previous + 3×3 conv) with skips units[4], units[3], cost, units[1] ⊕ fine cost,
-    units[0], stem (left features), giving pr5 … pr0 at 1/32 … 1/1.
-
-The fine cost (``fine_correlation=True``, the default) is the same correlation layer applied once more
-to the 1/4 features, over 2·D displacements (the same range in pixels); it joins the decoder's 1/4
-skip and gives the fine levels a direct matching signal (on ``stereo-synthetic`` it lowered the EPE
-after 120 training steps from 3.24 to 2.38 px). It costs H/4·(W/4)²·C multiply-adds.
-
-``net.units`` holds exactly the 6 searchable :class:`~supernet.elastic.ElasticUnit` s (elastic kernel
-size, expand ratio and depth, the classification supernet's operations and :class:`SubnetConfig`);
-the stem, the redirection conv, the correlation and the decoder are fixed. In training mode the forward
-pass returns the 7 predictions coarse → fine; in eval mode only the finest (B×1×H×W). Every prediction
-is a left-referenced disparity in **full-resolution pixels** (the head's raw output times
-``disparity_scale``), so coarse predictions are compared with the ground truth after plain bilinear
-up-sampling (``tasks.stereo.MultiScaleLoss``).
-
-Inputs are two B×3×H×W images in [0, 1] of the same size, H and W multiples of :attr:`stride` (64);
-anything else raises ``ValueError`` — pad with ``tasks.stereo.pad_to_multiple`` and crop the result
-with ``tasks.stereo.unpad``, or call ``tasks.stereo.predict_disparity``, which does both (for the
-supernet and for exported models alike).
-
-The correlation (:func:`correlation_1d`) is the Caffe ``Correlation1D`` with kernel 1, one-sided:
-``cost[:, d, y, x] = mean_c left[c, y, x] · right[c, y, x − d]`` for d = 0 … D (0 where x − d < 0). It
-is computed as one batched all-pairs matrix product per image row plus a gather of the D + 1 diagonals —
-vectorised, no Python loop over displacements.
-"""
+"""The stereo once-for-all supernet, :class:`StereoSupernet` (layout: see :mod:`supernet.stereo`)."""
 
 from __future__ import annotations
 
@@ -40,95 +6,22 @@ import copy
 from collections.abc import Iterable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from supernet.bn import recalibrate_bn
 from supernet.config import RandomLike, SearchSpace, SubnetConfig, make_rng
-from supernet.elastic import (
-    ElasticConv2d,
-    ElasticUnit,
-    Masks,
-    Permutation,
-    full_masks,
-    permute_optimizer_state,
-    prefix_masks,
-)
+from supernet.elastic.blocks import ElasticUnit
+from supernet.elastic.conv import ElasticConv2d
+from supernet.elastic.masks import Masks, full_masks, prefix_masks
+from supernet.elastic.permutation import Permutation, permute_optimizer_state
 from supernet.export import make_activation
 from supernet.init import torch_default_
+from supernet.stereo.correlation import correlation_1d, with_cost
+from supernet.stereo.decoder import StereoDecoder
+from supernet.stereo.layout import ENCODER_UNITS, INPUT_MEAN, INPUT_STD, NUM_UNITS, STRIDE, check_stereo_input
+from supernet.stereo.static import StaticStereo
 
-__all__ = [
-    "StereoSupernet",
-    "StaticStereo",
-    "StereoDecoder",
-    "correlation_1d",
-    "correlation_1d_loop",
-    "check_stereo_input",
-]
-
-NUM_UNITS = 6
-ENCODER_UNITS = 3
-STRIDE = 2**NUM_UNITS
-# Input normalisation (images in [0, 1]); fixed, and part of the exported model.
-_MEAN, _STD = 0.45, 0.225
-
-
-def correlation_1d(left: torch.Tensor, right: torch.Tensor, max_displacement: int) -> torch.Tensor:
-    """One-sided horizontal correlation: B×C×H×W, B×C×H×W → B×(D+1)×H×W.
-
-    ``out[:, d, y, x] = mean_c left[:, c, y, x] * right[:, c, y, x - d]``, zero where ``x - d < 0``.
-    All pairs of a row in one matrix product (B·H·W² multiply-adds per channel), then the D + 1
-    diagonals are gathered.
-    """
-    batch, channels, height, width = left.shape
-    rows_left = left.permute(0, 2, 3, 1)  # B, H, W, C
-    rows_right = right.permute(0, 2, 1, 3)  # B, H, C, W
-    pairs = torch.matmul(rows_left, rows_right) / channels  # B, H, W(x), W(x')
-    x = torch.arange(width, device=left.device)
-    d = torch.arange(max_displacement + 1, device=left.device)
-    index = x.unsqueeze(1) - d.unsqueeze(0)  # W, D+1: x - d
-    inside = (index >= 0).to(pairs.dtype)
-    index = index.clamp(min=0).expand(batch, height, width, max_displacement + 1)
-    cost = torch.gather(pairs, 3, index) * inside
-    return cost.permute(0, 3, 1, 2).contiguous()
-
-
-def correlation_1d_loop(left: torch.Tensor, right: torch.Tensor, max_displacement: int) -> torch.Tensor:
-    """The same correlation with a Python loop over displacements (reference for tests and benchmarks)."""
-    out = left.new_zeros(left.shape[0], max_displacement + 1, *left.shape[2:])
-    width = left.shape[-1]
-    for d in range(min(max_displacement, width - 1) + 1):
-        out[:, d, :, d:] = (left[..., d:] * right[..., : width - d]).mean(1)
-    return out
-
-
-def _with_cost(x: torch.Tensor, batch: int, max_displacement: int) -> torch.Tensor:
-    """Left features (the first ``batch`` of a siamese batch) joined with their correlation to the right."""
-    left = x[:batch]
-    return torch.cat([left, correlation_1d(left, x[batch:], max_displacement)], 1)
-
-
-def check_stereo_input(left: torch.Tensor, right: torch.Tensor, stride: int = STRIDE) -> None:
-    """Raise ``ValueError`` unless left/right are equal-sized B×3×H×W batches with H, W multiples of stride."""
-    if not isinstance(left, torch.Tensor) or not isinstance(right, torch.Tensor):
-        raise ValueError("left and right must be tensors")
-    if left.dim() != 4 or right.dim() != 4:
-        raise ValueError(
-            f"left and right must be batches B×3×H×W, got {tuple(left.shape)} and {tuple(right.shape)}"
-        )
-    if left.shape != right.shape:
-        raise ValueError(
-            f"left and right images differ in size: left {tuple(left.shape)}, right {tuple(right.shape)}"
-            " (a rectified pair has equal sizes)"
-        )
-    if left.shape[1] != 3:
-        raise ValueError(f"images must have 3 channels, got {left.shape[1]}")
-    height, width = left.shape[-2:]
-    if height % stride or width % stride:
-        raise ValueError(
-            f"image size {height}x{width} is not a multiple of the network stride {stride}: pad it "
-            "(tasks.stereo.pad_to_multiple, then unpad the prediction) or use tasks.stereo.predict_disparity"
-        )
+__all__ = ["StereoSupernet"]
 
 
 def _conv_bn_act(cin: int, cout: int, kernel: int, activation: str) -> nn.Sequential:
@@ -139,116 +32,8 @@ def _conv_bn_act(cin: int, cout: int, kernel: int, activation: str) -> nn.Sequen
     )
 
 
-def _upsample2(x: torch.Tensor) -> torch.Tensor:
-    return F.interpolate(x, scale_factor=2.0, mode="bilinear", align_corners=False)
-
-
-class StereoDecoder(nn.Module):
-    """The fixed U-shaped decoder: ``pr6`` from the bottleneck, then 6 stages of (transposed conv ×2,
-    concatenation with the skip and the up-sampled previous disparity, 3×3 conv, residual 3×3
-    disparity conv). Plain torch; used as is by the supernet and (copied) by exported models."""
-
-    def __init__(
-        self, bottleneck: int, skips: Sequence[int], channels: Sequence[int], disparity_scale: float
-    ):
-        super().__init__()
-        if len(skips) != NUM_UNITS or len(channels) != NUM_UNITS:
-            raise ValueError(f"decoder: need {NUM_UNITS} skip widths and {NUM_UNITS} stage widths")
-        self.disparity_scale = float(disparity_scale)
-        self.predict_coarsest = nn.Conv2d(bottleneck, 1, 3, padding=1)
-        self.upconvs = nn.ModuleList()
-        self.fuses = nn.ModuleList()
-        self.predicts = nn.ModuleList()
-        cin = bottleneck
-        for skip, width in zip(skips, channels, strict=True):
-            self.upconvs.append(
-                nn.Sequential(nn.ConvTranspose2d(cin, width, 4, stride=2, padding=1), nn.LeakyReLU(0.1))
-            )
-            self.fuses.append(
-                nn.Sequential(nn.Conv2d(width + skip + 1, width, 3, padding=1), nn.LeakyReLU(0.1))
-            )
-            self.predicts.append(nn.Conv2d(width, 1, 3, padding=1))
-            cin = width
-
-    def forward(self, bottleneck: torch.Tensor, skips: list[torch.Tensor]) -> list[torch.Tensor]:
-        """``bottleneck``: the 1/64 features; ``skips``: the 6 skip features coarse → fine (1/32 … 1/1)."""
-        disparity = self.predict_coarsest(bottleneck)
-        predictions = [disparity * self.disparity_scale]
-        x = bottleneck
-        i = 0
-        for upconv, fuse, predict in zip(self.upconvs, self.fuses, self.predicts):  # noqa: B905 (TorchScript)
-            x = upconv(x)
-            disparity = _upsample2(disparity)
-            x = fuse(torch.cat([x, skips[i], disparity], 1))
-            disparity = disparity + predict(x)
-            predictions.append(disparity * self.disparity_scale)
-            i += 1
-        return predictions
-
-
-class StaticStereo(nn.Module):
-    """A deployed stereo sub-network of plain torch layers (TorchScript-able).
-
-    ``encoder`` holds the 3 siamese units, ``aggregation`` the 3 units after the correlation.
-    ``forward(left, right)`` returns the finest disparity (B×1×H×W, pixels); ``multiscale(left, right)``
-    all 7 predictions coarse → fine (for fine-tuning). Same input rules as the supernet.
-    """
-
-    def __init__(
-        self,
-        stem: nn.Module,
-        units: nn.ModuleList,
-        redir: nn.Module,
-        decoder: StereoDecoder,
-        max_displacement: int,
-        fine_displacement: int = 0,
-    ):
-        super().__init__()
-        self.stem = stem
-        self.encoder = nn.ModuleList(units[:ENCODER_UNITS])
-        self.aggregation = nn.ModuleList(units[ENCODER_UNITS:])
-        self.redir = redir
-        self.decoder = decoder
-        self.max_displacement = int(max_displacement)
-        self.fine_displacement = int(fine_displacement)
-        self.stride = STRIDE
-        self.input_mean, self.input_std = _MEAN, _STD
-
-    def _check(self, left: torch.Tensor, right: torch.Tensor) -> None:
-        # TorchScript-compatible version of check_stereo_input (raises ValueError the same way).
-        if left.dim() != 4 or right.dim() != 4 or left.shape != right.shape or left.shape[1] != 3:
-            raise ValueError("left and right must be equal-sized batches B×3×H×W")
-        if left.shape[2] % self.stride != 0 or left.shape[3] % self.stride != 0:
-            raise ValueError("image height and width must be multiples of the network stride 64 (pad them)")
-
-    @torch.jit.export
-    def multiscale(self, left: torch.Tensor, right: torch.Tensor) -> list[torch.Tensor]:
-        self._check(left, right)
-        batch = left.shape[0]
-        x = self.stem((torch.cat([left, right], 0) - self.input_mean) / self.input_std)
-        skips = [x[:batch]]
-        i = 0
-        for unit in self.encoder:
-            x = unit(x)
-            if i == 1 and self.fine_displacement > 0:
-                skips.append(_with_cost(x, batch, self.fine_displacement))
-            else:
-                skips.append(x[:batch])
-            i += 1
-        features = skips.pop()
-        x = torch.cat([correlation_1d(features, x[batch:], self.max_displacement), self.redir(features)], 1)
-        for unit in self.aggregation:
-            skips.append(x)
-            x = unit(x)
-        skips.reverse()
-        return self.decoder(x, skips)
-
-    def forward(self, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
-        return self.multiscale(left, right)[-1]
-
-
 class StereoSupernet(nn.Module):
-    """Once-for-all stereo supernet; see the module docstring for the layout.
+    """Once-for-all stereo supernet; see :mod:`supernet.stereo` for the layout.
 
     ``space`` — the elastic choices (``num_units`` must be 6; default kernel {3, 5, 7}, expand ratio
     {3, 4, 6}, depth {2, 3, 4}); ``widths`` — output channels of the 6 units; ``stem_channels``;
@@ -369,12 +154,12 @@ class StereoSupernet(nn.Module):
             )
         cfg = self.active
         batch = left.shape[0]
-        x = self.stem((torch.cat([left, right], 0) - _MEAN) / _STD)
+        x = self.stem((torch.cat([left, right], 0) - INPUT_MEAN) / INPUT_STD)
         skips = [x[:batch]]
         for u in range(ENCODER_UNITS):
             x = self.units[u](x, *self._unit_args(cfg, u))
             if u == 1 and self.fine_displacement > 0:
-                skips.append(_with_cost(x, batch, self.fine_displacement))
+                skips.append(with_cost(x, batch, self.fine_displacement))
             else:
                 skips.append(x[:batch])
         features = skips.pop()
