@@ -46,8 +46,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from protocol.identity import Identity
-from protocol.records import RecordRejected, SwarmParams, TaskSpec, open_sealed
+from protocol.sealing import RecordRejected, open_sealed
 from protocol.shards import DataSpec
+from protocol.task_spec import SwarmParams, TaskSpec
 from supernet.workload import swarm_train_options, train_config
 from tasks import available_tasks
 

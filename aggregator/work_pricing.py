@@ -19,7 +19,8 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from protocol.records import ContributionReceipt, RejectReason
+from protocol.records import ContributionReceipt
+from protocol.sealing import RejectReason
 from supernet.training import cohort_configs, sandwich_flops_per_sample, step_configs
 
 CACHED = 256  # derivations kept: a few per round across the round window

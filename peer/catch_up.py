@@ -32,7 +32,7 @@ from hivemind_adapter.state_archive import fetch_state
 from hivemind_adapter.state_sharing import SharedState
 from peer.round_commit import CommitBoard, CommittedState, newest_committed_state
 from protocol.dht_schema import anchor_key, open_anchor_value
-from protocol.records import TaskSpec
+from protocol.task_spec import TaskSpec
 
 logger = logging.getLogger("manta.peer")
 

@@ -18,7 +18,7 @@ from peer.averaging_stage import AveragingTimeouts
 from peer.conviction_watch import ConvictionWatch
 from peer.hierarchy import HierarchicalAverager
 from peer.round_commit import CommitBoard
-from protocol.records import TaskSpec
+from protocol.task_spec import TaskSpec
 
 
 class CohortAveragers:

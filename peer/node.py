@@ -64,7 +64,9 @@ from peer.worker_protocol import SharedBuffers
 from protocol.dht_schema import MantaRecordValidator, outer_board_id
 from protocol.identity import Identity
 from protocol.netaddr import host_port_to_multiaddr, parse_host_port
-from protocol.records import Affinity, ContributionReceipt, DeviceInfo, Sealed, TaskSpec
+from protocol.records import Affinity, ContributionReceipt, DeviceInfo
+from protocol.sealing import Sealed
+from protocol.task_spec import TaskSpec
 from supernet.checkpoint import save_checkpoint
 from supernet.outer_state import OuterState, served_consensus, served_layout, split_served
 from supernet.state import consensus_count, digest, fresh_state_tensors

@@ -40,12 +40,10 @@ from protocol.records import (
     IdentityBinding,
     PeerAnnouncement,
     PeerProgress,
-    RecordRejected,
     RoundCommit,
-    Sealed,
-    TaskSpec,
-    seal,
 )
+from protocol.sealing import RecordRejected, Sealed, seal
+from protocol.task_spec import TaskSpec
 from protocol.verified_records import VerifiedRecords
 
 logger = logging.getLogger(__name__)

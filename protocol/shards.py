@@ -2,7 +2,7 @@
 
 An operator's dataset is packed once into shards (files of a few hundred samples each). Each shard is
 named by the SHA-256 of its bytes, so whoever serves it — the aggregator or any peer that holds it —
-cannot change a byte without the receiver noticing. The task (:class:`protocol.records.TaskSpec`)
+cannot change a byte without the receiver noticing. The task (:class:`protocol.task_spec.TaskSpec`)
 carries a :class:`DataSpec` whose ``root`` is the RFC 9162 Merkle root over the canonical JSON of every
 :class:`ShardEntry` in order: a peer that fetched the :class:`DataManifest` from anyone recomputes the
 root and refuses the task's data if it differs (:func:`check_manifest`). Re-packing the same files

@@ -71,7 +71,7 @@ class SwarmOptions:
     seed: int = 0
     worker_threads: int = 0  # 0: the machine's cores shared among the peers
     extra_toml: str = ""
-    # how cohorts synchronise (protocol.records.SwarmParams): "every-step", or "outer" steps
+    # how cohorts synchronise (protocol.task_spec.SwarmParams): "every-step", or "outer" steps
     sync: str = "every-step"
     inner_steps: int = 5
     outer_lr: str = "1.0"

@@ -72,7 +72,9 @@ from peer.search_service import EvaluationService  # noqa: E402
 from peer.swarm_view import ProgressBoard  # noqa: E402
 from peer.worker_pool import WorkerPool  # noqa: E402
 from protocol.averaging_group import averaging_group_id, group_membership  # noqa: E402
-from protocol.records import ContributionReceipt, TaskSpec, seal  # noqa: E402
+from protocol.records import ContributionReceipt  # noqa: E402
+from protocol.sealing import seal  # noqa: E402
+from protocol.task_spec import TaskSpec  # noqa: E402
 
 FAULTS = (
     "forge", "replay", "inflate", "fabricate", "search-lie", "silent", "flops", "self-group",

@@ -9,25 +9,26 @@ import pytest
 
 from protocol.canonical import canonical_json
 from protocol.identity import Identity, verify_signature
+from protocol.ledger_checkpoint import Checkpoint
 from protocol.records import (
     Affinity,
-    Checkpoint,
     ContributionReceipt,
     DeviceInfo,
     IdentityBinding,
     PeerAnnouncement,
-    RecordRejected,
-    RejectReason,
     Revocation,
     RoundCommit,
-    SwarmParams,
-    TaskSpec,
     check_binding,
+)
+from protocol.sealing import (
+    RecordRejected,
+    RejectReason,
     make_sealed,
     open_sealed,
     parse_sealed,
     seal,
 )
+from protocol.task_spec import SwarmParams, TaskSpec
 from tests.protocol.factories import TASK, binding_wire, fake_peer_id, now_ms, peer_id_of, receipt, resign
 
 PEER = Identity.from_seed(b"\x01" * 32)
