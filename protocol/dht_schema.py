@@ -272,9 +272,8 @@ def open_peer_value(
 class MantaRecordValidator:
     """hivemind record validator (duck-typed) for the MANTA keys of one task.
 
-    hivemind validates every entry of every lookup's answer, so each read of a board used to check
-    one Ed25519 signature per entry in the DHT process, however often the same entries came back.
-    Verdicts are kept per exact (key, subkey, value) bytes (``cache_capacity`` of them, least
+    hivemind validates every entry of every lookup's answer, however often the same entries come
+    back, so verdicts are kept per exact (key, subkey, value) bytes (``cache_capacity`` of them, least
     recently used out first): a repeated entry costs a dictionary lookup, new bytes are checked.
 
     ``rejected`` counts what it dropped, by key name and reason, so an operator can see attacks.

@@ -41,9 +41,7 @@ logger = logging.getLogger("manta.swarm")
 
 GRACE_SECONDS = 60.0  # a peer finishing its round on SIGTERM may need an averaging timeout or two
 # The aggregator's shutdown closes its last rounds (at most 30 s) and runs the audits it already chose
-# (at most 120 s), so that no receipt it accepted goes unaudited. Killed sooner, it left its ledger
-# without those audits, and its DHT's and state server's socket files in /tmp (every manta-swarm run
-# did, at 5 s).
+# (at most 120 s), so that no receipt it accepted goes unaudited and its socket files are removed.
 AGGREGATOR_GRACE_SECONDS = 180.0
 LOOPBACK = "127.0.0.1"
 
