@@ -17,7 +17,8 @@ import threading
 from collections.abc import Callable
 
 from aggregator.audits import audit_receipt
-from protocol.records import ContributionReceipt, Sealed
+from protocol.records import ContributionReceipt
+from protocol.sealing import Sealed
 
 logger = logging.getLogger(__name__)
 

@@ -43,7 +43,9 @@ from protocol.dht_schema import (
 )
 from protocol.identity import Identity
 from protocol.netaddr import host_port_to_multiaddr
-from protocol.records import Sealed, StateAnchor, TaskSpec, open_sealed, seal
+from protocol.records import StateAnchor
+from protocol.sealing import Sealed, open_sealed, seal
+from protocol.task_spec import TaskSpec
 from supernet.workload import swarm_train_options, workload_for
 
 logger = logging.getLogger(__name__)

@@ -29,7 +29,8 @@ from protocol.dht_schema import (
     open_conviction_value,
 )
 from protocol.proof_attestation import Equivocation, find_equivocation, parse_tokens
-from protocol.records import RecordRejected, ReducerConviction, RoundCommit, parse_sealed
+from protocol.records import ReducerConviction, RoundCommit
+from protocol.sealing import RecordRejected, parse_sealed
 from protocol.witness_bundle import WitnessBundle
 
 ATTEMPTS_KEPT = 512  # attempts whose reports are remembered (several per round across the window)

@@ -51,7 +51,8 @@ from dataclasses import dataclass, field
 
 from protocol.averaging_group import GroupMembership, averaging_group_id, proves_membership
 from protocol.proof_attestation import Equivocation
-from protocol.records import ContributionReceipt, RejectReason, Sealed
+from protocol.records import ContributionReceipt
+from protocol.sealing import RejectReason, Sealed
 
 PLAUSIBILITY_SLACK = 3.0  # announced throughput is a recent average; allow bursts up to 3x
 # A measured rate is already the best a passed audit confirmed: twice it bounds a claim, which keeps

@@ -61,17 +61,9 @@ from protocol.dht_schema import (
 )
 from protocol.identity import Identity
 from protocol.merkle import leaf_hash
-from protocol.records import (
-    ContributionReceipt,
-    IdentityBinding,
-    ReducerConviction,
-    RejectReason,
-    Revocation,
-    Sealed,
-    TaskSpec,
-    parse_sealed,
-    seal,
-)
+from protocol.records import ContributionReceipt, IdentityBinding, ReducerConviction, Revocation
+from protocol.sealing import RejectReason, Sealed, parse_sealed, seal
+from protocol.task_spec import TaskSpec
 from protocol.verified_records import VerifiedRecords
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ Contract:
 Checks, in this order (the first failure is the reason):
 
 1. ``open_sealed``: size, framing, record type/version, schema (unknown field, wrong type, oversize),
-   canonical form, signer, signature (:mod:`protocol.records`).
+   canonical form, signer, signature (:mod:`protocol.sealing`).
 2. task id (``wrong_task``); timestamp within ``[now - max_age_ms, now + max_ahead_ms]``
    (``stale_timestamp``).
 3. identity binding (``unbound_peer``): if a binding is known for the receipt's peer id, or
@@ -44,15 +44,8 @@ from typing import NamedTuple
 from ledger.store import LedgerStore, StoredCheckpoint
 from protocol.identity import Identity
 from protocol.merkle import leaf_hash
-from protocol.records import (
-    ContributionReceipt,
-    IdentityBinding,
-    RecordRejected,
-    RejectReason,
-    Sealed,
-    check_binding,
-    open_sealed,
-)
+from protocol.records import ContributionReceipt, IdentityBinding, check_binding
+from protocol.sealing import RecordRejected, RejectReason, Sealed, open_sealed
 
 DEFAULT_MAX_AGE_MS = 10 * 60 * 1000
 DEFAULT_MAX_AHEAD_MS = 30 * 1000

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 
 from aggregator.contribution_checks import SwarmFacts, check_round, lone_inner_step, over_measured_bound
 from aggregator.intake import ContributionIntake, Submission
-from protocol.records import ContributionReceipt, RejectReason, Sealed, TaskSpec, parse_sealed
+from protocol.records import ContributionReceipt
+from protocol.sealing import RejectReason, Sealed, parse_sealed
+from protocol.task_spec import TaskSpec
 
 RECEIPT_TIMES_KEPT = 64  # per peer: enough to find a receipt's predecessor within the round window
 

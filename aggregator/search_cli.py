@@ -103,7 +103,8 @@ def search(
 
     prepare_process()
     from protocol.netaddr import AddressError, check_peer_multiaddr
-    from protocol.records import RecordRejected, TaskSpec, open_sealed
+    from protocol.sealing import RecordRejected, open_sealed
+    from protocol.task_spec import TaskSpec
     from supernet.search.cli import options_from, progress, write_json
     from supernet.search.run import SearchInputError, check_options
 

@@ -20,8 +20,8 @@ from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.paged_blobs import BlobServer
 from hivemind_adapter.shard_transfer import ShardServer
 from protocol.dht_schema import manifest_handler, shard_handler
-from protocol.records import TaskSpec
 from protocol.shards import DataSpec, ManifestMismatch, manifest_bytes
+from protocol.task_spec import TaskSpec
 from tasks.registry import DatasetError, Task
 from tasks.shards.local import SHARDS_DIR, local_shard_task, write_manifest
 from tasks.shards.pack import shard_path

@@ -21,10 +21,10 @@ A built-in task name gets defaults sized for this project's CPUs; a TOML file ma
     outer_momentum = "0.0"     #   the cohorts' mean; DiLoCo's 0.7 / 0.9 for hundreds of inner steps)
     outer_compression = "int8" #   none, fp16, int8 or int4 between cohorts, with error feedback
 
-A task on the operator's own data names its kind in ``[task] name`` (``imagefolder``, ``cifar10`` or
-``stereo-folder``) and where the data lies on this machine in ``[data]``; the aggregator packs it once
-into content-addressed shards that the swarm serves (:mod:`tasks.shards`), and signs their Merkle
-root into the task:
+A task on the operator's own data names its kind in ``[task] name`` (one of
+:data:`protocol.shards.DATA_KINDS`) and where the data lies on this machine in ``[data]``; the
+aggregator packs it once into content-addressed shards that the swarm serves (:mod:`tasks.shards`),
+and signs their Merkle root into the task:
 
     [data]
     path = "/srv/data/cifar"   # on the aggregator's machine; volunteers never need it
@@ -46,8 +46,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from protocol.identity import Identity
-from protocol.records import RecordRejected, SwarmParams, TaskSpec, open_sealed
-from protocol.shards import DataSpec
+from protocol.sealing import RecordRejected, open_sealed
+from protocol.shards import DATA_KINDS, DataKind, DataSpec
+from protocol.task_spec import SwarmParams, TaskSpec
 from supernet.workload import swarm_train_options, train_config
 from tasks import available_tasks
 
@@ -62,9 +63,6 @@ DEFAULT_SWARM = dict(
 )
 
 
-DATA_KINDS = ("imagefolder", "cifar10", "stereo-folder")  # tasks whose data the operator provides
-
-
 class TaskFileError(ValueError):
     """The task reference or file is not usable (one line for the operator)."""
 
@@ -73,7 +71,7 @@ class TaskFileError(ValueError):
 class DataRequest:
     """A task file's ``[data]`` section: what to pack, and how."""
 
-    kind: str
+    kind: DataKind
     path: Path
     layout: str | None = None
     val_fraction: float = 0.1
@@ -138,7 +136,7 @@ def build_task_spec(
 ) -> TaskSpec:
     """A TaskSpec for a built-in task name or a TOML file, signed-for by ``identity``. A task on the
     operator's own data is packed by ``pack_data`` (which raises TaskFileError if it cannot) before
-    anything is signed."""
+    anything is signed. TaskFileError (one line) for an unknown task, section, key or setting."""
 
     path = Path(ref)
     if path.suffix == ".toml" or path.exists():

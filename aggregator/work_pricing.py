@@ -19,7 +19,8 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from protocol.records import ContributionReceipt, RejectReason
+from protocol.records import ContributionReceipt
+from protocol.sealing import RejectReason
 from supernet.training.gradients import sandwich_flops_per_sample
 from supernet.training.schedule import cohort_configs, step_configs
 

@@ -55,7 +55,8 @@ from protocol.dht_schema import (  # noqa: E402
     progress_key,
 )
 from protocol.identity import Identity  # noqa: E402
-from protocol.records import PeerProgress, RoundCommit, seal  # noqa: E402
+from protocol.records import PeerProgress, RoundCommit  # noqa: E402
+from protocol.sealing import seal  # noqa: E402
 from protocol.verified_records import DEFAULT_CAPACITY, VerifiedRecords  # noqa: E402
 from tests.protocol.factories import fake_peer_id  # noqa: E402
 

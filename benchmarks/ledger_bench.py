@@ -39,7 +39,8 @@ from protocol.averaging_group import group_membership
 from protocol.canonical import ascii_canonical_json
 from protocol.identity import Identity
 from protocol.merkle import root_from_leaf_hashes, verify_inclusion
-from protocol.records import ContributionReceipt, Sealed, seal
+from protocol.records import ContributionReceipt
+from protocol.sealing import Sealed, seal
 from tests.protocol.factories import fake_peer_id as _peer_id
 
 TASK = "bench-task"

@@ -43,7 +43,8 @@ from pathlib import Path
 from ledger.rewards import compute_rewards
 from ledger.store import LedgerStore
 from protocol.identity import Identity
-from protocol.records import ContributionReceipt, Revocation, parse_sealed
+from protocol.records import ContributionReceipt, Revocation
+from protocol.sealing import parse_sealed
 from testbed.interrupts import stop_signals_held, stop_signals_interrupt
 from testbed.local_swarm import AGGREGATOR_GRACE_SECONDS, LocalSwarm, SwarmOptions
 from testbed.summary import summarise

@@ -23,7 +23,7 @@ from hivemind.utils import get_dht_time
 from hivemind_adapter.p2p_sockets import daemon_socket_files, remove_dead_daemon_sockets, remove_dead_socket
 from hivemind_adapter.process_answers import NoAnswerWithin, ProcessEnded, await_answer
 from hivemind_adapter.process_locks import install_death_safe_locks
-from protocol.records import RecordRejected
+from protocol.sealing import RecordRejected
 
 T = TypeVar("T")
 READ_TIMEOUT = 10.0  # seconds for one DHT read: a dead bootstrap must cost this, never a hang

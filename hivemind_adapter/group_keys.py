@@ -33,7 +33,7 @@ from hivemind.utils import DHTExpiration, get_logger
 from protocol.declarations import AveragingDeclaration, declaration_subkey, open_declaration_value
 from protocol.dht_schema import dht_key_id
 from protocol.identity import Identity
-from protocol.records import RecordRejected, seal
+from protocol.sealing import RecordRejected, seal
 
 logger = get_logger(__name__)
 

@@ -28,7 +28,8 @@ from ledger.verify import default_jobs, verify_ledger
 from protocol.identity import fingerprint
 from protocol.merkle import verify_inclusion
 from protocol.note import parse_vkey
-from protocol.records import LEDGER_ENTRY_TYPES, ContributionReceipt, parse_sealed
+from protocol.records import LEDGER_ENTRY_TYPES, ContributionReceipt
+from protocol.sealing import parse_sealed
 
 _PATH = click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
 

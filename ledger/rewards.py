@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass
 
 from protocol.identity import fingerprint
 from protocol.merkle import leaf_hash
-from protocol.records import LEDGER_ENTRY_TYPES, ContributionReceipt, Revocation, parse_sealed
+from protocol.records import LEDGER_ENTRY_TYPES, ContributionReceipt, Revocation
+from protocol.sealing import parse_sealed
 
 
 @dataclass(frozen=True)

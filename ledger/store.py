@@ -10,7 +10,7 @@ Contract:
 * ``append_batch(sealed_entries, signer)`` appends a round's entries and a signed checkpoint in one
   transaction and returns the checkpoint. The transaction commits with ``synchronous=FULL`` in WAL
   mode, so when it returns the entries are on disk; if anything fails, nothing of the batch is written.
-* Entries are :class:`protocol.records.Sealed` ledger records (``ContributionReceipt``,
+* Entries are :class:`protocol.sealing.Sealed` ledger records (``ContributionReceipt``,
   ``Revocation``); the stored bytes are their exact wire bytes. A receipt's sequence number must be
   above its key's last one (kept durably in ``key_seq``); a revocation must be sealed by the log key
   and name an earlier receipt by index and leaf hash. Corrections are new entries: no row of
@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol.identity import Identity, fingerprint
+from protocol.ledger_checkpoint import Checkpoint
 from protocol.merkle import (
     EMPTY_ROOT,
     MerkleFrontier,
@@ -52,7 +53,8 @@ from protocol.merkle import (
     perfect_subtrees,
 )
 from protocol.note import NoteError, vkey
-from protocol.records import Checkpoint, ContributionReceipt, Revocation, Sealed, make_sealed
+from protocol.records import ContributionReceipt, Revocation
+from protocol.sealing import Sealed, make_sealed
 
 APPLICATION_ID = 0x4D4E5441  # "MNTA" in the SQLite header, so a foreign database is recognized at once
 SCHEMA_VERSION = 1

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from ledger.store import LedgerError, LedgerStore, connect_readonly
 from protocol.identity import fingerprint
+from protocol.ledger_checkpoint import Checkpoint
 from protocol.merkle import (
     consistency_path,
     fold_subtrees,
@@ -40,14 +41,8 @@ from protocol.merkle import (
     verify_consistency,
 )
 from protocol.note import NoteError
-from protocol.records import (
-    LEDGER_ENTRY_TYPES,
-    Checkpoint,
-    ContributionReceipt,
-    RecordRejected,
-    Revocation,
-    open_sealed,
-)
+from protocol.records import LEDGER_ENTRY_TYPES, ContributionReceipt, Revocation
+from protocol.sealing import RecordRejected, open_sealed
 
 Progress = Callable[[int, int], None]
 _RECEIPT, _REVOCATION = ord("r"), ord("v")

@@ -34,7 +34,7 @@ from peer.commit.boards import CommitBoard
 from peer.commit.quorum import CommittedState, newest_committed_state
 from peer.commit.report import CommitReport
 from protocol.dht_schema import anchor_key, open_anchor_value
-from protocol.records import TaskSpec
+from protocol.task_spec import TaskSpec
 
 logger = logging.getLogger("manta.peer")
 

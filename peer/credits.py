@@ -16,8 +16,8 @@ from peer.receipts import AggregatorLink
 from peer.swarm_view import fetch_task
 from protocol.dht_schema import credits_handler
 from protocol.identity import Identity
+from protocol.ledger_checkpoint import Checkpoint
 from protocol.merkle import verify_inclusion_hash
-from protocol.records import Checkpoint
 
 
 class CreditsError(RuntimeError):

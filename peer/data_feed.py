@@ -28,7 +28,6 @@ from peer.shard_cache import ShardCache
 from peer.shard_download import ShardDownloader
 from peer.swarm_view import ProgressBoard
 from protocol.dht_schema import manifest_handler, shard_handler
-from protocol.records import TaskSpec
 from protocol.shards import (
     MAX_MANIFEST_BYTES,
     DataManifest,
@@ -40,6 +39,7 @@ from protocol.shards import (
     manifest_bytes,
     parse_manifest,
 )
+from protocol.task_spec import TaskSpec
 from tasks.shard_assignment import assigned_shards, rounds_per_epoch, within_budget
 from tasks.shards.local import SHARDS_DIR, local_shard_task, write_manifest
 

@@ -48,7 +48,7 @@ class OuterSettings:
 
     @classmethod
     def of_task(cls, params) -> OuterSettings | None:
-        """The settings of a :class:`protocol.records.SwarmParams`; None for ``sync = "every-step"``."""
+        """The settings of a :class:`protocol.task_spec.SwarmParams`; None for ``sync = "every-step"``."""
         if params.sync != "outer":
             return None
         return cls(

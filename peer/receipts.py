@@ -39,8 +39,10 @@ from protocol.dht_schema import (
     witnesses_handler,
 )
 from protocol.identity import Identity
+from protocol.ledger_checkpoint import Checkpoint
 from protocol.merkle import leaf_hash, verify_inclusion
-from protocol.records import Checkpoint, ContributionReceipt, RecordRejected, parse_sealed, seal
+from protocol.records import ContributionReceipt
+from protocol.sealing import RecordRejected, parse_sealed, seal
 from protocol.witness_bundle import MAX_REPORTS, WitnessBundle
 
 logger = logging.getLogger(__name__)

@@ -18,7 +18,8 @@ from peer.swarm_view import Announcer
 from peer.worker_pool import WorkerPool
 from peer.worker_protocol import HostContribution
 from protocol.identity import Identity
-from protocol.records import ContributionReceipt, TaskSpec
+from protocol.records import ContributionReceipt
+from protocol.task_spec import TaskSpec
 from supernet.training.config import TrainConfig
 
 if TYPE_CHECKING:  # outer_round uses these types: imported for annotations only

@@ -48,7 +48,9 @@ from peer.worker_protocol import SharedBuffers
 from protocol.dht_schema import MantaRecordValidator, outer_board_id
 from protocol.identity import Identity
 from protocol.netaddr import host_port_to_multiaddr, parse_host_port
-from protocol.records import Affinity, DeviceInfo, Sealed, TaskSpec
+from protocol.records import Affinity, DeviceInfo
+from protocol.sealing import Sealed
+from protocol.task_spec import TaskSpec
 from supernet.outer_state import OuterState, served_consensus, served_layout
 from supernet.state import consensus_count, fresh_state_tensors
 from supernet.workload import Workload, swarm_train_options, workload_for

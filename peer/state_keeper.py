@@ -19,7 +19,7 @@ from peer.swarm_progress import SwarmProgress
 from peer.swarm_view import read_roster
 from peer.worker_pool import WorkerPool
 from peer.worker_protocol import SharedBuffers
-from protocol.records import TaskSpec
+from protocol.task_spec import TaskSpec
 from supernet.outer_state import served_consensus, served_layout, split_served
 from supernet.state import digest
 

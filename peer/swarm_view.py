@@ -26,17 +26,9 @@ from protocol.dht_schema import (
     task_key,
 )
 from protocol.identity import Identity
-from protocol.records import (
-    Affinity,
-    DeviceInfo,
-    IdentityBinding,
-    PeerAnnouncement,
-    PeerProgress,
-    RecordRejected,
-    Sealed,
-    TaskSpec,
-    seal,
-)
+from protocol.records import Affinity, DeviceInfo, IdentityBinding, PeerAnnouncement, PeerProgress
+from protocol.sealing import RecordRejected, Sealed, seal
+from protocol.task_spec import TaskSpec
 from protocol.verified_records import VerifiedRecords
 
 logger = logging.getLogger(__name__)

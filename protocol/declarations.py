@@ -25,7 +25,8 @@ from typing import Any
 
 import msgpack
 
-from protocol.records import AveragingDeclaration, RecordRejected, RejectReason, Sealed, open_sealed
+from protocol.records import AveragingDeclaration
+from protocol.sealing import RecordRejected, RejectReason, Sealed, open_sealed
 
 
 def declaration_subkey(peer_id: str, public_key_hex: str) -> str:

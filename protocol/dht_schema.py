@@ -9,7 +9,7 @@ lookup.
 Keys of task ``T`` (every value is a dictionary keyed by the signer's Ed25519 public key in hex, so
 nobody can overwrite another party's entry — the subkey must name the key that sealed the value):
 
-- ``manta_T_task``:  a sealed :class:`~protocol.records.TaskSpec` for task ``T`` from one of its aggregators;
+- ``manta_T_task``:  a sealed :class:`~protocol.task_spec.TaskSpec` for task ``T`` from one of its aggregators;
 - ``manta_T_peers``: ``[announcement, binding]``: a sealed :class:`~protocol.records.PeerAnnouncement`
   for ``T`` and the sealed :class:`~protocol.records.IdentityBinding` of the same key and peer id.
 - ``manta_T_commits_B`` (B = attempt mod :data:`COMMIT_BUCKETS`): subkey ``<attempt>/<public key>``, a
@@ -53,20 +53,17 @@ from typing import Any
 import msgpack
 
 from protocol.declarations import open_declaration_value
+from protocol.ledger_checkpoint import Checkpoint
 from protocol.records import (
-    Checkpoint,
     IdentityBinding,
     PeerAnnouncement,
     PeerProgress,
-    RecordRejected,
     ReducerConviction,
-    RejectReason,
     RoundCommit,
-    Sealed,
     StateAnchor,
-    TaskSpec,
-    open_sealed,
 )
+from protocol.sealing import RecordRejected, RejectReason, Sealed, open_sealed
+from protocol.task_spec import TaskSpec
 from protocol.verified_records import DEFAULT_CAPACITY, VerifiedRecords
 
 TASKS_INDEX_KEY = "manta_tasks"  # subkey: task id, value: that task's sealed TaskSpec (for discovery)
@@ -275,9 +272,8 @@ def open_peer_value(
 class MantaRecordValidator:
     """hivemind record validator (duck-typed) for the MANTA keys of one task.
 
-    hivemind validates every entry of every lookup's answer, so each read of a board used to check
-    one Ed25519 signature per entry in the DHT process, however often the same entries came back.
-    Verdicts are kept per exact (key, subkey, value) bytes (``cache_capacity`` of them, least
+    hivemind validates every entry of every lookup's answer, however often the same entries come
+    back, so verdicts are kept per exact (key, subkey, value) bytes (``cache_capacity`` of them, least
     recently used out first): a repeated entry costs a dictionary lookup, new bytes are checked.
 
     ``rejected`` counts what it dropped, by key name and reason, so an operator can see attacks.

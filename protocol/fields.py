@@ -1,7 +1,7 @@
 """The field types and base model every wire record is built from (strict, bounded, immutable).
 
-They sit apart from :mod:`protocol.records` so that record families in their own modules (the shard
-list in :mod:`protocol.shards`) and the sealed records can share them without importing each other.
+They sit apart from the records so that every record module (:mod:`protocol.sealing`,
+:mod:`protocol.records`, :mod:`protocol.task_spec`, :mod:`protocol.shards`, ...) can share them.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ base64 RFC 6962 root hash. MANTA's ledger signs one per appended batch with the 
 under the key name equal to the origin, and publishes no extension lines. The same text is what a
 volunteer keeps to check a proof against, and what a witness would cosign.
 
-:class:`protocol.records.Checkpoint` is the parsed form; this module has the text formats.
+:class:`protocol.ledger_checkpoint.Checkpoint` is the parsed form; this module has the text formats.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 An operator's dataset is packed once into shards (files of a few hundred samples each). Each shard is
 named by the SHA-256 of its bytes, so whoever serves it — the aggregator or any peer that holds it —
-cannot change a byte without the receiver noticing. The task (:class:`protocol.records.TaskSpec`)
+cannot change a byte without the receiver noticing. The task (:class:`protocol.task_spec.TaskSpec`)
 carries a :class:`DataSpec` whose ``root`` is the RFC 9162 Merkle root over the canonical JSON of every
 :class:`ShardEntry` in order: a peer that fetched the :class:`DataManifest` from anyone recomputes the
 root and refuses the task's data if it differs (:func:`check_manifest`). Re-packing the same files
@@ -15,7 +15,7 @@ first_sample + samples - 1`` in shard order, with no gaps; so are the validation
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import Field, ValidationError
 
@@ -24,6 +24,8 @@ from protocol.fields import Hex32, Int53, Name, StrictModel, Text
 from protocol.merkle import tree_root
 
 __all__ = [
+    "DATA_KINDS",
+    "DataKind",
     "DataManifest",
     "DataSpec",
     "ManifestMismatch",
@@ -35,6 +37,13 @@ __all__ = [
     "manifest_root",
     "parse_manifest",
 ]
+
+DataKind = Literal["imagefolder", "cifar10", "stereo-folder"]
+"""The kinds of operator data set a task can sign: each is also the name of the built-in task
+(:mod:`tasks`) that reads such a data set from local files."""
+
+DATA_KINDS: tuple[DataKind, ...] = get_args(DataKind)
+"""Every :data:`DataKind`, in order: the one list per-kind tables elsewhere are checked against."""
 
 MAX_SHARDS = 1 << 16
 MAX_CLASSES = 4096
@@ -58,7 +67,7 @@ class ShardEntry(StrictModel):
 class DataSpec(StrictModel):
     """What a task's signed record says about its data (the shard list itself travels separately)."""
 
-    kind: Literal["imagefolder", "cifar10", "stereo-folder"]
+    kind: DataKind
     layout: Name  # "tree" or "train-val" (imagefolder), "python" (cifar10), "kitti2015", ... (stereo)
     root: Hex32  # Merkle root over the shard entries (see manifest_root)
     shards: Annotated[int, Field(ge=1, le=MAX_SHARDS)]

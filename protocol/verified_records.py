@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar
 
-from protocol.records import RecordRejected
+from protocol.sealing import RecordRejected
 
 T = TypeVar("T")
 

@@ -148,7 +148,7 @@ def train_config(task_name: str, train_options: dict[str, Any] | None = None) ->
 
 def swarm_train_options(spec) -> dict[str, Any]:
     """The TrainConfig fields every peer of a swarm task uses, all derived from the signed
-    :class:`protocol.records.TaskSpec` ``spec``: the same spec gives every peer the same supernet,
+    :class:`protocol.task_spec.TaskSpec` ``spec``: the same spec gives every peer the same supernet,
     sub-network sampling, schedule and optimizer."""
     p = spec.params
     options = dict(

@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-# Imports of torch, hivemind and the modules built on them stay inside the commands: measured on
-# this 2-core VM (2026-11-22), `import torch` takes 2.0-2.3 s and `import peer.node` 3.1 s, against
-# 0.1 s for `manta-swarm --help` as it is. Bad input must fail at once, before any of that is loaded.
+# Imports of torch, hivemind, pydantic and the modules built on them stay inside the commands, so
+# that `--help` and bad input answer at once, before any of them is loaded.
 import time
 from pathlib import Path
 
@@ -211,7 +210,7 @@ def main(
     time_limit,
 ) -> None:
     """Start the swarm, show its progress, stop every process, and write the summary."""
-    # Options are checked before torch and hivemind are imported (3-6 s here), so a typo costs 0.1 s.
+    # Options are checked before torch and hivemind are imported, so a typo fails at once.
     from testbed.churn import parse_churn
     from testbed.wan.netns import TestbedError, require_privileges
     from testbed.wan.scenario import LinkProfile, ScenarioError, load_scenario, uniform_scenario, with_churn
@@ -282,16 +281,16 @@ def main(
     except ValueError:
         raise UserError(f"--outer-momentum must be in [0, 1), got {outer_momentum!r}") from None
     from hivemind_adapter.runtime import prepare_process, start_orphan_reaper
+    from protocol.shards import DATA_KINDS
     from tasks import available_tasks
 
     if task not in available_tasks():
         raise UserError(f"unknown task {task!r}; built-in tasks: {', '.join(available_tasks())}")
-    data_kinds = ("imagefolder", "cifar10", "stereo-folder")
-    if (task in data_kinds) != (data_path is not None):
+    if (task in DATA_KINDS) != (data_path is not None):
         raise UserError(
             f"--task {task} needs --data FOLDER"
-            if task in data_kinds
-            else f"--data is for tasks {', '.join(data_kinds)}"
+            if task in DATA_KINDS
+            else f"--data is for tasks {', '.join(DATA_KINDS)}"
         )
     prepare_process()
     start_orphan_reaper()  # if this process is killed, its whole tree goes with it

@@ -41,9 +41,7 @@ logger = logging.getLogger("manta.swarm")
 
 GRACE_SECONDS = 60.0  # a peer finishing its round on SIGTERM may need an averaging timeout or two
 # The aggregator's shutdown closes its last rounds (at most 30 s) and runs the audits it already chose
-# (at most 120 s), so that no receipt it accepted goes unaudited. Killed sooner, it left its ledger
-# without those audits, and its DHT's and state server's socket files in /tmp (every manta-swarm run
-# did, at 5 s).
+# (at most 120 s), so that no receipt it accepted goes unaudited and its socket files are removed.
 AGGREGATOR_GRACE_SECONDS = 180.0
 LOOPBACK = "127.0.0.1"
 
@@ -71,7 +69,7 @@ class SwarmOptions:
     seed: int = 0
     worker_threads: int = 0  # 0: the machine's cores shared among the peers
     extra_toml: str = ""
-    # how cohorts synchronise (protocol.records.SwarmParams): "every-step", or "outer" steps
+    # how cohorts synchronise (protocol.task_spec.SwarmParams): "every-step", or "outer" steps
     sync: str = "every-step"
     inner_steps: int = 5
     outer_lr: str = "1.0"

@@ -16,7 +16,8 @@ from typing import Any
 from ledger.rewards import compute_rewards
 from ledger.store import LedgerError, LedgerStore
 from protocol.merkle import verify_inclusion
-from protocol.records import LEDGER_ENTRY_TYPES, parse_sealed
+from protocol.records import LEDGER_ENTRY_TYPES
+from protocol.sealing import parse_sealed
 
 LEDGER_FILE = "ledger.sqlite"
 

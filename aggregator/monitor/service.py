@@ -23,7 +23,7 @@ from aggregator.monitor.metrics import render_metrics
 from aggregator.monitor.server import DashboardServer
 from aggregator.monitor.swarm_reader import SwarmReading
 from protocol.identity import fingerprint
-from protocol.records import TaskSpec
+from protocol.task_spec import TaskSpec
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,8 @@ from typing import Any
 
 from hivemind_adapter.dht import read_entries
 from protocol.dht_schema import open_peer_value, open_progress_value, peers_key, progress_key
-from protocol.records import PeerAnnouncement, PeerProgress, RecordRejected
+from protocol.records import PeerAnnouncement, PeerProgress
+from protocol.sealing import RecordRejected
 
 
 @dataclass(frozen=True)

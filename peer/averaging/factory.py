@@ -29,7 +29,7 @@ from peer.commit.committer import RoundCommitter
 from peer.guard.conviction_watch import ConvictionWatch
 from peer.guard.partner_checks import PartnerChecks
 from peer.guard.peer_guard import PeerGuard
-from protocol.records import TaskSpec
+from protocol.task_spec import TaskSpec
 from robust_aggregation.centered_clip import RobustConfig
 
 # Parts of 4 MiB instead of hivemind's 512 KiB: 8x fewer messages per all-reduce, which dominates on

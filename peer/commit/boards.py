@@ -13,7 +13,8 @@ from hivemind_adapter.dht import peer_id, read_entries, read_entries_of_keys, st
 from peer.commit.report import CommitReport
 from protocol.dht_schema import COMMIT_BUCKETS, commit_subkey, commits_key, open_commit_value
 from protocol.identity import Identity
-from protocol.records import MAX_CHECKS_POSTED, MAX_PROOFS_POSTED, RecordRejected, RoundCommit, seal
+from protocol.records import MAX_CHECKS_POSTED, MAX_PROOFS_POSTED, RoundCommit
+from protocol.sealing import RecordRejected, seal
 from protocol.verified_records import VerifiedRecords
 
 

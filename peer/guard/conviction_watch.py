@@ -35,7 +35,8 @@ from peer.commit.quorum import equivocation_in
 from protocol.dht_schema import conviction_subkey, convictions_key, open_conviction_value
 from protocol.identity import Identity
 from protocol.proof_attestation import Equivocation
-from protocol.records import ReducerConviction, seal
+from protocol.records import ReducerConviction
+from protocol.sealing import seal
 
 logger = logging.getLogger(__name__)
 

@@ -6,9 +6,8 @@
 their samples raises :class:`ShardMissing`), checks its SHA-256 against the entry the first time it
 opens it, keeps recently used shards mapped (``mmap``: the kernel's page cache holds the bytes) and
 decodes samples with ``decode``. A worker draws its mini-batches at random from all of its shards,
-so the cache holds many: with 4, every sample of a 91-shard set re-read and re-hashed a 1.3 MB file
-(338 samples/s; now 1,685 on the first pass, hashing each shard once, and 5,279 after it). Several threads may call ``__getitem__`` at
-once: a lock guards the cache, never the reading or decoding.
+so the cache holds many of them. Several threads may call ``__getitem__`` at once: a lock guards the
+cache, never the reading or decoding.
 
 :func:`shard_task` builds the :class:`~tasks.registry.Task` of a packed data set (after
 :func:`protocol.shards.check_manifest`): its samples are what the file-based tasks give for the same
@@ -36,7 +35,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from protocol.shards import DataManifest, DataSpec, ShardEntry, check_manifest
+from protocol.shards import DataKind, DataManifest, DataSpec, ShardEntry, check_manifest
 from tasks.registry import Task, classification_loss
 from tasks.shards.container import ShardReader, ShardSample, read_shard
 from tasks.shards.image_sources import CIFAR_FORMAT
@@ -55,10 +54,15 @@ __all__ = [
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)  # tasks.cifar's (importing it loads torchvision's datasets)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
-TASK_OPTIONS = {
+TASK_OPTIONS: dict[DataKind, tuple[str, ...]] = {  # the options shard_task takes, per kind
     "imagefolder": ("augment", "hflip", "label_smoothing"),
     "cifar10": ("augment", "label_smoothing"),
     "stereo-folder": ("loss_kind", "max_disparity"),
+}
+FORMAT_PREFIXES: dict[DataKind, str] = {  # what every shard format of a kind starts with
+    "imagefolder": "image/",
+    "cifar10": CIFAR_FORMAT,
+    "stereo-folder": "stereo/",
 }
 
 
@@ -236,7 +240,7 @@ def shard_task(
             raise ValueError(
                 f"{key}: not an option of {spec.kind} shards (options: {', '.join(TASK_OPTIONS[spec.kind])})"
             )
-    prefix = {"imagefolder": "image/", "cifar10": CIFAR_FORMAT, "stereo-folder": "stereo/"}[spec.kind]
+    prefix = FORMAT_PREFIXES[spec.kind]
     for entry in manifest.shards:
         if not entry.format.startswith(prefix):
             raise ValueError(

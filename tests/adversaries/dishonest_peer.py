@@ -73,7 +73,8 @@ from peer.state_keeper import StateKeeper  # noqa: E402
 from peer.swarm_view import ProgressBoard  # noqa: E402
 from peer.worker_pool import WorkerPool  # noqa: E402
 from protocol.averaging_group import averaging_group_id, group_membership  # noqa: E402
-from protocol.records import ContributionReceipt, seal  # noqa: E402
+from protocol.records import ContributionReceipt  # noqa: E402
+from protocol.sealing import seal  # noqa: E402
 from robust_aggregation.reducer_proof import PartProof, make_proof, sketch, sketch_seed  # noqa: E402
 
 FAULTS = (

@@ -13,7 +13,8 @@ from typing import Any
 from aggregator.monitor.swarm_reader import SwarmReading
 from protocol.dht_schema import open_peer_value, open_progress_value
 from protocol.identity import Identity
-from protocol.records import Affinity, DeviceInfo, PeerAnnouncement, PeerProgress, seal
+from protocol.records import Affinity, DeviceInfo, PeerAnnouncement, PeerProgress
+from protocol.sealing import seal
 from tests.protocol.factories import binding_wire, peer_id_of
 
 TASK_ID = "digits-monitor-test"

@@ -12,7 +12,8 @@ from aggregator.contribution_checks import SwarmFacts, check_round, lone_inner_s
 from protocol.averaging_group import averaging_group_id, group_membership
 from protocol.identity import Identity
 from protocol.proof_attestation import ProofAttestation, group_tag, proofs_digest
-from protocol.records import RejectReason, RoundCommit
+from protocol.records import RoundCommit
+from protocol.sealing import RejectReason
 from tests.protocol.factories import TASK, group_fields, peer_id_of, sealed_receipt
 
 PEERS = [Identity.generate() for _ in range(3)]

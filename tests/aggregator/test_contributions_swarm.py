@@ -19,7 +19,8 @@ import pytest
 from ledger.rewards import compute_rewards
 from ledger.store import LedgerStore
 from protocol.identity import Identity
-from protocol.records import ContributionReceipt, Revocation, parse_sealed
+from protocol.records import ContributionReceipt, Revocation
+from protocol.sealing import parse_sealed
 from testbed.local_swarm import LocalSwarm, SwarmOptions
 from tests.adversaries import dishonest_peer
 from tests.helpers import console_script

@@ -13,14 +13,8 @@ from peer.swarm_view import ProgressBoard
 from protocol.dht_schema import conviction_subkey, convictions_key
 from protocol.identity import Identity
 from protocol.proof_attestation import ProofAttestation, group_tag, proofs_digest
-from protocol.records import (
-    ContributionReceipt,
-    ReducerConviction,
-    Revocation,
-    RoundCommit,
-    parse_sealed,
-    seal,
-)
+from protocol.records import ContributionReceipt, ReducerConviction, Revocation, RoundCommit
+from protocol.sealing import parse_sealed, seal
 from supernet.workload import workload_for
 from tests.helpers import two_task_dhts, wait_until
 from tests.protocol.factories import TASK, fake_peer_id, now_ms, peer_id_of, sealed_receipt, task_spec

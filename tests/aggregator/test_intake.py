@@ -12,7 +12,7 @@ from ledger.store import LedgerError, LedgerStore
 from protocol.canonical import canonical_json
 from protocol.identity import Identity
 from protocol.merkle import leaf_hash
-from protocol.records import RecordRejected, RejectReason
+from protocol.sealing import RecordRejected, RejectReason
 from tests.ledger.helpers import AGGREGATOR, ORIGIN
 from tests.protocol.factories import (
     TASK,

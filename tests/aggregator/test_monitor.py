@@ -14,7 +14,8 @@ from aggregator.monitor.metrics import escape_label, format_value, render_metric
 from aggregator.monitor.service import Monitor
 from aggregator.monitor.swarm_reader import read_swarm
 from protocol.dht_schema import peers_key, progress_key
-from protocol.records import DeviceInfo, seal
+from protocol.records import DeviceInfo
+from protocol.sealing import seal
 from tests.aggregator.monitor_helpers import (
     ALICE,
     BOB,

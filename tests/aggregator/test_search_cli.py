@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from aggregator.cli import main
 from aggregator.task_publication import build_task_spec
 from protocol.identity import Identity
-from protocol.records import seal
+from protocol.sealing import seal
 from supernet.checkpoint import save_trained
 from supernet.workload import workload_for
 from tests.supernet.threads import single_torch_thread  # noqa: F401

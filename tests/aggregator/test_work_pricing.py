@@ -7,7 +7,7 @@ import torch
 
 from aggregator.work_pricing import WorkPricing
 from protocol.identity import Identity
-from protocol.records import RejectReason
+from protocol.sealing import RejectReason
 from supernet.training.gradients import sandwich_flops_per_sample
 from supernet.training.schedule import cohort_configs, step_configs
 from supernet.workload import workload_for

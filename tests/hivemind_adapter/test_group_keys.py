@@ -14,7 +14,7 @@ from hivemind_adapter.group_keys import DeclarationSigner
 from protocol.declarations import AveragingDeclaration, declaration_subkey
 from protocol.dht_schema import MantaRecordValidator
 from protocol.identity import Identity
-from protocol.records import seal
+from protocol.sealing import seal
 from tests.hivemind_adapter.averager_pair import LOOPBACK, PAIR_SETTINGS, step_all_at_once
 from tests.protocol.factories import fake_peer_id
 

@@ -9,8 +9,8 @@ import subprocess
 import pytest
 
 from ledger.store import LedgerStore
+from protocol.ledger_checkpoint import Checkpoint
 from protocol.merkle import tree_root
-from protocol.records import Checkpoint
 from tests.helpers import console_script
 from tests.ledger.helpers import AGGREGATOR, PEERS, build_ledger, tamper
 

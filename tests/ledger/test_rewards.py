@@ -8,7 +8,8 @@ from ledger.rewards import compute_rewards
 from ledger.store import LedgerStore
 from protocol.identity import Identity
 from protocol.merkle import leaf_hash
-from protocol.records import Revocation, seal
+from protocol.records import Revocation
+from protocol.sealing import seal
 from tests.ledger.helpers import AGGREGATOR, PEERS, build_ledger
 from tests.protocol.factories import peer_id_of, receipt_wire
 

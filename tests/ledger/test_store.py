@@ -9,6 +9,7 @@ import pytest
 
 from ledger.store import LedgerError, LedgerStore
 from protocol.identity import Identity
+from protocol.ledger_checkpoint import Checkpoint
 from protocol.merkle import (
     consistency_proof,
     inclusion_proof,
@@ -18,7 +19,8 @@ from protocol.merkle import (
     verify_inclusion,
 )
 from protocol.note import open_note, parse_vkey
-from protocol.records import Checkpoint, Revocation, make_sealed
+from protocol.records import Revocation
+from protocol.sealing import make_sealed
 from tests.ledger.helpers import AGGREGATOR, ORIGIN, PEERS, build_ledger
 from tests.protocol.factories import sealed_receipt
 

@@ -10,7 +10,8 @@ from ledger.store import LedgerStore
 from ledger.verify import verify_ledger
 from protocol.identity import Identity
 from protocol.merkle import MerkleFrontier, leaf_hash
-from protocol.records import Revocation, make_sealed
+from protocol.records import Revocation
+from protocol.sealing import make_sealed
 from tests.ledger.helpers import AGGREGATOR, PEERS, build_ledger, tamper
 from tests.protocol.factories import resign
 

@@ -21,7 +21,8 @@ from peer.guard.conviction_watch import ConvictionWatch
 from protocol.dht_schema import conviction_subkey, convictions_key
 from protocol.identity import Identity
 from protocol.proof_attestation import ProofAttestation, group_tag, proofs_digest
-from protocol.records import ReducerConviction, seal
+from protocol.records import ReducerConviction
+from protocol.sealing import seal
 from tests.helpers import two_task_dhts, wait_until
 
 TASK = "digits-conviction-test"

@@ -22,8 +22,9 @@ from peer.data_feed import PREFETCH_AT_START, DataFeed, DataUnavailable
 from peer.progress_display import ProgressDisplay
 from peer.swarm_view import ProgressBoard
 from protocol.identity import Identity
-from protocol.records import TaskSpec, open_sealed, seal
+from protocol.sealing import open_sealed, seal
 from protocol.shards import DataManifest, manifest_bytes
+from protocol.task_spec import TaskSpec
 from tasks.shard_assignment import rounds_per_epoch, sample_pool
 from tasks.shards.local import local_shard_task
 

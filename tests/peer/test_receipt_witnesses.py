@@ -15,7 +15,8 @@ from peer.receipts import AggregatorLink, ReceiptCourier, ReceiptOutbox
 from protocol.averaging_group import averaging_group_id, group_membership
 from protocol.dht_schema import commits_key, peers_key
 from protocol.identity import Identity
-from protocol.records import Affinity, DeviceInfo, PeerAnnouncement, RoundCommit, seal
+from protocol.records import Affinity, DeviceInfo, PeerAnnouncement, RoundCommit
+from protocol.sealing import seal
 from protocol.witness_bundle import MAX_REPORTS, WitnessBundle
 from tests.helpers import two_task_dhts, wait_until
 from tests.protocol.factories import TASK, binding_wire, group_fields, now_ms, peer_id_of, receipt, task_spec

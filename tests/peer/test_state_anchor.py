@@ -14,7 +14,8 @@ from hivemind_adapter.state_archive import fetch_state
 from peer.catch_up import anchored_rounds, trusted_round
 from protocol.dht_schema import anchor_key
 from protocol.identity import Identity
-from protocol.records import StateAnchor, seal
+from protocol.records import StateAnchor
+from protocol.sealing import seal
 from supernet.state import digest
 from tests.helpers import two_task_dhts
 from tests.hivemind_adapter.archive_pair import archive_and_client

@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from protocol.records import ContributionReceipt, TaskSpec, open_sealed, parse_sealed
+from protocol.records import ContributionReceipt
+from protocol.sealing import open_sealed, parse_sealed
+from protocol.task_spec import TaskSpec
 from tasks.shards.local import read_manifest
 from testbed.image_folder import make_image_folder
 from testbed.local_swarm import LocalSwarm, SwarmOptions

@@ -7,7 +7,9 @@ import time
 
 from protocol.averaging_group import GroupMembership, group_membership
 from protocol.identity import Identity
-from protocol.records import ContributionReceipt, IdentityBinding, SwarmParams, TaskSpec, make_sealed, seal
+from protocol.records import ContributionReceipt, IdentityBinding
+from protocol.sealing import make_sealed, seal
+from protocol.task_spec import SwarmParams, TaskSpec
 
 TASK = "cifar10-ofa-test"
 _B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"

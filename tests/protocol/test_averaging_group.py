@@ -18,7 +18,8 @@ from protocol.averaging_group import (
 )
 from protocol.identity import Identity
 from protocol.merkle import tree_root
-from protocol.records import ContributionReceipt, open_sealed, seal
+from protocol.records import ContributionReceipt
+from protocol.sealing import open_sealed, seal
 from tests.protocol.factories import fake_peer_id, group_fields, peer_id_of, receipt
 
 

@@ -20,7 +20,9 @@ from protocol.dht_schema import (
     task_key,
 )
 from protocol.identity import Identity
-from protocol.records import AveragingDeclaration, DeviceInfo, PeerAnnouncement, RoundCommit, TaskSpec, seal
+from protocol.records import AveragingDeclaration, DeviceInfo, PeerAnnouncement, RoundCommit
+from protocol.sealing import seal
+from protocol.task_spec import TaskSpec
 from tests.protocol.factories import binding_wire, now_ms, peer_id_of, resign
 from tests.protocol.factories import task_spec as make_task_spec
 

@@ -12,6 +12,7 @@ import base64
 import pytest
 
 from protocol.identity import Identity
+from protocol.ledger_checkpoint import Checkpoint
 from protocol.merkle import EMPTY_ROOT
 from protocol.note import (
     NoteError,
@@ -23,7 +24,6 @@ from protocol.note import (
     split_note,
     vkey,
 )
-from protocol.records import Checkpoint
 
 SPEC_VKEY = "example.com/foo+530d903a+AekyeRrm56hApGFkyQR4ZCbV54Id2LKaANYcrnKv3U2k"
 SPEC_NOTE = (

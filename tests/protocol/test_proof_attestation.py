@@ -16,7 +16,8 @@ from protocol.proof_attestation import (
     proofs_digest,
     proofs_fingerprint,
 )
-from protocol.records import MAX_PROOFS_POSTED, RoundCommit, open_sealed, seal
+from protocol.records import MAX_PROOFS_POSTED, RoundCommit
+from protocol.sealing import open_sealed, seal
 
 REDUCER = "12D3KooWBHU6bw3kn3aGjatsvVf55QSkVefHXhp6DuXoGWLDSaer"
 OTHER = "12D3KooWRTLci3gENP6SXh2GWpcFy1SNRwq7q2kiejkcoFK9M8it"

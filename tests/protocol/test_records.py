@@ -3,31 +3,38 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import ClassVar
 
 import pydantic
 import pytest
 
 from protocol.canonical import canonical_json
 from protocol.identity import Identity, verify_signature
+from protocol.ledger_checkpoint import Checkpoint
 from protocol.records import (
     Affinity,
-    Checkpoint,
     ContributionReceipt,
     DeviceInfo,
     IdentityBinding,
     PeerAnnouncement,
-    RecordRejected,
-    RejectReason,
     Revocation,
     RoundCommit,
-    SwarmParams,
-    TaskSpec,
     check_binding,
+)
+from protocol.sealing import (
+    SEALED_TYPES,
+    RecordRejected,
+    RejectReason,
+    SealedRecord,
     make_sealed,
     open_sealed,
     parse_sealed,
     seal,
 )
+from protocol.task_spec import SwarmParams, TaskSpec
 from tests.protocol.factories import TASK, binding_wire, fake_peer_id, now_ms, peer_id_of, receipt, resign
 
 PEER = Identity.from_seed(b"\x01" * 32)
@@ -237,6 +244,59 @@ def test_wrong_record_and_unsupported_version():
     assert open_sealed(
         binding_wire(PEER), (ContributionReceipt, IdentityBinding)
     ).record.peer_id == peer_id_of(PEER)
+    # another record type is the wrong record in any version
+    assert _rejected(binding_wire(PEER).replace(b"/v1\n", b"/v9\n", 1)).reason is RejectReason.WRONG_RECORD
+
+
+def test_every_sealed_record_type_has_its_own_prefix():
+    from protocol import records, task_spec
+
+    defined = {
+        cls
+        for module in (records, task_spec)
+        for cls in vars(module).values()
+        if isinstance(cls, type) and issubclass(cls, SealedRecord) and cls is not SealedRecord
+    }
+    assert len(defined) == 10
+    assert set(SEALED_TYPES.values()) >= defined
+    assert all(SEALED_TYPES[(cls.RECORD_TYPE, cls.VERSION)] is cls for cls in defined)
+    with pytest.raises(TypeError, match="receipt v2 is already ContributionReceipt"):
+
+        class Forged(SealedRecord):
+            RECORD_TYPE: ClassVar[str] = "receipt"
+            VERSION: ClassVar[int] = 2
+
+    assert SEALED_TYPES[("receipt", 2)] is ContributionReceipt
+
+
+def test_opening_finds_a_type_whatever_else_was_imported():
+    # Opening looks only among the expected classes, so no import order can hide a record type.
+    code = (
+        "from protocol.identity import Identity\n"
+        "from protocol.sealing import RecordRejected, open_sealed, seal\n"
+        "from protocol.task_spec import SwarmParams, TaskSpec\n"
+        "import sys\n"
+        "assert 'protocol.records' not in sys.modules\n"
+        "key = Identity.from_seed(bytes(32))\n"
+        "params = SwarmParams(target_samples_per_round=1, subnets_per_step=1, batch_size=1,\n"
+        "    max_group_size=1, round_timeout_ms=1, receipt_window_ms=1, learning_rate='0.1')\n"
+        "spec = TaskSpec(task_id='t', task='digits', mode='data', seed=1, params=params,\n"
+        "    aggregator_keys=(key.public_key.hex(),), ledger_origin='o', timestamp=1)\n"
+        "assert open_sealed(seal(spec, key), TaskSpec).record == spec\n"
+        "try:\n"
+        "    open_sealed(sys.stdin.buffer.read(), TaskSpec)\n"
+        "except RecordRejected as e:\n"
+        "    print(e.reason.value)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        input=_wire(),
+        capture_output=True,
+        timeout=120,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.stdout.decode().strip() == "wrong_record"
 
 
 def test_bad_signature():

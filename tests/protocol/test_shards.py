@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from protocol.identity import Identity
-from protocol.records import TaskSpec, open_sealed, seal
+from protocol.sealing import open_sealed, seal
 from protocol.shards import (
     DataManifest,
     DataSpec,
@@ -19,6 +19,7 @@ from protocol.shards import (
     manifest_root,
     parse_manifest,
 )
+from protocol.task_spec import TaskSpec
 from tests.protocol.factories import receipt, task_spec
 
 

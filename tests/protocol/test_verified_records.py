@@ -9,7 +9,8 @@ import pytest
 
 from protocol.dht_schema import commit_subkey, open_commit_value
 from protocol.identity import Identity
-from protocol.records import RecordRejected, RoundCommit, seal
+from protocol.records import RoundCommit
+from protocol.sealing import RecordRejected, seal
 from protocol.verified_records import VerifiedRecords
 from tests.protocol.factories import peer_id_of
 
