@@ -79,7 +79,7 @@ class RobustConfig:
     is sent. With dropping and naming both at 10, random garbage (100x a gradient's length; 0.8 %
     of its values lay between 3 and 10 radii) pulled each update by a median 0.70 honest peers and
     cost the largest sub-network 0.56 +- 0.24 pp after 120 rounds; dropped at 3, 0.21 and
-    0.16 +- 0.23 pp (benchmarks/README.md, "Dropping at 3 radii, naming beyond 10"). Must be
+    0.16 +- 0.23 pp (benchmarks/README.md at 7085eb3, "Dropping at 3 radii, naming beyond 10"). Must be
     between 1 and ``outlier_factor``.
 
     ``outlier_factor`` — a part farther than ``outlier_factor × radius`` from the centre is an outlier
@@ -88,7 +88,7 @@ class RobustConfig:
     most members' samples are all learned and their parts are small, while one whose batch holds a
     hard example sends a part several radii out. In two clean 120-round runs of the red team's task
     honest parts reached 5.3 radii, and at 3.0 honest members were named in 66 parts from round 60
-    on (benchmarks/README.md, "Honest members named late in training"). Naming a sender is a strong
+    on (benchmarks/README.md at 7085eb3, "Honest members named late in training"). Naming a sender is a strong
     claim (its receipt earns nothing), while the attacks it is for lie far beyond 10 (x1000 and
     random garbage a hundred times a gradient's length); a part within it is clipped, pulling the
     result by at most a radius times its weight share, and one beyond ``drop_factor`` not at all.
@@ -289,7 +289,7 @@ def _alignments(parts, usable, left_out, weight_of, centre, radius) -> tuple[Ali
     the centre instead, as this once did, left the others' centre pointing away from it: late in
     training, when a member's 64 samples hold a hard example and its part is clipped, honest members
     read anti-aligned and were left out (one of three causes of honest members named late in
-    training: benchmarks/README.md, "Honest members named late in training"). For a part left out
+    training: benchmarks/README.md at 7085eb3, "Honest members named late in training"). For a part left out
     of the centre, the others' centre is the centre itself."""
     result: list[Alignment | None] = [None] * len(parts)
     if len(usable) < 2:
@@ -384,7 +384,8 @@ class RobustPartReducer(TensorPartReducer):
     cosine per sender and all-reduce. Not one per part: a sender's parts of one all-reduce come from
     one batch, and late in training a batch with a hard example points against the others in most
     of them at once; a record window of per-part cosines then held one round's evidence, and honest
-    members were named (benchmarks/README.md, "Honest members named late in training"). ``excluded`` senders (suspected by an
+    members were named (benchmarks/README.md at 7085eb3, "Honest members named late in training").
+    ``excluded`` senders (suspected by an
     :class:`~hivemind_adapter.alignment.AlignmentRecord`) are left out of every centre.
     ``slotted_parts`` (part indices) are reduced by :func:`slotted_centre`, not robustly: the
     cohort's roll of sample counts, each member's in its own slot.

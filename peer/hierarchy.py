@@ -201,7 +201,7 @@ BAR_SECONDS = 600.0
 # be an honest head carrying its cohort's bent result: it is barred this long, doubled each time it
 # is refused again, up to BAR_SECONDS. About two attempts on the emulated internet, where a full
 # bar of an honest head in a pair of heads left the two sites without a quorum for 10 minutes
-# (benchmarks/README.md).
+# (benchmarks/README.md at 7085eb3).
 FIRST_OWN_PART_BAR_SECONDS = 60.0
 
 

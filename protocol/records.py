@@ -190,10 +190,10 @@ class SwarmParams(StrictModel):
     # parameters now), sent through ``outer_compression`` with error feedback, and every peer applies
     # the same outer Nesterov step (``outer_lr``, ``outer_momentum``). DiLoCo's 0.7 / 0.9 suit its
     # hundreds of inner steps; at 5, plain averaging of the cohorts' progress (1.0 / 0) matched
-    # every-step within 1 pp over 60 rounds where 0.7 / 0.9 fell 6-10 pp short (benchmarks/README.md,
-    # "Outer steps, part 3").
+    # every-step within 1 pp over 60 rounds where 0.7 / 0.9 fell 6-10 pp short
+    # (benchmarks/README.md at 7085eb3, "Outer steps, part 3").
     sync: Literal["every-step", "outer"] = "every-step"
-    # 5: see benchmarks/README.md, "Outer steps between cohorts", for why
+    # 5: see benchmarks/README.md at 7085eb3, "Outer steps between cohorts", for why
     inner_steps: Annotated[int, Field(ge=1, le=100_000)] = 5
     outer_lr: Decimal = "1.0"
     outer_momentum: Decimal = "0.0"
