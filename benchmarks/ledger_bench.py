@@ -52,9 +52,15 @@ def _peers() -> list[Identity]:
     return [Identity.from_seed(hashlib.sha256(b"bench-peer-%d" % i).digest()) for i in range(PEERS)]
 
 
+# The receipt's optional claims at their defaults: the canonical encoding writes every field, defaults
+# included, so the fast encoder must too (taken from the model, so a new field cannot break the check).
+_OPTIONAL = {n: f.default for n, f in ContributionReceipt.model_fields.items() if not f.is_required()}
+
+
 def _fields(peer: Identity, seq: int, now_ms: int) -> dict:
     pid = _peer_id(peer.public_key)
     return {
+        **_OPTIONAL,
         "task_id": TASK,
         "round": seq,
         "peer_id": pid,
@@ -69,9 +75,6 @@ def _fields(peer: Identity, seq: int, now_ms: int) -> dict:
         "group_id": hashlib.sha256(b"group%d" % seq).hexdigest()[:32],
         **_group_of_four(pid),
         "timestamp": now_ms,
-        # the optional claims, empty: the canonical encoding writes every field, defaults included
-        "worker_samples": (),
-        "grad_sketch": (),
     }
 
 

@@ -27,7 +27,7 @@ With ``--sync outer`` each round is an inner step inside the cohort (its members
 group, robust like any stage) and cohorts meet every ``--inner-steps`` rounds in an outer step: a
 poisoned gradient then reaches the cohort's inner steps, which the cohort's reducers must withstand.
 
-Each swarm takes 2-4 minutes on two cores. The table is what benchmarks/README.md records.
+Each swarm takes 2-4 minutes on two cores. benchmarks/RESULTS.md records its table.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ own ``--first-seed``, ``--seeds`` and ``--json``) and printed together with ``--
 The plain mean under an attack is a contrast, not a candidate: by default it runs for the first seed
 only (``--plain-attack-seeds``). One run (a row and a seed) takes 3-5 s a round on one core of this
 2-core VM, plus a few seconds to evaluate: a 40-round run 2-4 minutes when nothing else runs. The
-table is what benchmarks/README.md records.
+table is what benchmarks/RESULTS.md records.
 """
 
 from __future__ import annotations

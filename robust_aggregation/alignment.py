@@ -42,7 +42,7 @@ so where their agreement is not measurable it costs little. Replayed on every wi
 120-round runs (``sign`` and clean, seed 0): an honest sender's window was named 6 times before,
 never after; the flipped sender's in 99 % of its windows in rounds 0-60 (99-100 % before), 93 % in
 rounds 60-80 (95 %), 11 % and 1 % in rounds 80-100 and 100-120 (28 % and 29 %). Over the whole
-120-round table honest senders were named 7 times instead of 124 (benchmarks/README.md).
+120-round table honest senders were named 7 times instead of 124 (benchmarks/README.md at 7085eb3).
 
 Pure Python: the cosines come from :func:`robust_aggregation.centered_clip.centered_clip`.
 """

@@ -458,10 +458,10 @@ def reference_rank(others: int) -> int:
     (0-based): the lower median, never below the second-nearest. The second-nearest alone was too
     tight late in training, where parts cluster (most members' 64 samples are all learned, a few hold
     a hard example): three near-zero parts of six are each other's nearest two, the centre lies among
-    all six, and an honest member's ratio reached 3.96 against the limit of 4 (benchmarks/README.md,
-    "Point 6 late in training"). The median of five gaps is one of the far cluster's there. One
-    made-up entry moves the median by at most one rank, and a twin placed next to a victim's part
-    moves only its nearest gap."""
+    all six, and an honest member's ratio reached 3.96 against the limit of 4
+    (benchmarks/README.md at 7085eb3, "Point 6 late in training"). The median of five gaps is one of
+    the far cluster's there. One made-up entry moves the median by at most one rank, and a twin
+    placed next to a victim's part moves only its nearest gap."""
     return max(1, (others - 1) // 2)
 
 
