@@ -33,7 +33,7 @@ from protocol.task_spec import TaskSpec
 from robust_aggregation.centered_clip import RobustConfig
 
 # Parts of 4 MiB instead of hivemind's 512 KiB: 8x fewer messages per all-reduce, which dominates on
-# fast links (benchmarks/RESULTS.md, "Averaging").
+# fast links (benchmarks/RESULTS.md, "Averaging: hierarchy against flat hivemind and gloo").
 PART_SIZE_BYTES = 4 * 2**20
 # Robust averaging keeps hivemind's 512 KiB: whole parts go to reducers, and a robust centre should
 # rest on several reducers' word, not one's.
