@@ -71,7 +71,7 @@ def build(tmp_path: Path, text: str, capture: list | None = None):
 
 def test_the_task_table_names_every_key_of_the_task_file_and_only_those():
     from aggregator.task_data import DataRequest
-    from protocol.records import SwarmParams, TaskSpec
+    from protocol.task_spec import SwarmParams, TaskSpec
 
     table = task_table()
     assert set(table["swarm"]) == set(SwarmParams.model_fields), "[swarm] keys differ from SwarmParams"
