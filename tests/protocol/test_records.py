@@ -14,7 +14,16 @@ import pytest
 from protocol.canonical import canonical_json
 from protocol.identity import Identity, verify_signature
 from protocol.ledger_checkpoint import Checkpoint
-from protocol.records import Affinity, ContributionReceipt, DeviceInfo, IdentityBinding, PeerAnnouncement, Revocation, RoundCommit, check_binding
+from protocol.records import (
+    Affinity,
+    ContributionReceipt,
+    DeviceInfo,
+    IdentityBinding,
+    PeerAnnouncement,
+    Revocation,
+    RoundCommit,
+    check_binding,
+)
 from protocol.sealing import (
     SEALED_TYPES,
     RecordRejected,
