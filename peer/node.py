@@ -29,7 +29,7 @@ from peer.catch_up import (
 from peer.data_feed import DataUnavailable
 from peer.devices import WorkerDevice
 from peer.progress_display import ProgressDisplay
-from peer.round import commit_pending, run_round
+from peer.round import apply_pending_result, run_round
 from peer.round_types import OuterReport, RoundContext, RoundReport
 from peer.startup import JoinConfig, PeerKinds, PeerParts, build_peer
 from peer.stopping import StopSignals
@@ -160,7 +160,7 @@ class PeerNode:
         ):
             t0 = time.perf_counter()
             self.state.take_missed_outer_step(averagers.outer_board)
-            report = commit_pending(self._round)  # an aborted round whose result found its quorum since
+            report = apply_pending_result(self._round)  # an aborted round whose result found its quorum since
             if report is None:
                 # a round computed from an old state could only abort: the others' groups are keyed by theirs
                 if not self._nobody_ahead():

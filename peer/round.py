@@ -86,10 +86,10 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
     outcome.seconds["roster"], outcome.seconds["commitments"] = roster_seconds, commit_to_seconds
     if not outcome.committed and not ctx.stop.is_set():
         averager.settle(plan.attempt, plan.roster)  # the others finish this attempt; then catch up
-        outcome = averager.commit_late(plan.attempt, plan.roster, outcome)  # its result may commit yet
+        outcome = averager.recheck(plan.attempt, plan.roster, outcome)  # its result may commit yet
     work = RoundWork(plan, host, commitments, start_digest)
     if not outcome.committed and outcome.pending is not None and not ctx.stop.is_set():
-        # its posted result may still find a quorum (commit_pending)
+        # its posted result may still find a quorum (apply_pending_result)
         roster = frozenset(plan.roster) | {ctx.peer_id}
         ctx.commits.hold(
             PendingResult(plan.attempt, roster, outcome.digest, start_digest, averager.public_keys(),
@@ -179,17 +179,17 @@ def finish_round(
     return _report(ctx, plan, work.host, outcome, lr, compute_seconds, time.perf_counter() - started)
 
 
-def commit_pending(ctx: RoundContext) -> RoundReport | None:
+def apply_pending_result(ctx: RoundContext) -> RoundReport | None:
     """Before a round: commit the newest aborted round whose posted result a quorum of its roster
     now holds, if this peer's state is still the one that round started from (a head's late
     broadcast can make that quorum after this peer's settle looked). Returns its report (``late``),
     or None."""
-    found = ctx.commits.committed_pending(ctx.state_digest())
+    found = ctx.commits.pending_with_quorum(ctx.state_digest())
     if found is None:
         return None
     work, aborted = found.payload
     outcome = replace(
-        aborted.committed_late(), seconds={}
+        aborted.as_committed(), seconds={}
     )  # its averaging time is in the aborted round's report
     logger.info(
         f"round {work.plan.round_index} (attempt {work.plan.attempt}): its result reached a quorum "

@@ -328,14 +328,12 @@ class HierarchicalAverager:
         """After this peer's ``attempt`` failed: :meth:`peer.commit.committer.RoundCommitter.settle`."""
         return self.commits.settle(attempt, roster, self._last.levels if self._last is not None else 1)
 
-    def commit_late(
-        self, attempt: int, roster: Collection[str], outcome: AveragingOutcome
-    ) -> AveragingOutcome:
+    def recheck(self, attempt: int, roster: Collection[str], outcome: AveragingOutcome) -> AveragingOutcome:
         """After :meth:`settle`: ``outcome`` committed if its posted result found a quorum after all."""
         if outcome.committed or outcome.pending is None:
             return outcome
-        if self.commits.commit_late(attempt, roster, outcome.digest, self.guard.public_keys()):
-            return outcome.committed_late()
+        if self.commits.quorum_now(attempt, roster, outcome.digest, self.guard.public_keys()):
+            return outcome.as_committed()
         return outcome
 
     def own_cohort_peers(self) -> tuple[str, ...] | None:

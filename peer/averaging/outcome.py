@@ -77,7 +77,7 @@ class AveragingOutcome:
     proofs: list[str] = field(default_factory=list)  # proof attestation tokens this peer accepted
     checked: list[str] = field(default_factory=list)  # tokens of the groups of three it checked
     # The result this peer posted but saw no quorum for within its commit wait (None otherwise): it
-    # commits late if the others' reports make one after all (:meth:`committed_late`).
+    # commits late if the others' reports make one after all (:meth:`as_committed`).
     pending: list[torch.Tensor] | None = None
 
     def report(self) -> CommitReport:
@@ -87,7 +87,7 @@ class AveragingOutcome:
             outliers=tuple(self.outliers), proofs=tuple(self.proofs), checked=tuple(self.checked),
         )  # fmt: skip
 
-    def committed_late(self) -> AveragingOutcome:
+    def as_committed(self) -> AveragingOutcome:
         """This outcome, its pending result committed (a quorum held it after this peer gave up)."""
         return replace(self, committed=True, reason="", tensors=self.pending, pending=None)
 

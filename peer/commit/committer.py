@@ -11,7 +11,7 @@ from typing import Generic, TypeVar
 
 from peer.averaging.deadlines import StageDeadlines
 from peer.commit.boards import CommitBoard
-from peer.commit.quorum import attempt_decided, commits_late
+from peer.commit.quorum import attempt_decided, quorum_late
 from peer.commit.report import CommitReport
 from peer.commit.waits import (
     CommitDecision,
@@ -222,17 +222,17 @@ class RoundCommitter:
 
     # ------------------------------------------------------------------ late commits
 
-    def commit_late(
+    def quorum_now(
         self, attempt: int, roster: Collection[str], digest: str, public_keys: Mapping[str, str] | None
     ) -> bool:
         """After :meth:`settle`: whether result ``digest``, posted here and given up on, holds a quorum
-        of ``roster`` now (:func:`~peer.commit.quorum.commits_late`). False if the board cannot be read."""
+        of ``roster`` now (:func:`~peer.commit.quorum.quorum_late`). False if the board cannot be read."""
         try:
             reports = self.board.read(attempt)
         except Exception as e:  # the round stays aborted; catch-up follows
             logger.debug(f"could not read attempt {attempt}'s reports again: {e}")
             return False
-        late = commits_late(reports, set(roster) | {self.peer_id}, digest, public_keys)
+        late = quorum_late(reports, set(roster) | {self.peer_id}, digest, public_keys)
         if late:
             logger.info(
                 f"attempt {attempt}: its result reached a quorum after this peer gave up waiting: committed"
@@ -247,7 +247,7 @@ class RoundCommitter:
         """A new state: no older result applies to it."""
         self._pending = []
 
-    def committed_pending(self, state_digest: str) -> PendingResult | None:
+    def pending_with_quorum(self, state_digest: str) -> PendingResult | None:
         """The newest held result that a quorum of its roster holds now, if this peer still holds the
         state it started from (held results of other states are dropped); None: none does, or the
         board cannot be read (it is looked at again next time)."""
@@ -259,6 +259,6 @@ class RoundCommitter:
                 logger.debug(f"could not read attempt {candidate.attempt}'s reports: {e}")
                 continue
             roster = candidate.roster | {self.peer_id}
-            if commits_late(reports, roster, candidate.digest, candidate.public_keys):
+            if quorum_late(reports, roster, candidate.digest, candidate.public_keys):
                 return candidate
         return None

@@ -47,7 +47,7 @@ def equivocation_in(reports: Reports, public_keys: Mapping[str, str] | None) -> 
     return find_equivocation(posted, public_keys)
 
 
-def commits_late(
+def quorum_late(
     reports: Reports, roster: Collection[str], digest: str, public_keys: Mapping[str, str] | None
 ) -> bool:
     """Whether a result a peer posted and gave up on holds a quorum now, with no equivocation shown:

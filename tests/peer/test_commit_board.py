@@ -23,7 +23,7 @@ from peer.commit.boards import SignedCommitBoard
 from peer.commit.quorum import (
     CommittedState,
     attempt_decided,
-    commits_late,
+    quorum_late,
     is_quorum,
     newest_committed_state,
 )
@@ -213,17 +213,17 @@ def test_a_result_that_finds_its_quorum_after_the_commit_wait_commits_late(two_b
     tensors = [torch.arange(3.0)]
     gave_up = AveragingOutcome(committed=False, reason="no quorum within 6 s", digest=result, pending=tensors)
     early.post(5, CommitReport(ok=True, digest=result))
-    assert not commits_late(early.read(5), roster, result, None)  # still 1 of 3
+    assert not quorum_late(early.read(5), roster, result, None)  # still 1 of 3
     late_head.post(5, CommitReport(ok=True, digest=result))
     assert await_commit(late_head, 5, result, roster, 5.0).committed  # the head commits at once
-    assert commits_late(early.read(5), roster, result, None)
-    late = gave_up.committed_late()
+    assert quorum_late(early.read(5), roster, result, None)
+    late = gave_up.as_committed()
     assert late.committed and late.tensors is tensors and late.pending is None and not late.reason
     # Only the result it posted, and only a strict majority of the roster, ever commits.
-    assert not commits_late(early.read(5), roster, "77" * 32, None)
-    assert not commits_late(early.read(5), [*roster, "QmOther1", "QmOther2"], result, None)
+    assert not quorum_late(early.read(5), roster, "77" * 32, None)
+    assert not quorum_late(early.read(5), [*roster, "QmOther1", "QmOther2"], result, None)
     # A round that failed before it had a result to post has nothing to commit.
-    assert not commits_late(early.read(5), roster, "", None)
+    assert not quorum_late(early.read(5), roster, "", None)
 
 
 def test_a_peer_catching_up_finds_the_newest_state_a_quorum_holds_and_its_holders(two_boards):
@@ -397,7 +397,7 @@ def test_a_result_whose_members_hold_different_signed_proofs_of_one_reducer_neve
     decision = await_commit(a, 11, result, roster, deadline_seconds=30, public_keys=keys)
     assert not decision.committed and "different signed proofs" in decision.reason, decision
     assert decision.equivocation is not None and decision.equivocation.reducer == "QmReducerThatLied"
-    assert not commits_late(a.read(11), roster, result, keys)
+    assert not quorum_late(a.read(11), roster, result, keys)
     # the same stories told alike commit; a story forged in the reducer's name convicts nobody
     a.post(
         12, CommitReport(ok=True, digest=result, proofs=(_told(reducer, "QmReducerThatLied", b"one story"),))
@@ -410,7 +410,7 @@ def test_a_result_whose_members_hold_different_signed_proofs_of_one_reducer_neve
         ),
     )
     assert await_commit(a, 12, result, roster, deadline_seconds=30, public_keys=keys).committed
-    assert commits_late(a.read(12), roster, result, keys)
+    assert quorum_late(a.read(12), roster, result, keys)
 
 
 def test_once_its_quorum_holds_a_peer_waits_briefly_for_the_other_contributors_reports(two_boards):

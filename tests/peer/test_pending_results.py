@@ -1,4 +1,4 @@
-"""Aborted rounds whose posted result finds its quorum later (RoundCommitter.committed_pending), read
+"""Aborted rounds whose posted result finds its quorum later (RoundCommitter.pending_with_quorum), read
 from a real signed commit board on a real hivemind DHT.
 
 Two peers gave up on an attempt and settled; the other cohort's head posted the same result later and
@@ -45,12 +45,12 @@ def test_a_result_whose_quorum_shows_after_the_settle_commits_before_the_next_ro
     pending = _gave_up(8, roster, result)
     commits.hold(pending)
     me.post(8, CommitReport(ok=True, digest=result))  # this peer's result; it gave up waiting and settled
-    assert commits.committed_pending(START) is None  # 1 of 3: still nothing to commit
+    assert commits.pending_with_quorum(START) is None  # 1 of 3: still nothing to commit
     head.post(8, CommitReport(ok=True, digest=result))  # the head's broadcast ended: the same result
-    assert commits.committed_pending(START) is pending
+    assert commits.pending_with_quorum(START) is pending
     # a peer whose state changed since (a commit or a catch-up) has nothing pending any more
-    assert commits.committed_pending("6b" * 32) is None
-    assert commits.committed_pending(START) is None
+    assert commits.pending_with_quorum("6b" * 32) is None
+    assert commits.pending_with_quorum(START) is None
 
 
 def test_only_the_posted_result_commits_and_the_newest_pending_round_is_taken_first(boards):
@@ -62,15 +62,15 @@ def test_only_the_posted_result_commits_and_the_newest_pending_round_is_taken_fi
     commits.hold(newer)
     me.post(8, CommitReport(ok=True, digest="5e" * 32))
     head.post(8, CommitReport(ok=True, digest="77" * 32))  # the head's result differs: no quorum for ours
-    assert commits.committed_pending(START) is None
+    assert commits.pending_with_quorum(START) is None
     me.post(9, CommitReport(ok=True, digest="6f" * 32))
     head.post(9, CommitReport(ok=True, digest="6f" * 32))
     head.post(8, CommitReport(ok=True, digest="5e" * 32))  # both would commit now: the newest is the swarm's
-    assert commits.committed_pending(START) is newer
+    assert commits.pending_with_quorum(START) is newer
     # A larger roster makes 2 holders a minority: nothing commits.
     bigger = committer_for(me, AveragingTimeouts())
     bigger.hold(_gave_up(9, (*roster, "QmOther1", "QmOther2"), "6f" * 32))
-    assert bigger.committed_pending(START) is None
+    assert bigger.pending_with_quorum(START) is None
 
 
 def test_only_the_newest_pending_results_are_kept(boards):
@@ -81,6 +81,6 @@ def test_only_the_newest_pending_results_are_kept(boards):
         commits.hold(p)
     for p in held[:2]:  # the two oldest would commit, but are no longer kept
         me.post(p.attempt, CommitReport(ok=True, digest=p.digest))
-    assert commits.committed_pending(START) is None
+    assert commits.pending_with_quorum(START) is None
     me.post(held[2].attempt, CommitReport(ok=True, digest=held[2].digest))
-    assert commits.committed_pending(START) is held[2]
+    assert commits.pending_with_quorum(START) is held[2]
