@@ -23,9 +23,9 @@ from peer.commit.boards import SignedCommitBoard
 from peer.commit.quorum import (
     CommittedState,
     attempt_decided,
-    quorum_late,
     is_quorum,
     newest_committed_state,
+    quorum_late,
 )
 from peer.commit.report import CommitReport
 from peer.commit.waits import WITNESS_GRACE_SECONDS, await_attempt_decided, await_commit, await_quorum_reports
