@@ -39,8 +39,8 @@ def verdict(mean: float, se: float, n: int, bound: float = 1.0) -> str:
 def cost_verdict(mean: float, se: float, n: int, bound: float = 1.0) -> str:
     """Whether a change costs less than ``bound`` pp: "yes" if the one-sided 95 % upper bound of the
     drop (clean minus the row, ``-mean``) lies below ``bound``, "no" if its one-sided 95 % lower bound
-    lies above it, "open" otherwise. The question the issue asks of an attack is whether it costs
-    accuracy; a row that reads above clean costs nothing, however far above."""
+    lies above it, "open" otherwise. Why one-sided: an attack is judged by whether it costs
+    accuracy, and a row that reads above clean costs nothing, however far above."""
     if n < 2 or not math.isfinite(se):
         return "-"
     from scipy.stats import t
