@@ -1,7 +1,8 @@
-"""The butterfly all-reduce runner behind :class:`hivemind_adapter.allreduce.VerifiedAverager`:
-reducers send back the averaged part itself (not a delta), so every member receives the same bytes
-for every part; with robust averaging, reducers take a robust centre and members check what they are
-sent. The one place that overrides hivemind's all-reduce protocol.
+"""The member's half of the exact butterfly all-reduce behind
+:class:`hivemind_adapter.allreduce.VerifiedAverager` (:mod:`hivemind_adapter.reducer_replies` is the
+reducer's half): every member receives the same bytes for every part, the reducer's average itself.
+With robust averaging, reducers take a robust centre and members check each reply and each reducer's
+proofs before taking its parts. The one place that overrides hivemind's all-reduce protocol.
 """
 
 from __future__ import annotations
@@ -9,16 +10,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import itertools
-from collections.abc import AsyncIterator
 
 import torch
-from hivemind.averaging.allreduce import AllreduceException, AllReduceRunner, BannedException
-from hivemind.compression import NoCompression, deserialize_torch_tensor, serialize_torch_tensor
+from hivemind.averaging.allreduce import AllreduceException
+from hivemind.compression import NoCompression, deserialize_torch_tensor
 from hivemind.p2p import PeerID
 from hivemind.proto import averaging_pb2
-from hivemind.utils.asyncio import aiter_with_timeout, amap_in_executor, attach_event_on_finished
+from hivemind.utils.asyncio import aiter_with_timeout, attach_event_on_finished
 
+from hivemind_adapter.part_layout import PartLayout, part_layout, slotted_parts
+from hivemind_adapter.reducer_replies import ReducerReplies
 from hivemind_adapter.robust_reduce import RobustPartReducer
 from hivemind_adapter.wire_codecs import rounding_bound, roundtrip
 from protocol.identity import Identity
@@ -37,12 +38,11 @@ from robust_aggregation.reducer_proof import (
 )
 from robust_aggregation.reply_check import implausible_reply, reply_cosine
 
-# How long a reducer keeps a sender's stream open after its last reply, waiting for the sender to
-# close it (it does as soon as it holds every reply): a bound for a sender that died meanwhile.
-REPLY_LINGER_SECONDS = 30.0
+# The fewest reducers of one all-reduce whose reply cosines are compared (see note_reply_alignments).
+MIN_REDUCERS_TO_JUDGE = 3
 
 
-class ExactAllReduceRunner(AllReduceRunner):
+class ExactAllReduceRunner(ReducerReplies):
     """A butterfly all-reduce whose outputs are the reducers' averages, not deltas against local parts.
     With ``robust``, this member reduces with a :class:`~hivemind_adapter.robust_reduce.RobustPartReducer`,
     the last ``slotted_tensors`` tensors as slotted parts (see
@@ -59,16 +59,11 @@ class ExactAllReduceRunner(AllReduceRunner):
         public_keys: dict[str, str] | None = None,
         **kwargs,
     ):
-        super().__init__(*args, **kwargs)
-        # Robust: this reducer signs the digest of its proofs message with its MANTA key (None: it
-        # has none, a test swarm), and a member checks a reducer's signature under ``public_keys``
-        # (the roster's, peer id -> hex key; a reducer not in it, or no roster: not checked).
-        self.signer, self.public_keys = signer, public_keys
-        # (digest, message): the proofs message as last sealed, the same for every sender
-        self._sealed_proofs: tuple[str, averaging_pb2.AveragingData] | None = None
-        # the signed digests of the proofs messages this member accepted and of those its own reducer
-        # sent (protocol.proof_attestation)
-        self.attestations: list[ProofAttestation] = []
+        super().__init__(*args, signer=signer, **kwargs)
+        # Robust: a member checks a reducer's signature under ``public_keys`` (the roster's, peer id
+        # -> hex key; a reducer not in it, or no roster: not checked). ``attestations`` also holds
+        # the signed digests of the proofs messages this member accepted (protocol.proof_attestation).
+        self.public_keys = public_keys
         self.alignment = alignment if robust is not None else None
         # how each reducer's replies pointed against this member's parts, across all-reduces: a
         # reducer it names is refused from its first reply on
@@ -98,13 +93,11 @@ class ExactAllReduceRunner(AllReduceRunner):
         # With absolute outputs, a part whose reducer failed falls back to the local part, not to a zero delta.
         self.tensor_part_container.return_deltas = False
         self.reducer_errors: list[str] = []  # why each remote reducer failed this member, if one did
-        self.wire_bytes = None  # VerifiedAverager's shared [sent, received] payload byte counters
         # the sampling noise this member measured in another stage, what a pair's reducer is held
         # to (None: pairs are not held to anything); and what the proofs it accepted here measured
         self.noise_reference: NoiseMap | None = None
         self.noise_measured: list[tuple[int, int, float]] = []
-        self._part_starts: list[int] | None = None  # where each part begins in the flat vector
-        self._served_whole: set[PeerID] = set()  # senders that were handed every reply of this reducer
+        self._layout: PartLayout | None = None  # where each part lies in the flat vector (read once)
         # reducers whose replies this member refused as implausible, and those of them refused only
         # for their own part's place (reducer_proof.OwnPartDoubt: barred for less by the owner)
         self.refused_reducers: set[PeerID] = set()
@@ -115,20 +108,11 @@ class ExactAllReduceRunner(AllReduceRunner):
     reducer_type: type[RobustPartReducer] = RobustPartReducer  # (the red team's liars replace it)
 
     def _slotted_parts_of(self, reducer: PeerID) -> frozenset[int]:
-        """Indices, among the parts ``reducer`` reduces, of the last ``slotted_tensors`` tensors' parts.
-        hivemind never splits a part across tensors and deals parts to reducers in order, so the
-        last tensors' parts are the last parts of the vector."""
+        """Indices, among the parts ``reducer`` reduces, of the last ``slotted_tensors`` tensors' parts."""
         if self._slotted_tensors <= 0:
             return frozenset()
-        container = self.tensor_part_container
-        by_tensor = container.num_parts_by_tensor[-self._slotted_tensors :]
-        if any(n != 1 for n in by_tensor):
-            raise ValueError("a slotted tensor must fit in one part")
-        total = sum(container.num_parts_by_tensor)
         index = self.ordered_peer_ids.index(reducer)
-        first = sum(container.num_parts_by_peer[:index])
-        theirs = range(first, first + container.num_parts_by_peer[index])
-        return frozenset(i - first for i in range(total - len(by_tensor), total) if i in theirs)
+        return slotted_parts(self.tensor_part_container, index, self._slotted_tensors)
 
     def _proof_context(self, reducer: PeerID) -> bytes:
         """What binds a reducer's proofs to this all-reduce and to that reducer (their sketches' seed)."""
@@ -139,8 +123,7 @@ class ExactAllReduceRunner(AllReduceRunner):
             try:
                 return await self._exchange_with_reducer(peer_id)
             except Exception as e:
-                # hivemind logs why at DEBUG only; the round's abort reason says it (a partial all-reduce
-                # that only one member sees is rare and otherwise leaves no trace of its cause)
+                # hivemind logs why at DEBUG only: the round's abort reason says it
                 self.reducer_errors.append(f"{str(peer_id)[-8:]}: {type(e).__name__}: {str(e)[:120]}")
                 raise
         peer_index = self.ordered_peer_ids.index(peer_id)
@@ -175,12 +158,10 @@ class ExactAllReduceRunner(AllReduceRunner):
         """Stream this member's parts of ``peer_id``'s shard to it and take back exactly that many
         averaged parts, then close this side of the stream first.
 
-        The order of the closes is the point. hivemind reads replies until the reducer closes; the
-        reducer's p2p daemon turns that close into a stream reset, and a reset makes the receiving
-        daemon drop what it holds and has not passed on yet: over a 40 ms link under load the last
-        reply was lost now and then, and the member alone saw a partial all-reduce ("sent 175 parts,
-        but we expected 176", the churn benchmark). Here the member closes once it holds every reply,
-        and the reducer waits for that (:meth:`rpc_aggregate_part`)."""
+        Raises ``AllreduceException`` for a reply that is not an averaged part, an implausible reply,
+        too few replies or (robust) refused proofs; the reducer's parts are then registered as failed.
+        Why the member closes first: a reducer's close arrives as a stream reset, which drops replies
+        not passed on yet (the reducer waits for the member: :meth:`ReducerReplies.rpc_aggregate_part`)."""
         container = self.tensor_part_container
         peer_index = self.ordered_peer_ids.index(peer_id)
         expected = container.num_parts_by_peer[peer_index]
@@ -318,114 +299,6 @@ class ExactAllReduceRunner(AllReduceRunner):
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.tensor_part_reducer.finished.wait(), self.reducer_timeout or 60.0)
 
-    async def rpc_aggregate_part(
-        self, stream: AsyncIterator[averaging_pb2.AveragingData], context
-    ) -> AsyncIterator[averaging_pb2.AveragingData]:
-        sender, replies = context.remote_id, 0
-        async for message in super().rpc_aggregate_part(stream, context):
-            yield message  # resumed once the transport took it
-            if message.code == averaging_pb2.AVERAGED_PART:
-                replies += 1
-                if replies == self.tensor_part_reducer.num_parts:
-                    self._served_whole.add(sender)
-        if sender in self._served_whole:
-            # Every reply is on its way: the sender closes the stream once it holds them all, and
-            # closing it here first could drop the last ones (see _exchange_with_reducer). The
-            # wait ends, cancelled, when the sender's close arrives.
-            await asyncio.sleep(REPLY_LINGER_SECONDS)
-
-    async def _ban_sender(self, peer_id: PeerID):
-        # A sender that holds every reply closes its stream at once, maybe before this side has read
-        # its end-of-stream: hivemind takes that cancellation for a drop-out. It is not one (measured:
-        # the reducer alone saw "1 sender(s) dropped out", its all-reduce failed, and the group split).
-        if peer_id not in self._served_whole:
-            await super()._ban_sender(peer_id)
-
-    async def _accumulate_parts_streaming(
-        self, stream: AsyncIterator[averaging_pb2.AveragingData], sender_index: int
-    ) -> AsyncIterator[averaging_pb2.AveragingData]:
-        loop = asyncio.get_event_loop()
-        parts_done = 0
-        try:
-            async for part, weight, compression in amap_in_executor(
-                lambda msg: (
-                    deserialize_torch_tensor(msg.tensor_part),
-                    msg.weight,
-                    msg.tensor_part.compression,
-                ),
-                self._counted(stream, sent=False),
-                max_prefetch=self.tensor_part_container.prefetch,
-            ):
-                try:
-                    averaged = await self.tensor_part_reducer.accumulate_part(
-                        sender_index, parts_done, part, weight=weight
-                    )
-                except BannedException:
-                    break  # this sender was already excluded; nothing more to reduce for it
-                parts_done += 1
-                # The same averaged bytes go to every sender of this part: that is what makes results exact.
-                payload = await loop.run_in_executor(None, serialize_torch_tensor, averaged, compression)
-                self._count(sent=len(payload.buffer))
-                yield averaging_pb2.AveragingData(code=averaging_pb2.AVERAGED_PART, tensor_part=payload)
-            reducer = self.tensor_part_reducer
-            if parts_done == reducer.num_parts and getattr(reducer, "proof_context", None) is not None:
-                # one message after the parts: the proof of each (robust_aggregation.reducer_proof)
-                # and this reducer's signature of their digest, the same bytes for every sender
-                message = self._proofs_message(sender_index)
-                self._count(sent=len(message.tensor_part.buffer))
-                yield message
-        finally:
-            if parts_done != self.tensor_part_reducer.num_parts:
-                await self._ban_sender(self.sender_peer_ids[sender_index])
-
-    def seal_own_proofs(self) -> None:
-        """Keep this reducer's own attestation once every part it reduces has its proof, even if no
-        remote sender was sent them yet: it serves its own member's parts locally, and that member
-        may hold every result first. Every member of an honest all-reduce then holds the same
-        attestations (measured without this: a known cohort's confirmation differed 2 times in 6)."""
-        reducer = self.tensor_part_reducer
-        if getattr(reducer, "proof_context", None) is None or reducer.num_parts == 0:
-            return
-        if len(reducer.proofs) == reducer.num_parts:
-            me = self.sender_peer_ids.index(self.peer_id) if self.peer_id in self.sender_peer_ids else 0
-            self._proofs_message(me)
-
-    def proofs_for(self, sender_index: int) -> list[bytes]:
-        """The proofs this reducer sends ``sender_index`` (the same for every sender: a reducer that
-        sends different ones signs its own equivocation; the red team overrides this)."""
-        reducer = self.tensor_part_reducer
-        return [reducer.proofs.get(j, b"") for j in range(reducer.num_parts)]
-
-    def _proofs_message(self, sender_index: int) -> averaging_pb2.AveragingData:
-        proofs = self.proofs_for(sender_index)
-        digest = proofs_digest(pack_proofs(proofs).numpy().tobytes())
-        if self._sealed_proofs is not None and self._sealed_proofs[0] == digest:
-            return self._sealed_proofs[1]
-        attestation = ProofAttestation.signed(
-            self.signer, group_tag(bytes(self.group_id)), self.peer_id.to_base58(), digest
-        )
-        payload = serialize_torch_tensor(
-            pack_proofs([*proofs, bytes.fromhex(attestation.signature)]), NoCompression.compression_type
-        )
-        message = averaging_pb2.AveragingData(code=averaging_pb2.AVERAGED_PART, tensor_part=payload)
-        self._sealed_proofs = (digest, message)
-        # its own word too: every member of an honest all-reduce then holds the same attestations
-        self.attestations.append(attestation)
-        return message
-
-    def _count(self, sent: int = 0, received: int = 0) -> None:
-        if self.wire_bytes is not None:
-            with self.wire_bytes.get_lock():
-                self.wire_bytes[0] += sent
-                self.wire_bytes[1] += received
-
-    async def _counted(self, messages, sent: bool = True):
-        """``messages`` as they pass, their tensor payload counted as sent (or received)."""
-        async for message in messages:
-            size = len(message.tensor_part.buffer)
-            self._count(sent=size if sent else 0, received=0 if sent else size)
-            yield message
-
     def outlier_senders(self) -> list[str]:
         """Base58 ids of the peers whose values this member refused or named: senders its reducer
         refused or named an outlier on any part it reduced, then reducers whose replies it refused
@@ -446,13 +319,10 @@ class ExactAllReduceRunner(AllReduceRunner):
         return NoiseMap(tuple(sorted(ranges))) if ranges else None
 
     def _part_range(self, peer_index: int, index: int) -> tuple[int, int]:
-        """Where the ``index``-th part that peer ``peer_index`` reduces lies in the flat vector (hivemind
-        deals consecutive parts to reducers in group order)."""
-        if self._part_starts is None:  # the parts' sizes in vector order, each peer's in turn
-            parts = self.tensor_part_container._input_parts_by_peer
-            self._part_starts = [0, *itertools.accumulate(part.numel() for held in parts for part, _ in held)]
-        first = sum(self.tensor_part_container.num_parts_by_peer[:peer_index]) + index
-        return self._part_starts[first], self._part_starts[first + 1]
+        """Where the ``index``-th part that peer ``peer_index`` reduces lies in the flat vector."""
+        if self._layout is None:
+            self._layout = part_layout(self.tensor_part_container)
+        return self._layout.part_range(peer_index, index)
 
     def note_alignments(self) -> None:
         """Add the cosines this member's reducer measured to the averager's alignment record."""
@@ -471,7 +341,7 @@ class ExactAllReduceRunner(AllReduceRunner):
         for j in range(longest):
             cosines = {r: c[j] for r, c in self.reply_cosines.items() if len(c) > j}
             # Two cosines have no middle: their spread is each one's distance to their mean, far less
-            # than one cosine's real scatter (a 2-site CI run barred an honest reducer of a pair).
+            # than one cosine's real scatter.
             if len(cosines) >= MIN_REDUCERS_TO_JUDGE:
                 self.reply_alignment.note_part(cosines)
 
@@ -487,10 +357,6 @@ class ExactAllReduceRunner(AllReduceRunner):
         if expected and sum(reducer.num_parts_received) != expected:
             return f"received {sum(reducer.num_parts_received)}/{expected} input parts as a reducer"
         return None
-
-
-# The fewest reducers of one all-reduce whose reply cosines are compared (see note_reply_alignments).
-MIN_REDUCERS_TO_JUDGE = 3
 
 
 def _take_reply(message_part, own: torch.Tensor | None) -> tuple[torch.Tensor, str | None, float | None]:

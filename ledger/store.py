@@ -1,38 +1,31 @@
-"""The contribution ledger: an append-only RFC 9162 Merkle log in one SQLite file.
+"""The contribution ledger: an append-only RFC 9162 Merkle log in one SQLite file
+(:mod:`ledger.sqlite_file` for the file, :mod:`ledger.stored_tree` for the stored tree).
 
 Contract:
 
 * ``LedgerStore.open(path, create=False, *, origin=None, log_public_key=None, readonly=False)``.
   Creating needs the log's ``origin`` (the checkpoints' first line and key name, e.g.
   ``manta.example/cifar10-ofa``) and the aggregator's Ed25519 public key, which every checkpoint must
-  be signed with. A missing, truncated, corrupted or foreign file raises :class:`LedgerError` (a
-  ``ValueError``; CLIs print it as one line).
+  be signed with. A missing, truncated, corrupted or foreign file raises :class:`LedgerError`.
 * ``append_batch(sealed_entries, signer)`` appends a round's entries and a signed checkpoint in one
   transaction and returns the checkpoint. The transaction commits with ``synchronous=FULL`` in WAL
   mode, so when it returns the entries are on disk; if anything fails, nothing of the batch is written.
-* Entries are :class:`protocol.sealing.Sealed` ledger records (``ContributionReceipt``,
+* Entries are :class:`protocol.records.Sealed` ledger records (``ContributionReceipt``,
   ``Revocation``); the stored bytes are their exact wire bytes. A receipt's sequence number must be
   above its key's last one (kept durably in ``key_seq``); a revocation must be sealed by the log key
-  and name an earlier receipt by index and leaf hash. Corrections are new entries: no row of
-  ``entries``, ``nodes`` or ``checkpoints`` is ever updated or deleted (triggers refuse it).
+  and name an earlier receipt by index and leaf hash. Corrections are new entries: no stored row is
+  ever updated or deleted.
 * Reads: ``size``, ``root()``, ``entry(i)``, ``entries()``, ``leaf_hash(i)``, ``inclusion_proof(i,
   size=None)``, ``consistency_proof(old, new=None)``, ``root_at(size)``, ``checkpoints()``,
   ``latest_checkpoint()``, ``last_seq(public_key)``, ``index_of(leaf_hash)``.
-
-Layout: ``entries(idx, data, leaf_hash)`` with a unique index on ``leaf_hash``; ``nodes(level, idx,
-hash)`` holds the hash of every complete perfect subtree above the leaves (level L, index i covers
-entries ``[i*2^L, (i+1)*2^L)``), about one row per entry. Any RFC 9162 subtree of any tree size is a
-fold of O(log n) of those, so proofs and historic roots take O(log n) primary-key reads, and the
-in-memory :class:`~protocol.merkle.MerkleFrontier` (restored from O(log n) rows at open) makes
-appending O(1) hashes per entry. ``checkpoints(seq, size, created_ms, note)`` keeps each C2SP
-checkpoint note verbatim; ``key_seq(public_key, last_seq, last_idx)`` is the replay state.
+* Appending hashes O(1) per entry: the in-memory :class:`~protocol.merkle.MerkleFrontier` is
+  restored from O(log n) rows on first use.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
-import struct
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import suppress
@@ -40,46 +33,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ledger.errors import LedgerError
+from ledger.sqlite_file import check_sqlite_file, connect_readonly, create_schema, read_meta
+from ledger.stored_tree import load_frontier, stored_node, subtree_hasher
 from protocol.identity import Identity, fingerprint
 from protocol.ledger_checkpoint import Checkpoint
-from protocol.merkle import (
-    EMPTY_ROOT,
-    MerkleFrontier,
-    consistency_path,
-    fold_subtrees,
-    frontier_subtrees,
-    inclusion_path,
-    leaf_hash,
-    perfect_subtrees,
-)
+from protocol.merkle import EMPTY_ROOT, MerkleFrontier, consistency_path, inclusion_path, leaf_hash
 from protocol.note import NoteError, vkey
 from protocol.records import ContributionReceipt, Revocation
 from protocol.sealing import Sealed, make_sealed
-
-APPLICATION_ID = 0x4D4E5441  # "MNTA" in the SQLite header, so a foreign database is recognized at once
-SCHEMA_VERSION = 1
-_SQLITE_MAGIC = b"SQLite format 3\x00"
-
-_SCHEMA = [
-    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
-    "CREATE TABLE entries (idx INTEGER PRIMARY KEY, data BLOB NOT NULL, leaf_hash BLOB NOT NULL)",
-    "CREATE UNIQUE INDEX entries_by_leaf_hash ON entries(leaf_hash)",
-    "CREATE TABLE nodes (level INTEGER NOT NULL, idx INTEGER NOT NULL, hash BLOB NOT NULL,"
-    " PRIMARY KEY (level, idx)) WITHOUT ROWID",
-    "CREATE TABLE checkpoints (seq INTEGER PRIMARY KEY, size INTEGER NOT NULL, created_ms INTEGER NOT NULL,"
-    " note TEXT NOT NULL)",
-    "CREATE TABLE key_seq (public_key BLOB PRIMARY KEY, last_seq INTEGER NOT NULL, last_idx INTEGER NOT NULL)"
-    " WITHOUT ROWID",
-] + [
-    f"CREATE TRIGGER {table}_no_{op} BEFORE {op.upper()} ON {table}"
-    " BEGIN SELECT RAISE(ABORT, 'the MANTA ledger is append-only'); END"
-    for table in ("entries", "nodes", "checkpoints", "meta")
-    for op in ("update", "delete")
-]
-
-
-class LedgerError(ValueError):
-    """A ledger that cannot be used as asked (missing, corrupted, foreign, or a refused append)."""
 
 
 @dataclass(frozen=True)
@@ -96,50 +58,10 @@ class StoredCheckpoint:
         return self.checkpoint.size
 
 
-def check_sqlite_file(path: Path) -> None:
-    """Refuse, with one line, a file that is not an intact SQLite database (cheap header checks).
-
-    The header records the page size and (when valid) the page count; a file shorter than that was
-    truncated. The count is only compared when no write-ahead log is beside the file (no writer has it
-    open), since a checkpoint in progress may write the header before the pages.
-    """
-    try:
-        size = path.stat().st_size
-        with path.open("rb") as fh:
-            header = fh.read(100)
-    except OSError as exc:
-        raise LedgerError(f"cannot read ledger {path}: {exc.strerror or exc}") from None
-    if len(header) < 100 or not header.startswith(_SQLITE_MAGIC):
-        raise LedgerError(f"{path} is not a MANTA ledger (not an SQLite database)")
-    page_size = struct.unpack(">H", header[16:18])[0]
-    page_size = 65536 if page_size == 1 else page_size
-    (change_counter,) = struct.unpack(">I", header[24:28])
-    (page_count,) = struct.unpack(">I", header[28:32])
-    (valid_for,) = struct.unpack(">I", header[92:96])
-    if page_size < 512 or page_size & (page_size - 1):
-        raise LedgerError(f"{path} is corrupted (invalid page size in its header)")
-    if size % page_size:
-        raise LedgerError(f"{path} is truncated or corrupted ({size} bytes, not a whole number of pages)")
-    if not _wal_in_use(path) and valid_for == change_counter and size < page_count * page_size:
-        raise LedgerError(f"{path} is truncated ({size} bytes, its header says {page_count * page_size})")
-
-
-def connect_readonly(path: str | os.PathLike[str]) -> sqlite3.Connection:
-    """A plain SQLite connection that cannot write the file (auditors, verify's worker processes)."""
-    return sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
-
-
-def _wal_in_use(path: Path) -> bool:
-    try:
-        return path.with_name(path.name + "-wal").stat().st_size > 0
-    except OSError:
-        return False
-
-
 class LedgerStore:
     """An open ledger file. One writer process at a time (SQLite enforces it). The connection may be
-    used from several threads, but not concurrently: callers serialise access (the aggregator's
-    contribution desk holds one lock around every use)."""
+    used from several threads, but not concurrently: callers serialise access (the aggregator runs
+    every use on its ledger writer, :mod:`aggregator.ledger_writer`)."""
 
     def __init__(
         self, conn: sqlite3.Connection, path: Path, origin: str, log_public_key: bytes, readonly: bool
@@ -185,8 +107,8 @@ class LedgerStore:
         try:
             conn.execute("PRAGMA synchronous=FULL")
             if not exists:
-                cls._create_schema(conn, origin or "", log_public_key or b"")
-            meta = cls._read_meta(conn, file)
+                create_schema(conn, origin or "", log_public_key or b"")
+            meta = read_meta(conn, file)
             if origin is not None and meta["origin"] != origin:
                 raise LedgerError(f"{file} is the ledger of {meta['origin']}, not of {origin}")
             key = bytes.fromhex(meta["log_public_key"])
@@ -202,65 +124,14 @@ class LedgerStore:
             conn.close()
             raise
 
-    @staticmethod
-    def _create_schema(conn: sqlite3.Connection, origin: str, log_public_key: bytes) -> None:
-        Checkpoint(origin=origin, size=0, root=EMPTY_ROOT.hex())  # validates the origin
-        if len(log_public_key) != 32:
-            raise LedgerError("the log's public key is 32 bytes")
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
-            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            for statement in _SCHEMA:
-                conn.execute(statement)
-            conn.executemany(
-                "INSERT INTO meta(key, value) VALUES (?, ?)",
-                [
-                    ("origin", origin),
-                    ("log_public_key", log_public_key.hex()),
-                    ("created_ms", str(int(time.time() * 1000))),
-                ],
-            )
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-
-    @staticmethod
-    def _read_meta(conn: sqlite3.Connection, file: Path) -> dict[str, str]:
-        (app_id,) = conn.execute("PRAGMA application_id").fetchone()
-        (version,) = conn.execute("PRAGMA user_version").fetchone()
-        if app_id != APPLICATION_ID:
-            raise LedgerError(f"{file} is an SQLite database but not a MANTA ledger")
-        if version != SCHEMA_VERSION:
-            raise LedgerError(
-                f"{file} has ledger schema version {version}; this MANTA reads {SCHEMA_VERSION}"
-            )
-        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-        if not {"origin", "log_public_key"} <= meta.keys():
-            raise LedgerError(f"{file} is corrupted (its meta table is incomplete)")
-        return meta
-
     @property
     def _frontier(self) -> MerkleFrontier:
         if self._loaded_frontier is None:
             try:
-                self._loaded_frontier = self._load_frontier()
+                self._loaded_frontier = load_frontier(self._conn, self.path)
             except sqlite3.DatabaseError as exc:
                 raise LedgerError(f"{self.path} is corrupted ({exc})") from None
         return self._loaded_frontier
-
-    def _load_frontier(self) -> MerkleFrontier:
-        (top,) = self._conn.execute("SELECT max(idx) FROM entries").fetchone()
-        size = 0 if top is None else top + 1
-        hashes = []
-        for level, index in frontier_subtrees(size):
-            found = self._node(level, index)
-            if found is None:
-                raise LedgerError(f"{self.path} is corrupted (hash of subtree {level}/{index} missing)")
-            hashes.append(found)
-        return MerkleFrontier.from_hashes(size, hashes)
 
     def close(self) -> None:
         self._conn.close()
@@ -430,7 +301,7 @@ class LedgerStore:
 
     def leaf_hash(self, index: int) -> bytes:
         self._check_index(index)
-        found = self._node(0, index)
+        found = stored_node(self._conn, 0, index)
         if found is None:
             raise LedgerError(f"{self.path} is corrupted (entry {index} is missing)")
         return found
@@ -443,39 +314,11 @@ class LedgerStore:
         )
         yield from cur
 
-    def _node(self, level: int, index: int) -> bytes | None:
-        if level == 0:
-            row = self._conn.execute("SELECT leaf_hash FROM entries WHERE idx = ?", (index,)).fetchone()
-        else:
-            row = self._conn.execute(
-                "SELECT hash FROM nodes WHERE level = ? AND idx = ?", (level, index)
-            ).fetchone()
-        return None if row is None else row[0]
-
-    def _subtree_hasher(self):
-        """``subtree_hash(lo, hi)`` over stored nodes, memoized for one proof (O(log n) reads in all)."""
-        memo: dict[tuple[int, int], bytes] = {}
-
-        def stored(level: int, index: int) -> bytes:
-            key = (level, index)
-            found = memo.get(key)
-            if found is None:
-                found = self._node(level, index)
-                if found is None:
-                    raise LedgerError(f"{self.path} is corrupted (hash of subtree {level}/{index} missing)")
-                memo[key] = found
-            return found
-
-        def subtree_hash(lo: int, hi: int) -> bytes:
-            return fold_subtrees([stored(level, index) for level, index in perfect_subtrees(lo, hi)])
-
-        return subtree_hash
-
     def root_at(self, size: int) -> bytes:
         """Root of the tree of the first ``size`` entries."""
         if not 0 <= size <= self.size:
             raise LedgerError(f"no tree of size {size}: the ledger has {self.size} entries")
-        return self._subtree_hasher()(0, size) if size else EMPTY_ROOT
+        return subtree_hasher(self._conn, self.path)(0, size) if size else EMPTY_ROOT
 
     def inclusion_proof(self, index: int, size: int | None = None) -> list[bytes]:
         """RFC 9162 inclusion proof of entry ``index`` in the tree of ``size`` (default: all) entries."""
@@ -483,7 +326,7 @@ class LedgerStore:
         if not 0 < size <= self.size:
             raise LedgerError(f"no tree of size {size}: the ledger has {self.size} entries")
         self._check_index(index, size)
-        return inclusion_path(index, size, self._subtree_hasher())
+        return inclusion_path(index, size, subtree_hasher(self._conn, self.path))
 
     def consistency_proof(self, old_size: int, new_size: int | None = None) -> list[bytes]:
         """RFC 9162 consistency proof between the trees of ``old_size`` and ``new_size`` entries."""
@@ -492,7 +335,7 @@ class LedgerStore:
             raise LedgerError(
                 f"no consistency proof from size {old_size} to {new_size} (ledger size {self.size})"
             )
-        return consistency_path(old_size, new_size, self._subtree_hasher())
+        return consistency_path(old_size, new_size, subtree_hasher(self._conn, self.path))
 
     def checkpoints(self) -> Iterator[StoredCheckpoint]:
         """Every checkpoint, oldest first, parsed after checking its signature by the log key."""

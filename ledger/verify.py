@@ -29,7 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ledger.store import LedgerError, LedgerStore, connect_readonly
+from ledger.errors import LedgerError
+from ledger.sqlite_file import connect_readonly
+from ledger.store import LedgerStore
 from protocol.identity import fingerprint
 from protocol.ledger_checkpoint import Checkpoint
 from protocol.merkle import (

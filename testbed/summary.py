@@ -25,8 +25,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from ledger.errors import LedgerError
 from ledger.rewards import compute_rewards
-from ledger.store import LedgerError, LedgerStore
+from ledger.store import LedgerStore
 from protocol.identity import Identity
 from supernet.checkpoint import CheckpointError, load_checkpoint, read_checkpoint
 from tasks.shards.local import DATA_SPEC_FILE, open_shard_directory

@@ -28,7 +28,7 @@ from aiohttp import web
 
 from aggregator.monitor.ledger_view import ProofNotFound
 from aggregator.monitor.metrics import CONTENT_TYPE
-from ledger.store import LedgerError
+from ledger.errors import LedgerError
 
 STATIC = Path(__file__).with_name("static")
 

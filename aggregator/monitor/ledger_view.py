@@ -13,8 +13,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from ledger.errors import LedgerError
 from ledger.rewards import compute_rewards
-from ledger.store import LedgerError, LedgerStore
+from ledger.store import LedgerStore
 from protocol.merkle import verify_inclusion
 from protocol.records import LEDGER_ENTRY_TYPES
 from protocol.sealing import parse_sealed
@@ -100,7 +101,7 @@ class LedgerView:
         """Entry ``index`` with its RFC 9162 inclusion proof under the latest signed checkpoint.
 
         Raises :class:`ProofNotFound` if there is no ledger, no checkpoint or no such entry under it,
-        and :class:`~ledger.store.LedgerError` if the file is unusable.
+        and :class:`~ledger.errors.LedgerError` if the file is unusable.
         """
         if not self.path.exists():
             raise ProofNotFound("there is no ledger yet")

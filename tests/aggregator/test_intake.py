@@ -8,7 +8,8 @@ import random
 import pytest
 
 from aggregator.intake import ContributionIntake, Submission
-from ledger.store import LedgerError, LedgerStore
+from ledger.errors import LedgerError
+from ledger.store import LedgerStore
 from protocol.canonical import canonical_json
 from protocol.identity import Identity
 from protocol.merkle import leaf_hash

@@ -7,7 +7,8 @@ import sqlite3
 
 import pytest
 
-from ledger.store import LedgerError, LedgerStore
+from ledger.errors import LedgerError
+from ledger.store import LedgerStore
 from protocol.identity import Identity
 from protocol.ledger_checkpoint import Checkpoint
 from protocol.merkle import (

@@ -1,0 +1,101 @@
+"""The contribution desk's face on the network: the handlers it serves on its endpoint
+(``manta/<task>/submit``, ``status``, ``credits``, ``witnesses``) and what it publishes in the DHT,
+its identity binding under ``manta_<task>_aggregators`` and its checkpoint notes under
+``manta_<task>_ledger`` (each under the aggregator's public key, for an hour)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hivemind_adapter.dht import peer_id, store
+from hivemind_adapter.p2p import Endpoint
+from protocol.dht_schema import (
+    aggregators_key,
+    credits_handler,
+    ledger_key,
+    status_handler,
+    submit_handler,
+    witnesses_handler,
+)
+from protocol.identity import Identity
+from protocol.records import IdentityBinding
+from protocol.sealing import seal
+
+PUBLISHED_TTL = 3600  # seconds the binding and each checkpoint note live in the DHT
+
+Handler = Callable[[bytes, str], dict]  # (payload, sender's peer id) -> the JSON reply
+
+
+@dataclass(frozen=True)
+class DeskHandlers:
+    """What answers each of the desk's calls."""
+
+    submit: Handler
+    status: Handler
+    credits: Handler
+    witnesses: Handler
+
+
+def _named(task_id: str, handlers: DeskHandlers) -> list[tuple[str, Handler]]:
+    return [
+        (submit_handler(task_id), handlers.submit),
+        (status_handler(task_id), handlers.status),
+        (credits_handler(task_id), handlers.credits),
+        (witnesses_handler(task_id), handlers.witnesses),
+    ]
+
+
+def _as_call(fn: Handler):
+    async def handle(payload: bytes, sender: str) -> bytes:
+        # The handlers wait for the ledger writer: run them off the event loop, so one slow append
+        # never stalls every other call this endpoint answers.
+        try:
+            reply = await asyncio.to_thread(fn, payload, sender)
+        except Exception as e:  # a bad request must never take the handler down
+            reply = {"status": "error", "detail": f"{type(e).__name__}: {e}"}
+        return json.dumps(reply).encode()
+
+    return handle
+
+
+def serve(endpoint: Endpoint, task_id: str, handlers: DeskHandlers) -> None:
+    """Serve ``handlers`` on ``endpoint``, each in a thread; a handler that raises answers
+    ``{"status": "error", "detail": ...}``; every reply is sent as JSON."""
+    for name, fn in _named(task_id, handlers):
+        endpoint.serve(name, _as_call(fn))
+
+
+def unserve(endpoint: Endpoint, task_id: str) -> None:
+    """Stop serving the desk's calls of ``task_id`` on ``endpoint``."""
+    for name in (
+        submit_handler(task_id),
+        status_handler(task_id),
+        credits_handler(task_id),
+        witnesses_handler(task_id),
+    ):
+        endpoint.unserve(name)
+
+
+def publish_binding(dht, identity: Identity, task_id: str) -> None:
+    """Publish the binding of this DHT node's peer id to ``identity``'s key, signed by it."""
+    binding = IdentityBinding(
+        peer_id=peer_id(dht),
+        public_key=identity.public_key_hex,
+        timestamp=int(time.time() * 1000),
+    )
+    store(
+        dht,
+        aggregators_key(task_id),
+        seal(binding, identity),
+        ttl=PUBLISHED_TTL,
+        subkey=identity.public_key_hex,
+    )
+
+
+def publish_checkpoint(dht, identity: Identity, task_id: str, note: str) -> None:
+    """Publish a checkpoint ``note`` of the ledger, replacing the one published before."""
+    store(dht, ledger_key(task_id), note.encode(), ttl=PUBLISHED_TTL, subkey=identity.public_key_hex)
