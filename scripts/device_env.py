@@ -83,14 +83,18 @@ def console_scripts(pyproject: Path) -> dict[str, str]:
 
 
 def write_scripts(folder: Path, scripts: dict[str, str]) -> list[Path]:
-    """One executable file per script in ``folder``, running this interpreter."""
+    """One executable file per script in ``folder``, running this interpreter.
+
+    The call sits under ``if __name__ == "__main__"``, as in pip's scripts: a worker started with
+    ``spawn`` imports its parent's main module, and must not run the command again."""
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for name, target in scripts.items():
         module, _, function = target.partition(":")
         path = folder / name
         path.write_text(
-            f"#!{sys.executable}\nimport sys\nfrom {module} import {function}\nsys.exit({function}())\n"
+            f"#!{sys.executable}\nimport sys\n\nfrom {module} import {function}\n\n"
+            f'if __name__ == "__main__":\n    sys.exit({function}())\n'
         )
         path.chmod(0o755)
         written.append(path)
