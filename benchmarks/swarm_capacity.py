@@ -10,8 +10,10 @@ averager processes, the reaper): processes, memory (proportional set size: a sha
 over the processes that map it) and the machine's load average, CPU use and free memory.
 
 At the end: the share of peer-rounds committed, rounds, samples and aborts from the run's summary.json.
-Past ``--deadline`` seconds the run is stopped (SIGTERM, then kill); with no summary.json then, the
-same round figures come from the peers' own records (:func:`testbed.figures.peer_figures`).
+Near ``--deadline`` the peers and the aggregator still running are killed (kill -9), so that
+manta-swarm writes its summary in time; at the deadline everything left is killed. With no
+summary.json then, the same round figures come from the peers' own records
+(:func:`testbed.figures.peer_figures`).
 
     python -m benchmarks.swarm_capacity --peers 32 --time-limit 240 [--deadline 330] [--sites 0]
         [--churn every:60] [--cohorts 8] [--out DIR] [--json PATH] [-- more manta-swarm options]
@@ -37,7 +39,9 @@ import psutil
 from testbed.local_swarm import console_script
 
 BROADBAND = ["--uplink", "50mbit", "--downlink", "200mbit", "--delay", "40", "--loss", "0.1"]
-STOP_GRACE_SECONDS = 75.0  # SIGTERM at the deadline minus this: peers leave, the aggregator closes
+# Seconds before the deadline at which the peers and the aggregator still running are killed: what
+# manta-swarm then needs to evaluate the final state and write its summary.
+SUMMARY_SECONDS = 40.0
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,23 @@ def take_sample(swarm_pid: int, started: float) -> Sample:
     )
 
 
+def kill_swarm_processes(swarm_pid: int) -> int:
+    """kill -9 every process below manta-swarm but its orphan reaper; returns how many."""
+    try:
+        below = psutil.Process(swarm_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0
+    killed = 0
+    for p in below:
+        try:
+            if "hivemind_adapter.reaper" not in p.cmdline():
+                p.kill()
+                killed += 1
+        except psutil.NoSuchProcess:
+            pass
+    return killed
+
+
 def add_samples(result: Capacity, samples: list[Sample]) -> None:
     busy = [s for s in samples if s.peer_processes]
     result.samples_taken = len(busy)
@@ -194,8 +215,15 @@ def add_rounds(result: Capacity, summary: dict | None, run_dir: Path) -> None:
         committed = sum(p.rounds_committed for p in peers)
         aborted = sum(p.rounds_aborted for p in peers)
         leaving = sum(p.rounds_aborted_leaving for p in peers)
-        rounds = {r["round"] for p in peers for r in read_rounds(run_dir / p.name) if r.get("committed")}
-        result.rounds_committed = len(rounds)
+        records = {p.name: [r for r in read_rounds(run_dir / p.name) if r.get("committed")] for p in peers}
+        result.rounds_committed = len({r["round"] for rs in records.values() for r in rs})
+        # the peers that left at the end: the state of their last committed round
+        last = {
+            records[p.name][-1]["state_digest"]
+            for p in peers
+            if p.ended in ("finished", "stopped") and records[p.name]
+        }
+        result.identical_final_state = len(last) == 1 if last else None
         result.total_samples = sum(p.samples for p in peers)  # the peers' own samples, summed
         result.joiners = sum(p.joiner for p in peers)
         reasons: dict[str, int] = {}
@@ -226,7 +254,7 @@ def run(args: argparse.Namespace) -> Capacity:
     psutil.cpu_percent(interval=None)  # the first call only starts the count
     proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
     samples: list[Sample] = []
-    termed = False
+    forced = False
     next_sample = started + args.sample_every
     while proc.poll() is None:
         time.sleep(0.5)
@@ -242,10 +270,13 @@ def run(args: argparse.Namespace) -> Capacity:
                 f"CPU {sample.cpu_percent:.0f} %, {sample.available_mib:.0f} MiB free",
                 flush=True,
             )
-        if not termed and now - started > args.deadline - STOP_GRACE_SECONDS:
-            print(f"deadline near ({args.deadline:.0f} s): SIGTERM to manta-swarm", flush=True)
-            proc.send_signal(signal.SIGTERM)
-            termed = True
+        if not forced and now - started > args.deadline - SUMMARY_SECONDS:
+            killed = kill_swarm_processes(proc.pid)
+            print(
+                f"deadline near: kill -9 of {killed} peer and aggregator process(es) still running",
+                flush=True,
+            )
+            forced = True
         if now - started > args.deadline - 5:
             print("deadline reached: killing the swarm's process group", flush=True)
             try:
@@ -331,8 +362,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not 1 <= args.cohorts <= args.peers:
         parser.error(f"--cohorts {args.cohorts} must be in [1, --peers]")
     args.deadline = args.deadline or args.time_limit + 150
-    if args.deadline < args.time_limit + STOP_GRACE_SECONDS:
-        parser.error(f"--deadline must leave {STOP_GRACE_SECONDS:.0f} s after --time-limit")
+    if args.deadline < args.time_limit + SUMMARY_SECONDS + 20:
+        parser.error(f"--deadline must leave {SUMMARY_SECONDS + 20:.0f} s after --time-limit")
     if args.out.exists() and any(args.out.iterdir()):
         parser.error(f"--out {args.out} is not empty")
     return args

@@ -12,7 +12,7 @@
 set -uo pipefail
 
 # ---- time budget, seconds: the whole run ends within TOTAL_BUDGET (+ at most KILL_GRACE) ----------
-TOTAL_BUDGET=${TOTAL_BUDGET:-540}
+TOTAL_BUDGET=${TOTAL_BUDGET:-555}
 KILL_GRACE=15           # after a step's budget: SIGTERM, then SIGKILL this much later
 SETUP_BUDGET=60         # pip install of ~25 wheels, the console scripts, one import check
 JOIN_BUDGET=${JOIN_BUDGET:-150}        # start-up (~30 s), JOIN_ROUNDS rounds, shut-down
@@ -23,7 +23,7 @@ BENCH_ARGS=${BENCH_ARGS:---batch-size 64 --subnets 4 --round-batches 24 --rounds
 # their round, the aggregator closing, the summary), at most SWARM_MAX_LIMIT.
 SWARM_PEERS=${SWARM_PEERS:-32}
 SWARM_CHURN=${SWARM_CHURN:-every:60}
-SWARM_RESERVE=110
+SWARM_RESERVE=130
 SWARM_MAX_LIMIT=300
 SWARM_MIN_LIMIT=90
 SWARM_SITES=${SWARM_SITES:-4}          # used only where the emulated internet can run (iptables, root)
