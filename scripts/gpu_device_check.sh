@@ -14,7 +14,7 @@ set -uo pipefail
 # ---- time budget, seconds: the whole run ends within TOTAL_BUDGET (+ at most KILL_GRACE) ----------
 TOTAL_BUDGET=${TOTAL_BUDGET:-555}
 KILL_GRACE=15           # after a step's budget: SIGTERM, then SIGKILL this much later
-SETUP_BUDGET=60         # pip install of ~25 wheels, the console scripts, one import check
+SETUP_BUDGET=60         # each of: the machine's facts, pip install of ~25 wheels, the import check
 JOIN_BUDGET=${JOIN_BUDGET:-150}        # start-up (~30 s), JOIN_ROUNDS rounds, shut-down
 JOIN_ROUNDS=${JOIN_ROUNDS:-6}
 BENCH_BUDGET=${BENCH_BUDGET:-120}      # a CUDA worker's start-up, then 1 warm-up and 5 timed rounds
@@ -83,9 +83,9 @@ say "=== machine"
 uname -srm
 nproc
 free -g | head -2
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 || echo "no nvidia-smi"
+timeout 20 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 || echo "no nvidia-smi"
 python3 --version
-python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")'
+timeout "$SETUP_BUDGET" python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")'
 command -v iptables ip tc || true
 uptime
 
@@ -95,13 +95,13 @@ setup() {
     local wheels
     wheels=$(python3 scripts/device_env.py wheels .whl) || return 1
     # shellcheck disable=SC2086
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE_DIR" $wheels || return 1
+    timeout "$SETUP_BUDGET" python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE_DIR" $wheels || return 1
     export PYTHONPATH=$SITE_DIR:$PWD
     export PATH=$BIN_DIR:$PATH
     python3 scripts/device_env.py scripts "$BIN_DIR" || return 1
     local p2pd=$SITE_DIR/hivemind/hivemind_cli/p2pd
     [ -x "$p2pd" ] || chmod +x "$p2pd"
-    python3 -c '
+    timeout "$SETUP_BUDGET" python3 -c '
 import importlib.metadata as m, google.protobuf, hivemind, pydantic, cryptography, rfc8785
 import peer.cli, aggregator.cli, testbed.cli
 for name in ("hivemind", "pydantic", "pydantic_core", "cryptography", "protobuf", "typing_extensions", "click", "msgpack", "uvloop", "numpy", "torch", "scikit-learn", "aiohttp", "psutil"):
@@ -121,7 +121,7 @@ if [ "$setup_rc" -ne 0 ]; then
 else
     # ---- 1: the --gpus all join check --------------------------------------------------------------
     budget=$(( JOIN_BUDGET < $(left) ? JOIN_BUDGET : $(left) ))
-    [[ " $STEPS " != *" join "* ]] || GPU_CHECK_TIME_LIMIT=$((budget - 40)) run_step join "$budget" bash scripts/gpu_join_check.sh "$JOIN_ROUNDS"
+    [[ " $STEPS " != *" join "* ]] || GPU_CHECK_TIME_LIMIT=$((budget - 35)) run_step join "$budget" bash scripts/gpu_join_check.sh "$JOIN_ROUNDS"
 
     # ---- 2: one worker's throughput against a plain loop ------------------------------------------
     budget=$(( BENCH_BUDGET < $(left) ? BENCH_BUDGET : $(left) ))

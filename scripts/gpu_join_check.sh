@@ -50,7 +50,11 @@ while kill -0 "${PIDS[1]}" 2>/dev/null || kill -0 "${PIDS[2]}" 2>/dev/null; do
     if [ "$TIME_LIMIT" -gt 0 ] && [ $((SECONDS - STARTED)) -ge "$TIME_LIMIT" ]; then
         echo "time limit of $TIME_LIMIT s reached: stopping the peers"
         kill -TERM "${PIDS[1]}" "${PIDS[2]}" 2>/dev/null || true
-        for i in 1 2; do timeout 30 tail --pid="${PIDS[$i]}" -f /dev/null || kill -9 "${PIDS[$i]}" 2>/dev/null || true; done
+        for _ in $(seq 20); do  # 20 s to finish their round and leave, together
+            kill -0 "${PIDS[1]}" 2>/dev/null || kill -0 "${PIDS[2]}" 2>/dev/null || break
+            sleep 1
+        done
+        kill -9 "${PIDS[1]}" "${PIDS[2]}" 2>/dev/null || true
         status=124
         break
     fi
