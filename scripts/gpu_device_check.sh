@@ -136,8 +136,10 @@ else
         ip netns del manta-probe
         sites=$SWARM_SITES
         say "iptables, tc and network namespaces work: the swarm runs on the emulated internet ($sites sites)"
+    elif [ "$SWARM_SITES" -gt 0 ]; then
+        say "no emulated internet here (iptables, tc, sysctl, /dev/net/tun or network namespaces missing): loopback churn"
     else
-        say "no emulated internet here (iptables, tc, /dev/net/tun or network namespaces missing): loopback churn"
+        say "SWARM_SITES=0: loopback churn"
     fi
     remaining=$(left)
     limit=$((remaining - SWARM_RESERVE))
