@@ -3,8 +3,14 @@
 # `manta-peer join --gpus all` (each peer one worker per visible GPU), ROUNDS rounds of the digits task.
 # Prints each peer's round lines and fails unless both peers committed every round with the same
 # state digests and trained on CUDA. Usage: scripts/gpu_join_check.sh [ROUNDS] (needs manta-* on PATH).
+# GPU_CHECK_TIME_LIMIT=SECONDS stops the peers after that long and fails, printing the rounds so far
+# (default: no limit), so that a run under an outer `timeout` still says how far it got.
 set -euo pipefail
 ROUNDS=${1:-6}
+[[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { echo "ROUNDS must be a positive number, got '$ROUNDS'" >&2; exit 2; }
+TIME_LIMIT=${GPU_CHECK_TIME_LIMIT:-0}
+[[ "$TIME_LIMIT" =~ ^[0-9]+$ ]] || { echo "GPU_CHECK_TIME_LIMIT must be whole seconds" >&2; exit 2; }
+STARTED=$SECONDS
 WORK=$(mktemp -d /tmp/manta-gpu-check.XXXXXX)
 PIDS=()
 cleanup() {
@@ -29,15 +35,36 @@ for _ in $(seq 120); do
     grep -q "manta-peer join" "$WORK/agg.out" 2>/dev/null && break
     sleep 0.5
 done
-JOIN=$(grep -m1 "manta-peer join" "$WORK/agg.out" | sed "s/.*manta-peer join //") || { cat "$WORK/agg.err"; exit 1; }
+# The aggregator prints a shell line (`manta-peer join --task T --aggregator-key HEX --initial-peers A
+# --initial-peers B ...`, quoted as a shell would need it): its words after `manta-peer join`, unquoted.
+LINE=$(grep -m1 "manta-peer join" "$WORK/agg.out") || { echo "no join line"; cat "$WORK/agg.err"; exit 1; }
+eval "JOIN=(${LINE#*manta-peer join })"
+echo "join arguments: ${JOIN[*]}" | cut -c1-300
 for name in alice bob; do
-    # shellcheck disable=SC2086
-    manta-peer join $JOIN --gpus all --listen 127.0.0.1:0 --identity "$WORK/$name.key" \
+    manta-peer join "${JOIN[@]}" --gpus all --listen 127.0.0.1:0 --identity "$WORK/$name.key" \
         --data-dir "$WORK/$name" --max-rounds "$ROUNDS" >"$WORK/$name.out" 2>"$WORK/$name.err" &
     PIDS+=($!)
 done
 status=0
-for i in 1 2; do wait "${PIDS[$i]}" || status=$?; done
+while kill -0 "${PIDS[1]}" 2>/dev/null || kill -0 "${PIDS[2]}" 2>/dev/null; do
+    if [ "$TIME_LIMIT" -gt 0 ] && [ $((SECONDS - STARTED)) -ge "$TIME_LIMIT" ]; then
+        echo "time limit of $TIME_LIMIT s reached: stopping the peers"
+        kill -TERM "${PIDS[1]}" "${PIDS[2]}" 2>/dev/null || true
+        for _ in $(seq 20); do  # 20 s to finish their round and leave, together
+            kill -0 "${PIDS[1]}" 2>/dev/null || kill -0 "${PIDS[2]}" 2>/dev/null || break
+            sleep 1
+        done
+        kill -9 "${PIDS[1]}" "${PIDS[2]}" 2>/dev/null || true
+        status=124
+        break
+    fi
+    sleep 1
+done
+for i in 1 2; do
+    code=0
+    wait "${PIDS[$i]}" || code=$?
+    [ "$status" -ne 0 ] || status=$code
+done
 for name in alice bob; do
     echo "== $name"
     grep -E "training on|round [0-9]+:" "$WORK/$name.err" | cut -c1-220 || true

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -207,7 +208,7 @@ class LocalSwarm:
         while time.monotonic() < deadline:
             for line in (folder / "log.txt").read_text().splitlines():
                 if line.strip().startswith("manta-peer join"):
-                    self.join_args = line.split()[2:]
+                    self.join_args = shlex.split(line)[2:]  # the line is quoted as a shell reads it
                     return self.join_args
             if proc.poll() is not None:
                 raise RuntimeError(f"the aggregator exited: {_last_line(folder / 'log.txt')}")
