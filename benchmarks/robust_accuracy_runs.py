@@ -31,7 +31,8 @@ from benchmarks.simulated_swarm import (
 )
 from robust_aggregation.alignment import AlignmentRecord
 from supernet.state import digest, init_optimizer_state, state_tensors
-from supernet.training import maybe_sort_channels, optimizer_step, step_configs
+from supernet.training.optimizer import optimizer_step
+from supernet.training.schedule import maybe_sort_channels, step_configs
 
 KINDS = ("largest", "smallest")
 

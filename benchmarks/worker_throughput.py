@@ -47,7 +47,8 @@ from peer.worker_pool import WorkerPool
 from peer.worker_protocol import Compute, SharedBuffers
 from supernet.config import SubnetConfig
 from supernet.state import fresh_state_tensors
-from supernet.training import TrainConfig, step_configs
+from supernet.training.config import TrainConfig
+from supernet.training.schedule import step_configs
 from supernet.workload import Workload, workload_for
 from tasks.sharding import SampleStream
 
