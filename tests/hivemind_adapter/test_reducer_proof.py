@@ -302,7 +302,7 @@ def test_a_reducer_that_starves_one_member_and_hides_its_lie_behind_it(size):
     lie. In a group of four, every member left refuses it (point 6) and writes nothing. In a group
     of three, the one member left has no second honest part to measure by: the lie passes the
     proof check. (In a round it then goes no further: that member waits for both partners to
-    confirm the result, which the held-back one never does; tests/peer/test_robust_averaging.py.)"""
+    confirm the result, which the held-back one never does; tests/peer/averaging/test_robust_averaging.py.)"""
     parts = _means([64] * size, size=4 * 65536, seed=9)
     results, outcomes, named, peer_ids = step_known_group(
         size,

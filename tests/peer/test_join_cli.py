@@ -405,7 +405,7 @@ def test_ctrl_c_finishes_the_round_leaves_cleanly_and_withdraws_the_announcement
     )
 
 
-@pytest.mark.slow  # 39 s; a client-mode peer across cohorts: test_swarm_wan's NAT site; fp16: test_hierarchy
+@pytest.mark.slow  # 39 s; a client-mode peer across cohorts: test_swarm_wan's NAT site; fp16: averaging/test_hierarchy
 def test_a_client_mode_peer_trains_with_a_public_peer_across_cohorts_in_fp16(tmp_path):
     """A peer behind NAT (--client-mode: connects out, serves nothing, never reduces) and a public peer,
     in two explicit cohorts, so their averages cross the cohort boundary in fp16."""

@@ -106,7 +106,7 @@ def test_manta_swarm_trains_above_chance_with_identical_state_and_a_summary(mant
 
 
 # Slow (make test-all; 35 s): the default suite sums model-parallel cohort means in a real hierarchy
-# (tests/peer/test_hierarchy.py) and averages each weight over the cohorts that trained it
+# (tests/peer/averaging/test_hierarchy.py) and averages each weight over the cohorts that trained it
 # (tests/peer/test_outer_step.py).
 @pytest.mark.slow
 def test_model_parallel_cohorts_train_different_subnetworks_into_one_model(tmp_path):
@@ -125,8 +125,8 @@ def test_model_parallel_cohorts_train_different_subnetworks_into_one_model(tmp_p
 
 
 # Slow (make test-all; 134 s, the longest swarm test): the default suite covers its parts one by one:
-# a silent roster member (tests/peer/test_hierarchy.py), a member lost or a leader killed inside a
-# round (test_hierarchy.py, test_leader_takeover.py), a newcomer loading the swarm's state
+# a silent roster member (tests/peer/averaging/test_stage_failures.py), a member lost or a leader killed inside a
+# round (averaging/test_stage_failures.py, averaging/test_leader_takeover.py), a newcomer loading the swarm's state
 # (test_resume_continues_from_the_aggregators_newest_checkpoint), kill -9 (test_join_cli.py).
 @pytest.mark.slow
 def test_a_silent_peer_a_joiner_and_a_kill_cost_the_others_at_most_one_round(tmp_path):

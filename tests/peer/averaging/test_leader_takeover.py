@@ -21,7 +21,7 @@ import torch
 from hivemind_adapter.allreduce import VerifiedAverager
 from hivemind_adapter.dht import peer_id, read_entries, store
 from peer.averaging.factory import build_averager
-from tests.peer.test_hierarchy import (
+from tests.peer.averaging.hierarchy_peers import (
     FAST,
     PEERS,
     SHAPES,
