@@ -41,6 +41,7 @@ from supernet.checkpoint import save_checkpoint
 logger = logging.getLogger("manta.peer")
 
 SETTLE_SECONDS = 4.0  # after announcing, before the first round reads the roster
+PAUSE_POLL_SECONDS = 1.0  # how often a paused peer looks whether it may go on
 CATCH_UP_TRIES = 5  # state downloads in a row while the swarm stays ahead
 
 
@@ -74,6 +75,11 @@ class PeerNode:
             state_digest=lambda: self.state.state_digest, state_round=lambda: self.state.state_round,
             publish_state=self.state.publish, seal_receipt=self.receipt_wire, commits=parts.commits,
             outer=parts.outer, data=parts.data,
+        )  # fmt: skip
+        self._committed = 0
+        parts.control.update(
+            state="running", peer_id=self.peer_id, task_id=task.task_id, run_mode=config.run_policy.mode,
+            data_dir=str(config.data_dir),
         )  # fmt: skip
 
     @classmethod
@@ -158,6 +164,9 @@ class PeerNode:
             and not self._reached_until_round()
             and (self.config.max_rounds is None or committed < self.config.max_rounds)
         ):
+            self._pause_while_asked()
+            if self._stop.is_set():
+                break
             t0 = time.perf_counter()
             self.state.take_missed_outer_step(averagers.outer_board)
             report = apply_pending_result(self._round)  # an aborted round whose result found its quorum since
@@ -186,6 +195,9 @@ class PeerNode:
             if report.committed:
                 self.state.state_round = report.round
                 committed, failed_in_a_row = committed + 1, 0
+                self._committed += 1
+            self._show_status(report)
+            if report.committed:
                 if report.outer is not None and not self._stop.is_set():
                     self.state.note_outer_step(report.outer.attempt, report.outer.committed)
             elif self._stop.is_set():
@@ -212,6 +224,47 @@ class PeerNode:
         if self._stop.is_set():
             self.leave_with_swarm_state()
         return self.reports
+
+    def _pause_reason(self) -> str | None:
+        """Why the peer should not train now (the user's pause, or its run mode), or None."""
+        if self.parts.control.paused_by_user():
+            return "paused by the user (manta-peer resume goes on)"
+        return self.parts.conditions.blocker()
+
+    def _pause_while_asked(self) -> None:
+        """Between rounds: while the user or the run mode says so, leave the cohort cleanly (a
+        departure notice for the swarm's next attempt, the announcement withdrawn) and wait; then
+        announce again and catch up, with the same key and whatever state the swarm still shares."""
+        why = self._pause_reason()
+        if why is None:
+            return
+        logger.info(f"pausing: {why}")
+        self._commits.leave(self._commits.attempt)
+        try:
+            self._announcer.withdraw()
+        except Exception as e:  # the DHT may be unreachable; the record then simply expires
+            logger.debug(f"withdraw failed: {e}")
+        while why is not None and not self._stop.is_set():
+            self.parts.control.update(state="paused", reason=why)
+            self._stop.wait(PAUSE_POLL_SECONDS)
+            why = self._pause_reason()
+        if self._stop.is_set():
+            return
+        self._announcer.announce()
+        self._announcer.keep_fresh()
+        self.catch_up()
+        self._commits.meet_swarm()
+        self.parts.control.update(state="running", reason="")
+        logger.info("resumed")
+
+    def _show_status(self, report: RoundReport) -> None:
+        """What ``manta-peer status`` answers after this round."""
+        self.parts.control.update(
+            state="running", round=self.state_round, committed_rounds=self._committed, attempt=self._commits.attempt,
+            last_round={"round": report.round, "committed": report.committed, "loss": report.loss,
+                        "samples": report.samples, "reason": report.reason},
+            roster=self._round.roster_size, state_digest=self.state_digest[:12],
+        )  # fmt: skip
 
     def _nobody_ahead(self) -> bool:
         """An outer task's inner steps: whether the last one committed and every peer of its cohort
@@ -294,6 +347,8 @@ class PeerNode:
         """Leave: stop serving, deliver receipts (bounded), withdraw, stop workers and every process."""
         p = self.parts
         self._signals.closing()
+        p.conditions.stop()
+        p.control_server.close()
         for watch in (p.dht_watch, p.sharer_watch):
             watch.stop()  # the DHT and the state sharer are shut down on purpose below
         self.display.close()

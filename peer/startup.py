@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 
 from hivemind_adapter.dht import SwarmUnreachable, start_dht
@@ -31,6 +32,7 @@ from peer.averaging.factory import CohortAveragers, committer_for
 from peer.averaging.stage import AveragingTimeouts
 from peer.commit.boards import SignedCommitBoard
 from peer.commit.committer import RoundCommitter
+from peer.control import ControlError, ControlServer, PeerControl
 from peer.data_feed import DataFeed, DataUnavailable
 from peer.devices import WorkerDevice
 from peer.guard.conviction_watch import ConvictionWatch
@@ -38,11 +40,13 @@ from peer.outer_round import OuterStepper
 from peer.outer_step import OuterSettings
 from peer.progress_display import ProgressDisplay
 from peer.receipts import AggregatorLink, ReceiptCourier, ReceiptOutbox
+from peer.run_policy import RunConditions, RunPolicy
 from peer.search_service import EvaluationService
 from peer.state_keeper import StateKeeper
 from peer.stopping import StopSignals
 from peer.swarm_progress import SwarmProgress
 from peer.swarm_view import Announcer, ProgressBoard, fetch_task, read_roster
+from peer.worker import WorkerLimits
 from peer.worker_pool import WorkerPool
 from peer.worker_protocol import SharedBuffers
 from protocol.dht_schema import MantaRecordValidator, outer_board_id
@@ -76,6 +80,9 @@ class JoinConfig:
     cache_bytes: int = 10 << 30  # tasks on an operator's dataset: disk for cached shards (--cache-size)
     whole_dataset: bool = False  # train on every shard, not this peer's share (--whole-dataset)
     timeouts: AveragingTimeouts = AveragingTimeouts()
+    threads: int | None = None  # torch threads per worker (--max-threads; None: the cores shared out)
+    limits: WorkerLimits = WorkerLimits()  # --cpu-share, --gpu-memory
+    run_policy: RunPolicy = RunPolicy()  # --run-mode and its idle thresholds
 
 
 class PeerStartError(RuntimeError):
@@ -108,6 +115,9 @@ class PeerParts:
     averagers: CohortAveragers
     progress: SwarmProgress
     state: StateKeeper
+    control: PeerControl  # what `manta-peer pause | resume | status` read and set
+    control_server: ControlServer
+    conditions: RunConditions  # the run mode's verdict: may the machine be used now
 
 
 @dataclass(frozen=True)
@@ -134,6 +144,12 @@ def build_peer(
     started = time.monotonic()
     with contextlib.ExitStack() as built:
         config.data_dir.mkdir(parents=True, exist_ok=True)
+        control = PeerControl()
+        try:
+            control_server = ControlServer(config.data_dir, control.handle)
+        except ControlError as e:
+            raise PeerStartError(str(e)) from None
+        built.callback(control_server.close)
         announce = [host_port_to_multiaddr(a, "--announce", allow_port_zero=False) for a in config.announce]
         try:
             dht = start_dht(
@@ -193,7 +209,7 @@ def build_peer(
         outbox = ReceiptOutbox(config.data_dir / "receipts", identity)
         courier = ReceiptCourier(outbox, link)
         built.callback(courier.stop, flush_seconds=0.0)
-        workload, shared, consensus, workers = _start_workers(task, devices, peer_id, data)
+        workload, shared, consensus, workers = _start_workers(task, devices, peer_id, data, config)
         built.callback(workers.stop)
         outer = _outer_stepper(task, shared, consensus, workers, lambda cohort: averagers.outer(cohort))
         commits = committer_for(
@@ -248,10 +264,13 @@ def build_peer(
             commits,
             progress,
         )
+        conditions = RunConditions(config.run_policy, _own_pids)
+        built.callback(conditions.stop)
         signals.reclaim()
         parts = PeerParts(
             dht, dht_watch, peer_id, spec, endpoint, data, search, announcer, outbox, courier, workload, shared,
             workers, outer, sharer, sharer_watch, archive, commits, convictions, averagers, progress, state,
+            control, control_server, conditions,
         )  # fmt: skip
         built.pop_all()  # from here on the node stops them (PeerNode.shutdown)
         return parts
@@ -282,8 +301,17 @@ def _primary_address() -> str | None:
         return None
 
 
+def _own_pids() -> set[int]:
+    """This peer's processes: the agent and every process it started."""
+    me = psutil.Process()
+    try:
+        return {me.pid, *(p.pid for p in me.children(recursive=True))}
+    except psutil.Error:
+        return {me.pid}
+
+
 def _start_workers(
-    task: TaskSpec, devices: Sequence[WorkerDevice], peer_id: str, data: DataFeed | None
+    task: TaskSpec, devices: Sequence[WorkerDevice], peer_id: str, data: DataFeed | None, config: JoinConfig
 ) -> tuple[Workload, SharedBuffers, int, WorkerPool]:
     """One worker per device, sharing gradient and state buffers with this process."""
     torch.set_num_threads(1)  # the agent only averages; the cores belong to the workers
@@ -301,7 +329,7 @@ def _start_workers(
     shared = SharedBuffers.create(list(net.parameters()), fresh_state_tensors(net, optimizer), len(devices))
     workers = WorkerPool(
         list(devices), shared, task_name=task.task, task_seed=task.seed, participant_prefix=peer_id,
-        train_options=train_options, data=worker_data,
+        train_options=train_options, data=worker_data, threads=config.threads, limits=config.limits,
     )  # fmt: skip
     return workload, shared, consensus_count(net, optimizer), workers
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,27 @@ from tasks.shards.local import local_shard_task
 
 
 @dataclass(frozen=True)
+class WorkerLimits:
+    """What a volunteer lends a worker: ``cpu_share`` of the time its training computes (it rests
+    after each mini-batch so that computing takes at most that share), and at most
+    ``gpu_memory_fraction`` of a GPU's memory, or ``gpu_memory_bytes`` of it (None: no cap)."""
+
+    cpu_share: float = 1.0
+    gpu_memory_fraction: float | None = None
+    gpu_memory_bytes: int | None = None
+
+    def gpu_fraction(self, total_bytes: int) -> float | None:
+        """The share of a GPU of ``total_bytes`` this worker may allocate (None: no cap)."""
+        if self.gpu_memory_bytes is not None:
+            return min(1.0, self.gpu_memory_bytes / total_bytes)
+        return self.gpu_memory_fraction
+
+    def rest_after(self, busy_seconds: float) -> float:
+        """How long to rest after computing for ``busy_seconds``."""
+        return busy_seconds * (1.0 - self.cpu_share) / self.cpu_share if self.cpu_share < 1.0 else 0.0
+
+
+@dataclass(frozen=True)
 class WorkerSpec:
     rank: int
     world_size: int
@@ -75,6 +97,7 @@ class WorkerSpec:
     # tasks on an operator's dataset: (the task's DataSpec as JSON, the directory holding manifest.json
     # and shards/, tasks.shards.local); None for built-in data
     data: tuple[str, str] | None = None
+    limits: WorkerLimits = WorkerLimits()
 
 
 def worker_main(spec: WorkerSpec, conn, shared: SharedBuffers) -> None:
@@ -116,6 +139,9 @@ def _serve(spec: WorkerSpec, conn, shared: SharedBuffers, log) -> None:
         # it 2.6-4.6e-4.
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
+        fraction = spec.limits.gpu_fraction(torch.cuda.get_device_properties(device).total_memory)
+        if fraction is not None:
+            torch.cuda.set_per_process_memory_fraction(fraction, device)
     options = {**spec.train_config, "device": str(device)}
     if spec.data is not None:
         data = DataSpec.model_validate_json(spec.data[0])
@@ -191,8 +217,15 @@ def _compute_host_contribution(
     else:
         configs, scale = step_configs(net, request.round_index, cfg), 1.0
 
+    last_batch = time.monotonic()
+
     def report(samples: int, loss_sum: float, macs: int) -> None:
+        nonlocal last_batch
         shared.progress[spec.rank] = torch.tensor([samples, loss_sum, macs], dtype=torch.float64)
+        rest = spec.limits.rest_after(time.monotonic() - last_batch)
+        if rest > 0 and not int(shared.stop[0]):
+            time.sleep(rest)  # the volunteer's --cpu-share
+        last_batch = time.monotonic()
 
     work: WorkerContribution = compute_contribution(
         workload,

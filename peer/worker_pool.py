@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from peer.devices import WorkerDevice
-from peer.worker import WorkerSpec, default_threads, worker_main
+from peer.worker import WorkerLimits, WorkerSpec, default_threads, worker_main
 from peer.worker_protocol import (
     Applied,
     Apply,
@@ -49,12 +49,16 @@ class WorkerPool:
         participant_prefix: str,
         train_options: dict,
         data: tuple[str, str] | None = None,
+        threads: int | None = None,
+        limits: WorkerLimits = WorkerLimits(),
     ):
+        """``threads``: torch threads per worker (None: the cores shared out, or MANTA_WORKER_THREADS);
+        ``limits``: the CPU share and GPU memory a worker may use."""
         self.shared = shared
         self._workers: list[tuple[torch.multiprocessing.Process, object]] = []
         ctx = torch.multiprocessing.get_context("spawn")
         port = _free_port()
-        threads = default_threads(len(devices))
+        threads = threads or default_threads(len(devices))
         for rank, device in enumerate(devices):
             parent, child = ctx.Pipe()
             spec = WorkerSpec(
@@ -68,6 +72,7 @@ class WorkerPool:
                 train_options,
                 threads,
                 data,
+                limits,
             )
             # Not a daemon: a GPU worker decodes its mini-batches in processes of its own
             # (supernet.batch_prefetch; 0.80 of the bare step's rate on an H100 against 0.61 in the
