@@ -24,6 +24,7 @@ from pathlib import Path
 
 from aggregator.checkpoints import CheckpointKeeper
 from aggregator.contributions import ContributionDesk
+from aggregator.join_line import MULTIADDRS_FILE
 from aggregator.monitor.service import Monitor
 from aggregator.monitor.swarm_reader import read_swarm
 from aggregator.task_data import DataDesk
@@ -41,7 +42,7 @@ from protocol.dht_schema import (
     peers_key,
     task_key,
 )
-from protocol.identity import Identity
+from protocol.identity import Identity, fingerprint
 from protocol.netaddr import host_port_to_multiaddr
 from protocol.records import StateAnchor
 from protocol.sealing import Sealed, open_sealed, seal
@@ -49,9 +50,6 @@ from protocol.task_spec import TaskSpec
 from supernet.workload import swarm_train_options, workload_for
 
 logger = logging.getLogger(__name__)
-
-
-MULTIADDRS_FILE = "multiaddrs.txt"  # in the data dir: where this aggregator's DHT node listens
 
 
 @dataclass(frozen=True)
@@ -211,7 +209,7 @@ class BootstrapAggregator:
         for sealed in sorted(published, key=lambda sealed: sealed.public_key):
             if sealed.public_key != self.identity.public_key:
                 logger.info(
-                    f"adopting task {self.task_id} published by aggregator {sealed.public_key.hex()[:16]}"
+                    f"adopting task {self.task_id} published by aggregator {fingerprint(sealed.public_key)}"
                 )
                 return sealed
         return open_sealed(seal(self.spec, self.identity), TaskSpec)

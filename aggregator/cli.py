@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from console.commands import UserError, manta_group
-from console.identity_option import identity_option, load_identity
+from console.identity_option import identity_option, identity_to_create, keep_identity
 from protocol.netaddr import AddressError, check_peer_multiaddr, host_port_to_multiaddr
 
 logger = logging.getLogger("manta.aggregator")
@@ -97,28 +97,19 @@ def start(
     identity_path,
 ) -> None:
     """Start the bootstrap node, publish the task and print the line volunteers run."""
-    from hivemind_adapter.runtime import prepare_process, start_orphan_reaper
-
-    prepare_process()
-    from aggregator.bootstrap import BootstrapAggregator, BootstrapConfig, ProcessLost
-    from aggregator.join_line import join_command
     from aggregator.monitor.server import DashboardError, parse_dashboard_option
-    from aggregator.task_data import pack_into
-    from aggregator.task_publication import TaskFileError, build_task_spec, saved_task_spec
-    from supernet.checkpoint import CheckpointError
+    from aggregator.task_publication import TaskFileError, read_task_document, saved_task_spec
 
-    identity = load_identity(identity_path, create=True)
+    # Every check that needs no torch comes first, and the identity key is written only once the
+    # task is built: bad input fails at once and leaves no file behind.
     if task_ref is None and not resume:
         raise UserError("--task is required (or --resume with the --data-dir of an earlier run)")
     if resume and data_dir is None:
         raise UserError("--resume needs the --data-dir of the run to continue")
     try:
-        if resume:
-            spec = saved_task_spec(data_dir, task_ref)
-        else:
-            chosen_dir = data_dir
-            pack = pack_into(lambda task_id: chosen_dir or Path(f"manta-aggregator-{task_id}"))
-            spec = build_task_spec(task_ref, identity, pack_data=pack)
+        spec = saved_task_spec(data_dir, task_ref) if resume else None
+        if not resume:
+            read_task_document(task_ref)
         host_port_to_multiaddr(listen, "--listen")
         for a in announce:
             host_port_to_multiaddr(a, "--announce", allow_port_zero=False)
@@ -126,6 +117,24 @@ def start(
         dashboard, dashboard_fallback = parse_dashboard_option(http)
     except (TaskFileError, AddressError, DashboardError) as e:
         raise UserError(str(e)) from None
+    identity = identity_to_create(identity_path)
+    from hivemind_adapter.runtime import prepare_process, start_orphan_reaper
+
+    prepare_process()
+    from aggregator.bootstrap import BootstrapAggregator, BootstrapConfig, ProcessLost
+    from aggregator.join_line import join_command
+    from aggregator.task_data import pack_into
+    from aggregator.task_publication import build_task_spec
+    from supernet.checkpoint import CheckpointError
+
+    if spec is None:
+        chosen_dir = data_dir
+        pack = pack_into(lambda task_id: chosen_dir or Path(f"manta-aggregator-{task_id}"))
+        try:
+            spec = build_task_spec(task_ref, identity, pack_data=pack)
+        except TaskFileError as e:
+            raise UserError(str(e)) from None
+    identity = keep_identity(identity, identity_path)
     data_dir = data_dir or Path(f"manta-aggregator-{spec.task_id}")
     start_orphan_reaper()
     config = BootstrapConfig(

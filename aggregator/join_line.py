@@ -6,6 +6,8 @@ import ipaddress
 import shlex
 from collections.abc import Sequence
 
+MULTIADDRS_FILE = "multiaddrs.txt"  # in the data dir: where this aggregator's DHT node listens
+
 
 def _reach_rank(maddr: str) -> int:
     """0 for an address other hosts can dial (public or private), 1 for link-local, 2 for loopback."""

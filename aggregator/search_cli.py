@@ -47,7 +47,7 @@ def newest_checkpoint(data_dir: Path) -> Path:
 
 def _recorded_multiaddrs(data_dir: Path) -> tuple[str, ...]:
     """Where the aggregator of ``data_dir`` listens, as ``manta-aggregator start`` recorded it."""
-    from aggregator.bootstrap import MULTIADDRS_FILE
+    from aggregator.join_line import MULTIADDRS_FILE
 
     path = data_dir / MULTIADDRS_FILE
     found = (
@@ -95,19 +95,15 @@ def search(
     verify_fraction: float,
     identity_path: Path,
     json_path: Path | None,
-    quiet: bool,
     **given: Any,
 ) -> None:
     """Search sub-networks of the aggregator's checkpoint, spreading evaluations over online peers."""
-    from hivemind_adapter.runtime import prepare_process
-
-    prepare_process()
     from protocol.netaddr import AddressError, check_peer_multiaddr
     from protocol.sealing import RecordRejected, open_sealed
     from protocol.task_spec import TaskSpec
-    from supernet.search.cli import options_from, progress, write_json
-    from supernet.search.run import SearchInputError, check_options
+    from supernet.search.options import SearchInputError, check_option_values
 
+    # Every check that needs no torch comes first: bad input fails at once.
     sealed_path = data_dir / "task.sealed"
     if not sealed_path.is_file():
         raise UserError(
@@ -132,13 +128,20 @@ def search(
     source = checkpoint or newest_checkpoint(data_dir)
     if not source.is_file():
         raise UserError(f"checkpoint {source} does not exist")
-    data = given["data"] or (data_dir / "data" if spec.data is not None else None)
-    options = options_from(source, {**given, "task": given["task"] or spec.task, "data": data})
     try:
-        check_options(options)
+        check_option_values(
+            given["max_latency_ms"], given["max_mflops"], given["export_path"], given["estimator"]
+        )
     except SearchInputError as e:
         raise UserError(str(e)) from None
-    say = progress(quiet)
+    from hivemind_adapter.runtime import prepare_process
+
+    prepare_process()
+    from supernet.search.report import options_from, progress, write_json
+
+    data = given["data"] or (data_dir / "data" if spec.data is not None else None)
+    options = options_from(source, {**given, "task": given["task"] or spec.task, "data": data})
+    say = progress()
     with tempfile.TemporaryDirectory(prefix="manta-search-") as scratch:
         # A private copy: the aggregator deletes old checkpoints while the search runs.
         copy = Path(scratch) / source.name
@@ -172,8 +175,8 @@ def _run(options, task_id, identity, initial_peers, peers_wait, peer_timeout, ve
     from hivemind_adapter.p2p import Endpoint
     from supernet.checkpoint import CheckpointError
     from supernet.search.accuracy import DirectEvaluator
-    from supernet.search.cli import search_or_fail
     from supernet.search.distributed import SpotChecks, evaluator_arguments
+    from supernet.search.report import search_or_fail
     from supernet.search.run import SearchInputError, load_search_checkpoint
 
     try:  # what every peer must reproduce: the checkpoint and the evaluator built from these options
@@ -245,7 +248,7 @@ def _run(options, task_id, identity, initial_peers, peers_wait, peer_timeout, ve
 
 
 def _print(report, extra: dict) -> None:
-    from supernet.search.cli import render
+    from supernet.search.report import render
 
     click.echo(render(report))
     if not extra["peers"]:

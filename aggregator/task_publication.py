@@ -4,7 +4,7 @@ A built-in task name gets defaults sized for this project's CPUs; a TOML file ma
 
     [task]
     id = "digits-demo"     # task id (default: the task name)
-    name = "digits"        # built-in task (see `tasks.available_tasks()`)
+    name = "digits"        # built-in task (protocol.task_spec.BUILTIN_TASKS)
     mode = "data"          # "data" or "model" parallel
     seed = 0
     [swarm]                # any SwarmParams field; the rest keep their defaults
@@ -48,9 +48,7 @@ from pydantic import ValidationError
 from protocol.identity import Identity
 from protocol.sealing import RecordRejected, open_sealed
 from protocol.shards import DATA_KINDS, DataKind, DataSpec
-from protocol.task_spec import SwarmParams, TaskSpec
-from supernet.workload import swarm_train_options, train_config
-from tasks import available_tasks
+from protocol.task_spec import BUILTIN_TASKS, SwarmParams, TaskSpec
 
 DEFAULT_SWARM = dict(
     target_samples_per_round=1024,
@@ -128,6 +126,33 @@ def _data_request(name: str, section: dict[str, Any] | None) -> DataRequest | No
     return DataRequest(name, Path(path).expanduser(), layout, float(val_fraction), shard_samples, crop)
 
 
+def read_task_document(ref: str) -> dict[str, Any]:
+    """The task file ``ref`` as a TOML document, or ``{"task": {"name": ref}}`` for a built-in name.
+    TaskFileError (one line) for a missing or malformed file, an unknown section or task name; the
+    rest is checked by :func:`build_task_spec`. Needs no torch: a command calls it before loading it."""
+    path = Path(ref)
+    if path.suffix == ".toml" or path.exists():
+        if not path.is_file():
+            raise TaskFileError(f"task file {ref} does not exist")
+        try:
+            doc = tomllib.loads(path.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise TaskFileError(f"task file {ref} is not valid TOML: {e}") from None
+        except OSError as e:
+            raise TaskFileError(f"task file {ref}: {e.strerror or e}") from None
+    else:
+        doc = {"task": {"name": ref}}
+    unknown = set(doc) - {"task", "swarm", "data"}
+    if unknown:
+        raise TaskFileError(f"task file has unknown section(s): {', '.join(sorted(unknown))}")
+    if not isinstance(doc.get("task", {}), dict):
+        raise TaskFileError("task file: [task] must be a table")
+    name = doc.get("task", {}).get("name")
+    if name not in BUILTIN_TASKS:
+        raise TaskFileError(f"unknown task {name!r}; built-in tasks: {', '.join(BUILTIN_TASKS)}")
+    return doc
+
+
 def build_task_spec(
     ref: str,
     identity: Identity,
@@ -138,23 +163,9 @@ def build_task_spec(
     operator's own data is packed by ``pack_data`` (which raises TaskFileError if it cannot) before
     anything is signed. TaskFileError (one line) for an unknown task, section, key or setting."""
 
-    path = Path(ref)
-    if path.suffix == ".toml" or path.exists():
-        if not path.is_file():
-            raise TaskFileError(f"task file {ref} does not exist")
-        try:
-            doc = tomllib.loads(path.read_text())
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-            raise TaskFileError(f"task file {ref} is not valid TOML: {e}") from None
-    else:
-        doc = {"task": {"name": ref}}
-    unknown = set(doc) - {"task", "swarm", "data"}
-    if unknown:
-        raise TaskFileError(f"task file has unknown section(s): {', '.join(sorted(unknown))}")
+    doc = read_task_document(ref)
     task: dict[str, Any] = dict(doc.get("task", {}))
     name = task.pop("name", None)
-    if name not in available_tasks():
-        raise TaskFileError(f"unknown task {name!r}; built-in tasks: {', '.join(available_tasks())}")
     task_id = task.pop("id", name)
     mode, seed = task.pop("mode", "data"), task.pop("seed", 0)
     if task:
@@ -193,6 +204,7 @@ def build_task_spec(
 def _check_trainable(spec: TaskSpec) -> None:
     """Refuse settings the supernet cannot train with (e.g. warm-up longer than the schedule) here,
     with one line, instead of in every volunteer's worker."""
+    from supernet.workload import swarm_train_options, train_config  # loads torch
 
     try:
         train_config(spec.task, swarm_train_options(spec))

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from console.logs import setup_logging
+from console.logs import LOG_FORMATS, apply_log_options
 from protocol import __version__
 
 
@@ -57,8 +57,47 @@ def _one_line(error: click.UsageError) -> OneLineUsageError:
     return converted
 
 
+def _log_option_seen(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    """Record a logging option given on the command line (ctx.meta is shared by a group and its
+    sub-command, so ``manta-peer -q join --log-format json`` combines both) and apply them all."""
+    given = ctx.meta.setdefault("manta.log", {"verbose": 0, "quiet": 0, "fmt": None})
+    if param.name == "log_format":
+        if value is not None:
+            given["fmt"] = value
+    elif value:
+        given[param.name] += value
+    apply_log_options(**given)
+
+
+def log_params() -> list[click.Option]:
+    """``-v/--verbose``, ``-q/--quiet`` and ``--log-format``: they set up logging as they are parsed
+    and are not passed to the command's function."""
+    return [
+        click.Option(["-v", "--verbose"], count=True, expose_value=False, callback=_log_option_seen,
+                     help="Log debugging detail too (as MANTA_LOG_LEVEL=DEBUG)."),
+        click.Option(["-q", "--quiet"], count=True, expose_value=False, callback=_log_option_seen,
+                     help="Log warnings and errors only; -qq: errors only."),
+        click.Option(["--log-format"], type=click.Choice(LOG_FORMATS), default=None, expose_value=False,
+                     callback=_log_option_seen,
+                     help="text (default) or json: one JSON object per line (as MANTA_LOG_FORMAT)."),
+    ]  # fmt: skip
+
+
+def log_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator form of :func:`log_params`, for a function that is about to become a command."""
+    # click shows the decorators' list reversed: these go first in it, to be shown after the others.
+    fn.__click_params__ = [*reversed(log_params()), *getattr(fn, "__click_params__", [])]  # type: ignore[attr-defined]
+    return fn
+
+
 class OneLineErrorsGroup(_OneLineUsage, click.Group):
-    """A console script's top-level group whose usage errors are one line."""
+    """A console script's top-level group whose usage errors are one line; every sub-command added to
+    it takes the logging options too (``manta-peer join -v`` as well as ``manta-peer -v join``)."""
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        if not any(p.name == "verbose" for p in cmd.params):
+            cmd.params.extend(log_params())
+        super().add_command(cmd, name)
 
 
 class OneLineErrorsCommand(_OneLineUsage, click.Command):
@@ -66,15 +105,16 @@ class OneLineErrorsCommand(_OneLineUsage, click.Command):
 
 
 def manta_group(prog_name: str, help_text: str) -> Callable[[Callable[..., Any]], click.Group]:
-    """Decorator for a console script's top-level click group (adds ``--version`` and logging)."""
+    """Decorator for a console script's top-level click group (adds ``--version`` and the logging
+    options, to the group and to each of its sub-commands)."""
 
     def decorate(fn: Callable[..., Any]) -> click.Group:
         @click.group(
             cls=OneLineErrorsGroup, help=help_text, context_settings={"help_option_names": ["-h", "--help"]}
         )
         @click.version_option(__version__, "--version", prog_name=prog_name)
+        @log_options
         def group() -> None:
-            setup_logging()
             fn()
 
         group.__name__ = fn.__name__
@@ -89,14 +129,13 @@ def manta_command(prog_name: str, help_text: str) -> Callable[[Callable[..., Any
 
     def decorate(fn: Callable[..., Any]) -> click.Command:
         def run(*args: Any, **kwargs: Any) -> Any:
-            setup_logging()
             return fn(*args, **kwargs)
 
         run.__name__, run.__doc__ = fn.__name__, fn.__doc__
         run.__click_params__ = getattr(fn, "__click_params__", [])  # the options declared on fn
         command = click.command(
             cls=OneLineErrorsCommand, help=help_text, context_settings={"help_option_names": ["-h", "--help"]}
-        )(run)
+        )(log_options(run))
         return click.version_option(__version__, "--version", prog_name=prog_name)(command)
 
     return decorate

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,5 +29,25 @@ def load_identity(path: Path, *, create: bool) -> Identity:
     """Load (or create) the identity at ``path``; a problem becomes a one-line UserError."""
     try:
         return Identity.load_or_create(path) if create else Identity.load(path)
+    except IdentityError as exc:
+        raise UserError(str(exc)) from None
+
+
+def identity_to_create(path: Path) -> Identity:
+    """The identity at ``path`` if the file exists (a problem is a one-line UserError), else a new key
+    held in memory only: :func:`keep_identity` writes it once the command's input has been checked."""
+    if os.path.lexists(path.expanduser()):
+        return load_identity(path, create=False)
+    return Identity.generate()
+
+
+def keep_identity(identity: Identity, path: Path) -> Identity:
+    """``identity`` written to ``path`` if it was made in memory by :func:`identity_to_create`."""
+    if identity.path is not None:
+        return identity
+    try:
+        return identity.store_new(path)
+    except FileExistsError:
+        raise UserError(f"{path} was created by another process meanwhile; start again to use it") from None
     except IdentityError as exc:
         raise UserError(str(exc)) from None

@@ -155,6 +155,7 @@ def start_dht(
     validators: Sequence[Any] = (),
 ) -> hivemind.DHT:
     """A running DHT node (its own process and p2pd daemon). SwarmUnreachable if it cannot join."""
+    _hivemind_logs_follow_manta()
     install_death_safe_locks()  # a node's first hivemind process is its DHT's: the tree shares them
     daemons_before = daemon_socket_files()
     try:
@@ -174,6 +175,17 @@ def start_dht(
         if "initial_peers responded" in first or "failed to connect to bootstrap peers" in first:
             first = f"cannot reach any initial peer ({', '.join(initial_peers)})"
         raise SwarmUnreachable(first) from None
+
+
+def _hivemind_logs_follow_manta() -> None:
+    """With ``MANTA_LOG_FORMAT=json`` (console/logs.py), hivemind's records go to the root logger and
+    MANTA's JSON lines instead of hivemind's own handler, at the level hivemind was given."""
+    if os.environ.get("MANTA_LOG_FORMAT", "").strip().lower() != "json":
+        return
+    from hivemind.utils import logging as hivemind_logging
+
+    hivemind_logging.use_hivemind_log_handler("nowhere")
+    logging.getLogger("hivemind").setLevel(hivemind_logging.loglevel)
 
 
 def dht_gone(dht: hivemind.DHT) -> bool:

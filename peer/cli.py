@@ -5,6 +5,7 @@ from __future__ import annotations
 # Imports of torch, hivemind and the modules built on them stay inside the commands: measured on
 # this 2-core VM (2026-11-22), `import torch` takes 2.0-2.3 s and `import peer.node` 3.1 s, against
 # 0.1 s for `manta-peer --help` as it is. Bad input must fail at once, before any of that is loaded.
+import json
 import logging
 from pathlib import Path
 
@@ -169,6 +170,7 @@ def join(
             node = (NODE_CLASS or PeerNode).start(config, ident, devices, signals)
         except PeerStartError as e:
             raise UserError(str(e)) from None
+        _remember_swarm(data_dir, peers, node)
         log.info(f"training on {len(devices)} worker(s): {', '.join(d.torch_device for d in devices)}")
         reports = node.run()
         committed = sum(r.committed for r in reports)
@@ -188,33 +190,69 @@ def join(
             node.shutdown()
 
 
+def _remember_swarm(data_dir: Path, peers: tuple[str, ...], node) -> None:
+    """Write ``<data-dir>/swarm.json`` for ``manta-peer credits`` (a failure is a warning, not the end)."""
+    from peer.swarm_record import SwarmRecord, write_swarm_record
+
+    record = SwarmRecord(peers, node.spec.record.task_id, node.spec.public_key.hex())
+    try:
+        write_swarm_record(data_dir, record)
+    except OSError as e:
+        logging.getLogger("manta.peer").warning(f"could not write {data_dir}/swarm.json: {e}")
+
+
 @main.command()
 @click.option(
-    "--initial-peers", multiple=True, required=True, help="Multiaddr of an aggregator or peer (repeatable)."
+    "--initial-peers",
+    multiple=True,
+    help="Multiaddr of an aggregator or peer (repeatable) [default: the swarm in <data-dir>/swarm.json].",
 )
-@click.option("--task", "task_id", default=None, help="Task id [default: the only task published].")
+@click.option(
+    "--task", "task_id", default=None, help="Task id [default: swarm.json's, else the only task published]."
+)
 @click.option(
     "--data-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("manta-peer"),
     show_default=True,
-    help="The peer's data directory (its receipt outbox is shown too).",
+    help="The peer's data directory (its swarm.json and receipt outbox).",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print every figure as JSON (credits in FLOPs and GPU-hours)."
 )
 @identity_option
-def credits(initial_peers, task_id, data_dir, identity_path) -> None:
+def credits(initial_peers, task_id, data_dir, as_json, identity_path) -> None:
     """Print this key's credits from the aggregator's ledger and check every inclusion proof."""
+    from peer.swarm_record import SWARM_FILE, read_swarm_record
+    from protocol.identity import check_public_key_hex
+    from protocol.netaddr import AddressError, check_peer_multiaddr
+
+    # Every check that needs no torch comes first: bad input fails at once and creates no file.
+    aggregator_key = None
+    try:
+        if not initial_peers:
+            record = read_swarm_record(data_dir)
+            if record is None:
+                raise UserError(
+                    f"no --initial-peers and no {data_dir / SWARM_FILE} (manta-peer join writes it): "
+                    "give --initial-peers, or the --data-dir you joined with"
+                )
+            initial_peers, aggregator_key = record.initial_peers, record.aggregator_key
+            task_id = task_id or record.task_id
+            aggregator_key = check_public_key_hex(aggregator_key, f"{data_dir / SWARM_FILE}: aggregator_key")
+        peers = tuple(check_peer_multiaddr(p) for p in initial_peers)
+    except (AddressError, ValueError) as e:
+        raise UserError(str(e)) from None
+    ident = load_identity(identity_path, create=False)
     from hivemind_adapter.runtime import prepare_process
 
     prepare_process()
-    from peer.credits import CreditsError, fetch_credits, format_credits
-    from protocol.netaddr import AddressError, check_peer_multiaddr
+    from peer.credits import CreditsError, credits_json, fetch_credits, format_credits
 
-    ident = load_identity(identity_path, create=False)
     try:
-        peers = tuple(check_peer_multiaddr(p) for p in initial_peers)
-        report = fetch_credits(peers, task_id, ident, data_dir)
-    except (AddressError, CreditsError) as e:
+        report = fetch_credits(peers, task_id, ident, data_dir, aggregator_key)
+    except CreditsError as e:
         raise UserError(str(e)) from None
-    click.echo(format_credits(report))
+    click.echo(json.dumps(credits_json(report), indent=2) if as_json else format_credits(report))
     if report["bad_proofs"]:
         raise UserError(f"{report['bad_proofs']} inclusion proof(s) do not check against the checkpoint")

@@ -50,7 +50,7 @@ from peer.worker import WorkerLimits
 from peer.worker_pool import WorkerPool
 from peer.worker_protocol import SharedBuffers
 from protocol.dht_schema import MantaRecordValidator, outer_board_id
-from protocol.identity import Identity
+from protocol.identity import Identity, fingerprint
 from protocol.netaddr import host_port_to_multiaddr, parse_host_port
 from protocol.records import Affinity, DeviceInfo
 from protocol.sealing import Sealed
@@ -177,7 +177,7 @@ def build_peer(
         dht.add_validators([MantaRecordValidator(task.task_id)])
         logger.info(
             f"peer {peer_id[-8:]} ({identity.fingerprint}) joined task {task.task_id}: {task.task}, "
-            f"{task.mode}-parallel, aggregator {spec.public_key.hex()[:16]}"
+            f"{task.mode}-parallel, aggregator {fingerprint(spec.public_key)}"
         )
         host = _announced_host(config)
         affinity = Affinity(host_id=host_id(), network_id=network_id(host, default_gateway_mac()))

@@ -7,7 +7,9 @@ auditors and tests can use it without the training stack.
 
 from importlib.metadata import PackageNotFoundError, version
 
+DISTRIBUTION = "manta-swarm"  # the name MANTA is installed under ("manta" on PyPI is another project)
+
 try:
-    __version__ = version("manta")
+    __version__ = version(DISTRIBUTION)
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0.0.0+unknown"

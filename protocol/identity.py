@@ -123,13 +123,19 @@ class Identity:
                 pass
         return cls.load(file)
 
+    def store_new(self, path: str | os.PathLike[str]) -> Identity:
+        """Write this key (made in memory) to ``path`` with mode 0600 and return it with that path:
+        a command that signs can check all its input before it creates the key file.
+        FileExistsError if a file is there; IdentityError if it cannot be written."""
+        return self._create(Path(path).expanduser(), self._private)
+
     @classmethod
-    def _create(cls, file: Path) -> Identity:
+    def _create(cls, file: Path, key: Ed25519PrivateKey | None = None) -> Identity:
         try:
             file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
             raise IdentityError(f"cannot create folder {file.parent}: {exc.strerror or exc}") from None
-        key = Ed25519PrivateKey.generate()
+        key = key or Ed25519PrivateKey.generate()
         pem = key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )

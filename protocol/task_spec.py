@@ -16,7 +16,11 @@ from protocol.fields import Decimal, Hex32, Int53, Name, Origin, StrictModel
 from protocol.sealing import SealedRecord
 from protocol.shards import DataSpec
 
-__all__ = ["SwarmParams", "TaskSpec"]
+__all__ = ["BUILTIN_TASKS", "SwarmParams", "TaskSpec"]
+
+BUILTIN_TASKS = ("cifar10", "digits", "imagefolder", "stereo-folder", "stereo-synthetic")
+"""The built-in tasks (``tasks.available_tasks()``, which loads torch): named here so that a command
+refuses an unknown one before loading it."""
 
 
 class SwarmParams(StrictModel):

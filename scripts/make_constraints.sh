@@ -11,6 +11,6 @@ trap 'rm -rf "$tmp"' EXIT
 {
   echo "# Versions known to work together here (Python 3.11, Linux x86-64; torch is the CUDA build from PyPI,"
   echo "# which also runs on the CPU). Regenerate with 'make constraints' after changing pyproject's ranges."
-  "$tmp/env/bin/python" -m pip freeze --exclude-editable | grep -v -i '^manta' | sort -f
+  "$tmp/env/bin/python" -m pip freeze --exclude-editable | grep -v -i '^manta-swarm[ =@]' | sort -f
 } >constraints.txt
 echo "constraints.txt updated"

@@ -280,23 +280,24 @@ def main(
             raise ValueError
     except ValueError:
         raise UserError(f"--outer-momentum must be in [0, 1), got {outer_momentum!r}") from None
-    from hivemind_adapter.runtime import prepare_process, start_orphan_reaper
     from protocol.shards import DATA_KINDS
-    from tasks import available_tasks
+    from protocol.task_spec import BUILTIN_TASKS
 
-    if task not in available_tasks():
-        raise UserError(f"unknown task {task!r}; built-in tasks: {', '.join(available_tasks())}")
+    if task not in BUILTIN_TASKS:
+        raise UserError(f"unknown task {task!r}; built-in tasks: {', '.join(BUILTIN_TASKS)}")
     if (task in DATA_KINDS) != (data_path is not None):
         raise UserError(
             f"--task {task} needs --data FOLDER"
             if task in DATA_KINDS
             else f"--data is for tasks {', '.join(DATA_KINDS)}"
         )
-    prepare_process()
-    start_orphan_reaper()  # if this process is killed, its whole tree goes with it
     run_dir = data_dir or Path(f"manta-run-{time.strftime('%Y%m%d-%H%M%S')}")
     if run_dir.exists() and any(run_dir.iterdir()):
         raise UserError(f"{run_dir} is not empty; choose a new --data-dir")
+    from hivemind_adapter.runtime import prepare_process, start_orphan_reaper
+
+    prepare_process()
+    start_orphan_reaper()  # if this process is killed, its whole tree goes with it
     from testbed.figures import format_tables
     from testbed.local_swarm import SwarmOptions
     from testbed.runner import RunFailed, run_swarm

@@ -12,6 +12,7 @@ hivemind result lock still held after a test (another CI run lost an hour to a d
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import warnings
@@ -53,6 +54,22 @@ def keep_the_tree_s_result_lock_free(request: pytest.FixtureRequest):
             returncode=3,
         )
     lock.release()
+
+
+@pytest.fixture(autouse=True)
+def restore_the_logging_environment():
+    # A command run in this process with -v, -q or --log-format writes MANTA_LOG_LEVEL/FORMAT into
+    # os.environ (for its children): the next test, and the processes it starts, must not inherit them.
+    names = ("MANTA_LOG_LEVEL", "MANTA_LOG_FORMAT", "HIVEMIND_LOGLEVEL")
+    saved = {name: os.environ.get(name) for name in names}
+    root_level = logging.getLogger().level
+    yield
+    logging.getLogger().setLevel(root_level)
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(autouse=True)

@@ -7,24 +7,58 @@ loading torch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
-__all__ = ["DIRECT_MAX_VALIDATION", "PATH", "search_options"]
+__all__ = [
+    "DIRECT_MAX_VALIDATION",
+    "ESTIMATORS",
+    "PATH",
+    "SearchInputError",
+    "check_option_values",
+    "search_options",
+]
 
 DIRECT_MAX_VALIDATION = 2000
 """``--accuracy auto`` evaluates directly when the task has at most this many validation samples."""
 
 PATH = click.Path(path_type=Path, dir_okay=False)
+ESTIMATORS = ("auto", "direct", "predictor")
+
+
+class SearchInputError(ValueError):
+    """A bad option or option combination (one line saying which)."""
+
+
+def check_option_values(
+    max_latency_ms: float | None, max_mflops: float | None, export: Path | None, estimator: str
+) -> tuple[str, float]:
+    """The checks on the options alone (``SearchInputError``): exactly one positive budget, a model
+    file to export to, a known estimator. Returns the budget's flag and limit. No torch: a command
+    runs them before loading it."""
+    given = [(f, v) for f, v in (("--max-latency-ms", max_latency_ms),
+                                 ("--max-mflops", max_mflops)) if v is not None]  # fmt: skip
+    if len(given) != 1:
+        raise SearchInputError("give exactly one budget: --max-latency-ms X or --max-mflops Y")
+    flag, limit = given[0]
+    if not math.isfinite(limit) or limit <= 0:
+        raise SearchInputError(f"{flag}: the budget must be a positive number, got {limit:g}")
+    if export is not None and export.suffix == ".json":
+        raise SearchInputError(f"--export {export}: give the model file (e.g. model.pt); "
+                               "its config JSON is written beside it")  # fmt: skip
+    if estimator not in ESTIMATORS:
+        raise SearchInputError(f"--accuracy: unknown {estimator!r} (choose {', '.join(ESTIMATORS)})")
+    return flag, limit
 
 
 def search_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Every option of a search job except ``--checkpoint`` (shared with ``manta-aggregator search``);
-    the command receives them as keyword arguments for :func:`options_from`, plus ``json_path`` and
-    ``quiet``."""
+    the command receives them as keyword arguments for :func:`supernet.search.report.options_from`,
+    plus ``json_path``. Progress lines follow the logging options (``-q`` hides them)."""
     options = [
         click.option("--max-latency-ms", type=float, default=None, help="Budget: predicted latency (ms, batch 1)."),
         click.option("--max-mflops", type=float, default=None, help="Budget: millions of multiply-adds per sample."),
@@ -58,7 +92,6 @@ def search_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Torch threads (latency is measured with this many; 1 on a shared machine)."),
         click.option("--latency-repeats", type=click.IntRange(1), default=50, show_default=True,
                      help="Timed calls per latency-table entry and per end-to-end measurement (median)."),
-        click.option("--quiet", is_flag=True, help="No progress lines on stderr."),
     ]  # fmt: skip
     for option in reversed(options):
         fn = option(fn)

@@ -13,7 +13,6 @@ exported, its latency measured end to end → optional TorchScript + JSON, plot,
 
 from __future__ import annotations
 
-import math
 import os
 import random
 import time
@@ -51,7 +50,7 @@ from supernet.search.latency import (
     measure_model,
     validate,
 )
-from supernet.search.options import DIRECT_MAX_VALIDATION
+from supernet.search.options import DIRECT_MAX_VALIDATION, SearchInputError, check_option_values
 from supernet.search.pareto import pareto_front, plot_front
 from supernet.search.predictor import PredictorEvaluator, fit_with_holdout
 from supernet.search.timing import example_inputs, resolve_device, torch_threads
@@ -66,12 +65,6 @@ __all__ = [
     "run_search",
     "summary",
 ]
-
-ESTIMATORS = ("auto", "direct", "predictor")
-
-
-class SearchInputError(ValueError):
-    """A bad option or option combination (one line saying which)."""
 
 
 @dataclass
@@ -134,27 +127,10 @@ def default_table_path(task: str, device: str, key: str) -> Path:
     return cache / "manta" / "latency" / f"{task}-{device}-{key[:16]}.json"
 
 
-def _budget(options: SearchOptions) -> tuple[str, float]:
-    given = [(f, v) for f, v in (("--max-latency-ms", options.max_latency_ms),
-                                 ("--max-mflops", options.max_mflops)) if v is not None]  # fmt: skip
-    if len(given) != 1:
-        raise SearchInputError("give exactly one budget: --max-latency-ms X or --max-mflops Y")
-    flag, limit = given[0]
-    if not math.isfinite(limit) or limit <= 0:
-        raise SearchInputError(f"{flag}: the budget must be a positive number, got {limit:g}")
-    if options.export is not None and options.export.suffix == ".json":
-        raise SearchInputError(f"--export {options.export}: give the model file (e.g. model.pt); "
-                               "its config JSON is written beside it")  # fmt: skip
-    return flag, limit
-
-
 def check_options(options: SearchOptions) -> tuple[str, float]:
     """The checks on the options alone (``SearchInputError``); returns the budget flag and limit. For
     callers that do slow work before :func:`run_search` (``manta-aggregator search`` joins the swarm)."""
-    flag, limit = _budget(options)
-    if options.estimator not in ESTIMATORS:
-        raise SearchInputError(f"--accuracy: unknown {options.estimator!r} (choose {', '.join(ESTIMATORS)})")
-    return flag, limit
+    return check_option_values(options.max_latency_ms, options.max_mflops, options.export, options.estimator)
 
 
 def load_search_checkpoint(options: SearchOptions) -> LoadedCheckpoint:

@@ -18,6 +18,7 @@ import pytest
 
 from ledger.rewards import compute_rewards
 from ledger.store import LedgerStore
+from ledger.units import gpu_hours
 from protocol.identity import Identity
 from protocol.records import ContributionReceipt, Revocation
 from protocol.sealing import parse_sealed
@@ -71,9 +72,15 @@ def cheated_run(tmp_path_factory):
             text=True,
             timeout=300,
         )
+        # The same, machine-readable, finding the swarm in the data directory (join wrote swarm.json).
+        credits_json = subprocess.run(
+            [console_script("manta-peer"), "credits", "--json", "--identity",
+             str(swarm.peer_dir(0) / "identity.key"), "--data-dir", str(swarm.peer_dir(0))],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
     finally:
         swarm.close()  # the aggregator appends what is queued and finishes the chosen audits first
-    return swarm, credits_out
+    return swarm, (credits_out, credits_json)
 
 
 def _ledger(swarm):
@@ -125,7 +132,7 @@ def test_each_dishonest_peer_is_refused_or_revoked_with_the_right_reason(cheated
 
 
 def test_honest_credits_are_intact_and_the_peer_checks_its_proofs(cheated_run):
-    swarm, credits_out = cheated_run
+    swarm, (credits_out, credits_json) = cheated_run
     entries, key = _ledger(swarm)
     rewards = {p.public_key: p for p in compute_rewards(entries, key).peers}
     honest = rewards[_key(swarm, 0)]
@@ -141,6 +148,27 @@ def test_honest_credits_are_intact_and_the_peer_checks_its_proofs(cheated_run):
     assert credits_out.returncode == 0, credits_out.stdout + credits_out.stderr
     m = re.search(r"(\d+) of (\d+) inclusion proofs check against the checkpoint", credits_out.stdout)
     assert m and m.group(1) == m.group(2) and int(m.group(1)) > 0, credits_out.stdout
+    m = re.search(r"credits ([\d,]+) training FLOPs \(([\d.e+-]+) GPU-hours\)", credits_out.stdout)
+    assert m and float(m.group(2)) == pytest.approx(gpu_hours(int(m.group(1).replace(",", ""))), rel=1e-2)
+    # `--json` without --initial-peers: every figure in both units, from the swarm in swarm.json.
+    record = json.loads((swarm.peer_dir(0) / "swarm.json").read_text())
+    line = swarm.join_args
+    assert record == {
+        "initial_peers": [a for a in line if a.startswith("/ip4/")],
+        "task_id": line[line.index("--task") + 1],
+        "aggregator_key": line[line.index("--aggregator-key") + 1],
+    }
+    assert credits_json.returncode == 0, credits_json.stdout + credits_json.stderr
+    shown = json.loads(credits_json.stdout)
+    assert (
+        shown["task_id"] == record["task_id"]
+        and shown["aggregator"]["public_key"] == record["aggregator_key"]
+    )
+    assert (
+        shown["credits"]["flops"] == sum(e["credit_flops"] for e in shown["entries"] if not e["revoked"]) > 0
+    )
+    assert shown["credits"]["gpu_hours"] == gpu_hours(shown["credits"]["flops"])
+    assert shown["bad_proofs"] == 0 and shown["proofs_ok"] == len(shown["entries"]) > 0
 
 
 def test_the_live_ledger_verifies_and_an_altered_entry_is_named(cheated_run):

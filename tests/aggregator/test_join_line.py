@@ -15,7 +15,7 @@ import pytest
 
 from aggregator.join_line import join_command
 from peer.cli import join as join_cli
-from protocol.identity import Identity
+from protocol.identity import Identity, fingerprint
 from testbed.wan.netns import PREFIX, delete_namespaces, in_namespace, ip
 from tests.helpers import console_script, needs_emulated_internet
 
@@ -138,7 +138,11 @@ def test_the_printed_join_line_runs_verbatim(tmp_path, announce):
                 peer = subprocess.Popen(in_namespace(ns, ["bash", "-c", line]), stdout=out, stderr=err,
                                         env=env, cwd=tmp_path)  # fmt: skip
             joined = _wait_for_line(tmp_path / "peer.err", "joined task digits-join-line", peer, 120)
-            assert f"aggregator {key[:16]}" in joined
+            name = fingerprint(bytes.fromhex(key))
+            assert f"aggregator {name}" in joined
+            assert (
+                f"aggregator {name} serving task" in (tmp_path / "agg.err").read_text()
+            )  # one name for both
         finally:
             for proc in (peer, agg):
                 if proc is not None:

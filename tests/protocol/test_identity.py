@@ -35,6 +35,19 @@ def test_load_or_create_makes_a_private_key_file_and_reloads_it(tmp_path):
     assert not list(path.parent.glob(".*tmp")), "no temporary file is left behind"
 
 
+def test_a_key_made_in_memory_is_stored_once_and_never_over_another(tmp_path):
+    # manta-aggregator start makes the key in memory and writes it only once its task is built.
+    made = Identity.generate()
+    assert made.path is None
+    kept = made.store_new(tmp_path / "keys" / "agg.key")
+    assert kept.path == tmp_path / "keys" / "agg.key" and kept.public_key == made.public_key
+    assert stat.S_IMODE(kept.path.stat().st_mode) == 0o600
+    assert Identity.load(kept.path).public_key == made.public_key
+    with pytest.raises(FileExistsError):
+        Identity.generate().store_new(kept.path)
+    assert Identity.load(kept.path).public_key == made.public_key
+
+
 def test_creation_ignores_a_permissive_umask(tmp_path):
     old = os.umask(0)
     try:

@@ -9,6 +9,7 @@ import typing
 import pytest
 
 from protocol.shards import DATA_KINDS, DataKind, DataSpec
+from protocol.task_spec import BUILTIN_TASKS
 from tasks import available_tasks
 from tasks.shards.dataset import FORMAT_PREFIXES, TASK_OPTIONS
 from tasks.shards.pack import SOURCES
@@ -22,6 +23,11 @@ def test_the_kinds_are_the_literal_a_data_spec_accepts():
 
 def test_every_kind_is_a_built_in_task():
     assert set(DATA_KINDS) <= set(available_tasks())
+
+
+def test_the_protocol_names_exactly_the_built_in_tasks():
+    # Commands check --task against BUILTIN_TASKS before torch is loaded; tasks.registry builds them.
+    assert list(BUILTIN_TASKS) == available_tasks()
 
 
 @pytest.mark.parametrize(
