@@ -91,6 +91,46 @@ def identity(identity_path: Path) -> None:
     default=None,
     help="Leave once the swarm has committed this many rounds (a joiner stops where the others do).",
 )
+@click.option(
+    "--max-threads",
+    type=click.IntRange(1, 1024),
+    default=None,
+    help="Torch threads per worker [default: the cores shared out among the workers].",
+)
+@click.option(
+    "--cpu-share",
+    default="1",
+    show_default=True,
+    help="Share of the time a worker computes (0.25: it rests three times as long as each mini-batch took).",
+)
+@click.option(
+    "--gpu-memory",
+    default=None,
+    help="GPU memory a worker may allocate: a size (8GB) or a share of the card (0.5) [default: no cap].",
+)
+@click.option(
+    "--max-upload",
+    default=None,
+    help="Cap on everything this peer sends, per second (e.g. 2MB, 500KB) [default: no cap].",
+)
+@click.option(
+    "--run-mode",
+    type=click.Choice(["always", "when-idle", "not-on-battery"]),
+    default="always",
+    show_default=True,
+    help="When to train: always, only when the machine is idle, or not on battery.",
+)
+@click.option(
+    "--idle-minutes",
+    type=click.FloatRange(0, 24 * 60),
+    default=5.0,
+    show_default=True,
+    help="when-idle: minutes without input and with little other load before training starts.",
+)
+@click.option(
+    "--idle-cpu", type=click.FloatRange(0, 100, min_open=True), default=25.0, show_default=True,
+    help="when-idle: the machine counts as idle while other processes use less than this % of its CPU.",
+)  # fmt: skip
 @identity_option
 def join(
     initial_peers,
@@ -107,9 +147,17 @@ def join(
     whole_dataset,
     max_rounds,
     until_round,
+    max_threads,
+    cpu_share,
+    gpu_memory,
+    max_upload,
+    run_mode,
+    idle_minutes,
+    idle_cpu,
     identity_path,
 ) -> None:
-    """Join a swarm and train until stopped (Ctrl-C finishes the round and leaves cleanly)."""
+    """Join a swarm and train until stopped (Ctrl-C finishes the round and leaves cleanly;
+    `manta-peer pause` and `resume` stop and restart training without leaving)."""
     from peer.shard_cache import parse_size
     from protocol.identity import check_public_key_hex
     from protocol.netaddr import AddressError, check_peer_multiaddr, host_port_to_multiaddr
@@ -130,6 +178,9 @@ def join(
         raise UserError(f"--cache-size: {e}") from None
     if cohort != "auto" and not cohort.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise UserError(f"--cohort must be letters, digits, '-', '_' or '.', got {cohort!r}")
+    limits, upload_rate, run_policy = _machine_limits(
+        cpu_share, gpu_memory, max_upload, run_mode, idle_minutes, idle_cpu
+    )
 
     from hivemind_adapter.runtime import prepare_process, start_orphan_reaper
 
@@ -161,7 +212,14 @@ def join(
         until_round,
         cache_bytes=cache_bytes,
         whole_dataset=whole_dataset,
+        threads=max_threads,
+        limits=limits,
+        run_policy=run_policy,
     )
+    if upload_rate is not None:
+        from hivemind_adapter.upload_limit import limit_upload
+
+        limit_upload(upload_rate)  # before the node forks its processes: they share the cap
     signals = StopSignals()
     signals.install()  # Ctrl-C during start-up stops what was built, too
     node = None
@@ -188,6 +246,42 @@ def join(
     finally:
         if node is not None:
             node.shutdown()
+
+
+def _machine_limits(cpu_share, gpu_memory, max_upload, run_mode, idle_minutes, idle_cpu):
+    """The join options that lend the machine, checked: (worker limits, upload bytes/s or None, run
+    policy). Raises UserError with one line."""
+    from peer.run_policy import RunPolicy
+    from peer.shard_cache import parse_size
+    from peer.worker import WorkerLimits
+
+    try:
+        share = float(cpu_share)
+    except ValueError:
+        share = -1.0
+    if not 0.01 <= share <= 1.0:
+        raise UserError(f"--cpu-share must be a number from 0.01 to 1, got {cpu_share!r}")
+    fraction = memory = None
+    if gpu_memory is not None:
+        try:
+            fraction = float(gpu_memory)
+            if not 0 < fraction <= 1:
+                raise UserError(f"--gpu-memory as a share must be in (0, 1], got {gpu_memory!r}")
+        except ValueError:
+            try:
+                memory = parse_size(gpu_memory)
+            except ValueError as e:
+                raise UserError(f"--gpu-memory: {e}") from None
+    upload = None
+    if max_upload is not None:
+        try:
+            upload = parse_size(max_upload)
+        except ValueError as e:
+            raise UserError(f"--max-upload: {e}") from None
+        if upload < 16 * 1024:
+            raise UserError(f"--max-upload must be at least 16KB per second, got {max_upload!r}")
+    policy = RunPolicy(run_mode, idle_minutes, idle_cpu)
+    return WorkerLimits(share, fraction, memory), upload, policy
 
 
 def _remember_swarm(data_dir: Path, peers: tuple[str, ...], node) -> None:
@@ -256,3 +350,52 @@ def credits(initial_peers, task_id, data_dir, as_json, identity_path) -> None:
     click.echo(json.dumps(credits_json(report), indent=2) if as_json else format_credits(report))
     if report["bad_proofs"]:
         raise UserError(f"{report['bad_proofs']} inclusion proof(s) do not check against the checkpoint")
+
+
+def _control_command(name: str, command: str, summary: str):
+    @main.command(name=name, help=summary)
+    @click.option(
+        "--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("manta-peer"),
+        show_default=True, help="The data directory of the running peer.",
+    )  # fmt: skip
+    @click.option("--json", "as_json", is_flag=True, help="Print the peer's status as JSON.")
+    def run(data_dir: Path, as_json: bool) -> None:
+        from peer.control import ControlError, request
+
+        try:
+            status = request(data_dir, command)
+        except ControlError as e:
+            raise UserError(str(e)) from None
+        click.echo(json.dumps(status, indent=2) if as_json else _describe(status, command))
+
+    return run
+
+
+def _describe(status: dict, command: str) -> str:
+    """The running peer's status in a few lines for a person."""
+    state = status.get("state", "?")
+    if command == "pause" and state == "running":
+        state = "pausing after this round"
+    if command == "resume" and state == "paused" and not status.get("reason", "").startswith("paused by"):
+        state = f"resuming once it may: {status.get('reason')}"
+    lines = [f"peer {str(status.get('peer_id', '?'))[-8:]} in task {status.get('task_id', '?')}: {state}"]
+    if status.get("state") == "paused" and status.get("reason"):
+        lines.append(f"  why: {status['reason']}")
+    if "round" in status:
+        lines.append(
+            f"  state of round {status['round']} ({status.get('state_digest', '')}), "
+            f"{status.get('committed_rounds', 0)} round(s) committed here, {status.get('roster', 0)} peer(s) online"
+        )
+    last = status.get("last_round")
+    if last:
+        outcome = "committed" if last.get("committed") else f"aborted ({last.get('reason', '')})"
+        lines.append(f"  last round {last.get('round')}: {outcome}, {last.get('samples')} samples")
+    lines.append(f"  run mode: {status.get('run_mode', 'always')}")
+    return "\n".join(lines)
+
+
+status = _control_command("status", "status", "Show what the peer running in --data-dir is doing.")
+pause = _control_command(
+    "pause", "pause", "Pause the running peer after its round: it leaves its cohort and waits."
+)
+resume = _control_command("resume", "resume", "Resume a paused peer: it rejoins the swarm with the same key.")

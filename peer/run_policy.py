@@ -128,7 +128,7 @@ class RunConditions:
             now = time.time()
             cpu, self._cpu = self._cpu, cpu_sample(self.own_pids())
             others = others_cpu_percent(cpu, self._cpu)
-            if others >= self.policy.idle_cpu_percent:
+            if others >= self.policy.idle_cpu_percent < 100.0:  # 100: other processes never count
                 self._busy_at = now
             self._busy_at = max(self._busy_at, self.last_input())
             idle_for = now - self._busy_at
