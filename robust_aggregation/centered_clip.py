@@ -305,7 +305,7 @@ def _weighted_median(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Coordinate-wise weighted median of the rows of ``x`` (k, d) with weights ``w`` (k,): in each
     coordinate the value where the cumulated weight reaches half; where it reaches exactly half, the
     midpoint of that value and the next (so two equal-weight parts give their mean)."""
-    k, by_coordinate = x.shape[0], x.t().contiguous()  # sorting along contiguous rows is ~3x faster
+    k, by_coordinate = x.shape[0], x.t().contiguous()  # sorting runs faster along contiguous rows
     if bool((w == w[0]).all()):  # equal weights (the usual case): the ranks say where half is
         values = torch.sort(by_coordinate, dim=1).values
         return (values[:, (k - 1) // 2] + values[:, k // 2]) / 2
