@@ -78,8 +78,8 @@ RESIDUAL_TOLERANCE = 1e-3
 # A listed distance may differ from its part's sketched distance by at most this factor.
 DISTANCE_BAND = 4.0
 # How much farther (in squared noise units) the reducer's own part may lie from the others than they
-# lie from each other (point 5); set from honest and lying proofs (benchmarks/RESULTS.md, "Reducer
-# proofs, offline").
+# lie from each other (point 5); set from honest and lying proofs
+# (benchmarks/RESULTS.md, "Reducer proofs, offline").
 OWN_PART_FACTOR = 10.0
 # How much farther (squared) the result may lie from a member's part than the other parts' lower
 # median does (point 6); set the same way (benchmarks/RESULTS.md, "Reducer proofs, offline").

@@ -77,12 +77,12 @@ def compute_contribution(
     by ``(task_seed, round_index, participant)``: the peer and its auditor draw the same, in any
     thread. Up to ``prefetch`` mini-batches are decoded and augmented ahead of the training step in
     the background (:class:`supernet.batch_prefetch.BatchPrefetcher`); ``prefetch=0`` makes them in
-    the loop. The result is the same either way. Defaults (benchmarks/RESULTS.md, "Input pipeline
-    (GPU)"): on a GPU two batches ahead, decoded in ``decode_processes`` forked processes
-    (:func:`~supernet.batch_prefetch.default_decode_threads`) where this process may have children
-    (not a daemon), else in the producer thread; on the CPU in the loop (``prefetch=0``): there the
-    training step keeps every core busy, and a background thread's torch operations only compete
-    with it. ``decode_threads`` (default none) decodes in threads instead."""
+    the loop. The result is the same either way. Defaults: on a GPU two batches ahead, decoded in
+    ``decode_processes`` forked processes (:func:`~supernet.batch_prefetch.default_decode_threads`)
+    where this process may have children (not a daemon), else in the producer thread; on the CPU in
+    the loop (``prefetch=0``): there the training step keeps every core busy, and a background
+    thread's torch operations only compete with it (benchmarks/RESULTS.md, "Input pipeline (GPU)").
+    ``decode_threads`` (default none) decodes in threads instead."""
     params = list(net.parameters())
     augmentation, dropout = contribution_generators(augmentation_seed(task_seed, round_index, participant))
     train_set = workload.task.train_set
