@@ -55,8 +55,8 @@ from protocol.sealing import RejectReason, Sealed
 
 PLAUSIBILITY_SLACK = 3.0  # announced throughput is a recent average; allow bursts up to 3x
 # A measured rate is already the best a passed audit confirmed: twice it bounds a claim, which keeps
-# the expected gain of inflating a receipt negative at any audit rate (docs/security.md, "Why
-# cheating does not pay").
+# the expected gain of inflating a receipt negative at any audit rate
+# (docs/security.md, "Why cheating does not pay").
 MEASURED_SLACK = 2.0
 
 

@@ -13,8 +13,8 @@ Why cheating does not pay, at the defaults (``p`` the base audit rate, 0.1): a c
 a receipt's credit by a factor ``k`` gains ``(k - 1) c`` on it if unaudited and loses everything
 since its last passed audit if audited. A key that earned honest credit ``C`` since that audit and
 cheats on one receipt expects ``(1 - p)(k - 1) c - p (C + c)``; the first ``TRUSTED_AFTER`` receipts
-are always audited, so a cheat there is caught with certainty. docs/security.md ("Why cheating does
-not pay") works the numbers.
+are always audited, so a cheat there is caught with certainty. The numbers are worked in
+docs/security.md, "Why cheating does not pay".
 
 The book is in memory, rebuilt on start from the ledger's revocations (exclusions are in the log,
 with the reason :data:`EXCLUSION_REASON`); passed audits are not logged, so after a restart every key
