@@ -6,13 +6,9 @@ the round, the sub-networks (``subnet_hashes``), and how many samples each of it
 by mini-batch, with the augmentation seed of :func:`tasks.sharding.augmentation_seed`). The auditor
 loads that state, replays the same mini-batches through the same sub-networks, and projects the mean
 gradient exactly as the peer did (:mod:`supernet.sketch`). Honest peers differ from the replay only
-by floating-point rounding (other thread counts, other hardware); a fabricated or rescaled gradient
-differs by orders of magnitude more than ``TOLERANCE``.
-
-Measured here (digits supernet, round 0, 96 samples): replaying with the peer's thread count gives a
-relative sketch distance of 3e-10; with 2 threads instead of 1, 3e-3 to 6e-3 (batch-norm backward
-sums with heavy cancellation, in another order); a made-up sketch about 1. A gradient scaled by 1.1
-is at 0.1. Hence a tolerance of 0.05.
+by floating-point rounding (other thread counts, other hardware: batch-norm's backward sums cancel
+heavily, in another order), well under ``TOLERANCE``; a gradient rescaled by 10 % lies at about 0.1
+and a made-up one near 1.
 """
 
 from __future__ import annotations
@@ -28,7 +24,7 @@ from supernet.training.schedule import cohort_configs, step_configs
 from supernet.workload import Workload
 from tasks.shard_assignment import sample_pool
 
-TOLERANCE = 0.05  # relative L2 distance of the sketches (see the module docstring for measurements)
+TOLERANCE = 0.05  # relative L2 distance of the sketches (see the module docstring)
 
 
 def receipt_configs(

@@ -109,7 +109,7 @@ class CheckpointKeeper:
         self._written_round = -1
         # Set when an outer task's state after a period's end becomes known: it is learned only when
         # the next round's receipts close, and its holders serve it for a short while after; waiting
-        # for the checkpoint loop's next tick (10 s in manta-swarm) missed it when the run ended first.
+        # for the checkpoint loop's next tick could miss it when the run ends first.
         self.period_end_learned = threading.Event()
         self.fetched_bytes = 0
         self.sharer = StateSharer(self.template, dht, task_id, self.consensus)

@@ -2,7 +2,7 @@
 
 A receipt names its group (``group_id``: the attempt, the contributors' Merkle root and count, and
 the start state). A committed round is one whose result a quorum of the roster posted on the commit
-board (:class:`protocol.records.RoundCommit`), and every such report now names the result's group.
+board (:class:`protocol.records.RoundCommit`), and every such report names the result's group.
 So the aggregator credits a receipt only when peers *other than its sender* posted, under their own
 keys, that they committed the very group it names: a group its sender invented (a self-only group,
 an inflated sample count, another start state) has no other witness.

@@ -18,9 +18,9 @@ member list: nothing here grows with the group beyond one count per group id.
 
 An outer task (``sync = "outer"``) is the exception to "one result per round": between outer steps
 each cohort takes its inner steps apart and commits its own result, so a round's honest receipts name
-one group *per cohort*. There the rivalry is judged among the receipts of one cohort (before, 21-28
-of every peer's 30 inner-step receipts were refused on the emulated internet, each cohort's group
-outvoting or tying the others'). A peer alone in its cohort then has nobody to contradict it.
+one group *per cohort*. There the rivalry is judged among the receipts of one cohort (across cohorts,
+each cohort's group would outvote or tie the others'). A peer alone in its cohort then has nobody to
+contradict it.
 
 Bound to the commit (when the desk supplies ``witnesses``). Rivalry among receipts cannot tell a
 group its sender invented alone (a self-only group: nobody else files a receipt for it) from an
@@ -36,11 +36,10 @@ claimed (:mod:`aggregator.work_pricing`), and samples are bounded by the rate th
 confirmed (:mod:`aggregator.trust`), not the throughput it announces. A claim above that bound is
 audited, every one, when the desk can audit (``audit_over_bound``), and refused only when it cannot:
 a measured rate is measured over the time since the peer's previous receipt, and one round that
-waited out aborted attempts measures an honest peer at a tenth of its speed. Refused, its later
-claims never reached an audit that could measure it again (measured on the emulated internet: every
-honest receipt refused from the round after a lying reducer stalled the swarm). Audited, an honest
-claim passes and raises the measured rate; an inflated one fails, and the failure costs the key
-every credit since its last passed audit.
+waited out aborted attempts can measure an honest peer at a fraction of its speed. Refused, its
+later claims would never reach an audit that could measure it again. Audited, an honest claim passes
+and raises the measured rate; an inflated one fails, and the failure costs the key every credit
+since its last passed audit.
 """
 
 from __future__ import annotations
@@ -56,7 +55,8 @@ from protocol.sealing import RejectReason, Sealed
 
 PLAUSIBILITY_SLACK = 3.0  # announced throughput is a recent average; allow bursts up to 3x
 # A measured rate is already the best a passed audit confirmed: twice it bounds a claim, which keeps
-# the expected gain of inflating a receipt negative at any audit rate (README, "Why cheating does not pay").
+# the expected gain of inflating a receipt negative at any audit rate
+# (docs/security.md, "Why cheating does not pay").
 MEASURED_SLACK = 2.0
 
 
@@ -85,7 +85,8 @@ class SwarmFacts:
     # attempt -> group id -> how many keys reported committing it (with ``witnesses``): a group another
     # group of its attempt outnumbers lost the quorum, whatever its receipts say.
     commit_counts: Callable[[int], Mapping[str, int]] | None = None
-    # Why a receipt's sub-networks or FLOPs are not the derived ones, or None (:mod:`aggregator.work_pricing`).
+    # Why a receipt's sub-networks or FLOPs are not the derived ones, or None
+    # (:mod:`aggregator.work_pricing`).
     pricing: Callable[[ContributionReceipt], tuple[RejectReason, str] | None] | None = None
     # Samples/s measured for each key (hex) in rounds where its claim was checked (a passed audit);
     # when given, the plausibility bound uses it in place of the announced ``throughput``, and a key

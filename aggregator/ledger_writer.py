@@ -1,8 +1,8 @@
 """The ledger's single writer: one thread that owns the aggregator's ledger and the desk's tables.
 
 Receipts arrive on libp2p handlers, rounds close on a timer thread, audits revoke from a third. If
-each of them took a lock around SQLite (and, once, around DHT reads too), every handler waited behind
-the slowest of them and a reader could see a half-finished round. Instead each hands its work to this
+each of them took a lock around SQLite, every handler would wait behind the slowest of them and a
+reader could see a half-finished round. Instead each hands its work to this
 thread as a function and waits for the result (bounded): the work runs one job at a time, in arrival
 order, on the only thread that touches the store. A job must not block on anything but the store (no
 DHT calls, no network): whatever it needs from outside is fetched before it is handed over.

@@ -21,9 +21,8 @@ search and never sent, so a peer cannot tell which of its values will be checked
 
 from __future__ import annotations
 
-# Imports of torch, hivemind and the modules built on them stay inside the commands: measured on
-# this 2-core VM (2026-11-22), `import torch` takes 2.0-2.3 s and `import peer.node` 3.1 s, against
-# 0.1 s for `manta-aggregator search --help` as it is. Bad input must fail at once, before any of that is loaded.
+# Imports of torch, hivemind and the modules built on them stay inside the commands, so that `--help`
+# and bad input answer at once, before any of them is loaded (they take seconds).
 import shutil
 import tempfile
 from pathlib import Path

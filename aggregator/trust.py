@@ -5,14 +5,16 @@ is audited until it has passed :data:`TRUSTED_AFTER` audits; after that receipts
 operator's base rate. A failed audit revokes every credit the key earned since its last passed
 audit (all of it, if it never passed one) and excludes it from the task: later receipts are refused.
 The rate a key's receipts claimed in its passed audits (samples per second of its compute window) is
-its *measured* throughput, which bounds what it may claim later (:mod:`aggregator.contribution_checks`);
-a claim above that bound is refused, and a key without a measured rate is audited anyway.
+its *measured* throughput, which bounds what it may claim later (:mod:`aggregator.contribution_checks`):
+a claim above that bound is audited (refused where the desk cannot audit), and a key without a
+measured rate is audited anyway.
 
 Why cheating does not pay, at the defaults (``p`` the base audit rate, 0.1): a cheat that inflates
 a receipt's credit by a factor ``k`` gains ``(k - 1) c`` on it if unaudited and loses everything
 since its last passed audit if audited. A key that earned honest credit ``C`` since that audit and
 cheats on one receipt expects ``(1 - p)(k - 1) c - p (C + c)``; the first ``TRUSTED_AFTER`` receipts
-are always audited, so a cheat there is caught with certainty. The README works the numbers.
+are always audited, so a cheat there is caught with certainty. The numbers are worked in
+docs/security.md, "Why cheating does not pay".
 
 The book is in memory, rebuilt on start from the ledger's revocations (exclusions are in the log,
 with the reason :data:`EXCLUSION_REASON`); passed audits are not logged, so after a restart every key

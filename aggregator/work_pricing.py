@@ -4,9 +4,10 @@ The sub-networks of a round are a function of the task's seed and the round (the
 :func:`supernet.training.schedule.step_configs`), and in model-parallel rounds of the cohort's rank
 among the round's cohorts (:func:`supernet.training.schedule.cohort_configs`). Their training FLOPs
 per sample are a function of the sub-networks
-(:func:`supernet.training.gradients.sandwich_flops_per_sample`). So a receipt may name them (``subnet_hashes``, ``cohort_rank``, ``num_cohorts``) but not price them: a receipt whose
-sub-networks are not the ones derived for its round and cohort, or whose ``flops_per_sample`` is not
-their price, is refused as mispriced. Credit is then ``samples x derived FLOPs``, and samples are
+(:func:`supernet.training.gradients.sandwich_flops_per_sample`). So a receipt may name them
+(``subnet_hashes``, ``cohort_rank``, ``num_cohorts``) but not price them: a receipt whose sub-networks
+are not the ones derived for its round and cohort, or whose ``flops_per_sample`` is not their price,
+is refused as mispriced. Credit is then ``samples x derived FLOPs``, and samples are
 what the group committed (:mod:`aggregator.contribution_checks`) and the audits replay.
 
 Deriving is cheap (no forward pass: FLOPs are counted analytically) and cached per (round, rank,

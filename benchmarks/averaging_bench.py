@@ -6,8 +6,8 @@
 (iii) MANTA hierarchical: the 4 processes as 2 cohorts x 2. Members of a cohort share a host here, so
       node affinity reduces them with torch.distributed (gloo) and only one process per cohort takes
       part in the cross-cohort hivemind all-reduce (exact, verified and committed through the DHT,
-      see peer/hierarchy.py); the result is then broadcast back inside the host with gloo. This is what
-      a 2-worker peer (`--gpus all` on 2 GPUs, or 2 CPU workers) does in every round.
+      see peer/averaging/hierarchy.py); the result is then broadcast back inside the host with gloo.
+      This is what a 2-worker peer (`--gpus all` on 2 GPUs, or 2 CPU workers) does in every round.
 
 Each round is timed from a barrier (all processes hold their local vector) until every process holds
 the average; the median of ``--rounds`` rounds (after one warm-up) is printed with ratios. Every

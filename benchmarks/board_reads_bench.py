@@ -1,4 +1,4 @@
-"""What one read of the commit board and of the progress board costs a peer, before and during issue 16.
+"""What one read of the commit board and of the progress board costs a peer, under four layouts.
 
 A real hivemind DHT (two nodes, one writes, the other reads) holds what a swarm of N peers leaves
 there: every peer's signed progress record, and its signed commit report for each of the last
@@ -7,18 +7,19 @@ record validator on every entry of every lookup's answer, so a read costs signat
 well as in the peer. Each read is timed every way in the same run, on the same entries:
 
 - checked: all attempts' reports under one key, every entry checked at every read, by the peer and by
-  its DHT process (the board before issue 16);
+  its DHT process;
 - one key: the same, but the peer verifies each entry once (:mod:`protocol.verified_records`) and
-  skips other attempts' reports by subkey (this board until the commit-bucket change);
+  skips other attempts' reports by subkey;
 - buckets, DHT re-checks: the board spread over ``COMMIT_BUCKETS`` keys by attempt (a read fetches
   about one attempt's reports), the DHT process still checking every entry it is handed;
-- now: buckets, and the validator keeps its verdicts, so the DHT process checks each entry once.
+- now: buckets, and the validator keeps its verdicts, so the DHT process checks each entry once (the
+  board as peers use it).
 
-The one-key layout is stored under its old key name, which the bench's validator checks as the old
-one did. Prints, per N, the median milliseconds of the read a peer repeats while it waits for a
-quorum (one attempt's reports) each way and the ratios, what finding the newest attempt costs (once a
-round), how many signature checks a repeated read needs (in the peer, and in the DHT process), and
-the progress board's read, checked and now.
+The one-key layout is stored under a key of its own, which the bench's validator checks as well.
+Prints, per N, the median milliseconds of the read a peer repeats while it waits for a quorum (one
+attempt's reports) each way and the ratios, what finding the newest attempt costs (once a round),
+how many signature checks a repeated read needs (in the peer, and in the DHT process), and the
+progress board's read, checked and now.
 
     python -m benchmarks.board_reads_bench [--peers 8 16 32 64] [--attempts 18] [--reads 20]
 """
@@ -61,11 +62,11 @@ from protocol.verified_records import DEFAULT_CAPACITY, VerifiedRecords  # noqa:
 from tests.protocol.factories import fake_peer_id  # noqa: E402
 
 TASK = "board-bench"
-ONE_KEY = f"manta_{TASK}_commits"  # the board's single key before it was spread over buckets
+ONE_KEY = f"manta_{TASK}_commits"  # the one-key layout's key (no buckets)
 
 
 class _WithOneKey(MantaRecordValidator):
-    """MANTA's validator, also checking the old single-key board (as the validator before buckets)."""
+    """MANTA's validator, also checking the one-key layout's board."""
 
     def __init__(self, task_id: str, cache_capacity: int = DEFAULT_CAPACITY):
         super().__init__(task_id, cache_capacity)
@@ -153,8 +154,8 @@ def main() -> None:
 def _row(n: int, attempts: int, reads: int) -> str:
     """One table row: both boards of an ``n``-peer swarm, read ``reads`` times each way."""
     writer = start_dht(host_maddrs=["/ip4/127.0.0.1/tcp/0"], validators=[_WithOneKey(TASK)])
-    # Two readers: one whose DHT process re-checks every entry it is handed (as before), one that
-    # keeps verdicts (now).
+    # Two readers: one whose DHT process re-checks every entry it is handed (the first three
+    # layouts), one that keeps verdicts ("now").
     old, new = (
         start_dht(
             initial_peers=visible_maddrs(writer),

@@ -7,7 +7,7 @@ crop as augmentation), with the real :class:`supernet.workload.Workload` and san
 
 (a) bare step:  the model step on batches already decoded, augmented and on the device (the ceiling);
 (b) synchronous: :func:`supernet.contribution.compute_contribution` with ``prefetch=0``: every batch
-    decoded and augmented in the training loop, then trained on (what the worker did before);
+    decoded and augmented in the training loop, then trained on;
 (c) pipeline:   ``compute_contribution`` with the background pipeline, two batches ahead, decoding in
     ``--decode-threads`` threads, or (c') in as many forked processes, or (c'') in the producer thread
     alone; collation and augmentation in the producer thread. compute_contribution's default is (c') on

@@ -183,7 +183,7 @@ def _credits(swarm: LocalSwarm, honest: list[int]) -> dict:
     )
 
 
-# what an honest peer logs when its members' reports convict a reducer (peer.commit.quorum)
+# what an honest peer logs when its members' reports convict a reducer (peer.commit.waits)
 EQUIVOCATION_LINE = r"attempt (\d+): averaging aborted.*reducer (\w{8}) sent different signed proofs"
 
 

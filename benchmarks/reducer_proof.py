@@ -66,7 +66,7 @@ GROUPS = {
 SHIFTS = (10.0, 3.0, 1.0, 0.5, 0.25)  # the lie's length, in lengths of the centre
 PART_VALUES = (
     2**19 // 4
-)  # hivemind's robust part size (peer.averaging.hierarchy.ROBUST_PART_SIZE_BYTES), in floats
+)  # hivemind's robust part size (peer.averaging.factory.ROBUST_PART_SIZE_BYTES), in floats
 CONFIG = RobustConfig()
 
 

@@ -11,7 +11,7 @@ after round, with the swarm's own pieces:
   ``Workload`` by ``swarm_train_options``, as peers do); ``--rounds`` is also the schedule's length;
 - each peer's gradient is ``supernet.contribution.compute_contribution`` over its own sample stream
   (64 samples: two mini-batches of 32), all peers from the same state (data-parallel: the same
-  sub-networks), turned into its per-sample mean as ``peer.hierarchy`` does;
+  sub-networks), turned into its per-sample mean as ``peer.averaging.buffers.to_own_mean`` does;
 - the attacker (peer 5) sends what ``tests/adversaries/dishonest_peer.poisoned`` makes of it;
 - the all-reduce is hivemind's partition (``load_balance_peers`` with equal bandwidths,
   ``TensorPartContainer`` with 512 KiB parts; the group's order shuffled every round from a seeded

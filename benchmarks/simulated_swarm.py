@@ -85,7 +85,7 @@ def peer_mean(
         workload, net, configs, "cpu", task_seed, round_index, f"peer-{peer}",
         go_on=lambda s: s < PER_PEER,
     )  # fmt: skip
-    factor = 1.0 / work.samples  # peer.averaging.hierarchy's _to_own_mean
+    factor = 1.0 / work.samples  # peer.averaging.buffers.to_own_mean
     honest = [n.detach() * factor for n in work.numerator]
     if attack is None:
         return honest, honest
@@ -184,7 +184,7 @@ def all_reduce(
     n = len(means)
     tensors = [
         [*m, new_roll()] for m in means
-    ]  # peer.averaging.hierarchy's cohort averager holds the roll last
+    ]  # peer.averaging.factory's cohort averager holds the roll last
     total = sum(t.numel() for t in tensors[0])
     fractions = load_balance_peers(total, [None] * n)
     part_size = ROBUST_PART_SIZE_BYTES if robust else PART_SIZE_BYTES

@@ -1,12 +1,11 @@
-"""What a process pays at start to build a task, its supernet and its state: now, and with the imports
-it used to make, side by side in one run.
+"""What a process pays at start to build a task, its supernet and its state: as it does, and after the
+imports the build avoids, side by side in one run.
 
 Every peer agent, worker and aggregator builds the digits task and its supernet at start, all at once
-when a local swarm starts, on a machine with 2 cores. Until issue 16's part 8, building the task
-imported torchvision (2.5 s of CPU: it loads torch._dynamo) and scikit-learn (0.9 s), and the agent
-made a torch optimizer only to learn its state's layout (which imports torch._dynamo too). The
-"before" column runs the same build after those imports, in a fresh interpreter each time, so the
-ratio is what they cost.
+when a local swarm starts. The build imports neither torchvision (which loads torch._dynamo) nor
+scikit-learn, and the agent makes no torch optimizer only to learn its state's layout (which imports
+torch._dynamo too). The "before" column runs the same build after those imports, in a fresh
+interpreter each time, so the ratio is what they would cost.
 
     python -m benchmarks.startup_bench [--repeats 3]
 """

@@ -2,8 +2,8 @@
 the emulated internet (:mod:`testbed.wan`), bytes counted on the joiner's own access link.
 
 On the open internet a download is bounded by its server's uplink (home uplinks are 10-50 Mbit/s),
-not by the joiner's downlink. Catch-up used to take the whole state from one server (hivemind's state
-sharing); it now asks every peer that reported the committed state for a page each
+not by the joiner's downlink. hivemind's state sharing takes the whole state from one server; catch-up
+asks every peer that reported the committed state for a page each
 (:func:`hivemind_adapter.paged_blobs.fetch_spread`). This runs both on real namespaces, shaped
 links and libp2p, in one run, and prints them side by side::
 
@@ -69,7 +69,7 @@ def serve(address: str, initial_peers: list[str], sizes: list[float]) -> None:
     for size in sizes:
         key, data = _blob(size)
         server.put(key, data)
-        if not initial_peers:  # the first holder also serves it the way catch-up used to fetch it
+        if not initial_peers:  # the first holder also serves it through hivemind's state sharing
             sharers.append(_sharer(dht, size, data))
     print(
         json.dumps({"peer_id": endpoint.peer_id, "maddrs": [str(m) for m in visible_maddrs(dht)]}), flush=True

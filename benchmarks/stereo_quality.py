@@ -9,8 +9,9 @@ correlation layer's speed against a per-displacement loop.
 2. **Quality**: trains a ``StereoSupernet`` with the single-process stereo recipe
    (``supernet.stereo_training.train_stereo``: sandwich rule, in-place distillation from the largest
    sub-network, AdamW with warm-up + cosine), then evaluates the largest, the smallest and two random
-   sub-networks after BN recalibration, inside the supernet and as exported standalone models. Targets (issue 8): the largest sub-network's validation EPE ≤ ½ × the EPE of
-   always predicting the mean training disparity, and the smallest's EPE ≤ 1.3 × the largest's.
+   sub-networks after BN recalibration, inside the supernet and as exported standalone models.
+   Targets (issue 8): the largest sub-network's validation EPE ≤ ½ × the EPE of always predicting
+   the mean training disparity, and the smallest's EPE ≤ 1.3 × the largest's.
 
 The number of steps is fitted to the budget as in ``benchmarks/ofa_quality.py``: a short probe (a
 throw-away supernet, same settings) measures seconds per step now, and the run uses

@@ -46,7 +46,7 @@ from testbed.local_swarm import console_script
 
 
 def profiles(peers: int) -> dict[str, list[str]]:
-    """The five profiles for ``peers`` peers: at 8, the sites of the issue (4 x 2, 8 x 1 with 2 NAT);
+    """The five profiles for ``peers`` peers: at 8, 4 x 2 and 8 x 1 with 2 NAT;
     at 4, half as many (2 x 2, 4 x 1 with 1 NAT)."""
     broadband = ["--sites", str(peers // 2), "--uplink", "50mbit", "--downlink", "200mbit", "--delay", "40",
                  "--loss", "0.1"]  # fmt: skip

@@ -1,12 +1,12 @@
 """How long a peer waits for its training worker to end when it leaves: the worker ending through the
-interpreter's teardown (as it did) and through ``os._exit`` once its log is flushed (as it does now),
+interpreter's teardown and through ``os._exit`` once its log is flushed (as :mod:`peer.worker` ends),
 side by side in one run.
 
 Each trial starts a real worker pool (one spawned CPU worker on the digits task, as a peer's), has it
 compute and apply one round so that it holds what a trained worker holds (model, optimizer state,
 autograd buffers, a gloo group), then times ``WorkerPool.stop()``: from the stop request until the
-worker has ended. The earlier ending is this module's :func:`worker_with_teardown`, the worker's
-main function before the change (the same ``_serve`` loop, then a normal return).
+worker has ended. The teardown ending is this module's :func:`worker_with_teardown` (the worker's
+``_serve`` loop, then a normal return).
 
 ``--busy N`` runs N busy loops beside it, as a peer's other processes (and other peers on the same
 machine) load it when it leaves.
@@ -30,7 +30,7 @@ from hivemind_adapter.runtime import set_parent_death_signal
 
 
 def worker_with_teardown(spec, conn, shared) -> None:
-    """The worker as it ended before: ``_serve``, then back to multiprocessing, which runs the
+    """The worker ending the ordinary way: ``_serve``, then back to multiprocessing, which runs the
     interpreter's teardown (finalizers, the collection of the torch heap) before the process ends."""
     from console.logs import setup_logging
     from peer.worker import _serve

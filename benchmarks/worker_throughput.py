@@ -2,7 +2,7 @@
 
 Both train the same digits supernet (width, head, batch size and K sub-networks as given) on the same
 device, round after round, with the same sandwich of sub-networks per round
-(:func:`supernet.training.step_configs` at the same round numbers; the run checks the worker reports
+(:func:`supernet.training.schedule.step_configs` at the same round numbers; the run checks the worker reports
 the same configuration hashes):
 
 (a) plain loop: per mini-batch, each sub-network's forward, loss (in-place distillation from the
@@ -115,7 +115,7 @@ def plain_step(
     cfg: TrainConfig,
 ) -> None:
     """One sandwich step the way a plain training loop writes it: the same losses as
-    :func:`supernet.training.accumulate_sandwich`, no bookkeeping, then ``optimizer.step()``."""
+    :func:`supernet.training.gradients.accumulate_sandwich`, no bookkeeping, then ``optimizer.step()``."""
     inputs, targets = batch
     temperature = cfg.distill_temperature
     optimizer.zero_grad(set_to_none=True)

@@ -5,7 +5,7 @@ sender adds it to its own tensor. In floating point ``x + (avg - x)`` is not ``a
 element near zero next to a large local value rounds away), so members of one group end a step with
 tensors that differ in their last bits, and peers that must apply the same optimizer step drift
 apart. A member whose reducer died also keeps its *own* values for that shard and still reports
-success (see shared/research/hivemind.md §3.6).
+success.
 
 :class:`~hivemind_adapter.exact_runner.ExactAllReduceRunner` changes one thing in the protocol:
 reducers send back the averaged part itself. Every member then receives the same bytes for every
@@ -13,8 +13,8 @@ shard, so results agree bit for bit.
 :class:`VerifiedAverager` collects the results aside and writes them into the averaged tensors only
 when the all-reduce was complete from its point of view (no failed reducer, every sender's parts
 received); otherwise the step raises :class:`PartialAllReduceError` and the tensors are untouched.
-Failures seen only by *another* member are caught one level up (:mod:`peer.averaging.hierarchy`), which compares
-what members report after the step. A NaN or infinite result is never written either
+Failures seen only by *another* member are caught one level up (:mod:`peer.averaging.hierarchy`),
+which compares what members report after the step. A NaN or infinite result is never written either
 (:class:`NonFiniteResultError`): one member's NaN would otherwise become every member's. With a
 :class:`~robust_aggregation.centered_clip.RobustConfig`, reducers take a robust centre of the senders'
 parts (CenteredClip, as BTARD does) and report whom they named (:meth:`VerifiedAverager.last_outliers`).
@@ -65,9 +65,8 @@ class AllReduceBroke(MatchmakingException):
 
 # hivemind's matchmaking re-reads its group key from the DHT as soon as the last read found no better
 # leader: while a peer waits for partners, one lookup (several DHT requests) follows another without
-# pause. Measured with 8 thin peers (benchmarks/swarm_scale.py), that was ~1600 DHT requests per peer
-# per round, most of the swarm's DHT traffic. Spaced this far apart, a leader that declares itself is
-# still found well within one matchmaking period.
+# pause, which would be most of the swarm's DHT traffic. Spaced this far apart, a leader that declares
+# itself is still found well within one matchmaking period.
 GROUP_KEY_READ_SPACING = 0.5
 
 

@@ -3,9 +3,8 @@
 hivemind's ``DecentralizedAverager(start=True)`` forks the averager's process and waits for it to be
 ready with no bound. The process gets ready only after its first calls to the DHT's process (it
 replicates the DHT's p2p client), so with that process gone it never does, and its parent waits
-forever: a peer whose DHT's process was killed printed nothing for minutes, stuck in the next
-averager it started. While it waits, SIGINT is ignored in the parent (hivemind sets it so before the
-fork, for the child to inherit), so not even Ctrl-C reached it.
+forever. While it waits, SIGINT is ignored in the parent (hivemind sets it so before the fork, for the
+child to inherit), so not even Ctrl-C would reach it.
 
 :class:`BoundedAveragerProcess` waits :data:`AVERAGER_START_SECONDS` at most (less if the process
 ended: then it fails at once), stops a process that did not get ready, and gives the parent its
@@ -36,13 +35,13 @@ from hivemind_adapter.dht import dht_gone
 from hivemind_adapter.process_answers import NoAnswer, await_answer
 from hivemind_adapter.process_locks import DeathSafeLock
 
-# Measured here: an averager gets ready in 0.07 s on an idle 2-core machine (benchmarks/dht_survival.py)
-# and in a few seconds under load; a minute is far past any start that will still succeed.
+# An averager gets ready within seconds, even under load; a minute is far past any start that will
+# still succeed.
 AVERAGER_START_SECONDS = 60.0
 
 
-# How long the parent waits for its averager's process to answer a setting (measured: well under a
-# second; the process answers between the steps of its event loop).
+# How long the parent waits for its averager's process to answer a setting (the process answers
+# between the steps of its event loop, well within a second).
 ANSWER_SECONDS = 60.0
 
 

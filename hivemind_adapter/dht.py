@@ -3,7 +3,7 @@ signed record under a key — each read bounded, each record opened (checked) by
 
 Every node registers MANTA's validator, so forged records are dropped where they are stored; a
 reader still opens every entry itself (a node without the validator, or its own cache, may hand back
-anything), and skips what its opener rejects. That loop used to be written out at nine call sites.
+anything), and skips what its opener rejects.
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ class _RequestPipe:
 
     A request carries its caller's reply pipe, which the DHT's process fetches from the caller's own
     process as it unpickles the request. If that process died meanwhile (an averager killed just after
-    it started), the fetch fails: hivemind's loop waits 3 s and goes on after most such errors, but an
-    EOFError (the caller died after reading the fetch's question, before answering it) ended the loop,
-    and with it the DHT's process, so every later call of the peer on it hung. Nobody waits for the
-    dropped request's answer: its caller is gone. A pipe that is itself closed (the DHT's parent is
-    gone) still ends the loop, as before."""
+    it started), the fetch fails: hivemind's loop goes on after most such errors, but an EOFError (the
+    caller died after reading the fetch's question, before answering it) would end the loop, and with
+    it the DHT's process, hanging every later call on it. Nobody waits for the dropped request's
+    answer: its caller is gone. A pipe that is itself closed (the DHT's parent is gone) still ends the
+    loop."""
 
     def __init__(self, pipe):
         self._pipe = pipe
@@ -91,8 +91,8 @@ class SwarmDHT(hivemind.DHT):
 
     def run_in_background(self, await_ready: bool = True, timeout: float | None = None) -> None:
         """hivemind waits for the DHT's process to get ready with no bound (a process killed while it
-        started, or one that cannot report, hung the caller for good); this waits ``timeout`` seconds
-        (default :data:`DHT_START_SECONDS`) at most and fails at once if the process ended."""
+        starts, or one that cannot report, never answers); this waits ``timeout`` seconds (default
+        :data:`DHT_START_SECONDS`) at most and fails at once if the process ended."""
         self.start()
         if not await_ready:
             return
@@ -189,9 +189,9 @@ def _hivemind_logs_follow_manta() -> None:
 
 
 def dht_gone(dht: hivemind.DHT) -> bool:
-    """Whether ``dht``'s process has ended: then a call would only wait out its timeout (a peer shutting
-    down after losing it waited 10 s per read). Known only in the process that started the DHT; an
-    averager's process, which holds a copy, cannot tell and asks as before."""
+    """Whether ``dht``'s process has ended: then a call would only wait out its timeout. Known only in
+    the process that started the DHT; an averager's process, which holds a copy, cannot tell (False
+    there) and calls as usual."""
     return getattr(dht, "_parent_pid", None) == os.getpid() and not dht.is_alive()
 
 

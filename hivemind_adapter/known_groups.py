@@ -2,9 +2,8 @@
 
 hivemind forms every group through its DHT: a leader declares itself under the group's key, the
 others read that key and send join requests, and the leader starts the all-reduce when its group is
-full or its matchmaking time is over. When the DHT's nodes are across the wide area, that costs more
-than the all-reduce itself: 1.2-2.8 s per inner step of a 2-peer cohort on the "broadband" profile
-(stage "cohort" in benchmarks/README.md at 7085eb3), against 3-4 s of compute.
+full or its matchmaking time is over. When the DHT's nodes are across the wide area, those round trips
+can cost more than the all-reduce itself, on every inner step.
 
 The members of a cohort already know each other: the roster every peer read says who is in it.
 Each member derives the same group id and peer order from what they share (see :func:`known_group_id`)

@@ -3,9 +3,8 @@
 
 Every client of a p2pd daemon listens on a socket file of its own, ``/tmp/hivemind-p2pclient-*.sock``.
 An averager's process opens one (``dht.replicate_p2p()``) and hivemind never closes it: the process
-ends with ``os._exit``, so no finaliser runs, and the file stays. Measured before this module: every
-averager ever started had left its file, 8,478 of them after a day of test runs. So an averager
-records its socket's path where its parent can read it (shared memory made before the fork), closes
+ends with ``os._exit``, so no finaliser runs, and the file stays. So an averager records its socket's
+path where its parent can read it (shared memory made before the fork), closes
 the client when it is shut down, and its parent removes the file after the process has ended, which
 also covers a process that had to be terminated the hard way.
 
@@ -94,7 +93,7 @@ class RemovesItsSocket:
     """Mixin for a ``DecentralizedAverager`` subclass (listed before it): its process's p2p client is
     closed at shutdown and the client's socket file is removed, whichever way the process ended; so is
     the process's own multiprocessing folder (``pymp-*``, where its resource sharer listens when it
-    passes a pipe to the DHT's process), which a killed averager left with its listener in it."""
+    passes a pipe to the DHT's process), which a killed averager leaves with its listener in it."""
 
     def __init__(self, *args, **kwargs):
         # written in the averager's process, read here: made before super().__init__ forks it
@@ -107,10 +106,10 @@ class RemovesItsSocket:
         # The averager's process starts here. The folder it has now it inherited (its Process object
         # copied its parent's config when it was made): its parent's, never its own to remove. Read
         # in the parent at __init__ instead, a folder the parent made between then and the fork (in
-        # another thread) passed for the averager's own, and the parent's listener went with it.
+        # another thread) would pass for the averager's own, and go with the parent's listener in it.
         self._inherited_mp_folder = multiprocessing.current_process()._config.get("tempdir")
         # Its own folder, made now and recorded before anything can listen in it: an averager killed
-        # while it started (its DHT gone) had already made one, before its p2p client existed.
+        # while it starts (its DHT gone) may already have made one, before its p2p client exists.
         folder = multiprocessing.util.get_temp_dir()
         if folder != self._inherited_mp_folder and len(folder.encode()) < _PATH_BYTES:
             self._own_mp_folder.value = folder.encode()
@@ -121,7 +120,7 @@ class RemovesItsSocket:
     def _p2p(self):
         try:
             return self.__dict__["_p2p_client"]
-        except KeyError:  # as before: an attribute only the averager's process ever sets
+        except KeyError:  # an attribute only the averager's process ever sets
             raise AttributeError("_p2p") from None
 
     @_p2p.setter

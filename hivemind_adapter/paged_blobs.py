@@ -189,8 +189,8 @@ async def _gather_spread(
             pages[offset] = data
             served[source] += 1
 
-    # Several requests in flight at each source keep its link busy across round trips (measured on
-    # an 80 ms, 20 Mbit/s link: one at a time moved 25 MB at 8 Mbit/s, four at a time at 16).
+    # Several requests in flight at each source keep its link busy across round trips (one at a
+    # time leaves it idle for a round trip per page).
     await asyncio.gather(*(lane(source) for source in holders for _ in range(IN_FLIGHT_PER_SOURCE)))
     if len(pages) < wanted:
         missing = f"{wanted - len(pages)} of {wanted} pages unavailable: "

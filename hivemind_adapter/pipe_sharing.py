@@ -6,7 +6,7 @@ sharer, a thread that accepts a connection from the receiving process, authentic
 the descriptor. If the receiver is killed during that exchange, the thread's read fails
 (``ConnectionResetError``, ``EOFError``). The thread goes on serving, and nothing is lost that was not
 lost with the receiver, but it reports the error through ``sys.excepthook``: a full traceback in the
-peer's log (seen when a peer's DHT process was killed, one run in a few).
+peer's log.
 
 :func:`install_quiet_pipe_sharing` turns exactly those reports into one warning; every other error
 reaches the previous hook unchanged.

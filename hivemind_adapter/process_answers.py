@@ -3,7 +3,7 @@
 hivemind's DHT and averagers each run in their own process and answer their parent through an
 ``MPFuture``: readiness at start, then every setting and call. hivemind waits for those answers with
 no bound, and a process that was killed (by a user, the OOM killer, a test) never gives one, so its
-parent hung for good. :func:`await_answer` is the one wait MANTA uses instead: it polls the future,
+parent would wait for good. :func:`await_answer` is the one wait MANTA uses instead: it polls the future,
 checks between polls whether the process is still running, and gives up at a deadline.
 
 Between calls nothing waits on such a process, so a death would go unnoticed until the next call, or
@@ -70,10 +70,9 @@ def await_answer(future: MPFuture, process: multiprocessing.process.BaseProcess,
 class ProcessWatch:
     """Calls ``on_death(exit_code)`` once, from a thread of its own, when ``process`` (a DHT's, an
     averager's, a state sharer's) has ended while the watch runs. Without its DHT's process a node can
-    neither find partners nor read or post a record, and hivemind's calls on it wait forever
-    (measured: a peer whose DHT's process was killed printed no round for minutes, until it was
-    stopped); without its state sharer's, it silently serves no state and fetches none. Stop the watch
-    before shutting the process down on purpose."""
+    neither find partners nor read or post a record, and hivemind's calls on it wait forever; without
+    its state sharer's, it silently serves no state and fetches none. Stop the watch before shutting
+    the process down on purpose."""
 
     def __init__(
         self,

@@ -5,10 +5,9 @@ hivemind makes its cross-process locks with ``multiprocessing.Lock`` (a POSIX se
 process that awaits it, and it is one semaphore for the whole process tree: a peer, its DHT's process
 and every averager. A process killed between its write and the release (a SIGKILLed DHT's process, an
 averager stopped the hard way, the OOM killer) leaves the semaphore held for ever, and every later
-result in the tree waits on it: every DHT call, every DHT or averager start, hangs. Measured here:
-DHT processes SIGKILLed while answering calls left it held in 1 kill of 5, and one CI run lost an
-hour to it, test after test hanging in a DHT's start. An averager's ``lock_averaged_tensors`` is the
-same kind of lock between the averager's process and its parent.
+result in the tree waits on it: every DHT call, every DHT or averager start, hangs
+(benchmarks/RESULTS.md, "Processes that die"). An averager's ``lock_averaged_tensors`` is the same
+kind of lock between the averager's process and its parent.
 
 :class:`DeathSafeLock` is held through a POSIX record lock (``fcntl.lockf``) on an unlinked file of
 its own, which the kernel releases when the holding process ends, however it ends; a thread lock

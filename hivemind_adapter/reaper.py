@@ -1,25 +1,25 @@
 """A watcher that stops a process's whole tree when that process dies, even by SIGKILL.
 
 hivemind starts a DHT process, averager processes and a Go ``p2pd`` daemon under a peer; if the peer
-is killed, they are re-parented to init and run on (measured: still alive 40 s later). A parent-death
+is killed, they are re-parented to init and run on. A parent-death
 signal only reaches direct children, and the peer cannot use its own process group without leaving
 the terminal's foreground group (Ctrl-C would no longer reach it). So a tiny watcher child keeps a
 fresh snapshot of the watched process's descendants and, once that process is gone, kills every
 process of the last snapshot (checking each one's start time, so a recycled pid is never hit).
 
 Files too: a killed tree cannot remove the unix sockets it listened on (hivemind's
-``/tmp/hivemind-p2p*.sock``, multiprocessing's listeners in ``/tmp/pymp-*``), and they piled up in
-``/tmp`` by the thousand. The watcher also keeps the paths of those the tree listens on and removes
+``/tmp/hivemind-p2p*.sock``, multiprocessing's listeners in ``/tmp/pymp-*``), and they would pile up
+in ``/tmp``. The watcher also keeps the paths of those the tree listens on and removes
 them once every process of the tree is gone. Their names are random per listener, so no other
 process can be using them then. A ``pymp-*`` folder is removed too, once empty, unless the watched
 process already had it when it started the watcher: forked children share their parent's folder, so
-that one may belong to a process outside the tree that is still running (removing it broke a test
-harness that had started the killed peer). A folder made later was made inside the tree.
+that one may belong to a process outside the tree that is still running (the one that started the
+watched process, say). A folder made later was made inside the tree.
 
 A path the tree held is not always the tree's own: a socket accepted on a listener carries the
 listener's path, and a process forked while its parent's resource sharer was serving a connection
-inherits that accepted socket. Removing such a path unlinked the parent's listener (CI: the test
-harness's own multiprocessing listener went, and every later DHT call in it hung). So once the tree
+inherits that accepted socket. Removing such a path would unlink the parent's listener (and hang every
+later DHT call of that parent). So once the tree
 is gone, a path that some socket still alive is bound to is left alone: only processes outside the
 tree can hold it then.
 
@@ -40,7 +40,7 @@ import psutil
 
 SOCKET_PREFIX = "hivemind-p2p"  # hivemind's p2pd and p2p client sockets, in the temp folder
 MP_FOLDER_PREFIX = "pymp-"  # multiprocessing's per-process folder of listener sockets
-SOCKETS_EVERY = 4  # snapshots between two reads of the tree's sockets (a read costs ~6 ms)
+SOCKETS_EVERY = 4  # snapshots between two reads of the tree's sockets (a read asks every process)
 
 
 def _snapshot(watched: psutil.Process) -> dict[int, float]:

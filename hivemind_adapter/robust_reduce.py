@@ -36,9 +36,8 @@ class RobustPartReducer(TensorPartReducer):
     share (its parts of at least ``min_aligned_values`` values together; by sender index): one
     cosine per sender and all-reduce. Not one per part: a sender's parts of one all-reduce come from
     one batch, and late in training a batch with a hard example points against the others in most
-    of them at once; a record window of per-part cosines then held one round's evidence, and honest
-    members were named (benchmarks/README.md, "Honest members named late in training"). ``excluded`` senders (suspected by an
-    :class:`~hivemind_adapter.alignment.AlignmentRecord`) are left out of every centre.
+    of them at once. ``excluded`` senders (suspected by an
+    :class:`~robust_aggregation.alignment.AlignmentRecord`) are left out of every centre.
     ``slotted_parts`` (part indices) are reduced by :func:`slotted_centre`, not robustly: the
     cohort's roll of sample counts, each member's in its own slot.
     Parts are cast to ``part_dtype`` (default: torch's default dtype, the dtype hivemind's reducer
@@ -59,7 +58,7 @@ class RobustPartReducer(TensorPartReducer):
     ):
         self.config = config
         # With a context (the all-reduce's group id and this reducer), every robust part's result comes
-        # with a proof that members check (hivemind_adapter.reducer_proof); ``as_received`` gives what
+        # with a proof that members check (robust_aggregation.reducer_proof); ``as_received`` gives what
         # members decode of a result (the wire's codec), which the proof must speak of.
         self.proof_context = proof_context
         self.as_received = as_received or (lambda t: t)
@@ -145,8 +144,8 @@ class RobustPartReducer(TensorPartReducer):
         self, inputs: dict[int, tuple[torch.Tensor, float]], future: asyncio.Future, part_index: int
     ):
         """Set ``future`` to the robust centre of ``inputs``, then move on to the next part. The centre
-        is computed in a worker thread (50-130 ms for a 512 KiB part from 8 senders, measured): the loop
-        keeps serving the other streams meanwhile. Later parts wait, as they do for hivemind's sum."""
+        is computed in a worker thread, so the loop keeps serving the other streams meanwhile. Later
+        parts wait, as they do for hivemind's sum."""
         senders = sorted(inputs)  # by sender index, not arrival: the same inputs give the same bits
         parts, weights = [inputs[s][0] for s in senders], [inputs[s][1] for s in senders]
         del inputs

@@ -66,9 +66,8 @@ class StateSharer(BoundedAveragerProcess, RemovesItsSocket, DecentralizedAverage
         self._last_handoff = float("-inf")
         self.downloads_served = 0  # states handed to downloading nodes (in this, the host process)
         # Offered to downloaders only from the first publish on: peers that start together all hold
-        # the same initial state, and each one's start-up download went to the others, which were
-        # starting too (measured: 8 peers on 2 cores each waited its whole 30 s for a state equal to
-        # its own).
+        # the same initial state, and each one's start-up download would go to the others, which are
+        # starting too, and wait out its timeout for a state equal to its own.
         self._may_serve = not client_mode
         super().__init__(
             [t.detach().cpu().contiguous().clone() for t in template],  # hivemind flattens with .view(-1)

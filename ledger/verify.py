@@ -13,7 +13,7 @@ and stops at the first problem, which it names:
    equal to the recomputed root at its size, an RFC 9162 consistency proof from the previous
    checkpoint that verifies, and the last one covering every entry.
 
-The per-entry checks (dominated by Ed25519 verification, ~0.1 ms each) can be spread over ``jobs``
+The per-entry checks (dominated by Ed25519 verification) can be spread over ``jobs``
 processes, each reading its own index range of the file; the tree and checkpoint checks run in the
 calling process. ``log_public_key`` pins the aggregator's key; without it the key recorded in the file
 is used (and the summary says so).

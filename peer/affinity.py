@@ -2,10 +2,11 @@
 
 A cohort is the explicit ``--cohort`` name if given; otherwise peers on the same host form a cohort,
 and peers alone on their host group by network (the /24 of the address they announce, or of the
-address they reach the swarm from; behind NAT, that range together with the LAN's gateway). A cohort larger than the task's maximum is split into near-equal
-parts by sorted peer id. Every peer computes the assignment from the same DHT roster with no further
-messages, so all members agree on their cohort (a peer seeing a slightly different roster only costs
-a round retry, never a wrong average: see :mod:`peer.averaging.hierarchy`).
+address they reach the swarm from; behind NAT, that range together with the LAN's gateway). A cohort
+larger than the task's maximum is split into near-equal parts by sorted peer id. Every peer computes
+the assignment from the same DHT roster with no further messages, so all members agree on their
+cohort (a peer seeing a slightly different roster only costs a round retry, never a wrong average:
+see :mod:`peer.averaging.hierarchy`).
 """
 
 from __future__ import annotations

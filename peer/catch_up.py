@@ -110,12 +110,12 @@ def sit_out_running_attempt(
     wait (to say so to the volunteer).
 
     Every peer reads its roster when its attempt begins, and only that roster counts for the commit
-    quorum. A newcomer that joined an attempt begun before its announcement could be a contributor the
-    others' quorum cannot count: landing in a cohort's group in place of a roster peer, or splitting the
-    group in two, it left no result with a quorum and the round aborted for everyone. Sitting out is
-    safe either way: where a roster does hold this peer, its departure notice takes it out of that
-    attempt's quorum. A swarm that has committed nothing is still forming (its first peers start
-    together): everyone takes part at once.
+    quorum. A newcomer that joined an attempt begun before its announcement could be a contributor
+    the others' quorum cannot count: landing in a cohort's group in place of a roster peer, or
+    splitting the group in two, it would leave no result with a quorum, and the round would abort
+    for everyone. Sitting out is safe either way: where a roster does hold this peer, its departure
+    notice takes it out of that attempt's quorum. A swarm that has committed nothing is still
+    forming (its first peers start together): everyone takes part at once.
 
     The wait ends when a quorum holds the attempt's state, or ``outcome_grace`` after its first result
     was posted without one (it aborted, and its peers start the next attempt now: waiting for one of
@@ -171,7 +171,7 @@ def catch_up_before_leaving(
     aborted), until no fresh progress record shows the round any more, for at most ``limit`` seconds,
     or until ``stop`` (a second Ctrl-C). ``announce`` is told the round before the wait."""
     # Read first: a result posted at any moment after this counts as the running attempt's outcome
-    # (read after the announcement, a result posted in between was taken for an older attempt's).
+    # (read after the announcement, a result posted in between would be taken for an older attempt's).
     before = board.latest_attempt()  # the attempt the swarm committed or aborted last
     catch_up()
     target = running_round()

@@ -5,8 +5,9 @@ Start-up (:meth:`DataFeed.open`): the shard list comes from the aggregator (or a
 it) and must hash to the Merkle root the task signed, else the peer refuses the task. Before every
 round (:meth:`DataFeed.shards_for_round`): the peer's shards for the round's epoch follow from the task
 seed and the roster (:mod:`tasks.shard_assignment`); those already on disk are what its workers draw
-from, the rest and the next epoch's download in the background (:class:`peer.shard_download.ShardDownloader`)
-from whoever holds them, the peers first, then the aggregator. A peer that holds none of its shards
+from, the rest and the next epoch's download in the background
+(:class:`peer.shard_download.ShardDownloader`) from whoever holds them, the peers first, then the
+aggregator. A peer that holds none of its shards
 yet waits (bounded) for the first one, so a newcomer trains within one shard's download of joining.
 The shards it holds are served to others (:class:`hivemind_adapter.shard_transfer.ShardServer`) and
 advertised in its progress record (a bitmap), which is also where the dashboard counts holders.
@@ -149,9 +150,9 @@ class DataFeed:
         """Start downloading the first shards of this peer's share at once, while the rest of the
         start-up runs (state download, announcement): the share of the round the swarm computes now,
         among the peers that report progress. Only the first :data:`PREFETCH_AT_START`: peers that
-        start together see nobody else yet and would take everything for their share (measured: 4
-        peers each fetched all 91 shards of a 50,000-image folder). The shards a peer scores highest
-        on come first, and those are the likeliest to stay its own once the roster is known."""
+        start together see nobody else yet and would take everything for their share. The shards a
+        peer scores highest on come first, and those are the likeliest to stay its own once the
+        roster is known."""
         try:
             records = self.board.read()
         except Exception as e:  # the DHT may fail a read: the first round asks for the share anyway

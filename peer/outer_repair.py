@@ -2,20 +2,19 @@
 
 Groups of an outer exchange are keyed by the outer state (global parameters and outer momentum) the
 exchange starts from. A peer whose exchange failed while a quorum of the roster committed one (it
-found no group in time: measured on the "home" profile, where the peer behind NAT missed 8 of 9
-outer steps in two runs) keeps the old outer state, so every later exchange of the others is keyed
-by a state it does not hold: it never meets them again. Catching up with its cohort's states cannot
-help a cohort that is one peer, and loading another cohort's whole state would throw its own
-progress away.
+found no group in time, behind NAT, say) keeps the old outer state, so every later exchange of the
+others is keyed by a state it does not hold: it never meets them again. Catching up with its
+cohort's states cannot help a cohort that is one peer, and loading another cohort's whole state
+would throw its own progress away.
 
 What it needs is only the swarm's new outer state. Every peer serves it inside its served state (see
 :func:`supernet.outer_state.served_layout`), under the state's digest. This module finds the peers
 that committed the missed exchange on the outer board (a quorum of the roster holding one result),
 fetches their newest committed states, and returns the outer state that two of them agree on (one,
 if the quorum had one other peer): cohorts differ in their own parameters, never in the outer state
-after a step. The caller moves its global
-state there and shifts its parameters by the same step (:meth:`peer.outer_round.OuterStepper.
-adopt_global`), keeping its own progress, which goes out with its next exchange.
+after a step. The caller moves its global state there and shifts its parameters by the same step
+(:meth:`peer.outer_round.OuterStepper.adopt_global`), keeping its own progress, which goes out with
+its next exchange.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Rare outer steps between cohorts (``sync = "outer"``): DiLoCo's outer loop on MANTA's hierarchy.
 
 In ``every-step`` tasks every round's gradient crosses the wide-area links. In ``outer`` tasks a
-round (an *inner* step) averages inside the cohort only, exactly as before, over the cohort's cheap
-links; the cohorts drift apart. Every ``inner_steps`` rounds they meet in an *outer step*:
+round (an *inner* step) averages inside the cohort only (the cohort stage alone), over the cohort's
+cheap links; the cohorts drift apart. Every ``inner_steps`` rounds they meet in an *outer step*:
 
 1. each cohort's pseudo-gradient is ``anchor - params`` (the parameters the period started from minus
    the parameters now: its inner steps' progress, as a descent direction), plus the error-feedback

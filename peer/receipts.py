@@ -262,7 +262,7 @@ class ReceiptCourier:
                 self.deliver_once()
             except Exception:
                 pass
-            if self._unsubmitted():  # (it waited one interval after the last delivery: 2 s of every exit)
+            if self._unsubmitted():  # nothing left: no interval's wait after the last delivery
                 time.sleep(min(self.interval, left))
         self._stop.set()
         self._thread.join(timeout=30)

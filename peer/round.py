@@ -16,9 +16,10 @@
     publish the new state                             # newcomers and laggards download it
 
 Everything a stage hands to the next is a typed value (:mod:`peer.round_types`: a plan,
-:class:`~peer.worker_protocol.HostContribution`, commitments, :class:`~peer.averaging.hierarchy.AveragingOutcome`),
-and the round's result is one report. The collaborators a round needs (DHT, worker pool, averager,
-outbox, ...) come in one context that the peer's agent (:mod:`peer.node`) builds once at start-up.
+:class:`~peer.worker_protocol.HostContribution`, commitments,
+:class:`~peer.averaging.outcome.AveragingOutcome`), and the round's result is one report. The
+collaborators a round needs (DHT, worker pool, averager, outbox, ...) come in one context that the
+peer's agent (:mod:`peer.node`) builds once at start-up.
 """
 
 from __future__ import annotations
@@ -108,7 +109,8 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
 def _average(
     ctx: RoundContext, plan: RoundPlan, averager, host: HostContribution, start_digest: str
 ) -> AveragingOutcome:
-    """The round's averaging (:meth:`peer.averaging.hierarchy.HierarchicalAverager.average`) of the host's numerator."""
+    """The round's averaging (:meth:`peer.averaging.hierarchy.HierarchicalAverager.average`) of the
+    host's numerator."""
     return averager.average(
         plan.attempt,
         ctx.workers.host_numerator(),
@@ -260,8 +262,8 @@ ROSTER_AHEAD_MAX_AGE = 20.0  # seconds: an older read ahead is read again
 
 def read_roster_ahead(ctx: RoundContext) -> None:
     """An outer task's inner steps: read the roster for the next step in the background while this
-    one computes. The read crosses the wide area (0.2-0.3 s per inner step on broadband); a roster
-    a few seconds old is what every read is by the end of a round anyway."""
+    one computes. The read crosses the wide area; a roster a few seconds old is what every read is by
+    the end of a round anyway."""
     if ctx.outer is None:
         return
     read = _ROSTER_READER.submit(read_roster, ctx.dht, ctx.task.task_id)

@@ -67,9 +67,9 @@ class StopSignals:
             self._waiting_to_leave = False
 
     def lose(self, reason: str) -> None:
-        """From any thread: the peer cannot go on (logged once; later calls do nothing). Interrupts the main thread (again every
-        :data:`LOSS_REPEAT_SECONDS` while hivemind has SIGINT ignored there, as it does while it
-        starts an averager) until it has raised :class:`SwarmLost`."""
+        """From any thread: the peer cannot go on (logged once; later calls do nothing). Interrupts the
+        main thread (again every :data:`LOSS_REPEAT_SECONDS` while hivemind has SIGINT ignored there,
+        as it does while it starts an averager) until it has raised :class:`SwarmLost`."""
         if self._lost is not None:
             return  # told once
         self._lost = reason

@@ -26,7 +26,7 @@ PUBLISH_EVERY = 1.0  # seconds between this peer's progress records while it com
 FRESH_MS = 10_000  # a progress record this recent (ms) shows which round its peer computes
 # How old a read of the board may be when it is looked at again. Records change once a second
 # (PUBLISH_EVERY) and are extrapolated by their throughput in between, so reading at every look
-# (4 Hz) only fetched the same bytes again: a DHT read of every peer's record each time.
+# would only fetch the same bytes again: a DHT read of every peer's record each time.
 READ_EVERY = 0.5
 # Another peer's progress record counts for at most this many times the most samples it contributed
 # to one of its recent committed rounds (plus two batches): its count is its word, and one record
@@ -141,8 +141,7 @@ class SwarmProgress:
         fresh record counts only where its peer is the only other one on the board and in the
         roster (a swarm of two; at a swarm's start the liar's may be the only record yet): while the
         others average (their records go stale after ``fresh_ms``), a liar that keeps publishing
-        was the one fresh reporter, and stopped every honest peer as "behind the swarm" (measured
-        on the emulated internet: 2 of 10 rounds lost by three honest peers)."""
+        would be the one fresh reporter, and stop every honest peer as "behind the swarm"."""
         others = [
             r
             for r in records
@@ -177,7 +176,7 @@ class SwarmProgress:
                 self._finished,
                 self.traffic(),
                 # The store crosses the wide area: the computation's polling (and, at its end, the
-                # round) went on only after it, 0.2-0.5 s per record on broadband.
+                # round) must not wait for it.
                 wait=False,
                 data=self.data(),
             )

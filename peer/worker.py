@@ -117,10 +117,11 @@ def worker_main(spec: WorkerSpec, conn, shared: SharedBuffers) -> None:
             conn.send(WorkerFailed(f"{type(e).__name__}: {e}"))
         except OSError:
             pass
-    # End here, without the interpreter's teardown: it collects the whole torch heap and took 2.4 s
-    # on an idle 2-core machine, past the agent's 10 s grace (then a kill) under load, and the peer
-    # waited for it at every exit. Nothing is left to save: the model's state lives in the agent's
-    # shared buffers, the process group is left, and the log is flushed first.
+    # End here, without the interpreter's teardown: it collects the whole torch heap, which takes
+    # seconds (past the agent's grace under load, then a kill), and the peer would wait for it at
+    # every exit (benchmarks/RESULTS.md, "Processes that die"). Nothing is left to save: the model's
+    # state lives in the agent's shared buffers, the process group is left, and the log is flushed
+    # first.
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -134,9 +135,8 @@ def _serve(spec: WorkerSpec, conn, shared: SharedBuffers, log) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
         # Full fp32 convolutions and matmuls (no TF32): the aggregator audits a receipt by replaying
-        # its gradient on the CPU. Measured on an H100 (scripts/gpu_join_check.sh): with TF32 a GPU
-        # peer's sketch lay 1.9-2.4e-2 from the replay, close to the audit's 0.05 tolerance; without
-        # it 2.6-4.6e-4.
+        # its gradient on the CPU, and with TF32 a GPU peer's sketch would lie close to the audit's
+        # tolerance from the replay.
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
         fraction = spec.limits.gpu_fraction(torch.cuda.get_device_properties(device).total_memory)

@@ -75,8 +75,8 @@ class WorkerPool:
                 limits,
             )
             # Not a daemon: a GPU worker decodes its mini-batches in processes of its own
-            # (supernet.batch_prefetch; 0.80 of the bare step's rate on an H100 against 0.61 in the
-            # loop), and a daemon may not have children. It still cannot outlive the agent: it asks
+            # (supernet.batch_prefetch; benchmarks/RESULTS.md, "Input pipeline (GPU)"), and a daemon
+            # may not have children. It still cannot outlive the agent: it asks
             # the kernel for a signal when its parent dies, and stop() always ends it.
             proc = ctx.Process(target=worker_main, args=(spec, child, shared), daemon=False)
             proc.start()

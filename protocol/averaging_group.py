@@ -1,12 +1,11 @@
 """What a receipt says about the averaging group it was in: a Merkle root, not a list.
 
 A committed round's result is the exact mean over a set of contributors; every one of them holds the
-same set (the commit quorum checks it by digest). A receipt used to list that set, so its size grew
-with the swarm and the schema's cap (256 members) crashed every peer of a larger swarm after its first
-committed round. Now the contributors are the leaves of an RFC 9162 Merkle tree (one leaf per
-contributor, sorted by peer id: ``{"peer": id, "samples": n}`` in canonical JSON), and a receipt
-carries the tree's root and size, this peer's index and its inclusion proof: O(log n) hashes, which
-prove that the group the peer names counted it with exactly the samples it claims. Receipts of the
+same set (the commit quorum checks it by digest). The contributors are the leaves of an RFC 9162
+Merkle tree (one leaf per contributor, sorted by peer id: ``{"peer": id, "samples": n}`` in canonical
+JSON), and a receipt carries the tree's root and size, this peer's index and its inclusion proof:
+O(log n) hashes, never capped by the group's size, which prove that the group the peer names counted
+it with exactly the samples it claims. Receipts of the
 same group name the same root; the aggregator compares roots, not lists
 (:mod:`aggregator.contribution_checks`).
 """

@@ -43,22 +43,22 @@ class SwarmParams(StrictModel):
     # of its senders' parts, and names the senders it clipped or dropped in the commit.
     robust_averaging: bool = True
     # Cohort leaders per cross-cohort all-reduce group: more cohorts than this average up a tree of
-    # such groups (peer/cross_tree.py).
+    # such groups (peer/averaging/cross_tree.py).
     cross_group_size: Annotated[int, Field(ge=2, le=256)] = 8
     # The schedule: learning rate (warm-up + cosine) and progressive-shrinking phases follow the round
     # number over ``total_rounds``; rounds past it keep the last phase and the final learning rate.
     total_rounds: Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER)] = 1000
     warmup_rounds: Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER)] = 0
     schedule: Literal["sandwich", "progressive"] = "sandwich"
-    # Supernet size (see supernet.training.TrainConfig).
+    # Supernet size (see supernet.training.config.TrainConfig).
     width_mult: Decimal = "1.0"
     head_channels: Annotated[int, Field(ge=8, le=1 << 16)] = 640
     # How cohorts synchronise (peer/outer_step.py). "every-step": every round's gradient is averaged
     # across the whole swarm. "outer": rounds average inside each cohort only; every ``inner_steps``
     # rounds the cohorts average their pseudo-gradients (parameters at the last outer step minus
     # parameters now), sent through ``outer_compression`` with error feedback, and every peer applies
-    # the same outer Nesterov step (``outer_lr``, ``outer_momentum``). The defaults are measured in
-    # benchmarks/README.md, "Outer steps" (parts 1 to 3).
+    # the same outer Nesterov step (``outer_lr``, ``outer_momentum``). For the defaults, see
+    # benchmarks/RESULTS.md, "Outer steps between cohorts".
     sync: Literal["every-step", "outer"] = "every-step"
     inner_steps: Annotated[int, Field(ge=1, le=100_000)] = 5
     outer_lr: Decimal = "1.0"

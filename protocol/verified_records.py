@@ -2,7 +2,7 @@
 
 A peer re-reads the same boards many times a round (progress while it computes, commit reports while
 it waits for a quorum, the roster each round). Nearly every entry it reads is one it has read before,
-byte for byte; re-checking its Ed25519 signature and schema each time made every read cost a
+byte for byte; re-checking its Ed25519 signature and schema each time would make every read cost a
 verification per record of every peer (O(n) per read, O(n^2) over the swarm). The cache maps the
 exact (subkey, value) bytes to what opening them gave, so a repeated entry costs one dictionary
 lookup, and only new bytes are verified. A rejection is cached too (the same bytes stay invalid).

@@ -3,46 +3,30 @@ sender's parts align with the centre of the others' parts, and the senders it ha
 
 CenteredClip bounds what one sender can do to a part's average, but a sender that sends its honest
 gradient with the sign flipped stays within the honest spread whenever batch noise is larger than
-the gradient's signal (measured on the digits supernet: every few steps). It is clipped, never far
-enough out to be named, and it pulls every average it joins back toward where the model came from.
-What gives it away is its direction: an honest sender's part is, in expectation, positively aligned
-with the mean of the others (they estimate the same gradient), a flipped one negatively, by as much.
-One all-reduce says little (with 64 samples a peer, an honest part of ~50k values was anti-aligned
-with the others in about 1 part in 6, measured over 120 steps of the digits supernet); the record
-therefore keeps each sender's last :data:`WINDOW` cosines and names it only when their mean is
-negative by ``z_score`` standard errors. A reducer notes one cosine per sender and all-reduce, over
-its whole share (:attr:`hivemind_adapter.robust_reduce.RobustPartReducer.alignments`): the parts of
-one all-reduce come from one batch, and late in training a batch holding a hard example points
-against the others in most of them at once. With one cosine per part, a window held a single
-round, and honest members were named 228-260 times in 120-round runs.
+the gradient's signal: it is clipped, never far enough out to be named, and it pulls every average
+it joins back toward where the model came from. What gives it away is its direction: an honest
+sender's part is, in expectation, positively aligned with the mean of the others (they estimate the
+same gradient), a flipped one negatively, by as much. One all-reduce says little, so:
 
-The standard error is not the sender's own (a few values give a poor estimate): it is the spread of
-every sender's cosine around its part's median cosine, pooled over the last :data:`POOLED` of them,
-as a median absolute deviation, which the minority it is meant to catch cannot inflate.
+* a reducer notes one cosine per sender and all-reduce, over its whole share
+  (:attr:`hivemind_adapter.robust_reduce.RobustPartReducer.alignments`), not one per part: the parts
+  of one all-reduce come from one batch and are not independent evidence;
+* the record keeps each sender's last :data:`WINDOW` cosines and names it only when their mean lies
+  ``z_score`` standard errors below zero, *below* an honest sender's expectation (a sender is named
+  in a commit, and loses that round's credit, only when two reducers name it);
+* the standard error is not the sender's own (a few values give a poor estimate): it is the spread
+  of every sender's cosine around its part's median cosine, pooled over the last :data:`POOLED` of
+  them, as a median absolute deviation, which the minority it is meant to catch cannot inflate;
+* nobody is named unless the swarm's own alignment is measurable: the median sender's window, among
+  those seen in the last :data:`WINDOW` parts, must lie ``swarm_z`` standard errors *above* zero
+  (late in training gradients are mostly batch noise, and honest windows stray below zero). That
+  median stands for the swarm only among at least :data:`MIN_SWARM_SENDERS` senders; a record of
+  fewer (a cohort of three, a pair of heads) keeps the rule without it. A flipped gradient cancels
+  only what the others agree on, so where their agreement is not measurable it costs little;
+* a sender named here is left out of the centres of the parts this record's reducer averages, and
+  keeps being measured: it is named while its window says so.
 
-An honest sender's expected cosine is positive (it and the others estimate the same gradient), so
-it is named only if its window mean lies ``z_score`` standard errors below zero, *below* its own
-expectation: at the default 3, about once in 700 full windows of a Gaussian spread, and a sender is
-named in a commit (and loses that round's credit) only when two reducers name it. A flipped
-sender's expected cosine is the honest one negated. Replayed on the cosines of those 120 steps (six
-peers, parts of 50k and 130k values, one reducer per part), no honest sender was ever named and a
-flipped one was named after 4 to 9 parts. A sender named here is left out of the
-centres of the parts this record's reducer averages, and keeps being measured: it is named while
-its window says so.
-
-Only while the swarm's own alignment is measurable. Late in training an honest sender's expected
-cosine falls to about zero (gradients are mostly batch noise), and the cosines are heavier-tailed
-than the spread above says: an honest sender's window then lay 3 to 4.4 standard errors below zero
-now and then (2 honest receipts refused in 13,200, all in rounds 98-119 of 120). So nobody is named
-unless the median sender's window, among those seen in the last :data:`WINDOW` parts, lies
-``swarm_z`` standard errors *above* zero. That median stands for the swarm only among at least
-:data:`MIN_SWARM_SENDERS` senders; a record of fewer (a cohort of three, a pair of heads) keeps the
-rule without it, false namings late in training included. A flipped gradient cancels only what the others agree on,
-so where their agreement is not measurable it costs little. Replayed on every window of two
-120-round runs (``sign`` and clean, seed 0): an honest sender's window was named 6 times before,
-never after; the flipped sender's in 99 % of its windows in rounds 0-60 (99-100 % before), 93 % in
-rounds 60-80 (95 %), 11 % and 1 % in rounds 80-100 and 100-120 (28 % and 29 %). Over the whole
-120-round table honest senders were named 7 times instead of 124 (benchmarks/README.md at 7085eb3).
+What the rule costs and catches: benchmarks/RESULTS.md, "Robust averaging: accuracy under attack".
 
 Pure Python: the cosines come from :func:`robust_aggregation.centered_clip.centered_clip`.
 """
@@ -67,7 +51,7 @@ MIN_VALUES = 1024
 # The fewest recent senders whose median score can stand for the swarm's agreement. In a group of
 # three a flipped sender is half of each honest sender's "others", whose centre is then the
 # difference of two gradients (the signal cancels): every honest score sits near zero and the
-# median with it (measured on the emulated internet, cohorts of three: the flip was never named).
+# median with it.
 MIN_SWARM_SENDERS = 5
 
 

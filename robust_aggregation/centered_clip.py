@@ -21,9 +21,9 @@ sender's part of the current slice and, once all of them are in, takes a robust 
    round's credit, so it is kept for parts no honest batch gives.
 
 The reducer is trusted by nobody: a member checks each reply against the part it sent
-(:func:`robust_aggregation.reply_check.implausible_reply`) and refuses one that no honest centre can be. Over rounds, each sender's
-direction is kept by :mod:`robust_aggregation.alignment`: a sender that keeps pointing against the
-others is left out of the centres and named.
+(:func:`robust_aggregation.reply_check.implausible_reply`) and refuses one that no honest centre can
+be. Over rounds, each sender's direction is kept by :mod:`robust_aggregation.alignment`: a sender
+that keeps pointing against the others is left out of the centres and named.
 
 When no remaining part lies beyond the radius from their weighted mean, that mean is the fixed point
 of step 4 and is returned as computed in float64 (then cast): an honest swarm keeps its numbers.
@@ -46,9 +46,8 @@ CONVERGED = 1e-7
 # The radius is never below this many units in the last place of the start's norm: parts that differ
 # from an identical majority only by float rounding must not be clipped, let alone named outliers.
 RADIUS_FLOOR_ULPS = 8.0
-# Parts of fewer values are clipped but never have a finite part named or dropped (see centered_clip).
-# Measured on honest Gaussian parts from 3-16 senders (200-300 groups each): with 1 value, up to a
-# quarter of the groups had a part beyond 3 radii; with 5 values, 1%; from 8 values on, none.
+# Parts of fewer values are clipped but never have a finite part named or dropped (see centered_clip):
+# below a few values, honest parts' distances do not concentrate, so one lying beyond 3 radii is common.
 MIN_VALUES_TO_NAME = 16
 # Suspected senders are left out of a centre only if this many parts remain (see centered_clip).
 MIN_PARTS_TO_LEAVE_SUSPECTS_OUT = 3
@@ -71,22 +70,17 @@ class RobustConfig:
 
     ``drop_factor`` — a part farther than ``drop_factor × radius`` from the centre is left out of the
     result (dropped, not named). 3.0: early in training honest parts of a part-sized vector
-    concentrate within it, so an honest group keeps its plain mean. A bad part between 3 and 10
-    radii, clipped but kept, pulls the result by a radius times its weight share in every round it
-    is sent. With dropping and naming both at 10, random garbage (100x a gradient's length; 0.8 %
-    of its values lay between 3 and 10 radii) pulled each update by a median 0.70 honest peers and
-    cost the largest sub-network 0.56 +- 0.24 pp after 120 rounds; dropped at 3, 0.21 and
-    0.16 +- 0.23 pp (benchmarks/README.md, "Dropping at 3 radii, naming beyond 10"). Must be
-    between 1 and ``outlier_factor``.
+    concentrate within it, so an honest group keeps its plain mean. A bad part between
+    ``drop_factor`` and ``outlier_factor`` radii, clipped but kept, would pull the result by a radius
+    times its weight share in every round it is sent; dropped, it pulls nothing. Must be between 1
+    and ``outlier_factor``.
 
     ``outlier_factor`` — a part farther than ``outlier_factor × radius`` from the centre is an outlier
-    (named, as well as dropped). 10.0, that is twenty typical honest distances. Early in
-    training honest parts of a part-sized vector concentrate within 3; late in training they do not:
-    most members' samples are all learned and their parts are small, while one whose batch holds a
-    hard example sends a part several radii out. In two clean 120-round runs of the red team's task
-    honest parts reached 5.3 radii, and at 3.0 honest members were named in 66 parts from round 60
-    on (benchmarks/README.md, "Honest members named late in training"). Naming a sender is a strong
-    claim (its receipt earns nothing), while the attacks it is for lie far beyond 10 (x1000 and
+    (named, as well as dropped). 10.0, that is twenty typical honest distances. Early in training
+    honest parts of a part-sized vector concentrate within 3; late in training they do not: most
+    members' samples are all learned and their parts are small, while one whose batch holds a hard
+    example sends a part several radii out. Naming a sender is a strong claim (its receipt earns
+    nothing), while the attacks it is for lie far beyond 10 (x1000 and
     random garbage a hundred times a gradient's length); a part within it is clipped, pulling the
     result by at most a radius times its weight share, and one beyond ``drop_factor`` not at all.
     Must be >= 1.
@@ -98,8 +92,8 @@ class RobustConfig:
     then has at most 2/5 of it; in a group of three, where twice the median can be half the weight or
     more, the cap is the median (:func:`capped_weights`). The price is paid by honest senders above
     the cap (a GPU peer beside CPU peers counts as two of them): their means weigh less than their
-    samples would say, which changes the variance of the average, not its expectation (every mean is an unbiased
-    estimate of the same gradient).
+    samples would say, which changes the variance of the average, not its expectation (every mean is
+    an unbiased estimate of the same gradient).
 
     ``like_parts`` — the senders' parts estimate one vector, each with sampling noise that shrinks
     with its weight (data-parallel means). Members then hold a reducer's own part to the others'
@@ -180,10 +174,7 @@ def centered_clip(
         raise ValueError("no part is finite with a positive weight")
     # Suspects are left out only where at least three parts remain, which can still outvote one bad
     # part. Of two, a weighted median is one of them or lies between, so one wrong suspicion of an
-    # honest sender hands the centre to whatever remains. Measured on the emulated internet: in a
-    # cohort of three, an honest member's direction record (soured by an x1000 sender in the first
-    # attempt) left out the other honest member, and its centre came out as the mean of its own
-    # part and the x1000 one, 507 times too long; its cohort mates refused it and barred it.
+    # honest sender would hand the centre to whatever remains (an attacker's part included).
     kept = [i for i in usable if i not in excluded]
     active = kept if len(kept) >= MIN_PARTS_TO_LEAVE_SUSPECTS_OUT else usable
     x = torch.stack([parts[i].detach().reshape(-1).to(torch.float64) for i in active])
@@ -200,12 +191,11 @@ def centered_clip(
     distances = torch.linalg.vector_norm(x - centre, dim=1)
     far = distances > config.drop_factor * radius
     # Dropping parts presumes an honest majority: never drop half the weight or more, and keep at
-    # least two parts that agree, more than are dropped. By weight alone, the lighter of two parts was
-    # always "far" (the weighted median is the heavier one, at distance 0): on the emulated internet
-    # the lighter of two cohorts' heads was named in most cross-cohort stages, and its receipts were
-    # refused. Nor name a part of a few values: there the honest distances do not concentrate (with 3
-    # scalar parts, the median distance is the smaller of two gaps), so a far part proves nothing;
-    # clipping still bounds it.
+    # least two parts that agree, more than are dropped. By weight alone, the lighter of two parts
+    # would always be "far" (the weighted median is the heavier one, at distance 0), and an honest
+    # cohort head would be named. Nor name a part of a few values: there the honest distances do not
+    # concentrate (with 3 scalar parts, the median distance is the smaller of two gaps), so a far
+    # part proves nothing; clipping still bounds it.
     near = int((~far).sum())
     if (
         bool(far.any())
@@ -238,9 +228,9 @@ def slotted_centre(parts: Sequence[torch.Tensor], senders: Sequence[int], num_se
     positions congruent to its sender index modulo ``num_senders`` and writes zeros elsewhere, so
     each position has one value, its owner's. The result is that value divided by ``num_senders``
     (what a plain mean of the parts gives when every sender keeps to its slots: a cohort's roll of
-    sample counts, :mod:`peer.averaging.known_cohort`). A robust centre of such a part would be wrong (its
-    coordinate-wise median is zero), and it needs none: what a sender writes in another's slots is
-    ignored, and the sender named; so is one whose own values are not finite (they count as zero)."""
+    sample counts, :mod:`peer.averaging.known_cohort`). A robust centre of such a part would be wrong
+    (its coordinate-wise median is zero), and it needs none: what a sender writes in another's slots
+    is ignored, and the sender named; so is one whose own values are not finite (they count as zero)."""
     result = torch.zeros(parts[0].numel(), dtype=torch.float64)
     positions = torch.arange(parts[0].numel())
     named = []
@@ -258,18 +248,16 @@ def without_negative_zeros(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """``tensors`` with every -0.0 made +0.0 (``t + 0.0``; nothing else changes). A reducer's sum
     starts from +0.0 and -0.0 + 0.0 is +0.0 in IEEE arithmetic, so a -0.0 that a broadcast's head
     sends arrives as +0.0 however exact the rest is: equal values, different bytes, a different
-    digest. Measured on the emulated internet: both members of an honest head saw its broadcast
-    differ from the digest it announced, and barred it. A head sends what reducers give back."""
+    digest, and members would bar an honest head whose broadcast differs from the digest it announced.
+    A head sends what reducers give back."""
     return [t + 0.0 for t in tensors]
 
 
 def capped_weights(w: torch.Tensor, max_weight_ratio: float) -> torch.Tensor:
     """``w`` with no weight above ``max_weight_ratio`` times the median, nor above the median where
     that would leave one sender half the weight or more. In a group of three, twice the median is
-    more than the other two together whenever the lightest is below the median: measured on the
-    emulated internet, an x1000 sender claiming 4x the samples of a peer that had caught up late owned
-    the weighted median of its honest reducer's part, whose reply came back 263 times too long; its
-    two honest cohort mates refused each other's replies and barred each other for 10 minutes."""
+    more than the other two together whenever the lightest is below the median, so one sender
+    claiming a large weight would own the weighted median of the part."""
     median = float(torch.median(w))  # the lower middle value for an even count
     capped = w.clamp(max=max_weight_ratio * median)
     heaviest = float(capped.max())
@@ -282,12 +270,10 @@ def _alignments(parts, usable, left_out, weight_of, centre, radius) -> tuple[Ali
     """Each usable part against the centre of the others. For a part in the centre, the others'
     centre is the mean of the other parts in it, each with the weight it has in the centre: its
     weight times its clip factor ``min(1, radius / |x - centre|)`` (at CenteredClip's fixed point
-    the centre is exactly that weighted mean). Taking a clipped part's whole weighted value out of
-    the centre instead, as this once did, left the others' centre pointing away from it: late in
-    training, when a member's 64 samples hold a hard example and its part is clipped, honest members
-    read anti-aligned and were left out (one of three causes of honest members named late in
-    training: benchmarks/README.md, "Honest members named late in training"). For a part left out
-    of the centre, the others' centre is the centre itself."""
+    the centre is exactly that weighted mean). Taking a clipped part's whole weighted value out of the
+    centre instead would leave the others' centre pointing away from it, and an honest member whose
+    batch holds a hard example would read anti-aligned. For a part left out of the centre, the
+    others' centre is the centre itself."""
     result: list[Alignment | None] = [None] * len(parts)
     if len(usable) < 2:
         return tuple(result)
@@ -319,7 +305,7 @@ def _weighted_median(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Coordinate-wise weighted median of the rows of ``x`` (k, d) with weights ``w`` (k,): in each
     coordinate the value where the cumulated weight reaches half; where it reaches exactly half, the
     midpoint of that value and the next (so two equal-weight parts give their mean)."""
-    k, by_coordinate = x.shape[0], x.t().contiguous()  # sorting along contiguous rows is ~3x faster
+    k, by_coordinate = x.shape[0], x.t().contiguous()  # sorting runs faster along contiguous rows
     if bool((w == w[0]).all()):  # equal weights (the usual case): the ranks say where half is
         values = torch.sort(by_coordinate, dim=1).values
         return (values[:, (k - 1) // 2] + values[:, k // 2]) / 2

@@ -4,7 +4,7 @@ verifying reducers by random projections, made to fit MANTA's butterfly all-redu
 A reducer decides its part's result for every member alike. The member-side checks of
 :mod:`robust_aggregation.reply_check` bound a reply by the part the member sent (its length, its
 direction), but a reducer that adds a random direction a few times the centre's length to every
-result passes them all (the red team's ``noisy-reducer``: ~6x a member's part, cosine ~0.06).
+result passes them all.
 
 What an honest result is: the CenteredClip fixed point. With ``c`` the result, ``r`` the radius,
 ``w_i`` the capped weights of the parts in the centre and ``a_i = min(1, r / |x_i - c|)``,
@@ -78,7 +78,8 @@ RESIDUAL_TOLERANCE = 1e-3
 # A listed distance may differ from its part's sketched distance by at most this factor.
 DISTANCE_BAND = 4.0
 # How much farther (in squared noise units) the reducer's own part may lie from the others than they
-# lie from each other (point 5); set from honest and lying proofs (benchmarks/RESULTS.md, "Reducer proofs, offline").
+# lie from each other (point 5); set from honest and lying proofs
+# (benchmarks/RESULTS.md, "Reducer proofs, offline").
 OWN_PART_FACTOR = 10.0
 # How much farther (squared) the result may lie from a member's part than the other parts' lower
 # median does (point 6); set the same way (benchmarks/RESULTS.md, "Reducer proofs, offline").
@@ -221,8 +222,9 @@ def check_proof(
     """Why ``proof`` is not an honest reducer's account of ``result`` (what this member received for
     the part it sent as ``own_part`` with ``own_weight``), or None. ``member`` and ``reducer`` are
     sender indices; ``cap_rule`` caps a vector of weights as the reducer must have
-    (:func:`~robust_aggregation.centered_clip.capped_weights` with the group's ratio); ``rounding``: per value, how far the wire's codec may have moved the result
-    from the centre the reducer computed (None: only float32's rounding); ``like_parts``: the parts
+    (:func:`~robust_aggregation.centered_clip.capped_weights` with the group's ratio); ``rounding``:
+    per value, how far the wire's codec may have moved the result from the centre the reducer
+    computed (None: only float32's rounding); ``like_parts``: the parts
     estimate one vector (:class:`~robust_aggregation.centered_clip.RobustConfig`), so point 5 applies;
     ``noise_reference``: this part's sampling noise as this member measured it elsewhere
     (:meth:`NoiseMap.over` of its own cohort stage), what point 5 holds a reducer to where it has
@@ -318,8 +320,8 @@ def check_proof(
 class NoiseMap:
     """Sampling noise per value over ranges ``(start, end, level)`` of an averager's flat vector, as
     one all-reduce's proofs showed it (:func:`noise_level` over a part's values). Gradient noise is
-    far from even along a model (measured on the digits supernet: 5x between its 512 KiB parts), so
-    a part is held to the noise of its own values, not to an average."""
+    far from even along a model (it differs severalfold between parts), so a part is held to the
+    noise of its own values, not to an average."""
 
     ranges: tuple[tuple[int, int, float], ...]
 
@@ -433,12 +435,11 @@ def result_ratio(proof: PartProof, member: int, distance: float) -> float | None
     nothing (fewer than two other parts).
 
     Lengths, not noise units as in point 5: the result carries the capped mean's noise, which for a
-    member of many samples is most of its distance to the result (the 256-sample member of
-    8/32/64/256 read 8.4 in noise units, 1.5 in lengths). A reducer can list the entry of a member
-    that never checks it (one whose results it held back, or that left) anywhere: placed far, it
-    raises the median by one rank; placed near, it only makes the check stricter. Not the nearest:
-    one dishonest member whose part lies next to this member's would then make it refuse honest
-    results."""
+    member of many samples is most of its distance to the result. A reducer can list the entry of a
+    member that never checks it (one whose results it held back, or that left) anywhere: placed far,
+    it raises the median by one rank; placed near, it only makes the check stricter. Not the
+    nearest: one dishonest member whose part lies next to this member's would then make it refuse
+    honest results."""
     valid = _valid(proof)
     if member not in valid:
         return None
@@ -455,13 +456,11 @@ def result_ratio(proof: PartProof, member: int, distance: float) -> float | None
 
 def reference_rank(others: int) -> int:
     """Which of a member's sorted gaps to the ``others`` other parts point 6 measures the result by
-    (0-based): the lower median, never below the second-nearest. The second-nearest alone was too
-    tight late in training, where parts cluster (most members' 64 samples are all learned, a few hold
-    a hard example): three near-zero parts of six are each other's nearest two, the centre lies among
-    all six, and an honest member's ratio reached 3.96 against the limit of 4
-    (benchmarks/README.md at 7085eb3, "Point 6 late in training"). The median of five gaps is one of
-    the far cluster's there. One made-up entry moves the median by at most one rank, and a twin
-    placed next to a victim's part moves only its nearest gap."""
+    (0-based): the lower median, never below the second-nearest. The second-nearest alone is too
+    tight late in training, where parts cluster (most members' samples are all learned, a few hold a
+    hard example): near-zero parts are each other's nearest, while the centre lies among all of them.
+    One made-up entry moves the median by at most one rank, and a twin placed next to a victim's part
+    moves only its nearest gap."""
     return max(1, (others - 1) // 2)
 
 

@@ -19,20 +19,20 @@ import torch
 # times the others' samples.
 REPLY_NORM_FACTOR = 50.0
 # An honest centre contains the member's own part and the others' mean, whose cosine with that part
-# was never below -0.54 (120 steps of the digits supernet, six peers of 64 samples, parts of 52k and
-# 131k values), so a reply below this bound is not an honest centre. A reducer that negates the
-# centre falls below it only where the centre leans clearly toward the member's part (small groups,
-# strong signal): a subtle liar passes this check, a blatant one does not.
+# stays above this bound on part-sized vectors, so a reply below it is not an honest centre. A
+# reducer that negates the centre falls below it only where the centre leans clearly toward the
+# member's part (small groups, strong signal): a subtle liar passes this check, a blatant one does not.
 LOWEST_HONEST_ALIGNMENT = -0.6
-# Parts shorter than this are not judged by direction: their cosines scatter wider than measured.
+# Parts shorter than this are not judged by direction: their cosines scatter past the bound.
 MIN_VALUES_FOR_DIRECTION = 32768
 
 
 def implausible_reply(own: torch.Tensor, reply: torch.Tensor, min_values: int = 1024) -> str | None:
     """Why a reducer's ``reply`` (the robust centre of one part) cannot be an honest centre of a part
     this member sent as ``own``, or None. A reducer controls its part's result for every member, so
-    a lying one would otherwise be applied by all of them alike (and their digests would agree). Parts of fewer than ``min_values`` values, and parts this member sent as
-    zeros (a broadcast's followers) or not finite, are not judged."""
+    a lying one would otherwise be applied by all of them alike (and their digests would agree).
+    Parts of fewer than ``min_values`` values, and parts this member sent as zeros (a broadcast's
+    followers) or not finite, are not judged."""
     if own.numel() < min_values:
         return None
     own64, reply64 = own.detach().reshape(-1).double(), reply.detach().reshape(-1).double()

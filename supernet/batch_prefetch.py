@@ -1,14 +1,14 @@
 """A background input pipeline: the next mini-batches are decoded and augmented while the model trains
 on the current one.
 
-A worker's loop (:func:`supernet.contribution.compute_contribution`) used to load a batch, then train
-on it, then load the next: the device waited while PIL decoded images and the augmentation ran. A
+A worker's loop (:func:`supernet.contribution.compute_contribution`) that loads a batch, trains on it,
+then loads the next leaves the device waiting while PIL decodes images and the augmentation runs. A
 :class:`BatchPrefetcher` moves that work off the training thread:
 
 * **decoding** — the dataset's ``__getitem__`` (a PIL decode and resize for image folders, a shard
   file read) — runs in a small pool of threads; PIL and torch release the GIL while they work;
 * **collation and the random augmentation** run in one producer thread, batch after batch *in
-  order*, so every batch draws from the augmentation generator exactly what it drew when batches were
+  order*, so every batch draws from the augmentation generator exactly what it draws when batches are
   made one at a time in the loop: batch ``i`` is the same whether the pipeline runs ahead or not;
 * a bounded queue (``depth`` batches) hands ready batches to the training loop.
 

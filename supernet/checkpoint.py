@@ -68,8 +68,8 @@ def save_checkpoint(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     net = workload.build()
-    # by the optimizer's name: making a torch optimizer imports torch._dynamo, which cost a peer's exit
-    # 3 s of CPU (its process never makes one: its workers train)
+    # by the optimizer's name: making a torch optimizer imports torch._dynamo, which costs a peer's exit
+    # seconds of CPU (its process never makes one: its workers train)
     consensus = consensus_count(net, workload.cfg.optimizer)
     payload = {
         "format": FORMAT,

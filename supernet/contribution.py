@@ -4,11 +4,12 @@ the aggregator that replays it in a spot audit.
 These are the steps a receipt commits to: a worker's deterministic sample stream
 (:class:`tasks.sharding.SampleStream`) with its augmentation seed, mini-batch after mini-batch through
 the round's sub-networks, per-sample gradient sums, and the sketch of the mean gradient
-(:mod:`supernet.sketch`). They used to be written out twice (``peer/worker.py`` and
-``aggregator/audits.py``): if the two copies drift, honest peers get revoked. Now there is one.
+(:mod:`supernet.sketch`). They are written out once, here, for the peer's worker and the aggregator's
+audit alike: were two copies to drift, honest peers would be revoked.
 
 The random draws come from two ``torch.Generator`` objects of :func:`compute_contribution`'s own, both
-seeded from :func:`tasks.sharding.augmentation_seed` (:func:`supernet.batch_prefetch.contribution_generators`):
+seeded from :func:`tasks.sharding.augmentation_seed`
+(:func:`supernet.batch_prefetch.contribution_generators`):
 one for the augmentation, one for dropout. Never torch's global generator: a spot audit replaying a
 peer's gradient in one thread of the aggregator gets the same numbers whatever other threads draw
 meanwhile. Two, not one, because the mini-batches are loaded and augmented ahead of the training step
@@ -74,14 +75,14 @@ def compute_contribution(
 
     The mini-batches' augmentation and dropout are drawn from generators of this call's own, seeded
     by ``(task_seed, round_index, participant)``: the peer and its auditor draw the same, in any
-    thread. Up to ``prefetch`` mini-batches are decoded and augmented ahead of the training step in the
-    background (:class:`supernet.batch_prefetch.BatchPrefetcher`); ``prefetch=0`` makes them in the
-    loop. The result is the same either way. Defaults, from ``benchmarks/input_pipeline.py``: on a GPU
-    two batches ahead, decoded in ``decode_processes`` forked processes
-    (:func:`~supernet.batch_prefetch.default_decode_threads`) where this process may have children
-    (not a daemon), else in the producer thread; on the CPU in the loop (``prefetch=0``): there the
-    training step keeps every core busy, and a background thread's torch operations only compete with
-    it. ``decode_threads`` (default none) decodes in threads instead."""
+    thread. Up to ``prefetch`` mini-batches are decoded and augmented ahead of the training step in
+    the background (:class:`supernet.batch_prefetch.BatchPrefetcher`); ``prefetch=0`` makes them in
+    the loop. The result is the same either way. Defaults: on a GPU two batches ahead, decoded in
+    ``decode_processes`` forked processes (:func:`~supernet.batch_prefetch.default_decode_threads`)
+    where this process may have children (not a daemon), else in the producer thread; on the CPU in
+    the loop (``prefetch=0``): there the training step keeps every core busy, and a background
+    thread's torch operations only compete with it (benchmarks/RESULTS.md, "Input pipeline (GPU)").
+    ``decode_threads`` (default none) decodes in threads instead."""
     params = list(net.parameters())
     augmentation, dropout = contribution_generators(augmentation_seed(task_seed, round_index, participant))
     train_set = workload.task.train_set

@@ -34,8 +34,8 @@ def gradient_sketch(tensors: Sequence[torch.Tensor], seed: int, k: int = SKETCH_
     """``k`` projections of the concatenated ``tensors`` on random ±1 vectors fixed by ``seed``.
 
     Element ``i``'s signs are the ``k`` bits of one random word: one draw per element, not ``k``
-    (drawing a k x n sign matrix took 0.6 s for 300,000 parameters on this 2-core machine, every round
-    of every peer and every audit). A projection is ``2 * (sum of the elements whose bit is set) -
+    (a k x n sign matrix would cost ``k`` draws per element, every round of every peer and every
+    audit). A projection is ``2 * (sum of the elements whose bit is set) -
     (sum of all)``, summed in float64 over chunks that bound the memory."""
     if not 0 < k <= SIGN_BITS:
         raise ValueError(f"a sketch has 1 to {SIGN_BITS} projections")

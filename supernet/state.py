@@ -5,9 +5,10 @@ floating-point buffers (batch-norm running statistics). The layout is the same o
 task, so the list can be served to late joiners by hivemind's state sharing and checkpointed.
 
 The first two parts are the *consensus* state: every peer applies the same optimizer step from the
-same averaged gradient, so they are bit-identical across the swarm and :func:`consensus_digest`
-checks it. Batch-norm statistics are not: each peer updates them from its own data shard, and a
-sub-network's statistics are recalibrated before it is evaluated anyway (the once-for-all practice).
+same averaged gradient, so they are bit-identical across the swarm, and :func:`digest` of the first
+:func:`consensus_count` tensors checks it. Batch-norm statistics are not: each peer updates them
+from its own data shard, and a sub-network's statistics are recalibrated before it is evaluated
+anyway (the once-for-all practice).
 
 The optimizer state is created up front with the values a fresh optimizer would start from (zero
 momentum and moments, step 0), so the layout exists before the first step and the first step behaves
@@ -58,7 +59,7 @@ def state_tensors(net: nn.Module, optimizer: torch.optim.Optimizer) -> list[torc
 def fresh_state_tensors(net: nn.Module, optimizer: str) -> list[torch.Tensor]:
     """What :func:`state_tensors` gives after :func:`init_optimizer_state` on a fresh optimizer named
     ``optimizer`` (``TrainConfig.optimizer``), without making one: a peer's agent only holds the
-    state's layout, and making a torch optimizer imports ``torch._dynamo`` (1.7 s of CPU here)."""
+    state's layout, and making a torch optimizer imports ``torch._dynamo`` (seconds of CPU)."""
     params = list(net.parameters())
     out = [p.data for p in params]
     for p in params:

@@ -10,8 +10,9 @@ width phase starts, the optimizer with its warm-up + cosine schedule
 
 What is stereo-specific, and why it is written here rather than used from there:
 :func:`~supernet.training.gradients.accumulate_gradients` and
-:func:`~supernet.training.evaluation.evaluate` take one input tensor and class labels, call ``net.logits`` and distil through a softmax; a stereo sub-network takes
-two images, returns 7 disparity maps and is a regression. So :func:`accumulate_stereo_gradients` keeps
+:func:`~supernet.training.evaluation.evaluate` take one input tensor and class labels, call
+``net.logits`` and distil through a softmax; a stereo sub-network takes two images, returns 7
+disparity maps and is a regression. So :func:`accumulate_stereo_gradients` keeps
 the same contract (zero grads, K sub-networks, gradients summed, no optimizer step, the same returned
 statistics for the swarm and the ledger) with the multi-scale loss, and in-place distillation becomes
 the per-scale error against the largest sub-network's detached predictions

@@ -5,12 +5,12 @@ training augmentation is applied where a training batch is formed, with the gene
 computation (:func:`supernet.training.batches.training_batch`, BN recalibration). Why not torchvision's
 random transforms inside ``Dataset.__getitem__``: they draw from torch's global generator, which all
 threads of a process share, so a spot audit replaying a peer's augmentation in one thread of the
-aggregator would see the draws of another thread (and needed a process-wide lock). Here the draws
-depend only on the generator's seed and the batch.
+aggregator would see the draws of another thread. Here the draws depend only on the generator's seed
+and the batch.
 
-:class:`ImageAugmentation` does what the tasks used torchvision's ``RandomAffine``,
-``RandomCrop(padding, padding_mode="reflect")`` and ``RandomHorizontalFlip`` for, with the same
-parameter distributions (not the same draws), on normalised images: crops and flips only move pixels,
+:class:`ImageAugmentation` does what torchvision's ``RandomAffine``, ``RandomCrop(padding,
+padding_mode="reflect")`` and ``RandomHorizontalFlip`` do, with the same parameter distributions (not
+the same draws), on normalised images: crops and flips only move pixels,
 so they commute with the per-channel normalisation, and the affine warp fills uncovered pixels with
 ``fill``, the normalised value of black.
 """
@@ -97,8 +97,8 @@ class ImageAugmentation:
         (rotation and scale about the centre, then a whole-pixel shift), or ``fill`` from outside.
 
         The geometry of torchvision's ``affine`` (clockwise angles, pixel centres, nearest with ties
-        to even), in plain torch and for the whole batch at once: importing torchvision costs 2.5 s
-        of CPU here, paid at start by every worker, audit and evaluation that warps a batch."""
+        to even), in plain torch and for the whole batch at once: importing torchvision costs seconds
+        of CPU, which every worker, audit and evaluation that warps a batch would pay at start."""
         batch, channels, height, width = images.shape
         angles = _uniform(batch, -self.degrees, self.degrees, generator)
         dx = _uniform(batch, -self.translate * width, self.translate * width, generator)

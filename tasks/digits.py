@@ -6,8 +6,8 @@ validation split is stratified and fixed by ``split_seed`` (default 0: 1,437 tra
 Training batches get a small random affine jitter (``augment``; ``Task.augmentation``).
 
 Building the task imports neither scikit-learn nor torchvision: every peer agent, worker, aggregator
-and ``manta-swarm`` builds it at start, and importing the two cost 0.9 s and 2.5 s of CPU per process
-on this 2-core machine (about 20 s of wall time when a 5-peer swarm starts at once).
+and ``manta-swarm`` builds it at start, and importing the two costs seconds of CPU per process
+(benchmarks/RESULTS.md, "Start-up").
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def _bundled_digits_file() -> Path | None:
 
 def load_digit_arrays() -> tuple[np.ndarray, np.ndarray]:
     """The 1,797 images (N×8×8, values 0..16) and their labels, as ``sklearn.datasets.load_digits``
-    gives them: read from the file it reads, or through it if that file is not where it used to be."""
+    gives them: read from the file it reads, or through it if that file is not where this looks."""
     path = _bundled_digits_file()
     if path is None:
         from sklearn.datasets import load_digits

@@ -37,8 +37,8 @@ class Normalize:
     """``(image - mean) / std`` per channel of a float C×H×W tensor, as ``v2.Normalize`` computes it
     (the same operations in the same order, so the same bits).
 
-    Plain torch, so a tensor dataset needs no torchvision: importing it costs 2.5 s of CPU here (it
-    loads ``torch._dynamo``), which every peer agent paid at start only to build the digits task."""
+    Plain torch, so a tensor dataset needs no torchvision: importing it costs seconds of CPU (it
+    loads ``torch._dynamo``), which every peer agent would pay at start only to build the digits task."""
 
     def __init__(self, mean: Sequence[float], std: Sequence[float]):
         if len(mean) != len(std) or any(s == 0 for s in std):

@@ -124,9 +124,8 @@ def failed_peers(
     returncodes: dict[str, int | None], signalled: dict[str, set[str]], killed_by_churn: Collection[str]
 ) -> list[str]:
     """The peers whose exit was a failure: not 0, not a kill (churn's or the stop's last resort), and
-    not the SIGTERM of a stop that reached a peer still starting (seen at the time limit of the
-    8-peer churn benchmark: a joiner started 6 s before it was still importing, its handlers not yet
-    installed, and the signal's default action ended it)."""
+    not the SIGTERM of a stop that reached a peer still starting (one still importing has no handler
+    installed yet, and the signal's default action ends it)."""
     failed = []
     for name, code in returncodes.items():
         stopped = code == -signal.SIGTERM and "term" in signalled.get(name, ())

@@ -14,10 +14,7 @@ an exchange's cross stage as far apart as a period's worth of their speed differ
 exchange's averager (:mod:`peer.outer_round`) allows the period's length on top of the cross stage's
 and the broadcast's waits. Overlapped, waiting that long costs no compute (the next period trains
 meanwhile, and a head more than a period ahead blocks at its next period's end anyway); blocking, it is
-the outer step's barrier, and giving up would split the swarm's step. Measured on the two-site
-emulated-internet test (tests/testbed/test_swarm_outer.py): the first exchange's cross stage took 6-22 s
-(the first connection across the NAT, plus the cohorts' drift of up to 15 s) against its first wait of
-20 s; one CI run lost an outer step.
+the outer step's barrier, and giving up would split the swarm's step.
 
 One peer thread uses an instance; nothing here is shared.
 """
@@ -88,8 +85,7 @@ class StageDeadlines:
             if stage == "broadcast":
                 # A member's broadcast wait begins as its head begins to climb across cohorts: until
                 # a broadcast was timed (its history then holds that climb), it also waits out the
-                # head's cross stage. Without this an outer step's first broadcast gave up a second
-                # before its head arrived, whose cross stage took 19 s (a NAT'd head, emulated internet).
+                # head's cross stage, or it could give up just before a slow head arrives.
                 wait += self._deadline("cross", ceiling).seconds
             return StageDeadline(wait, None)
         slowest = max(history)

@@ -1,9 +1,9 @@
 """An outer task's inner step: the cohort averages in a group its members already know.
 
 An inner step averages inside one cohort only (:mod:`peer.outer_round`), and every member read the
-same roster, so each knows who the others are. Meeting them through hivemind's matchmaking cost
-1.2-2.8 s per inner step on the "broadband" profile, the DHT's nodes being across the wide area;
-the all-reduce itself takes a fraction of that over the cohort's own links. Here the members go
+same roster, so each knows who the others are. Meeting them through hivemind's matchmaking takes
+DHT round trips across the wide area on every inner step, more than the all-reduce itself over the
+cohort's own links. Here the members go
 straight to the all-reduce (:mod:`hivemind_adapter.known_groups`), in a group whose id says the task,
 the attempt, the start state and the members: peers that disagree on any of them never mix.
 
@@ -29,8 +29,8 @@ once more over the roll alone (:meth:`KnownCohort.confirm`, a few hundred bytes 
 links): each member says "ok" and a fingerprint of the result it computed (40 bits of its
 digest). A member that receives every member's "ok" with its own fingerprint knows that the whole
 cohort (the roster that commits an inner step) holds its result, and commits without waiting for
-the board's reports to cross the wide area (0.5 s per inner step on broadband). A member whose
-confirmation fails waits for the board as before; the others' reports are on their way there.
+the board's reports to cross the wide area. A member whose confirmation fails waits for the board;
+the others' reports are on their way there.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ ROLL_SLOTS = 64  # the largest cohort that averages in a known group (a larger o
 SKIP_AFTER_FAILURE = 2  # attempts that go straight to matchmaking after a known group failed
 CONFIRM_ARRIVAL_SECONDS = 2.0  # members confirm right after the all-reduce they all completed
 # A result's fingerprint: two 20-bit pieces of its digest. hivemind's reducer averages in float32
-# whatever the roll's dtype (measured: a 40-bit value in one slot came back rounded to 24 bits), and
+# whatever the roll's dtype (a float32 keeps 24 bits of a value), and
 # a 20-bit integer survives float32's mean and the product by the group's size exactly.
 FINGERPRINT_PIECES = 2
 FINGERPRINT_BITS = 20

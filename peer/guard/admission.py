@@ -15,8 +15,8 @@ A key convicted by evidence anyone can check (:mod:`peer.guard.conviction_watch`
 
 Some refusals cannot tell the liar from an honest peer that carried the lie (a cohort head whose
 cohort's result a liar bent): such a peer is barred briefly, and twice as long each time it is
-refused again (:meth:`AdmissionMemory.bar_again`). A full bar there split an honest swarm for its
-whole term on the emulated internet; a liar that keeps lying soon earns the full term anyway.
+refused again (:meth:`AdmissionMemory.bar_again`). A full bar there would split an honest swarm for
+its whole term; a liar that keeps lying soon earns the full term anyway.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Reducers convicted of telling members different stories, found after the fact and shared.
 
 A peer compares the reducers' signed proofs digests only among the reports it reads before it
-commits (:func:`peer.commit.quorum.await_commit`). A reducer that delays one member's results until
+commits (:func:`peer.commit.waits.await_commit`). A reducer that delays one member's results until
 the others have committed keeps that member's report out of every comparison that could stop the
 result, and a peer that saw the two stories barred the reducer from its own groups only: the others
 met it again in the next attempt. So the evidence is kept looking for and passed on:

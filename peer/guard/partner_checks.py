@@ -74,5 +74,5 @@ class PartnerChecks:
         if self.guard.refused_in(attempt):
             try:
                 self.post_marker(attempt, taken=True)
-            except Exception as e:  # the DHT may fail a store: the partners then wait as before
+            except Exception as e:  # the DHT may fail a store: the partners then wait out their bound
                 logger.debug(f"could not post this peer's refusals: {e}")

@@ -44,8 +44,9 @@ class PeerGuard:
     """Names, bars, excuses and convicts the reducers of one averager's all-reduces, and tells their
     matchmaking whom to admit.
 
-    ``peer_id``: this peer's; ``averagers``: the hivemind averagers whose evidence it collects, the cross-cohort one last (a
-    refusal there for a reducer's own part may be an honest head's, :data:`FIRST_OWN_PART_BAR_SECONDS`);
+    ``peer_id``: this peer's; ``averagers``: the hivemind averagers whose evidence it collects, the
+    cross-cohort one last (a refusal there for a reducer's own part may be an honest head's,
+    :data:`FIRST_OWN_PART_BAR_SECONDS`);
     ``admitted`` reads the roster's peers and keys (None: a swarm without MANTA keys, whose peers
     trust each other); ``convictions``: evidence found late or posted by others (None: none kept).
     """

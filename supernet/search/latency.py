@@ -9,11 +9,11 @@ hooks on its units, which works the same for the classification and the stereo s
 
 **The prediction** is ``fixed_ms + scale × (sum of the active blocks' entries)``. ``fixed_ms`` is
 what does not depend on the sub-network (stem, head, correlation, decoder, call overhead); ``scale``
-is the slow-down of blocks running inside a network compared with alone (alone, a block's weights and
-input stay in cache between repeats; end to end they are evicted by the other blocks; fitted here:
-1.1-1.2× on a 2-core VM). Both are fitted by least squares to the end-to-end time of a few
-calibration sub-networks (the largest, the smallest and some random ones, fixed by a seed), which are
-not the ones :func:`validate` checks against.
+is the slow-down of blocks running inside a network compared with alone (alone, a block's weights
+and input stay in cache between repeats; end to end they are evicted by the other blocks). Both are
+fitted by least squares to the end-to-end time of a few calibration sub-networks (the largest, the
+smallest and some random ones, fixed by a seed), which are not the ones :func:`validate` checks
+against.
 
 **Reuse.** The table is JSON. Its ``key`` is a SHA-256 of the supernet's architecture (its module
 ``repr``), the input size, the device and its hardware name, the thread count and the torch version;

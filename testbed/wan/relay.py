@@ -5,7 +5,7 @@ jitter and random loss.
 Why a process: this kernel has no ``netem`` qdisc, so delay and loss cannot come from ``tc``. Rate is
 left to the kernel (a ``tbf`` on each TAP's egress shapes what enters the wire), so this loop only
 holds frames for their delay and drops the configured share; that keeps it cheap enough for a few
-hundred Mbit/s per link in Python (measured by ``manta-swarm --check-links``).
+hundred Mbit/s per link in Python (checked by ``manta-swarm --check-links``).
 
 Invariants: frames of one direction leave in the order they came (jitter never reorders, unlike
 netem's default: reordering would make TCP see loss that was not configured); loss is drawn from a
@@ -41,8 +41,8 @@ IFF_TAP, IFF_NO_PI = 0x0002, 0x1000
 CLONE_NEWNET = 0x40000000
 FRAMES_PER_WAKEUP = 256  # bound the work per readable fd so the other direction is not starved
 # epoll waits in whole milliseconds, rounded up: wait the whole milliseconds that fit and send what is
-# due within a quarter of one, so a frame leaves about on time instead of 0.5-1 ms late (measured:
-# round trips within 0.5 ms of the configured ones from 10 to 300 ms).
+# due within a quarter of one, so a frame leaves about on time instead of up to a millisecond late
+# (benchmarks/RESULTS.md, "Emulated links").
 EARLY_S = 0.00025
 
 
