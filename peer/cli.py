@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-# Imports of torch, hivemind and the modules built on them stay inside the commands: measured on
-# this 2-core VM (2026-11-22), `import torch` takes 2.0-2.3 s and `import peer.node` 3.1 s, against
-# 0.1 s for `manta-peer --help` as it is. Bad input must fail at once, before any of that is loaded.
+# Imports of torch, hivemind and the modules built on them stay inside the commands: --help and bad
+# input answer at once, before seconds of imports (benchmarks/RESULTS.md, "Start-up").
 import json
 import logging
 from pathlib import Path
