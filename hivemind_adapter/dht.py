@@ -23,6 +23,7 @@ from hivemind.utils import get_dht_time
 from hivemind_adapter.p2p_sockets import daemon_socket_files, remove_dead_daemon_sockets, remove_dead_socket
 from hivemind_adapter.process_answers import NoAnswerWithin, ProcessEnded, await_answer
 from hivemind_adapter.process_locks import install_death_safe_locks
+from hivemind_adapter.stream_openings import install_quiet_stream_openings
 from protocol.sealing import RecordRejected
 
 T = TypeVar("T")
@@ -157,6 +158,7 @@ def start_dht(
     """A running DHT node (its own process and p2pd daemon). SwarmUnreachable if it cannot join."""
     _hivemind_logs_follow_manta()
     install_death_safe_locks()  # a node's first hivemind process is its DHT's: the tree shares them
+    install_quiet_stream_openings()
     daemons_before = daemon_socket_files()
     try:
         return SwarmDHT(
