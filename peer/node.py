@@ -193,7 +193,7 @@ class PeerNode:
             self._record(report)
             self.display.round_done(report, self._round.roster_size, self._outbox.settled_credit())
             if report.committed:
-                self.state.state_round = report.round
+                self.state.committed(report.round)
                 committed, failed_in_a_row = committed + 1, 0
                 self._committed += 1
             self._show_status(report)

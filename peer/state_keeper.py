@@ -58,6 +58,10 @@ class StateKeeper:
         # (attempt, looks left) of an outer exchange the others may have committed without this peer
         self.missed_outer: tuple[int, int] | None = None
 
+    def committed(self, round_index: int) -> None:
+        """The round loop applied the result of ``round_index``: the state is now that round's."""
+        self.state_round = round_index
+
     def served(self) -> list[torch.Tensor]:
         """What this peer serves and digests (:func:`supernet.outer_state.served_layout`)."""
         return served_layout(self.shared.state, self.consensus, self.outer.state if self.outer else None)
