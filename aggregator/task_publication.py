@@ -145,8 +145,9 @@ def read_task_document(ref: str) -> dict[str, Any]:
     unknown = set(doc) - {"task", "swarm", "data"}
     if unknown:
         raise TaskFileError(f"task file has unknown section(s): {', '.join(sorted(unknown))}")
-    if not isinstance(doc.get("task", {}), dict):
-        raise TaskFileError("task file: [task] must be a table")
+    for section in ("task", "swarm", "data"):
+        if not isinstance(doc.get(section, {}), dict):
+            raise TaskFileError(f"task file: [{section}] must be a table, got {type(doc[section]).__name__}")
     name = doc.get("task", {}).get("name")
     if name not in BUILTIN_TASKS:
         raise TaskFileError(f"unknown task {name!r}; built-in tasks: {', '.join(BUILTIN_TASKS)}")

@@ -23,6 +23,10 @@ BUILTIN_TASKS = ("cifar10", "digits", "imagefolder", "stereo-folder", "stereo-sy
 refuses an unknown one before loading it."""
 
 
+MAX_LEARNING_RATE = 100.0  # a bound far above any that trains, far below overflow
+MAX_WIDTH_MULT = 4.0  # the widest supernet a volunteer's machine is asked to hold
+
+
 class SwarmParams(StrictModel):
     """What every peer of a task must agree on. New settings are added here (a new TaskSpec version).
 
@@ -69,8 +73,12 @@ class SwarmParams(StrictModel):
 
     @model_validator(mode="after")
     def _outer_step_settings(self) -> SwarmParams:
-        if not float(self.outer_lr) > 0:
-            raise ValueError(f"outer_lr: {self.outer_lr} is not positive")
+        if not 0 < float(self.learning_rate) <= MAX_LEARNING_RATE:
+            raise ValueError(f"learning_rate: {self.learning_rate} is not in (0, {MAX_LEARNING_RATE:g}]")
+        if not 0 < float(self.width_mult) <= MAX_WIDTH_MULT:
+            raise ValueError(f"width_mult: {self.width_mult} is not in (0, {MAX_WIDTH_MULT:g}]")
+        if not 0 < float(self.outer_lr) <= MAX_LEARNING_RATE:
+            raise ValueError(f"outer_lr: {self.outer_lr} is not in (0, {MAX_LEARNING_RATE:g}]")
         if not 0 <= float(self.outer_momentum) < 1:
             raise ValueError(f"outer_momentum: {self.outer_momentum} is not in [0, 1)")
         return self
@@ -92,6 +100,13 @@ class TaskSpec(SealedRecord):
     # the operator's own dataset, packed into content-addressed shards (None: a built-in task's data,
     # which every peer makes or ships itself)
     data: DataSpec | None = None
+
+    @model_validator(mode="after")
+    def _task_id_is_no_path(self) -> TaskSpec:
+        # it names directories (an aggregator's default data dir): no segment may climb out of one
+        if ".." in self.task_id.split("/") or self.task_id.endswith("/"):
+            raise ValueError(f"task_id {self.task_id!r} may not contain '..' segments or end with '/'")
+        return self
 
     def signer_allowed(self, public_key: bytes) -> bool:
         """Whether ``public_key`` is one of the task's ``aggregator_keys``."""
