@@ -76,7 +76,7 @@ def write_json(path: Path | None, data: dict[str, Any]) -> None:
 @click.command(
     cls=OneLineErrorsCommand,
     help="Find the most accurate sub-network of a supernet checkpoint under a latency or FLOPs budget, "
-    "and export it as a standalone TorchScript model.",
+    "and export it as a standalone TorchScript, torch.export or ONNX model.",
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 @click.version_option(__version__, "--version", prog_name="manta-search")
@@ -141,8 +141,9 @@ def render(report: SearchReport) -> str:
     if report.exported:
         e = report.exported
         lines.append(
-            f"exported: {e['path']} (TorchScript: torch.jit.load) and {e['json']}; reloaded {name} "
-            f"{_metric(e['reloaded_metric'], percent)}, max |Δ output| {e['max_abs_difference']:.2g}"
+            f"exported: {e['path']} ({e['format']}) and {e['json']}; reloaded {name} "
+            f"{_metric(e['reloaded_metric'], percent)}, max |Δ output| {e['max_abs_difference']:.2g}, "
+            f"from the supernet {e['supernet_max_abs_difference']:.2g} (tolerance {e['tolerance']:.2g})"
         )
     if report.latency_validation:
         lines.append(

@@ -33,7 +33,8 @@ def search_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--data", type=click.Path(path_type=Path, file_okay=False), default=None,
                      help="A task on your own data: the directory manta-aggregator packed it into (its --data-dir)."),
         click.option("--export", "export_path", type=PATH, default=None,
-                     help="Write the chosen sub-network here (TorchScript) and its config JSON beside it."),
+                     help="Write the chosen sub-network here, its config JSON beside it; the suffix picks the "
+                     "format: .pt2 torch.export, .onnx ONNX, else TorchScript (.pt)."),
         click.option("--plot", type=PATH, default=None, help="Write the Pareto-front plot here (PNG)."),
         click.option("--json", "json_path", type=PATH, default=None, help="Write the full report here (JSON)."),
         click.option("--latency-table", type=PATH, default=None,
