@@ -9,7 +9,8 @@ competing with it; either can bootstrap newcomers, and so can any running peer.
 
 It also keeps the run's checkpoints (:mod:`aggregator.checkpoints`): every ``checkpoint_seconds`` it
 fetches the newest committed state it has heard of (by digest, from the peers that held it) and
-serves its newest checkpoint, so a run outlives its volunteers and ``--resume`` continues it.
+serves its newest checkpoint, so a run outlives its volunteers and ``--resume`` continues it; when it
+stops, it writes a last one of the newest committed state (bounded, one line saying what it wrote).
 The sealed spec it publishes is saved as ``<data-dir>/task.sealed`` so a resumed run publishes
 exactly the same task. The monitor (:mod:`aggregator.monitor`) always follows the swarm and writes
 the round history (``<data-dir>/rounds.jsonl``, and TensorBoard scalars with ``tensorboard``); the
@@ -55,6 +56,7 @@ logger = logging.getLogger(__name__)
 
 
 MULTIADDRS_FILE = "multiaddrs.txt"  # in the data dir: where this aggregator's DHT node listens
+FINAL_CHECKPOINT_SECONDS = 20.0  # the stop's last checkpoint waits this long for the state at most
 
 
 @dataclass(frozen=True)
@@ -318,8 +320,13 @@ class BootstrapAggregator:
             self.monitor.close()
             self.monitor = None
         if self.desk is not None:
-            self.desk.shutdown()  # appends what is still queued first
+            self.desk.shutdown()  # appends what is still queued first: the last rounds' states are learned
             self.desk = None
+        if self.keeper is not None and self.config.checkpoint_seconds > 0:
+            try:
+                logger.info(f"final checkpoint: {self.keeper.final_checkpoint(FINAL_CHECKPOINT_SECONDS)}")
+            except Exception as e:  # a disk error: the rest of the shutdown still runs
+                logger.warning(f"final checkpoint: none written: {type(e).__name__}: {e}")
         if self.keeper is not None:
             self.keeper.shutdown()
             self.keeper = None
