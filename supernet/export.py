@@ -110,7 +110,11 @@ def save_exported_program(
     inputs = _as_tuple(example_input)
     batch = torch.export.Dim("batch", min=1)
     program = torch.export.export(model, inputs, dynamic_shapes=tuple({0: batch} for _ in inputs))
-    torch.export.save(program, str(path))
+    with warnings.catch_warnings():
+        # torch 2.15 says this while saving the stereo network's weights, all on the CPU, "may cause
+        # issues" off the CPU; the saved program computes what the model does (tests/supernet/test_export_formats.py)
+        warnings.filterwarnings("ignore", "No complete tensor found", UserWarning)
+        torch.export.save(program, str(path))
     return path
 
 

@@ -101,10 +101,7 @@ def load_model(path: str | Path, fmt: str) -> nn.Module:
             warnings.simplefilter("ignore", FutureWarning)  # torch.jit is deprecated upstream, still works
             return torch.jit.load(str(path), map_location="cpu")
     if fmt == "export":
-        with warnings.catch_warnings():
-            # said of weights that share storage (the stereo decoder's); they are on the CPU here
-            warnings.filterwarnings("ignore", "No complete tensor found", UserWarning)
-            return _Callable(torch.export.load(str(path)).module())
+        return _Callable(torch.export.load(str(path)).module())
     if fmt == "onnx":
         return _Callable(_onnx_runner(path))
     raise ValueError(f"unknown export format {fmt!r} (choose from {', '.join(FORMATS)})")
