@@ -9,8 +9,12 @@ competing with it; either can bootstrap newcomers, and so can any running peer.
 
 It also keeps the run's checkpoints (:mod:`aggregator.checkpoints`): every ``checkpoint_seconds`` it
 fetches the newest committed state it has heard of (by digest, from the peers that held it) and
-serves its newest checkpoint, so a run outlives its volunteers and ``--resume`` continues it. The sealed spec it publishes is saved as ``<data-dir>/task.sealed`` so a
-resumed run publishes exactly the same task.
+serves its newest checkpoint, so a run outlives its volunteers and ``--resume`` continues it; when it
+stops, it writes a last one of the newest committed state (bounded, one line saying what it wrote).
+The sealed spec it publishes is saved as ``<data-dir>/task.sealed`` so a resumed run publishes
+exactly the same task. The monitor (:mod:`aggregator.monitor`) always follows the swarm and writes
+the round history (``<data-dir>/rounds.jsonl``, and TensorBoard scalars with ``tensorboard``); the
+dashboard serves it when ``dashboard`` is set.
 """
 
 from __future__ import annotations
@@ -52,6 +56,9 @@ from supernet.workload import swarm_train_options, workload_for
 logger = logging.getLogger(__name__)
 
 
+FINAL_CHECKPOINT_SECONDS = 20.0  # the stop's last checkpoint waits this long for the state at most
+
+
 @dataclass(frozen=True)
 class BootstrapConfig:
     listen: str = "0.0.0.0:31337"
@@ -68,6 +75,7 @@ class BootstrapConfig:
     round_close_seconds: float = 20.0
     dashboard: str | None = None  # HOST:PORT of the web dashboard (aggregator/monitor/); None: none
     dashboard_fallback: bool = False  # that port taken: listen on a free one instead of failing
+    tensorboard: Path | None = None  # also write the round history as TensorBoard scalars here
 
 
 class ProcessLost(RuntimeError):
@@ -95,8 +103,7 @@ class BootstrapAggregator:
     def start(self) -> list[str]:
         """Start the DHT node and publish the task; returns the multiaddrs peers should use."""
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
-        if self.config.dashboard:
-            self._open_dashboard()  # first: a taken port fails before the DHT node starts
+        self._open_monitor()  # first: a taken port, an unusable TensorBoard directory fail before the DHT
         host = [host_port_to_multiaddr(self.config.listen, "--listen")]
         announce = [
             host_port_to_multiaddr(a, "--announce", allow_port_zero=False) for a in self.config.announce
@@ -127,11 +134,23 @@ class BootstrapAggregator:
         (self.config.data_dir / MULTIADDRS_FILE).write_text("".join(f"{m}\n" for m in maddrs))
         return maddrs
 
-    def _open_dashboard(self) -> None:
-        """Serve the dashboard (raises aggregator.monitor.server.DashboardError if it cannot listen)."""
+    def _open_monitor(self) -> None:
+        """The monitor, and the dashboard if asked for (DashboardError if it cannot listen;
+        TensorBoardError if the TensorBoard log cannot be written). Checkpoints are evaluated only for
+        the dashboard or TensorBoard."""
+        tensorboard = None
+        if self.config.tensorboard is not None:
+            from aggregator.monitor.tensorboard import TensorBoardLog
 
-        self.monitor = Monitor(self.config.data_dir, self.identity.public_key)
-        self.monitor.serve(self.config.dashboard, fallback=self.config.dashboard_fallback)
+            tensorboard = TensorBoardLog(self.config.tensorboard)
+        self.monitor = Monitor(
+            self.config.data_dir,
+            self.identity.public_key,
+            evaluate=bool(self.config.dashboard) or tensorboard is not None,
+            tensorboard=tensorboard,
+        )
+        if self.config.dashboard:
+            self.monitor.serve(self.config.dashboard, fallback=self.config.dashboard_fallback)
 
     def _watch_swarm(self) -> None:
 
@@ -301,8 +320,13 @@ class BootstrapAggregator:
             self.monitor.close()
             self.monitor = None
         if self.desk is not None:
-            self.desk.shutdown()  # appends what is still queued first
+            self.desk.shutdown()  # appends what is still queued first: the last rounds' states are learned
             self.desk = None
+        if self.keeper is not None and self.config.checkpoint_seconds > 0:
+            try:
+                logger.info(f"final checkpoint: {self.keeper.final_checkpoint(FINAL_CHECKPOINT_SECONDS)}")
+            except Exception as e:  # a disk error: the rest of the shutdown still runs
+                logger.warning(f"final checkpoint: none written: {type(e).__name__}: {e}")
         if self.keeper is not None:
             self.keeper.shutdown()
             self.keeper = None

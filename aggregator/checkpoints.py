@@ -96,6 +96,7 @@ class CheckpointKeeper:
         self.template = served_layout(worker_state, self._worker_layout[1], initial_outer)
         self.consensus = served_consensus(self._worker_layout[1], initial_outer)
         self._lock = threading.Lock()  # guards _known and _cache, never a transfer
+        self._writing = threading.Lock()  # one checkpoint written at a time
         self._known: dict[str, KnownState] = {}
         # digest -> peers that said they hold it (a queued receipt's sender): where an audit fetches a
         # start state. Not a committed state until a receipt naming it is accepted (learn).
@@ -199,28 +200,47 @@ class CheckpointKeeper:
     def write_checkpoint(self, timeout: float = 30.0) -> Path | None:
         """Write the newest committed state as a checkpoint (if newer than the last one written) and
         serve it; returns the file, or None if there was nothing new or it could not be fetched."""
-        newest = self.newest_known()
-        if newest is None or newest[1].round <= self._written_round:
-            return None
-        state_digest, known = newest
-        got = self._get(state_digest, timeout)
-        if got is None:
-            return None
-        round_index, attempt, tensors = got
-        path = save_checkpoint(
-            self.directory / f"round-{round_index:08d}.pt",
-            self.workload,
-            self._worker_state(tensors, global_params=True),
-            round_index,
-            meta={"task_id": self.task_id, "attempt": attempt},
-        )
-        self._written_round = round_index
-        for old in checkpoint_files(self.directory)[: -self.keep]:
-            old.unlink(missing_ok=True)
-        self.sharer.publish(round_index, tensors, attempt, AGGREGATOR_TIEBREAK)
-        self.on_serve(round_index, attempt, state_digest)
-        logger.info(f"checkpoint of round {round_index} written to {path}")
-        return path
+        return self._write(timeout, serve=True)[0]
+
+    def final_checkpoint(self, timeout: float = 30.0) -> str:
+        """Write the newest committed state as a checkpoint, not served (the aggregator is stopping),
+        waiting at most ``timeout`` s for it; returns one line saying what was written, or why not."""
+        return self._write(timeout, serve=False)[1]
+
+    def _write(self, timeout: float, serve: bool) -> tuple[Path | None, str]:
+        with self._writing:  # the checkpoint loop's last tick and the final checkpoint, one at a time
+            newest = self.newest_known()
+            if newest is None:
+                return None, "none written: no committed state was heard of"
+            state_digest, known = newest
+            if known.round <= self._written_round:
+                return None, (
+                    f"none needed: the newest committed state heard of, round {known.round}, is "
+                    f"checkpointed (round {self._written_round})"
+                )
+            got = self._get(state_digest, timeout)
+            if got is None:
+                newest = f"round {self._written_round}" if self._written_round >= 0 else "none"
+                return None, (
+                    f"none written: the state of round {known.round} could not be had from its holders "
+                    f"within {timeout:g} s (newest checkpoint: {newest})"
+                )
+            round_index, attempt, tensors = got
+            path = save_checkpoint(
+                self.directory / f"round-{round_index:08d}.pt",
+                self.workload,
+                self._worker_state(tensors, global_params=True),
+                round_index,
+                meta={"task_id": self.task_id, "attempt": attempt},
+            )
+            self._written_round = round_index
+            for old in checkpoint_files(self.directory)[: -self.keep]:
+                old.unlink(missing_ok=True)
+            if serve:
+                self.sharer.publish(round_index, tensors, attempt, AGGREGATOR_TIEBREAK)
+                self.on_serve(round_index, attempt, state_digest)
+                logger.info(f"checkpoint of round {round_index} written to {path}")
+            return path, f"round {round_index} written to {path}"
 
     def resume(self, path: Path | None = None) -> int:
         """Serve the newest checkpoint (or ``path``); returns its round. CheckpointError if unusable."""

@@ -80,6 +80,14 @@ def main() -> None:
     help="Where the web dashboard, JSON API and /metrics listen; 'off' for none "
     "[default: 127.0.0.1:8080, or a free port if that one is taken].",
 )
+@click.option(
+    "--tensorboard",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    metavar="DIR",
+    help="Also write each round's loss, accuracy, throughput, peers and wide-area bytes as TensorBoard "
+    "scalars to DIR (needs the tensorboard package).",
+)
 @identity_option
 def start(
     task_ref,
@@ -93,9 +101,17 @@ def start(
     resume,
     audit_fraction,
     http,
+    tensorboard,
     identity_path,
 ) -> None:
     """Start the bootstrap node, publish the task and print the line volunteers run."""
+    from aggregator.monitor.tensorboard import TensorBoardError, check_available
+
+    if tensorboard is not None:
+        try:
+            check_available()
+        except TensorBoardError as e:
+            raise UserError(str(e)) from None
     from aggregator.monitor.server import DashboardError, parse_dashboard_option
     from aggregator.task_publication import TaskFileError, read_task_document, saved_task_spec
 
@@ -142,11 +158,12 @@ def start(
     config = dataclasses.replace(
         config, dashboard=dashboard, dashboard_fallback=dashboard_fallback, audit_fraction=audit_fraction
     )
+    config = dataclasses.replace(config, tensorboard=tensorboard)
     node = BootstrapAggregator(spec, identity, config)
     try:
         try:
             maddrs = node.start()
-        except (CheckpointError, DashboardError, TaskFileError) as e:
+        except (CheckpointError, DashboardError, TaskFileError, TensorBoardError) as e:
             raise UserError(str(e)) from None
         except Exception as e:  # hivemind reports an unusable port or unreachable peers in many ways
             raise UserError(
@@ -155,7 +172,7 @@ def start(
         logger.info(
             f"aggregator {identity.fingerprint} serving task {spec.task_id} ({spec.task}, {spec.mode}-parallel); data in {data_dir}"
         )
-        if node.monitor is not None:
+        if node.monitor is not None and node.monitor.url:
             click.echo(f"Dashboard: {node.monitor.url}")
         click.echo("Volunteers join with:")
         click.echo(

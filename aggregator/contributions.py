@@ -206,10 +206,28 @@ class ContributionDesk:
         return bool(self.witness.witnesses(r.attempt, r.group_id) - {r.public_key})
 
     def _prefetch_start_state(self, wire: bytes) -> None:
-        """Fetch a queued receipt's start state now, for its audit (:mod:`aggregator.state_prefetch`)."""
+        """Fetch a queued receipt's start state now, for its audit (:mod:`aggregator.state_prefetch`),
+        then (every-step tasks) the state its group's committers report holding after it: the next
+        round's start state, fetched once either way, and the run's last state, which its holders
+        serve only until they leave (the stop's final checkpoint). Fetched is not committed: a state is
+        checkpointed only once learned (:meth:`_learn_state_after`)."""
         if self.states is None or self.trust.base_rate <= 0:
             return
-        self._prefetcher.prefetch(parse_sealed(wire, ContributionReceipt).record.state_digest)
+        receipt = parse_sealed(wire, ContributionReceipt).record
+        self._prefetcher.prefetch(receipt.state_digest)
+        if self.spec.params.sync != "outer":
+            self._prefetcher.run(lambda: self._prefetch_state_after(receipt))
+
+    def _prefetch_state_after(self, receipt: ContributionReceipt) -> None:
+        """(On the prefetcher's thread.) A peer files its receipt just before it reports its new
+        state: if no state after the group is known yet, the board is read again once."""
+        after = self.witness.states_after(receipt.attempt, receipt.group_id)
+        if not after:
+            self.witness.read([receipt.attempt])
+            after = self.witness.states_after(receipt.attempt, receipt.group_id)
+        for state, holders in after.items():
+            self.states.note_holders(state, sorted(holders))
+            self._prefetcher.prefetch(state)
 
     def _rebuild_trust(self) -> None:
         """Keys excluded by earlier failed audits, from the ledger's revocations (a writer job)."""

@@ -1,9 +1,11 @@
-"""Fetching a queued receipt's start state in the background, while the peers that hold it are
-online. Why: an audit runs later, and one whose start state cannot be had revokes the receipt."""
+"""Fetching a queued receipt's start state (and the state after its group) in the background, while
+the peers that hold it are online. Why: an audit runs later, and one whose start state cannot be had
+revokes the receipt; the last state of a run is served only until its holders leave."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 REMEMBERED = 64  # start states remembered as fetched (each is fetched once)
@@ -29,6 +31,11 @@ class StatePrefetcher:
             while len(self._prefetched) > REMEMBERED:
                 self._prefetched.pop(next(iter(self._prefetched)))
         self._executor.submit(self.states.state_for, digest, FETCH_TIMEOUT)
+
+    def run(self, job: Callable[[], object]) -> None:
+        """Run ``job`` on the same background thread, after what is queued (its errors are dropped:
+        a fetch that fails is simply not in the cache)."""
+        self._executor.submit(job)
 
     def shutdown(self) -> None:
         """Drop the queued fetches; the one running finishes on its own."""

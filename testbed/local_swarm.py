@@ -41,8 +41,9 @@ from testbed.wan.topology import AGGREGATOR_SITE, EmulatedInternet
 logger = logging.getLogger("manta.swarm")
 
 GRACE_SECONDS = 60.0  # a peer finishing its round on SIGTERM may need an averaging timeout or two
-# The aggregator's shutdown closes its last rounds (at most 30 s) and runs the audits it already chose
-# (at most 120 s), so that no receipt it accepted goes unaudited and its socket files are removed.
+# The aggregator's shutdown closes its last rounds (at most 30 s), runs the audits it already chose
+# (at most 120 s) and writes a last checkpoint (at most 20 s), so that no receipt it accepted goes
+# unaudited, the run's last state is kept and its socket files are removed.
 AGGREGATOR_GRACE_SECONDS = 180.0
 LOOPBACK = "127.0.0.1"
 

@@ -75,6 +75,7 @@ class SwarmAggregates:
         self.rejected = 0  # records that failed verification, over all readings
         self.last_reading: float | None = None
         self._departed_bytes = 0  # cross-cohort bytes of peers forgotten since (so totals never shrink)
+        self._history: dict[int, dict[str, Any]] = {}  # rows of rounds seen before a restart (rounds.jsonl)
 
     # ------------------------------------------------------------------ writing
 
@@ -146,16 +147,47 @@ class SwarmAggregates:
             while len(self._validation) > self.max_rounds:
                 del self._validation[min(self._validation)]
 
+    def restore(self, rows: list[dict[str, Any]]) -> None:
+        """Rows of rounds an earlier run of the aggregator saw (:meth:`rounds`' shape, without
+        ``validation``): shown for those rounds until a reading reports them again."""
+        with self._lock:
+            for row in rows:
+                self._history[int(row["round"])] = dict(row)
+            while len(self._history) > self.max_rounds:
+                del self._history[min(self._history)]
+
     # ------------------------------------------------------------------ reading
 
     def rounds(self, since: int = 0) -> list[dict[str, Any]]:
         """One row per round (oldest first) with a report or a validation result, from ``since`` on."""
         with self._lock:
-            indices = sorted(i for i in set(self._rounds) | set(self._validation) if i >= since)
-            return [self._round_row(i) for i in indices]
+            known = set(self._rounds) | set(self._validation) | set(self._history)
+            return [self._round_row(i) for i in sorted(i for i in known if i >= since)]
+
+    def finished_rounds(self, now: float, quiet_seconds: float) -> list[dict[str, Any]]:
+        """The rows (:meth:`rounds`' shape) of the rounds with samples whose figures no longer change
+        as far as the monitor can tell: two or more rounds behind the newest reported, or unchanged
+        for ``quiet_seconds`` while no present record is about them."""
+        with self._lock:
+            newest = self._last_round
+            done = [
+                i
+                for i, entry in self._rounds.items()
+                if (newest is not None and i <= newest - 2)
+                or (i not in self._present_rounds and now - entry.last_change >= quiet_seconds)
+            ]
+            rows = [self._round_row(i) for i in sorted(done)]
+        return [row for row in rows if row["samples"] > 0]
+
+    def validations(self) -> dict[int, dict[str, Any]]:
+        """Checkpoint round -> its validation result (:meth:`record_validation`), a copy."""
+        with self._lock:
+            return {i: dict(v) for i, v in self._validation.items()}
 
     def _round_row(self, index: int) -> dict[str, Any]:
         entry = self._rounds.get(index)
+        if entry is None and index in self._history:
+            return {**self._history[index], "validation": self._validation.get(index)}
         reports = list(entry.reports.values()) if entry else []
         # Per peer: its final figures for the round when known, else its latest in-round report.
         figures = {r.peer_id: (r.samples, r.loss_micro) for r in reports}

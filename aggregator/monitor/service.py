@@ -1,9 +1,11 @@
-"""The monitor as the aggregator runs it: collector, evaluator, ledger view and web server together.
+"""The monitor as the aggregator runs it: collector, evaluator, ledger view, round history (and
+TensorBoard log) and web server together.
 
 :class:`Monitor` is created before the DHT node starts (``serve`` binds the HTTP port first, so a
-taken port fails at once), then ``watch`` hands it the published task and a way to read the DHT,
-which starts the collector. Its ``status``/``rounds``/``peers``/``ledger``/``proof``/``metrics``
-methods are what the HTTP routes return; each builds a fresh JSON-able value and changes nothing.
+taken port fails at once; without a dashboard it is not called), then ``watch`` hands it the
+published task and a way to read the DHT, which starts the collector. Its ``status``/``rounds``/
+``peers``/``ledger``/``proof``/``metrics`` methods are what the HTTP routes return; each builds a
+fresh JSON-able value and changes nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from aggregator.checkpoints import newest_checkpoint
 from aggregator.monitor.aggregates import SwarmAggregates
 from aggregator.monitor.collector import DEFAULT_INTERVAL, Collector
 from aggregator.monitor.evaluation import CheckpointEvaluator, checkpoint_round
+from aggregator.monitor.history import HISTORY_FILE, RoundHistory
 from aggregator.monitor.ledger_view import LEDGER_FILE, LedgerView
 from aggregator.monitor.metrics import render_metrics
 from aggregator.monitor.server import DashboardServer
@@ -55,11 +58,18 @@ class Monitor:
         interval: float = DEFAULT_INTERVAL,
         evaluate: bool = True,
         fresh_seconds: float = 5.0,
+        tensorboard=None,
     ):
+        """``tensorboard``: a :class:`~aggregator.monitor.tensorboard.TensorBoardLog` the round history
+        is also written to. The history in ``data_dir`` is read back first (a restarted run)."""
         self.data_dir = Path(data_dir)
         self.public_key = public_key
         self.interval, self.fresh_seconds = interval, fresh_seconds
         self.aggregates = SwarmAggregates()
+        self.history = RoundHistory(self.data_dir / HISTORY_FILE, tensorboard)
+        self.aggregates.restore(self.history.rows)
+        for index, result in self.history.validations.items():
+            self.aggregates.record_validation(index, result)
         self.ledger_view = LedgerView(self.data_dir / LEDGER_FILE)
         self.checkpoints = self.data_dir / "checkpoints"
         self.evaluator = (
@@ -104,13 +114,23 @@ class Monitor:
             self.evaluator.task = task_data
         if read is not None:
             jobs = [self.ledger_view.refresh] + ([self.evaluator.poll] if self.evaluator else [])
+            jobs.append(self.record_history)
             self.collector = Collector(read, self.aggregates, interval=self.interval, jobs=tuple(jobs))
             self.collector.start()
 
+    def record_history(self) -> int:
+        """Append what became final to the round history (a collector job); the lines written."""
+        return self.history.update(self.aggregates)
+
     def close(self) -> None:
+        """Stop the collector, write the rest of the round history, stop the web server."""
         if self.collector is not None:
             self.collector.stop()
             self.collector = None
+        try:
+            self.history.close(self.aggregates)
+        except Exception as e:  # a full disk: the history so far is on disk, the shutdown goes on
+            logger.warning(f"round history: {type(e).__name__}: {e}")
         if self.server is not None:
             self.server.stop()
             self.server = None

@@ -25,7 +25,7 @@ __all__ = ["main"]
 @manta_command(
     "manta-search",
     "Find the most accurate sub-network of a supernet checkpoint under a latency or FLOPs budget, "
-    "and export it as a standalone TorchScript model.",
+    "and export it as a standalone TorchScript, torch.export or ONNX model.",
 )
 @click.option("--checkpoint", required=True, type=PATH, help="A MANTA supernet checkpoint (.pt).")
 @search_options

@@ -14,6 +14,8 @@ from typing import Any
 
 import click
 
+from supernet.export_choice import format_of, missing_packages
+
 __all__ = [
     "DIRECT_MAX_VALIDATION",
     "ESTIMATORS",
@@ -50,6 +52,9 @@ def check_option_values(
     if export is not None and export.suffix == ".json":
         raise SearchInputError(f"--export {export}: give the model file (e.g. model.pt); "
                                "its config JSON is written beside it")  # fmt: skip
+    if export is not None and (missing := missing_packages(format_of(export))):
+        raise SearchInputError(f"--export {export}: {format_of(export)} export needs "
+                               f"{', '.join(missing)}: pip install {' '.join(missing)}")  # fmt: skip
     if estimator not in ESTIMATORS:
         raise SearchInputError(f"--accuracy: unknown {estimator!r} (choose {', '.join(ESTIMATORS)})")
     return flag, limit
@@ -67,7 +72,8 @@ def search_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--data", type=click.Path(path_type=Path, file_okay=False), default=None,
                      help="A task on your own data: the directory manta-aggregator packed it into (its --data-dir)."),
         click.option("--export", "export_path", type=PATH, default=None,
-                     help="Write the chosen sub-network here (TorchScript) and its config JSON beside it."),
+                     help="Write the chosen sub-network here, its config JSON beside it; the suffix picks the "
+                     "format: .pt2 torch.export, .onnx ONNX, else TorchScript (.pt)."),
         click.option("--plot", type=PATH, default=None, help="Write the Pareto-front plot here (PNG)."),
         click.option("--json", "json_path", type=PATH, default=None, help="Write the full report here (JSON)."),
         click.option("--latency-table", type=PATH, default=None,

@@ -119,8 +119,9 @@ def render(report: SearchReport) -> str:
     if report.exported:
         e = report.exported
         lines.append(
-            f"exported: {e['path']} (TorchScript: torch.jit.load) and {e['json']}; reloaded {name} "
-            f"{_metric(e['reloaded_metric'], percent)}, max |Δ output| {e['max_abs_difference']:.2g}"
+            f"exported: {e['path']} ({e['format']}) and {e['json']}; reloaded {name} "
+            f"{_metric(e['reloaded_metric'], percent)}, max |Δ output| {e['max_abs_difference']:.2g}, "
+            f"from the supernet {e['supernet_max_abs_difference']:.2g} (tolerance {e['tolerance']:.2g})"
         )
     if report.latency_validation:
         lines.append(

@@ -8,7 +8,8 @@ Steps: load the checkpoint → latency table for the device (reused or built) �
 budget and the feasibility check → accuracy estimator (direct, or a predictor trained on directly
 evaluated random sub-networks) → evolutionary search (and optionally the random baseline with the
 same number of evaluations) → the chosen sub-network evaluated directly on the full validation set,
-exported, its latency measured end to end → optional TorchScript + JSON, plot, latency validation.
+exported, its latency measured end to end → optional model file (TorchScript, torch.export or ONNX,
+by its suffix) + JSON, checked against the supernet's output, plot, latency validation.
 """
 
 from __future__ import annotations
@@ -25,14 +26,18 @@ import torch
 
 from supernet.checkpoint import CheckpointError, LoadedCheckpoint, load_checkpoint, read_checkpoint
 from supernet.config import derive_seed
+from supernet.export_formats import format_of, load_model
 from supernet.search.accuracy import DirectEvaluator, Evaluator
 from supernet.search.cost import CostModel, FlopsCost, LatencyCost, check_budget
 from supernet.search.deploy import (
+    CHECK_SAMPLES,
+    check_batch,
     evaluate_model,
     input_description,
-    load_torchscript,
+    input_names,
     recalibrated_export,
     save_subnet,
+    supernet_difference,
 )
 from supernet.search.distributed import DistributedEvaluator, SpotChecks
 from supernet.search.evolution import (
@@ -56,6 +61,7 @@ from supernet.search.predictor import PredictorEvaluator, fit_with_holdout
 from supernet.search.timing import example_inputs, resolve_device, torch_threads
 
 __all__ = [
+    "ExportMismatch",
     "SearchInputError",
     "load_search_checkpoint",
     "SearchOptions",
@@ -65,6 +71,11 @@ __all__ = [
     "run_search",
     "summary",
 ]
+
+
+class ExportMismatch(SearchInputError):
+    """The exported file, loaded back, does not compute what the supernet computes (one line; a
+    :class:`SearchInputError` so every command that reports those reports this the same way)."""
 
 
 @dataclass
@@ -349,16 +360,28 @@ def _export(options: SearchOptions, report: SearchReport, model: torch.nn.Module
         "input": input_description(workload),
         "checkpoint": {"path": str(options.checkpoint), "round": loaded.round, "digest": loaded.digest},
     }
-    path, json_path = save_subnet(model, options.export, info)
-    reloaded = load_torchscript(path)
+    fmt = format_of(options.export)
+    batch = check_batch(workload)
+    path, json_path = save_subnet(model, options.export, info, batch, input_names(workload))
+    reloaded = load_model(path, fmt)
     inputs = example_inputs(workload.family, tuple(workload.input_size), torch.device("cpu"))
     with torch.no_grad():
         difference = float((reloaded(*inputs) - model(*inputs)).abs().max())
+    from_supernet, bound = supernet_difference(loaded.net, chosen.config, reloaded, batch)
+    if not from_supernet <= bound:
+        raise ExportMismatch(
+            f"--export {path}: the {fmt} file's output differs from the supernet's by {from_supernet:.3g} "
+            f"on {len(batch[0])} validation samples (tolerance {bound:.3g}); do not use it"
+        )
     return {
         "path": str(path),
         "json": str(json_path),
+        "format": fmt,
         "reloaded_metric": evaluate_model(workload, reloaded),
         "max_abs_difference": difference,
+        "supernet_max_abs_difference": from_supernet,
+        "tolerance": bound,
+        "check_samples": min(CHECK_SAMPLES, len(workload.task.val_set)),
     }
 
 

@@ -1,5 +1,6 @@
 """The aggregator's checkpoint keeper on a real DHT: when an outer task's state is worth a checkpoint
-at once (its holders serve it only briefly after its period ends)."""
+at once (its holders serve it only briefly after its period ends), and what the last checkpoint of a
+stopping aggregator says when it writes none (the one it writes: tests/peer/test_swarm_training.py)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,23 @@ def test_an_every_step_task_leaves_its_checkpoints_to_the_loops_tick(tmp_path):
         try:
             keeper.learn(1, digest(keeper.template[: keeper.consensus]), [])
             assert not keeper.period_end_learned.is_set()
+        finally:
+            keeper.shutdown()
+            endpoint.close()
+
+
+def test_the_final_checkpoint_says_in_one_line_why_it_wrote_none(tmp_path):
+    with two_task_dhts(TASK) as (first, _):
+        endpoint = Endpoint(first, "keeper")
+        keeper = CheckpointKeeper(first, endpoint, TASK, workload_for("digits", SMALL), tmp_path / "ckpt")
+        try:
+            assert keeper.final_checkpoint(1.0) == "none written: no committed state was heard of"
+            keeper.learn(3, "ab" * 32, [])  # committed, but nobody is known to hold it
+            assert keeper.final_checkpoint(1.0) == (
+                "none written: the state of round 3 could not be had from its holders within 1 s "
+                "(newest checkpoint: none)"
+            )
+            assert not (tmp_path / "ckpt").exists()
         finally:
             keeper.shutdown()
             endpoint.close()

@@ -105,6 +105,39 @@ def test_manta_swarm_trains_above_chance_with_identical_state_and_a_summary(mant
     assert not processes_mentioning(run), "manta-swarm left processes behind"
 
 
+def test_the_stopped_aggregator_holds_the_last_committed_round_and_the_round_history(manta_swarm_run):
+    """The aggregator, stopped after its volunteers left, wrote a last checkpoint as it stopped: its
+    newest is the swarm's last committed round. Its rounds.jsonl has every committed round with the
+    samples and contributors the peers counted."""
+    where, done = manta_swarm_run
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    aggregator = where / "run" / "aggregator"
+    log = (aggregator / "log.txt").read_text()
+    committed = {}
+    for i in range(2):
+        for line in (where / "run" / f"peer-{i}" / "rounds.jsonl").read_text().splitlines():
+            record = json.loads(line)
+            if record["committed"]:
+                committed[record["round"]] = record
+    assert max(committed) == 23, sorted(committed)
+    checkpoints = sorted((aggregator / "checkpoints").glob("round-*.pt"))
+    assert checkpoints and checkpoints[-1].name == "round-00000023.pt", (
+        [c.name for c in checkpoints],
+        log[-3000:],
+    )
+    assert "final checkpoint: round 23 written to " in log or "final checkpoint: none needed" in log, log[
+        -3000:
+    ]
+    history = [json.loads(line) for line in (aggregator / "rounds.jsonl").read_text().splitlines()]
+    rounds = {line["round"]: line for line in history if line["kind"] == "round"}
+    assert len(rounds) == sum(line["kind"] == "round" for line in history)  # each round once
+    assert set(committed) <= set(rounds), (sorted(committed), sorted(rounds))
+    for index, report in committed.items():
+        line = rounds[index]
+        assert line["contributors"] == 2 and line["samples"] == report["swarm_samples"] > 0, (line, report)
+        assert line["loss"] > 0 and line["time"] > 0 and line["peers_online"] >= 0
+
+
 # Slow (make test-all; 35 s): the default suite sums model-parallel cohort means in a real hierarchy
 # (tests/peer/averaging/test_hierarchy.py) and averages each weight over the cohorts that trained it
 # (tests/peer/test_outer_step.py).

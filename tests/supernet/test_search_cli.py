@@ -129,6 +129,34 @@ def test_search_prints_the_choice_and_exports_a_model_that_loads_without_manta(d
     assert (tmp_path / "lat.json").exists()  # saved for the next run (reuse: tests/supernet/test_search.py)
 
 
+def test_search_exports_onnx_by_the_suffix_checked_against_the_supernet(digits_checkpoint, tmp_path):
+    import onnx
+    import onnxruntime
+
+    result = invoke("--checkpoint", str(digits_checkpoint), "--max-mflops", "100", "--export",
+                    str(tmp_path / "subnet.onnx"), "--json", str(tmp_path / "report.json"),
+                    "--latency-table", str(tmp_path / "lat.json"), *FAST)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert f"exported: {tmp_path / 'subnet.onnx'} (onnx)" in result.stdout
+    exported = json.loads((tmp_path / "report.json").read_text())["exported"]
+    assert exported["format"] == "onnx" and exported["check_samples"] == 8
+    assert exported["supernet_max_abs_difference"] <= exported["tolerance"] == 1e-4
+    info = json.loads((tmp_path / "subnet.json").read_text())
+    assert info["model_format"] == "onnx" and info["load"] == "onnxruntime.InferenceSession('subnet.onnx')"
+
+    # The file passes onnx's checker and, in onnxruntime, answers as a fresh export of its config does.
+    onnx.checker.check_model(onnx.load(tmp_path / "subnet.onnx"), full_check=True)
+    loaded = load_checkpoint(digits_checkpoint)
+    _, model = recalibrated_export(
+        loaded.workload, loaded.net, SubnetConfig.from_dict(info["config"], loaded.net.space)
+    )
+    x = torch.rand(3, 1, 32, 32)
+    session = onnxruntime.InferenceSession(str(tmp_path / "subnet.onnx"), providers=["CPUExecutionProvider"])
+    got = torch.from_numpy(session.run(None, {"x": x.numpy()})[0])
+    torch.testing.assert_close(got, model(x).detach(), rtol=1e-4, atol=1e-5)
+    assert abs(exported["reloaded_metric"] - info["metric"]["value"]) < 1e-6
+
+
 @pytest.mark.slow  # about 9 s: TorchScript-compiling the stereo network dominates
 def test_stereo_search_under_a_latency_budget_exports_a_loadable_model(stereo_checkpoint, tmp_path):
     result = invoke("--checkpoint", str(stereo_checkpoint), "--max-latency-ms", "1000", "--export",
