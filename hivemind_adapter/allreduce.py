@@ -348,6 +348,17 @@ def looking_for_group(control: StepControl) -> bool:
     return control.stage == AveragingStage.LOOKING_FOR_GROUP
 
 
+def cancel_step(control: StepControl) -> None:
+    """Cancel a step started with ``wait=False`` so that its averager process, once told, finds it
+    cancelled. hivemind's :meth:`StepControl.cancel` tells the process before it marks the step, and
+    a process that looked in between went on matchmaking and joined the next stage's group."""
+    if control._trigger is not None:
+        control._trigger.cancel()
+    MPFuture.cancel(control)  # marked first: the process reads the mark when the signal below wakes it
+    if control._cancel is not None:
+        control._cancel.set_result(None)
+
+
 def member_ids(gathered: dict) -> dict[str, object]:
     """A finished step's gathered metadata keyed by base58 peer id."""
     return {str(k.to_base58() if hasattr(k, "to_base58") else k): v for k, v in gathered.items()}

@@ -97,7 +97,9 @@ class ExactAllReduceRunner(ReducerReplies):
         # to (None: pairs are not held to anything); and what the proofs it accepted here measured
         self.noise_reference: NoiseMap | None = None
         self.noise_measured: list[tuple[int, int, float]] = []
-        self._layout: PartLayout | None = None  # where each part lies in the flat vector (read once)
+        # where each part lies in the flat vector: taken now, since the container's finalize drops its
+        # parts (a member that checks no remote proof would look too late)
+        self._layout: PartLayout = part_layout(self.tensor_part_container)
         # reducers whose replies this member refused as implausible, and those of them refused only
         # for their own part's place (reducer_proof.OwnPartDoubt: barred for less by the owner)
         self.refused_reducers: set[PeerID] = set()
@@ -320,8 +322,6 @@ class ExactAllReduceRunner(ReducerReplies):
 
     def _part_range(self, peer_index: int, index: int) -> tuple[int, int]:
         """Where the ``index``-th part that peer ``peer_index`` reduces lies in the flat vector."""
-        if self._layout is None:
-            self._layout = part_layout(self.tensor_part_container)
         return self._layout.part_range(peer_index, index)
 
     def note_alignments(self) -> None:

@@ -10,12 +10,19 @@ for reported a failure, the swarm moved on, this peer is leaving, the all-reduce
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from hivemind_adapter.allreduce import AllReduceBroke, VerifiedAverager, looking_for_group, member_ids
+from hivemind_adapter.allreduce import (
+    AllReduceBroke,
+    VerifiedAverager,
+    cancel_step,
+    looking_for_group,
+    member_ids,
+)
 from hivemind_adapter.dht import dht_time
 from peer.averaging.deadlines import StageDeadlines
 from peer.commit.boards import CommitBoard
@@ -201,7 +208,7 @@ class StageRunner:
                         # The head posts its report only after its broadcasts: one that failed will not
                         # come, and one that succeeded has served everyone it is going to (its retry
                         # after a broken broadcast included).
-                        control.cancel()
+                        cancel_step(control)
                         if not head_report.ok:
                             raise RoundAborted(f"{kind} stage abandoned: {watch[-8:]} aborted the round")
                         raise RoundAborted(
@@ -213,18 +220,18 @@ class StageRunner:
                         if roster_now is not None:
                             offline = {p for unit in units for p in unit} - roster_now
                         if watch and roster_now is not None and watch not in roster_now:
-                            control.cancel()
+                            cancel_step(control)
                             raise HeadGone(
                                 f"{kind} stage abandoned: {watch[-8:]} left the roster (its announcement expired)"
                             )
                     if self._leaving_for(started):
-                        control.cancel()
+                        cancel_step(control)
                         raise RoundAborted(
                             f"{kind} stage abandoned: this peer is leaving and no group formed"
                         )
                     # Not in the broadcast: the other cohorts may rightly be done while ours still broadcasts.
                     if stage == 0 and self.superseded():
-                        control.cancel()
+                        cancel_step(control)
                         raise RoundAborted(f"{name} stage abandoned: the swarm moved on to a later round")
                     departed, quiet = self._absent_units(attempt, units, live, offline)
                     coming = size - departed
@@ -236,7 +243,7 @@ class StageRunner:
                         )
                         expected = coming
                         if expected <= 1:
-                            control.cancel()
+                            cancel_step(control)
                             raise NoGroup(
                                 f"{kind} stage: every other member left attempt {attempt} or is barred here"
                             )
@@ -250,7 +257,7 @@ class StageRunner:
                 if broken is not None:
                     self.regrouped.append(kind)
                 break
-            except Exception as e:
+            except (Exception, asyncio.CancelledError) as e:  # a step cancelled under it fails the stage too
                 if self._leaving_for(started):
                     raise RoundAborted(
                         f"{kind} stage abandoned: this peer is leaving and no group formed"

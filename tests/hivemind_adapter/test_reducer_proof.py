@@ -471,3 +471,27 @@ def test_an_honest_all_reduce_measures_the_noise_along_its_whole_vector():
         assert noise == maps[0]  # every member saw the same proofs
     # the noise of one unit of weight: |x_i - x_j|^2 / (1/64 + 1/64), per value, about 1 here
     assert 0.5 < maps[0].over(0, 3 * 65536) / (3 * 65536) < 2.0
+
+
+def test_a_member_that_reduces_every_part_holds_the_result_and_its_noise_map():
+    """A vector of one part (a small model, hivemind's 512 KiB parts) has one reducer: that member
+    checks no remote proof, and measured its noise map from its own reducer's parts only after the
+    runner had dropped its parts' record (IndexError: it alone broke, the others held the result)."""
+    parts = _means([64] * 3, size=4096, seed=19)
+    maps = {}
+
+    def take_step(i, averager, peer_ids):
+        outcome = averager.step_in_known_group(
+            known_group_id("robust-test-0", *sorted(peer_ids)), sorted(peer_ids), weight=64.0,
+            arrival_timeout=ARRIVAL_TIMEOUT, allreduce_timeout=ALLREDUCE_TIMEOUT,
+        )  # fmt: skip
+        maps[i] = averager.take_measured_noise()
+        return outcome
+
+    results, outcomes, _named, _ids = step_known_group(
+        3, lambda i: [parts[i]], lambda i: dict(robust=CONFIG), prefix="one-part", take_step=take_step
+    )
+    assert outcomes == [None] * 3, outcomes
+    assert all(torch.equal(r[0], results[0][0]) for r in results)
+    assert all(noise is not None and noise == maps[0] for noise in maps.values()), maps
+    assert maps[0].over(0, 4096) is not None

@@ -183,7 +183,8 @@ def test_a_sign_flip_inside_the_honest_spread_is_named_by_its_direction_and_then
 def _peer_beside_a_liar(dht, *, seed, liar, run_id, lie="negated"):
     """Two attempts of one cohort with signed matchmaking and a roster of keys; ``liar``'s reducer
     lies as ``lie`` says (:func:`~tests.adversaries.dishonest_peer.lying_runner`): by default it
-    returns the negated centre of every part it reduces."""
+    returns the negated centre of every part it reduces. A peer whose attempt failed settles it
+    before the next, as the round loop does (:func:`peer.round.run_round`)."""
     identity = Identity.generate()
     mean = sum(_gradient(i) for i in range(PEERS)) / PEERS  # every peer's honest gradient, the liar's too
     averager = build_averager(
@@ -213,6 +214,10 @@ def _peer_beside_a_liar(dht, *, seed, liar, run_id, lie="negated"):
                 dict(committed=res.committed, reason=res.reason, outliers=res.outliers, digest=res.digest,
                      seconds=dict(res.seconds), contributors=[c.peer for c in res.contributors], off=off)
             )  # fmt: skip
+            if not res.committed:
+                # the others may still wait on this attempt (for the liar's report): without this a
+                # peer alone in a split one met them in the next past its gathering, and they split
+                averager.settle(attempt, roster)
         return dict(me=peer_id(dht), outcomes=outcomes, barred=averager.barred_for())
     finally:
         averager.shutdown()
