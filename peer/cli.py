@@ -398,3 +398,8 @@ pause = _control_command(
     "pause", "pause", "Pause the running peer after its round: it leaves its cohort and waits."
 )
 resume = _control_command("resume", "resume", "Resume a paused peer: it rejoins the swarm with the same key.")
+
+
+from peer.check_cli import check  # noqa: E402  (a command of this group; its own module)
+
+main.add_command(check)

@@ -1,11 +1,15 @@
 """What a peer makes of a dial-back: the one line it says (what was found, what to change), and, over
 real libp2p on 127.0.0.1, a node found reachable by a swarm node that dials back, and reachability
-left unknown (the node stays a server) when its initial peer does not serve dial-back.
-The unreachable case runs on the emulated internet's NAT site (test_reachability_wan.py)."""
+left unknown (the node stays a server) when its initial peer does not serve dial-back; and
+`manta-peer check` without a swarm: one line, exit 1, no file. The unreachable case runs on the emulated internet's NAT site (test_reachability_wan.py)."""
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import subprocess
+import time
 
 import pytest
 
@@ -13,6 +17,7 @@ from hivemind_adapter.dht import start_dht, visible_maddrs
 from hivemind_adapter.dial_back import REACHABLE, Dial, DialBack, serve_dial_back
 from hivemind_adapter.p2p import Endpoint
 from peer.reachability import Reachability, describe, initial_peer_ids, probe, start_peer_dht
+from tests.helpers import console_script
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 NODE = "QmXrsSewa7KGAr1YLSsuEx12NAi8zGPc59pctU3H2Ench7"
@@ -100,3 +105,24 @@ def test_without_a_dial_back_service_a_joining_node_stays_a_server_and_says_why_
     assert [r.levelno for r in said] == [logging.DEBUG], [r.getMessage() for r in said]
     assert said[0].getMessage().startswith("reachability unknown: …")
     assert said[0].getMessage().endswith("does not dial back (P2PDaemonError); it stays a server")
+
+
+def test_check_exits_with_one_line_when_no_initial_peer_answers_and_writes_no_file(tmp_path):
+    with socket.socket() as s:  # a local port with nothing listening on it
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    peer = f"/ip4/127.0.0.1/tcp/{port}/p2p/{NODE}"
+    started = time.monotonic()
+    done = subprocess.run(
+        [console_script("manta-peer"), "check", "--initial-peers", peer, "--gpus", "none"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env=dict(os.environ, HOME=str(tmp_path)),
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert errors == [f"Error: cannot reach the swarm: cannot reach any initial peer ({peer})"], done.stderr
+    assert "Traceback" not in done.stderr
+    sections = [line.split("  ")[0] for line in done.stdout.splitlines()]
+    assert sections == ["devices", "memory", "disk", "initial peers", "task", "reachability"], done.stdout
+    assert "initial peers  0 of 1 answered" in done.stdout
+    assert list(tmp_path.iterdir()) == []  # a preflight: no identity, no data dir
+    assert time.monotonic() - started < 90
