@@ -29,7 +29,9 @@ DIAL_SECONDS = 3.0  # one dial, connection and libp2p's first bytes together
 CALL_SECONDS = DIAL_SECONDS + 7.0  # a request as the caller waits for it: the dials and the call's trips
 MAX_PORTS = 4
 MAX_HOSTS = 4  # a caller connected from more addresses than this has the first ones dialled
-CALLS_PER_WINDOW, WINDOW_SECONDS = 6, 60.0  # per caller's peer id, and per caller's IP
+WINDOW_SECONDS = 60.0
+CALLS_PER_PEER = 6  # requests per window from one peer id
+CALLS_PER_IP = 60  # from one IP: many volunteers may share one router's address
 MAX_IN_FLIGHT = 16
 LIBP2P_HEADER = b"\x13/multistream/1.0.0\n"  # what a libp2p listener sends first
 REACHABLE = "libp2p"  # the outcome of a dial that found a libp2p node
@@ -65,19 +67,19 @@ class _RateLimit:
         self.calls, self.window = calls, window
         self._seen: dict[str, deque[float]] = {}
 
-    def allow(self, *keys: str) -> bool:
-        now = time.monotonic()
+    def _queue(self, key: str, now: float) -> deque[float]:
         if len(self._seen) > 10_000:
             self._seen = {k: q for k, q in self._seen.items() if q and now - q[-1] < self.window}
-        queues = [self._seen.setdefault(k, deque()) for k in keys]
-        for q in queues:
-            while q and now - q[0] >= self.window:
-                q.popleft()
-        if any(len(q) >= self.calls for q in queues):
-            return False
-        for q in queues:
-            q.append(now)
-        return True
+        queue = self._seen.setdefault(key, deque())
+        while queue and now - queue[0] >= self.window:
+            queue.popleft()
+        return queue
+
+    def full(self, key: str) -> bool:
+        return len(self._queue(key, time.monotonic())) >= self.calls
+
+    def take(self, key: str) -> None:
+        self._queue(key, time.monotonic()).append(time.monotonic())
 
 
 def _host_of(maddr: str) -> str | None:
@@ -122,7 +124,8 @@ class DialBackService:
 
     def __init__(self, endpoint: Endpoint):
         self.endpoint = endpoint
-        self._limit = _RateLimit(CALLS_PER_WINDOW, WINDOW_SECONDS)
+        self._per_peer = _RateLimit(CALLS_PER_PEER, WINDOW_SECONDS)
+        self._per_ip = _RateLimit(CALLS_PER_IP, WINDOW_SECONDS)
         self._in_flight = 0
 
     def serve(self) -> DialBackService:
@@ -150,8 +153,13 @@ class DialBackService:
             return {"error": "no direct connection from the caller to dial back along"}
         if self._in_flight >= MAX_IN_FLIGHT:
             return {"error": "busy: too many dial-backs in flight, ask again later"}
-        if not self._limit.allow(f"peer:{sender}", *(f"ip:{h}" for h in hosts)):
-            return {"error": f"too many dial-back requests: at most {CALLS_PER_WINDOW} a minute"}
+        if self._per_peer.full(sender) or any(self._per_ip.full(h) for h in hosts):
+            return {
+                "error": f"too many dial-back requests: at most {CALLS_PER_PEER} a minute per peer, {CALLS_PER_IP} per address"
+            }
+        self._per_peer.take(sender)
+        for h in hosts:
+            self._per_ip.take(h)
         self._in_flight += 1
         try:
             targets = [(h, p) for h in hosts for p in ports]
