@@ -61,7 +61,8 @@ def identity(identity_path: Path) -> None:
 @click.option(
     "--client-mode",
     is_flag=True,
-    help="Behind NAT: reach the swarm by connecting out; serve only cohort mates on this host or LAN.",
+    help="Client mode from the start (join also turns it on when the swarm cannot connect in): reach the "
+    "swarm by connecting out; serve only cohort mates on this host or LAN.",
 )
 @click.option(
     "--data-dir",
