@@ -35,6 +35,7 @@ from aggregator.task_data import DataDesk
 from hivemind_adapter.dht import peer_id as dht_peer_id
 from hivemind_adapter.dht import read_signed, start_dht, store
 from hivemind_adapter.dht import visible_maddrs as dht_visible_maddrs
+from hivemind_adapter.dial_back import serve_dial_back
 from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.process_answers import ProcessWatch
 from protocol.dht_schema import (
@@ -118,6 +119,7 @@ class BootstrapAggregator:
         self._dht_watch = ProcessWatch(self.dht, self._dht_ended)
         self.published = self._choose_spec()
         self.endpoint = Endpoint(self.dht, "manta-aggregator")
+        serve_dial_back(self.endpoint)  # joining peers learn whether the swarm can reach them
         if self.published.record.data is not None:
             # serving before publishing: a peer that sees the task can fetch its shards
             self.data_desk = DataDesk(self.endpoint, self.published.record, self.config.data_dir)

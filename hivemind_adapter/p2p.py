@@ -47,6 +47,16 @@ class Endpoint:
         )
         return reply.value
 
+    async def connections_of(self, peer_id: str) -> list[str]:
+        """The remote multiaddrs (``/ip4/HOST/tcp/PORT``) of the daemon's open connections to node
+        ``peer_id``, from the daemon's own list: where that node's traffic really comes from."""
+        return [
+            str(addr)
+            for info in await self.p2p.list_peers()
+            if info.peer_id.to_base58() == peer_id
+            for addr in info.addrs
+        ]
+
     def serve(self, handler: str, fn: Handler) -> None:
         """Answer ``handler`` with ``await fn(payload, sender)`` (it must not block the loop)."""
 

@@ -61,7 +61,8 @@ def identity(identity_path: Path) -> None:
 @click.option(
     "--client-mode",
     is_flag=True,
-    help="Behind NAT: reach the swarm by connecting out; serve only cohort mates on this host or LAN.",
+    help="Client mode from the start (join also turns it on when the swarm cannot connect in): reach the "
+    "swarm by connecting out; serve only cohort mates on this host or LAN.",
 )
 @click.option(
     "--data-dir",
@@ -398,3 +399,8 @@ pause = _control_command(
     "pause", "pause", "Pause the running peer after its round: it leaves its cohort and waits."
 )
 resume = _control_command("resume", "resume", "Resume a paused peer: it rejoins the swarm with the same key.")
+
+
+from peer.check_cli import check  # noqa: E402  (a command of this group; its own module)
+
+main.add_command(check)

@@ -9,6 +9,7 @@ and raises :class:`PeerStartError`; what :func:`build_peer` returns is complete.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import socket
 import time
@@ -20,8 +21,9 @@ from typing import Any
 import psutil
 import torch
 
-from hivemind_adapter.dht import SwarmUnreachable, start_dht
+from hivemind_adapter.dht import SwarmUnreachable
 from hivemind_adapter.dht import peer_id as dht_peer_id
+from hivemind_adapter.dial_back import serve_dial_back
 from hivemind_adapter.group_keys import DeclarationSigner
 from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.process_answers import ProcessWatch
@@ -39,6 +41,7 @@ from peer.guard.conviction_watch import ConvictionWatch
 from peer.outer_round import OuterStepper
 from peer.outer_step import OuterSettings
 from peer.progress_display import ProgressDisplay
+from peer.reachability import start_peer_dht
 from peer.receipts import AggregatorLink, ReceiptCourier, ReceiptOutbox
 from peer.run_policy import RunConditions, RunPolicy
 from peer.search_service import EvaluationService
@@ -51,7 +54,7 @@ from peer.worker_pool import WorkerPool
 from peer.worker_protocol import SharedBuffers
 from protocol.dht_schema import MantaRecordValidator, outer_board_id
 from protocol.identity import Identity, fingerprint
-from protocol.netaddr import host_port_to_multiaddr, parse_host_port
+from protocol.netaddr import parse_host_port
 from protocol.records import Affinity, DeviceInfo
 from protocol.sealing import Sealed
 from protocol.task_spec import TaskSpec
@@ -150,24 +153,23 @@ def build_peer(
         except ControlError as e:
             raise PeerStartError(str(e)) from None
         built.callback(control_server.close)
-        announce = [host_port_to_multiaddr(a, "--announce", allow_port_zero=False) for a in config.announce]
-        try:
-            dht = start_dht(
-                initial_peers=config.initial_peers,
-                host_maddrs=[host_port_to_multiaddr(config.listen, "--listen")],
-                announce_maddrs=announce or None,
-                client_mode=config.client_mode,
-                identity_path=str(config.data_dir / "p2p.key"),
-            )
+        try:  # a node the swarm cannot connect to runs in client mode (peer/reachability.py)
+            dht, client_mode = start_peer_dht(
+                config.initial_peers, config.listen, config.announce, config.client_mode,
+                str(config.data_dir / "p2p.key"),
+            )  # fmt: skip
         except SwarmUnreachable as e:
             raise PeerStartError(str(e)) from None
         built.callback(dht.shutdown)
+        config = dataclasses.replace(config, client_mode=client_mode)
         dht_watch = ProcessWatch(
             dht, lambda code: signals.lose(_ended("DHT", code, "can no longer reach the swarm"))
         )
         built.callback(dht_watch.stop)
         endpoint = Endpoint(dht, "manta-peer")  # every call this node makes or answers
         built.callback(endpoint.close)
+        if not config.client_mode:
+            serve_dial_back(endpoint)
         peer_id = dht_peer_id(dht)
         try:
             spec = fetch_task(dht, config.task_id, config.aggregator_key)

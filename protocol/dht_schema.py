@@ -104,6 +104,11 @@ def state_handler(task_id: str) -> str:
     return f"manta/{task_id}/state"
 
 
+# Answered by the aggregator and every full peer, for any task: "can you connect to me?"
+# (hivemind_adapter.dial_back; a joining peer asks before it knows its task)
+DIAL_BACK_HANDLER = "manta/dial-back"
+
+
 def task_key(task_id: str) -> str:
     return f"manta_{task_id}_task"
 

@@ -13,8 +13,8 @@ deployment does. Everything lives under one run directory::
     <run>/summary.json               written at the end (see summary.py)
 
 With an emulated internet, the aggregator runs in its own site and each peer in its site's LAN,
-bound to the site's address; a peer in a NAT site runs with ``--client-mode`` (others cannot
-connect to it, as behind a home router).
+bound to the site's address. A peer in a NAT site is started as any other: it finds by itself that
+nobody can connect to it (a dial-back, peer/reachability.py) and runs in client mode.
 
 Stopping: peers leave by themselves at the run's end; then the aggregator gets SIGTERM. Ctrl-C sends
 SIGTERM to every peer (they finish their round and leave), then to the aggregator; anything still
@@ -257,8 +257,6 @@ class LocalSwarm:
             "--until-round" if self.o.until_swarm_round else "--max-rounds",
             str(self.o.rounds),
         ]
-        if site is not None and self.internet.sites[site].nat:
-            args.append("--client-mode")  # behind a home router: others cannot connect in
         if self.o.cohorts > 1:
             args += ["--cohort", f"cohort-{i % self.o.cohorts}"]
         if self.o.whole_dataset:

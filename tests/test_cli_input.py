@@ -118,6 +118,18 @@ BAD_VALUES = [
     ("manta-peer", ["join", "--initial-peers", GOOD_PEER, "--cache-size", "lots"], "--cache-size"),
     ("manta-peer", ["credits"], "no --initial-peers and no manta-peer/swarm.json"),
     ("manta-peer", ["credits", "--initial-peers", "nowhere"], "initial peer must look like"),
+    ("manta-peer", ["check"], "no --initial-peers and no manta-peer/swarm.json"),
+    ("manta-peer", ["check", "--initial-peers", "nowhere"], "initial peer must look like"),
+    (
+        "manta-peer",
+        ["check", "--initial-peers", GOOD_PEER, "--listen", "nowhere"],
+        "--listen must be HOST:PORT",
+    ),
+    (
+        "manta-peer",
+        ["check", "--initial-peers", GOOD_PEER, "--announce", "1.2.3.4:0"],
+        "--announce needs an explicit port",
+    ),
     ("manta-ledger", ["verify", "missing.sqlite"], "no ledger at missing.sqlite"),
     ("manta-ledger", ["rewards", "missing.sqlite"], "no ledger at missing.sqlite"),
     ("manta-swarm", ["--peers", "2", "--task", "nope"], "unknown task 'nope'"),
