@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 
+from peer.worker import WorkerLimits
 from peer.worker_pool import WorkerDied, WorkerPool
 from peer.worker_protocol import Compute, HostContribution
 from tests.peer.spawned_pool import spawned_pool
@@ -67,3 +68,32 @@ def test_a_worker_stopped_in_the_middle_of_a_round_leaves_by_itself_instead_of_b
         proc = pool._workers[0][0]
         assert not proc.is_alive()
         assert proc.exitcode == 0, f"the worker was killed (exit code {proc.exitcode})"
+
+
+def _busy_share(pool: WorkerPool, seconds: float) -> float:
+    """The worker's CPU time over the wall time of ``seconds`` of computing (one torch thread)."""
+    import psutil
+
+    worker = psutil.Process(pool._workers[0][0].pid)
+    pool.start_compute(Compute(round_index=0, mode="data", cohort_rank=0, num_cohorts=1))
+    time.sleep(5.0)  # past the first mini-batch's start-up
+    before, started = worker.cpu_times(), time.monotonic()
+    time.sleep(seconds)
+    after, wall = worker.cpu_times(), time.monotonic() - started
+    pool.raise_stop_flag()
+    _computed(pool, 120)
+    return (after.user + after.system - before.user - before.system) / wall
+
+
+@pytest.mark.exclusive  # measures a CPU share: nothing else may run beside it
+def test_a_worker_lent_a_third_of_the_cpu_computes_about_a_third_of_the_time():
+    """``--cpu-share``: after each mini-batch the worker rests twice as long as it took."""
+    with spawned_pool(OPTIONS, 3, "share-full", threads=1) as (full, _):
+        whole = _busy_share(full, 8.0)
+    with spawned_pool(OPTIONS, 3, "share-third", threads=1, limits=WorkerLimits(cpu_share=1 / 3)) as (
+        lent,
+        _,
+    ):
+        third = _busy_share(lent, 8.0)
+    assert whole > 0.6, whole  # one thread, computing all the time
+    assert third < 0.55 * whole, (whole, third)
