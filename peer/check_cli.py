@@ -35,28 +35,14 @@ def check(initial_peers, task_id, aggregator_key, gpus, cpu_workers, listen, ann
     """Check this machine and the swarm before joining: devices, free memory and disk, whether the
     initial peers answer, their task, and whether the swarm can connect to this peer (exit 1 with one
     line if the swarm or its task cannot be reached)."""
-    from peer.swarm_record import SWARM_FILE, read_swarm_record
-    from protocol.identity import check_public_key_hex
-    from protocol.netaddr import AddressError, check_peer_multiaddr, host_port_to_multiaddr
+    from peer.swarm_record import swarm_to_reach
+    from protocol.netaddr import check_listen_options
 
     # Every check that needs no torch comes first: bad input fails at once.
     try:
-        if not initial_peers:
-            record = read_swarm_record(data_dir)
-            if record is None:
-                raise UserError(
-                    f"no --initial-peers and no {data_dir / SWARM_FILE} (manta-peer join writes it): "
-                    "give --initial-peers, or the --data-dir you joined with"
-                )
-            initial_peers, task_id = record.initial_peers, task_id or record.task_id
-            aggregator_key = aggregator_key or record.aggregator_key
-        peers = tuple(check_peer_multiaddr(p) for p in initial_peers)
-        if aggregator_key is not None:
-            aggregator_key = check_public_key_hex(aggregator_key, "--aggregator-key")
-        host_port_to_multiaddr(listen, "--listen")
-        for a in announce:
-            host_port_to_multiaddr(a, "--announce", allow_port_zero=False)
-    except (AddressError, ValueError) as e:
+        peers, task_id, aggregator_key = swarm_to_reach(initial_peers, task_id, aggregator_key, data_dir)
+        check_listen_options(listen, announce)
+    except ValueError as e:  # AddressError too
         raise UserError(str(e)) from None
     from hivemind_adapter.runtime import prepare_process
 

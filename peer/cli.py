@@ -160,16 +160,14 @@ def join(
     `manta-peer pause` and `resume` stop and restart training without leaving)."""
     from peer.shard_cache import parse_size
     from protocol.identity import check_public_key_hex
-    from protocol.netaddr import AddressError, check_peer_multiaddr, host_port_to_multiaddr
+    from protocol.netaddr import AddressError, check_listen_options, check_peer_multiaddr
 
     # Every check that needs no torch comes first: bad input fails at once and creates no file.
     try:
         peers = tuple(check_peer_multiaddr(p) for p in initial_peers)
         if aggregator_key is not None:
             aggregator_key = check_public_key_hex(aggregator_key, "--aggregator-key")
-        host_port_to_multiaddr(listen, "--listen")
-        for a in announce:
-            host_port_to_multiaddr(a, "--announce", allow_port_zero=False)
+        check_listen_options(listen, announce)
     except (AddressError, ValueError) as e:
         raise UserError(str(e)) from None
     try:
@@ -317,25 +315,12 @@ def _remember_swarm(data_dir: Path, peers: tuple[str, ...], node) -> None:
 @identity_option
 def credits(initial_peers, task_id, data_dir, as_json, identity_path) -> None:
     """Print this key's credits from the aggregator's ledger and check every inclusion proof."""
-    from peer.swarm_record import SWARM_FILE, read_swarm_record
-    from protocol.identity import check_public_key_hex
-    from protocol.netaddr import AddressError, check_peer_multiaddr
+    from peer.swarm_record import swarm_to_reach
 
     # Every check that needs no torch comes first: bad input fails at once and creates no file.
-    aggregator_key = None
     try:
-        if not initial_peers:
-            record = read_swarm_record(data_dir)
-            if record is None:
-                raise UserError(
-                    f"no --initial-peers and no {data_dir / SWARM_FILE} (manta-peer join writes it): "
-                    "give --initial-peers, or the --data-dir you joined with"
-                )
-            initial_peers, aggregator_key = record.initial_peers, record.aggregator_key
-            task_id = task_id or record.task_id
-            aggregator_key = check_public_key_hex(aggregator_key, f"{data_dir / SWARM_FILE}: aggregator_key")
-        peers = tuple(check_peer_multiaddr(p) for p in initial_peers)
-    except (AddressError, ValueError) as e:
+        peers, task_id, aggregator_key = swarm_to_reach(initial_peers, task_id, None, data_dir)
+    except ValueError as e:  # AddressError too
         raise UserError(str(e)) from None
     ident = load_identity(identity_path, create=False)
     from hivemind_adapter.runtime import prepare_process

@@ -2,7 +2,8 @@
 
 ``manta-peer join`` writes it once its node has started (the swarm answered): the initial peers it
 was given, the task id it joined and the key that signed that task. ``manta-peer credits`` without
-``--initial-peers`` reads it. Standard library only: read before torch or hivemind is loaded.
+``--initial-peers`` (and ``check``) read it (:func:`swarm_to_reach`). Standard library only: read
+before torch or hivemind is loaded.
 """
 
 from __future__ import annotations
@@ -57,3 +58,30 @@ def read_swarm_record(data_dir: Path) -> SwarmRecord | None:
             f"{path} is not a swarm record (initial_peers, task_id, aggregator_key): give --initial-peers"
         )
     return SwarmRecord(tuple(peers), task_id, key)
+
+
+def swarm_to_reach(
+    initial_peers: tuple[str, ...], task_id: str | None, aggregator_key: str | None, data_dir: Path
+) -> tuple[tuple[str, ...], str | None, str | None]:
+    """``(initial peers, task id, aggregator key)`` as given, or, without ``initial_peers``, as
+    ``data_dir/swarm.json`` recorded them (a given task id or key wins), checked. Raises ValueError
+    (one line) if neither names a swarm or a value is malformed."""
+    from protocol.identity import check_public_key_hex
+    from protocol.netaddr import check_peer_multiaddr
+
+    if not initial_peers:
+        record = read_swarm_record(data_dir)
+        if record is None:
+            raise ValueError(
+                f"no --initial-peers and no {Path(data_dir) / SWARM_FILE} (manta-peer join writes it): "
+                "give --initial-peers, or the --data-dir you joined with"
+            )
+        initial_peers, task_id = record.initial_peers, task_id or record.task_id
+        if aggregator_key is None:
+            aggregator_key = check_public_key_hex(
+                record.aggregator_key, f"{Path(data_dir) / SWARM_FILE}: aggregator_key"
+            )
+    peers = tuple(check_peer_multiaddr(p) for p in initial_peers)
+    if aggregator_key is not None:
+        aggregator_key = check_public_key_hex(aggregator_key, "--aggregator-key")
+    return peers, task_id, aggregator_key

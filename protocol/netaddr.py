@@ -75,3 +75,11 @@ def check_peer_multiaddr(text: str) -> str:
     if len(rest) != 2 or rest[0] != "p2p" or not _valid_peer_id(rest[1]):
         raise AddressError(f"initial peer {text!r} must end in /p2p/PEER_ID (a base58 libp2p peer id)")
     return text.strip()
+
+
+def check_listen_options(listen: str, announce: tuple[str, ...]) -> None:
+    """``--listen HOST:PORT`` and each ``--announce HOST:PORT`` (which needs a port): AddressError
+    (one line) for the first malformed one."""
+    host_port_to_multiaddr(listen, "--listen")
+    for address in announce:
+        host_port_to_multiaddr(address, "--announce", allow_port_zero=False)
