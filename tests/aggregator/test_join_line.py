@@ -113,37 +113,65 @@ def _stop(proc: subprocess.Popen) -> None:
 
 @needs_emulated_internet
 @pytest.mark.swarm
-@pytest.mark.parametrize("announce", [None, "10.78.0.2:31337"], ids=["multi-homed", "announce"])
-def test_the_printed_join_line_runs_verbatim(tmp_path, announce):
-    """An aggregator on 0.0.0.0 of a host with three addresses (or announcing one of them) prints a
-    line; that line, pasted into a shell as printed, joins the task signed by that aggregator."""
+def test_the_printed_join_line_runs_verbatim(tmp_path):
+    """On a host with three addresses, one aggregator on 0.0.0.0 and one announcing one of them each
+    print a line; each line, pasted into a shell as printed, joins the task signed by that aggregator.
+    The two swarms run side by side (their own DHTs, homes and keys)."""
     scripts = str(Path(console_script("manta-peer")).parent)
-    env = dict(os.environ, HOME=str(tmp_path), PATH=f"{scripts}:{os.environ['PATH']}", PYTHONUNBUFFERED="1",
-               MANTA_WORKER_THREADS="1", MANTA_LOG_LEVEL="INFO")  # fmt: skip
-    (tmp_path / "task.toml").write_text('[task]\nid = "digits-join-line"\nname = "digits"\n')
-    argv = ["manta-aggregator", "start", "--task", "task.toml", "--listen", "0.0.0.0:31337", "--http", "off"]
-    argv += ["--announce", announce] if announce else []
+    cases = {
+        "multi-homed": (31337, None, {"10.77.0.2", "10.78.0.2", "127.0.0.1"}),
+        "announce": (31338, "10.78.0.2:31338", {"10.78.0.2"}),
+    }
+    procs: list[subprocess.Popen] = []
     with _multi_homed_host() as ns:
-        with open(tmp_path / "agg.out", "w") as out, open(tmp_path / "agg.err", "w") as err:
-            agg = subprocess.Popen(in_namespace(ns, argv), stdout=out, stderr=err, env=env, cwd=tmp_path)
-        peer = None
         try:
-            line = _wait_for_line(tmp_path / "agg.out", "manta-peer join", agg, 90).strip()
-            params = _parsed(line)
-            hosts = {m.split("/")[2] for m in params["initial_peers"]}
-            assert hosts == ({"10.78.0.2"} if announce else {"10.77.0.2", "10.78.0.2", "127.0.0.1"}), line
-            key = Identity.load(tmp_path / ".manta" / "identity.key").public_key_hex  # the default key
-            assert params["aggregator_key"] == key
-            with open(tmp_path / "peer.out", "w") as out, open(tmp_path / "peer.err", "w") as err:
-                peer = subprocess.Popen(in_namespace(ns, ["bash", "-c", line]), stdout=out, stderr=err,
-                                        env=env, cwd=tmp_path)  # fmt: skip
-            joined = _wait_for_line(tmp_path / "peer.err", "joined task digits-join-line", peer, 120)
-            name = fingerprint(bytes.fromhex(key))
-            assert f"aggregator {name}" in joined
-            assert (
-                f"aggregator {name} serving task" in (tmp_path / "agg.err").read_text()
-            )  # one name for both
+            for name, (port, announce, _hosts) in cases.items():
+                home = tmp_path / name
+                home.mkdir()
+                (home / "task.toml").write_text(f'[task]\nid = "join-line-{name}"\nname = "digits"\n')
+                argv = [
+                    "manta-aggregator",
+                    "start",
+                    "--task",
+                    "task.toml",
+                    "--listen",
+                    f"0.0.0.0:{port}",
+                    "--http",
+                    "off",
+                ]
+                argv += ["--announce", announce] if announce else []
+                with open(home / "agg.out", "w") as out, open(home / "agg.err", "w") as err:
+                    procs.append(
+                        subprocess.Popen(
+                            in_namespace(ns, argv),
+                            stdout=out,
+                            stderr=err,
+                            env=_home_env(home, scripts),
+                            cwd=home,
+                        )
+                    )
+            for (name, (_port, _announce, hosts)), agg in zip(cases.items(), list(procs)):
+                home = tmp_path / name
+                line = _wait_for_line(home / "agg.out", "manta-peer join", agg, 90).strip()
+                params = _parsed(line)
+                assert {m.split("/")[2] for m in params["initial_peers"]} == hosts, line
+                key = Identity.load(home / ".manta" / "identity.key").public_key_hex  # the default key
+                assert params["aggregator_key"] == key
+                with open(home / "peer.out", "w") as out, open(home / "peer.err", "w") as err:
+                    procs.append(subprocess.Popen(in_namespace(ns, ["bash", "-c", line]), stdout=out, stderr=err,
+                                                  env=_home_env(home, scripts), cwd=home))  # fmt: skip
+            for (name, _case), peer in zip(cases.items(), procs[len(cases) :]):
+                home = tmp_path / name
+                joined = _wait_for_line(home / "peer.err", f"joined task join-line-{name}", peer, 120)
+                key = Identity.load(home / ".manta" / "identity.key").public_key_hex
+                fp = fingerprint(bytes.fromhex(key))
+                assert f"aggregator {fp}" in joined
+                assert f"aggregator {fp} serving task" in (home / "agg.err").read_text()  # one name for both
         finally:
-            for proc in (peer, agg):
-                if proc is not None:
-                    _stop(proc)
+            for proc in reversed(procs):
+                _stop(proc)
+
+
+def _home_env(home: Path, scripts: str) -> dict:
+    return dict(os.environ, HOME=str(home), PATH=f"{scripts}:{os.environ['PATH']}", PYTHONUNBUFFERED="1",
+                MANTA_WORKER_THREADS="1", MANTA_LOG_LEVEL="INFO")  # fmt: skip

@@ -57,6 +57,15 @@ def test_two_sites_take_inner_steps_apart_and_meet_in_overlapped_outer_steps(tmp
     swarm = summary["swarm"]
     nat = {site["name"]: site["nat"] for site in summary["sites"]}
     assert nat == {"aggregator": False, "site-1": False, "site-2": True}, nat
+    # manta-swarm passes no --client-mode: the home's peers find out they cannot be dialled, the
+    # public site's that they can (the dial-back of peer/reachability.py)
+    for peer in summary["peers_detail"]:
+        log = (run / peer["name"] / "log.txt").read_text()
+        unreachable = "the swarm cannot connect to this peer" in log
+        assert unreachable == nat[peer["site"]] and ("reachable:" in log) != unreachable, (
+            peer["name"],
+            log[-2000:],
+        )
 
     # Inner steps stay inside a site: no committed round averaged more than its cohort (2 peers),
     # and each peer's cohort is the one of its site.
