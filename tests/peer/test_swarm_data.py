@@ -19,7 +19,9 @@ from testbed.image_folder import make_image_folder
 from testbed.local_swarm import LocalSwarm, SwarmOptions
 from tests.aggregator.monitor_helpers import free_port, get_json
 
-pytestmark = pytest.mark.swarm
+# Slow (about a minute; `make test-all`): the default suite serves and fetches shards between real
+# nodes (tests/peer/test_data_feed.py) and runs the whole swarm on built-in data (test_swarm_training.py).
+pytestmark = [pytest.mark.swarm, pytest.mark.slow]
 
 PEERS = 3
 
