@@ -112,11 +112,6 @@ def terminate_processes(procs: list[psutil.Process], timeout: float = 5.0) -> li
     return alive
 
 
-def terminate_tree(pid: int | None = None, timeout: float = 5.0) -> list[psutil.Process]:
-    """Stop every descendant of ``pid`` (default: this process), deepest-first."""
-    return terminate_processes(list(reversed(descendants(pid))), timeout=timeout)
-
-
 def _alive(p: psutil.Process) -> bool:
     try:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE

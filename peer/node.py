@@ -104,11 +104,6 @@ class PeerNode:
     def attempt(self) -> int:
         return self._commits.attempt
 
-    @property
-    def swarm_lost(self) -> str | None:
-        """Why the peer could not go on (a process it needs ended), or None."""
-        return self._signals.lost
-
     # ------------------------------------------------------------------ the loop
 
     def catch_up(self) -> bool:
