@@ -14,6 +14,7 @@ is the round it names (:func:`trusted_round`).
 
 A newcomer that arrives while the swarm computes a round sits that attempt out and starts with the
 next one (:func:`sit_out_running_attempt`): the others' rosters for it were read without the newcomer.
+Peers that start a run together begin once the roster stops changing (:func:`wait_for_settled_roster`).
 """
 
 from __future__ import annotations
@@ -189,3 +190,22 @@ def catch_up_before_leaving(
             catch_up()  # a state report that arrived within the grace
             break
     return state_round()
+
+
+def wait_for_settled_roster(
+    read: Callable[[], frozenset[str]], stop: threading.Event, settle: float, limit: float
+) -> frozenset[str]:
+    """Reads the roster (``read``: its peer ids) until it has not changed for ``settle`` seconds, at
+    most ``limit`` seconds or until ``stop``; returns the last read. Peers that start together meet
+    in their first round: one that read a partial roster plans other cohorts and a smaller quorum."""
+    deadline = time.monotonic() + limit
+    seen, since = read(), time.monotonic()
+    while not stop.is_set():
+        now = time.monotonic()
+        if now - since >= settle or now >= deadline:
+            break
+        stop.wait(min(1.0, settle - (now - since), deadline - now))
+        peers = read()
+        if peers != seen:
+            seen, since = peers, time.monotonic()
+    return seen

@@ -25,6 +25,7 @@ from peer.catch_up import (
     SIT_OUT_SECONDS,
     catch_up_before_leaving,
     sit_out_running_attempt,
+    wait_for_settled_roster,
 )
 from peer.data_feed import DataUnavailable
 from peer.devices import WorkerDevice
@@ -40,7 +41,8 @@ from supernet.checkpoint import save_checkpoint
 
 logger = logging.getLogger("manta.peer")
 
-SETTLE_SECONDS = 4.0  # after announcing, before the first round reads the roster
+SETTLE_SECONDS = 4.0  # peers starting together: the roster unchanged this long before the first round
+SETTLE_LIMIT_SECONDS = 30.0  # ... or at most this long
 PAUSE_POLL_SECONDS = 1.0  # how often a paused peer looks whether it may go on
 CATCH_UP_TRIES = 5  # state downloads in a row while the swarm stays ahead
 
@@ -140,6 +142,9 @@ class PeerNode:
         self.catch_up()
         return True
 
+    def _roster_ids(self) -> frozenset[str]:
+        return frozenset(p.entry.peer_id for p in read_roster(self.dht, self.spec.record.task_id))
+
     def run(self) -> list[RoundReport]:
         """Train until stopped, ``max_rounds`` committed or ``until_round`` reached; the reports."""
         self.catch_up()
@@ -149,8 +154,7 @@ class PeerNode:
         self._announcer.keep_fresh()
         self._announced_at = time.monotonic()
         if not self.sit_out_round_in_progress():
-            # let peers that started together find each other in the roster before the first round
-            time.sleep(max(0.0, SETTLE_SECONDS - (time.monotonic() - self._announced_at)))
+            wait_for_settled_roster(self._roster_ids, self._stop, SETTLE_SECONDS, SETTLE_LIMIT_SECONDS)
         self._commits.meet_swarm()  # an older attempt meets nobody
         committed, failed_in_a_row = 0, 0
         outer, averagers = self.parts.outer, self.parts.averagers
