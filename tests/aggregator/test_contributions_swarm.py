@@ -27,7 +27,11 @@ from tests.adversaries import dishonest_peer
 from tests.helpers import console_script
 from tests.ledger.helpers import tamper
 
-pytestmark = pytest.mark.swarm
+# Slow (about 2 minutes; `make test-all`): the default suite runs each cheat against the real
+# aggregator's parts: forged signatures and replays (tests/aggregator/test_intake.py), inflated counts
+# (test_contribution_checks.py), fabricated gradients (test_audits.py), the credits report
+# (tests/peer/test_credits.py) and the ledger's verification (tests/ledger/).
+pytestmark = [pytest.mark.swarm, pytest.mark.slow]
 
 FAULTS = {1: "forge", 2: "replay", 3: "inflate", 4: "fabricate"}
 
@@ -195,7 +199,6 @@ def test_the_live_ledger_verifies_and_an_altered_entry_is_named(cheated_run):
     assert bad.returncode == 1 and "entry 0 " in bad.stdout, bad.stdout
 
 
-@pytest.mark.slow  # a few minutes of swarm: `make test-all` runs it
 def test_unproven_receipts_survive_a_peer_restart_and_an_aggregator_outage(tmp_path):
     # Two peers: a receipt whose group lists its sender alone is refused (no other member witnesses
     # it), so a lone peer's receipts were all refused and none was left unproven to survive.

@@ -1,6 +1,7 @@
 """`manta-peer credits`: the report a volunteer reads (FLOPs and GPU-hours, every proof checked
 against a real signed ledger checkpoint), its JSON form, and the swarm it finds in the data directory.
-The swarm-sized run (an aggregator answering a peer's request) is tests/aggregator/test_contributions_swarm.py.
+The swarm-sized run (an aggregator answering a peer's request) is tests/aggregator/test_contributions_swarm.py
+(slow).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ pytestmark = [
 
 
 # Slow (make test-all; about a minute): the default suite checks the signal handling itself
-# (test_interrupts.py) and that a finished manta-swarm run removes its namespaces (test_swarm_outer.py).
+# (test_interrupts.py) and that a closed emulated internet leaves nothing (test_emulated_internet.py).
 @pytest.mark.slow
 def test_ctrl_c_then_sigterm_leaves_nothing_behind(tmp_path):
     out_dir = tmp_path / "red"

@@ -18,8 +18,13 @@ from supernet.checkpoint import load_checkpoint
 from testbed.wan.netns import namespaces
 from tests.helpers import console_script, needs_emulated_internet, processes_mentioning, socket_files
 
+# Slow (about 2.5 minutes; `make test-all`): the default suite covers its parts one by one: the outer
+# step's math, plan and repair (tests/peer/test_outer_step.py, test_outer_repair.py), known cohort
+# groups (tests/peer/averaging/test_known_cohort.py), NAT (tests/testbed/test_emulated_internet.py) and
+# a NAT'd peer's dial-back (tests/peer/test_reachability_wan.py).
 pytestmark = [
     pytest.mark.swarm,
+    pytest.mark.slow,
     needs_emulated_internet,
 ]
 

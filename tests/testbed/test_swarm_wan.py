@@ -30,8 +30,8 @@ SMALL = ["--target-samples", "64", "--subnets", "2", "--width-mult", "0.25", "--
 
 
 # Slow (make test-all; 90-120 s): the default suite checks the NAT itself (test_emulated_internet.py:
-# connections go out, none come in), a swarm across two sites' links (test_swarm_outer.py, which also
-# checks that the run removes its namespaces and processes) and Ctrl-C of a peer (test_join_cli.py).
+# connections go out, none come in, nothing is left after a run), an aggregator and `check` across two
+# sites' links (tests/peer/test_reachability_wan.py) and Ctrl-C of a peer (test_join_cli.py).
 @pytest.mark.slow
 def test_two_sites_one_behind_nat_commit_rounds_and_ctrl_c_removes_everything(tmp_path):
     run = tmp_path / "run"
