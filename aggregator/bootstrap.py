@@ -49,6 +49,7 @@ from protocol.dht_schema import (
 )
 from protocol.identity import Identity, fingerprint
 from protocol.netaddr import host_port_to_multiaddr
+from protocol.record_lifetimes import PUBLISHED_TTL, TASK_TTL
 from protocol.records import StateAnchor
 from protocol.sealing import Sealed, open_sealed, seal
 from protocol.task_spec import TaskSpec
@@ -99,7 +100,9 @@ class BootstrapAggregator:
         self._dht_watch: ProcessWatch | None = None
         self.lost: str | None = None  # why it stopped serving, once its DHT's or state sharer's process ended
         self._sharer_watch: ProcessWatch | None = None
-        self._anchor_wire: bytes | None = None  # the sealed StateAnchor of the state the keeper serves
+        self._served_anchor: StateAnchor | None = (
+            None  # of the state the keeper serves (signed at each store)
+        )
 
     def start(self) -> list[str]:
         """Start the DHT node and publish the task; returns the multiaddrs peers should use."""
@@ -236,7 +239,7 @@ class BootstrapAggregator:
         return open_sealed(seal(self.spec, self.identity), TaskSpec)
 
     def _publish(self) -> bool:
-        ttl = 4 * self.config.refresh_seconds
+        ttl = min(4 * self.config.refresh_seconds, TASK_TTL)
         ok = store(
             self.dht, task_key(self.task_id), self.published.wire, ttl, subkey=self.published.public_key.hex()
         )
@@ -255,19 +258,16 @@ class BootstrapAggregator:
             digest=state_digest,
             timestamp=int(time.time() * 1000),
         )
-        self._anchor_wire = seal(record, self.identity)
+        self._served_anchor = record
         self._publish_anchor()
 
     def _publish_anchor(self) -> None:
-        if self._anchor_wire is not None:
-            ttl = 4 * self.config.refresh_seconds
-            store(
-                self.dht,
-                anchor_key(self.task_id),
-                self._anchor_wire,
-                ttl,
-                subkey=self.identity.public_key_hex,
-            )
+        """Store the anchor signed now: a copy lives ``PUBLISHED_TTL`` at most from its signed time."""
+        if self._served_anchor is not None:
+            fresh = self._served_anchor.model_copy(update={"timestamp": int(time.time() * 1000)})
+            ttl = min(4 * self.config.refresh_seconds, PUBLISHED_TTL)
+            store(self.dht, anchor_key(self.task_id), seal(fresh, self.identity), ttl,
+                  subkey=self.identity.public_key_hex)  # fmt: skip
 
     def peers_online(self) -> int:
         return len(

@@ -26,14 +26,13 @@ from protocol.dht_schema import (
     task_key,
 )
 from protocol.identity import Identity
+from protocol.record_lifetimes import ANNOUNCE_TTL, PROGRESS_TTL
 from protocol.records import Affinity, DeviceInfo, IdentityBinding, PeerAnnouncement, PeerProgress
 from protocol.sealing import RecordRejected, Sealed, seal
 from protocol.task_spec import TaskSpec
 from protocol.verified_records import VerifiedRecords
 
 logger = logging.getLogger(__name__)
-
-ANNOUNCE_TTL = 12.0  # an announcement not refreshed for this long drops out of the roster (a dead peer too)
 
 
 class TaskNotFound(LookupError):
@@ -174,9 +173,6 @@ def read_roster(dht, task_id: str) -> list[RosterPeer]:
         entry = RosterEntry(a.peer_id, a.affinity.host_id, a.affinity.network_id, explicit)
         peers[a.peer_id] = RosterPeer(entry, len(a.devices), a)
     return [peers[k] for k in sorted(peers)]
-
-
-PROGRESS_TTL = 30.0  # a peer that stopped reporting drops out of the round's sample count
 
 
 class ProgressBoard:

@@ -37,6 +37,9 @@ nobody can overwrite another party's entry — the subkey must name the key that
 
 Other keys that are not MANTA's (hivemind's state-sharing keys) pass through untouched.
 
+Every family has a lifetime (:mod:`protocol.record_lifetimes`): a copy stored to expire later than
+its record allows, or signed ahead of the node's clock, is refused like a forgery.
+
 This module is pure Python: hivemind calls ``validate``, ``sign_value``, ``strip_value``,
 ``merge_with`` and ``priority`` by name, so the validator need not inherit from hivemind's base class,
 and a DHT key's id is computed here the way hivemind computes it (SHA-1 of the key's msgpack
@@ -46,6 +49,7 @@ encoding; a test pins this against hivemind's own ``DHTID``).
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -54,6 +58,17 @@ import msgpack
 
 from protocol.declarations import open_declaration_value
 from protocol.ledger_checkpoint import Checkpoint
+from protocol.record_lifetimes import (
+    ANNOUNCE_TTL,
+    COMMIT_TTL,
+    CONVICTION_TTL,
+    PROGRESS_TTL,
+    PUBLISHED_TTL,
+    TASK_TTL,
+    Lifetime,
+    expiry_error,
+    signed_seconds,
+)
 from protocol.records import (
     IdentityBinding,
     PeerAnnouncement,
@@ -286,20 +301,30 @@ class MantaRecordValidator:
 
     def __init__(self, task_id: str, cache_capacity: int = DEFAULT_CAPACITY):
         self.task_id, self.cache_capacity = task_id, cache_capacity
-        checks: dict[str, Callable[[Any, Any], object]] = {
-            task_key(task_id): lambda sk, v: open_task_value(task_id, sk, v),
-            peers_key(task_id): lambda sk, v: open_peer_value(task_id, sk, v),
-            progress_key(task_id): lambda sk, v: open_progress_value(task_id, sk, v),
-            aggregators_key(task_id): open_aggregator_value,
-            ledger_key(task_id): open_ledger_value,
-            anchor_key(task_id): lambda sk, v: open_anchor_value(task_id, sk, v),
-            convictions_key(task_id): lambda sk, v: open_conviction_value(task_id, sk, v),
-            TASKS_INDEX_KEY: open_index_value,
+        signed = partial(Lifetime, signed_at=signed_seconds)
+        checks: dict[str, tuple[Callable[[Any, Any], object], Lifetime]] = {
+            task_key(task_id): (lambda sk, v: open_task_value(task_id, sk, v), Lifetime(TASK_TTL)),
+            peers_key(task_id): (
+                lambda sk, v: open_peer_value(task_id, sk, v),
+                Lifetime(ANNOUNCE_TTL, lambda opened: signed_seconds(opened[0])),  # the announcement's time
+            ),
+            progress_key(task_id): (lambda sk, v: open_progress_value(task_id, sk, v), signed(PROGRESS_TTL)),
+            aggregators_key(task_id): (open_aggregator_value, signed(PUBLISHED_TTL)),
+            ledger_key(task_id): (open_ledger_value, Lifetime(PUBLISHED_TTL)),
+            anchor_key(task_id): (lambda sk, v: open_anchor_value(task_id, sk, v), signed(PUBLISHED_TTL)),
+            convictions_key(task_id): (
+                lambda sk, v: open_conviction_value(task_id, sk, v),
+                signed(CONVICTION_TTL),
+            ),
+            TASKS_INDEX_KEY: (open_index_value, Lifetime(TASK_TTL)),
         }
         for board in (task_id, outer_board_id(task_id)):
             for bucket in range(COMMIT_BUCKETS):
-                checks[commits_key(board, bucket)] = partial(open_commit_value, board, bucket=bucket)
-        self._checks = {dht_key_id(name): (name, check) for name, check in checks.items()}
+                checks[commits_key(board, bucket)] = (
+                    partial(open_commit_value, board, bucket=bucket),
+                    signed(COMMIT_TTL),
+                )
+        self._checks = {dht_key_id(name): (name, check, life) for name, (check, life) in checks.items()}
         self._verdicts = VerifiedRecords(self._check_wire, cache_capacity)
         self.rejected: dict[str, int] = {}  # written by validate() only, on the DHT's event loop
 
@@ -326,9 +351,12 @@ class MantaRecordValidator:
             if kind == "unsigned_declaration":
                 self.rejected["group_key:unsigned"] = self.rejected.get("group_key:unsigned", 0) + 1
                 return False
-            entry = ("group_key", None)
+            entry = ("group_key", None, None)
         try:
-            self._verdicts.open((key_id, bytes(record.subkey or b"")), bytes(record.value))
+            opened = self._verdicts.open((key_id, bytes(record.subkey or b"")), bytes(record.value))
+            lifetime = entry[2]
+            if lifetime is not None and expiry_error(lifetime, opened, record.expiration_time, time.time()):
+                raise RecordRejected(RejectReason.STALE_TIMESTAMP, "outlives its record")
             return True
         except RecordRejected as e:
             label = f"{entry[0]}:{e.reason}"

@@ -13,6 +13,7 @@ from hivemind_adapter.dht import peer_id, read_entries, read_entries_of_keys, st
 from peer.commit.report import CommitReport
 from protocol.dht_schema import COMMIT_BUCKETS, commit_subkey, commits_key, open_commit_value
 from protocol.identity import Identity
+from protocol.record_lifetimes import COMMIT_TTL
 from protocol.records import MAX_CHECKS_POSTED, MAX_PROOFS_POSTED, RoundCommit
 from protocol.sealing import RecordRejected, seal
 from protocol.verified_records import VerifiedRecords
@@ -104,7 +105,7 @@ class SignedCommitBoard:
     Reports are spread over :data:`~protocol.dht_schema.COMMIT_BUCKETS` keys by attempt: a read of
     one attempt fetches one bucket; :meth:`latest_attempt` reads every bucket at once."""
 
-    def __init__(self, dht, task_id: str, identity: Identity, peer_id: str, ttl: float = 90.0):
+    def __init__(self, dht, task_id: str, identity: Identity, peer_id: str, ttl: float = COMMIT_TTL):
         self.dht, self.task_id, self.identity, self.peer_id, self.ttl = dht, task_id, identity, peer_id, ttl
         self.verified = VerifiedRecords(lambda sub, value: open_commit_value(task_id, sub, value))
 

@@ -35,6 +35,7 @@ from peer.commit.quorum import equivocation_in
 from protocol.dht_schema import conviction_subkey, convictions_key, open_conviction_value
 from protocol.identity import Identity
 from protocol.proof_attestation import Equivocation
+from protocol.record_lifetimes import CONVICTION_TTL
 from protocol.records import ReducerConviction
 from protocol.sealing import seal
 
@@ -45,7 +46,6 @@ logger = logging.getLogger(__name__)
 # signed board keeps reports for 90 s.
 RECHECK_AFTER_SECONDS = (20.0, 60.0)
 READ_EVERY_SECONDS = 10.0  # how often the posted convictions are read
-CONVICTION_TTL = 6 * 3600.0  # how long a posted conviction lives in the DHT (re-posted at half of it)
 WAKE_SECONDS = 1.0  # the watch thread's tick: rechecks come due at most this late
 
 
@@ -176,10 +176,15 @@ class ConvictionWatch:
         return new
 
     def _refresh_own(self) -> None:
-        """Post this peer's evidence again before it expires."""
-        now = time.monotonic()
+        """Post this peer's evidence again before it expires, signed anew (a copy lives
+        ``CONVICTION_TTL`` from its signed time)."""
+        now, now_ms = time.monotonic(), int(time.time() * 1000)
         with self._lock:
-            stale = [r for r, at in self._posted.values() if now - at > CONVICTION_TTL / 2]
+            stale = [
+                r.model_copy(update={"timestamp": now_ms})
+                for r, at in self._posted.values()
+                if now - at > CONVICTION_TTL / 2
+            ]
             for record in stale:
                 self._posted[record.reducer_key] = (record, now)
         for record in stale:

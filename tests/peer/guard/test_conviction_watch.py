@@ -18,9 +18,10 @@ from peer.commit.report import CommitReport
 from peer.commit.waits import await_commit
 from peer.guard.admission import AdmissionMemory
 from peer.guard.conviction_watch import ConvictionWatch
-from protocol.dht_schema import conviction_subkey, convictions_key
+from protocol.dht_schema import conviction_subkey, convictions_key, open_conviction_value
 from protocol.identity import Identity
-from protocol.proof_attestation import ProofAttestation, group_tag, proofs_digest
+from protocol.proof_attestation import Equivocation, ProofAttestation, group_tag, proofs_digest
+from protocol.record_lifetimes import CONVICTION_TTL
 from protocol.records import ReducerConviction
 from protocol.sealing import seal
 from tests.helpers import two_task_dhts, wait_until
@@ -128,3 +129,32 @@ def test_evidence_that_does_not_hold_is_refused_and_never_stored(swarm):
     assert list(read_entries(dhts[1], convictions_key(TASK))) == [subkey]
     with pytest.raises(ValueError, match="may not be sealed"):
         seal(honest, reducer)  # a record names its poster: nobody else can seal it
+
+
+def test_evidence_posted_again_at_half_its_life_is_signed_anew_and_stored(swarm):
+    """A stored copy lives CONVICTION_TTL from its signed time (protocol.record_lifetimes): the same
+    record re-posted three hours on would be refused, so the watch re-signs it."""
+    dhts, identities, _ = swarm
+    reducer = Identity.generate()
+    keys = {REDUCER: reducer.public_key_hex}
+    watch = ConvictionWatch(dhts[0], TASK, identities[0], lambda: keys, read_every=1.0)
+    tokens = [ProofAttestation.from_token(_told(reducer, story)) for story in (b"to one", b"to another")]
+    assert watch.report(Equivocation(REDUCER, "g" * 8, *tokens, "QmFirstPoster", "QmSecondPoster"))
+    subkey = conviction_subkey(reducer.public_key_hex, identities[0].public_key_hex)
+    wait_until(lambda: subkey in read_entries(dhts[1], convictions_key(TASK)), 15, "the evidence stored")
+    first = open_conviction_value(TASK, subkey, read_entries(dhts[1], convictions_key(TASK))[subkey])
+    # three hours and a second on, as the watch's clock sees it
+    record, _ = watch._posted[reducer.public_key_hex]
+    watch._posted[reducer.public_key_hex] = (record, time.monotonic() - CONVICTION_TTL / 2 - 1)
+    watch._refresh_own()
+
+    def stored_again():
+        entries = read_entries(dhts[1], convictions_key(TASK))
+        return (
+            subkey in entries and open_conviction_value(TASK, subkey, entries[subkey]).record != first.record
+        )
+
+    wait_until(stored_again, 15, "the evidence posted again")
+    again = open_conviction_value(TASK, subkey, read_entries(dhts[1], convictions_key(TASK))[subkey]).record
+    assert again.timestamp > first.record.timestamp
+    assert (again.first, again.second) == (first.record.first, first.record.second)
