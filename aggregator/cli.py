@@ -137,6 +137,7 @@ def start(
 
     prepare_process()
     from aggregator.bootstrap import BootstrapAggregator, BootstrapConfig, ProcessLost
+    from aggregator.contributions import LedgerBehind
     from aggregator.join_line import join_command
     from aggregator.task_data import pack_into
     from aggregator.task_publication import build_task_spec
@@ -163,7 +164,7 @@ def start(
     try:
         try:
             maddrs = node.start()
-        except (CheckpointError, DashboardError, TaskFileError, TensorBoardError) as e:
+        except (CheckpointError, DashboardError, LedgerBehind, TaskFileError, TensorBoardError) as e:
             raise UserError(str(e)) from None
         except Exception as e:  # hivemind reports an unusable port or unreachable peers in many ways
             raise UserError(

@@ -29,6 +29,7 @@ wait for the result; no DHT call is ever made on the writer (reads come first, p
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections import Counter
@@ -36,21 +37,31 @@ from pathlib import Path
 
 from aggregator.auditing import SpotAuditor
 from aggregator.board_reads import Announced, AnnouncementReader, read_swarm_round
+from aggregator.call_budget import CallBudget
 from aggregator.commit_witness import CommitWitness
-from aggregator.desk_network import DeskHandlers, publish_binding, publish_checkpoint, serve, unserve
+from aggregator.desk_network import (
+    DeskHandlers,
+    publish_binding,
+    publish_checkpoint,
+    published_head,
+    serve,
+    unserve,
+)
 from aggregator.intake import ContributionIntake, Submission
 from aggregator.ledger_writer import LedgerWriter
 from aggregator.penalties import Penalties, excluded_keys
-from aggregator.receipt_answers import credits_reply, entries_of
+from aggregator.receipt_answers import CreditsBook, credits_reply
 from aggregator.receipt_status import ReceiptStatus
 from aggregator.round_closing import RoundCloser
 from aggregator.state_prefetch import StatePrefetcher
 from aggregator.trust import TrustBook
 from aggregator.work_pricing import WorkPricing
 from hivemind_adapter.p2p import Endpoint
+from ledger.pinned import extends
 from ledger.store import LedgerStore
 from protocol.identity import Identity
 from protocol.merkle import leaf_hash
+from protocol.record_lifetimes import PUBLISHED_TTL
 from protocol.records import ContributionReceipt
 from protocol.sealing import RejectReason, Sealed, parse_sealed
 from protocol.task_spec import TaskSpec
@@ -59,6 +70,12 @@ logger = logging.getLogger(__name__)
 
 CONVICTIONS_READ_SECONDS = 10.0  # how often the closer reads the convictions peers posted
 STATE_WITNESSES = 2  # peers that must report the same state after a group before a checkpoint takes it
+CREDITS_PER_CALLER, CREDITS_OVERALL = 6, 120  # credits calls answered a minute: per peer id, for all
+HEX_KEY = re.compile(r"[0-9a-f]{64}")
+
+
+class LedgerBehind(RuntimeError):
+    """The ledger does not extend a checkpoint its aggregator published (one line for the operator)."""
 
 
 class ContributionDesk:
@@ -92,6 +109,7 @@ class ContributionDesk:
             )
         )
         self.store = self._ledger.store
+        self._refuse_a_ledger_behind(ledger_path)
         self.intake = ContributionIntake(
             self.store, identity, self.task_id, max_age_ms=spec.params.receipt_window_ms, require_binding=True
         )
@@ -99,6 +117,8 @@ class ContributionDesk:
         self.counters: Counter[str] = Counter()  # accepted, each rejection reason, audits (the writer's)
         self.announcements = AnnouncementReader(dht, self.task_id)
         self.receipts = ReceiptStatus(self.store, self.counters)
+        self._credits = CreditsBook(identity.public_key)
+        self._credit_calls = CallBudget(CREDITS_PER_CALLER, CREDITS_OVERALL, period=60.0)
         self._stop = threading.Event()
         # Ed25519 signatures are deterministic: a secret only this aggregator can derive, so peers
         # cannot predict which receipts will be audited.
@@ -126,10 +146,24 @@ class ContributionDesk:
             endpoint, self.task_id, DeskHandlers(self.submit, self.status, self.credits, self.take_witnesses)
         )
         publish_binding(dht, identity, self.task_id)
+        self._binding_published_at = time.monotonic()
         self._closer = threading.Thread(target=self._close_loop, name="manta-round-close", daemon=True)
         self._closer.start()
 
     # ------------------------------------------------------------------ network
+
+    def _refuse_a_ledger_behind(self, ledger_path: Path) -> None:
+        """LedgerBehind (the ledger closed) if the DHT still holds a checkpoint this aggregator
+        published that its ledger does not extend: a ledger restored from an older copy would
+        rewrite credit peers hold proofs of."""
+        head = published_head(self.dht, self.identity, self.task_id)
+        problem = self._ledger.run(lambda store: extends(store, head)) if head is not None else None
+        if problem is not None:
+            self._ledger.close()
+            raise LedgerBehind(
+                f"{ledger_path} is behind the checkpoint this aggregator published (size {head.size}): "
+                f"{problem}; start it with the newer ledger"
+            )
 
     def _publish_checkpoint(self, note: str) -> None:
         publish_checkpoint(self.dht, self.identity, self.task_id, note)
@@ -144,9 +178,11 @@ class ContributionDesk:
         if settled is not None:
             return settled
         bindings = self.announcements.for_sender(sender)  # a DHT read if needed: before the writer
-        witnessed = self._read_commits_of(wire)
         reply = self._ledger.run(lambda _: self._queue(leaf, wire, sender, bindings))
         if reply.get("status") == "queued":
+            # Only now, its signature, binding and round checked: reading an attempt moves the window
+            # the witness bundles are taken in (a throw-away key's attempt 10^6 would shut them out).
+            witnessed = self._read_commits_of(wire)
             self._prefetch_start_state(wire)
             # whether another peer's report of its group is known here: if not, its sender hands
             # over the reports it kept (take_witnesses)
@@ -186,21 +222,23 @@ class ContributionDesk:
         return self._ledger.run(lambda _: self.receipts.answer(leaf))
 
     def credits(self, payload: bytes, sender: str) -> dict:
-        """Answer ``manta/<task>/credits`` for a hex public key (:func:`credits_reply`)."""
-        key = payload.decode()
-        rows, rewards = self._ledger.run(lambda _: entries_of(self.store, key, self.identity.public_key))
+        """Answer ``manta/<task>/credits`` for a hex public key (:func:`credits_reply`), within the
+        callers' budget (:mod:`aggregator.call_budget`)."""
+        key = payload.decode(errors="replace")
+        if not HEX_KEY.fullmatch(key):
+            return {"status": "rejected", "detail": "the payload is not a hex Ed25519 public key"}
+        if not self._credit_calls.allow(sender):
+            return {"status": "rejected", "detail": "too many credits calls: try again in a minute"}
+        rows, rewards = self._ledger.run(lambda _: self._credits.entries_of(self.store, key))
         return credits_reply(key, rows, rewards)
 
     # ------------------------------------------------------------------ rounds
 
     def _read_commits_of(self, wire: bytes) -> bool:
-        """Whether another peer's report of the receipt's group is known, reading its attempt's
-        commit reports first unless one already is (False for bytes the intake will refuse). Why
-        now: the reports expire, and the peers storing them may leave, before the round closes."""
-        try:
-            r = parse_sealed(wire, ContributionReceipt).record
-        except ValueError:
-            return False
+        """Whether another peer's report of the queued receipt ``wire``'s group is known, reading its
+        attempt's commit reports first unless one already is. Why now: the reports expire, and the
+        peers storing them may leave, before the round closes."""
+        r = parse_sealed(wire, ContributionReceipt).record
         if not self.witness.witnesses(r.attempt, r.group_id) - {r.public_key}:
             self.witness.read([r.attempt])
         return bool(self.witness.witnesses(r.attempt, r.group_id) - {r.public_key})
@@ -241,6 +279,10 @@ class ContributionDesk:
     def _close_loop(self) -> None:
         while not self._stop.wait(1.0):
             try:
+                if time.monotonic() >= self._binding_published_at + PUBLISHED_TTL / 4:
+                    # signed anew: peers find this desk by it for as long as the aggregator runs
+                    publish_binding(self.dht, self.identity, self.task_id)
+                    self._binding_published_at = time.monotonic()
                 self.close_due_rounds()
             except Exception as e:
                 logger.warning(f"closing rounds failed: {type(e).__name__}: {e}")

@@ -11,21 +11,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hivemind_adapter.dht import peer_id, store
+from hivemind_adapter.dht import peer_id, read_entries, store
 from hivemind_adapter.p2p import Endpoint
 from protocol.dht_schema import (
     aggregators_key,
     credits_handler,
     ledger_key,
+    open_ledger_value,
     status_handler,
     submit_handler,
     witnesses_handler,
 )
 from protocol.identity import Identity
+from protocol.ledger_checkpoint import Checkpoint
+from protocol.record_lifetimes import PUBLISHED_TTL
 from protocol.records import IdentityBinding
-from protocol.sealing import seal
-
-PUBLISHED_TTL = 3600  # seconds the binding and each checkpoint note live in the DHT
+from protocol.sealing import RecordRejected, seal
 
 Handler = Callable[[bytes, str], dict]  # (payload, sender's peer id) -> the JSON reply
 
@@ -99,3 +100,15 @@ def publish_binding(dht, identity: Identity, task_id: str) -> None:
 def publish_checkpoint(dht, identity: Identity, task_id: str, note: str) -> None:
     """Publish a checkpoint ``note`` of the ledger, replacing the one published before."""
     store(dht, ledger_key(task_id), note.encode(), ttl=PUBLISHED_TTL, subkey=identity.public_key_hex)
+
+
+def published_head(dht, identity: Identity, task_id: str) -> Checkpoint | None:
+    """The checkpoint ``identity`` last published for ``task_id`` that the DHT still holds (one bounded
+    read), checked against its key; None if there is none."""
+    value = read_entries(dht, ledger_key(task_id)).get(identity.public_key_hex)
+    if value is None:
+        return None
+    try:
+        return open_ledger_value(identity.public_key_hex, value)
+    except RecordRejected:
+        return None

@@ -7,7 +7,10 @@ Prints, side by side in one run:
    ``synchronous=FULL`` and a signed checkpoint per batch), pinned to one CPU; target >= 5,000/s;
 2. inclusion-proof time from the stored hashes at 10^4, 10^5 and 10^6 entries against recomputing the
    root from all leaf hashes (the O(n) way); target < 5 ms at 10^6;
-3. the time of a full ``verify`` of the 10^6-entry ledger (``manta-ledger verify``); target < 3 min.
+3. the time of a full ``verify`` of the 10^6-entry ledger (``manta-ledger verify``); target < 3 min;
+4. one ``credits`` answer for a key with 10 receipts in that ledger: reading the whole ledger (how the
+   desk answered before :class:`aggregator.receipt_answers.CreditsBook`) against the book, after
+   1,000 new entries.
 
 Usage: ``python -m benchmarks.ledger_bench [--quick] [--verify-jobs 1,2] [--dir DIR] [--keep]``.
 ``--quick`` uses 10^3/10^4/10^5 entries and a smaller intake run (about a minute).
@@ -33,14 +36,16 @@ import time
 from pathlib import Path
 
 from aggregator.intake import ContributionIntake
+from aggregator.receipt_answers import CreditsBook, inclusion
+from ledger.rewards import compute_rewards
 from ledger.store import LedgerStore
 from ledger.verify import default_jobs, verify_ledger
 from protocol.averaging_group import group_membership
 from protocol.canonical import ascii_canonical_json
 from protocol.identity import Identity
 from protocol.merkle import root_from_leaf_hashes, verify_inclusion
-from protocol.records import ContributionReceipt
-from protocol.sealing import Sealed, seal
+from protocol.records import ContributionReceipt, Revocation
+from protocol.sealing import Sealed, open_sealed, parse_sealed, seal
 from tests.protocol.factories import fake_peer_id as _peer_id
 
 TASK = "bench-task"
@@ -259,6 +264,51 @@ def bench_build_and_proofs(
     return results, target[-1] / appended_time
 
 
+# -- part 4: credits answers ------------------------------------------------------------------------
+
+
+def _whole_ledger_answer(store: LedgerStore, key: str) -> tuple[list[dict], object]:
+    """A credits answer read from every entry, as the desk made it before the book (the baseline)."""
+    rows = []
+    for index, data in store.entries():
+        sealed = parse_sealed(data, (ContributionReceipt, Revocation))
+        if isinstance(sealed.record, ContributionReceipt) and sealed.public_key.hex() == key:
+            rows.append({"index": index, "credit": sealed.record.credit, **inclusion(store, index)})
+    return rows, compute_rewards((d for _, d in store.entries()), store.log_public_key)
+
+
+def bench_credits(path: Path) -> tuple[int, float, float, float]:
+    """(entries, whole-ledger answer s, the book's first answer s, its answer after 1,000 entries s)."""
+    aggregator = Identity.from_seed(b"\x43" * 32)
+    newcomer = Identity.from_seed(b"\x44" * 32)
+    now = int(time.time() * 1000)
+    with LedgerStore.open(path) as store:
+        mine = [seal(ContributionReceipt(**_fields(newcomer, seq, now)), newcomer) for seq in range(1, 11)]
+        store.append_batch([open_sealed(w, ContributionReceipt) for w in mine], aggregator)
+        key, book = newcomer.public_key_hex, CreditsBook(aggregator.public_key)
+        t0 = time.perf_counter()
+        whole_rows, whole_rewards = _whole_ledger_answer(store, key)
+        whole = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        book.entries_of(store, key)
+        first = time.perf_counter() - t0
+        peers = _peers()
+        more = [_entry(i, peers, now) for i in range(10**7, 10**7 + 1_000)]
+        store.append_batch(
+            [
+                Sealed(ContributionReceipt.model_construct(seq=q), peers[p].public_key, b"", b"", w)
+                for w, p, q in more
+            ],
+            aggregator,
+        )
+        t0 = time.perf_counter()
+        rows, rewards = book.entries_of(store, key)
+        later = time.perf_counter() - t0
+        assert [r["index"] for r in rows] == [r["index"] for r in whole_rows] and len(rows) == 10
+        assert rewards.total_credits > whole_rewards.total_credits  # the 1,000 new entries counted
+        return store.size, whole, first, later
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="10^3/10^4/10^5 entries and a short intake run")
@@ -293,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
             verifies.append((jobs, time.perf_counter() - t0, _cpu_with_children() - c0))
             progress.done()
             assert result.ok, result.summary
+        credits = bench_credits(big)
         size_mb = big.stat().st_size / 2**20
         sys.stderr.flush()
         print()
@@ -311,6 +362,13 @@ def main(argv: list[str] | None = None) -> int:
             label = f"full verify of {sizes[-1]:,} entries, {jobs} job{'s' if jobs > 1 else ''}"
             target = "< 180 s" if sizes[-1] == 1_000_000 else ""
             print(f"{label:<58} {seconds:>13.1f} s   {target:<8} ({cpu_seconds:.1f} CPU-s in all processes)")
+        entries, whole, first, later = credits
+        label = f"credits answer at {entries:,} entries: whole ledger read"
+        print(f"{label:<58} {whole:>13.2f} s   (how it was answered before)")
+        label = "  the desk's book: its first answer (reads it once)"
+        print(f"{label:<58} {first:>13.2f} s")
+        label = "  the book after 1,000 new entries"
+        print(f"{label:<58} {later * 1000:>12.1f} ms   {whole / later:,.0f}x faster than a whole read")
         print(
             f"(ledger of {sizes[-1]:,} entries: {size_mb:,.0f} MiB; unverified bulk append {build_rate:,.0f} entries/s)"
         )

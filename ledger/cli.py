@@ -1,7 +1,8 @@
 """`manta-ledger`: the auditor's view of a contribution ledger.
 
 ``verify PATH`` recomputes every leaf and root and checks every signature and checkpoint (exit 0 and a
-one-line summary, or exit 1 naming the first altered entry or checkpoint); ``show PATH`` lists
+one-line summary, or exit 1 naming the first altered entry or checkpoint), and with ``--checkpoint
+NOTE`` that the ledger extends a checkpoint kept from before (:mod:`ledger.pinned`); ``show PATH`` lists
 entries; ``head PATH`` prints the latest checkpoint note; ``proof PATH --index N`` prints and checks an
 inclusion proof against the latest signed checkpoint; ``rewards PATH [--json]`` prints the reward
 table. The file is opened read-only. A missing, truncated or corrupted file is one line on stderr and
@@ -22,6 +23,7 @@ from typing import Any
 import click
 
 from console.commands import UserError, manta_group
+from ledger.pinned import pinned_problem
 from ledger.rewards import compute_rewards
 from ledger.store import LedgerStore
 from ledger.verify import default_jobs, verify_ledger
@@ -76,18 +78,30 @@ def _parse_key(text: str | None) -> bytes | None:
 @click.option(
     "--jobs", type=click.IntRange(1, 64), default=None, help="Processes checking signatures [default: CPUs]."
 )
+@click.option(
+    "--checkpoint",
+    "pinned_note",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="A checkpoint note kept from before: the ledger must extend it (an RFC 9162 consistency proof).",
+)
 @_one_line_errors
-def verify(path: Path, key: str | None, jobs: int | None) -> None:
+def verify(path: Path, key: str | None, jobs: int | None, pinned_note: Path | None) -> None:
     """Recompute every leaf and root; check every signature and checkpoint."""
+    pinned_text = pinned_note.read_text(encoding="utf-8") if pinned_note is not None else None
     progress = _progress_printer("verifying") if sys.stderr.isatty() else None
-    result = verify_ledger(
-        path, log_public_key=_parse_key(key), jobs=jobs or default_jobs(), progress=progress
-    )
+    log_key = _parse_key(key)
+    result = verify_ledger(path, log_public_key=log_key, jobs=jobs or default_jobs(), progress=progress)
     if progress:
         click.echo("", err=True)
     click.echo(result.summary)
     if not result.ok:
         sys.exit(1)
+    if pinned_text is not None:
+        problem = pinned_problem(path, pinned_text, log_key)
+        if problem is not None:
+            click.echo(f"NOT CONSISTENT with {pinned_note}: {problem}")
+            sys.exit(1)
+        click.echo(f"consistent with the pinned checkpoint {pinned_note}")
 
 
 def _progress_printer(label: str) -> Callable[[int, int], None]:

@@ -53,6 +53,8 @@ def fetch_credits(
             raise CreditsError(f"no aggregator of task {spec.task_id} is reachable")
         key, peer_id = sorted(aggregators.items())[0]
         reply = link.call(peer_id, credits_handler(spec.task_id), identity.public_key_hex.encode())
+        if reply.get("status") == "rejected":
+            raise CreditsError(f"the aggregator refused: {reply.get('detail', 'no reason given')}")
         return {**check_credits(reply, key, spec.task_id, data_dir), "key": identity.public_key_hex}
     finally:
         if endpoint is not None:

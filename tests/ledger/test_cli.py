@@ -161,3 +161,30 @@ def test_verify_reports_a_corrupted_page_in_one_line(ledger):
     assert "Traceback" not in done.stderr
     output = (done.stdout + done.stderr).strip().splitlines()
     assert len(output) == 1 and ("FAILED" in output[0] or output[0].startswith("Error: ")), output
+
+
+def test_verify_against_a_pinned_checkpoint_finds_removed_batches(ledger, tmp_path):
+    """An auditor kept the head note; later the last batch and its checkpoints are removed with
+    sqlite3. The shortened ledger still verifies on its own, but not against the pinned note."""
+    path, _ = ledger
+    pinned = tmp_path / "pinned.note"
+    pinned.write_text(ledger_cli("head", str(path)).stdout)
+    kept = ledger_cli("verify", str(path), "--checkpoint", str(pinned))
+    assert kept.returncode == 0 and "consistent with the pinned checkpoint" in kept.stdout, kept.stdout
+    with LedgerStore.open(path, readonly=True) as store:
+        cut = list(store.checkpoints())[-2].checkpoint.size  # the size before the last batch
+    tamper(
+        path,
+        "DELETE FROM entries WHERE idx >= ?",
+        "DELETE FROM nodes WHERE (idx + 1) * (1 << level) > ?",  # subtrees reaching past the cut
+        "DELETE FROM checkpoints WHERE size > ?",
+        params=(cut,),
+    )
+    alone = ledger_cli("verify", str(path))
+    assert alone.returncode == 0, alone.stdout + alone.stderr  # the attack: it verifies on its own
+    against = ledger_cli("verify", str(path), "--checkpoint", str(pinned))
+    assert against.returncode == 1 and "entries were removed" in against.stdout, against.stdout
+    other = tmp_path / "other.note"
+    other.write_text(pinned.read_text().replace("\n\n", "\nextra line\n\n", 1))  # its signature breaks
+    forged = ledger_cli("verify", str(path), "--checkpoint", str(other))
+    assert forged.returncode == 1 and "not a note signed by the log's key" in forged.stdout, forged.stdout

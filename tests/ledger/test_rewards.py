@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ledger.rewards import compute_rewards
+from ledger.rewards import RewardTally, compute_rewards
 from ledger.store import LedgerStore
 from protocol.identity import Identity
 from protocol.merkle import leaf_hash
@@ -89,3 +89,14 @@ def test_rewards_are_a_pure_function_of_the_ledger(tmp_path):
 def test_an_unreadable_entry_is_an_error():
     with pytest.raises(ValueError, match="entry 1"):
         compute_rewards([receipt_wire(Identity.generate(), 1), b"junk"])
+
+
+def test_a_tally_fed_one_entry_at_a_time_is_the_table_of_every_prefix(tmp_path):
+    wires = build_ledger(tmp_path / "l.db", batches=3, revoke=6)
+    wires += [_revocation(6, leaf_hash(wires[6])), _revocation(0, leaf_hash(wires[1]))]  # twice; ignored
+    tally = RewardTally(AGGREGATOR.public_key)
+    for n, data in enumerate(wires, start=1):
+        tally.add(data)
+        assert tally.size == n
+        assert tally.rewards() == compute_rewards(wires[:n], AGGREGATOR.public_key)
+    assert tally.revoked(6) and not tally.revoked(5)

@@ -15,25 +15,36 @@ from peer.receipts import AggregatorLink, ReceiptCourier, ReceiptOutbox
 from protocol.averaging_group import averaging_group_id, group_membership
 from protocol.dht_schema import commits_key, peers_key
 from protocol.identity import Identity
+from protocol.record_lifetimes import ANNOUNCE_TTL
 from protocol.records import Affinity, DeviceInfo, PeerAnnouncement, RoundCommit
 from protocol.sealing import seal
 from protocol.witness_bundle import MAX_REPORTS, WitnessBundle
 from tests.helpers import two_task_dhts, wait_until
-from tests.protocol.factories import TASK, binding_wire, group_fields, now_ms, peer_id_of, receipt, task_spec
+from tests.protocol.factories import (
+    TASK,
+    binding_wire,
+    group_fields,
+    now_ms,
+    peer_id_of,
+    receipt,
+    receipt_wire,
+    task_spec,
+)
 
 ATTEMPT = 7
 REPORT_TTL = 4.0  # the board's reports, short-lived here (90 s in a swarm)
 
 
 def _announce(dht, identity: Identity) -> None:
-    """``identity``'s peer entry for ``dht``'s peer id (the intake refuses receipts without one)."""
+    """``identity``'s peer entry for ``dht``'s peer id (the intake refuses receipts without one), for
+    ANNOUNCE_TTL seconds: a running peer refreshes it more often."""
     record = PeerAnnouncement(
         task_id=TASK, peer_id=peer_id(dht), public_key=identity.public_key_hex,
         devices=(DeviceInfo(kind="cpu", name="test cpu", memory_mb=1024),), throughput_milli=100_000,
         affinity=Affinity(host_id="ab" * 8, network_id="cd" * 8), cohort_id="auto", timestamp=now_ms(),
     )  # fmt: skip
     value = [seal(record, identity), binding_wire(identity, peer_id(dht))]
-    assert store(dht, peers_key(TASK), value, ttl=600, subkey=identity.public_key_hex)
+    assert store(dht, peers_key(TASK), value, ttl=ANNOUNCE_TTL, subkey=identity.public_key_hex)
 
 
 def _receipt_of_a_committed_group(dht, sender: Identity, partner: Identity, seq: int) -> tuple[bytes, str]:
@@ -79,6 +90,7 @@ def test_a_receipt_first_delivered_after_its_reports_expired_is_credited_on_the_
             desk = ContributionDesk(
                 desk_dht, desk_endpoint, aggregator, task_spec(aggregator), tmp_path / "l.sqlite"
             )
+            _announce(peer_dht, sender)  # refreshed, as the running peer does
             try:
                 courier.deliver_once()  # submitted: the desk found no report on the board, and took the kept one
                 assert desk.witness.witnesses(ATTEMPT, group) == {partner.public_key_hex}
@@ -148,6 +160,19 @@ def test_a_bundle_teaches_only_signed_reports_of_its_own_attempt_and_group(desk_
     far = WitnessBundle(ATTEMPT + 10_000, group, (_report(other, group, attempt=ATTEMPT + 10_000),))
     assert desk.take_witnesses(far.to_bytes(), "QmSomeone") == {"status": "ok", "learned": 0}
     assert not desk.witness.known(ATTEMPT + 10_000)
+
+
+def test_a_refused_receipt_moves_no_witness_window(desk_after_a_read):
+    """A throw-away key's receipt for attempt 10^6 is refused at intake (no announcement binds it)
+    before the desk reads that attempt's reports: a read would move the window bundles are taken in,
+    and every honest sender's kept reports would be ignored from then on."""
+    desk, group = desk_after_a_read, "12" * 32
+    thrower = Identity.generate()
+    reply = desk.submit(receipt_wire(thrower, 1, attempt=10**6), peer_id_of(thrower))
+    assert reply["status"] == "rejected", reply
+    honest = Identity.generate()
+    bundle = WitnessBundle(ATTEMPT, group, (_report(honest, group),))
+    assert desk.take_witnesses(bundle.to_bytes(), "QmSomeone") == {"status": "ok", "learned": 1}
 
 
 @pytest.mark.parametrize(
