@@ -104,14 +104,17 @@ def fetch_state(
     timeout: float = 30.0,
 ) -> ArchivedState:
     """The state with digest ``state_digest``, its pages spread over every one of ``sources`` that
-    holds it (checked: its leading ``consensus`` tensors must hash to that digest; a wrong copy is
-    found by trying each holder's own). BlobUnavailable says why not."""
+    holds it (checked: its leading ``consensus`` tensors must hash to that digest, and every value
+    must be finite; a wrong copy is found by trying each holder's own). BlobUnavailable says why not."""
 
     def check(blob: bytes) -> ArchivedState:
         round_index, attempt, tensors = decode_state(blob, template)
         got = digest(tensors[:consensus])
         if got != state_digest:
             raise ValueError(f"served a state with digest {got[:12]}, not {state_digest[:12]}")
+        # outside the digest (batch-norm statistics): a holder's own, never loaded if not finite
+        if not all(torch.isfinite(t).all() for t in tensors if t.is_floating_point()):
+            raise ValueError("served a state with non-finite values")
         return ArchivedState(round_index, attempt, got, tensors)
 
     size = state_bytes(template)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -130,19 +131,28 @@ class StateSharer(BoundedAveragerProcess, RemovesItsSocket, DecentralizedAverage
         if result is None:
             return None
         meta, tensors = result
-        if not isinstance(meta, dict) or int(meta.get("round", -1)) < 0:
+        served = served_meta(meta)
+        if served is None:
+            logger.warning("a node served a state whose metadata is malformed; ignored")
+            return None
+        round_index, claimed, attempt, tiebreak = served
+        if round_index < 0:
             logger.debug("a node served an initial state (no round yet); nothing to catch up on")
             return None
         tensors = list(tensors)
-        got = digest(tensors[: self.consensus])
-        if got != meta.get("digest"):
-            logger.warning(
-                f"downloaded state does not match its digest ({got[:12]} != {str(meta.get('digest'))[:12]})"
-            )
+        with self.get_tensors() as own:
+            shapes = [(t.shape, t.dtype) for t in own]
+        if [(t.shape, t.dtype) for t in tensors] != shapes:
+            logger.warning("a node served a state of other shapes; ignored")
             return None
-        return SharedState(
-            int(meta["round"]), got, int(meta.get("attempt", 0)), float(meta.get("tiebreak", 0.0)), tensors
-        )
+        if not all(torch.isfinite(t).all() for t in tensors if t.is_floating_point()):
+            logger.warning("a node served a state with non-finite values; ignored")
+            return None
+        got = digest(tensors[: self.consensus])
+        if got != claimed:
+            logger.warning(f"downloaded state does not match its digest ({got[:12]} != {claimed[:12]})")
+            return None
+        return SharedState(round_index, got, attempt, tiebreak, tensors)
 
     def stop_serving(self, grace: float | None = None) -> None:
         self._may_serve = False  # a publish after this must not offer the state again
@@ -153,3 +163,17 @@ class StateSharer(BoundedAveragerProcess, RemovesItsSocket, DecentralizedAverage
             return
         wait = self.HANDOFF_GRACE if grace is None else grace
         time.sleep(max(0.0, self._last_handoff + wait - time.monotonic()))
+
+
+def served_meta(meta: object) -> tuple[int, str, int, float] | None:
+    """(round, digest, attempt, tiebreak) of a served state's metadata, or None if any is malformed:
+    nobody signs it, so a holder may send anything."""
+    if not isinstance(meta, dict):
+        return None
+    round_index, claimed = meta.get("round", -1), meta.get("digest")
+    attempt, tiebreak = meta.get("attempt", 0), meta.get("tiebreak", 0.0)
+    if type(round_index) is not int or type(attempt) is not int or not isinstance(claimed, str):
+        return None
+    if type(tiebreak) not in (int, float) or not math.isfinite(tiebreak):
+        return None
+    return round_index, claimed, attempt, float(tiebreak)

@@ -57,3 +57,14 @@ def test_a_state_is_fetched_by_digest_checked_and_only_the_newest_are_kept(two_n
     archive._server.put(digests[1], encode_state(1, 101, states[2]))
     with pytest.raises(BlobUnavailable, match="served a state with digest"):
         fetch_state(client, [server], TASK, digests[1], states[0], consensus=2)
+
+
+def test_a_state_with_non_finite_values_outside_its_digest_is_not_loaded(two_nodes):
+    """The digest covers the consensus tensors only; what follows (batch-norm statistics) is the
+    holder's own, and a NaN there would poison the model that loads it."""
+    archive, server, client = two_nodes
+    state = _state(5)
+    state[1][3] = float("nan")  # outside the digest of the first tensor (consensus=1)
+    archive.add(4, 104, digest(state[:1]), state)
+    with pytest.raises(BlobUnavailable, match="non-finite"):
+        fetch_state(client, [server], TASK, digest(state[:1]), _state(0), consensus=1)

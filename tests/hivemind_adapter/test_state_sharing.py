@@ -111,3 +111,53 @@ def test_a_sharer_whose_process_ended_tells_its_owner_once_and_fails_its_calls_a
         watch.stop()
         sharer.remove_socket_file()
         dht.shutdown()
+
+
+class LyingSharer(StateSharer):
+    """A holder that serves its published state with other metadata, or other values, than it holds."""
+
+    meta_lie: dict = {}  # a client's are never used: it serves nothing
+    tensor_lie = None  # (index, value) written into the served copy
+
+    def get_current_state(self):
+        meta, tensors, infos = super().get_current_state()
+        if self.tensor_lie is not None:
+            index, value = self.tensor_lie
+            tensors[index].fill_(value)
+        return {**meta, **self.meta_lie}, tensors, infos
+
+
+@pytest.mark.parametrize(
+    "meta_lie, tensor_lie",
+    [
+        ({"round": "3; rm -rf"}, None),  # int() of it raised, and nothing caught it
+        ({"round": None}, None),
+        ({"tiebreak": float("nan")}, None),
+        ({"attempt": [1]}, None),
+        ({"digest": 7}, None),
+        ({}, (2, float("nan"))),  # outside the digest: the batch-norm statistics' place
+        ({}, (2, float("inf"))),
+    ],
+)
+def test_a_served_state_with_malformed_metadata_or_non_finite_values_is_refused(meta_lie, tensor_lie):
+    server_dht = start_dht(host_maddrs=LOOPBACK)
+    client_dht = start_dht(host_maddrs=LOOPBACK, initial_peers=visible_maddrs(server_dht))
+    template = _state(0)
+    server = LyingSharer(template, server_dht, "lying-share-test", consensus=2)
+    server.meta_lie, server.tensor_lie = meta_lie, tensor_lie
+    # the same class on both ends (hivemind names its calls after it); the client's download is StateSharer's
+    client = LyingSharer(template, client_dht, "lying-share-test", consensus=2)
+    try:
+        server.publish(3, _state(1), attempt=5, tiebreak=0.25)
+        results = []
+        deadline = time.monotonic() + 60
+        while server.downloads_served == 0 and time.monotonic() < deadline:
+            results.append(client.download(timeout=30))
+            time.sleep(0.25)
+        assert server.downloads_served >= 1, "the client never reached the lying holder"
+        assert results[-1] is None and all(r is None for r in results)
+    finally:
+        for part in (client, server):
+            part.shutdown()
+        client_dht.shutdown()
+        server_dht.shutdown()
