@@ -126,6 +126,9 @@ def _aggregator(tmp_path: Path, name: str, *log_args: str) -> tuple[str, str]:
     return out.read_text(), err.read_text()
 
 
+# Slow (20 s, `make test-all`): the default suite checks the formats and levels in a fresh process and
+# its children (above).
+@pytest.mark.slow
 @pytest.mark.swarm  # a real aggregator: its DHT process and p2p daemon
 def test_a_real_aggregator_logs_json_lines_with_v_and_fewer_lines_with_q(tmp_path):
     out, err = _aggregator(tmp_path, "json", "-v", "--log-format", "json")

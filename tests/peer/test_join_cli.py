@@ -55,6 +55,9 @@ def test_peers_join_train_together_and_hold_identical_state(swarm):
     assert {rounds[n][together[0]]["cohort"] for n in names} == {rounds["alice"][together[0]]["cohort"]}
 
 
+# Slow (30 s, `make test-all`): the only test of a second aggregator adopting the first's task; the
+# default suite joins through the printed line (tests/aggregator/test_join_line.py).
+@pytest.mark.slow
 def test_a_second_aggregator_joins_the_first_and_bootstraps_a_newcomer(swarm, tmp_path):
     first = [a for a in swarm.join_args if a.startswith("/ip4/")]
     with socket_closed_port() as port:
