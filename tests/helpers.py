@@ -122,3 +122,16 @@ def two_task_dhts(task_id: str) -> Iterator[tuple]:
     finally:
         second.shutdown()
         first.shutdown()
+
+
+def wait_for_line(path: Path, needle: str, proc: subprocess.Popen, timeout: float) -> str:
+    """The first line of ``path`` (a process's log) holding ``needle``, polled until ``timeout`` s;
+    an AssertionError if ``proc`` exits first or the line never comes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in path.read_text().splitlines():
+            if needle in line:
+                return line
+        assert proc.poll() is None, f"{path} exited: {path.read_text()[-3000:]}"
+        time.sleep(0.3)
+    raise AssertionError(f"no {needle!r} in {path} within {timeout:.0f} s: {path.read_text()[-3000:]}")

@@ -8,7 +8,6 @@ import secrets
 import shlex
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from aggregator.join_line import join_command
 from peer.cli import join as join_cli
 from protocol.identity import Identity, fingerprint
 from testbed.wan.netns import PREFIX, delete_namespaces, in_namespace, ip
-from tests.helpers import console_script, needs_emulated_internet
+from tests.helpers import console_script, needs_emulated_internet, wait_for_line
 
 KEY = "ab" * 32
 PEER_ID = "QmSBUfPjhdbT5M2uQ6xHzpfukzPy4zLikVL22vxNhiqVzx"
@@ -90,17 +89,6 @@ def _multi_homed_host():
         delete_namespaces([ns])
 
 
-def _wait_for_line(path: Path, needle: str, proc: subprocess.Popen, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in path.read_text().splitlines():
-            if needle in line:
-                return line
-        assert proc.poll() is None, f"{path.name} exited: {path.read_text()[-2000:]}"
-        time.sleep(0.3)
-    raise AssertionError(f"no {needle!r} in {path.name} within {timeout:.0f} s: {path.read_text()[-2000:]}")
-
-
 def _stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -152,7 +140,7 @@ def test_the_printed_join_line_runs_verbatim(tmp_path):
                     )
             for (name, (_port, _announce, hosts)), agg in zip(cases.items(), list(procs)):
                 home = tmp_path / name
-                line = _wait_for_line(home / "agg.out", "manta-peer join", agg, 90).strip()
+                line = wait_for_line(home / "agg.out", "manta-peer join", agg, 90).strip()
                 params = _parsed(line)
                 assert {m.split("/")[2] for m in params["initial_peers"]} == hosts, line
                 key = Identity.load(home / ".manta" / "identity.key").public_key_hex  # the default key
@@ -162,7 +150,7 @@ def test_the_printed_join_line_runs_verbatim(tmp_path):
                                                   env=_home_env(home, scripts), cwd=home))  # fmt: skip
             for (name, _case), peer in zip(cases.items(), procs[len(cases) :]):
                 home = tmp_path / name
-                joined = _wait_for_line(home / "peer.err", f"joined task join-line-{name}", peer, 120)
+                joined = wait_for_line(home / "peer.err", f"joined task join-line-{name}", peer, 120)
                 key = Identity.load(home / ".manta" / "identity.key").public_key_hex
                 fp = fingerprint(bytes.fromhex(key))
                 assert f"aggregator {fp}" in joined

@@ -22,7 +22,7 @@ from testbed.local_swarm import SwarmOptions, task_toml
 from testbed.wan.netns import namespaces
 from testbed.wan.scenario import LinkProfile, uniform_scenario
 from testbed.wan.topology import EmulatedInternet
-from tests.helpers import console_script, needs_emulated_internet
+from tests.helpers import console_script, needs_emulated_internet, wait_for_line
 
 pytestmark = [pytest.mark.swarm, needs_emulated_internet]
 
@@ -35,17 +35,6 @@ def _env(home: Path) -> dict:
     home.mkdir(parents=True, exist_ok=True)
     return dict(os.environ, HOME=str(home), PATH=f"{scripts}:{os.environ['PATH']}", PYTHONUNBUFFERED="1",
                 MANTA_WORKER_THREADS="1", MANTA_LOG_LEVEL="INFO")  # fmt: skip
-
-
-def _wait_for_line(path: Path, needle: str, proc: subprocess.Popen, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in path.read_text().splitlines():
-            if needle in line:
-                return line
-        assert proc.poll() is None, f"{path} exited: {path.read_text()[-3000:]}"
-        time.sleep(0.3)
-    raise AssertionError(f"no {needle!r} in {path} within {timeout:.0f} s: {path.read_text()[-3000:]}")
 
 
 def _committed_together(folder: Path, volunteers: int) -> int:
@@ -110,7 +99,7 @@ def nat_swarm(tmp_path: Path) -> Iterator[NatSwarm]:
 
             agg = start("aggregator", ["manta-aggregator", "start", "--task", "task.toml", "--listen",
                                        "0.0.0.0:31337", "--http", "off"])  # fmt: skip
-            line = _wait_for_line(
+            line = wait_for_line(
                 folders["aggregator"] / "aggregator.out", "manta-peer join", agg, 120
             ).strip()
             assert line.startswith("manta-peer join ") and "/ip4/10.0.0.2/tcp/31337/p2p/" in line, line
@@ -164,10 +153,10 @@ def test_a_volunteer_behind_nat_joins_with_the_printed_line_alone(tmp_path):
         home = swarm.net.sites["site-2"]
         for name in volunteers:  # the printed line, pasted as printed, by each volunteer
             swarm.start(name, ["bash", "-c", swarm.line])
-        said = _wait_for_line(log["home"], UNREACHABLE, procs["home"], 180)
+        said = wait_for_line(log["home"], UNREACHABLE, procs["home"], 180)
         assert "client mode" in said and f"--announce {home.public_address}:" in said, said
         for name in ("public-a", "public-b"):
-            _wait_for_line(log[name], "reachable: node", procs[name], 180)
+            wait_for_line(log[name], "reachable: node", procs[name], 180)
         deadline = time.monotonic() + 300
         while min(_committed_together(folders[name], len(volunteers)) for name in volunteers) < ROUNDS:
             for name in volunteers:

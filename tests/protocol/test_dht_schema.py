@@ -56,7 +56,9 @@ class Record:  # the shape of hivemind's DHTRecord
 
 def record(key: str, subkey, value) -> Record:
     pack = lambda x: msgpack.packb(x, use_bin_type=True)  # noqa: E731
-    return Record(dht_key_id(key), pack(subkey), pack(value), time.time() + 10)  # within every family's lifetime
+    return Record(
+        dht_key_id(key), pack(subkey), pack(value), time.time() + 10
+    )  # within every family's lifetime
 
 
 def test_key_ids_match_hivemind():
