@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -135,3 +136,20 @@ def wait_for_line(path: Path, needle: str, proc: subprocess.Popen, timeout: floa
         assert proc.poll() is None, f"{path} exited: {path.read_text()[-3000:]}"
         time.sleep(0.3)
     raise AssertionError(f"no {needle!r} in {path} within {timeout:.0f} s: {path.read_text()[-3000:]}")
+
+
+# MANTA's top-level packages (every folder of the repository that is one).
+PROJECT_PACKAGES = sorted(p.parent.name for p in Path(__file__).resolve().parents[1].glob("*/__init__.py"))
+
+# The first lines of a script for a clean interpreter (``python -I -c``): importing any of MANTA's
+# packages fails there, so what the script loads must open with its own tool alone.
+REFUSE_MANTA_IMPORTS = textwrap.dedent(
+    f"""
+    import sys, importlib.abc
+    class NoManta(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in {set(PROJECT_PACKAGES)!r}:
+                raise ImportError("MANTA is not installed here")
+    sys.meta_path.insert(0, NoManta())
+    """
+)

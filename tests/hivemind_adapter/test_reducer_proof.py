@@ -447,11 +447,9 @@ def test_a_noise_map_gives_a_part_the_noise_of_its_own_values_and_crosses_proces
     assert shared.read() == noise and shared.take() == noise and shared.take() is None
 
 
-def test_an_honest_all_reduce_measures_the_noise_along_its_whole_vector():
-    """What a cohort stage hands its cross stage: every proof a member accepted and its own
-    reducer's cover the vector, each part with the noise of its own values."""
-    parts = _means([64] * 3, size=3 * 65536, seed=18)
-    maps = {}
+def _step_keeping_noise(maps: dict):
+    """A ``take_step`` for :func:`step_known_group`: member ``i`` averages in the known group with
+    weight 64 and its measured noise map goes into ``maps[i]``."""
 
     def take_step(i, averager, peer_ids):
         outcome = averager.step_in_known_group(
@@ -460,6 +458,16 @@ def test_an_honest_all_reduce_measures_the_noise_along_its_whole_vector():
         )  # fmt: skip
         maps[i] = averager.take_measured_noise()
         return outcome
+
+    return take_step
+
+
+def test_an_honest_all_reduce_measures_the_noise_along_its_whole_vector():
+    """What a cohort stage hands its cross stage: every proof a member accepted and its own
+    reducer's cover the vector, each part with the noise of its own values."""
+    parts = _means([64] * 3, size=3 * 65536, seed=18)
+    maps = {}
+    take_step = _step_keeping_noise(maps)
 
     _results, outcomes, _named, _ids = step_known_group(
         3, lambda i: [parts[i]], lambda i: dict(robust=CONFIG), prefix="noise-map",
@@ -479,14 +487,7 @@ def test_a_member_that_reduces_every_part_holds_the_result_and_its_noise_map():
     runner had dropped its parts' record (IndexError: it alone broke, the others held the result)."""
     parts = _means([64] * 3, size=4096, seed=19)
     maps = {}
-
-    def take_step(i, averager, peer_ids):
-        outcome = averager.step_in_known_group(
-            known_group_id("robust-test-0", *sorted(peer_ids)), sorted(peer_ids), weight=64.0,
-            arrival_timeout=ARRIVAL_TIMEOUT, allreduce_timeout=ALLREDUCE_TIMEOUT,
-        )  # fmt: skip
-        maps[i] = averager.take_measured_noise()
-        return outcome
+    take_step = _step_keeping_noise(maps)
 
     results, outcomes, _named, _ids = step_known_group(
         3, lambda i: [parts[i]], lambda i: dict(robust=CONFIG), prefix="one-part", take_step=take_step

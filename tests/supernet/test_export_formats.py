@@ -18,6 +18,7 @@ from torch import nn
 from supernet.export_formats import format_of, load_model, missing_packages
 from supernet.search.deploy import check_batch, input_names, save_subnet, supernet_difference
 from supernet.workload import workload_for
+from tests.helpers import REFUSE_MANTA_IMPORTS
 from tests.supernet.threads import single_torch_thread  # noqa: F401
 
 TINY = dict(width_mult=0.25, head_channels=64, channel_divisor=4)
@@ -26,14 +27,9 @@ STEREO = dict(unit_channels=(8, 8, 16, 16, 16, 16), stem_channels=8, max_displac
 FILES = {"torchscript": "subnet.pt", "export": "subnet.pt2", "onnx": "subnet.onnx"}
 
 # Each file opened by its own tool only: MANTA's packages cannot be imported.
-OPEN_WITHOUT_MANTA = textwrap.dedent(
+OPEN_WITHOUT_MANTA = REFUSE_MANTA_IMPORTS + textwrap.dedent(
     """
-    import sys, importlib.abc, json, warnings
-    class NoManta(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in {"supernet", "protocol", "tasks", "peer", "aggregator"}:
-                raise ImportError("MANTA is not installed here")
-    sys.meta_path.insert(0, NoManta())
+    import json, warnings
     import numpy, onnx, onnxruntime, torch
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)

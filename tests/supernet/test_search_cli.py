@@ -21,7 +21,7 @@ from supernet.search.run import SearchOptions, run_search
 from supernet.search.timing import example_inputs
 from supernet.training.loop import train
 from supernet.workload import workload_for
-from tests.helpers import console_script
+from tests.helpers import REFUSE_MANTA_IMPORTS, console_script
 from tests.supernet.threads import single_torch_thread  # noqa: F401
 
 TINY = dict(width_mult=0.25, head_channels=64, channel_divisor=4)
@@ -54,14 +54,8 @@ def invoke(*args: str):
 
 # A clean interpreter: -I (no user site, no PYTHONPATH, not the current directory) and an import
 # hook that refuses MANTA's packages, so only torch can be used to load the model.
-CLEAN = textwrap.dedent(
+CLEAN = REFUSE_MANTA_IMPORTS + textwrap.dedent(
     """
-    import sys, importlib.abc
-    class NoManta(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in {"supernet", "protocol", "tasks", "peer", "aggregator"}:
-                raise ImportError("MANTA is not installed here")
-    sys.meta_path.insert(0, NoManta())
     import torch, json, warnings
     warnings.simplefilter("ignore")
     model = torch.jit.load(sys.argv[1])
