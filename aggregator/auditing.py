@@ -3,17 +3,22 @@
 A fraction of accepted receipts, chosen by an HMAC of the receipt under a secret only this aggregator
 can derive (unpredictable to peers, reproducible for the operator), is replayed from the round's
 start state (:mod:`aggregator.audits`). Start states are fetched by digest from the peers that held
-them (:mod:`aggregator.checkpoints`). What to do with a verdict (count it, revoke the entry) is the
-desk's: :class:`SpotAuditor` reports each one to its ``on_verdict`` callback.
+them (:mod:`aggregator.checkpoints`). An audit whose start state cannot be had is tried again
+:data:`RETRY_AFTER` seconds later, and once more on stop, before it is reported unavailable. What to
+do with a verdict (count it, revoke the entry) is the desk's: :class:`SpotAuditor` reports each one
+to its ``on_verdict`` callback.
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import hmac
+import itertools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 from aggregator.audits import audit_receipt
@@ -24,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 # (receipt, passed or None when its start state could not be had, relative sketch distance)
 Verdict = Callable[[Sealed[ContributionReceipt], bool | None, float], None]
+RETRY_AFTER = (20.0, 60.0, 180.0)  # seconds before each new try of an audit without its start state
 
 
 class SpotAuditor:
@@ -31,7 +37,9 @@ class SpotAuditor:
         self.workload, self.states, self.task_seed = workload, states, task_seed
         self.on_verdict = on_verdict
         self._secret = secret
-        self._queue: queue.Queue[Sealed[ContributionReceipt]] = queue.Queue()
+        self._queue: queue.Queue[tuple[Sealed[ContributionReceipt], int]] = queue.Queue()  # (receipt, try)
+        self._retries: list[tuple[float, int, Sealed[ContributionReceipt], int]] = []  # audit thread's
+        self._order = itertools.count()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="manta-audits", daemon=True)
         self._thread.start()
@@ -44,27 +52,40 @@ class SpotAuditor:
         return int.from_bytes(mac[:8], "big") / 2**64 < fraction
 
     def enqueue(self, sealed: Sealed[ContributionReceipt]) -> None:
-        self._queue.put(sealed)
+        self._queue.put((sealed, 0))
 
     def _loop(self) -> None:
-        # On stop, the audits already chosen still run (stop waits a bounded time for them).
-        while not (self._stop.is_set() and self._queue.empty()):
+        # On stop, the audits already chosen still run, retries at once (stop waits a bounded time).
+        while not (self._stop.is_set() and self._queue.empty() and not self._retries):
+            stopping = self._stop.is_set()
+            if self._retries and (stopping or self._retries[0][0] <= time.monotonic()):
+                _, _, sealed, tries = heapq.heappop(self._retries)
+                self._run(sealed, tries, last=stopping or tries >= len(RETRY_AFTER))
+                continue
+            wait = 1.0 if not self._retries else min(1.0, max(0.0, self._retries[0][0] - time.monotonic()))
             try:
-                sealed = self._queue.get(timeout=1.0)
+                sealed, tries = self._queue.get(timeout=wait)
             except queue.Empty:
                 continue
-            try:
-                self.audit(sealed)
-            except Exception as e:  # the aggregator's own fault (the receipt's are verdicts): say so
-                logger.error(f"audit of a receipt of round {sealed.record.round} failed to run: {e!r}")
+            self._run(sealed, tries, last=False)
 
-    def audit(self, sealed: Sealed[ContributionReceipt]) -> bool | None:
-        """Replay one receipt and report the verdict; None if its start state could not be had."""
+    def _run(self, sealed: Sealed[ContributionReceipt], tries: int, last: bool) -> None:
+        try:
+            if self.audit(sealed, final=last) is None and not last:
+                due = time.monotonic() + RETRY_AFTER[tries]
+                heapq.heappush(self._retries, (due, next(self._order), sealed, tries + 1))
+        except Exception as e:  # the aggregator's own fault (the receipt's are verdicts): say so
+            logger.error(f"audit of a receipt of round {sealed.record.round} failed to run: {e!r}")
+
+    def audit(self, sealed: Sealed[ContributionReceipt], final: bool = True) -> bool | None:
+        """Replay one receipt and report the verdict; None if its start state could not be had
+        (reported only if ``final``: the auditor tries again otherwise)."""
         receipt = sealed.record
         state = self.states.state_for(receipt.state_digest, timeout=30.0)
         if state is None:
-            logger.info(f"audit skipped: no copy of the start state of round {receipt.round}")
-            self.on_verdict(sealed, None, float("nan"))
+            logger.info(f"audit put off: no copy of the start state of round {receipt.round}")
+            if final:
+                self.on_verdict(sealed, None, float("nan"))
             return None
         passed, distance = audit_receipt(self.workload, state, receipt, self.task_seed)
         if passed:

@@ -7,7 +7,8 @@ audit (all of it, if it never passed one) and excludes it from the task: later r
 The rate a key's receipts claimed in its passed audits (samples per second of its compute window) is
 its *measured* throughput, which bounds what it may claim later (:mod:`aggregator.contribution_checks`):
 a claim above that bound is audited (refused where the desk cannot audit), and a key without a
-measured rate is audited anyway.
+measured rate is audited anyway. An audit that cannot get its start state revokes nothing: the key
+owes one, and each of its receipts is audited until one passes.
 
 Why cheating does not pay, at the defaults (``p`` the base audit rate, 0.1): a cheat that inflates
 a receipt's credit by a factor ``k`` gains ``(k - 1) c`` on it if unaudited and loses everything
@@ -38,6 +39,7 @@ class KeyTrust:
     last_passed_index: int = -1  # ledger index of its newest receipt that passed an audit
     measured_rate: float | None = None  # samples/s, the largest rate a passed audit confirmed
     excluded: bool = False
+    owed: bool = False  # an audit of it found no start state: audited until one gives a verdict
 
 
 class TrustBook:
@@ -53,7 +55,7 @@ class TrustBook:
         """The probability that a receipt of ``key`` is audited."""
         with self._lock:
             trust = self._of(key)
-            return 1.0 if trust.passed < self.trusted_after else self.base_rate
+            return 1.0 if trust.passed < self.trusted_after or trust.owed else self.base_rate
 
     def measured_rates(self) -> dict[str, float]:
         with self._lock:
@@ -72,6 +74,7 @@ class TrustBook:
         with self._lock:
             trust = self._of(key)
             trust.passed += 1
+            trust.owed = False
             trust.last_passed_index = max(trust.last_passed_index, index)
             if rate is not None and rate > 0:
                 trust.measured_rate = max(trust.measured_rate or 0.0, rate)
@@ -94,6 +97,12 @@ class TrustBook:
                 return None
             trust.excluded = True
             return trust.last_passed_index
+
+    def owe(self, key: str) -> None:
+        """An audit of ``key`` could not get its start state: its receipt stays credited, and every
+        later receipt of the key is audited until one passes (an unavailable state dodges nothing)."""
+        with self._lock:
+            self._of(key).owed = True
 
     def suspect(self, key: str) -> None:
         """Other peers named the key's values outliers: audit every receipt of it again until it has

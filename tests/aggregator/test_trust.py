@@ -42,3 +42,14 @@ def test_a_conviction_excludes_once_and_revokes_since_the_last_passed_audit():
     assert book.convict("k") == 4 and book.is_excluded("k")
     assert book.convict("k") is None  # the same evidence read again convicts nobody twice
     assert book.convict("never-passed") == -1
+
+
+def test_an_audit_without_its_start_state_keeps_the_credit_and_audits_the_key_until_one_passes():
+    book = TrustBook(base_rate=0.1)
+    for i in range(TRUSTED_AFTER):
+        book.passed("k", index=i, rate=None)
+    assert book.audit_rate("k") == 0.1
+    book.owe("k")  # its start state could not be had: no revocation, and no dodging either
+    assert book.audit_rate("k") == 1.0 and not book.is_excluded("k")
+    book.passed("k", index=9, rate=None)
+    assert book.audit_rate("k") == 0.1

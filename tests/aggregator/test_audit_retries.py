@@ -1,0 +1,82 @@
+"""An audit whose start state cannot be had yet is tried again, and reported unavailable only when
+every try failed: an honest receipt whose state comes late is audited (and passes), and none is
+revoked for the aggregator's missing data (aggregator/auditing.py, aggregator/trust.py)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from aggregator import auditing
+from aggregator.auditing import SpotAuditor
+from aggregator.checkpoints import CheckpointKeeper
+from hivemind_adapter.dht import peer_id
+from hivemind_adapter.p2p import Endpoint
+from hivemind_adapter.state_archive import StateArchive
+from protocol.identity import Identity
+from protocol.sealing import make_sealed
+from supernet.contribution import compute_contribution, contribution_sketch
+from supernet.sketch import encode_sketch
+from supernet.state import consensus_count, digest, init_optimizer_state, state_tensors
+from supernet.training.schedule import step_configs
+from supernet.workload import workload_for
+from tests.helpers import two_task_dhts, wait_until
+from tests.protocol.factories import TASK, peer_id_of, receipt
+from tests.supernet.threads import single_torch_thread  # noqa: F401
+
+SEED, ROUND, SAMPLES = 7, 3, 64
+SMALL = dict(width_mult=0.25, head_channels=64, channel_divisor=4, batch_size=32, num_subnets=2)
+
+
+def _receipt_from_a_later_state(workload, identity):
+    """An honest receipt of one worker that started from a state nobody holds yet (the initial
+    state, moved), and that state."""
+    net = workload.build()
+    optimizer = workload.make_optimizer(net)
+    init_optimizer_state(net, optimizer)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(0.01)
+    state = [t.detach().clone() for t in state_tensors(net, optimizer)]
+    configs = step_configs(net, ROUND, workload.cfg)
+    work = compute_contribution(
+        workload, net, configs, "cpu", SEED, ROUND, f"{peer_id_of(identity)}/0", go_on=lambda n: n < SAMPLES
+    )
+    sketch = encode_sketch(contribution_sketch(work.numerator, SAMPLES, SEED, ROUND))
+    honest = receipt(
+        identity, ROUND, subnet_hashes=tuple(dict.fromkeys(c.hash for c in configs)), samples=SAMPLES,
+        worker_samples=(SAMPLES,), grad_sketch=sketch,
+        state_digest=digest(state[: consensus_count(net, optimizer)]),
+    )  # fmt: skip
+    return state, make_sealed(honest, identity)
+
+
+def test_an_audit_is_tried_again_until_its_start_state_comes_and_then_only_reported(tmp_path, monkeypatch):
+    monkeypatch.setattr(auditing, "RETRY_AFTER", (1.0, 1.0, 1.0))
+    workload = workload_for("digits", SMALL)
+    identity = Identity.generate()
+    state, sealed = _receipt_from_a_later_state(workload, identity)
+    lost = make_sealed(receipt(identity, ROUND + 1, state_digest="ee" * 32), identity)  # nobody holds it
+    verdicts = []
+    with two_task_dhts(TASK) as (desk_dht, peer_dht):
+        desk_end, peer_end = Endpoint(desk_dht, "desk"), Endpoint(peer_dht, "peer")
+        keeper = CheckpointKeeper(desk_dht, desk_end, TASK, workload, tmp_path / "checkpoints")
+        auditor = SpotAuditor(workload, keeper, SEED, b"secret", lambda s, v, d: verdicts.append((s, v)))
+        archive = StateArchive(peer_end, TASK)
+        try:
+            auditor.enqueue(sealed)
+            auditor.enqueue(lost)
+            time.sleep(0.5)  # the first tries found no holder of either state
+            assert verdicts == []
+            archive.add(ROUND - 1, 0, sealed.record.state_digest, state)  # the holder comes online
+            keeper.note_holders(sealed.record.state_digest, [peer_id(peer_dht)])
+            wait_until(lambda: len(verdicts) == 2, 120, "both audits' verdicts")
+            by_receipt = {s.record.round: v for s, v in verdicts}
+            assert by_receipt == {ROUND: True, ROUND + 1: None}  # passed on a retry; the other, after all
+        finally:
+            auditor.stop(timeout=60)
+            archive.close()
+            keeper.shutdown()
+            desk_end.close()
+            peer_end.close()
