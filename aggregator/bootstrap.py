@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from aggregator.admission import AdmissionDesk, MembershipPolicy, serve_admission
 from aggregator.checkpoints import CheckpointKeeper
 from aggregator.contributions import ContributionDesk
 from aggregator.join_line import MULTIADDRS_FILE
@@ -49,6 +50,7 @@ from protocol.dht_schema import (
 )
 from protocol.identity import Identity, fingerprint
 from protocol.netaddr import host_port_to_multiaddr
+from protocol.peer_keys import Libp2pKey
 from protocol.record_lifetimes import PUBLISHED_TTL, TASK_TTL
 from protocol.records import StateAnchor
 from protocol.sealing import Sealed, open_sealed, seal
@@ -78,6 +80,7 @@ class BootstrapConfig:
     dashboard: str | None = None  # HOST:PORT of the web dashboard (aggregator/monitor/); None: none
     dashboard_fallback: bool = False  # that port taken: listen on a free one instead of failing
     tensorboard: Path | None = None  # also write the round history as TensorBoard scalars here
+    membership: MembershipPolicy = MembershipPolicy()  # whom it admits (aggregator/admission.py)
 
 
 class ProcessLost(RuntimeError):
@@ -93,6 +96,7 @@ class BootstrapAggregator:
         self.published: Sealed[TaskSpec] | None = None
         self.keeper = None
         self.desk = None
+        self.admission: AdmissionDesk | None = None
         self.endpoint: Endpoint | None = None  # the desk's and the keeper's calls and handlers
         self.monitor = None
         self.data_desk: DataDesk | None = None  # tasks on an operator's dataset
@@ -116,13 +120,17 @@ class BootstrapAggregator:
             initial_peers=self.config.initial_peers,
             host_maddrs=host,
             announce_maddrs=announce or None,
-            identity_path=str(self.config.data_dir / "p2p.key"),
+            libp2p_key=Libp2pKey.load_or_create(self.config.data_dir / "libp2p.key"),
             validators=[MantaRecordValidator(self.task_id)],
         )
         self._dht_watch = ProcessWatch(self.dht, self._dht_ended)
         self.published = self._choose_spec()
         self.endpoint = Endpoint(self.dht, "manta-aggregator")
         serve_dial_back(self.endpoint)  # joining peers learn whether the swarm can reach them
+        self.admission = AdmissionDesk(
+            self.identity, self.task_id, self.config.membership, self.config.data_dir / "members.jsonl"
+        )
+        serve_admission(self.endpoint, self.task_id, self.admission)  # before peers can see the task
         if self.published.record.data is not None:
             # serving before publishing: a peer that sees the task can fetch its shards
             self.data_desk = DataDesk(self.endpoint, self.published.record, self.config.data_dir)
@@ -159,10 +167,10 @@ class BootstrapAggregator:
 
     def _watch_swarm(self) -> None:
 
-        dht, task_id = self.dht, self.task_id
+        dht, task_id, keys = self.dht, self.task_id, self._aggregator_keys
         self.monitor.watch(
             self.published.record,
-            lambda: read_swarm(dht, task_id),
+            lambda: read_swarm(dht, task_id, keys),
             multiaddrs=self.visible_maddrs(),
             task_data=self.keeper.workload.task if self.keeper is not None else None,
             data_served=self.data_desk.bytes_served if self.data_desk is not None else None,
@@ -201,6 +209,7 @@ class BootstrapAggregator:
             states=self.keeper,
             audit_fraction=self.config.audit_fraction,
             close_after=self.config.round_close_seconds,
+            admission=self.admission,
         )
 
     def _checkpoint_loop(self) -> None:
@@ -269,10 +278,16 @@ class BootstrapAggregator:
             store(self.dht, anchor_key(self.task_id), seal(fresh, self.identity), ttl,
                   subkey=self.identity.public_key_hex)  # fmt: skip
 
+    @property
+    def _aggregator_keys(self) -> frozenset[str]:
+        return frozenset(self.published.record.aggregator_keys)
+
     def peers_online(self) -> int:
         return len(
             read_signed(
-                self.dht, peers_key(self.task_id), lambda sub, v: open_peer_value(self.task_id, sub, v)
+                self.dht,
+                peers_key(self.task_id),
+                lambda sub, v: open_peer_value(self.task_id, sub, v, self._aggregator_keys),
             )
         )
 

@@ -13,6 +13,7 @@ import click
 
 from console.commands import UserError, manta_group
 from console.identity_option import identity_option, identity_to_create, keep_identity
+from protocol.identity import IdentityError
 from protocol.netaddr import AddressError, check_peer_multiaddr, host_port_to_multiaddr
 
 logger = logging.getLogger("manta.aggregator")
@@ -112,6 +113,7 @@ def start(
             check_available()
         except TensorBoardError as e:
             raise UserError(str(e)) from None
+    from aggregator.membership_policy import membership_policy, save_policy, saved_policy
     from aggregator.monitor.server import DashboardError, parse_dashboard_option
     from aggregator.task_publication import TaskFileError, read_task_document, saved_task_spec
 
@@ -123,8 +125,11 @@ def start(
         raise UserError("--resume needs the --data-dir of the run to continue")
     try:
         spec = saved_task_spec(data_dir, task_ref) if resume else None
-        if not resume:
-            read_task_document(task_ref)
+        if task_ref is not None:
+            document = read_task_document(task_ref)
+            policy = membership_policy(document.get("membership"), Path(task_ref).parent)
+        else:
+            policy = saved_policy(data_dir)
         host_port_to_multiaddr(listen, "--listen")
         for a in announce:
             host_port_to_multiaddr(a, "--announce", allow_port_zero=False)
@@ -159,12 +164,20 @@ def start(
     config = dataclasses.replace(
         config, dashboard=dashboard, dashboard_fallback=dashboard_fallback, audit_fraction=audit_fraction
     )
-    config = dataclasses.replace(config, tensorboard=tensorboard)
+    config = dataclasses.replace(config, tensorboard=tensorboard, membership=policy)
+    save_policy(policy, data_dir)
     node = BootstrapAggregator(spec, identity, config)
     try:
         try:
             maddrs = node.start()
-        except (CheckpointError, DashboardError, LedgerBehind, TaskFileError, TensorBoardError) as e:
+        except (
+            CheckpointError,
+            DashboardError,
+            IdentityError,
+            LedgerBehind,
+            TaskFileError,
+            TensorBoardError,
+        ) as e:
             raise UserError(str(e)) from None
         except Exception as e:  # hivemind reports an unusable port or unreachable peers in many ways
             raise UserError(

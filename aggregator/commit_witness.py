@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from hivemind_adapter.dht import read_signed
 from protocol.dht_schema import (
@@ -40,8 +40,10 @@ BUNDLE_AHEAD = 16
 
 
 class CommitWitness:
-    def __init__(self, dht, task_id: str):
-        self.dht, self.task_id = dht, task_id
+    def __init__(self, dht, task_id: str, is_member: Callable[[str], bool] = lambda key: True):
+        """``is_member(key)``: whether a report's key counts (a member of the task); others are
+        ignored, so throw-away keys witness nothing."""
+        self.dht, self.task_id, self.is_member = dht, task_id, is_member
         # attempt -> public key (hex) -> that key's latest report of the attempt with a group
         self._seen: OrderedDict[int, dict[str, RoundCommit]] = OrderedDict()
         self._lock = threading.Lock()  # guards _seen and _newest_read (handler threads, the closer)
@@ -90,7 +92,7 @@ class CommitWitness:
         one only if it names a group: the state report re-posts the same group)."""
         with self._lock:
             for commit in commits:
-                if not (commit.ok and commit.group):
+                if not (commit.ok and commit.group) or not self.is_member(commit.public_key):
                     continue
                 self._seen.setdefault(commit.attempt, {})[commit.public_key] = commit
                 self._seen.move_to_end(commit.attempt)

@@ -35,14 +35,16 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from aggregator.admission import AdmissionDesk
 from aggregator.auditing import SpotAuditor
-from aggregator.board_reads import Announced, AnnouncementReader, read_swarm_round
+from aggregator.board_reads import AnnouncementReader, read_swarm_round
 from aggregator.call_budget import CallBudget
 from aggregator.commit_witness import CommitWitness
 from aggregator.desk_network import (
     DeskHandlers,
     publish_binding,
     publish_checkpoint,
+    publish_withdrawal,
     published_head,
     serve,
     unserve,
@@ -59,11 +61,13 @@ from aggregator.work_pricing import WorkPricing
 from hivemind_adapter.p2p import Endpoint
 from ledger.pinned import extends
 from ledger.store import LedgerStore
+from protocol.dht_schema import PeerEntry
 from protocol.identity import Identity
 from protocol.merkle import leaf_hash
+from protocol.receipt_delivery import ReceiptDelivery
 from protocol.record_lifetimes import PUBLISHED_TTL
 from protocol.records import ContributionReceipt
-from protocol.sealing import RejectReason, Sealed, parse_sealed
+from protocol.sealing import RecordRejected, RejectReason, Sealed, parse_sealed
 from protocol.task_spec import TaskSpec
 
 logger = logging.getLogger(__name__)
@@ -98,8 +102,13 @@ class ContributionDesk:
         audit_fraction: float = 0.1,
         close_after: float = 20.0,
         round_window: int = 20,
+        admission: AdmissionDesk | None = None,
     ):
+        """``admission``: this aggregator's, whose members (and the keys read announced with a live
+        certificate) are the only keys that witness groups and corroborate the swarm's round; None:
+        every key counts (a desk without admission, in tests of other parts)."""
         self.dht, self.identity, self.spec = dht, identity, spec
+        self.admission = admission
         self.task_id = spec.task_id
         # The ledger, the intake and the tables below belong to the writer thread: every method that
         # touches them runs as a job there (self._ledger.run), never under a lock of its own.
@@ -115,7 +124,7 @@ class ContributionDesk:
         )
         self.rounds = RoundCloser(self.intake, spec, close_after, round_window)
         self.counters: Counter[str] = Counter()  # accepted, each rejection reason, audits (the writer's)
-        self.announcements = AnnouncementReader(dht, self.task_id)
+        self.announcements = AnnouncementReader(dht, self.task_id, frozenset(spec.aggregator_keys))
         self.receipts = ReceiptStatus(self.store, self.counters)
         self._credits = CreditsBook(identity.public_key)
         self._credit_calls = CallBudget(CREDITS_PER_CALLER, CREDITS_OVERALL, period=60.0)
@@ -133,8 +142,9 @@ class ContributionDesk:
             self.receipts,
             self.counters,
             self._publish_checkpoint,
+            on_excluded=self._withdraw,
         )
-        self.witness = CommitWitness(dht, self.task_id)
+        self.witness = CommitWitness(dht, self.task_id, self._is_member)
         self._convictions_read_at = float("-inf")  # (the closer thread's)
         self.pricing = WorkPricing(workload, spec.mode) if workload is not None else None
         self._claimed_rates: dict[bytes, float] = {}  # leaf -> samples/s it claimed, until its audit
@@ -170,15 +180,25 @@ class ContributionDesk:
 
     # ------------------------------------------------------------------ handlers
 
-    def submit(self, wire: bytes, sender: str) -> dict:
-        """Answer a receipt ``wire`` from peer ``sender``: rejected with its reason, or queued for its
-        round with ``witnessed`` (whether another peer's report of its group is known here)."""
+    def submit(self, payload: bytes, sender: str) -> dict:
+        """Answer a :class:`ReceiptDelivery` from peer ``sender``: rejected with its reason, or queued
+        for its round with ``witnessed`` (whether another peer's report of its group is known here).
+        The sender's binding is learned from the delivery alone (the stream authenticated ``sender``);
+        a bad one is refused without settling the receipt."""
+        try:
+            delivery = ReceiptDelivery.from_bytes(payload)
+        except ValueError as e:
+            return {"status": "rejected", "reason": RejectReason.MALFORMED.value, "detail": str(e)}
+        wire = delivery.receipt
         leaf = leaf_hash(wire)
         settled = self._ledger.run(lambda _: self.receipts.settled(leaf))
         if settled is not None:
             return settled
-        bindings = self.announcements.for_sender(sender)  # a DHT read if needed: before the writer
-        reply = self._ledger.run(lambda _: self._queue(leaf, wire, sender, bindings))
+        if delivery.binding is not None:
+            refused = self._ledger.run(lambda _: self._bind(delivery.binding, sender))
+            if refused is not None:
+                return refused
+        reply = self._ledger.run(lambda _: self._queue(leaf, wire, sender))
         if reply.get("status") == "queued":
             # Only now, its signature, binding and round checked: reading an attempt moves the window
             # the witness bundles are taken in (a throw-away key's attempt 10^6 would shut them out).
@@ -197,11 +217,18 @@ class ContributionDesk:
         except ValueError as e:
             return {"status": "rejected", "detail": str(e)}
 
-    def _queue(self, leaf: bytes, wire: bytes, sender: str, bindings: list[Announced]) -> dict:
+    def _bind(self, binding: bytes, sender: str) -> dict | None:
+        """Learn ``sender``'s binding (a writer job); the refusal to answer if it is not one."""
+        try:
+            self.intake.add_binding(binding, sender_peer_id=sender)
+        except RecordRejected as e:
+            return {"status": "rejected", "reason": e.reason.value, "detail": f"binding: {e.detail}"}
+        return None
+
+    def _queue(self, leaf: bytes, wire: bytes, sender: str) -> dict:
         settled = self.receipts.settled(leaf)  # the same bytes may have arrived meanwhile
         if settled is not None:
             return settled
-        self.announcements.learn(bindings, self.intake)
         # The intake's own checks on this receipt alone (nothing is written by screen()).
         screening = self.intake.screen([Submission(wire, sender)])
         if screening.rejected:
@@ -273,8 +300,24 @@ class ContributionDesk:
             self.trust.exclude(key)
 
     def _swarm_round(self, announced: int) -> int:
-        """The swarm's round from its progress records (:func:`aggregator.board_reads.read_swarm_round`)."""
-        return read_swarm_round(self.dht, self.task_id, announced)
+        """The swarm's round from its members' progress records
+        (:func:`aggregator.board_reads.read_swarm_round`)."""
+        return read_swarm_round(self.dht, self.task_id, announced, self._is_member)
+
+    def _is_member(self, key: str) -> bool:
+        if self.admission is None:
+            return True
+        return self.admission.is_member(key) or self.announcements.seen_member(key)
+
+    def _withdraw(self, key: str, reason: str) -> None:
+        """An excluded key is no member: refuse its renewals and tell every peer (off the writer)."""
+        if self.admission is None:
+            return
+        withdrawal = self.admission.withdraw(key, reason)
+        if withdrawal is not None:
+            threading.Thread(
+                target=publish_withdrawal, args=(self.dht, withdrawal), name="manta-withdrawal", daemon=True
+            ).start()
 
     def _close_loop(self) -> None:
         while not self._stop.wait(1.0):
@@ -316,9 +359,9 @@ class ContributionDesk:
             if len(holders) >= STATE_WITNESSES:
                 self.states.learn(receipt.round, state, sorted(holders))
 
-    def _close_due(self, swarm_round: int, bindings: list[Announced], force: bool) -> list[str]:
+    def _close_due(self, swarm_round: int, bindings: list[PeerEntry], force: bool) -> list[str]:
         """Close every due round (a writer job); the checkpoint notes to publish."""
-        self.announcements.learn(bindings, self.intake)
+        self.announcements.learn(bindings)
         notes = []
         rates = self.trust.measured_rates()
         for r in self.rounds.due(swarm_round, force):
@@ -382,8 +425,12 @@ class ContributionDesk:
         if passed:
             index = self._ledger.run(lambda _: self.store.index_of(leaf))
             self.trust.passed(receipt.public_key, index, rate)
-        elif passed is None:
-            self.penalties.audit_unavailable(sealed)
+        elif passed is None:  # no evidence either way: credit kept, the key's next receipts audited
+            self.trust.owe(receipt.public_key)
+            logger.info(
+                f"audit unavailable: {receipt.peer_id[-8:]} round {receipt.round}: credit kept; "
+                "the key's receipts are audited until one passes"
+            )
         else:
             self.penalties.audit_failed(sealed, distance)
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hivemind_adapter.dht import peer_id, read_entries, store
+from hivemind_adapter.dht import peer_id, read_entries, speaker, store
 from hivemind_adapter.p2p import Endpoint
 from protocol.dht_schema import (
     aggregators_key,
@@ -20,13 +20,15 @@ from protocol.dht_schema import (
     open_ledger_value,
     status_handler,
     submit_handler,
+    withdrawals_key,
     witnesses_handler,
 )
 from protocol.identity import Identity
 from protocol.ledger_checkpoint import Checkpoint
+from protocol.membership import MembershipWithdrawal
 from protocol.record_lifetimes import PUBLISHED_TTL
 from protocol.records import IdentityBinding
-from protocol.sealing import RecordRejected, seal
+from protocol.sealing import RecordRejected, Sealed, seal
 
 Handler = Callable[[bytes, str], dict]  # (payload, sender's peer id) -> the JSON reply
 
@@ -50,7 +52,9 @@ def _named(task_id: str, handlers: DeskHandlers) -> list[tuple[str, Handler]]:
     ]
 
 
-def _as_call(fn: Handler):
+def json_call(fn: Handler):
+    """``fn`` as an endpoint handler: run in a thread, its dict sent as JSON (an error as one)."""
+
     async def handle(payload: bytes, sender: str) -> bytes:
         # The handlers wait for the ledger writer: run them off the event loop, so one slow append
         # never stalls every other call this endpoint answers.
@@ -67,7 +71,7 @@ def serve(endpoint: Endpoint, task_id: str, handlers: DeskHandlers) -> None:
     """Serve ``handlers`` on ``endpoint``, each in a thread; a handler that raises answers
     ``{"status": "error", "detail": ...}``; every reply is sent as JSON."""
     for name, fn in _named(task_id, handlers):
-        endpoint.serve(name, _as_call(fn))
+        endpoint.serve(name, json_call(fn))
 
 
 def unserve(endpoint: Endpoint, task_id: str) -> None:
@@ -82,10 +86,11 @@ def unserve(endpoint: Endpoint, task_id: str) -> None:
 
 
 def publish_binding(dht, identity: Identity, task_id: str) -> None:
-    """Publish the binding of this DHT node's peer id to ``identity``'s key, signed by it."""
+    """Publish the binding of this DHT node's peer id to ``identity``'s key, which the two keys sign."""
     binding = IdentityBinding(
         peer_id=peer_id(dht),
         public_key=identity.public_key_hex,
+        endorsement=speaker(dht, identity).endorsement,
         timestamp=int(time.time() * 1000),
     )
     store(
@@ -112,3 +117,10 @@ def published_head(dht, identity: Identity, task_id: str) -> Checkpoint | None:
         return open_ledger_value(identity.public_key_hex, value)
     except RecordRejected:
         return None
+
+
+def publish_withdrawal(dht, withdrawal: Sealed[MembershipWithdrawal]) -> None:
+    """Publish a key's withdrawn membership until its last certificate expires."""
+    record = withdrawal.record
+    ttl = max(60.0, record.until_ms / 1000 - time.time())
+    store(dht, withdrawals_key(record.task_id), withdrawal.wire, ttl=ttl, subkey=record.member_key)

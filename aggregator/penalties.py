@@ -1,9 +1,9 @@
-"""What a failed audit, an audit without a start state and a posted conviction do to the ledger.
+"""What a failed audit and a posted conviction do to the ledger.
 
 Each penalty is one batch of revocations under one checkpoint, appended as a ledger-writer job and
-published after (never on the writer). A failed audit or a conviction also excludes the key and
-revokes every receipt of it since its last passed audit; an unavailable audit revokes that receipt
-only. Revocation reasons start with :data:`aggregator.trust.EXCLUDING_REASONS` where the key is
+published after (never on the writer). A failed audit or a conviction excludes the key and revokes
+every receipt of it since its last passed audit. (An audit without a start state is no penalty: the
+key owes an audit, :meth:`aggregator.trust.TrustBook.owe`.) Revocation reasons start with :data:`aggregator.trust.EXCLUDING_REASONS` where the key is
 excluded, so :func:`excluded_keys` can rebuild the exclusions from the ledger.
 """
 
@@ -18,9 +18,8 @@ from aggregator.receipt_status import ReceiptStatus
 from aggregator.trust import CONVICTION_REASON, EXCLUDING_REASONS, EXCLUSION_REASON, TrustBook
 from ledger.store import LedgerStore, StoredCheckpoint
 from protocol.identity import Identity
-from protocol.merkle import leaf_hash
 from protocol.records import ContributionReceipt, ReducerConviction, Revocation
-from protocol.sealing import RejectReason, Sealed, parse_sealed
+from protocol.sealing import Sealed, parse_sealed
 
 logger = logging.getLogger(__name__)
 
@@ -63,18 +62,13 @@ class Penalties:
         receipts: ReceiptStatus,
         counters: Counter[str],
         publish: Callable[[str], None],
+        on_excluded: Callable[[str, str], None] = lambda key, reason: None,
     ):
+        """``on_excluded(key, reason)``: told after each key it excludes (the desk withdraws its
+        membership)."""
         self.ledger, self.identity, self.task_id, self.trust = ledger, identity, task_id, trust
         self.receipts, self.counters, self.publish = receipts, counters, publish
-
-    def audit_unavailable(self, sealed: Sealed[ContributionReceipt]) -> None:
-        """Revoke a receipt whose start state could not be fetched: no evidence of cheating, but no
-        credit for work nobody can check."""
-        receipt = sealed.record
-        reason = f"{RejectReason.AUDIT_UNAVAILABLE.value}: its start state could not be fetched"
-        _, checkpoint = self.ledger.run(lambda _: self.revoke([leaf_hash(sealed.wire)], reason))
-        self.publish(checkpoint.note)
-        logger.warning(f"audit impossible: {receipt.peer_id[-8:]} round {receipt.round}: entry revoked")
+        self.on_excluded = on_excluded
 
     def audit_failed(self, sealed: Sealed[ContributionReceipt], distance: float) -> None:
         """Exclude the key of a receipt whose recomputed gradient differs by ``distance``, and revoke
@@ -87,6 +81,7 @@ class Penalties:
         )
         revoked, checkpoint = self.ledger.run(lambda _: self.revoke_since(receipt.public_key, after, reason))
         self.publish(checkpoint.note)
+        self.on_excluded(receipt.public_key, f"failed an audit in round {receipt.round}")
         logger.warning(
             f"audit FAILED: {receipt.peer_id[-8:]} round {receipt.round}: key {receipt.public_key[:16]} "
             f"excluded, {len(revoked)} entr{'y' if len(revoked) == 1 else 'ies'} revoked"
@@ -111,6 +106,7 @@ class Penalties:
             if revoked:
                 self.publish(checkpoint.note)
             self.counters["convicted"] += 1
+            self.on_excluded(key, "convicted of telling members of one all-reduce different stories")
             logger.warning(
                 f"CONVICTED: {conviction.reducer[-8:]} key {key[:16]} sent different signed proofs "
                 f"(posted by {conviction.public_key[:16]}): excluded, {len(revoked)} entr"

@@ -46,9 +46,13 @@ class PeerFailed(RuntimeError):
     """A peer did not deliver its share (refused, failed, unreachable); it is redone locally."""
 
 
-def online_peers(dht, task_id: str) -> list[str]:
-    """Peer ids of the task's peers with a valid, not withdrawn announcement, sorted."""
-    opened = read_signed(dht, peers_key(task_id), lambda sub, value: open_peer_value(task_id, sub, value)[0])
+def online_peers(dht, task_id: str, aggregator_keys: frozenset[str] | None = None) -> list[str]:
+    """Peer ids of the task's members with a valid, not withdrawn announcement, sorted."""
+    opened = read_signed(
+        dht,
+        peers_key(task_id),
+        lambda sub, value: open_peer_value(task_id, sub, value, aggregator_keys).announcement,
+    )
     return sorted({a.record.peer_id for a in opened if a.record.throughput_milli > 0})  # 0: withdrawn
 
 

@@ -142,10 +142,10 @@ def read_task_document(ref: str) -> dict[str, Any]:
             raise TaskFileError(f"task file {ref}: {e.strerror or e}") from None
     else:
         doc = {"task": {"name": ref}}
-    unknown = set(doc) - {"task", "swarm", "data"}
+    unknown = set(doc) - {"task", "swarm", "data", "membership"}
     if unknown:
         raise TaskFileError(f"task file has unknown section(s): {', '.join(sorted(unknown))}")
-    for section in ("task", "swarm", "data"):
+    for section in ("task", "swarm", "data", "membership"):
         if not isinstance(doc.get(section, {}), dict):
             raise TaskFileError(f"task file: [{section}] must be a table, got {type(doc[section]).__name__}")
     name = doc.get("task", {}).get("name")

@@ -38,9 +38,9 @@ prepare_process()
 
 from hivemind_adapter.dht import (  # noqa: E402
     dht_time,
-    peer_id,
     read_entries,
     record_validator_counts,
+    speaker,
     start_dht,
     visible_maddrs,
 )
@@ -56,10 +56,10 @@ from protocol.dht_schema import (  # noqa: E402
     progress_key,
 )
 from protocol.identity import Identity  # noqa: E402
+from protocol.peer_keys import Libp2pKey, Speaker  # noqa: E402
 from protocol.records import PeerProgress, RoundCommit  # noqa: E402
 from protocol.sealing import seal  # noqa: E402
 from protocol.verified_records import DEFAULT_CAPACITY, VerifiedRecords  # noqa: E402
-from tests.protocol.factories import fake_peer_id  # noqa: E402
 
 TASK = "board-bench"
 ONE_KEY = f"manta_{TASK}_commits"  # the one-key layout's key (no buckets)
@@ -79,18 +79,21 @@ class _WithOneKey(MantaRecordValidator):
 def _fill(dht, peers: int, attempts: int) -> None:
     """Store what ``peers`` peers leave on both boards after ``attempts`` attempts."""
     now = int(time.time() * 1000)
-    for i in range(peers):
+    for _ in range(peers):
         me = Identity.generate()
-        pid = fake_peer_id(b"bench-%d" % i)
+        who = Speaker.of(me, Libp2pKey.generate())
+        pid, endorsement = who.peer_id, who.endorsement
         for a in range(attempts):
             commit = RoundCommit(
-                task_id=TASK, attempt=a, peer_id=pid, public_key=me.public_key_hex, ok=True,
+                task_id=TASK, attempt=a, peer_id=pid, public_key=me.public_key_hex,
+                endorsement=endorsement, ok=True,
                 digest="ab" * 32, timestamp=now, left=False,
             )  # fmt: skip
             for key in (ONE_KEY, commits_key(TASK, a)):
                 dht.store(key, seal(commit, me), dht_time() + 600, subkey=commit_subkey(a, me.public_key_hex))
         progress = PeerProgress(
-            task_id=TASK, peer_id=pid, public_key=me.public_key_hex, round=attempts, samples=64,
+            task_id=TASK, peer_id=pid, public_key=me.public_key_hex, endorsement=endorsement,
+            round=attempts, samples=64,
             throughput_milli=50_000, loss_micro=1_000_000, cohort_id="host-a", state_round=attempts,
             timestamp=now, finished_round=attempts - 1, finished_samples=64, finished_loss_micro=1_000_000,
         )  # fmt: skip
@@ -167,9 +170,9 @@ def _row(n: int, attempts: int, reads: int) -> str:
     try:
         _fill(writer, n, attempts)
         me = Identity.generate()
-        old_board = SignedCommitBoard(old, TASK, me, peer_id(old))
-        commits = SignedCommitBoard(new, TASK, me, peer_id(new))
-        progress = ProgressBoard(new, TASK, me, peer_id(new))
+        old_board = SignedCommitBoard(old, TASK, speaker(old, me))
+        commits = SignedCommitBoard(new, TASK, speaker(new, me))
+        progress = ProgressBoard(new, TASK, speaker(new, me))
         one_key = VerifiedRecords(lambda sub, value: open_commit_value(TASK, sub, value))
         attempt = attempts - 1
         assert len(commits.read(attempt)) == n and len(progress.read()) == n, "entries missing"

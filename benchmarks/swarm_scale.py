@@ -45,7 +45,7 @@ import hivemind  # noqa: E402
 import torch  # noqa: E402
 from hivemind.dht.protocol import DHTProtocol  # noqa: E402
 
-from hivemind_adapter.dht import peer_id, start_dht, visible_maddrs  # noqa: E402
+from hivemind_adapter.dht import peer_id, speaker, start_dht, visible_maddrs  # noqa: E402
 from peer.affinity import assign_cohorts, cohort_sizes  # noqa: E402
 from peer.averaging.factory import build_averager, committer_for  # noqa: E402
 from peer.averaging.stage import AveragingTimeouts  # noqa: E402
@@ -54,9 +54,16 @@ from peer.swarm_progress import SwarmProgress  # noqa: E402
 from peer.swarm_view import Announcer, ProgressBoard, read_roster  # noqa: E402
 from protocol.dht_schema import MantaRecordValidator  # noqa: E402
 from protocol.identity import Identity  # noqa: E402
+from protocol.membership import MembershipCertificate  # noqa: E402
 from protocol.records import Affinity, DeviceInfo  # noqa: E402
+from protocol.sealing import seal  # noqa: E402
+from tests.protocol.factories import task_spec  # noqa: E402
 
 TASK = "scale"
+BENCH_AGGREGATOR = Identity.from_seed(
+    b"swarm-scale benchmark aggregator"
+)  # signs the thin peers' memberships
+SPEC = task_spec(BENCH_AGGREGATOR, TASK)
 CGROUP_ROOT = Path("/sys/fs/cgroup/unified")
 LOOK_EVERY = 0.25  # as the real round looks at the swarm's progress while its workers train
 TIMEOUTS = AveragingTimeouts(
@@ -124,22 +131,34 @@ class PeerFigures:
     cohorts: int = 0
 
 
+def _certificate(identity: Identity, peer: str, serial: int) -> bytes:
+    """A thin peer's membership, issued by the benchmark's stand-in aggregator key (admission itself
+    is not what this benchmark measures)."""
+    now = int(time.time() * 1000)
+    certificate = MembershipCertificate(
+        task_id=TASK, member_key=identity.public_key_hex, peer_id=peer, serial=serial, policy="allow",
+        issued_ms=now, expires_ms=now + 6 * 3600 * 1000,
+    )  # fmt: skip
+    return seal(certificate, BENCH_AGGREGATOR)
+
+
 def _thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, done, results) -> None:
     (CGROUP_ROOT / cgroup / "cgroup.procs").write_text(str(os.getpid()))  # its p2pd and children follow
     torch.set_num_threads(1)
     dht = start_dht(initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
     averager = None
     try:
-        dht.add_validators([MantaRecordValidator(TASK)])
+        dht.add_validators([MantaRecordValidator(TASK, aggregator_keys=SPEC.aggregator_keys)])
         identity, me = Identity.generate(), peer_id(dht)
+        certificate = _certificate(identity, me, index)
         announcer = Announcer(
-            dht, identity, TASK, me, (DeviceInfo(kind="cpu", name="thin", memory_mb=0),),
-            Affinity(host_id="0" * 16, network_id="0" * 16), "auto", throughput=1.0,
+            dht, speaker(dht, identity), TASK, (DeviceInfo(kind="cpu", name="thin", memory_mb=0),),
+            Affinity(host_id="0" * 16, network_id="0" * 16), "auto", lambda: certificate, throughput=1.0,
         )  # fmt: skip
         announcer.announce()
         announcer.keep_fresh()
-        progress = SwarmProgress(ProgressBoard(dht, TASK, identity, me), me, 64, 1, 10**9)
-        committer = committer_for(SignedCommitBoard(dht, TASK, identity, me), TIMEOUTS)
+        progress = SwarmProgress(ProgressBoard(dht, TASK, speaker(dht, identity)), me, 64, 1, 10**9)
+        committer = committer_for(SignedCommitBoard(dht, TASK, speaker(dht, identity)), TIMEOUTS)
         ready.put(index)
         if not go.wait(timeout=900):
             return
@@ -148,7 +167,7 @@ def _thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, 
         generator = torch.Generator().manual_seed(index)
         for round_index in range(opts.rounds):
             started = time.perf_counter()
-            roster = read_roster(dht, TASK)
+            roster = read_roster(dht, SPEC)
             assignment = assign_cohorts([p.entry for p in roster], opts.cohort_size)
             cohort = assignment.get(me, f"solo-{me[-8:]}")
             cohort_ids = sorted(set(assignment.values()) | {cohort})

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing.reduction import ForkingPickler
@@ -24,6 +26,8 @@ from hivemind_adapter.p2p_sockets import daemon_socket_files, remove_dead_daemon
 from hivemind_adapter.process_answers import NoAnswerWithin, ProcessEnded, await_answer
 from hivemind_adapter.process_locks import install_death_safe_locks
 from hivemind_adapter.stream_openings import install_quiet_stream_openings
+from protocol.identity import Identity
+from protocol.peer_keys import Libp2pKey, Speaker
 from protocol.sealing import RecordRejected
 
 T = TypeVar("T")
@@ -81,6 +85,7 @@ class SwarmDHT(hivemind.DHT):
     """
 
     daemon_socket: str | None = None  # the p2pd daemon's socket file, once started
+    libp2p_key: Libp2pKey | None = None  # the key its peer id is made from (in the process that started it)
     daemon_process: tuple[int, float] | None = None  # the daemon's pid and start time, once started
 
     def run(self) -> None:
@@ -152,31 +157,46 @@ def start_dht(
     host_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",),  # hivemind's default
     announce_maddrs: Sequence[str] | None = None,
     client_mode: bool = False,
-    identity_path: str | None = None,
+    libp2p_key: Libp2pKey | None = None,
     validators: Sequence[Any] = (),
 ) -> hivemind.DHT:
-    """A running DHT node (its own process and p2pd daemon). SwarmUnreachable if it cannot join."""
+    """A running DHT node (its own process and p2pd daemon) whose peer id is made from ``libp2p_key``
+    (a fresh key if None; see :mod:`protocol.peer_keys`). SwarmUnreachable if it cannot join."""
     _hivemind_logs_follow_manta()
     install_death_safe_locks()  # a node's first hivemind process is its DHT's: the tree shares them
     install_quiet_stream_openings()
     daemons_before = daemon_socket_files()
+    key = libp2p_key if libp2p_key is not None else Libp2pKey.generate()
+    key_folder = None
+    if key.path is None:  # the daemon reads its key from a file: a private one, removed once it started
+        key_folder = tempfile.mkdtemp(prefix="manta-libp2p-")
+        key_file = os.path.join(key_folder, "libp2p.key")
+        with open(os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
+            out.write(key.private_protobuf())
+    else:
+        key_file = str(key.path)
     try:
-        return SwarmDHT(
+        dht = SwarmDHT(
             initial_peers=list(initial_peers),
             host_maddrs=list(host_maddrs),
             announce_maddrs=list(announce_maddrs) if announce_maddrs else None,
             client_mode=client_mode,
-            identity_path=identity_path,
-            check_if_identity_free=False if identity_path else True,
+            identity_path=key_file,
+            check_if_identity_free=False,
             record_validators=list(validators),
             start=True,
         )
+        dht.libp2p_key = key
+        return dht
     except Exception as e:
         remove_dead_daemon_sockets(daemons_before)  # the daemon that gave up left its socket file
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if "initial_peers responded" in first or "failed to connect to bootstrap peers" in first:
             first = f"cannot reach any initial peer ({', '.join(initial_peers)})"
         raise SwarmUnreachable(first) from None
+    finally:
+        if key_folder is not None:
+            shutil.rmtree(key_folder, ignore_errors=True)
 
 
 def _hivemind_logs_follow_manta() -> None:
@@ -199,6 +219,15 @@ def dht_gone(dht: hivemind.DHT) -> bool:
 
 def peer_id(dht: hivemind.DHT) -> str:
     return dht.peer_id.to_base58()
+
+
+def speaker(dht: hivemind.DHT, identity: Identity) -> Speaker:
+    """What this node signs as: ``identity`` under the DHT's peer id, endorsed by its libp2p key
+    (a DHT :func:`start_dht` started, in the process that started it)."""
+    key = getattr(dht, "libp2p_key", None)
+    if key is None:
+        raise ValueError("this DHT was not started by start_dht: its libp2p key is unknown")
+    return Speaker.of(identity, key)
 
 
 def visible_maddrs(dht: hivemind.DHT) -> list[str]:

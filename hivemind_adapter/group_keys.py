@@ -33,6 +33,7 @@ from hivemind.utils import DHTExpiration, get_logger
 from protocol.declarations import AveragingDeclaration, declaration_subkey, open_declaration_value
 from protocol.dht_schema import dht_key_id
 from protocol.identity import Identity
+from protocol.peer_keys import Speaker
 from protocol.sealing import RecordRejected, seal
 
 logger = get_logger(__name__)
@@ -43,10 +44,14 @@ EXPIRY_SLACK_MS = 1
 
 @dataclass(frozen=True)
 class DeclarationSigner:
-    """Who declares: the task the group keys belong to and the MANTA key that signs."""
+    """Who declares: the task the group keys belong to and what the node signs as."""
 
     task_id: str
-    identity: Identity
+    speaker: Speaker
+
+    @property
+    def identity(self) -> Identity:
+        return self.speaker.identity
 
 
 @dataclass
@@ -86,6 +91,7 @@ class SignedGroupKeys(GroupKeyManager):
             group_key=group_key,
             peer_id=peer_id.to_base58(),
             public_key=identity.public_key_hex,
+            endorsement=self.signer.speaker.endorsement,
             looking=looking_for_group,
             expiration_ms=int(round(expiration_time * 1000)),
         )

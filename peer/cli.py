@@ -131,6 +131,10 @@ def identity(identity_path: Path) -> None:
     "--idle-cpu", type=click.FloatRange(0, 100, min_open=True), default=25.0, show_default=True,
     help="when-idle: the machine counts as idle while other processes use less than this % of its CPU.",
 )  # fmt: skip
+@click.option(
+    "--invite", default="", metavar="TOKEN",
+    help="The invite token of a task that admits its volunteers by invitation.",
+)  # fmt: skip
 @identity_option
 def join(
     initial_peers,
@@ -154,6 +158,7 @@ def join(
     run_mode,
     idle_minutes,
     idle_cpu,
+    invite,
     identity_path,
 ) -> None:
     """Join a swarm and train until stopped (Ctrl-C finishes the round and leaves cleanly;
@@ -174,6 +179,8 @@ def join(
         cache_bytes = parse_size(cache_size)
     except ValueError as e:
         raise UserError(f"--cache-size: {e}") from None
+    if len(invite) > 256 or not invite.isprintable():
+        raise UserError("--invite: a token of at most 256 printable characters")
     if cohort != "auto" and not cohort.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise UserError(f"--cohort must be letters, digits, '-', '_' or '.', got {cohort!r}")
     limits, upload_rate, run_policy = _machine_limits(
@@ -213,6 +220,7 @@ def join(
         threads=max_threads,
         limits=limits,
         run_policy=run_policy,
+        invite=invite,
     )
     if upload_rate is not None:
         from hivemind_adapter.upload_limit import limit_upload

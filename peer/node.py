@@ -126,7 +126,7 @@ class PeerNode:
         running_round = self.parts.progress.swarm_round(fresh_ms=int(PROGRESS_TTL * 1000))
         if running_round < self.state_round + 1 or self._stop.is_set():
             return False  # nobody works on the round we would join: it begins with us in every roster
-        roster = read_roster(self.dht, self.spec.record.task_id)
+        roster = read_roster(self.dht, self.spec.record)
         others = [p.entry.peer_id for p in roster if p.entry.peer_id != self.peer_id]
 
         def say(attempt: int) -> None:
@@ -143,7 +143,7 @@ class PeerNode:
         return True
 
     def _roster_ids(self) -> frozenset[str]:
-        return frozenset(p.entry.peer_id for p in read_roster(self.dht, self.spec.record.task_id))
+        return frozenset(p.entry.peer_id for p in read_roster(self.dht, self.spec.record))
 
     def run(self) -> list[RoundReport]:
         """Train until stopped, ``max_rounds`` committed or ``until_round`` reached; the reports."""

@@ -19,6 +19,7 @@ from hivemind_adapter.dht import start_dht, visible_maddrs
 from hivemind_adapter.dial_back import CALL_SECONDS, DialBack, DialBackRefused, ask_dial_back
 from hivemind_adapter.p2p import Endpoint
 from protocol.netaddr import host_port_to_multiaddr, parse_host_port
+from protocol.peer_keys import Libp2pKey
 
 logger = logging.getLogger("manta.peer")
 
@@ -121,7 +122,11 @@ def describe(reach: Reachability, listen: str) -> str:
 
 
 def start_peer_dht(
-    initial_peers: Sequence[str], listen: str, announce: Sequence[str], client_mode: bool, identity_path: str
+    initial_peers: Sequence[str],
+    listen: str,
+    announce: Sequence[str],
+    client_mode: bool,
+    libp2p_key: Libp2pKey,
 ) -> tuple[Any, bool]:
     """``join``'s DHT node and whether it runs in client mode. Unless ``client_mode`` or ``announce``
     is given, a node of the swarm dials it back: if none can connect, the node restarts in client
@@ -136,7 +141,7 @@ def start_peer_dht(
             host_maddrs=host,
             announce_maddrs=announce_maddrs or None,
             client_mode=client,
-            identity_path=identity_path,
+            libp2p_key=libp2p_key,
         )
 
     dht = start(client_mode)

@@ -41,6 +41,7 @@ from protocol.dht_schema import (
 from protocol.identity import Identity
 from protocol.ledger_checkpoint import Checkpoint
 from protocol.merkle import leaf_hash, verify_inclusion
+from protocol.receipt_delivery import ReceiptDelivery
 from protocol.records import ContributionReceipt
 from protocol.sealing import RecordRejected, parse_sealed, seal
 from protocol.witness_bundle import MAX_REPORTS, WitnessBundle
@@ -172,8 +173,10 @@ def read_witnesses(dht, task_id: str, wire: bytes) -> WitnessBundle | None:
 class ReceiptCourier:
     """Delivers pending receipts and collects their proofs, from a background thread."""
 
-    def __init__(self, outbox: ReceiptOutbox, link: AggregatorLink, interval: float = 2.0):
-        self.outbox, self.link, self.interval = outbox, link, interval
+    def __init__(self, outbox: ReceiptOutbox, link: AggregatorLink, binding: bytes, interval: float = 2.0):
+        """``binding``: this peer's sealed IdentityBinding, handed over with every receipt (the
+        aggregator learns it from the sender alone)."""
+        self.outbox, self.link, self.binding, self.interval = outbox, link, binding, interval
         self._submitted: set[str] = set()  # outbox file names handed over (answered "queued")
         self._witnesses_looked: set[str] = set()  # outbox file names whose witnesses were looked for
         self._stop = threading.Event()
@@ -197,7 +200,8 @@ class ReceiptCourier:
             for path, wire in pending:
                 leaf = leaf_hash(wire)
                 if path.name not in self._submitted:
-                    reply = self.link.call(peer_id, submit_handler(self.link.task_id), wire)
+                    delivery = ReceiptDelivery(wire, self.binding).to_bytes()
+                    reply = self.link.call(peer_id, submit_handler(self.link.task_id), delivery)
                     self._submitted.add(path.name)
                     if reply.get("status") == "queued" and reply.get("witnessed") is False:
                         self._hand_over_witnesses(peer_id, path)

@@ -231,10 +231,10 @@ def plan_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundPlan:
     read while the previous step computed, if it is recent (:func:`read_roster_ahead`)."""
     roster = _roster_read_ahead(ctx)
     if roster is None:
-        roster = read_roster(ctx.dht, ctx.task.task_id)
+        roster = read_roster(ctx.dht, ctx.task)
     if ctx.peer_id not in {p.entry.peer_id for p in roster}:
         ctx.announcer.announce()
-        roster = read_roster(ctx.dht, ctx.task.task_id)
+        roster = read_roster(ctx.dht, ctx.task)
     ctx.roster_size = len(roster)
     assignment = assign_cohorts([p.entry for p in roster], ctx.task.params.max_group_size)
     cohort = assignment.get(ctx.peer_id, f"solo-{ctx.peer_id[-8:]}")
@@ -245,6 +245,9 @@ def plan_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundPlan:
         peers_of.setdefault(name, []).append(peer)
     # how many peers could corroborate a progress record (a lone one counts only in a pair)
     ctx.progress.roster_peers = len(peers_of[cohort]) if ctx.progress.rounds_by_cohort else len(roster)
+    ctx.progress.members = frozenset(p.announcement.public_key for p in roster) | {
+        ctx.identity.public_key_hex
+    }
     return RoundPlan(
         round_index,
         attempt,
@@ -266,7 +269,7 @@ def read_roster_ahead(ctx: RoundContext) -> None:
     the end of a round anyway."""
     if ctx.outer is None:
         return
-    read = _ROSTER_READER.submit(read_roster, ctx.dht, ctx.task.task_id)
+    read = _ROSTER_READER.submit(read_roster, ctx.dht, ctx.task)
     ctx.roster_ahead = (time.monotonic(), read)
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 import torch
 
-from hivemind_adapter.dht import SwarmUnreachable
+from hivemind_adapter.dht import SwarmUnreachable, speaker
 from hivemind_adapter.dht import peer_id as dht_peer_id
 from hivemind_adapter.dial_back import serve_dial_back
 from hivemind_adapter.group_keys import DeclarationSigner
@@ -38,6 +38,7 @@ from peer.control import ControlError, ControlServer, PeerControl
 from peer.data_feed import DataFeed, DataUnavailable
 from peer.devices import WorkerDevice
 from peer.guard.conviction_watch import ConvictionWatch
+from peer.membership import Membership, NotAdmitted
 from peer.outer_round import OuterStepper
 from peer.outer_step import OuterSettings
 from peer.progress_display import ProgressDisplay
@@ -53,8 +54,9 @@ from peer.worker import WorkerLimits
 from peer.worker_pool import WorkerPool
 from peer.worker_protocol import SharedBuffers
 from protocol.dht_schema import MantaRecordValidator, outer_board_id
-from protocol.identity import Identity, fingerprint
+from protocol.identity import Identity, IdentityError, fingerprint
 from protocol.netaddr import parse_host_port
+from protocol.peer_keys import Libp2pKey
 from protocol.records import Affinity, DeviceInfo
 from protocol.sealing import Sealed
 from protocol.task_spec import TaskSpec
@@ -86,6 +88,7 @@ class JoinConfig:
     threads: int | None = None  # torch threads per worker (--max-threads; None: the cores shared out)
     limits: WorkerLimits = WorkerLimits()  # --cpu-share, --gpu-memory
     run_policy: RunPolicy = RunPolicy()  # --run-mode and its idle thresholds
+    invite: str = ""  # --invite: the token a task admitting by invitation asks for
 
 
 class PeerStartError(RuntimeError):
@@ -156,9 +159,9 @@ def build_peer(
         try:  # a node the swarm cannot connect to runs in client mode (peer/reachability.py)
             dht, client_mode = start_peer_dht(
                 config.initial_peers, config.listen, config.announce, config.client_mode,
-                str(config.data_dir / "p2p.key"),
+                Libp2pKey.load_or_create(config.data_dir / "libp2p.key"),
             )  # fmt: skip
-        except SwarmUnreachable as e:
+        except (SwarmUnreachable, IdentityError) as e:
             raise PeerStartError(str(e)) from None
         built.callback(dht.shutdown)
         config = dataclasses.replace(config, client_mode=client_mode)
@@ -171,20 +174,31 @@ def build_peer(
         if not config.client_mode:
             serve_dial_back(endpoint)
         peer_id = dht_peer_id(dht)
+        me = speaker(dht, identity)  # the MANTA key and the libp2p key, signing each other
         try:
             spec = fetch_task(dht, config.task_id, config.aggregator_key)
         except LookupError as e:
             raise PeerStartError(str(e)) from None
         task = spec.record
-        dht.add_validators([MantaRecordValidator(task.task_id)])
+        dht.add_validators([MantaRecordValidator(task.task_id, aggregator_keys=tuple(task.aggregator_keys))])
         logger.info(
             f"peer {peer_id[-8:]} ({identity.fingerprint}) joined task {task.task_id}: {task.task}, "
             f"{task.mode}-parallel, aggregator {fingerprint(spec.public_key)}"
         )
         host = _announced_host(config)
         affinity = Affinity(host_id=host_id(), network_id=network_id(host, default_gateway_mac()))
-        board = ProgressBoard(dht, task.task_id, identity, peer_id)
+        board = ProgressBoard(dht, task.task_id, me)
         link = AggregatorLink(dht, endpoint, task.task_id, tuple(task.aggregator_keys))
+        membership = Membership(
+            link, task.task_id, tuple(task.aggregator_keys), me, config.data_dir / "membership.sealed",
+            invite=config.invite,
+        )  # fmt: skip
+        try:
+            membership.obtain()  # before it announces: without a certificate it counts in no roster
+        except NotAdmitted as e:
+            raise PeerStartError(str(e)) from None
+        membership.keep_renewed()
+        built.callback(membership.stop)
         data = None
         if task.data is not None:
             data = DataFeed(
@@ -204,18 +218,19 @@ def build_peer(
         )  # fmt: skip
         built.callback(search.shutdown)
         announcer = Announcer(
-            dht, identity, task.task_id, peer_id,
+            dht, me, task.task_id,
             tuple(DeviceInfo(kind=d.kind, name=d.name[:256], memory_mb=d.memory_mb) for d in devices),
-            affinity, config.cohort, throughput=1.0,  # the measured figure replaces it after a round
+            affinity, config.cohort, membership.wire,
+            throughput=1.0,  # the measured figure replaces it after a round
         )  # fmt: skip
         outbox = ReceiptOutbox(config.data_dir / "receipts", identity)
-        courier = ReceiptCourier(outbox, link)
+        courier = ReceiptCourier(outbox, link, announcer.binding)
         built.callback(courier.stop, flush_seconds=0.0)
         workload, shared, consensus, workers = _start_workers(task, devices, peer_id, data, config)
         built.callback(workers.stop)
         outer = _outer_stepper(task, shared, consensus, workers, lambda cohort: averagers.outer(cohort))
         commits = committer_for(
-            SignedCommitBoard(dht, task.task_id, identity, peer_id), config.timeouts, _roster_peers(dht, task)
+            SignedCommitBoard(dht, task.task_id, me), config.timeouts, _roster_peers(dht, task)
         )
         outer_state = outer.state if outer is not None else None
         sharer = StateSharer(
@@ -236,11 +251,11 @@ def build_peer(
             dht, task, shared.grads, timeouts=config.timeouts, client_mode=config.client_mode,
             serves_cohort=lambda cohort: cohort_on_lan(cohort, affinity.host_id, affinity.network_id, host or ""),
             round_commits=commits,
-            outer_board=SignedCommitBoard(dht, outer_board_id(task.task_id), identity, peer_id),
+            outer_board=SignedCommitBoard(dht, outer_board_id(task.task_id), me),
             leaving=signals.stop.is_set, online=_roster_peers(dht, task), on_new=signals.reclaim,
             on_ended=lambda why: signals.lose(f"{why}: the peer can no longer average; start manta-peer join again"),
-            declarations=DeclarationSigner(task.task_id, identity),  # matchmaking meets the roster's peers only
-            admitted=lambda: {p.entry.peer_id: p.announcement.public_key for p in read_roster(dht, task.task_id)},
+            declarations=DeclarationSigner(task.task_id, me),  # matchmaking meets the roster's peers only
+            admitted=lambda: {p.entry.peer_id: p.announcement.public_key for p in read_roster(dht, task)},
             convictions=convictions,
         )  # fmt: skip
         built.callback(averagers.shutdown)
@@ -284,7 +299,7 @@ def _ended(process: str, exit_code: int | None, consequence: str) -> str:
 
 
 def _roster_peers(dht, task: TaskSpec) -> Callable[[], list[str]]:
-    return lambda: [p.entry.peer_id for p in read_roster(dht, task.task_id)]
+    return lambda: [p.entry.peer_id for p in read_roster(dht, task)]
 
 
 def _announced_host(config: JoinConfig) -> str | None:

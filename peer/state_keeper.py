@@ -144,7 +144,7 @@ class StateKeeper:
     def catch_up_roster(self) -> list[str]:
         """Whose committed states this peer may catch up with: the roster; in outer tasks only its
         cohort's peers (between outer steps each cohort holds its own state), when it has one."""
-        entries = [p.entry for p in read_roster(self.dht, self.task.task_id)]
+        entries = [p.entry for p in read_roster(self.dht, self.task)]
         roster = [e.peer_id for e in entries]
         if self.outer is None:
             return roster
@@ -166,7 +166,7 @@ class StateKeeper:
         attempt, tries = self.missed_outer
         self.missed_outer = (attempt, tries - 1) if tries > 1 else None
         try:
-            roster = [p.entry.peer_id for p in read_roster(self.dht, self.task.task_id)]
+            roster = [p.entry.peer_id for p in read_roster(self.dht, self.task)]
             reached = missed_outer_state(
                 outer_board, self.commits.board, self.endpoint, self.task.task_id, attempt, roster, self.peer_id,
                 self.outer.outer_digest(), self.served(), self.served_consensus(),

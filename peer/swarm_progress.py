@@ -85,6 +85,9 @@ class SwarmProgress:
         # peers in the last roster this peer read (itself included; its cohort's, with
         # ``rounds_by_cohort``), set by each round's plan; 0 until one was read
         self.roster_peers = 0
+        # keys of the last roster read (members only, set by each round's plan): other keys' records
+        # count for nothing, so throw-away keys cannot move the swarm's round; None: none read yet
+        self.members: frozenset[str] | None = None
         # peer id -> its sample counts in the last committed rounds it contributed to (newest last)
         self._committed: dict[str, list[int]] = {}
 
@@ -105,7 +108,8 @@ class SwarmProgress:
         """Every peer's latest record, read from the DHT at most every :data:`READ_EVERY` s."""
         if time.monotonic() - self._read_at >= READ_EVERY:
             self._records, self._read_at = self.board.read(), time.monotonic()
-        return self._records
+        members = self.members
+        return [r for r in self._records if members is None or r.public_key in members]
 
     def begin(self, round_index: int, cohort: str, state_round: int) -> None:
         self._round, self._cohort, self._state_round = round_index, cohort, state_round

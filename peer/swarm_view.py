@@ -15,19 +15,22 @@ from dataclasses import dataclass
 
 from hivemind_adapter.dht import read_entries, store
 from peer.affinity import RosterEntry
+from peer.membership import sealed_binding
 from protocol.dht_schema import (
     TASKS_INDEX_KEY,
     open_index_value,
     open_peer_value,
     open_progress_value,
     open_task_value,
+    open_withdrawal_value,
     peers_key,
     progress_key,
     task_key,
+    withdrawals_key,
 )
-from protocol.identity import Identity
+from protocol.peer_keys import Speaker
 from protocol.record_lifetimes import ANNOUNCE_TTL, PROGRESS_TTL
-from protocol.records import Affinity, DeviceInfo, IdentityBinding, PeerAnnouncement, PeerProgress
+from protocol.records import Affinity, DeviceInfo, PeerAnnouncement, PeerProgress
 from protocol.sealing import RecordRejected, Sealed, seal
 from protocol.task_spec import TaskSpec
 from protocol.verified_records import VerifiedRecords
@@ -88,23 +91,21 @@ def fetch_task(
 
 @dataclass
 class Announcer:
-    """Keeps this peer's signed announcement (and identity binding) fresh in the DHT."""
+    """Keeps this peer's signed announcement (with its identity binding and membership certificate)
+    fresh in the DHT."""
 
     dht: object
-    identity: Identity
+    speaker: Speaker
     task_id: str
-    peer_id: str
     devices: tuple[DeviceInfo, ...]
     affinity: Affinity
     cohort: str
+    certificate: Callable[[], bytes]  # this peer's current membership certificate (peer.membership)
     throughput: float = 0.0
 
     def __post_init__(self):
-        now = int(time.time() * 1000)
-        self._binding = seal(
-            IdentityBinding(peer_id=self.peer_id, public_key=self.identity.public_key_hex, timestamp=now),
-            self.identity,
-        )
+        self.identity, self.peer_id = self.speaker.identity, self.speaker.peer_id
+        self.binding = sealed_binding(self.speaker)
 
     def announce(self, available: bool = True) -> bool:
         record = PeerAnnouncement(
@@ -118,7 +119,7 @@ class Announcer:
             cohort_id=self.cohort,
             timestamp=int(time.time() * 1000),
         )
-        value = [seal(record, self.identity), self._binding]
+        value = [seal(record, self.identity), self.binding, self.certificate()]
         # bounded: hivemind's own store waits forever on a DHT whose process has ended
         return store(
             self.dht, peers_key(self.task_id), value, ANNOUNCE_TTL, subkey=self.identity.public_key_hex
@@ -153,33 +154,60 @@ class RosterPeer:
 
 
 # Announcements are re-read every round and re-sent unchanged between refreshes: verified once each.
-_announcements = VerifiedRecords(
-    lambda task_and_sub, value: open_peer_value(task_and_sub[0], task_and_sub[1], value)
-)
+_announcements = VerifiedRecords(lambda where, value: open_peer_value(where[0], where[2], value, where[1]))
+WITHDRAWALS_READ_EVERY = 30.0  # seconds a read of the task's withdrawn memberships serves rosters for
+_withdrawals_lock = threading.Lock()  # guards _withdrawals
+_withdrawals: dict[str, tuple[float, frozenset[str]]] = {}  # task id -> (read at, keys withdrawn)
 
 
-def read_roster(dht, task_id: str) -> list[RosterPeer]:
-    """The peers currently offering work on ``task_id`` (verified, not withdrawn), sorted by peer id."""
-    peers = {}
-    for sub, value in _entries(dht, peers_key(task_id)).items():
+def withdrawn_members(dht, task: TaskSpec) -> frozenset[str]:
+    """The keys an aggregator of ``task`` withdrew from it (read at most every
+    :data:`WITHDRAWALS_READ_EVERY` seconds)."""
+    with _withdrawals_lock:
+        read_at, keys = _withdrawals.get(task.task_id, (float("-inf"), frozenset()))
+    if time.monotonic() - read_at < WITHDRAWALS_READ_EVERY:
+        return keys
+    signers, now = frozenset(task.aggregator_keys), time.time() * 1000
+    found = set()
+    for sub, value in _entries(dht, withdrawals_key(task.task_id)).items():
         try:
-            announcement, _binding = _announcements.open((task_id, sub), value)
+            withdrawal = open_withdrawal_value(task.task_id, sub, value, signers).record
         except RecordRejected:
             continue
-        a = announcement.record
-        if a.throughput_milli == 0:
+        if withdrawal.until_ms > now:
+            found.add(withdrawal.member_key)
+    with _withdrawals_lock:
+        _withdrawals[task.task_id] = (time.monotonic(), frozenset(found))
+    return frozenset(found)
+
+
+def read_roster(dht, task: TaskSpec) -> list[RosterPeer]:
+    """The members currently offering work on ``task`` (verified, with a live certificate of one of
+    its aggregators, not withdrawn), sorted by peer id. A peer id that two keys claim is left out:
+    only its libp2p key's holder can endorse both."""
+    peers, keys = {}, {}
+    signers = frozenset(task.aggregator_keys)
+    withdrawn = withdrawn_members(dht, task)
+    for sub, value in _entries(dht, peers_key(task.task_id)).items():
+        try:
+            a = _announcements.open((task.task_id, signers, sub), value).announcement.record
+        except RecordRejected:
+            continue
+        keys.setdefault(a.peer_id, set()).add(a.public_key)
+        if a.throughput_milli == 0 or a.public_key in withdrawn:
             continue
         explicit = None if a.cohort_id.startswith("auto") else a.cohort_id
         entry = RosterEntry(a.peer_id, a.affinity.host_id, a.affinity.network_id, explicit)
         peers[a.peer_id] = RosterPeer(entry, len(a.devices), a)
-    return [peers[k] for k in sorted(peers)]
+    return [peers[k] for k in sorted(peers) if len(keys[k]) == 1]
 
 
 class ProgressBoard:
     """Signed per-peer progress records under ``manta_T_progress`` (see :class:`PeerProgress`)."""
 
-    def __init__(self, dht, task_id: str, identity: Identity, peer_id: str):
-        self.dht, self.task_id, self.identity, self.peer_id = dht, task_id, identity, peer_id
+    def __init__(self, dht, task_id: str, speaker: Speaker):
+        self.dht, self.task_id, self.speaker = dht, task_id, speaker
+        self.identity, self.peer_id = speaker.identity, speaker.peer_id
         self.verified = VerifiedRecords(lambda sub, value: open_progress_value(task_id, sub, value))
 
     def publish(
@@ -205,6 +233,7 @@ class ProgressBoard:
             task_id=self.task_id,
             peer_id=self.peer_id,
             public_key=self.identity.public_key_hex,
+            endorsement=self.speaker.endorsement,
             round=round_index,
             samples=int(samples),
             throughput_milli=max(0, int(throughput * 1000)),

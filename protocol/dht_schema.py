@@ -10,8 +10,12 @@ Keys of task ``T`` (every value is a dictionary keyed by the signer's Ed25519 pu
 nobody can overwrite another party's entry — the subkey must name the key that sealed the value):
 
 - ``manta_T_task``:  a sealed :class:`~protocol.task_spec.TaskSpec` for task ``T`` from one of its aggregators;
-- ``manta_T_peers``: ``[announcement, binding]``: a sealed :class:`~protocol.records.PeerAnnouncement`
-  for ``T`` and the sealed :class:`~protocol.records.IdentityBinding` of the same key and peer id.
+- ``manta_T_peers``: ``[announcement, binding, certificate]``: a sealed
+  :class:`~protocol.records.PeerAnnouncement` for ``T``, the sealed
+  :class:`~protocol.records.IdentityBinding` of the same key and peer id, and the key's
+  :class:`~protocol.membership.MembershipCertificate` (an entry without a live one is refused).
+- ``manta_T_withdrawn``: subkey ``<member key>``, a :class:`~protocol.membership.MembershipWithdrawal`
+  an aggregator of ``T`` sealed.
 - ``manta_T_commits_B`` (B = attempt mod :data:`COMMIT_BUCKETS`): subkey ``<attempt>/<public key>``, a
   sealed :class:`~protocol.records.RoundCommit` of that attempt by that key. Entries expire within
   minutes; spread over buckets, a read of one attempt's reports fetches about that attempt's alone
@@ -51,6 +55,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -58,6 +63,12 @@ import msgpack
 
 from protocol.declarations import open_declaration_value
 from protocol.ledger_checkpoint import Checkpoint
+from protocol.membership import (
+    MAX_VALIDITY_MS,
+    MembershipCertificate,
+    MembershipWithdrawal,
+    certificate_problem,
+)
 from protocol.record_lifetimes import (
     ANNOUNCE_TTL,
     COMMIT_TTL,
@@ -104,6 +115,11 @@ def credits_handler(task_id: str) -> str:
     return f"manta/{task_id}/credits"
 
 
+def admit_handler(task_id: str) -> str:
+    """Where a peer asks an aggregator for a membership certificate (``aggregator/admission.py``)."""
+    return f"manta/{task_id}/admit"
+
+
 def manifest_handler(task_id: str) -> str:
     """Pages of the task's shard list (:class:`protocol.shards.DataManifest`), keyed by its root."""
     return f"manta/{task_id}/manifest"
@@ -130,6 +146,10 @@ def task_key(task_id: str) -> str:
 
 def peers_key(task_id: str) -> str:
     return f"manta_{task_id}_peers"
+
+
+def withdrawals_key(task_id: str) -> str:
+    return f"manta_{task_id}_withdrawn"
 
 
 COMMIT_BUCKETS = 16  # keys the commit board is spread over; more than the attempts its TTL keeps
@@ -273,20 +293,56 @@ def open_ledger_value(subkey: Any, value: Any) -> Checkpoint:
         ) from None
 
 
+@dataclass(frozen=True)
+class PeerEntry:
+    """One opened entry of ``manta_T_peers``."""
+
+    announcement: Sealed[PeerAnnouncement]
+    binding: Sealed[IdentityBinding]
+    certificate: Sealed[MembershipCertificate]
+
+
 def open_peer_value(
-    task_id: str, subkey: Any, value: Any
-) -> tuple[Sealed[PeerAnnouncement], Sealed[IdentityBinding]]:
-    """Check one entry of ``manta_T_peers``: an announcement for ``task_id`` plus the matching binding."""
-    if not isinstance(value, list | tuple) or len(value) != 2:
-        raise RecordRejected(RejectReason.MALFORMED, "a peer entry is [announcement, binding]")
+    task_id: str, subkey: Any, value: Any, aggregator_keys: frozenset[str] | None = None
+) -> PeerEntry:
+    """Check one entry of ``manta_T_peers``: an announcement for ``task_id``, the matching binding and
+    a live membership certificate for the same key and peer id. ``aggregator_keys``: the task's (its
+    signer must be one of them); None where they are not known (a node that only stores)."""
+    if not isinstance(value, list | tuple) or len(value) != 3:
+        raise RecordRejected(RejectReason.MALFORMED, "a peer entry is [announcement, binding, certificate]")
     announcement = open_sealed(_as_bytes(value[0]), PeerAnnouncement)
     binding = open_sealed(_as_bytes(value[1]), IdentityBinding)
+    certificate = open_sealed(_as_bytes(value[2]), MembershipCertificate)
     _check_owner(announcement, subkey)
-    if binding.public_key != announcement.public_key or binding.record.peer_id != announcement.record.peer_id:
+    a = announcement.record
+    if binding.public_key != announcement.public_key or binding.record.peer_id != a.peer_id:
         raise RecordRejected(RejectReason.UNBOUND_PEER, "the binding names another key or peer id")
-    if announcement.record.task_id != task_id:
-        raise RecordRejected(RejectReason.WRONG_TASK, f"announcement for {announcement.record.task_id!r}")
-    return announcement, binding
+    if a.task_id != task_id:
+        raise RecordRejected(RejectReason.WRONG_TASK, f"announcement for {a.task_id!r}")
+    signers = aggregator_keys if aggregator_keys is not None else {certificate.public_key.hex()}
+    problem = certificate_problem(
+        certificate, task_id, signers, a.public_key, a.peer_id, int(time.time() * 1000)
+    )
+    if problem is not None:
+        raise RecordRejected(RejectReason.NOT_ADMITTED, problem)
+    return PeerEntry(announcement, binding, certificate)
+
+
+def open_withdrawal_value(
+    task_id: str, subkey: Any, value: Any, aggregator_keys: frozenset[str] | None = None
+) -> Sealed[MembershipWithdrawal]:
+    """Check one entry of ``manta_T_withdrawn``: a withdrawal for ``task_id`` of the subkey's key,
+    sealed by an aggregator key of the task (any key, where ``aggregator_keys`` is None)."""
+    sealed = open_sealed(_as_bytes(value), MembershipWithdrawal)
+    if sealed.record.task_id != task_id:
+        raise RecordRejected(RejectReason.WRONG_TASK, f"withdrawal for {sealed.record.task_id!r}")
+    if subkey != sealed.record.member_key:
+        raise RecordRejected(RejectReason.MALFORMED, "the subkey must be the withdrawn key")
+    if aggregator_keys is not None and sealed.public_key.hex() not in aggregator_keys:
+        raise RecordRejected(
+            RejectReason.NOT_ADMITTED, "a withdrawal not signed by an aggregator of the task"
+        )
+    return sealed
 
 
 class MantaRecordValidator:
@@ -299,14 +355,27 @@ class MantaRecordValidator:
     ``rejected`` counts what it dropped, by key name and reason, so an operator can see attacks.
     """
 
-    def __init__(self, task_id: str, cache_capacity: int = DEFAULT_CAPACITY):
-        self.task_id, self.cache_capacity = task_id, cache_capacity
+    def __init__(
+        self, task_id: str, cache_capacity: int = DEFAULT_CAPACITY, aggregator_keys: tuple[str, ...] = ()
+    ):
+        """``aggregator_keys``: the task's, where known (membership certificates and withdrawals must be
+        sealed by one of them); empty: any signer, the rest still checked."""
+        self.task_id, self.cache_capacity, self.aggregator_keys = (
+            task_id,
+            cache_capacity,
+            tuple(aggregator_keys),
+        )
+        keys = frozenset(aggregator_keys) if aggregator_keys else None
         signed = partial(Lifetime, signed_at=signed_seconds)
         checks: dict[str, tuple[Callable[[Any, Any], object], Lifetime]] = {
             task_key(task_id): (lambda sk, v: open_task_value(task_id, sk, v), Lifetime(TASK_TTL)),
             peers_key(task_id): (
-                lambda sk, v: open_peer_value(task_id, sk, v),
-                Lifetime(ANNOUNCE_TTL, lambda opened: signed_seconds(opened[0])),  # the announcement's time
+                lambda sk, v: open_peer_value(task_id, sk, v, keys),
+                Lifetime(ANNOUNCE_TTL, lambda opened: signed_seconds(opened.announcement)),
+            ),
+            withdrawals_key(task_id): (
+                lambda sk, v: open_withdrawal_value(task_id, sk, v, keys),
+                signed(MAX_VALIDITY_MS / 1000),
             ),
             progress_key(task_id): (lambda sk, v: open_progress_value(task_id, sk, v), signed(PROGRESS_TTL)),
             aggregators_key(task_id): (open_aggregator_value, signed(PUBLISHED_TTL)),
@@ -383,7 +452,7 @@ class MantaRecordValidator:
 
     # Pickling: the DHT process receives validators over a pipe; rebuild the closures there.
     def __reduce__(self):
-        return (MantaRecordValidator, (self.task_id, self.cache_capacity))
+        return (MantaRecordValidator, (self.task_id, self.cache_capacity, self.aggregator_keys))
 
 
 def _unnamed_kind(packed_subkey: bytes, packed_value: bytes) -> str:

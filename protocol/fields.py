@@ -14,6 +14,7 @@ from protocol.canonical import MAX_SAFE_INTEGER
 
 __all__ = [
     "Decimal",
+    "Endorsement",
     "Hex32",
     "HexId",
     "Int53",
@@ -32,6 +33,8 @@ HexId = Annotated[str, StringConstraints(min_length=2, max_length=128, pattern=r
 PeerId = Annotated[
     str, StringConstraints(min_length=16, max_length=128, pattern=r"^[1-9A-HJ-NP-Za-km-z]+$")
 ]  # libp2p base58btc (Qm... for RSA keys, 12D3KooW... for Ed25519 keys)
+# a libp2p key's signature of a MANTA key (protocol.peer_keys), hex
+Endorsement = Annotated[str, StringConstraints(min_length=128, max_length=128, pattern=r"^[0-9a-f]{128}$")]
 Name = Annotated[
     str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
 ]

@@ -169,6 +169,12 @@ class Identity:
     def fingerprint(self) -> str:
         return fingerprint(self.public_key)
 
+    def private_seed(self) -> bytes:
+        """The 32-byte RFC 8032 secret seed (for writing the key in another file format)."""
+        return self._private.private_bytes(
+            serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+        )
+
     def sign(self, message: bytes) -> bytes:
         """The 64-byte Ed25519 signature of ``message`` (deterministic, RFC 8032)."""
         return self._private.sign(message)

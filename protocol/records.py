@@ -1,11 +1,11 @@
 """The swarm's sealed records, and the rule that binds a peer's key to its libp2p peer id.
 
 Sealed (signed, :mod:`protocol.sealing`): :class:`PeerAnnouncement` (``manta/announce/v1``),
-:class:`IdentityBinding` (``manta/binding/v1``), :class:`ContributionReceipt` (``manta/receipt/v2``),
-:class:`Revocation` (``manta/revocation/v1``), :class:`RoundCommit` (``manta/commit/v1``),
+:class:`IdentityBinding` (``manta/binding/v2``), :class:`ContributionReceipt` (``manta/receipt/v2``),
+:class:`Revocation` (``manta/revocation/v1``), :class:`RoundCommit` (``manta/commit/v2``),
 :class:`ReducerConviction` (``manta/conviction/v1``), :class:`AveragingDeclaration`
-(``manta/declaration/v1``), :class:`StateAnchor` (``manta/anchor/v1``) and :class:`PeerProgress`
-(``manta/progress/v1``). The task itself is :class:`protocol.task_spec.TaskSpec`. Every model forbids
+(``manta/declaration/v2``), :class:`StateAnchor` (``manta/anchor/v1``) and :class:`PeerProgress`
+(``manta/progress/v2``). The task itself is :class:`protocol.task_spec.TaskSpec`. Every model forbids
 unknown fields, takes strict types (no ``"1"`` for 1, no 1.0 for 1), bounds every string, list and
 integer, and is immutable.
 
@@ -19,9 +19,10 @@ on it this round*: a peer that runs each sample through K sub-networks reports `
 samples, ``flops_per_sample`` = the sum of the K sub-networks' per-sample training FLOPs, and
 ``subnet_hashes`` lists the K configs.
 
-Identity binding: a peer's Ed25519 key is bound to its libp2p peer id by an :class:`IdentityBinding`
-that names the peer id and is sealed with the Ed25519 key. :func:`check_binding` accepts a receipt
-only when the receipt, the binding and the transport-level sender agree on peer id and key.
+Identity binding: a peer's MANTA key and its libp2p key sign each other (:mod:`protocol.peer_keys`).
+Records that speak for a peer id (binding, commit report, progress, declaration) carry the libp2p
+key's ``endorsement`` of the sealing key, and opening them checks it. :func:`check_binding` accepts a
+receipt only when the receipt, the binding and the transport-level sender agree on peer id and key.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pydantic import Field, StringConstraints, model_validator
 
 from protocol.averaging_group import MAX_PROOF_HASHES
 from protocol.canonical import MAX_SAFE_INTEGER
-from protocol.fields import Hex32, HexId, Int53, Name, PeerId, SignedInt53, StrictModel, Text
+from protocol.fields import Endorsement, Hex32, HexId, Int53, Name, PeerId, SignedInt53, StrictModel, Text
 from protocol.proof_attestation import TOKEN_MAX_CHARS, TOKEN_PATTERN, ProofAttestation
 from protocol.sealing import RecordRejected, RejectReason, Sealed, SealedRecord
 
@@ -89,13 +90,16 @@ class PeerAnnouncement(SealedRecord):
 
 
 class IdentityBinding(SealedRecord):
-    """ "Key ``public_key`` speaks as libp2p peer ``peer_id``", sealed by that key."""
+    """ "Key ``public_key`` speaks as libp2p peer ``peer_id``", sealed by that key and endorsed by the
+    peer id's libp2p key (:mod:`protocol.peer_keys`): the two keys sign each other."""
 
     RECORD_TYPE: ClassVar[str] = "binding"
+    VERSION: ClassVar[int] = 2  # 2: endorsed by the libp2p key
     MAX_WIRE_BYTES: ClassVar[int] = 2 * 1024
 
     peer_id: PeerId
     public_key: Hex32
+    endorsement: Endorsement
     timestamp: Int53
 
 
@@ -195,12 +199,14 @@ class RoundCommit(SealedRecord):
     """
 
     RECORD_TYPE: ClassVar[str] = "commit"
+    VERSION: ClassVar[int] = 2  # 2: endorsed by the peer id's libp2p key
     MAX_WIRE_BYTES: ClassVar[int] = 8192
 
     task_id: Name
     attempt: Int53
     peer_id: PeerId
     public_key: Hex32
+    endorsement: Endorsement  # the peer id's libp2p key's signature of ``public_key``
     ok: bool
     digest: Annotated[str, StringConstraints(max_length=64, pattern=r"^(?:[0-9a-f]{32}|[0-9a-f]{64})?$")]
     timestamp: Int53
@@ -293,12 +299,14 @@ class AveragingDeclaration(SealedRecord):
     all-reduce group under ``group_key`` until ``expiration_ms``", sealed by that key."""
 
     RECORD_TYPE: ClassVar[str] = "declaration"
+    VERSION: ClassVar[int] = 2  # 2: endorsed by the peer id's libp2p key
     MAX_WIRE_BYTES: ClassVar[int] = 1024
 
     task_id: Name
     group_key: GroupKeyName
     peer_id: PeerId
     public_key: Hex32
+    endorsement: Endorsement
     looking: bool
     expiration_ms: Int53  # DHT time x 1000: hivemind orders leaders by their entry's expiry
 
@@ -328,11 +336,13 @@ class PeerProgress(SealedRecord):
     """
 
     RECORD_TYPE: ClassVar[str] = "progress"
+    VERSION: ClassVar[int] = 2  # 2: endorsed by the peer id's libp2p key
     MAX_WIRE_BYTES: ClassVar[int] = 8192
 
     task_id: Name
     peer_id: PeerId
     public_key: Hex32
+    endorsement: Endorsement
     round: Int53  # the round being computed
     samples: Int53  # samples processed in it so far
     throughput_milli: Int53  # samples per second x 1000, over this round so far

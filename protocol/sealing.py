@@ -13,8 +13,8 @@ present, nothing else), so one record has exactly one encoding and one leaf hash
 as a hivemind DHT value.
 
 ``open_sealed(wire, expected_type) -> Sealed`` checks size, framing, type and version, schema,
-canonical form, that the signer is a key the record allows, and the signature, in that order
-(cheapest first); it raises :class:`RecordRejected` with a :class:`RejectReason`. ``expected_type``
+canonical form, that the signer is a key the record allows, the signature, and that the peer id the
+record names endorsed that key (:mod:`protocol.peer_keys`), in that order (cheapest first); it raises :class:`RecordRejected` with a :class:`RejectReason`. ``expected_type``
 may be a tuple of record classes; only those are ever parsed. :func:`parse_sealed` skips the
 canonical-form and signature checks (for re-reading data whose signatures were already checked).
 
@@ -35,6 +35,7 @@ from pydantic import ValidationError
 from protocol.canonical import ascii_canonical_json, canonical_json, domain_prefix, split_signed_message
 from protocol.fields import StrictModel
 from protocol.identity import Identity, verify_signature
+from protocol.peer_keys import endorsement_holds
 
 __all__ = [
     "MAX_WIRE_BYTES",
@@ -66,6 +67,9 @@ class RejectReason(enum.StrEnum):
     REPLAY = "replay"  # exactly this record was already accepted
     OUT_OF_ORDER = "out_of_order"  # a sequence number not above the key's last accepted one
     STALE_TIMESTAMP = "stale_timestamp"  # timestamp outside the accepted window (too old or ahead)
+    NOT_ADMITTED = (
+        "not_admitted"  # no live membership certificate of the task for the key (protocol.membership)
+    )
     UNBOUND_PEER = "unbound_peer"  # no binding for the peer, or peer id / key / sender disagree
     ROUND_WINDOW = "round_window"  # a round the swarm is not in (too old, or ahead of it)
     GROUP_MISMATCH = "group_mismatch"  # the averaging group it names does not agree with the claim
@@ -75,7 +79,9 @@ class RejectReason(enum.StrEnum):
     MISPRICED = "mispriced"  # sub-networks or FLOPs other than the task derives for the round and cohort
     UNWITNESSED = "unwitnessed"  # no commit of another peer names the group the receipt claims
     EXCLUDED = "excluded"  # the key failed an audit and is excluded from the task
-    AUDIT_UNAVAILABLE = "audit_unavailable"  # an audit could not get the start state (revocation reason)
+    # an audit could not get the start state: a revocation reason in ledgers written before 2026-11-27
+    # (now such a receipt keeps its credit and its key owes an audit: aggregator/trust.py)
+    AUDIT_UNAVAILABLE = "audit_unavailable"
     OUTLIER = "outlier"  # other peers' reducers named its values outliers: they were clipped or dropped
     EQUIVOCATED = "equivocated"  # as a reducer it signed two different proofs for one all-reduce
 
@@ -124,6 +130,14 @@ class SealedRecord(StrictModel):
         own = getattr(self, "public_key", None)
         return own is None or own == public_key.hex()
 
+    def speaks_for_its_peer(self) -> bool:
+        """Whether the libp2p key of the peer id the record names endorsed the record's key (records
+        with an ``endorsement`` field; :mod:`protocol.peer_keys`); True for every other record."""
+        endorsement = getattr(self, "endorsement", None)
+        if endorsement is None:
+            return True
+        return endorsement_holds(getattr(self, "peer_id", ""), getattr(self, "public_key", ""), endorsement)
+
     def canonical(self) -> bytes:
         """The RFC 8785 encoding of the full record (what is signed)."""
         return canonical_json(self.model_dump(mode="json"))
@@ -162,6 +176,8 @@ def make_sealed(record: R, identity: Identity) -> Sealed[R]:
     """
     if not record.signer_allowed(identity.public_key):
         raise ValueError(f"{type(record).__name__} may not be sealed by key {identity.fingerprint}")
+    if not record.speaks_for_its_peer():
+        raise ValueError(f"{type(record).__name__}: its peer id did not endorse key {identity.fingerprint}")
     message = type(record).prefix() + record.canonical()
     signature = identity.sign(message)
     wire = message + b"\ned25519 " + identity.public_key.hex().encode() + b" " + signature.hex().encode()
@@ -230,6 +246,10 @@ def _open(wire: Any, expected_type: Any, check_signature: bool) -> Sealed[Any]:
         raise RecordRejected(RejectReason.BAD_SIGNATURE, "sealed by a key the record does not name")
     if check_signature and not verify_signature(public_key, message, signature):
         raise RecordRejected(RejectReason.BAD_SIGNATURE, "the signature does not verify")
+    if check_signature and not record.speaks_for_its_peer():
+        raise RecordRejected(
+            RejectReason.UNBOUND_PEER, "the libp2p key of the peer id it names did not endorse its key"
+        )
     return Sealed(record, public_key, signature, message, wire)
 
 

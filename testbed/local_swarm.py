@@ -97,6 +97,8 @@ def task_toml(o: SwarmOptions) -> str:
         f'total_rounds = {o.rounds}\nwidth_mult = "{o.width_mult}"\nhead_channels = {o.head_channels}\n'
         f"max_group_size = {max(2, -(-o.peers // o.cohorts))}\n{_sync_toml(o)}{o.extra_toml}"
         f"{_data_toml(o)}"
+        # every local peer connects from one network: admit them all (and those a churn restarts)
+        f"\n[membership]\nper_network_per_hour = {max(16, 4 * o.peers)}\n"
     )
 
 

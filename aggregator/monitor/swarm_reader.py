@@ -29,16 +29,17 @@ class SwarmReading:
 _entries = read_entries
 
 
-def read_swarm(dht: Any, task_id: str) -> SwarmReading:
-    """Read and verify the announcements and progress records of ``task_id`` (one DHT lookup each)."""
+def read_swarm(dht: Any, task_id: str, aggregator_keys: frozenset[str] | None = None) -> SwarmReading:
+    """Read and verify the announcements of members and the progress records of ``task_id`` (one
+    DHT lookup each); ``aggregator_keys``: the task's, that sign membership certificates."""
     announcements, progress, rejected = [], [], 0
     for subkey, value in _entries(dht, peers_key(task_id)).items():
         try:
-            announcement, _binding = open_peer_value(task_id, subkey, value)
+            entry = open_peer_value(task_id, subkey, value, aggregator_keys)
         except RecordRejected:
             rejected += 1
             continue
-        announcements.append(announcement.record)
+        announcements.append(entry.announcement.record)
     for subkey, value in _entries(dht, progress_key(task_id)).items():
         try:
             progress.append(open_progress_value(task_id, subkey, value).record)

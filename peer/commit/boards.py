@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from hivemind_adapter.dht import peer_id, read_entries, read_entries_of_keys, store
 from peer.commit.report import CommitReport
 from protocol.dht_schema import COMMIT_BUCKETS, commit_subkey, commits_key, open_commit_value
-from protocol.identity import Identity
+from protocol.peer_keys import Speaker
 from protocol.record_lifetimes import COMMIT_TTL
 from protocol.records import MAX_CHECKS_POSTED, MAX_PROOFS_POSTED, RoundCommit
 from protocol.sealing import RecordRejected, seal
@@ -105,8 +105,9 @@ class SignedCommitBoard:
     Reports are spread over :data:`~protocol.dht_schema.COMMIT_BUCKETS` keys by attempt: a read of
     one attempt fetches one bucket; :meth:`latest_attempt` reads every bucket at once."""
 
-    def __init__(self, dht, task_id: str, identity: Identity, peer_id: str, ttl: float = COMMIT_TTL):
-        self.dht, self.task_id, self.identity, self.peer_id, self.ttl = dht, task_id, identity, peer_id, ttl
+    def __init__(self, dht, task_id: str, speaker: Speaker, ttl: float = COMMIT_TTL):
+        self.dht, self.task_id, self.speaker, self.ttl = dht, task_id, speaker, ttl
+        self.identity, self.peer_id = speaker.identity, speaker.peer_id
         self.verified = VerifiedRecords(lambda sub, value: open_commit_value(task_id, sub, value))
 
     def post(self, attempt: int, report: CommitReport, wait: bool = True) -> None:
@@ -115,6 +116,7 @@ class SignedCommitBoard:
             attempt=attempt,
             peer_id=self.peer_id,
             public_key=self.identity.public_key_hex,
+            endorsement=self.speaker.endorsement,
             ok=report.ok,
             digest=report.digest,
             timestamp=int(time.time() * 1000),

@@ -15,7 +15,7 @@ from protocol.dht_schema import open_peer_value, open_progress_value
 from protocol.identity import Identity
 from protocol.records import Affinity, DeviceInfo, PeerAnnouncement, PeerProgress
 from protocol.sealing import seal
-from tests.protocol.factories import binding_wire, peer_id_of
+from tests.protocol.factories import binding_wire, certificate_wire, endorsement_of, peer_id_of
 
 TASK_ID = "digits-monitor-test"
 ALICE, BOB, CAROL = (Identity.from_seed(bytes([40 + i]) * 32) for i in range(3))
@@ -44,6 +44,7 @@ def progress(
         task_id=TASK_ID,
         peer_id=peer_id_of(identity),
         public_key=identity.public_key_hex,
+        endorsement=endorsement_of(identity),
         round=round_index,
         samples=samples,
         throughput_milli=int(throughput * 1000),
@@ -61,7 +62,7 @@ def progress(
 
 
 def announcement_value(identity: Identity, throughput: float = 10.0, timestamp: int | None = None) -> list:
-    """The DHT value of a peer's announcement: [sealed announcement, sealed identity binding]."""
+    """The DHT value of a member's announcement: [sealed announcement, binding, certificate]."""
     record = PeerAnnouncement(
         task_id=TASK_ID,
         peer_id=peer_id_of(identity),
@@ -72,14 +73,14 @@ def announcement_value(identity: Identity, throughput: float = 10.0, timestamp: 
         cohort_id="auto",
         timestamp=timestamp if timestamp is not None else int(time.time() * 1000),
     )
-    return [seal(record, identity), binding_wire(identity)]
+    return [seal(record, identity), binding_wire(identity), certificate_wire(identity, task_id=TASK_ID)]
 
 
 def announcement(
     identity: Identity, throughput: float = 10.0, timestamp: int | None = None
 ) -> PeerAnnouncement:
     value = announcement_value(identity, throughput, timestamp)
-    return open_peer_value(TASK_ID, identity.public_key_hex, value)[0].record
+    return open_peer_value(TASK_ID, identity.public_key_hex, value).announcement.record
 
 
 def free_port() -> int:

@@ -14,7 +14,7 @@ from protocol.identity import Identity
 from protocol.proof_attestation import ProofAttestation, group_tag, proofs_digest
 from protocol.records import RoundCommit
 from protocol.sealing import RejectReason
-from tests.protocol.factories import TASK, group_fields, peer_id_of, sealed_receipt
+from tests.protocol.factories import TASK, endorsement_of, group_fields, peer_id_of, sealed_receipt
 
 PEERS = [Identity.generate() for _ in range(3)]
 IDS = tuple(sorted(peer_id_of(p) for p in PEERS))
@@ -315,7 +315,8 @@ def test_a_peer_two_others_named_an_outlier_earns_nothing_for_that_attempt():
 
 def _report(identity: Identity, group: str, proofs: list[str]) -> RoundCommit:
     return RoundCommit(
-        task_id=TASK, attempt=9, peer_id=peer_id_of(identity), public_key=identity.public_key_hex, ok=True,
+        task_id=TASK, attempt=9, peer_id=peer_id_of(identity), public_key=identity.public_key_hex,
+        endorsement=endorsement_of(identity), ok=True,
         digest="cd" * 32, timestamp=1, group=group, proofs=tuple(proofs),
     )  # fmt: skip
 
@@ -343,3 +344,15 @@ def test_a_reducer_whose_members_posted_two_stories_it_signed_earns_nothing_for_
     victim = next(r for r in receipts if r.record.peer_id == liar_id)
     assert list(refused) == [victim.wire] and refused[victim.wire][0] is RejectReason.EQUIVOCATED
     assert "different signed proofs" in refused[victim.wire][1]
+
+
+def test_only_members_witness_a_group():
+    """A throw-away key's report of a group (on the board or in a witness bundle) witnesses nothing:
+    a receipt needs another *member* to have committed its group."""
+    group = "ab" * 32
+    members = {PEERS[0].public_key_hex, PEERS[1].public_key_hex}
+    witness = CommitWitness(dht=None, task_id=TASK, is_member=lambda key: key in members)
+    thrower = Identity.generate()
+    witness.learn([_report(PEERS[0], group, []), _report(thrower, group, [])])
+    assert witness.witnesses(9, group) == {PEERS[0].public_key_hex}
+    assert witness.commit_counts(9) == {group: 1}

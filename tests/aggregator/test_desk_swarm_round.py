@@ -5,19 +5,31 @@ receipts), and which keys peers convicted of equivocation."""
 
 from __future__ import annotations
 
+from aggregator.admission import AdmissionDesk
 from aggregator.checkpoints import CheckpointKeeper
 from aggregator.contributions import ContributionDesk
+from aggregator.membership_policy import MembershipPolicy
 from hivemind_adapter.dht import store
 from hivemind_adapter.p2p import Endpoint
 from peer.swarm_view import ProgressBoard
 from protocol.dht_schema import conviction_subkey, convictions_key
 from protocol.identity import Identity
+from protocol.membership import AdmissionRequest
 from protocol.proof_attestation import ProofAttestation, group_tag, proofs_digest
 from protocol.records import ContributionReceipt, ReducerConviction, Revocation, RoundCommit
 from protocol.sealing import parse_sealed, seal
 from supernet.workload import workload_for
 from tests.helpers import two_task_dhts, wait_until
-from tests.protocol.factories import TASK, fake_peer_id, now_ms, peer_id_of, sealed_receipt, task_spec
+from tests.protocol.factories import (
+    TASK,
+    binding_wire,
+    endorsement_of,
+    now_ms,
+    peer_id_of,
+    sealed_receipt,
+    speaker_of,
+    task_spec,
+)
 
 SMALL = dict(seed=0, batch_size=32, num_subnets=2, width_mult=0.25, head_channels=64, total_steps=4)
 
@@ -29,12 +41,12 @@ def test_a_lone_far_off_progress_record_sets_the_round_only_in_a_swarm_of_two(tm
             first, Endpoint(first, "desk"), aggregator, task_spec(aggregator), tmp_path / "l.sqlite"
         )
         try:
-            liar = ProgressBoard(second, TASK, Identity.generate(), fake_peer_id(b"liar"))
+            liar = ProgressBoard(second, TASK, speaker_of(Identity.generate()))
             assert liar.publish(10**9, 64, 1.0, 1.0, "cohort-a", 10**9 - 1)
             wait_until(lambda: desk._swarm_round(announced=2) == 10**9, 15, "the desk to read the record")
             assert desk._swarm_round(announced=6) == -1  # the roster holds others: one record is one word
             assert desk._swarm_round(announced=0) == -1  # the roster read failed: no word stands alone
-            honest = ProgressBoard(second, TASK, Identity.generate(), fake_peer_id(b"honest"))
+            honest = ProgressBoard(second, TASK, speaker_of(Identity.generate()))
             assert honest.publish(5, 64, 1.0, 1.0, "cohort-a", 4)
             wait_until(lambda: desk._swarm_round(announced=6) == 5, 15, "the desk to read both records")
         finally:
@@ -103,7 +115,7 @@ def test_a_state_two_committers_report_after_a_witnessed_group_is_one_a_checkpoi
             def report(identity: Identity, state: str, at_group: str = group) -> RoundCommit:
                 return RoundCommit(
                     task_id=TASK, attempt=7, peer_id=peer_id_of(identity), public_key=identity.public_key_hex,
-                    ok=True, digest="ef" * 32, timestamp=now_ms(), state=state, group=at_group,
+                    endorsement=endorsement_of(identity), ok=True, digest="ef" * 32, timestamp=now_ms(), state=state, group=at_group,
                 )  # fmt: skip
 
             # one committer's word, and a state reported after another group: not taken
@@ -118,3 +130,33 @@ def test_a_state_two_committers_report_after_a_witnessed_group_is_one_a_checkpoi
         finally:
             desk.shutdown()
             keeper.shutdown()
+
+
+def test_throw_away_keys_corroborate_no_round_for_a_desk_that_admits(tmp_path):
+    """Two progress records of keys nobody admitted, both at round 10^12, made the desk refuse every
+    honest receipt as too old. With admission, only members' records count."""
+    aggregator = Identity.generate()
+    with two_task_dhts(TASK) as (first, second):
+        admission = AdmissionDesk(aggregator, TASK, MembershipPolicy(), tmp_path / "members.jsonl")
+        desk = ContributionDesk(
+            first, Endpoint(first, "desk"), aggregator, task_spec(aggregator), tmp_path / "l.sqlite",
+            admission=admission,
+        )  # fmt: skip
+        trusting = ContributionDesk(  # a desk that counts every key, as before
+            second, Endpoint(second, "trusting"), aggregator, task_spec(aggregator), tmp_path / "t.sqlite"
+        )
+        try:
+            for _ in range(2):
+                thrower = ProgressBoard(second, TASK, speaker_of(Identity.generate()))
+                assert thrower.publish(10**12, 64, 1.0, 1.0, "cohort-a", 10**12 - 1)
+            wait_until(lambda: trusting._swarm_round(announced=6) == 10**12, 15, "the throw-away records")
+            assert desk._swarm_round(announced=6) == -1
+            for _ in range(2):
+                member = Identity.generate()
+                request = AdmissionRequest(binding_wire(member)).to_bytes()
+                assert admission.answer(request, peer_id_of(member), None)["status"] == "admitted"
+                assert ProgressBoard(second, TASK, speaker_of(member)).publish(5, 64, 1.0, 1.0, "cohort-a", 4)
+            wait_until(lambda: desk._swarm_round(announced=6) == 5, 15, "the members' records")
+        finally:
+            desk.shutdown()
+            trusting.shutdown()

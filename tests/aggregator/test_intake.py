@@ -13,6 +13,8 @@ from ledger.store import LedgerStore
 from protocol.canonical import canonical_json
 from protocol.identity import Identity
 from protocol.merkle import leaf_hash
+from protocol.peer_keys import Libp2pKey
+from protocol.records import IdentityBinding
 from protocol.sealing import RecordRejected, RejectReason
 from tests.ledger.helpers import AGGREGATOR, ORIGIN
 from tests.protocol.factories import (
@@ -23,6 +25,7 @@ from tests.protocol.factories import (
     peer_id_of,
     receipt_wire,
     resign,
+    seal_unchecked,
 )
 
 PEER = Identity.from_seed(b"\x07" * 32)
@@ -84,7 +87,8 @@ SWARM_REASONS = {
     RejectReason.MISPRICED,  # tests/aggregator/test_work_pricing.py
     RejectReason.UNWITNESSED,
     RejectReason.EXCLUDED,  # the desk's (tests/aggregator/test_trust.py)
-    RejectReason.AUDIT_UNAVAILABLE,
+    RejectReason.AUDIT_UNAVAILABLE,  # in older ledgers only
+    RejectReason.NOT_ADMITTED,  # DHT entries (tests/protocol/test_membership.py)
     RejectReason.OUTLIER,
     RejectReason.EQUIVOCATED,  # from the commit reports' attestations
 }
@@ -183,7 +187,7 @@ def test_timestamp_window_both_sides(store):
 def test_identity_bindings(store):
     intake = ContributionIntake(store, AGGREGATOR, TASK, require_binding=True)
     intake.add_binding(binding_wire(PEER))
-    intake.add_binding(binding_wire(OTHER, peer_id_of(PEER) + "x"))  # OTHER claims a different peer id
+    intake.add_binding(binding_wire(OTHER, Libp2pKey.generate()))  # OTHER is bound to another peer id
     mine = peer_id_of(PEER)
     result = intake.admit(
         [
@@ -200,10 +204,15 @@ def test_identity_bindings(store):
     assert [s.record.seq for s in result.accepted] == [1]
     assert [r.reason for r in result.rejected] == [RejectReason.UNBOUND_PEER] * 3
     with pytest.raises(RecordRejected):
-        intake.add_binding(binding_wire(PEER).replace(b"/v1", b"/v2"))
-    with pytest.raises(RecordRejected) as err:  # OTHER binds its key to PEER's peer id, sent by OTHER
-        intake.add_binding(binding_wire(OTHER, mine), sender_peer_id=peer_id_of(OTHER))
-    assert err.value.reason is RejectReason.UNBOUND_PEER
+        intake.add_binding(binding_wire(PEER).replace(b"/v2", b"/v3"))
+    hijack = IdentityBinding.model_construct(  # OTHER binds its key to PEER's peer id, endorsed by its own
+        peer_id=mine, public_key=OTHER.public_key_hex, timestamp=now_ms(),
+        endorsement=Libp2pKey.generate().endorse(OTHER.public_key),
+    )  # fmt: skip
+    for sender in (peer_id_of(OTHER), mine, None):
+        with pytest.raises(RecordRejected) as err:
+            intake.add_binding(seal_unchecked(hijack, OTHER), sender_peer_id=sender)
+        assert err.value.reason is RejectReason.UNBOUND_PEER
     assert intake.bindings[mine].public_key == PEER.public_key
 
     lenient = ContributionIntake(store, AGGREGATOR, TASK)  # no binding required: the sender must still match

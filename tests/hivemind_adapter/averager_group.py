@@ -9,6 +9,7 @@ import torch
 
 from hivemind_adapter.allreduce import VerifiedAverager
 from hivemind_adapter.dht import start_dht, visible_maddrs
+from hivemind_adapter.group_keys import DeclarationSigner
 from hivemind_adapter.known_groups import known_group_id
 from tests.hivemind_adapter.averager_pair import LOOPBACK, PAIR_SETTINGS, step_all_at_once
 
@@ -40,12 +41,14 @@ def step_known_group_repeatedly(
     averager_kwargs: Callable[[int], dict] = lambda i: {},
     averager_type: Callable[[int], type[VerifiedAverager]] = lambda i: VerifiedAverager,
     take_step: Callable[[int, VerifiedAverager, list[str]], object] | None = None,
+    signer: Callable[[int, object], DeclarationSigner] | None = None,
     **settings,
 ) -> tuple[list[tuple[list[list[torch.Tensor]], list[object], list[list[str]]]], list[str]]:
     """:func:`step_known_group` ``steps`` times with the same averagers (what they remember across
     all-reduces carries over), each step from ``tensors(i)`` again; per step (what each holds, each
     outcome, each ``last_outliers()``), and the members' base58 ids. ``take_step(i, averager,
-    peer_ids)``, if given, takes member ``i``'s step instead (its return value is the outcome)."""
+    peer_ids)``, if given, takes member ``i``'s step instead (its return value is the outcome).
+    ``signer(i, dht)``, if given, is member ``i``'s declaration signer (it needs the member's DHT)."""
     dhts = [start_dht(host_maddrs=LOOPBACK)]
     averagers: list[VerifiedAverager] = []
     try:
@@ -56,7 +59,8 @@ def step_known_group_repeatedly(
             # copies: hivemind shares an averager's tensors in place, and every step writes them
             # (the caller's tensors would silently become the result it compares against)
             held = [t.clone() for t in tensors(i)]
-            averagers.append(averager_type(i)(held, dht, **common, **averager_kwargs(i)))
+            signed = {} if signer is None else {"declarations": signer(i, dht)}
+            averagers.append(averager_type(i)(held, dht, **common, **averager_kwargs(i), **signed))
         peer_ids = [averager.peer_id.to_base58() for averager in averagers]
         history = []
         for step_index in range(steps):

@@ -9,14 +9,14 @@ import torch
 from hivemind.utils import get_dht_time
 
 from hivemind_adapter.allreduce import VerifiedAverager
-from hivemind_adapter.dht import start_dht, visible_maddrs
+from hivemind_adapter.dht import speaker, start_dht, visible_maddrs
 from hivemind_adapter.group_keys import DeclarationSigner
 from protocol.declarations import AveragingDeclaration, declaration_subkey
 from protocol.dht_schema import MantaRecordValidator
 from protocol.identity import Identity
-from protocol.sealing import seal
+from protocol.peer_keys import Libp2pKey
 from tests.hivemind_adapter.averager_pair import LOOPBACK, PAIR_SETTINGS, step_all_at_once
-from tests.protocol.factories import fake_peer_id
+from tests.protocol.factories import fake_peer_id, seal_unchecked
 
 TASK = "keys-test"
 PREFIX = f"{TASK}_cohort_a"
@@ -30,6 +30,7 @@ def _forge(attacker_dht, victims: list[str], stop: threading.Event, signed_by: I
     uses, so the DHT keeps the forgery) and declare peers that do not exist as leaders. Unsigned
     (hivemind's form) or sealed by the attacker's own MANTA key."""
     fakes = [fake_peer_id(bytes([i]) * 8) for i in range(FAKES)]
+    own_libp2p_key = Libp2pKey.generate()  # the attacker's: it endorses the attacker's MANTA key only
     while not stop.is_set():
         now = get_dht_time()
         for peer_id, looking, expiry in [(v, False, now + 30) for v in victims] + [
@@ -39,9 +40,10 @@ def _forge(attacker_dht, victims: list[str], stop: threading.Event, signed_by: I
                 subkey, value = peer_id_bytes(peer_id), looking
             else:
                 subkey = declaration_subkey(peer_id, signed_by.public_key_hex)
-                value = seal(
-                    AveragingDeclaration(
+                value = seal_unchecked(
+                    AveragingDeclaration.model_construct(
                         task_id=TASK, group_key=GROUP_KEY, peer_id=peer_id, public_key=signed_by.public_key_hex,
+                        endorsement=own_libp2p_key.endorse(signed_by.public_key),
                         looking=looking, expiration_ms=int(round(expiry * 1000)),
                     ),
                     signed_by,
@@ -77,7 +79,7 @@ def _pair_under_attack(defended: bool) -> tuple[list[object], list[dict[str, int
     stop = threading.Event()
     try:
         for dht, identity in zip(dhts, honest):
-            signer = DeclarationSigner(TASK, identity) if defended else None
+            signer = DeclarationSigner(TASK, speaker(dht, identity)) if defended else None
             averagers.append(
                 VerifiedAverager([torch.ones(64)], dht, prefix=PREFIX, declarations=signer, **PAIR_SETTINGS)
             )
@@ -139,7 +141,7 @@ def _joins_a_group_with_a_sybil(follower_checks: bool) -> tuple[object, dict[str
     averagers: list[VerifiedAverager] = []
     try:
         for i, (dht, identity) in enumerate(zip(dhts, identities)):
-            signer = DeclarationSigner(TASK, identity)
+            signer = DeclarationSigner(TASK, speaker(dht, identity))
             averagers.append(
                 VerifiedAverager(
                     [torch.ones(64)], dht, prefix=PREFIX, declarations=signer, client_mode=i > 0, **settings

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from hivemind_adapter.allreduce import VerifiedAverager
+from hivemind_adapter.dht import speaker
 from hivemind_adapter.group_keys import DeclarationSigner
 from hivemind_adapter.known_groups import known_group_id
 from protocol.identity import Identity
@@ -67,8 +68,9 @@ def test_a_proof_for_each_member_passes_that_members_check_where_one_proof_for_a
 
 def _signed_averager(identities: list[Identity], kinds: list[type[VerifiedAverager]]):
     return (
-        lambda i: dict(robust=CONFIG, declarations=DeclarationSigner("equivocation-test", identities[i])),
+        lambda i: dict(robust=CONFIG),
         lambda i: kinds[i],
+        lambda i, dht: DeclarationSigner("equivocation-test", speaker(dht, identities[i])),
     )
 
 
@@ -94,7 +96,7 @@ def test_real_averagers_take_an_equivocating_reducers_lie_and_its_own_signatures
     parts = _means([64] * size, 4 * 65536, seed=8)
     identities = [Identity.generate() for _ in range(size)]
     kinds = [VerifiedAverager] * (size - 1) + [lying_averager("equivocate") if liar else VerifiedAverager]
-    kwargs, types = _signed_averager(identities, kinds)
+    kwargs, types, signer = _signed_averager(identities, kinds)
 
     def take_step(i, averager, peer_ids):
         return _step_and_attest(i, averager, peer_ids, known_group_id("equivocation", *sorted(peer_ids)))
@@ -106,6 +108,7 @@ def test_real_averagers_take_an_equivocating_reducers_lie_and_its_own_signatures
         kwargs,
         types,
         take_step=take_step,
+        signer=signer,
         part_size_bytes=256 * 1024,
         prefix=f"equivocation-{liar}",
     )

@@ -16,7 +16,7 @@ from PIL import Image
 
 from aggregator.task_data import DataDesk, pack_into
 from aggregator.task_publication import TaskFileError, build_task_spec
-from hivemind_adapter.dht import start_dht, visible_maddrs
+from hivemind_adapter.dht import speaker, start_dht, visible_maddrs
 from hivemind_adapter.p2p import Endpoint
 from peer.data_feed import PREFETCH_AT_START, DataFeed, DataUnavailable
 from peer.progress_display import ProgressDisplay
@@ -118,7 +118,7 @@ def served(tmp_path):
 
     def feed(aggregators, cache_bytes=1 << 30, task=spec) -> DataFeed:
         peer_identity = Identity.generate()
-        board = ProgressBoard(second, task.task_id, peer_identity, peer_end.peer_id)
+        board = ProgressBoard(second, task.task_id, speaker(second, peer_identity))
         f = DataFeed(peer_end, task, board, lambda: aggregators, peer_end.peer_id, tmp_path / f"peer{len(feeds)}",
                      cache_bytes, ProgressDisplay(interactive=False))  # fmt: skip
         feeds.append(f)

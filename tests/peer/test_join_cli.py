@@ -272,8 +272,8 @@ def test_ctrl_c_finishes_the_round_leaves_cleanly_and_withdraws_the_announcement
         entries = dht.get(peers_key("digits-cli-test"), latest=True).value
         states = {}
         for subkey, item in entries.items():
-            announcement, _ = open_peer_value("digits-cli-test", subkey, item.value)
-            states[announcement.record.peer_id] = announcement.record.throughput_milli
+            announcement = open_peer_value("digits-cli-test", subkey, item.value).announcement.record
+            states[announcement.peer_id] = announcement.throughput_milli
     finally:
         dht.shutdown()
     assert sorted(states.values())[0] == 0 and sorted(states.values())[1] > 0, states  # leaver withdrawn

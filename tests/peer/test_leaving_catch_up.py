@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from hivemind_adapter.dht import peer_id
+from hivemind_adapter.dht import speaker
 from peer.catch_up import catch_up_before_leaving
 from peer.commit.boards import SignedCommitBoard
 from peer.commit.quorum import newest_committed_state
@@ -26,7 +26,7 @@ TASK = "digits-leaving-test"
 @pytest.fixture
 def boards():
     with two_task_dhts(TASK) as dhts:
-        yield [SignedCommitBoard(d, TASK, Identity.generate(), peer_id(d)) for d in dhts]
+        yield [SignedCommitBoard(d, TASK, speaker(d, Identity.generate())) for d in dhts]
 
 
 class Leaver:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hivemind_adapter.dht import peer_id
+from hivemind_adapter.dht import speaker
 from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.state_archive import StateArchive
 from peer.averaging.factory import committer_for
@@ -30,7 +30,7 @@ OPTIONS = {"seed": 5, "batch_size": 16, "num_subnets": 2, "width_mult": 0.25, "h
 
 def test_the_peers_that_committed_an_outer_step_are_a_quorum_holding_one_result():
     with two_task_dhts(TASK) as dhts:
-        me, other = (SignedCommitBoard(d, TASK, Identity.generate(), peer_id(d)) for d in dhts)
+        me, other = (SignedCommitBoard(d, TASK, speaker(d, Identity.generate())) for d in dhts)
         roster = [me.peer_id, other.peer_id, "QmThirdPeerOfTheRoster"]
         assert takers_of(me, 2, roster, me.peer_id) == []  # nobody posted: nothing to take
         me.post(2, CommitReport(ok=True, digest="aa" * 32))  # this peer's own group's result
@@ -63,9 +63,9 @@ def test_the_outer_state_the_takers_serve_is_found_once_they_took_the_step():
     with two_task_dhts(TASK) as (their_dht, my_dht):
         them, me = Endpoint(their_dht, "them"), Endpoint(my_dht, "me")
         archive = StateArchive(them, TASK)
-        boards = [SignedCommitBoard(d, TASK, Identity.generate(), peer_id(d)) for d in (their_dht, my_dht)]
+        boards = [SignedCommitBoard(d, TASK, speaker(d, Identity.generate())) for d in (their_dht, my_dht)]
         outer_boards = [
-            SignedCommitBoard(d, outer_board_id(TASK), Identity.generate(), peer_id(d))
+            SignedCommitBoard(d, outer_board_id(TASK), speaker(d, Identity.generate()))
             for d in (their_dht, my_dht)
         ]
         try:

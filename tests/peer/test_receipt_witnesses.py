@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from aggregator.contributions import ContributionDesk
-from hivemind_adapter.dht import peer_id, read_entries, store
+from hivemind_adapter.dht import peer_id, read_entries, speaker, store
 from hivemind_adapter.p2p import Endpoint
 from peer.commit.boards import SignedCommitBoard
 from peer.commit.report import CommitReport
@@ -22,12 +22,15 @@ from protocol.witness_bundle import MAX_REPORTS, WitnessBundle
 from tests.helpers import two_task_dhts, wait_until
 from tests.protocol.factories import (
     TASK,
-    binding_wire,
+    certificate_wire,
+    endorsement_of,
     group_fields,
     now_ms,
     peer_id_of,
     receipt,
     receipt_wire,
+    speaker_binding_wire,
+    speaker_of,
     task_spec,
 )
 
@@ -43,7 +46,11 @@ def _announce(dht, identity: Identity) -> None:
         devices=(DeviceInfo(kind="cpu", name="test cpu", memory_mb=1024),), throughput_milli=100_000,
         affinity=Affinity(host_id="ab" * 8, network_id="cd" * 8), cohort_id="auto", timestamp=now_ms(),
     )  # fmt: skip
-    value = [seal(record, identity), binding_wire(identity, peer_id(dht))]
+    value = [
+        seal(record, identity),
+        speaker_binding_wire(speaker(dht, identity)),
+        certificate_wire(identity, peer_id=peer_id(dht)),
+    ]
     assert store(dht, peers_key(TASK), value, ttl=ANNOUNCE_TTL, subkey=identity.public_key_hex)
 
 
@@ -60,7 +67,7 @@ def _receipt_of_a_committed_group(dht, sender: Identity, partner: Identity, seq:
         **group_fields(membership),
     )  # fmt: skip
     for identity in (sender, partner):
-        board = SignedCommitBoard(dht, TASK, identity, peer_id_of(identity), ttl=REPORT_TTL)
+        board = SignedCommitBoard(dht, TASK, speaker_of(identity), ttl=REPORT_TTL)
         board.post(ATTEMPT, CommitReport(ok=True, digest="ef" * 32, group=group))
     return seal(record, sender), group
 
@@ -75,7 +82,8 @@ def test_a_receipt_first_delivered_after_its_reports_expired_is_credited_on_the_
         path = outbox.pending()[0][0]
         endpoint = Endpoint(peer_dht, "peer")
         link = AggregatorLink(peer_dht, endpoint, TASK, (aggregator.public_key_hex,))
-        courier = ReceiptCourier(outbox, link, interval=3600.0)  # only the deliveries called here
+        binding = speaker_binding_wire(speaker(peer_dht, sender))
+        courier = ReceiptCourier(outbox, link, binding, interval=3600.0)  # only the deliveries called here
         try:
             courier.deliver_once()  # no aggregator yet: the witnesses are kept, nothing is delivered
             kept = WitnessBundle.from_bytes(outbox.witnesses(path))
@@ -131,7 +139,8 @@ def desk_after_a_read(tmp_path_factory):
 
 def _report(identity: Identity, group: str, attempt: int = ATTEMPT, ok: bool = True) -> bytes:
     record = RoundCommit(
-        task_id=TASK, attempt=attempt, peer_id=peer_id_of(identity), public_key=identity.public_key_hex, ok=ok,
+        task_id=TASK, attempt=attempt, peer_id=peer_id_of(identity), public_key=identity.public_key_hex,
+        endorsement=endorsement_of(identity), ok=ok,
         digest="ef" * 32, timestamp=now_ms(), group=group,
     )  # fmt: skip
     return seal(record, identity)
@@ -163,7 +172,7 @@ def test_a_bundle_teaches_only_signed_reports_of_its_own_attempt_and_group(desk_
 
 
 def test_a_refused_receipt_moves_no_witness_window(desk_after_a_read):
-    """A throw-away key's receipt for attempt 10^6 is refused at intake (no announcement binds it)
+    """A throw-away key's receipt for attempt 10^6 is refused at intake (its sender bound no key)
     before the desk reads that attempt's reports: a read would move the window bundles are taken in,
     and every honest sender's kept reports would be ignored from then on."""
     desk, group = desk_after_a_read, "12" * 32

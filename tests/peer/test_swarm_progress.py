@@ -7,11 +7,12 @@ import time
 
 import pytest
 
-from hivemind_adapter.dht import peer_id
+from hivemind_adapter.dht import peer_id, speaker
 from peer.swarm_progress import FRESH_MS, SwarmProgress
 from peer.swarm_view import PROGRESS_TTL, ProgressBoard
 from protocol.identity import Identity
 from tests.helpers import two_task_dhts, wait_until
+from tests.protocol.factories import speaker_of
 
 TASK = "digits-progress-test"
 
@@ -20,7 +21,7 @@ TASK = "digits-progress-test"
 def two_peers():
     with two_task_dhts(TASK) as dhts:
         yield [
-            SwarmProgress(ProgressBoard(d, TASK, Identity.generate(), peer_id(d)), peer_id(d), 16, 1, 256)
+            SwarmProgress(ProgressBoard(d, TASK, speaker(d, Identity.generate())), peer_id(d), 16, 1, 256)
             for d in dhts
         ]
 
@@ -63,9 +64,8 @@ def test_a_liar_publishing_alone_while_the_others_average_is_not_the_swarms_roun
     behind the swarm. A peer that is the reader's only partner (on the board and in the roster)
     still counts alone."""
     honest, liar = two_peers
-    reader = SwarmProgress(
-        ProgressBoard(honest.board.dht, TASK, Identity.generate(), "reader"), "reader", 16, 1, 256
-    )
+    me = speaker_of(Identity.generate())
+    reader = SwarmProgress(ProgressBoard(honest.board.dht, TASK, me), me.peer_id, 16, 1, 256)
     liar.begin(10**9, "cohort-a", state_round=10**9 - 1)
     liar.look(32, 1.0)
     wait_until(lambda: reader.swarm_round() == 10**9, 15, "the reader to see the liar's record", poll=0.2)

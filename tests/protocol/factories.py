@@ -7,11 +7,15 @@ import time
 
 from protocol.averaging_group import GroupMembership, group_membership
 from protocol.identity import Identity
+from protocol.membership import MembershipCertificate
+from protocol.peer_keys import Libp2pKey, Speaker
 from protocol.records import ContributionReceipt, IdentityBinding
 from protocol.sealing import make_sealed, seal
 from protocol.task_spec import SwarmParams, TaskSpec
 
 TASK = "cifar10-ofa-test"
+# signs the membership certificates of test peers wherever the test does not name its own aggregator
+ADMITTING_AGGREGATOR = Identity.from_seed(b"the aggregator that admits tests")
 _B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
 
 
@@ -25,8 +29,22 @@ def fake_peer_id(seed: bytes) -> str:
     return out
 
 
+def libp2p_key_of(identity: Identity) -> Libp2pKey:
+    """The libp2p key a test peer with ``identity`` runs under (derived from it: one per identity)."""
+    return Libp2pKey.from_seed(hashlib.sha256(b"test libp2p key" + identity.public_key).digest())
+
+
+def speaker_of(identity: Identity) -> Speaker:
+    """``identity`` under its test peer id (:func:`libp2p_key_of`), endorsed."""
+    return Speaker.of(identity, libp2p_key_of(identity))
+
+
 def peer_id_of(identity: Identity) -> str:
-    return fake_peer_id(identity.public_key)
+    return libp2p_key_of(identity).peer_id
+
+
+def endorsement_of(identity: Identity) -> str:
+    return speaker_of(identity).endorsement
 
 
 def now_ms() -> int:
@@ -76,13 +94,46 @@ def receipt_wire(identity: Identity, seq: int, **overrides) -> bytes:
     return seal(receipt(identity, seq, **overrides), identity)
 
 
-def binding_wire(identity: Identity, peer_id: str | None = None) -> bytes:
-    return seal(
-        IdentityBinding(
-            peer_id=peer_id or peer_id_of(identity), public_key=identity.public_key_hex, timestamp=now_ms()
-        ),
-        identity,
+def binding_wire(identity: Identity, libp2p_key: Libp2pKey | None = None) -> bytes:
+    """``identity``'s binding to its test peer id, or to the peer id of ``libp2p_key``."""
+    return speaker_binding_wire(Speaker.of(identity, libp2p_key or libp2p_key_of(identity)))
+
+
+def speaker_binding_wire(speaker: Speaker) -> bytes:
+    """The sealed binding of what ``speaker`` signs as."""
+    binding = IdentityBinding(
+        peer_id=speaker.peer_id,
+        public_key=speaker.public_key_hex,
+        endorsement=speaker.endorsement,
+        timestamp=now_ms(),
     )
+    return seal(binding, speaker.identity)
+
+
+def seal_unchecked(record, identity: Identity) -> bytes:
+    """``record`` sealed by ``identity`` without :func:`~protocol.sealing.seal`'s own checks: what an
+    attacker's software sends (build ``record`` with ``model_construct`` to skip the schema too)."""
+    message = type(record).prefix() + record.canonical()
+    signature = identity.sign(message).hex().encode()
+    return message + b"\ned25519 " + identity.public_key_hex.encode() + b" " + signature
+
+
+def certificate_wire(
+    identity: Identity,
+    aggregator: Identity = ADMITTING_AGGREGATOR,
+    task_id: str = TASK,
+    peer_id: str | None = None,
+    lives_ms: int = 3600 * 1000,
+    issued_ms: int | None = None,
+) -> bytes:
+    """A membership certificate of ``identity`` (under its test peer id, or ``peer_id``) in ``task_id``,
+    sealed by ``aggregator``."""
+    issued = now_ms() if issued_ms is None else issued_ms
+    certificate = MembershipCertificate(
+        task_id=task_id, member_key=identity.public_key_hex, peer_id=peer_id or peer_id_of(identity),
+        serial=1, policy="open", issued_ms=issued, expires_ms=issued + lives_ms,
+    )  # fmt: skip
+    return seal(certificate, aggregator)
 
 
 def resign(wire: bytes, identity: Identity, new_body: bytes) -> bytes:

@@ -23,7 +23,14 @@ from protocol.identity import Identity
 from protocol.records import AveragingDeclaration, DeviceInfo, PeerAnnouncement, RoundCommit
 from protocol.sealing import seal
 from protocol.task_spec import TaskSpec
-from tests.protocol.factories import binding_wire, now_ms, peer_id_of, resign
+from tests.protocol.factories import (
+    binding_wire,
+    certificate_wire,
+    endorsement_of,
+    now_ms,
+    peer_id_of,
+    resign,
+)
 from tests.protocol.factories import task_spec as make_task_spec
 
 TASK_ID = "digits-test"
@@ -44,6 +51,15 @@ def announcement(peer: Identity, task_id: str = TASK_ID) -> PeerAnnouncement:
         cohort_id="host-aa",
         timestamp=now_ms(),
     )
+
+
+def peer_entry(peer: Identity, task_id: str = TASK_ID) -> list[bytes]:
+    """A member's entry of ``manta_T_peers``: announcement, binding, certificate."""
+    return [
+        seal(announcement(peer, task_id), peer),
+        binding_wire(peer),
+        certificate_wire(peer, task_id=task_id),
+    ]
 
 
 @dataclasses.dataclass
@@ -82,17 +98,18 @@ def test_validator_accepts_valid_records_and_rejects_forgeries():
     assert not v.validate(record(task_key(TASK_ID), aggregator.public_key_hex, "not bytes"))
     assert not v.validate(Record(dht_key_id(task_key(TASK_ID)), b"\xc1", b"\xc1"))
 
-    peer_value = [seal(announcement(peer), peer), binding_wire(peer)]
+    peer_value = peer_entry(peer)
     assert v.validate(record(peers_key(TASK_ID), peer.public_key_hex, peer_value))
     assert not v.validate(
-        record(peers_key(TASK_ID), peer.public_key_hex, [peer_value[0], binding_wire(mallory)])
+        record(peers_key(TASK_ID), peer.public_key_hex, [peer_value[0], binding_wire(mallory), peer_value[2]])
     )
     assert not v.validate(record(peers_key(TASK_ID), peer.public_key_hex, peer_value[:1]))
+    assert not v.validate(record(peers_key(TASK_ID), peer.public_key_hex, peer_value[:2]))  # no certificate
     assert not v.validate(record(peers_key(TASK_ID), mallory.public_key_hex, peer_value))
     # Keys that are not MANTA's pass through (but not hivemind's unsigned averaging declarations: a
     # bare boolean is refused under any key, see the declaration test below)
     assert v.validate(record("bench_flat.all_averagers", "x", 1.5))
-    assert sum(v.rejected.values()) == 8
+    assert sum(v.rejected.values()) == 9
     assert any(label.startswith(f"{task_key(TASK_ID)}:bad_signature") for label in v.rejected)
 
 
@@ -106,6 +123,7 @@ def test_commit_reports_must_be_sealed_by_the_key_their_subkey_names():
             attempt=attempt,
             peer_id=peer_id_of(identity),
             public_key=identity.public_key_hex,
+            endorsement=endorsement_of(identity),
             ok=ok,
             digest="ab" * 16,
             timestamp=now_ms(),
@@ -154,7 +172,7 @@ def test_the_validator_checks_each_distinct_entry_once_and_still_drops_every_for
         return seal(
             RoundCommit(
                 task_id=TASK_ID, attempt=3, peer_id=peer_id_of(identity), public_key=identity.public_key_hex,
-                ok=True, digest="ab" * 16, timestamp=now_ms(),
+                endorsement=endorsement_of(identity), ok=True, digest="ab" * 16, timestamp=now_ms(),
             ),
             identity,
         )  # fmt: skip
@@ -233,15 +251,14 @@ def test_nodes_with_the_validator_drop_forged_records():
         first.shutdown()
 
 
-def _declaration(
-    peer: Identity, group_key: str, *, task_id: str = TASK_ID, peer_id: str | None = None
-) -> bytes:
+def _declaration(peer: Identity, group_key: str, *, task_id: str = TASK_ID) -> bytes:
     return seal(
         AveragingDeclaration(
             task_id=task_id,
             group_key=group_key,
-            peer_id=peer_id or peer_id_of(peer),
+            peer_id=peer_id_of(peer),
             public_key=peer.public_key_hex,
+            endorsement=endorsement_of(peer),
             looking=True,
             expiration_ms=now_ms() + 2000,
         ),

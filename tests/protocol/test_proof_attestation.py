@@ -18,6 +18,7 @@ from protocol.proof_attestation import (
 )
 from protocol.records import MAX_PROOFS_POSTED, RoundCommit
 from protocol.sealing import open_sealed, seal
+from tests.protocol.factories import endorsement_of, peer_id_of
 
 REDUCER = "12D3KooWBHU6bw3kn3aGjatsvVf55QSkVefHXhp6DuXoGWLDSaer"
 OTHER = "12D3KooWRTLci3gENP6SXh2GWpcFy1SNRwq7q2kiejkcoFK9M8it"
@@ -104,7 +105,8 @@ def test_members_that_took_the_same_proofs_share_a_fingerprint_and_one_that_did_
 
 def _commit(identity: Identity, proofs: tuple[str, ...]) -> RoundCommit:
     return RoundCommit(
-        task_id="task", attempt=3, peer_id=OTHER, public_key=identity.public_key_hex, ok=True,
+        task_id="task", attempt=3, peer_id=peer_id_of(identity), public_key=identity.public_key_hex,
+        endorsement=endorsement_of(identity), ok=True,
         digest="ab" * 32, timestamp=1, proofs=proofs,
     )  # fmt: skip
 

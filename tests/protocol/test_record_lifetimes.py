@@ -20,7 +20,7 @@ from protocol.record_lifetimes import ANNOUNCE_TTL, CLOCK_SLACK_SECONDS, TASK_TT
 from protocol.records import PeerProgress, StateAnchor
 from protocol.sealing import seal
 from tests.helpers import two_task_dhts
-from tests.protocol.factories import binding_wire
+from tests.protocol.factories import binding_wire, certificate_wire, endorsement_of
 from tests.protocol.test_dht_schema import TASK_ID, Record, announcement, task_spec
 
 TEN_YEARS = 10 * 365 * 86400.0
@@ -31,7 +31,11 @@ def _pack(x) -> bytes:
 
 
 def _peer_entry(peer: Identity, signed_ms: int) -> list[bytes]:
-    return [seal(announcement(peer).model_copy(update={"timestamp": signed_ms}), peer), binding_wire(peer)]
+    return [
+        seal(announcement(peer).model_copy(update={"timestamp": signed_ms}), peer),
+        binding_wire(peer),
+        certificate_wire(peer, task_id=TASK_ID),
+    ]
 
 
 def _stored(validator: MantaRecordValidator, key: str, subkey: str, value, expiration: float) -> bool:
@@ -62,7 +66,8 @@ def test_a_record_signed_ahead_of_the_clock_is_refused():
     v, peer = MantaRecordValidator(TASK_ID), Identity.generate()
     ahead = time.time() + 3600  # signed an hour ahead, to live an hour longer
     record = PeerProgress(
-        task_id=TASK_ID, peer_id=announcement(peer).peer_id, public_key=peer.public_key_hex, round=3,
+        task_id=TASK_ID, peer_id=announcement(peer).peer_id, public_key=peer.public_key_hex,
+        endorsement=endorsement_of(peer), round=3,
         samples=64, throughput_milli=1000, loss_micro=2_000_000, cohort_id="host-aa", state_round=2,
         timestamp=int(ahead * 1000),
     )  # fmt: skip

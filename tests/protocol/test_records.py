@@ -14,6 +14,7 @@ import pytest
 from protocol.canonical import canonical_json
 from protocol.identity import Identity, verify_signature
 from protocol.ledger_checkpoint import Checkpoint
+from protocol.peer_keys import Libp2pKey
 from protocol.records import (
     Affinity,
     ContributionReceipt,
@@ -35,7 +36,16 @@ from protocol.sealing import (
     seal,
 )
 from protocol.task_spec import SwarmParams, TaskSpec
-from tests.protocol.factories import TASK, binding_wire, fake_peer_id, now_ms, peer_id_of, receipt, resign
+from tests.protocol.factories import (
+    TASK,
+    binding_wire,
+    endorsement_of,
+    fake_peer_id,
+    now_ms,
+    peer_id_of,
+    receipt,
+    resign,
+)
 
 PEER = Identity.from_seed(b"\x01" * 32)
 OTHER = Identity.from_seed(b"\x02" * 32)
@@ -90,7 +100,12 @@ RECORDS = {
     "task": (_task, AGG),
     "announce": (_announcement, PEER),
     "binding": (
-        lambda: IdentityBinding(peer_id=peer_id_of(PEER), public_key=PEER.public_key_hex, timestamp=now_ms()),
+        lambda: IdentityBinding(
+            peer_id=peer_id_of(PEER),
+            public_key=PEER.public_key_hex,
+            endorsement=endorsement_of(PEER),
+            timestamp=now_ms(),
+        ),
         PEER,
     ),
     "receipt": (lambda: receipt(PEER, 1), PEER),
@@ -110,7 +125,8 @@ def test_every_record_seals_and_opens(kind):
     wire = seal(record, signer)
     prefix, body, trailer = wire.split(b"\n")
     assert prefix == f"manta/{kind}/v{type(record).VERSION}".encode()
-    assert type(record).VERSION == (2 if kind == "receipt" else 1)  # receipts: v2 since groups are roots
+    endorsed = {"receipt", "binding", "commit", "declaration", "progress"}  # v2: roots; libp2p endorsements
+    assert type(record).VERSION == (2 if kind in endorsed else 1)
     assert body == canonical_json(record.model_dump(mode="json"))
     assert trailer == b"ed25519 " + signer.public_key_hex.encode() + b" " + trailer.split(b" ")[2]
     opened = open_sealed(wire, type(record))
@@ -330,7 +346,7 @@ def test_check_binding():
         (binding, None),  # sender unknown
         (open_sealed(binding_wire(OTHER), IdentityBinding), peer),  # binding of another key
         (
-            open_sealed(binding_wire(PEER, fake_peer_id(b"elsewhere")), IdentityBinding),
+            open_sealed(binding_wire(PEER, Libp2pKey.generate()), IdentityBinding),
             peer,
         ),  # key bound elsewhere
     ]
@@ -342,8 +358,9 @@ def test_check_binding():
 
 def test_a_commit_marker_carries_checks_only():
     identity = Identity.generate()
-    base = dict(task_id=TASK, attempt=3, peer_id=fake_peer_id(b"marker"), public_key=identity.public_key_hex,
-                timestamp=now_ms(), checked=("ab" * 32,), checking=True)  # fmt: skip
+    base = dict(task_id=TASK, attempt=3, peer_id=peer_id_of(identity), public_key=identity.public_key_hex,
+                endorsement=endorsement_of(identity), timestamp=now_ms(), checked=("ab" * 32,),
+                checking=True)  # fmt: skip
     marker = RoundCommit(ok=False, digest="", **base)
     assert open_sealed(seal(marker, identity), RoundCommit).record.checked == ("ab" * 32,)
     refusing = RoundCommit(ok=False, digest="", **base, refused=(fake_peer_id(b"liar"),))

@@ -12,7 +12,7 @@ from protocol.identity import Identity
 from protocol.records import RoundCommit
 from protocol.sealing import RecordRejected, seal
 from protocol.verified_records import VerifiedRecords
-from tests.protocol.factories import peer_id_of
+from tests.protocol.factories import endorsement_of, peer_id_of
 
 TASK = "cache-test"
 
@@ -20,7 +20,7 @@ TASK = "cache-test"
 def _report(identity: Identity, attempt: int, digest: str = "ab" * 32) -> tuple[str, bytes]:
     record = RoundCommit(
         task_id=TASK, attempt=attempt, peer_id=peer_id_of(identity), public_key=identity.public_key_hex,
-        ok=True, digest=digest, timestamp=int(time.time() * 1000), left=False,
+        endorsement=endorsement_of(identity), ok=True, digest=digest, timestamp=int(time.time() * 1000), left=False,
     )  # fmt: skip
     return commit_subkey(attempt, identity.public_key_hex), seal(record, identity)
 

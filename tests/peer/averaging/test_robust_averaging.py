@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hivemind_adapter.allreduce import VerifiedAverager
-from hivemind_adapter.dht import peer_id, read_entries, store
+from hivemind_adapter.dht import peer_id, read_entries, speaker, store
 from hivemind_adapter.group_keys import DeclarationSigner
 from peer.averaging.factory import build_averager
 from peer.averaging.stage import AveragingTimeouts
@@ -191,7 +191,7 @@ def _peer_beside_a_liar(dht, *, seed, liar, run_id, lie="negated"):
         dht, run_id, "host-a", [torch.zeros(SHAPE)], robust=RobustConfig(),
         timeouts=replace(FAST, step=15.0, allreduce=10.0) if liar else FAST,  # the liar gives up sooner
         averager_type=lying_averager(lie) if liar else VerifiedAverager,
-        declarations=DeclarationSigner(run_id, identity),
+        declarations=DeclarationSigner(run_id, speaker(dht, identity)),
         admitted=lambda: {p: str(k) for p, k in read_entries(dht, f"{run_id}_keys").items()},
     )  # fmt: skip
     try:

@@ -16,7 +16,7 @@ import time
 import pytest
 import torch
 
-from hivemind_adapter.dht import peer_id
+from hivemind_adapter.dht import speaker
 from peer.averaging.outcome import AveragingOutcome
 from peer.catch_up import sit_out_running_attempt
 from peer.commit.boards import SignedCommitBoard
@@ -40,7 +40,7 @@ TASK = "digits-board-test"
 @pytest.fixture
 def two_boards():
     with two_task_dhts(TASK) as dhts:
-        yield [SignedCommitBoard(d, TASK, Identity.generate(), peer_id(d)) for d in dhts]
+        yield [SignedCommitBoard(d, TASK, speaker(d, Identity.generate())) for d in dhts]
 
 
 def test_a_departure_notice_fails_its_attempt_but_does_not_count_as_one(two_boards):

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from hivemind_adapter.dht import peer_id
+from hivemind_adapter.dht import speaker
 from peer.averaging.factory import committer_for
 from peer.averaging.stage import AveragingTimeouts
 from peer.commit.boards import SignedCommitBoard
@@ -28,7 +28,7 @@ START = "5a" * 32  # the state the pending rounds started from
 @pytest.fixture
 def boards():
     with two_task_dhts(TASK) as dhts:
-        yield [SignedCommitBoard(d, TASK, Identity.generate(), peer_id(d)) for d in dhts]
+        yield [SignedCommitBoard(d, TASK, speaker(d, Identity.generate())) for d in dhts]
 
 
 def _gave_up(attempt: int, roster: tuple[str, ...], result: str, start: str = START) -> PendingResult:

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from hivemind_adapter.dht import peer_id, read_entries, store
+from hivemind_adapter.dht import read_entries, speaker, store
 from peer.commit.boards import SignedCommitBoard
 from peer.commit.report import CommitReport
 from peer.commit.waits import await_commit
@@ -38,7 +38,7 @@ def _told(reducer: Identity, story: bytes, group: bytes = b"g" * 20) -> str:
 def swarm():
     with two_task_dhts(TASK) as dhts:
         identities = [Identity.generate() for _ in dhts]
-        boards = [SignedCommitBoard(d, TASK, i, peer_id(d)) for d, i in zip(dhts, identities)]
+        boards = [SignedCommitBoard(d, TASK, speaker(d, i)) for d, i in zip(dhts, identities)]
         yield dhts, identities, boards
 
 

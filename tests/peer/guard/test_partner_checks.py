@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from hivemind_adapter.dht import peer_id
+from hivemind_adapter.dht import speaker
 from peer.averaging.factory import committer_for
 from peer.averaging.stage import AveragingTimeouts
 from peer.commit.boards import SignedCommitBoard
@@ -25,6 +25,7 @@ from protocol.averaging_group import stage_check_token
 from protocol.identity import Identity
 from protocol.proof_attestation import ProofAttestation, group_tag, proofs_digest
 from tests.helpers import two_task_dhts, wait_until
+from tests.protocol.factories import speaker_of
 
 TASK = "digits-partner-checks"
 RESULT = "ab" * 32
@@ -35,8 +36,8 @@ def three_boards():
     """Three signed boards: two on DHT nodes of their own, the third (another key and peer id) on the
     first node, as a third peer's would be."""
     with two_task_dhts(TASK) as dhts:
-        a, b = (SignedCommitBoard(d, TASK, Identity.generate(), peer_id(d)) for d in dhts)
-        c = SignedCommitBoard(dhts[0], TASK, Identity.generate(), "QmThirdGroupMember")
+        a, b = (SignedCommitBoard(d, TASK, speaker(d, Identity.generate())) for d in dhts)
+        c = SignedCommitBoard(dhts[0], TASK, speaker_of(Identity.generate()))
         yield a, b, c
 
 
