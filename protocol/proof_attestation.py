@@ -120,14 +120,18 @@ def find_equivocation(
     digests for one group, checked under ``public_keys`` (peer id -> hex key, the roster's); None if
     there is none. Without ``public_keys`` (a swarm with no MANTA keys) attestations are compared as
     posted: there the posters are trusted. A signature that does not verify is left out: a poster
-    cannot frame a reducer with a digest it made up."""
+    cannot frame a reducer with a digest it made up. The two stories must come from two different
+    posters, neither of them the reducer: one key (a throw-away reducer signing two stories of a group
+    that never met) cannot stage evidence that stops every commit of an attempt."""
     seen: dict[tuple[str, str], tuple[ProofAttestation, str]] = {}
     for poster, attestations in posted:
         for a in attestations:
+            if poster == a.reducer:
+                continue  # what a reducer posts of its own proofs is no other member's evidence
             if public_keys is not None and not a.verifies(public_keys.get(a.reducer)):
                 continue
             first = seen.setdefault((a.group, a.reducer), (a, poster))
-            if first[0].digest != a.digest:
+            if first[0].digest != a.digest and first[1] != poster:
                 return Equivocation(a.reducer, a.group, first[0], a, first[1], poster)
     return None
 

@@ -94,6 +94,18 @@ def test_a_poster_cannot_frame_an_honest_reducer_with_a_digest_it_made_up():
     assert find_equivocation([("a", [honest]), ("b", [unsigned])], None) is not None
 
 
+def test_two_stories_staged_by_one_key_convict_nobody():
+    """A throw-away reducer that signed two stories of a group that never met and posted both in its
+    own report stopped every commit of the attempt. Evidence takes two posters, neither the reducer."""
+    reducer = Identity.generate()
+    keys = {REDUCER: reducer.public_key_hex}
+    one, other = _attest(reducer, b"one story"), _attest(reducer, b"another story")
+    assert find_equivocation([(REDUCER, [one, other])], keys) is None  # its own report
+    assert find_equivocation([(REDUCER, [one]), ("a", [other])], keys) is None  # itself and one member
+    assert find_equivocation([("a", [one, other])], keys) is None  # one member (a Sybil) posts both
+    assert find_equivocation([("a", [one]), ("b", [other])], keys) is not None  # two members: evidence
+
+
 def test_members_that_took_the_same_proofs_share_a_fingerprint_and_one_that_did_not_differs():
     reducer = Identity.generate()
     tokens = [_attest(reducer, b"p1").to_token(), _attest(reducer, b"p2", reducer=OTHER).to_token()]
