@@ -53,12 +53,13 @@ from testbed.wan.rates import RateError, parse_rate
 from testbed.wan.scenario import LinkProfile, Scenario, ScenarioError, uniform_scenario
 from testbed.wan.topology import EmulatedInternet
 from tests.adversaries import dishonest_peer
+from tests.adversaries.identity_attacks import IDENTITY_ATTACKS
 
 ATTACKS = (
     "flops", "inflate", "group-inflate", "self-group", "fabricate",
     "nan", "x1000", "sign", "garbage", "lying-reducer", "noisy-reducer", "equivocating-reducer",
     "hiding-reducer", "forged-state",
-    "rogue-progress", "silent", "copy",
+    "rogue-progress", "silent", "copy", *IDENTITY_ATTACKS,
 )  # fmt: skip
 AVERAGING_ATTACKS = (
     *dishonest_peer.POISONS,
@@ -152,6 +153,7 @@ def run(
         accuracy=summary.get("accuracy", {}),
         round_seconds=_mean([r["seconds"] for i in honest for r in swarm.rounds(i) if r.get("committed")]),
         committed=min(sum(1 for r in swarm.rounds(i) if r.get("committed")) for i in honest),
+        max_roster=max((r.get("roster", 0) for i in honest for r in swarm.rounds(i)), default=0),
     )
     # The late joiner of forged-state misses the rounds before it came by design: the attacker is
     # compared with the honest peers that were there from the start.
@@ -189,6 +191,8 @@ EQUIVOCATION_LINE = r"attempt (\d+): averaging aborted.*reducer (\w{8}) sent dif
 
 def _caught(swarm: LocalSwarm, attack: str) -> str:
     """Where the attack was first caught (a round or an attempt), or "-" if it never was."""
+    if attack in IDENTITY_ATTACKS:  # forgeries: did they move anything the honest peers count?
+        return "-"
     if attack in AVERAGING_ATTACKS:
         me = _short_id(swarm, ATTACKER)
         attempts = [
@@ -294,6 +298,7 @@ def print_table(runs: dict[str, dict]) -> None:
     print(f"\nload average after: {os.getloadavg()}")
     print(
         "attack | caught | attacker credit / honest | largest pp | smallest pp | honest round s (x clean) | rounds"
+        " | largest honest roster"
     )
     for name, m in runs.items():
         acc, ref = m["accuracy"], clean["accuracy"]
@@ -305,6 +310,7 @@ def print_table(runs: dict[str, dict]) -> None:
         print(
             f"{name} | {m.get('caught', '')}{extra} | {ratio:.2f} | {gap['largest']:+.1f} | {gap['smallest']:+.1f} | "
             f"{m['round_seconds']:.1f} ({m['round_seconds'] / clean['round_seconds']:.2f}) | {m['committed']}"
+            f" | {m.get('max_roster', '?')}"
         )
 
 

@@ -318,7 +318,7 @@ class PeerNode:
 
     def _record(self, report: RoundReport) -> None:
         """Append the round to ``<data dir>/rounds.jsonl`` (what ``manta-swarm`` summarises)."""
-        self._append("rounds.jsonl", asdict(report))
+        self._append("rounds.jsonl", {**asdict(report), "roster": self._round.roster_size})
 
     def _append(self, name: str, record: dict) -> None:
         line = json.dumps({**record, "peer_id": self.peer_id, "time": time.time()})

@@ -42,6 +42,8 @@ The red team of issue 19 (``benchmarks/red_team.py``) adds:
   swarm's last committed average instead of its own gradient: a vector inside the honest spread,
   which no reducer can tell from an honest one, with a receipt consistent with it. (It still runs
   its mini-batches, so that its timing stays an honest peer's; a real copier would skip them.)
+
+and the attacks on identity and membership of ``tests/adversaries/identity_attacks.py``.
 """
 
 from __future__ import annotations
@@ -76,11 +78,13 @@ from protocol.averaging_group import averaging_group_id, group_membership  # noq
 from protocol.records import ContributionReceipt  # noqa: E402
 from protocol.sealing import seal  # noqa: E402
 from robust_aggregation.reducer_proof import PartProof, make_proof, sketch, sketch_seed  # noqa: E402
+from tests.adversaries import identity_attacks  # noqa: E402
+from tests.adversaries.identity_attacks import IDENTITY_ATTACKS  # noqa: E402
 
 FAULTS = (
     "forge", "replay", "inflate", "fabricate", "search-lie", "silent", "flops", "self-group",
     "group-inflate", "nan", "x1000", "sign", "garbage", "forged-state", "rogue-progress", "lying-reducer",
-    "noisy-reducer", "equivocating-reducer", "hiding-reducer", "copy",
+    "noisy-reducer", "equivocating-reducer", "hiding-reducer", "copy", *IDENTITY_ATTACKS,
 )  # fmt: skip
 POISONS = ("nan", "x1000", "sign", "garbage")
 INFLATION = 10  # group-inflate's factor
@@ -435,6 +439,8 @@ def dishonest_node(fault: str) -> type[PeerNode]:
         )
 
         def run(self):
+            if fault in IDENTITY_ATTACKS:
+                identity_attacks.start(fault, self)
             if fault != "silent":
                 return super().run()
             self._announcer.announce()
