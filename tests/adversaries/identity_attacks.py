@@ -199,17 +199,22 @@ _ATTACKS = {
 def start(fault: str, node) -> None:
     """Run ``fault`` beside ``node``'s honest work (a daemon thread; ``forged-equivocation`` changes
     what its reports carry instead)."""
+    logger.info(f"red team: {fault} runs beside this peer's honest work")
     if fault == "forged-equivocation":
         forged_equivocation(node)
         return
     once = _ATTACKS[fault](node)
 
     def loop() -> None:
+        rounds = 0
         while True:
             try:
                 once()
+                rounds += 1
+                if rounds in (1, 100):
+                    logger.info(f"red team: {fault}: {rounds} round(s) of forgeries sent")
             except Exception as e:  # the DHT refused or is busy: the next round of forgeries
-                logger.debug(f"{fault}: {type(e).__name__}: {e}")
+                logger.warning(f"red team: {fault}: {type(e).__name__}: {e}")
             time.sleep(EVERY)
 
     threading.Thread(target=loop, name=f"red-team-{fault}", daemon=True).start()
