@@ -243,6 +243,10 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=Path("red-team-runs"))
     parser.add_argument("--no-plain", action="store_true", help="skip the plain-mean honest swarm")
+    parser.add_argument(
+        "--clean-from", type=Path, default=None,
+        help="take the clean swarm from an earlier run's --out folder (same machine) instead of running it",
+    )  # fmt: skip
     parser.add_argument("--sites", type=int, default=0, help="run on an emulated internet of this many sites")
     parser.add_argument("--uplink", default="50mbit", help="each site's uplink (tc's notation)")
     parser.add_argument("--downlink", default="50mbit", help="each site's downlink")
@@ -274,11 +278,16 @@ def main() -> None:
     if args.sync == "outer":
         print(f"outer steps every {args.inner_steps} rounds; each round an inner step inside the cohort")
     runs: dict[str, dict] = {}
-    names = ("clean", *(() if args.no_plain else ("plain",)), *attacks)
+    if args.clean_from is not None:
+        try:
+            runs["clean"] = json.loads((args.clean_from / "clean.json").read_text())
+        except (OSError, ValueError) as e:
+            sys.exit(f"red_team: --clean-from: no clean run in {args.clean_from} ({e})")
+    names = (*(() if "clean" in runs else ("clean",)), *(() if args.no_plain else ("plain",)), *attacks)
     try:
         with stop_signals_interrupt():  # Ctrl-C or SIGTERM: the current swarm is stopped and removed
-            for name in names:
-                print(f"== {name} ({len(runs) + 1} of {len(names)})", flush=True)
+            for n, name in enumerate(names, 1):
+                print(f"== {name} ({n} of {len(names)})", flush=True)
                 attack = None if name in ("clean", "plain") else name
                 runs[name] = run(
                     args.out, name, attack, args.rounds, robust=name != "plain", scenario=scenario,
@@ -288,7 +297,7 @@ def main() -> None:
     except KeyboardInterrupt:
         if "clean" in runs:
             print_table(runs)
-        sys.exit(f"red_team: interrupted after {len(runs)} of {len(names)} swarms; nothing left running")
+        sys.exit(f"red_team: interrupted after {len(runs)} swarm(s); nothing left running")
     print_table(runs)
 
 

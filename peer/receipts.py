@@ -214,6 +214,11 @@ class ReceiptCourier:
                     status = reply.get("status")
                 if status == "accepted" and check_proof(reply, wire, key):
                     self.outbox.settle(path, "settled", {**reply, "aggregator": key, "leaf_hash": leaf.hex()})
+                elif status == "rejected" and reply.get("retry"):
+                    logger.info(
+                        f"receipt {path.stem} not taken yet ({reply.get('reason')}): submitted again later"
+                    )
+                    self._submitted.discard(path.name)
                 elif status == "rejected":
                     logger.warning(
                         f"receipt {path.stem} rejected: {reply.get('reason')}: {reply.get('detail', '')}"

@@ -78,8 +78,12 @@ from protocol.averaging_group import averaging_group_id, group_membership  # noq
 from protocol.records import ContributionReceipt  # noqa: E402
 from protocol.sealing import seal  # noqa: E402
 from robust_aggregation.reducer_proof import PartProof, make_proof, sketch, sketch_seed  # noqa: E402
-from tests.adversaries import identity_attacks  # noqa: E402
-from tests.adversaries.identity_attacks import IDENTITY_ATTACKS  # noqa: E402
+
+try:  # imported by the red team (the repository on sys.path) or run as a script (its folder is)
+    from tests.adversaries import identity_attacks  # noqa: E402
+except ModuleNotFoundError:
+    import identity_attacks  # noqa: E402
+IDENTITY_ATTACKS = identity_attacks.IDENTITY_ATTACKS
 
 FAULTS = (
     "forge", "replay", "inflate", "fabricate", "search-lie", "silent", "flops", "self-group",
