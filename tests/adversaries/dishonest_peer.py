@@ -54,7 +54,10 @@ import random
 import sys
 from pathlib import Path
 
-from hivemind_adapter.runtime import prepare_process
+if __name__ == "__main__":  # run as a script: the repository's test helpers are importable too
+    sys.path.insert(1, str(Path(__file__).resolve().parents[2]))
+
+from hivemind_adapter.runtime import prepare_process  # noqa: E402
 
 # Before hivemind's import picks torch's sharing strategy, as manta-peer does: hivemind's default
 # starts a torch_shm_manager whose folder outlives a killed peer in /tmp.
@@ -78,12 +81,8 @@ from protocol.averaging_group import averaging_group_id, group_membership  # noq
 from protocol.records import ContributionReceipt  # noqa: E402
 from protocol.sealing import seal  # noqa: E402
 from robust_aggregation.reducer_proof import PartProof, make_proof, sketch, sketch_seed  # noqa: E402
-
-try:  # imported by the red team (the repository on sys.path) or run as a script (its folder is)
-    from tests.adversaries import identity_attacks  # noqa: E402
-except ModuleNotFoundError:
-    import identity_attacks  # noqa: E402
-IDENTITY_ATTACKS = identity_attacks.IDENTITY_ATTACKS
+from tests.adversaries import identity_attacks  # noqa: E402
+from tests.adversaries.identity_attacks import IDENTITY_ATTACKS  # noqa: E402
 
 FAULTS = (
     "forge", "replay", "inflate", "fabricate", "search-lie", "silent", "flops", "self-group",

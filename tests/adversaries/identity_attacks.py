@@ -36,6 +36,7 @@ from protocol.proof_attestation import ProofAttestation, group_tag, proofs_diges
 from protocol.record_lifetimes import ANNOUNCE_TTL, COMMIT_TTL
 from protocol.records import Affinity, DeviceInfo, IdentityBinding, PeerAnnouncement, RoundCommit
 from protocol.sealing import seal
+from tests.protocol.factories import seal_unchecked
 
 logger = logging.getLogger("manta.red-team")
 
@@ -50,18 +51,6 @@ TEN_YEARS = 10 * 365 * 24 * 3600.0
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _unchecked(record, identity: Identity) -> bytes:
-    """``record`` sealed without MANTA's own checks (an attacker's software need not run them)."""
-    message = type(record).prefix() + record.canonical()
-    return (
-        message
-        + b"\ned25519 "
-        + identity.public_key_hex.encode()
-        + b" "
-        + identity.sign(message).hex().encode()
-    )
 
 
 def _throwaway() -> Speaker:
@@ -120,7 +109,7 @@ def forged_departures(node) -> Callable[[], None]:
                     group="", outliers=(), proofs=(), checked=(), refused=(), checking=False,
                 )  # fmt: skip
                 store(
-                    node.dht, commits_key(task_id, attempt + ahead), _unchecked(notice, forger.identity),
+                    node.dht, commits_key(task_id, attempt + ahead), seal_unchecked(notice, forger.identity),
                     COMMIT_TTL, subkey=commit_subkey(attempt + ahead, forger.public_key_hex), wait=False,
                 )  # fmt: skip
 
@@ -168,7 +157,7 @@ def binding_hijack(node) -> Callable[[], None]:
             )
             entry = [
                 seal(_announcement(task_id, who.identity, victim), who.identity),
-                _unchecked(binding, who.identity),
+                seal_unchecked(binding, who.identity),
                 _own_certificate(task_id, who),
             ]
             store(node.dht, peers_key(task_id), entry, ANNOUNCE_TTL, subkey=who.public_key_hex, wait=False)
