@@ -1,8 +1,8 @@
 """The aggregator's contribution desk: receipts in, ledger entries, checkpoints, proofs and audits out.
 
 - **Intake.** Peers call ``manta/<task>/submit`` with a sealed receipt. Signature, binding (the
-  sender's transport peer id must be the peer the receipt names, bound to its key by the binding in
-  its announcement, :mod:`aggregator.board_reads`), task and timestamp are checked at once by
+  sender's transport peer id must be the peer the receipt names, bound to its key by the binding the
+  sender hands over with it, :mod:`protocol.receipt_delivery`), task and timestamp are checked at once by
   :class:`ContributionIntake`'s rules and a refusal is answered with its reason; otherwise the
   receipt waits for its round to close.
 - **Round close** (:mod:`aggregator.round_closing`). A round closes when peers report working two

@@ -124,9 +124,9 @@ class ContributionIntake:
     def add_binding(self, wire: bytes, sender_peer_id: str | None = None) -> Sealed[IdentityBinding]:
         """Open (check) a sealed IdentityBinding and remember it for its peer id; RecordRejected if bad.
 
-        Learn bindings only from the peer id they name (``sender_peer_id``, when the transport tells it,
-        or a DHT entry that peer id owns): anyone can sign a binding of their own key to *another* peer
-        id, which would then shadow that peer's own binding.
+        Learn bindings only from the peer id they name (``sender_peer_id``, the caller the transport
+        authenticated): a binding handed over by anyone else is refused, so nobody can shadow another
+        peer's binding.
         """
         binding = open_sealed(wire, IdentityBinding)
         if sender_peer_id is not None and sender_peer_id != binding.record.peer_id:
