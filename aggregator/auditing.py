@@ -21,19 +21,18 @@ import threading
 import time
 from collections.abc import Callable
 
-from aggregator.audits import audit_receipt
+from aggregator.audits import AuditResult, Verdict, audit_receipt
 from protocol.records import ContributionReceipt
 from protocol.sealing import Sealed
 
 logger = logging.getLogger(__name__)
 
-# (receipt, passed or None when its start state could not be had, relative sketch distance)
-Verdict = Callable[[Sealed[ContributionReceipt], bool | None, float], None]
+OnVerdict = Callable[[Sealed[ContributionReceipt], AuditResult], None]
 RETRY_AFTER = (20.0, 60.0, 180.0)  # seconds before each new try of an audit without its start state
 
 
 class SpotAuditor:
-    def __init__(self, workload, states, task_seed: int, secret: bytes, on_verdict: Verdict):
+    def __init__(self, workload, states, task_seed: int, secret: bytes, on_verdict: OnVerdict):
         self.workload, self.states, self.task_seed = workload, states, task_seed
         self.on_verdict = on_verdict
         self._secret = secret
@@ -71,29 +70,30 @@ class SpotAuditor:
 
     def _run(self, sealed: Sealed[ContributionReceipt], tries: int, last: bool) -> None:
         try:
-            if self.audit(sealed, final=last) is None and not last:
+            if self.audit(sealed, final=last).verdict is Verdict.UNAVAILABLE and not last:
                 due = time.monotonic() + RETRY_AFTER[tries]
                 heapq.heappush(self._retries, (due, next(self._order), sealed, tries + 1))
         except Exception as e:  # the aggregator's own fault (the receipt's are verdicts): say so
             logger.error(f"audit of a receipt of round {sealed.record.round} failed to run: {e!r}")
 
-    def audit(self, sealed: Sealed[ContributionReceipt], final: bool = True) -> bool | None:
-        """Replay one receipt and report the verdict; None if its start state could not be had
-        (reported only if ``final``: the auditor tries again otherwise)."""
+    def audit(self, sealed: Sealed[ContributionReceipt], final: bool = True) -> AuditResult:
+        """Replay one receipt and report the result; an unavailable start state is reported only if
+        ``final`` (the auditor tries again otherwise)."""
         receipt = sealed.record
         state = self.states.state_for(receipt.state_digest, timeout=30.0)
         if state is None:
             logger.info(f"audit put off: no copy of the start state of round {receipt.round}")
+            result = AuditResult(Verdict.UNAVAILABLE, float("nan"))
             if final:
-                self.on_verdict(sealed, None, float("nan"))
-            return None
-        passed, distance = audit_receipt(self.workload, state, receipt, self.task_seed)
-        if passed:
+                self.on_verdict(sealed, result)
+            return result
+        result = audit_receipt(self.workload, state, receipt, self.task_seed)
+        if result.verdict is Verdict.PASSED:
             logger.info(
-                f"audit passed: {receipt.peer_id[-8:]} round {receipt.round} (distance {distance:.1e})"
+                f"audit passed: {receipt.peer_id[-8:]} round {receipt.round} (distance {result.distance:.1e})"
             )
-        self.on_verdict(sealed, passed, distance)
-        return passed
+        self.on_verdict(sealed, result)
+        return result
 
     def stop(self, timeout: float = 120.0) -> None:
         self._stop.set()

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from aggregator.admission import AdmissionDesk
 from aggregator.auditing import SpotAuditor
+from aggregator.audits import AuditResult, Verdict
 from aggregator.board_reads import AnnouncementReader, read_swarm_round
 from aggregator.call_budget import CallBudget
 from aggregator.commit_witness import CommitWitness
@@ -411,28 +412,37 @@ class ContributionDesk:
 
     # ------------------------------------------------------------------ audits
 
-    def audit(self, sealed: Sealed[ContributionReceipt]) -> bool | None:
-        """Replay one accepted receipt now (revoked on a mismatch); None if its start state is unknown."""
+    def audit(self, sealed: Sealed[ContributionReceipt]) -> AuditResult:
+        """Replay one accepted receipt now and act on its verdict."""
         return self.auditor.audit(sealed)
 
-    def _on_verdict(self, sealed: Sealed[ContributionReceipt], passed: bool | None, distance: float) -> None:
-        """An audit's outcome (:class:`SpotAuditor`'s callback): a pass raises the key's trust, and
-        anything else is a penalty (:mod:`aggregator.penalties`)."""
-        outcome = "audit_unavailable" if passed is None else "audit_passed" if passed else "audit_failed"
-        leaf, receipt = leaf_hash(sealed.wire), sealed.record
-        self._ledger.run(lambda _: self.counters.update([outcome]))
+    def _on_verdict(self, sealed: Sealed[ContributionReceipt], result: AuditResult) -> None:
+        """An audit's outcome (:class:`SpotAuditor`'s callback): a pass raises the key's trust, an
+        unavailable or first marginal one keeps the credit and audits the key until one passes, and a
+        failure or second marginal one is a penalty (:mod:`aggregator.penalties`)."""
+        leaf, receipt, verdict = leaf_hash(sealed.wire), sealed.record, result.verdict
+        self._ledger.run(lambda _: self.counters.update([f"audit_{verdict.value}"]))
         rate = self._claimed_rates.pop(leaf, None)
-        if passed:
+        key, who = receipt.public_key, f"{receipt.peer_id[-8:]} round {receipt.round}"
+        if verdict is Verdict.PASSED:
             index = self._ledger.run(lambda _: self.store.index_of(leaf))
-            self.trust.passed(receipt.public_key, index, rate)
-        elif passed is None:  # no evidence either way: credit kept, the key's next receipts audited
-            self.trust.owe(receipt.public_key)
+            self.trust.passed(key, index, rate)
+        elif verdict is Verdict.UNAVAILABLE:  # no evidence either way
+            self.trust.owe(key)
             logger.info(
-                f"audit unavailable: {receipt.peer_id[-8:]} round {receipt.round}: credit kept; "
-                "the key's receipts are audited until one passes"
+                f"audit unavailable: {who}: credit kept; the key's receipts are audited until one passes"
             )
+        elif verdict is Verdict.MARGINAL:
+            after = self.trust.marginal(key)
+            if after is not None:
+                self.penalties.audit_failed(sealed, result.distance, after=after)
+            elif not self.trust.is_excluded(key):
+                logger.warning(
+                    f"audit marginal: {who} (distance {result.distance:.3g}): credit kept; the key's "
+                    "receipts are audited until one passes, and a second marginal one excludes it"
+                )
         else:
-            self.penalties.audit_failed(sealed, distance)
+            self.penalties.audit_failed(sealed, result.distance)
 
     # ------------------------------------------------------------------ stopping
 

@@ -70,13 +70,20 @@ class Penalties:
         self.receipts, self.counters, self.publish = receipts, counters, publish
         self.on_excluded = on_excluded
 
-    def audit_failed(self, sealed: Sealed[ContributionReceipt], distance: float) -> None:
+    def audit_failed(
+        self, sealed: Sealed[ContributionReceipt], distance: float, *, after: int | None = None
+    ) -> None:
         """Exclude the key of a receipt whose recomputed gradient differs by ``distance``, and revoke
-        every credit since its last passed audit."""
+        every credit since its last passed audit. ``after``: that audit's ledger index where the trust
+        book has excluded the key already (a second marginal audit)."""
         receipt = sealed.record
-        after = self.trust.failed(receipt.public_key)
+        how = "differs"
+        if after is None:
+            after = self.trust.failed(receipt.public_key)
+        else:
+            how = "differs a second time since the key's last passed audit"
         reason = (
-            f"{EXCLUSION_REASON}: round {receipt.round}: recomputed gradient differs (distance {distance:.3g}); "
+            f"{EXCLUSION_REASON}: round {receipt.round}: recomputed gradient {how} (distance {distance:.3g}); "
             "every credit since the key's last passed audit revoked and the key excluded"
         )
         revoked, checkpoint = self.ledger.run(lambda _: self.revoke_since(receipt.public_key, after, reason))

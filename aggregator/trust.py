@@ -8,7 +8,9 @@ The rate a key's receipts claimed in its passed audits (samples per second of it
 its *measured* throughput, which bounds what it may claim later (:mod:`aggregator.contribution_checks`):
 a claim above that bound is audited (refused where the desk cannot audit), and a key without a
 measured rate is audited anyway. An audit that cannot get its start state revokes nothing: the key
-owes one, and each of its receipts is audited until one passes.
+owes one, and each of its receipts is audited until one passes. So does a *marginal* audit (a distance
+float32 rounding reaches only rarely, :mod:`aggregator.audits`); a second marginal one before a pass
+counts as a failure: an honest key's chance of that is about the square of one's, a cheat's is 1.
 
 Why cheating does not pay, at the defaults (``p`` the base audit rate, 0.1): a cheat that inflates
 a receipt's credit by a factor ``k`` gains ``(k - 1) c`` on it if unaudited and loses everything
@@ -40,6 +42,7 @@ class KeyTrust:
     measured_rate: float | None = None  # samples/s, the largest rate a passed audit confirmed
     excluded: bool = False
     owed: bool = False  # an audit of it found no start state: audited until one gives a verdict
+    marginal: bool = False  # its newest verdict was marginal: a second one before a pass excludes it
 
 
 class TrustBook:
@@ -74,7 +77,7 @@ class TrustBook:
         with self._lock:
             trust = self._of(key)
             trust.passed += 1
-            trust.owed = False
+            trust.owed = trust.marginal = False
             trust.last_passed_index = max(trust.last_passed_index, index)
             if rate is not None and rate > 0:
                 trust.measured_rate = max(trust.measured_rate or 0.0, rate)
@@ -103,6 +106,20 @@ class TrustBook:
         later receipt of the key is audited until one passes (an unavailable state dodges nothing)."""
         with self._lock:
             self._of(key).owed = True
+
+    def marginal(self, key: str) -> int | None:
+        """An audit of ``key`` was marginal. The first since its last pass keeps the credit and audits
+        every later receipt of it until one passes (returns None); a second excludes the key as a failed
+        audit does (returns the ledger index after which its credit is revoked)."""
+        with self._lock:
+            trust = self._of(key)
+            if trust.excluded:
+                return None
+            if trust.marginal:
+                trust.excluded = True
+                return trust.last_passed_index
+            trust.marginal = trust.owed = True
+            return None
 
     def suspect(self, key: str) -> None:
         """Other peers named the key's values outliers: audit every receipt of it again until it has

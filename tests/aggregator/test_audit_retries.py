@@ -10,6 +10,7 @@ import torch
 
 from aggregator import auditing
 from aggregator.auditing import SpotAuditor
+from aggregator.audits import Verdict
 from aggregator.checkpoints import CheckpointKeeper
 from hivemind_adapter.dht import peer_id
 from hivemind_adapter.p2p import Endpoint
@@ -62,7 +63,7 @@ def test_an_audit_is_tried_again_until_its_start_state_comes_and_then_only_repor
     with two_task_dhts(TASK) as (desk_dht, peer_dht):
         desk_end, peer_end = Endpoint(desk_dht, "desk"), Endpoint(peer_dht, "peer")
         keeper = CheckpointKeeper(desk_dht, desk_end, TASK, workload, tmp_path / "checkpoints")
-        auditor = SpotAuditor(workload, keeper, SEED, b"secret", lambda s, v, d: verdicts.append((s, v)))
+        auditor = SpotAuditor(workload, keeper, SEED, b"secret", lambda s, r: verdicts.append((s, r.verdict)))
         archive = StateArchive(peer_end, TASK)
         try:
             auditor.enqueue(sealed)
@@ -73,7 +74,10 @@ def test_an_audit_is_tried_again_until_its_start_state_comes_and_then_only_repor
             keeper.note_holders(sealed.record.state_digest, [peer_id(peer_dht)])
             wait_until(lambda: len(verdicts) == 2, 120, "both audits' verdicts")
             by_receipt = {s.record.round: v for s, v in verdicts}
-            assert by_receipt == {ROUND: True, ROUND + 1: None}  # passed on a retry; the other, after all
+            assert by_receipt == {
+                ROUND: Verdict.PASSED,
+                ROUND + 1: Verdict.UNAVAILABLE,
+            }  # passed on a retry; the other, after all
         finally:
             auditor.stop(timeout=60)
             archive.close()

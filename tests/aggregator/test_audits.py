@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from aggregator.audits import TOLERANCE, audit_receipt
+from aggregator.audits import FAIL_BEYOND, Verdict, audit_receipt
 from protocol.identity import Identity
 from supernet.contribution import compute_contribution, contribution_sketch
 from supernet.sketch import encode_sketch
@@ -58,18 +58,18 @@ def test_an_honest_receipt_passes_and_altered_ones_fail():
     state, honest = _honest_receipt(workload, identity)
     torch.manual_seed(12345)  # another thread's draws in between must not matter to the replay
     torch.rand(1000)
-    passed, distance = audit_receipt(workload, state, honest, SEED)
-    assert passed and distance < 1e-6, distance
+    result = audit_receipt(workload, state, honest, SEED)
+    assert result.verdict is Verdict.PASSED and result.distance < 1e-6, result
     with another_thread_reseeding_the_global_generator():  # and no lock is needed against it
-        assert audit_receipt(workload, state, honest, SEED) == (passed, distance)
+        assert audit_receipt(workload, state, honest, SEED) == result
 
     fabricated = honest.model_copy(update=dict(grad_sketch=tuple(-v for v in honest.grad_sketch)))
-    passed, distance = audit_receipt(workload, state, fabricated, SEED)
-    assert not passed and distance > TOLERANCE
+    result = audit_receipt(workload, state, fabricated, SEED)
+    assert result.verdict is Verdict.FAILED and result.distance > FAIL_BEYOND
 
     # Claiming more samples than were computed: the replay takes the extra mini-batches and differs.
     inflated = honest.model_copy(
         update=dict(worker_samples=(2 * PER_WORKER, PER_WORKER), samples=3 * PER_WORKER)
     )
-    passed, distance = audit_receipt(workload, state, inflated, SEED)
-    assert not passed and distance > TOLERANCE
+    result = audit_receipt(workload, state, inflated, SEED)
+    assert result.verdict is Verdict.FAILED and result.distance > FAIL_BEYOND, result

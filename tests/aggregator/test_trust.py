@@ -53,3 +53,16 @@ def test_an_audit_without_its_start_state_keeps_the_credit_and_audits_the_key_un
     assert book.audit_rate("k") == 1.0 and not book.is_excluded("k")
     book.passed("k", index=9, rate=None)
     assert book.audit_rate("k") == 0.1
+
+
+def test_a_second_marginal_audit_before_a_pass_excludes_and_revokes_since_the_last_pass():
+    book = TrustBook(base_rate=0.1)
+    for i in range(TRUSTED_AFTER):
+        book.passed("k", index=i, rate=None)
+    assert book.marginal("k") is None  # the first: credit kept, every receipt audited again
+    assert book.audit_rate("k") == 1.0 and not book.is_excluded("k")
+    book.passed("k", index=8, rate=None)  # a pass in between forgives it
+    assert book.audit_rate("k") == 0.1
+    assert book.marginal("k") is None
+    assert book.marginal("k") == 8 and book.is_excluded("k")  # the second since that pass
+    assert book.marginal("k") is None  # excluded once
