@@ -56,6 +56,7 @@ from aggregator.penalties import Penalties, excluded_keys
 from aggregator.receipt_answers import CreditsBook, credits_reply
 from aggregator.receipt_status import ReceiptStatus
 from aggregator.round_closing import RoundCloser
+from aggregator.round_pace import RoundPace, newest_receipt_round
 from aggregator.state_prefetch import StatePrefetcher
 from aggregator.trust import TrustBook
 from aggregator.work_pricing import WorkPricing
@@ -151,6 +152,7 @@ class ContributionDesk:
         self._claimed_rates: dict[bytes, float] = {}  # leaf -> samples/s it claimed, until its audit
         self._prefetcher = StatePrefetcher(states)
         self._ledger.run(lambda _: self._rebuild_trust())
+        self.pace = RoundPace(max(1, round_window // 2), self._ledger.run(newest_receipt_round))
         self.states = states
         self.endpoint = endpoint
         serve(
@@ -300,10 +302,13 @@ class ContributionDesk:
         for key in excluded_keys(self.store):
             self.trust.exclude(key)
 
-    def _swarm_round(self, announced: int) -> int:
-        """The swarm's round from its members' progress records
-        (:func:`aggregator.board_reads.read_swarm_round`)."""
+    def _board_round(self, announced: int) -> int:
+        """The round members' progress records show (:func:`aggregator.board_reads.read_swarm_round`)."""
         return read_swarm_round(self.dht, self.task_id, announced, self._is_member)
+
+    def _swarm_round(self, announced: int) -> int:
+        """The swarm's round as this desk goes by it: the board's, at most :attr:`pace` allows."""
+        return self.pace.bound(self._board_round(announced))
 
     def _is_member(self, key: str) -> bool:
         if self.admission is None:
@@ -388,6 +393,7 @@ class ContributionDesk:
                 leaf = leaf_hash(accepted.wire)
                 self.receipts.accept(leaf)
                 receipt, key = accepted.record, accepted.record.public_key
+                self.pace.accepted(receipt.round)
                 lone = accepted.wire in closed.audit_only
                 if self.states is not None and not lone:
                     # a start state the swarm committed (its group is witnessed): checkpoints may use it

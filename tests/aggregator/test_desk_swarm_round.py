@@ -43,9 +43,9 @@ def test_a_lone_far_off_progress_record_sets_the_round_only_in_a_swarm_of_two(tm
         try:
             liar = ProgressBoard(second, TASK, speaker_of(Identity.generate()))
             assert liar.publish(10**9, 64, 1.0, 1.0, "cohort-a", 10**9 - 1)
-            wait_until(lambda: desk._swarm_round(announced=2) == 10**9, 15, "the desk to read the record")
-            assert desk._swarm_round(announced=6) == -1  # the roster holds others: one record is one word
-            assert desk._swarm_round(announced=0) == -1  # the roster read failed: no word stands alone
+            wait_until(lambda: desk._board_round(announced=2) == 10**9, 15, "the desk to read the record")
+            assert desk._board_round(announced=6) == -1  # the roster holds others: one record is one word
+            assert desk._board_round(announced=0) == -1  # the roster read failed: no word stands alone
             honest = ProgressBoard(second, TASK, speaker_of(Identity.generate()))
             assert honest.publish(5, 64, 1.0, 1.0, "cohort-a", 4)
             wait_until(lambda: desk._swarm_round(announced=6) == 5, 15, "the desk to read both records")
@@ -149,14 +149,44 @@ def test_throw_away_keys_corroborate_no_round_for_a_desk_that_admits(tmp_path):
             for _ in range(2):
                 thrower = ProgressBoard(second, TASK, speaker_of(Identity.generate()))
                 assert thrower.publish(10**12, 64, 1.0, 1.0, "cohort-a", 10**12 - 1)
-            wait_until(lambda: trusting._swarm_round(announced=6) == 10**12, 15, "the throw-away records")
-            assert desk._swarm_round(announced=6) == -1
+            wait_until(lambda: trusting._board_round(announced=6) == 10**12, 15, "the throw-away records")
+            assert desk._board_round(announced=6) == -1
             for _ in range(2):
                 member = Identity.generate()
                 request = AdmissionRequest(binding_wire(member)).to_bytes()
                 assert admission.answer(request, peer_id_of(member), None)["status"] == "admitted"
                 assert ProgressBoard(second, TASK, speaker_of(member)).publish(5, 64, 1.0, 1.0, "cohort-a", 4)
-            wait_until(lambda: desk._swarm_round(announced=6) == 5, 15, "the members' records")
+            wait_until(lambda: desk._board_round(announced=6) == 5, 15, "the members' records")
         finally:
             desk.shutdown()
             trusting.shutdown()
+
+
+def test_members_claiming_a_far_off_round_move_the_desks_window_only_by_its_lead(tmp_path):
+    """Two admitted keys can corroborate round 10^12 on the board; the desk goes by it only up to
+    ``pace.lead`` rounds past the newest round it accepted a receipt of (read from its ledger on
+    start), so no honest receipt of a round it has seen falls out of the window."""
+    aggregator, peer = Identity.generate(), Identity.generate()
+    ledger = tmp_path / "l.sqlite"
+    with two_task_dhts(TASK) as (first, second):
+        admission = AdmissionDesk(aggregator, TASK, MembershipPolicy(), tmp_path / "members.jsonl")
+        desk = ContributionDesk(first, Endpoint(first, "desk"), aggregator, task_spec(aggregator), ledger)
+        desk._ledger.run(lambda store: store.append_batch([sealed_receipt(peer, 1, round=30)], aggregator))
+        desk.shutdown()
+        desk = ContributionDesk(
+            first, Endpoint(first, "desk2"), aggregator, task_spec(aggregator), ledger, admission=admission,
+            round_window=20,
+        )  # fmt: skip
+        try:
+            for _ in range(2):
+                member = Identity.generate()
+                request = AdmissionRequest(binding_wire(member)).to_bytes()
+                assert admission.answer(request, peer_id_of(member), None)["status"] == "admitted"
+                board = ProgressBoard(second, TASK, speaker_of(member))
+                assert board.publish(10**12, 64, 1.0, 1.0, "cohort-a", 10**12 - 1)
+            wait_until(lambda: desk._board_round(announced=6) == 10**12, 15, "the members' records")
+            assert desk.pace.lead == 10 and desk._swarm_round(announced=6) == 30 + 10
+            desk.pace.accepted(35)  # as closing a round with an accepted receipt of round 35 does
+            assert desk._swarm_round(announced=6) == 45
+        finally:
+            desk.shutdown()
