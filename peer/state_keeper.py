@@ -20,7 +20,7 @@ from peer.swarm_view import read_roster
 from peer.worker_pool import WorkerPool
 from peer.worker_protocol import SharedBuffers
 from protocol.task_spec import TaskSpec
-from supernet.outer_state import served_consensus, served_layout, split_served
+from supernet.outer_state import adopted_state, served_consensus, served_layout, split_served
 from supernet.state import digest
 
 logger = logging.getLogger("manta.peer")
@@ -128,12 +128,13 @@ class StateKeeper:
         if (outer is None) != (self.outer is None):
             logger.warning("a served state of another synchronisation mode: ignored")
             return False
+        own_cohort = quorum  # in outer tasks the catch-up roster is this peer's cohort
+        worker_state, outer = adopted_state(
+            worker_state, outer, self.shared.state, self.outer.state if self.outer else None, self.consensus,
+            own_cohort,
+        )  # fmt: skip
         self.workers.load(worker_state)
         if self.outer is not None:
-            if result is None or got.digest != result.digest:
-                # served by one node, maybe of another cohort: this peer's period starts here
-                outer.anchor = [t.clone() for t in worker_state[: len(outer.anchor)]]
-                outer.residue = [torch.zeros_like(t) for t in outer.residue]
             self.outer.replace_state(outer)
         self.state_round = got.round
         self.publish(got.round, got.attempt)

@@ -82,3 +82,28 @@ def split_served(
     )
     anchor, residue = tensors[cut[3] : cut[4]], tensors[cut[4] :]
     return [*head, *tail], OuterState(list(global_params), list(momentum), list(anchor), list(residue))
+
+
+def adopted_state(
+    served_worker: Sequence[torch.Tensor],
+    served_outer: OuterState | None,
+    own_worker: Sequence[torch.Tensor],
+    own_outer: OuterState | None,
+    consensus: int,
+    own_cohort: bool,
+) -> tuple[list[torch.Tensor], OuterState | None]:
+    """What a peer loads from a served state (split by :func:`split_served`): only what the digest
+    covers comes from the server. The rest is the peer's own: its batch-norm statistics (unused in
+    training, recalibrated before any evaluation) and, in outer tasks, its anchor and residue where
+    the state is its own cohort's (``own_cohort``) after the same outer step (same
+    :func:`outer_digest`), else a period that starts here (the loaded parameters as anchor, no residue)."""
+    worker = [*served_worker[:consensus], *(t.clone() for t in own_worker[consensus:])]
+    if served_outer is None or own_outer is None:
+        return worker, None
+    if own_cohort and outer_digest(served_outer) == outer_digest(own_outer):
+        anchor = [t.clone() for t in own_outer.anchor]
+        residue = [t.clone() for t in own_outer.residue]
+    else:
+        anchor = [t.clone() for t in worker[: len(served_outer.anchor)]]
+        residue = [torch.zeros_like(t) for t in served_outer.residue]
+    return worker, OuterState(list(served_outer.global_params), list(served_outer.momentum), anchor, residue)
