@@ -116,15 +116,25 @@ class BootstrapAggregator:
         announce = [
             host_port_to_multiaddr(a, "--announce", allow_port_zero=False) for a in self.config.announce
         ]
-        self.dht = start_dht(
-            initial_peers=self.config.initial_peers,
-            host_maddrs=host,
-            announce_maddrs=announce or None,
-            libp2p_key=Libp2pKey.load_or_create(self.config.data_dir / "libp2p.key"),
-            validators=[MantaRecordValidator(self.task_id)],
-        )
-        self._dht_watch = ProcessWatch(self.dht, self._dht_ended)
+        libp2p_key = Libp2pKey.load_or_create(self.config.data_dir / "libp2p.key")
+
+        def node(keys: tuple[str, ...]):  # the node's validator checks certificates against ``keys``
+            return start_dht(
+                initial_peers=self.config.initial_peers,
+                host_maddrs=host,
+                announce_maddrs=announce or None,
+                libp2p_key=libp2p_key,
+                validators=[MantaRecordValidator(self.task_id, aggregator_keys=keys)],
+            )
+
+        expected = self._saved_spec().record if self.config.resume else self.spec
+        self.dht = node(expected.aggregator_keys)
         self.published = self._choose_spec()
+        if not set(self.published.record.aggregator_keys) <= set(expected.aggregator_keys):
+            # the spec adopted names aggregators this node's validator does not know: start it anew
+            self.dht.shutdown()
+            self.dht = node(self.published.record.aggregator_keys)
+        self._dht_watch = ProcessWatch(self.dht, self._dht_ended)
         self.endpoint = Endpoint(self.dht, "manta-aggregator")
         serve_dial_back(self.endpoint)  # joining peers learn whether the swarm can reach them
         self.admission = AdmissionDesk(
@@ -231,11 +241,14 @@ class BootstrapAggregator:
             return [f"{host_port_to_multiaddr(a, '--announce')}/p2p/{own}" for a in self.config.announce]
         return dht_visible_maddrs(self.dht)
 
+    def _saved_spec(self) -> Sealed[TaskSpec]:
+        return open_sealed((self.config.data_dir / "task.sealed").read_bytes(), TaskSpec)
+
     def _choose_spec(self) -> Sealed[TaskSpec]:
         """The saved spec when resuming; else adopt a spec another aggregator already publishes for
         this task id, else publish ours."""
         if self.config.resume:
-            return open_sealed((self.config.data_dir / "task.sealed").read_bytes(), TaskSpec)
+            return self._saved_spec()
         published = read_signed(
             self.dht, task_key(self.task_id), lambda sub, value: open_task_value(self.task_id, sub, value)
         )

@@ -150,7 +150,15 @@ def search(
             raise UserError(f"{source}: {e.strerror or e}") from None
         options.checkpoint = copy
         report, extra = _run(
-            options, spec.task_id, identity, peers, peers_wait, peer_timeout, verify_fraction, say
+            options,
+            spec.task_id,
+            identity,
+            peers,
+            peers_wait,
+            peer_timeout,
+            verify_fraction,
+            say,
+            frozenset(spec.aggregator_keys),
         )
     extra["checkpoint"] = str(source)
     _print(report, extra)
@@ -160,7 +168,9 @@ def search(
         write_json(json_path, {**summary(report), "distributed": extra})
 
 
-def _run(options, task_id, identity, initial_peers, peers_wait, peer_timeout, verify_fraction, say):
+def _run(
+    options, task_id, identity, initial_peers, peers_wait, peer_timeout, verify_fraction, say, aggregator_keys
+):
     from concurrent.futures import ThreadPoolExecutor
 
     from aggregator.search_dispatch import (
@@ -212,7 +222,10 @@ def _run(options, task_id, identity, initial_peers, peers_wait, peer_timeout, ve
                 arguments, settings,
             )  # fmt: skip
             say(f"waiting up to {peers_wait:g} s for online peers of task {task_id}")
-            helpers = [RemotePeer(link, p, peer_timeout) for p in wait_for_peers(dht, task_id, peers_wait)]
+            helpers = [
+                RemotePeer(link, p, peer_timeout)
+                for p in wait_for_peers(dht, task_id, peers_wait, aggregator_keys)
+            ]
         if helpers:
             say(f"{len(helpers)} peer(s) online: {', '.join(h.name for h in helpers)}; each evaluates a share "
                 "of every generation (a failed share is redone here)")  # fmt: skip

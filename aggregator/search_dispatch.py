@@ -56,17 +56,20 @@ def online_peers(dht, task_id: str, aggregator_keys: frozenset[str] | None = Non
     return sorted({a.record.peer_id for a in opened if a.record.throughput_milli > 0})  # 0: withdrawn
 
 
-def wait_for_peers(dht, task_id: str, seconds: float, settle: float = 2.0) -> list[str]:
-    """The online peers, waiting up to ``seconds`` for the first; once one is seen, ``settle`` s more
-    for the others (announcements of peers that started together arrive within moments)."""
+def wait_for_peers(
+    dht, task_id: str, seconds: float, aggregator_keys: frozenset[str] | None = None, settle: float = 2.0
+) -> list[str]:
+    """The online peers (members certified by one of ``aggregator_keys``, where given), waiting up to
+    ``seconds`` for the first; once one is seen, ``settle`` s more for the others (announcements of
+    peers that started together arrive within moments)."""
     deadline = time.monotonic() + seconds
-    peers = online_peers(dht, task_id)
+    peers = online_peers(dht, task_id, aggregator_keys)
     while not peers and time.monotonic() < deadline:
         time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-        peers = online_peers(dht, task_id)
+        peers = online_peers(dht, task_id, aggregator_keys)
     if peers and seconds > 0:
         time.sleep(min(settle, max(0.0, deadline - time.monotonic())))
-        peers = online_peers(dht, task_id) or peers
+        peers = online_peers(dht, task_id, aggregator_keys) or peers
     return peers
 
 
