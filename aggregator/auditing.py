@@ -51,6 +51,10 @@ class SpotAuditor:
         return int.from_bytes(mac[:8], "big") / 2**64 < fraction
 
     def enqueue(self, sealed: Sealed[ContributionReceipt]) -> None:
+        """Audit ``sealed`` on the audit thread; its start state is kept from when it is fetched
+        (by the prefetch, or the audit itself) until the audit is done."""
+        if self.states is not None:
+            self.states.hold(sealed.record.state_digest)
         self._queue.put((sealed, 0))
 
     def _loop(self) -> None:
@@ -73,8 +77,11 @@ class SpotAuditor:
             if self.audit(sealed, final=last).verdict is Verdict.UNAVAILABLE and not last:
                 due = time.monotonic() + RETRY_AFTER[tries]
                 heapq.heappush(self._retries, (due, next(self._order), sealed, tries + 1))
+                return
         except Exception as e:  # the aggregator's own fault (the receipt's are verdicts): say so
             logger.error(f"audit of a receipt of round {sealed.record.round} failed to run: {e!r}")
+        if self.states is not None:
+            self.states.release(sealed.record.state_digest)
 
     def audit(self, sealed: Sealed[ContributionReceipt], final: bool = True) -> AuditResult:
         """Replay one receipt and report the result; an unavailable start state is reported only if

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,7 +69,8 @@ class CheckpointKeeper:
         directory: Path,
         *,
         keep: int = 5,
-        cache: int = 16,  # states: a checkpoint's, and the start states queued audits replay
+        cache: int = 16,  # states: a checkpoint's, and the start states audits replay
+        held: int = 64,  # states kept beyond ``cache`` while a queued audit replays from them
         outer_period: int | None = None,
     ):
         self.workload, self.directory, self.keep, self.task_id = workload, Path(directory), keep, task_id
@@ -105,7 +106,8 @@ class CheckpointKeeper:
         # the state peers may load without a quorum's word (protocol.records.StateAnchor).
         self.on_serve: Callable[[int, int, str], None] = lambda round_index, attempt, state_digest: None
         self._cache: OrderedDict[str, tuple[int, int, list[torch.Tensor]]] = OrderedDict()
-        self._cache_size = cache
+        self._cache_size, self._held_limit = cache, held
+        self._held: Counter[str] = Counter()  # digest -> queued audits that replay from it
         self._remember(digest(self.template[: self.consensus]), -1, 0, self.template)  # the initial state
         self._written_round = -1
         # Set when an outer task's state after a period's end becomes known: it is learned only when
@@ -154,8 +156,24 @@ class CheckpointKeeper:
         with self._lock:
             self._cache[state_digest] = (round_index, attempt, [t.clone() for t in tensors])
             self._cache.move_to_end(state_digest)
-            while len(self._cache) > self._cache_size:
+            # the oldest state no queued audit needs goes first; held ones only past their own bound
+            unheld = [d for d in self._cache if d not in self._held]
+            while len(self._cache) > self._cache_size and unheld:
+                del self._cache[unheld.pop(0)]
+            while len(self._cache) > self._cache_size + self._held_limit:
                 self._cache.popitem(last=False)
+
+    def hold(self, state_digest: str) -> None:
+        """An audit that replays from ``state_digest`` is queued: keep the state once fetched."""
+        with self._lock:
+            self._held[state_digest] += 1
+
+    def release(self, state_digest: str) -> None:
+        """That audit is done."""
+        with self._lock:
+            self._held[state_digest] -= 1
+            if self._held[state_digest] <= 0:
+                del self._held[state_digest]
 
     def state_for(self, state_digest: str, timeout: float = 30.0) -> list[torch.Tensor] | None:
         """The state with this digest: from the cache, else from a peer that held it (checked against

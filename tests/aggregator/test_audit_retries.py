@@ -84,3 +84,33 @@ def test_an_audit_is_tried_again_until_its_start_state_comes_and_then_only_repor
             keeper.shutdown()
             desk_end.close()
             peer_end.close()
+
+
+def test_a_queued_audits_start_state_is_kept_after_its_holders_dropped_it(tmp_path):
+    # In outer mode behind 5 Mbit/s links the audit thread fell rounds behind: the states it needed had
+    # left the keeper's cache and the peers' archives, and 29 of 47 audits found none.
+    workload = workload_for("digits", SMALL)
+    with two_task_dhts(TASK) as (desk_dht, peer_dht):
+        desk_end, peer_end = Endpoint(desk_dht, "desk"), Endpoint(peer_dht, "peer")
+        keeper = CheckpointKeeper(desk_dht, desk_end, TASK, workload, tmp_path / "checkpoints", cache=2)
+        archive = StateArchive(peer_end, TASK, keep=1)  # a peer that keeps its newest state only
+        try:
+            states = [[t + i for t in keeper.template] for i in range(1, 6)]
+            digests = [digest(s[: keeper.consensus]) for s in states]
+            keeper.hold(digests[0])  # an audit of a receipt that started from it is queued
+            for r, (d, s) in enumerate(zip(digests[:4], states)):
+                archive.add(r, 0, d, s)
+                keeper.note_holders(d, [peer_id(peer_dht)])
+                assert keeper.state_for(d, timeout=30) is not None
+            assert keeper.state_for(digests[0], timeout=5) is not None  # kept, though its holder dropped it
+            assert keeper.state_for(digests[1], timeout=5) is None  # nobody's audit: out of the cache of 2
+            keeper.release(digests[0])  # the audit is done
+            archive.add(4, 0, digests[4], states[4])
+            keeper.note_holders(digests[4], [peer_id(peer_dht)])
+            assert keeper.state_for(digests[4], timeout=30) is not None
+            assert keeper.state_for(digests[0], timeout=5) is None
+        finally:
+            archive.close()
+            keeper.shutdown()
+            desk_end.close()
+            peer_end.close()
