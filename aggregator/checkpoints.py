@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^round-(\d{8})\.pt$")
 AGGREGATOR_TIEBREAK = 0.0  # below every peer serving the same round (theirs are in (0, 0.5))
+PARTIAL_FETCHES = 8  # failed fetches whose pages are kept for the next try
 
 
 def checkpoint_files(directory: Path) -> list[Path]:
@@ -108,6 +109,9 @@ class CheckpointKeeper:
         self._cache: OrderedDict[str, tuple[int, int, list[torch.Tensor]]] = OrderedDict()
         self._cache_size, self._held_limit = cache, held
         self._held: Counter[str] = Counter()  # digest -> queued audits that replay from it
+        # digest -> pages of a fetch that failed (a congested link): the next try asks only the rest
+        self._partial: OrderedDict[str, dict[int, bytes]] = OrderedDict()
+        self._fetching: dict[str, threading.Lock] = {}  # digest -> held while one thread fetches it
         self._remember(digest(self.template[: self.consensus]), -1, 0, self.template)  # the initial state
         self._written_round = -1
         # Set when an outer task's state after a period's end becomes known: it is learned only when
@@ -201,13 +205,35 @@ class CheckpointKeeper:
             return cached
         if not holders:
             return None
+        with self._lock:
+            fetching = self._fetching.setdefault(state_digest, threading.Lock())
+        # one fetch of a digest at a time (the prefetch, an audit and the checkpoint loop may all
+        # want it): a second waiter takes the first one's result from the cache
+        if not fetching.acquire(timeout=timeout):
+            return None
         try:
+            with self._lock:
+                cached = self._cache.get(state_digest)
+                partial = self._partial.pop(state_digest, {})
+            if cached is not None:
+                return cached
             state = fetch_state(
-                self.endpoint, holders, self.task_id, state_digest, self.template, self.consensus, timeout
-            )
+                self.endpoint, holders, self.task_id, state_digest, self.template, self.consensus, timeout,
+                partial,
+            )  # fmt: skip
         except BlobUnavailable as e:
             logger.info(f"state {state_digest[:12]} could not be fetched: {e}")
+            with self._lock:
+                if partial:
+                    self._partial[state_digest] = partial
+                while len(self._partial) > PARTIAL_FETCHES:
+                    self._partial.popitem(last=False)
             return None
+        finally:
+            fetching.release()
+            with self._lock:
+                if state_digest in self._fetching and not fetching.locked():
+                    del self._fetching[state_digest]
         self.fetched_bytes += sum(t.numel() * t.element_size() for t in state.tensors)
         round_index = known.round if known else state.round
         self._remember(state_digest, round_index, state.attempt, state.tensors)

@@ -332,6 +332,7 @@ class ContributionDesk:
                     # signed anew: peers find this desk by it for as long as the aggregator runs
                     publish_binding(self.dht, self.identity, self.task_id)
                     self._binding_published_at = time.monotonic()
+                self._prefetcher.retry_due()
                 self.close_due_rounds()
             except Exception as e:
                 logger.warning(f"closing rounds failed: {type(e).__name__}: {e}")

@@ -1,25 +1,29 @@
 """Fetching a queued receipt's start state (and the state after its group) in the background, while
-the peers that hold it are online. Why: an audit runs later, and one whose start state cannot be had
-revokes the receipt; the last state of a run is served only until its holders leave."""
+the peers that hold it are online (they keep a few rounds' states). Why: an audit runs later, maybe
+rounds later, and the last state of a run is served only until its holders leave."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 REMEMBERED = 64  # start states remembered as fetched (each is fetched once)
 FETCH_TIMEOUT = 30.0  # seconds one fetch may take
+RETRY_AFTER = (5.0, 15.0)  # seconds before each new try of a fetch that failed (pages it got are kept)
 
 
 class StatePrefetcher:
     """Fetches each start state once (of the last :data:`REMEMBERED`), on one background thread,
-    through ``states.state_for(digest, timeout)``. :meth:`prefetch` may be called from any thread."""
+    through ``states.state_for(digest, timeout)``; a fetch that failed is tried again
+    :data:`RETRY_AFTER` seconds later. :meth:`prefetch` may be called from any thread."""
 
     def __init__(self, states):
         self.states = states
         self._prefetched: dict[str, None] = {}  # digests fetched, oldest first
-        self._lock = threading.Lock()  # guards _prefetched
+        self._retries: list[tuple[float, str, int]] = []  # (due, digest, tries) of failed fetches
+        self._lock = threading.Lock()  # guards _prefetched and _retries
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="manta-audit-prefetch")
 
     def prefetch(self, digest: str) -> None:
@@ -30,7 +34,26 @@ class StatePrefetcher:
             self._prefetched[digest] = None
             while len(self._prefetched) > REMEMBERED:
                 self._prefetched.pop(next(iter(self._prefetched)))
-        self._executor.submit(self.states.state_for, digest, FETCH_TIMEOUT)
+        self._executor.submit(self._fetch, digest, 0)
+
+    def _fetch(self, digest: str, tries: int) -> None:
+        if self.states.state_for(digest, FETCH_TIMEOUT) is not None or tries >= len(RETRY_AFTER):
+            return
+        due = time.monotonic() + RETRY_AFTER[tries]
+        with self._lock:
+            self._retries.append((due, digest, tries + 1))
+
+    def retry_due(self) -> None:
+        """Queue the fetches whose retry is due (the desk calls this every second)."""
+        now = time.monotonic()
+        with self._lock:
+            due = [r for r in self._retries if r[0] <= now]
+            self._retries = [r for r in self._retries if r[0] > now]
+        for _, digest, tries in due:
+            try:
+                self._executor.submit(self._fetch, digest, tries)
+            except RuntimeError:  # shut down
+                return
 
     def run(self, job: Callable[[], object]) -> None:
         """Run ``job`` on the same background thread, after what is queued (its errors are dropped:

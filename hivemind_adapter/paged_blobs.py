@@ -144,11 +144,14 @@ async def _gather_spread(
     timeout: float,
     max_bytes: int,
     size: int | None,
+    pages: dict[int, bytes],
 ) -> tuple[bytes, dict[str, int]]:
     """The blob's bytes, its pages asked of every source at once (a few requests in flight at each;
-    a source that fails is dropped and its page goes back to the others), and pages per source."""
+    a source that fails is dropped and its page goes back to the others), and pages per source.
+    ``pages`` (offset -> bytes) holds what arrived, before (only the rest is asked) and after."""
     reasons: list[str] = []
-    pages: dict[int, bytes] = {}
+    if size is None:
+        pages.clear()  # pages of an earlier try are kept only where the size is known
     served = {source: 0 for source in sources}
     holders = list(sources)
     if size is None:  # the first page that arrives fixes the size (and the page length) for everyone
@@ -169,8 +172,8 @@ async def _gather_spread(
             raise BlobUnavailable("; ".join(dict.fromkeys(reasons)) or "no source to ask")
     else:  # known in advance (a state's size follows from the task): every page is asked at once
         stride = PAGE_BYTES
-    todo = deque(range(len(pages) * stride, size, stride))
-    wanted = len(pages) + len(todo)
+    todo = deque(offset for offset in range(0, size, stride) if offset not in pages)
+    wanted = len(range(0, size, stride))
 
     async def lane(source: str) -> None:
         while len(pages) < wanted:
@@ -207,22 +210,27 @@ def fetch_spread(
     timeout: float,
     max_bytes: int,
     size: int | None = None,
+    partial: dict[int, bytes] | None = None,
 ) -> Any:
     """``check(blob)`` of the blob assembled from pages of every source at once (each page within
     ``timeout`` s; ``size``: the exact size, if the caller knows it, so no page waits for a first).
+    ``partial``: the pages an earlier try of the same ``key`` and ``size`` left there (only the rest
+    is asked), filled with what arrives: a try that fails on a congested link loses no page.
     If the whole fails its check, some source served a wrong page: each source's own copy is then
     tried in turn (:func:`fetch_from_any`), so one liar costs time, never the blob."""
     sources = list(dict.fromkeys(sources))
     pages = math.ceil(max_bytes / PAGE_BYTES) + 1
     bound = timeout * (pages + len(sources) + 1)  # every request is bounded; so is their sum
+    got: dict[int, bytes] = partial if partial is not None else {}
     future = asyncio.run_coroutine_threadsafe(
-        _gather_spread(endpoint, sources, handler, key, timeout, max_bytes, size), endpoint.loop.loop
+        _gather_spread(endpoint, sources, handler, key, timeout, max_bytes, size, got), endpoint.loop.loop
     )
     try:
         blob, served = future.result(bound)
     except TimeoutError:
         future.cancel()
         raise BlobUnavailable(f"no complete copy of {key[:12]} within {bound:.0f} s") from None
+    got.clear()  # complete: a next try starts afresh
     try:
         return check(blob)
     except ValueError as e:

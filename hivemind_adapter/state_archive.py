@@ -102,10 +102,12 @@ def fetch_state(
     template: list[torch.Tensor],
     consensus: int,
     timeout: float = 30.0,
+    partial: dict[int, bytes] | None = None,
 ) -> ArchivedState:
     """The state with digest ``state_digest``, its pages spread over every one of ``sources`` that
     holds it (checked: its leading ``consensus`` tensors must hash to that digest, and every value
-    must be finite; a wrong copy is found by trying each holder's own). BlobUnavailable says why not."""
+    must be finite; a wrong copy is found by trying each holder's own). BlobUnavailable says why not.
+    ``partial``: pages kept from an earlier try of this digest (:func:`fetch_spread`)."""
 
     def check(blob: bytes) -> ArchivedState:
         round_index, attempt, tensors = decode_state(blob, template)
@@ -118,4 +120,6 @@ def fetch_state(
         return ArchivedState(round_index, attempt, got, tensors)
 
     size = state_bytes(template)
-    return fetch_spread(endpoint, sources, state_handler(task_id), state_digest, check, timeout, size, size)
+    return fetch_spread(
+        endpoint, sources, state_handler(task_id), state_digest, check, timeout, size, size, partial
+    )
