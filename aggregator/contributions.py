@@ -278,11 +278,15 @@ class ContributionDesk:
         then (every-step tasks) the state its group's committers report holding after it: the next
         round's start state, fetched once either way, and the run's last state, which its holders
         serve only until they leave (the stop's final checkpoint). Fetched is not committed: a state is
-        checkpointed only once learned (:meth:`_learn_state_after`)."""
+        checkpointed only once learned (:meth:`_learn_state_after`). The start state only of a receipt
+        its key's audit rate selects (or of a key without a measured rate, audited for certain): a
+        state can be larger than a slow uplink carries in a round, and most receipts are not audited."""
         if self.states is None or self.trust.base_rate <= 0:
             return
         receipt = parse_sealed(wire, ContributionReceipt).record
-        self._prefetcher.prefetch(receipt.state_digest)
+        key = receipt.public_key
+        if key not in self.trust.measured_rates() or self.auditor.selected(wire, self.trust.audit_rate(key)):
+            self._prefetcher.prefetch(receipt.state_digest)
         if self.spec.params.sync != "outer":
             self._prefetcher.run(lambda: self._prefetch_state_after(receipt))
 
