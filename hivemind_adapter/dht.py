@@ -311,6 +311,23 @@ async def _validator_counts(_dht: hivemind.DHT, node: Any) -> tuple[int, int]:
     return checked, cached
 
 
+async def _validator_rejections(_dht: hivemind.DHT, node: Any) -> dict[str, int]:
+    """Runs in the DHT process: the validators' refusals, summed over those that count them."""
+    out: dict[str, int] = {}
+    for validator in getattr(node.protocol.record_validator, "_validators", ()):
+        rejected = getattr(validator, "rejected", None)
+        if isinstance(rejected, dict):
+            for label, count in rejected.items():
+                out[label] = out.get(label, 0) + count
+    return out
+
+
+def record_validator_rejections(dht: hivemind.DHT, timeout: float = READ_TIMEOUT) -> dict[str, int]:
+    """What the validators of ``dht``'s own process refused so far, by ``"<key name>:<reason>"``
+    (MANTA's :class:`protocol.dht_schema.MantaRecordValidator`): the forgeries it kept out."""
+    return dht.run_coroutine(_validator_rejections, return_future=True).result(timeout=timeout)
+
+
 def record_validator_counts(dht: hivemind.DHT, timeout: float = READ_TIMEOUT) -> tuple[int, int]:
     """(entries checked, entries answered from a verdict cache) by the validators of ``dht``'s own
     process that count them (MANTA's): what validating the records it handled has cost so far."""

@@ -9,12 +9,13 @@ import torch
 from hivemind.utils import get_dht_time
 
 from hivemind_adapter.allreduce import VerifiedAverager
-from hivemind_adapter.dht import speaker, start_dht, visible_maddrs
+from hivemind_adapter.dht import record_validator_rejections, speaker, start_dht, visible_maddrs
 from hivemind_adapter.group_keys import DeclarationSigner
 from protocol.declarations import AveragingDeclaration, declaration_subkey
 from protocol.dht_schema import MantaRecordValidator
 from protocol.identity import Identity
 from protocol.peer_keys import Libp2pKey
+from tests.helpers import wait_until
 from tests.hivemind_adapter.averager_pair import LOOPBACK, PAIR_SETTINGS, step_all_at_once
 from tests.protocol.factories import fake_peer_id, seal_unchecked
 
@@ -52,6 +53,22 @@ def _forge(attacker_dht, victims: list[str], stop: threading.Event, signed_by: I
         stop.wait(0.3)
 
 
+def _entries(dht, key: str) -> int:
+    """How many entries a read of ``key`` through ``dht`` returns (after its validator)."""
+    found = dht.get(key, latest=True)
+    return len(found.value) if found is not None and isinstance(found.value, dict) else 0
+
+
+def _refused(dhts) -> int:
+    """Declarations the validators of ``dhts`` refused so far."""
+    return sum(
+        n
+        for dht in dhts
+        for label, n in record_validator_rejections(dht).items()
+        if label.startswith("group_key")
+    )
+
+
 def _matchmade_step(_: int, averager: VerifiedAverager) -> object:
     return averager.step(timeout=STEP_TIMEOUT, allow_retries=False)
 
@@ -65,7 +82,8 @@ def peer_id_bytes(peer_id: str) -> bytes:
 def _pair_under_attack(defended: bool) -> tuple[list[object], list[dict[str, int]], list[str]]:
     """Two honest averagers (and, defended, a third that signs properly but is not in their roster: a
     Sybil) step once while an attacker forges declarations; returns each step's outcome (gathered
-    metadata or the exception), each averager's admission refusals, and the averagers' peer ids."""
+    metadata or the exception), what each honest node's validator refused (defended only), and the
+    averagers' peer ids."""
     validators = [MantaRecordValidator(TASK)] if defended else []
     members = 3 if defended else 2
     honest = [Identity.generate() for _ in range(members)]
@@ -94,9 +112,13 @@ def _pair_under_attack(defended: bool) -> tuple[list[object], list[dict[str, int
             daemon=True,
         )
         forger.start()
-        stop.wait(1.0)  # the forgeries are in place before anyone declares
+        if defended:  # the forgeries reach the honest nodes (and are refused there) before anyone declares
+            wait_until(lambda: _refused(dhts[:2]) >= FAKES, 30, "the honest nodes to refuse forgeries")
+        else:  # the forgeries are in place, as an honest node reads them, before anyone declares
+            wait_until(lambda: _entries(dhts[0], GROUP_KEY) >= FAKES, 30, "the forged declarations")
         outcomes = step_all_at_once(averagers, _matchmade_step, 3 * STEP_TIMEOUT)
-        return outcomes, [a.admission_refusals() for a in averagers], peer_ids
+        refusals = [record_validator_rejections(dht) for dht in dhts] if defended else []
+        return outcomes, refusals, peer_ids
     finally:
         stop.set()
         for averager in averagers:
@@ -122,8 +144,9 @@ def test_signed_declarations_meet_despite_forgeries():
     for outcome in outcomes[:2]:  # they met each other, and nobody else
         assert sorted(str(p) for p in outcome) == sorted(peer_ids[:2]), outcome
     assert isinstance(outcomes[2], Exception), outcomes  # the Sybil found no group
-    # what kept them apart before was read and set aside as not the roster's
-    assert all(r.get("not_in_roster", 0) > 0 for r in refusals[:2]), refusals
+    # what kept them apart before never reached them: their DHT nodes refused it (a withdrawal or a
+    # leader in a peer id's name carries no endorsement of that peer id's libp2p key)
+    assert all(sum(r.values()) > 0 for r in refusals[:2]), refusals
 
 
 def _joins_a_group_with_a_sybil(follower_checks: bool) -> tuple[object, dict[str, int], str]:
