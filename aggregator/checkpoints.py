@@ -221,6 +221,10 @@ class CheckpointKeeper:
                 self.endpoint, holders, self.task_id, state_digest, self.template, self.consensus, timeout,
                 partial,
             )  # fmt: skip
+            self.fetched_bytes += sum(t.numel() * t.element_size() for t in state.tensors)
+            round_index = known.round if known else state.round
+            self._remember(state_digest, round_index, state.attempt, state.tensors)  # before a waiter looks
+            return round_index, state.attempt, state.tensors
         except BlobUnavailable as e:
             logger.info(f"state {state_digest[:12]} could not be fetched: {e}")
             with self._lock:
@@ -234,10 +238,6 @@ class CheckpointKeeper:
             with self._lock:
                 if state_digest in self._fetching and not fetching.locked():
                     del self._fetching[state_digest]
-        self.fetched_bytes += sum(t.numel() * t.element_size() for t in state.tensors)
-        round_index = known.round if known else state.round
-        self._remember(state_digest, round_index, state.attempt, state.tensors)
-        return round_index, state.attempt, state.tensors
 
     # ------------------------------------------------------------------ checkpoints
 
