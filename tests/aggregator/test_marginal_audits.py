@@ -5,6 +5,8 @@ Real replays from the keeper's state, a real SQLite ledger, real signatures."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from aggregator.audits import FAIL_BEYOND, PASS_WITHIN, Verdict
 from aggregator.checkpoints import CheckpointKeeper
 from aggregator.contributions import ContributionDesk
@@ -49,8 +51,10 @@ def _receipts(workload, state, digest, identity, scales):
     return out
 
 
-def test_one_marginal_audit_keeps_the_credit_and_a_second_before_a_pass_excludes_the_key(tmp_path):
-    aggregator, peer = Identity.generate(), Identity.generate()
+@contextmanager
+def _auditing_desk(tmp_path, aggregator: Identity):
+    """A desk that audits from a real keeper; yields it, its workload and the keeper's initial state
+    (digest, tensors)."""
     workload = workload_for("digits", SMALL)
     with two_task_dhts(TASK) as (first, _):
         endpoint = Endpoint(first, "desk")
@@ -61,53 +65,44 @@ def test_one_marginal_audit_keeps_the_credit_and_a_second_before_a_pass_excludes
         )  # fmt: skip
         try:
             digest = state_digest(keeper.template[: keeper.consensus])  # the initial state, cached
-            state = keeper.state_for(digest)
-            # rounds 0-4: off by 10 %, honest, off by 10 %, off by 10 %, made up (sign flipped)
-            sealed = _receipts(workload, state, digest, peer, [1.1, 1.0, 1.1, 1.1, -1.0])
-            desk._ledger.run(lambda store: store.append_batch(sealed[:4], aggregator))
-            key = peer.public_key_hex
-
-            first_marginal = desk.audit(sealed[0])
-            assert first_marginal.verdict is Verdict.MARGINAL
-            assert PASS_WITHIN < first_marginal.distance <= FAIL_BEYOND
-            assert (
-                not desk.trust.is_excluded(key) and desk.trust.audit_rate(key) == 1.0
-            )  # audited until a pass
-
-            assert desk.audit(sealed[1]).verdict is Verdict.PASSED  # a pass forgives the first
-            assert desk.audit(sealed[2]).verdict is Verdict.MARGINAL
-            assert not desk.trust.is_excluded(key)
-            assert desk.audit(sealed[3]).verdict is Verdict.MARGINAL  # the second since the pass
-            assert desk.trust.excluded() == {key}
-            revocations = [
-                parse_sealed(data, (ContributionReceipt, Revocation)).record
-                for _, data in desk._ledger.run(lambda store: list(store.entries(4)))
-            ]
-            assert sorted(r.entry_index for r in revocations) == [2, 3]  # since the passed audit (entry 1)
-            assert all(r.reason.startswith("audit_failed") and "second time" in r.reason for r in revocations)
-            assert desk.counters["audit_marginal"] == 3 and desk.counters["audit_passed"] == 1
+            yield desk, workload, digest, keeper.state_for(digest)
         finally:
             desk.shutdown()
             keeper.shutdown()
+
+
+def test_one_marginal_audit_keeps_the_credit_and_a_second_before_a_pass_excludes_the_key(tmp_path):
+    aggregator, peer = Identity.generate(), Identity.generate()
+    with _auditing_desk(tmp_path, aggregator) as (desk, workload, digest, state):
+        # rounds 0-3: off by 10 %, honest, off by 10 %, off by 10 %
+        sealed = _receipts(workload, state, digest, peer, [1.1, 1.0, 1.1, 1.1])
+        desk._ledger.run(lambda store: store.append_batch(sealed, aggregator))
+        key = peer.public_key_hex
+
+        first_marginal = desk.audit(sealed[0])
+        assert first_marginal.verdict is Verdict.MARGINAL
+        assert PASS_WITHIN < first_marginal.distance <= FAIL_BEYOND
+        assert not desk.trust.is_excluded(key) and desk.trust.audit_rate(key) == 1.0  # audited until a pass
+
+        assert desk.audit(sealed[1]).verdict is Verdict.PASSED  # a pass forgives the first
+        assert desk.audit(sealed[2]).verdict is Verdict.MARGINAL
+        assert not desk.trust.is_excluded(key)
+        assert desk.audit(sealed[3]).verdict is Verdict.MARGINAL  # the second since the pass
+        assert desk.trust.excluded() == {key}
+        revocations = [
+            parse_sealed(data, (ContributionReceipt, Revocation)).record
+            for _, data in desk._ledger.run(lambda store: list(store.entries(4)))
+        ]
+        assert sorted(r.entry_index for r in revocations) == [2, 3]  # since the passed audit (entry 1)
+        assert all(r.reason.startswith("audit_failed") and "second time" in r.reason for r in revocations)
+        assert desk.counters["audit_marginal"] == 3 and desk.counters["audit_passed"] == 1
 
 
 def test_a_made_up_gradient_fails_its_first_audit(tmp_path):
     aggregator, peer = Identity.generate(), Identity.generate()
-    workload = workload_for("digits", SMALL)
-    with two_task_dhts(TASK) as (first, _):
-        endpoint = Endpoint(first, "desk")
-        keeper = CheckpointKeeper(first, endpoint, TASK, workload, tmp_path / "ckpt")
-        desk = ContributionDesk(
-            first, endpoint, aggregator, task_spec(aggregator), tmp_path / "l.sqlite", workload=workload,
-            states=keeper,
-        )  # fmt: skip
-        try:
-            digest = state_digest(keeper.template[: keeper.consensus])  # the initial state, cached
-            (made_up,) = _receipts(workload, keeper.state_for(digest), digest, peer, [-1.0])
-            desk._ledger.run(lambda store: store.append_batch([made_up], aggregator))
-            result = desk.audit(made_up)
-            assert result.verdict is Verdict.FAILED and result.distance > FAIL_BEYOND
-            assert desk.trust.excluded() == {peer.public_key_hex}
-        finally:
-            desk.shutdown()
-            keeper.shutdown()
+    with _auditing_desk(tmp_path, aggregator) as (desk, workload, digest, state):
+        (made_up,) = _receipts(workload, state, digest, peer, [-1.0])
+        desk._ledger.run(lambda store: store.append_batch([made_up], aggregator))
+        result = desk.audit(made_up)
+        assert result.verdict is Verdict.FAILED and result.distance > FAIL_BEYOND
+        assert desk.trust.excluded() == {peer.public_key_hex}
