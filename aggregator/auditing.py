@@ -87,7 +87,7 @@ class SpotAuditor:
         """Replay one receipt and report the result; an unavailable start state is reported only if
         ``final`` (the auditor tries again otherwise)."""
         receipt = sealed.record
-        state = self.states.state_for(receipt.state_digest, timeout=30.0)
+        state = self.states.start_state(receipt.state_digest, timeout=30.0)
         if state is None:
             logger.info(f"audit put off: no copy of the start state of round {receipt.round}")
             result = AuditResult(Verdict.UNAVAILABLE, float("nan"))

@@ -26,7 +26,7 @@ import torch
 
 from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.paged_blobs import BlobUnavailable
-from hivemind_adapter.state_archive import fetch_state
+from hivemind_adapter.state_archive import fetch_state, fetch_state_head
 from hivemind_adapter.state_sharing import StateSharer
 from supernet.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
 from supernet.outer_state import OuterState, served_consensus, served_layout, split_served
@@ -107,6 +107,7 @@ class CheckpointKeeper:
         # the state peers may load without a quorum's word (protocol.records.StateAnchor).
         self.on_serve: Callable[[int, int, str], None] = lambda round_index, attempt, state_digest: None
         self._cache: OrderedDict[str, tuple[int, int, list[torch.Tensor]]] = OrderedDict()
+        self._heads: OrderedDict[str, list[torch.Tensor]] = OrderedDict()  # digest -> its parameters
         self._cache_size, self._held_limit = cache, held
         self._held: Counter[str] = Counter()  # digest -> queued audits that replay from it
         # digest -> pages of a fetch that failed (a congested link): the next try asks only the rest
@@ -159,13 +160,17 @@ class CheckpointKeeper:
     ) -> None:
         with self._lock:
             self._cache[state_digest] = (round_index, attempt, [t.clone() for t in tensors])
-            self._cache.move_to_end(state_digest)
-            # the oldest state no queued audit needs goes first; held ones only past their own bound
-            unheld = [d for d in self._cache if d not in self._held]
-            while len(self._cache) > self._cache_size and unheld:
-                del self._cache[unheld.pop(0)]
-            while len(self._cache) > self._cache_size + self._held_limit:
-                self._cache.popitem(last=False)
+            self._evict(self._cache, state_digest)
+
+    def _evict(self, store: OrderedDict, newest: str) -> None:
+        """(Under the lock.) ``newest`` was just stored: the oldest entries no queued audit needs go
+        first, held ones only past their own bound."""
+        store.move_to_end(newest)
+        unheld = [d for d in store if d not in self._held]
+        while len(store) > self._cache_size and unheld:
+            del store[unheld.pop(0)]
+        while len(store) > self._cache_size + self._held_limit:
+            store.popitem(last=False)
 
     def hold(self, state_digest: str) -> None:
         """An audit that replays from ``state_digest`` is queued: keep the state once fetched."""
@@ -185,6 +190,72 @@ class CheckpointKeeper:
         got = self._get(state_digest, timeout)
         return None if got is None else [t.clone() for t in self._worker_state(got[2])]
 
+    def start_state(self, state_digest: str, timeout: float = 30.0) -> list[torch.Tensor] | None:
+        """What an audit replays from: the workers' parameters of the state with this digest, and the
+        rest of the workers' layout at its initial values (a replay reads no optimizer state, and
+        batch-norm in training mode no running statistics). From the cache when the whole state or
+        its parameters are here, else only the parameters are fetched (checked against the digest
+        through the state's index). None if no holder could serve them within ``timeout`` s."""
+        params = self._worker_layout[2]
+        rest = self._worker_state(self.template)[params:]
+        head = self._head(state_digest, timeout)
+        return None if head is None else [t.clone() for t in [*head, *rest]]
+
+    def _head(self, state_digest: str, timeout: float) -> list[torch.Tensor] | None:
+        params = self._worker_layout[2]
+        with self._lock:
+            cached = self._cache.get(state_digest)
+            head = self._heads.get(state_digest)
+            holders = self._holders_of(state_digest)
+        if cached is not None:
+            return cached[2][:params]
+        if head is not None or not holders:
+            return head
+        key = f"{state_digest}/head"
+        with self._lock:
+            fetching = self._fetching.setdefault(key, threading.Lock())
+        if not fetching.acquire(timeout=timeout):
+            return None
+        try:
+            with self._lock:
+                head = self._heads.get(state_digest)
+                partial = self._partial.pop(key, {})
+            if head is not None:
+                return head
+            got = fetch_state_head(
+                self.endpoint, holders, self.task_id, state_digest, self.template[:params], self.consensus,
+                timeout, partial,
+            )  # fmt: skip
+            self.fetched_bytes += sum(t.numel() * t.element_size() for t in got.tensors)
+            with self._lock:
+                self._heads[state_digest] = got.tensors
+                self._evict(self._heads, state_digest)
+            return got.tensors
+        except BlobUnavailable as e:
+            logger.info(f"the parameters of state {state_digest[:12]} could not be fetched: {e}")
+            self._keep_partial(key, partial)
+            return None
+        finally:
+            self._fetched(key, fetching)
+
+    def _holders_of(self, state_digest: str) -> list[str]:
+        """(Under the lock.) Who said they hold ``state_digest``: committers first."""
+        known = self._known.get(state_digest)
+        return list(dict.fromkeys([*(known.holders if known else []), *self._holders.get(state_digest, [])]))
+
+    def _keep_partial(self, key: str, partial: dict[int, bytes]) -> None:
+        with self._lock:
+            if partial:
+                self._partial[key] = partial
+            while len(self._partial) > PARTIAL_FETCHES:
+                self._partial.popitem(last=False)
+
+    def _fetched(self, key: str, fetching: threading.Lock) -> None:
+        fetching.release()
+        with self._lock:
+            if key in self._fetching and not fetching.locked():
+                del self._fetching[key]
+
     def _worker_state(self, served: list[torch.Tensor], global_params: bool = False) -> list[torch.Tensor]:
         """A served state in the workers' layout: as it is (``every-step``), or without its outer state;
         ``global_params``: with the global parameters (the swarm's model) as its parameters."""
@@ -198,9 +269,7 @@ class CheckpointKeeper:
         with self._lock:
             cached = self._cache.get(state_digest)
             known = self._known.get(state_digest)
-            holders = list(
-                dict.fromkeys([*(known.holders if known else []), *self._holders.get(state_digest, [])])
-            )
+            holders = self._holders_of(state_digest)
         if cached is not None:
             return cached
         if not holders:
@@ -227,17 +296,10 @@ class CheckpointKeeper:
             return round_index, state.attempt, state.tensors
         except BlobUnavailable as e:
             logger.info(f"state {state_digest[:12]} could not be fetched: {e}")
-            with self._lock:
-                if partial:
-                    self._partial[state_digest] = partial
-                while len(self._partial) > PARTIAL_FETCHES:
-                    self._partial.popitem(last=False)
+            self._keep_partial(state_digest, partial)
             return None
         finally:
-            fetching.release()
-            with self._lock:
-                if state_digest in self._fetching and not fetching.locked():
-                    del self._fetching[state_digest]
+            self._fetched(state_digest, fetching)
 
     # ------------------------------------------------------------------ checkpoints
 

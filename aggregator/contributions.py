@@ -274,8 +274,9 @@ class ContributionDesk:
         return bool(self.witness.witnesses(r.attempt, r.group_id) - {r.public_key})
 
     def _prefetch_start_state(self, wire: bytes) -> None:
-        """Fetch a queued receipt's start state now, for its audit (:mod:`aggregator.state_prefetch`),
-        then (every-step tasks) the state its group's committers report holding after it: the next
+        """Fetch what a queued receipt's audit replays from now (its start state's parameters:
+        :mod:`aggregator.state_prefetch`), then (every-step tasks) the whole state its group's
+        committers report holding after it: the next
         round's start state, fetched once either way, and the run's last state, which its holders
         serve only until they leave (the stop's final checkpoint). Fetched is not committed: a state is
         checkpointed only once learned (:meth:`_learn_state_after`). The start state only of a receipt
@@ -299,7 +300,7 @@ class ContributionDesk:
             after = self.witness.states_after(receipt.attempt, receipt.group_id)
         for state, holders in after.items():
             self.states.note_holders(state, sorted(holders))
-            self._prefetcher.prefetch(state)
+            self._prefetcher.prefetch(state, whole=True)
 
     def _rebuild_trust(self) -> None:
         """Keys excluded by earlier failed audits, from the ledger's revocations (a writer job)."""

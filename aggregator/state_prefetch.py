@@ -15,33 +15,35 @@ RETRY_AFTER = (5.0, 15.0)  # seconds before each new try of a fetch that failed 
 
 
 class StatePrefetcher:
-    """Fetches each start state once (of the last :data:`REMEMBERED`), on one background thread,
-    through ``states.state_for(digest, timeout)``; a fetch that failed is tried again
-    :data:`RETRY_AFTER` seconds later. :meth:`prefetch` may be called from any thread."""
+    """Fetches each state once (of the last :data:`REMEMBERED`), on one background thread: what an
+    audit replays from (``states.start_state``) or the whole state (``states.state_for``); a fetch
+    that failed is tried again :data:`RETRY_AFTER` seconds later. Callable from any thread."""
 
     def __init__(self, states):
         self.states = states
-        self._prefetched: dict[str, None] = {}  # digests fetched, oldest first
-        self._retries: list[tuple[float, str, int]] = []  # (due, digest, tries) of failed fetches
+        self._prefetched: dict[tuple[str, bool], None] = {}  # (digest, whole) fetched, oldest first
+        self._retries: list[tuple[float, str, bool, int]] = []  # (due, digest, whole, tries) that failed
         self._lock = threading.Lock()  # guards _prefetched and _retries
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="manta-audit-prefetch")
 
-    def prefetch(self, digest: str) -> None:
-        """Queue a fetch of the state ``digest`` unless one was queued before."""
+    def prefetch(self, digest: str, whole: bool = False) -> None:
+        """Queue a fetch of what an audit replays from the state ``digest`` (``whole``: of the whole
+        state) unless one was queued before."""
         with self._lock:
-            if digest in self._prefetched:
+            if (digest, whole) in self._prefetched:
                 return
-            self._prefetched[digest] = None
+            self._prefetched[digest, whole] = None
             while len(self._prefetched) > REMEMBERED:
                 self._prefetched.pop(next(iter(self._prefetched)))
-        self._executor.submit(self._fetch, digest, 0)
+        self._executor.submit(self._fetch, digest, whole, 0)
 
-    def _fetch(self, digest: str, tries: int) -> None:
-        if self.states.state_for(digest, FETCH_TIMEOUT) is not None or tries >= len(RETRY_AFTER):
+    def _fetch(self, digest: str, whole: bool, tries: int) -> None:
+        fetch = self.states.state_for if whole else self.states.start_state
+        if fetch(digest, FETCH_TIMEOUT) is not None or tries >= len(RETRY_AFTER):
             return
         due = time.monotonic() + RETRY_AFTER[tries]
         with self._lock:
-            self._retries.append((due, digest, tries + 1))
+            self._retries.append((due, digest, whole, tries + 1))
 
     def retry_due(self) -> None:
         """Queue the fetches whose retry is due (the desk calls this every second)."""
@@ -49,9 +51,9 @@ class StatePrefetcher:
         with self._lock:
             due = [r for r in self._retries if r[0] <= now]
             self._retries = [r for r in self._retries if r[0] > now]
-        for _, digest, tries in due:
+        for _, digest, whole, tries in due:
             try:
-                self._executor.submit(self._fetch, digest, tries)
+                self._executor.submit(self._fetch, digest, whole, tries)
             except RuntimeError:  # shut down
                 return
 

@@ -243,7 +243,7 @@ def build_peer(
             sharer, lambda code: signals.lose(_ended("state sharer", code, sharer_ended))
         )
         built.callback(sharer_watch.stop)
-        archive = StateArchive(endpoint, task.task_id)
+        archive = StateArchive(endpoint, task.task_id, head=len(shared.grads))  # the parameters
         built.callback(archive.close)
         # reducers that told members different stories: found late, posted, read from others
         convictions = ConvictionWatch(dht, task.task_id, identity, lambda: averagers.public_keys())

@@ -73,7 +73,7 @@ class StateKeeper:
         """Serve the current state to newcomers and keep it, by digest, for whoever needs it later."""
         served = self.served()
         self.state_digest = self.sharer.publish(round_index, served, attempt, self.tiebreak)
-        self.archive.add(round_index, attempt, self.state_digest, served)
+        self.archive.add(round_index, attempt, self.state_digest, served, self.served_consensus())
 
     def catch_up(self) -> bool:
         """Adopt the newest state a quorum committed, fetched from all the peers that hold it

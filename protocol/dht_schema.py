@@ -135,6 +135,16 @@ def state_handler(task_id: str) -> str:
     return f"manta/{task_id}/state"
 
 
+def state_index_handler(task_id: str) -> str:
+    """A recent committed state's index (the SHA-256 of each tensor its digest covers), by digest."""
+    return f"manta/{task_id}/state-index"
+
+
+def state_head_handler(task_id: str) -> str:
+    """Pages of a recent committed state's leading tensors (its parameters), by their own digest."""
+    return f"manta/{task_id}/state-head"
+
+
 # Answered by the aggregator and every full peer, for any task: "can you connect to me?"
 # (hivemind_adapter.dial_back; a joining peer asks before it knows its task)
 DIAL_BACK_HANDLER = "manta/dial-back"

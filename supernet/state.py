@@ -18,6 +18,7 @@ exactly as it would on a fresh optimizer (SGD without dampening, AdamW).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -89,9 +90,20 @@ def load_state_tensors(net: nn.Module, optimizer: torch.optim.Optimizer, tensors
             dst.copy_(src)
 
 
-def digest(tensors: list[torch.Tensor]) -> str:
-    """SHA-256 of the exact bytes (bit-identical tensors <=> equal digests); what receipts carry."""
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().data)
-    return h.hexdigest()
+def tensor_hashes(tensors: Sequence[torch.Tensor]) -> list[bytes]:
+    """SHA-256 of each tensor's exact bytes: the state's *index*, which :func:`digest` hashes."""
+    return [
+        hashlib.sha256(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().data).digest()
+        for t in tensors
+    ]
+
+
+def digest_of_index(index: Sequence[bytes]) -> str:
+    """The :func:`digest` of the tensors whose :func:`tensor_hashes` are ``index``."""
+    return hashlib.sha256(b"".join(index)).hexdigest()
+
+
+def digest(tensors: Sequence[torch.Tensor]) -> str:
+    """SHA-256 of the tensors' :func:`tensor_hashes` (bit-identical tensors <=> equal digests); what
+    receipts carry. Two levels, so whoever holds the index checks any of the tensors on their own."""
+    return digest_of_index(tensor_hashes(tensors))

@@ -64,13 +64,13 @@ def test_an_audit_is_tried_again_until_its_start_state_comes_and_then_only_repor
         desk_end, peer_end = Endpoint(desk_dht, "desk"), Endpoint(peer_dht, "peer")
         keeper = CheckpointKeeper(desk_dht, desk_end, TASK, workload, tmp_path / "checkpoints")
         auditor = SpotAuditor(workload, keeper, SEED, b"secret", lambda s, r: verdicts.append((s, r.verdict)))
-        archive = StateArchive(peer_end, TASK)
+        archive = StateArchive(peer_end, TASK, head=len(list(workload.build().parameters())))
         try:
             auditor.enqueue(sealed)
             auditor.enqueue(lost)
             time.sleep(0.5)  # the first tries found no holder of either state
             assert verdicts == []
-            archive.add(ROUND - 1, 0, sealed.record.state_digest, state)  # the holder comes online
+            archive.add(ROUND - 1, 0, sealed.record.state_digest, state, keeper.consensus)  # its holder is online
             keeper.note_holders(sealed.record.state_digest, [peer_id(peer_dht)])
             wait_until(lambda: len(verdicts) == 2, 120, "both audits' verdicts")
             by_receipt = {s.record.round: v for s, v in verdicts}
@@ -78,6 +78,9 @@ def test_an_audit_is_tried_again_until_its_start_state_comes_and_then_only_repor
                 ROUND: Verdict.PASSED,
                 ROUND + 1: Verdict.UNAVAILABLE,
             }  # passed on a retry; the other, after all
+            # only the parameters crossed the link: the optimizer state is no part of a replay
+            params = list(workload.build().parameters())
+            assert keeper.fetched_bytes == sum(p.numel() * p.element_size() for p in params)
         finally:
             auditor.stop(timeout=60)
             archive.close()
@@ -93,19 +96,19 @@ def test_a_queued_audits_start_state_is_kept_after_its_holders_dropped_it(tmp_pa
     with two_task_dhts(TASK) as (desk_dht, peer_dht):
         desk_end, peer_end = Endpoint(desk_dht, "desk"), Endpoint(peer_dht, "peer")
         keeper = CheckpointKeeper(desk_dht, desk_end, TASK, workload, tmp_path / "checkpoints", cache=2)
-        archive = StateArchive(peer_end, TASK, keep=1)  # a peer that keeps its newest state only
+        archive = StateArchive(peer_end, TASK, head=1, keep=1)  # a peer that keeps its newest state only
         try:
             states = [[t + i for t in keeper.template] for i in range(1, 6)]
             digests = [digest(s[: keeper.consensus]) for s in states]
             keeper.hold(digests[0])  # an audit of a receipt that started from it is queued
             for r, (d, s) in enumerate(zip(digests[:4], states)):
-                archive.add(r, 0, d, s)
+                archive.add(r, 0, d, s, keeper.consensus)
                 keeper.note_holders(d, [peer_id(peer_dht)])
                 assert keeper.state_for(d, timeout=30) is not None
             assert keeper.state_for(digests[0], timeout=5) is not None  # kept, though its holder dropped it
             assert keeper.state_for(digests[1], timeout=5) is None  # nobody's audit: out of the cache of 2
             keeper.release(digests[0])  # the audit is done
-            archive.add(4, 0, digests[4], states[4])
+            archive.add(4, 0, digests[4], states[4], keeper.consensus)
             keeper.note_holders(digests[4], [peer_id(peer_dht)])
             assert keeper.state_for(digests[4], timeout=30) is not None
             assert keeper.state_for(digests[0], timeout=5) is None

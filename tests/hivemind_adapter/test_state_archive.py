@@ -1,5 +1,6 @@
 """States fetched by digest from the peers that hold them, over real libp2p: several pages, checked
-against the digest, the next holder tried when one cannot serve, and only the newest kept."""
+against the digest, the next holder tried when one cannot serve, only the newest kept, and a
+state's head (its parameters) fetched and checked without the rest."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import pytest
 import torch
 
 from hivemind_adapter.paged_blobs import BlobUnavailable
-from hivemind_adapter.state_archive import decode_state, encode_state, fetch_state
-from supernet.state import digest
+from hivemind_adapter.state_archive import decode_state, encode_state, fetch_state, fetch_state_head
+from supernet.state import digest, tensor_hashes
 from tests.hivemind_adapter.archive_pair import archive_and_client
 
 TASK = "archive-test"
@@ -43,7 +44,7 @@ def test_a_state_is_fetched_by_digest_checked_and_only_the_newest_are_kept(two_n
     states = [_state(i) for i in range(3)]
     digests = [digest(s[:2]) for s in states]  # the first two tensors are the consensus part
     for i, (s, d) in enumerate(zip(states, digests)):
-        archive.add(i, 100 + i, d, s)
+        archive.add(i, 100 + i, d, s, consensus=2)
     assert archive.digests() == {digests[1]: 1, digests[2]: 2}  # keep=2: round 0 is gone
 
     got = fetch_state(client, [client.peer_id, server], TASK, digests[2], states[0], consensus=2)
@@ -65,6 +66,30 @@ def test_a_state_with_non_finite_values_outside_its_digest_is_not_loaded(two_nod
     archive, server, client = two_nodes
     state = _state(5)
     state[1][3] = float("nan")  # outside the digest of the first tensor (consensus=1)
-    archive.add(4, 104, digest(state[:1]), state)
+    archive.add(4, 104, digest(state[:1]), state, consensus=1)
     with pytest.raises(BlobUnavailable, match="non-finite"):
         fetch_state(client, [server], TASK, digest(state[:1]), _state(0), consensus=1)
+
+
+def test_a_state_head_is_fetched_alone_and_checked_against_the_state_digest(two_nodes):
+    """An audit needs the parameters only: the index (checked against the digest) vouches for them,
+    and the rest of the state never crosses the link. A wrong index or head is not believed."""
+    archive, server, client = two_nodes
+    g = torch.Generator().manual_seed(3)
+    state = [torch.randn(300, 1000, generator=g), torch.randn(600, 1000, generator=g), torch.arange(5)]
+    state_digest = digest(state[:2])
+    archive.add(9, 3, state_digest, state, consensus=2)
+    got = fetch_state_head(client, [server], TASK, state_digest, [torch.zeros(300, 1000)], consensus=2)
+    assert (got.round, got.attempt, got.digest) == (9, 3, digest(state[:1]))
+    assert len(got.tensors) == 1 and torch.equal(got.tensors[0], state[0])
+    assert 1_200_000 <= archive.bytes_served < 1_300_000  # 1.2 MB of parameters and 64 bytes of index
+
+    other = [t + 1 for t in state]
+    archive._head_server.put(digest(state[:1]), encode_state(9, 3, other[:1]))
+    with pytest.raises(BlobUnavailable, match="not state"):
+        fetch_state_head(client, [server], TASK, state_digest, [torch.zeros(300, 1000)], consensus=2)
+    archive._index_server.put(state_digest, b"".join(tensor_hashes(other[:2])))
+    with pytest.raises(BlobUnavailable, match="index that is not"):
+        fetch_state_head(client, [server], TASK, state_digest, [torch.zeros(300, 1000)], consensus=2)
+    with pytest.raises(BlobUnavailable, match="does not hold that blob"):
+        fetch_state_head(client, [server], TASK, digest(other[:2]), [torch.zeros(300, 1000)], consensus=2)

@@ -62,7 +62,7 @@ def test_the_outer_state_the_takers_serve_is_found_once_they_took_the_step():
     consensus = served_consensus(len(worker), mine)
     with two_task_dhts(TASK) as (their_dht, my_dht):
         them, me = Endpoint(their_dht, "them"), Endpoint(my_dht, "me")
-        archive = StateArchive(them, TASK)
+        archive = StateArchive(them, TASK, head=2)
         boards = [SignedCommitBoard(d, TASK, speaker(d, Identity.generate())) for d in (their_dht, my_dht)]
         outer_boards = [
             SignedCommitBoard(d, outer_board_id(TASK), speaker(d, Identity.generate()))
@@ -76,7 +76,7 @@ def test_the_outer_state_the_takers_serve_is_found_once_they_took_the_step():
             def serve(outer: OuterState, attempt: int) -> None:
                 served = served_layout(worker, len(worker), outer)
                 state_digest = digest(served[:consensus])
-                archive.add(10 + attempt, attempt, state_digest, served)
+                archive.add(10 + attempt, attempt, state_digest, served, consensus)
                 committer_for(boards[0], AveragingTimeouts()).report_state(
                     attempt, CommitReport(ok=True, digest="cc" * 32), state_digest
                 )

@@ -53,7 +53,7 @@ def test_a_holder_cannot_move_the_round_of_the_state_it_serves():
     state = [torch.randn(300, 100, generator=torch.Generator().manual_seed(1)), torch.zeros(4)]
     state_digest = digest(state)
     with archive_and_client(TASK) as (archive, server, client):
-        archive.add(10**6, 9, state_digest, state)  # the committed tensors, a forged round
+        archive.add(10**6, 9, state_digest, state, len(state))  # the committed tensors, a forged round
         got = fetch_state(client, [server], TASK, state_digest, state, consensus=len(state))
     assert (got.round, got.digest) == (10**6, state_digest)
     assert trusted_round(got.round, anchored=None, swarm_round=7) == 7  # a quorum's state: bounded
