@@ -163,12 +163,12 @@ class CheckpointKeeper:
             self._evict(self._cache, state_digest)
 
     def _evict(self, store: OrderedDict, newest: str) -> None:
-        """(Under the lock.) ``newest`` was just stored: the oldest entries no queued audit needs go
-        first, held ones only past their own bound."""
+        """(Under the lock.) ``newest`` was just stored: at most ``cache`` entries no queued audit
+        needs are kept (the oldest go first), and held ones only up to their own bound."""
         store.move_to_end(newest)
         unheld = [d for d in store if d not in self._held]
-        while len(store) > self._cache_size and unheld:
-            del store[unheld.pop(0)]
+        for old in unheld[: max(0, len(unheld) - self._cache_size)]:
+            del store[old]
         while len(store) > self._cache_size + self._held_limit:
             store.popitem(last=False)
 

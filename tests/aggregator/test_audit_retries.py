@@ -117,3 +117,34 @@ def test_a_queued_audits_start_state_is_kept_after_its_holders_dropped_it(tmp_pa
             keeper.shutdown()
             desk_end.close()
             peer_end.close()
+
+
+def test_a_prefetched_start_state_stays_while_held_ones_fill_the_cache(tmp_path):
+    """A start state is prefetched when its receipt arrives and held once its audit is queued, at
+    the round's close. With the cache full of held states, the one just fetched was the first to go
+    (four audits of an outer-mode run found no state once the peers left)."""
+    workload = workload_for("digits", SMALL)
+    params = len(list(workload.build().parameters()))
+    with two_task_dhts(TASK) as (desk_dht, peer_dht):
+        desk_end, peer_end = Endpoint(desk_dht, "desk"), Endpoint(peer_dht, "peer")
+        keeper = CheckpointKeeper(desk_dht, desk_end, TASK, workload, tmp_path / "checkpoints", cache=2)
+        archive = StateArchive(peer_end, TASK, head=params, keep=1)
+        try:
+            states = [[t + i for t in keeper.template] for i in range(1, 5)]
+            digests = [digest(s[: keeper.consensus]) for s in states]
+            for r, (d, s) in enumerate(zip(digests, states)):
+                archive.add(r, 0, d, s, keeper.consensus)
+                keeper.note_holders(d, [peer_id(peer_dht)])
+                got = keeper.start_state(d, timeout=30)  # the prefetch
+                assert got is not None and torch.equal(got[0], s[0])
+                if r < 2:
+                    keeper.hold(d)  # queued audits fill the cache of 2
+            # the holder keeps only round 3's now; round 2's audit is queued after its prefetch
+            keeper.hold(digests[2])
+            assert keeper.start_state(digests[2], timeout=5) is not None
+            assert keeper.start_state(digests[0], timeout=5) is not None  # held
+        finally:
+            archive.close()
+            keeper.shutdown()
+            desk_end.close()
+            peer_end.close()
