@@ -70,7 +70,8 @@ def test_an_audit_is_tried_again_until_its_start_state_comes_and_then_only_repor
             auditor.enqueue(lost)
             time.sleep(0.5)  # the first tries found no holder of either state
             assert verdicts == []
-            archive.add(ROUND - 1, 0, sealed.record.state_digest, state, keeper.consensus)  # its holder is online
+            # its holder comes online
+            archive.add(ROUND - 1, 0, sealed.record.state_digest, state, keeper.consensus)
             keeper.note_holders(sealed.record.state_digest, [peer_id(peer_dht)])
             wait_until(lambda: len(verdicts) == 2, 120, "both audits' verdicts")
             by_receipt = {s.record.round: v for s, v in verdicts}

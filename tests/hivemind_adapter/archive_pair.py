@@ -14,7 +14,9 @@ LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 
 
 @contextmanager
-def archive_and_client(task_id: str, keep: int = 2, head: int = 1) -> Iterator[tuple[StateArchive, str, Endpoint]]:
+def archive_and_client(
+    task_id: str, keep: int = 2, head: int = 1
+) -> Iterator[tuple[StateArchive, str, Endpoint]]:
     """``(archive, the archive's peer id, client)``; everything is closed on exit."""
     server_dht = start_dht(host_maddrs=LOOPBACK)
     client_dht = start_dht(host_maddrs=LOOPBACK, initial_peers=visible_maddrs(server_dht))
