@@ -18,6 +18,7 @@ Files are written to a temporary name and renamed, so a reader never sees half a
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,8 +145,18 @@ def load_checkpoint(path: str | Path, *, task=None) -> LoadedCheckpoint:
     except ValueError:
         raise CheckpointError(f"{path}: its state does not match the {payload['task']} supernet") from None
     consensus = consensus_count(net, optimizer)
-    if digest(state_tensors(net, optimizer)[:consensus]) != payload["digest"]:
+    tensors = state_tensors(net, optimizer)[:consensus]
+    state_digest = digest(tensors)
+    if payload["digest"] not in (state_digest, _flat_digest(tensors)):
         raise CheckpointError(f"{path}: its state does not match its digest (corrupted)")
     return LoadedCheckpoint(
-        workload, net, optimizer, int(payload["round"]), payload["digest"], dict(payload.get("meta", {}))
+        workload, net, optimizer, int(payload["round"]), state_digest, dict(payload.get("meta", {}))
     )
+
+
+def _flat_digest(tensors: list[torch.Tensor]) -> str:
+    """The digest checkpoints carried before 2026-11-28: SHA-256 of the tensors' bytes, concatenated."""
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().data)
+    return h.hexdigest()
