@@ -84,8 +84,8 @@ class BootstrapConfig:
 
 
 class ProcessLost(RuntimeError):
-    """A process the aggregator cannot serve without ended (its DHT's: peers can no longer reach it;
-    its state sharer's: newcomers get no checkpoint from it); one line for the operator."""
+    """A process the aggregator cannot serve without ended (its DHT's: peers can no longer reach it);
+    one line for the operator."""
 
 
 class BootstrapAggregator:
@@ -102,8 +102,7 @@ class BootstrapAggregator:
         self.data_desk: DataDesk | None = None  # tasks on an operator's dataset
         self._stop = threading.Event()
         self._dht_watch: ProcessWatch | None = None
-        self.lost: str | None = None  # why it stopped serving, once its DHT's or state sharer's process ended
-        self._sharer_watch: ProcessWatch | None = None
+        self.lost: str | None = None  # why it stopped serving, once its DHT's process ended
         self._served_anchor: StateAnchor | None = (
             None  # of the state the keeper serves (signed at each store)
         )
@@ -201,7 +200,6 @@ class BootstrapAggregator:
             outer_period=task.params.inner_steps if task.params.sync == "outer" else None,
         )
         self.keeper.on_serve = self._anchor
-        self._sharer_watch = ProcessWatch(self.keeper.sharer, self._sharer_ended)
         if self.config.resume:
             self.keeper.resume()
         if self.config.checkpoint_seconds > 0:
@@ -279,6 +277,7 @@ class BootstrapAggregator:
             attempt=attempt,
             digest=state_digest,
             timestamp=int(time.time() * 1000),
+            holder=self.endpoint.peer_id,
         )
         self._served_anchor = record
         self._publish_anchor()
@@ -321,12 +320,6 @@ class BootstrapAggregator:
             "start manta-aggregator again (--resume continues the run)"
         )
 
-    def _sharer_ended(self, exit_code: int | None) -> None:
-        self._lose(
-            f"the aggregator's state sharer process ended (exit code {exit_code}): it can serve no "
-            "checkpoint; start manta-aggregator again (--resume continues the run)"
-        )
-
     def _lose(self, why: str) -> None:
         if self.lost is not None:
             return
@@ -341,11 +334,10 @@ class BootstrapAggregator:
         self._stop.set()
         if self.keeper is not None:
             self.keeper.period_end_learned.set()  # the checkpoint loop's wait ends with the stop
-        for watch in (self._dht_watch, self._sharer_watch):
-            if watch is not None:
-                watch.stop()  # the DHT and the state sharer are shut down on purpose below
+        if self._dht_watch is not None:
+            self._dht_watch.stop()  # the DHT is shut down on purpose below
         if self.keeper is not None:
-            self.keeper.stop_serving()  # before anything slow, so the grace overlaps the rest
+            self.keeper.stop_serving()
         if self.monitor is not None:
             self.monitor.close()
             self.monitor = None

@@ -7,9 +7,9 @@ start state, or a checkpoint is due, the keeper asks those peers for that exact 
 missed because a poll came at the wrong moment, and no state crosses the network unless it is used.
 
 Checkpoints are :mod:`supernet.checkpoint` files ``checkpoints/round-NNNNNNNN.pt`` (the newest ``keep``
-are kept). The newest one is also *served* through hivemind's state sharing with the lowest priority
-among states of its round, so a newcomer prefers a live peer's state but finds the aggregator's when
-no peer is left — which is how ``manta-aggregator start --resume`` continues a run.
+are kept). The newest one is also *served* by digest (:class:`StateArchive`) and anchored (``on_serve``:
+the aggregator signs it), so a newcomer that finds no quorum's state on the board loads the
+aggregator's — which is how ``manta-aggregator start --resume`` continues a run.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ import torch
 
 from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.paged_blobs import BlobUnavailable
-from hivemind_adapter.state_archive import fetch_state, fetch_state_head
-from hivemind_adapter.state_sharing import StateSharer
+from hivemind_adapter.state_archive import StateArchive, fetch_state, fetch_state_head
 from supernet.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
 from supernet.outer_state import OuterState, served_consensus, served_layout, split_served
 from supernet.state import consensus_count, digest, init_optimizer_state, state_tensors
@@ -36,7 +35,6 @@ from supernet.workload import Workload
 logger = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^round-(\d{8})\.pt$")
-AGGREGATOR_TIEBREAK = 0.0  # below every peer serving the same round (theirs are in (0, 0.5))
 PARTIAL_FETCHES = 8  # failed fetches whose pages are kept for the next try
 
 
@@ -120,7 +118,8 @@ class CheckpointKeeper:
         # for the checkpoint loop's next tick could miss it when the run ends first.
         self.period_end_learned = threading.Event()
         self.fetched_bytes = 0
-        self.sharer = StateSharer(self.template, dht, task_id, self.consensus)
+        self._closed = False
+        self.archive = StateArchive(endpoint, task_id, head=self._worker_layout[2], keep=2)
 
     # ------------------------------------------------------------------ what exists where
 
@@ -343,7 +342,7 @@ class CheckpointKeeper:
             for old in checkpoint_files(self.directory)[: -self.keep]:
                 old.unlink(missing_ok=True)
             if serve:
-                self.sharer.publish(round_index, tensors, attempt, AGGREGATOR_TIEBREAK)
+                self.archive.add(round_index, attempt, state_digest, tensors, self.consensus)
                 self.on_serve(round_index, attempt, state_digest)
                 logger.info(f"checkpoint of round {round_index} written to {path}")
             return path, f"round {round_index} written to {path}"
@@ -362,9 +361,10 @@ class CheckpointKeeper:
             count, consensus, params = self._worker_layout
             tensors = served_layout(tensors, consensus, OuterState.starting_at(tensors[:params]))
         attempt = int(loaded.meta.get("attempt", 0))
-        self.sharer.publish(loaded.round, tensors, attempt, AGGREGATOR_TIEBREAK)
-        self._remember(digest(tensors[: self.consensus]), loaded.round, attempt, tensors)
-        self.on_serve(loaded.round, attempt, digest(tensors[: self.consensus]))
+        state_digest = digest(tensors[: self.consensus])
+        self.archive.add(loaded.round, attempt, state_digest, tensors, self.consensus)
+        self._remember(state_digest, loaded.round, attempt, tensors)
+        self.on_serve(loaded.round, attempt, state_digest)
         self._written_round = loaded.round
         logger.info(f"resuming task {self.task_id} from {path.name} (round {loaded.round})")
         return loaded.round
@@ -374,8 +374,10 @@ class CheckpointKeeper:
         return -1 if path is None else int(read_checkpoint(path)["round"])
 
     def stop_serving(self) -> None:
-        self.sharer.stop_serving()
+        """Serve no state any more (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self.archive.close()
 
     def shutdown(self) -> None:
-        if self.sharer.is_alive():
-            self.sharer.shutdown()
+        self.stop_serving()

@@ -2,10 +2,10 @@
 the emulated internet (:mod:`testbed.wan`), bytes counted on the joiner's own access link.
 
 On the open internet a download is bounded by its server's uplink (home uplinks are 10-50 Mbit/s),
-not by the joiner's downlink. hivemind's state sharing takes the whole state from one server; catch-up
-asks every peer that reported the committed state for a page each
-(:func:`hivemind_adapter.paged_blobs.fetch_spread`). This runs both on real namespaces, shaped
-links and libp2p, in one run, and prints them side by side::
+not by the joiner's downlink. Catch-up asks every peer that reported the committed state for a page
+each (:func:`hivemind_adapter.paged_blobs.fetch_spread`). This runs one holder against several on
+real namespaces, shaped links and libp2p, in one run, and prints them side by side (hivemind's own
+state sharing, one server, was the baseline until ``c930e00``: ``git show c930e00:<this file>``)::
 
     python -m benchmarks.state_fetch_bench                       # 1, 2, 4 holders; 6.3 and 25 MB
     python -m benchmarks.state_fetch_bench --holders 1,4 --megabytes 6.3 --uplink 10mbit
@@ -44,20 +44,6 @@ def _node(address: str, initial_peers: list[str]):
     return dht, Endpoint(dht, "bench")
 
 
-def _sharer(dht, megabytes: float, data: bytes | None):
-    """hivemind's state sharing (:class:`StateSharer`) of this size's state: a server publishes it,
-    a joiner (``data`` None) downloads it from the one server it picks."""
-    import torch
-
-    from hivemind_adapter.state_sharing import StateSharer
-
-    n = int(megabytes * 1_000_000) // 4
-    sharer = StateSharer([torch.zeros(n)], dht, f"bench-share-{int(megabytes * 1000)}", consensus=1)
-    if data is not None:
-        sharer.publish(1, [torch.frombuffer(bytearray(data[: 4 * n]), dtype=torch.float32)], 1, 0.25)
-    return sharer
-
-
 def serve(address: str, initial_peers: list[str], sizes: list[float]) -> None:
     """A holder: serves every state size until its stdin closes."""
     from hivemind_adapter.dht import visible_maddrs
@@ -65,18 +51,13 @@ def serve(address: str, initial_peers: list[str], sizes: list[float]) -> None:
 
     dht, endpoint = _node(address, initial_peers)
     server = BlobServer(endpoint, HANDLER)
-    sharers = []
     for size in sizes:
         key, data = _blob(size)
         server.put(key, data)
-        if not initial_peers:  # the first holder also serves it through hivemind's state sharing
-            sharers.append(_sharer(dht, size, data))
     print(
         json.dumps({"peer_id": endpoint.peer_id, "maddrs": [str(m) for m in visible_maddrs(dht)]}), flush=True
     )
     sys.stdin.read()
-    for sharer in sharers:
-        sharer.shutdown()
     server.close()
     endpoint.close()
     dht.shutdown()
@@ -87,7 +68,6 @@ def fetch(address: str, initial_peers: list[str]) -> None:
     from hivemind_adapter.paged_blobs import fetch_spread
 
     dht, endpoint = _node(address, initial_peers)
-    sharers: dict[float, object] = {}
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         ask = json.loads(line)
@@ -97,22 +77,12 @@ def fetch(address: str, initial_peers: list[str]) -> None:
                 raise ValueError("wrong bytes")
             return len(blob)
 
-        if ask.get("share"):  # hivemind's state sharing: one server, chosen by priority
-            if ask["share"] not in sharers:
-                sharers[ask["share"]] = _sharer(dht, ask["share"], None)
-            started = time.perf_counter()
-            got = sharers[ask["share"]].download(timeout=300.0)
-            seconds = time.perf_counter() - started
-            size = 4 * got.tensors[0].numel() if got is not None else 0
-        else:
-            started = time.perf_counter()
-            size = fetch_spread(
-                endpoint, ask["sources"], HANDLER, ask["key"], check, 60.0, ask["bytes"], size=ask["bytes"]
-            )
-            seconds = time.perf_counter() - started
+        started = time.perf_counter()
+        size = fetch_spread(
+            endpoint, ask["sources"], HANDLER, ask["key"], check, 60.0, ask["bytes"], size=ask["bytes"]
+        )
+        seconds = time.perf_counter() - started
         print(json.dumps({"seconds": seconds, "bytes": size}), flush=True)
-    for sharer in sharers.values():
-        sharer.shutdown()
     endpoint.close()
     dht.shutdown()
 
@@ -188,22 +158,15 @@ def main() -> None:
             _readline(joiner, 120)
             for megabytes in sizes:
                 key, data = _blob(megabytes)
-                for k in ["hivemind", *counts]:
+                for k in counts:
                     times, received = [], []
                     for _ in range(args.repeats):
                         before = net.link_counters()["joiner"].received_bytes
-                        if k == "hivemind":
-                            ask = {"share": megabytes}
-                        else:
-                            ask = {
-                                "sources": [h["peer_id"] for h in holders[:k]],
-                                "key": key,
-                                "bytes": len(data),
-                            }
+                        ask = {"sources": [h["peer_id"] for h in holders[:k]], "key": key, "bytes": len(data)}
                         joiner.stdin.write(json.dumps(ask) + "\n")
                         joiner.stdin.flush()
                         got = _readline(joiner, 600)
-                        assert got["bytes"] >= len(data) - 3, got  # (the shared state is whole floats)
+                        assert got["bytes"] == len(data), got
                         times.append(got["seconds"])
                         received.append(net.link_counters()["joiner"].received_bytes - before)
                     rows.append((megabytes, k, sorted(times)[len(times) // 2], max(received)))
@@ -219,16 +182,18 @@ def main() -> None:
                 except subprocess.TimeoutExpired:
                     proc.kill()
     print(f"\nload after: {os.getloadavg()[0]:.1f}")
-    print("| state | fetched as | median time | rate | joiner link received | faster than hivemind's |")
+    print(
+        f"| state | fetched as | median time | rate | joiner link received | faster than {_how(counts[0])} |"
+    )
     print("|---:|---|---:|---:|---:|---:|")
     for megabytes, k, seconds, received in rows:
-        base = next(s for m, kk, s, _ in rows if m == megabytes and kk == "hivemind")
+        base = next(s for m, kk, s, _ in rows if m == megabytes and kk == counts[0])
         print(f"| {megabytes:g} MB | {_how(k)} | {seconds:.2f} s | {megabytes * 8 / seconds:.1f} Mbit/s | "
               f"{received / 1e6:.1f} MB | {base / seconds:.2f}x |")  # fmt: skip
 
 
-def _how(k) -> str:
-    return "hivemind state sharing (1 server)" if k == "hivemind" else f"pages from {k} holder(s)"
+def _how(k: int) -> str:
+    return f"pages from {k} holder(s)"
 
 
 if __name__ == "__main__":

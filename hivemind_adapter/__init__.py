@@ -4,7 +4,6 @@
 - :mod:`.p2p`: :class:`~hivemind_adapter.p2p.Endpoint`, byte-in/byte-out calls between nodes;
 - :mod:`.paged_blobs`, :mod:`.state_archive`: blobs and committed states served in pages, by digest;
 - :mod:`.allreduce`: the exact, all-or-nothing all-reduce the averaging hierarchy is built on;
-- :mod:`.state_sharing`: the newest state for newcomers (hivemind's load_state_from_peers);
 - :mod:`.event_loop`, :mod:`.runtime`, :mod:`.reaper`: the background loop, process set-up and the
   reaper that takes hivemind's child processes down with their parent.
 

@@ -7,10 +7,9 @@ of those holders at once, a page each (:func:`hivemind_adapter.paged_blobs.fetch
 open internet a download is bounded by the server's uplink, and k holders serve it up to k times as
 fast. What arrives must hash to the quorum's digest, not to a digest its server chose. When the board
 knows no such state (the first peers of a run, or a run resumed from the aggregator's checkpoint
-with no peer left), hivemind's state sharing is the fallback (:class:`StateSharer`), and what it
-brings is loaded only if its digest is the quorum's or one an aggregator of the task signed
-(:func:`anchored_rounds`): a state one node serves is never loaded on that node's word, and neither
-is the round it names (:func:`trusted_round`).
+with no peer left), the newest state an aggregator of the task signed is fetched from the node its
+anchor names (:func:`anchored_state`). A state one node serves is never loaded on that node's word,
+and neither is the round it names (:func:`trusted_round`).
 
 A newcomer that arrives while the swarm computes a round sits that attempt out and starts with the
 next one (:func:`sit_out_running_attempt`): the others' rosters for it were read without the newcomer.
@@ -19,10 +18,12 @@ Peers that start a run together begin once the roster stops changing (:func:`wai
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 
 import torch
 
@@ -30,7 +31,6 @@ from hivemind_adapter.dht import read_signed
 from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.paged_blobs import BlobUnavailable
 from hivemind_adapter.state_archive import fetch_state
-from hivemind_adapter.state_sharing import SharedState
 from peer.commit.boards import CommitBoard
 from peer.commit.quorum import CommittedState, newest_committed_state
 from peer.commit.report import CommitReport
@@ -44,8 +44,25 @@ SIT_OUT_POLL_SECONDS = 0.5
 # After the first result of the attempt sat out is posted: how long its committed state may take to show
 # (a quorum's results, then their state reports) before the attempt counts as aborted.
 SIT_OUT_OUTCOME_SECONDS = 5.0
-QUORUM_TIEBREAK = 1.0  # a quorum's result wins a tie against any one server's (theirs are in (0, 0.5))
+QUORUM_TIEBREAK = 1.0  # a quorum's result wins a tie against any one peer's (theirs are in (0, 0.5))
+ANCHOR_TIEBREAK = 0.0  # an aggregator's state loses a tie against any peer's
 PAGE_TIMEOUT = 30.0  # seconds for one page from one holder
+
+
+def peer_tiebreak(peer_id: str) -> float:
+    """A fixed number in [0, 0.5) per peer: orders peers that hold states of the same round."""
+    return int(hashlib.sha256(peer_id.encode()).hexdigest()[:12], 16) / 16**12 / 2
+
+
+@dataclass(frozen=True)
+class SharedState:
+    """A state as fetched (checked against its digest), with what ranks it against this peer's."""
+
+    round: int  # the round it is the result of (-1: the initial state)
+    digest: str
+    attempt: int  # the averaging attempt that produced it
+    tiebreak: float  # orders states of the same round (:data:`QUORUM_TIEBREAK`, a peer's own)
+    tensors: list[torch.Tensor]
 
 
 def committed_state(
@@ -60,7 +77,7 @@ def committed_state(
 ) -> tuple[CommittedState | None, SharedState | None]:
     """``(newest, state)``: the newest state a quorum holds (None if the board knows none) and that
     state, fetched from its holders and checked against its digest (None if this peer already holds
-    it, or no holder could serve it: the caller falls back to state sharing). ``any_holder``: see
+    it, or no holder could serve it: the caller falls back to :func:`anchored_state`). ``any_holder``: see
     :func:`~peer.commit.quorum.newest_committed_state`."""
     result = newest_committed_state(board, roster, any_holder=any_holder)
     if result is None or result.digest == own_digest:
@@ -81,6 +98,29 @@ def anchored_rounds(dht, task: TaskSpec) -> dict[str, int]:
     anchors signed by any other key are ignored."""
     found = read_signed(dht, anchor_key(task.task_id), lambda sub, v: open_anchor_value(task.task_id, sub, v))
     return {a.record.digest: a.record.round for a in found if task.signer_allowed(a.public_key)}
+
+
+def anchored_state(
+    dht, task: TaskSpec, endpoint: Endpoint, template: list[torch.Tensor], consensus: int, own_digest: str
+) -> SharedState | None:
+    """The newest state an aggregator of the task anchored (:func:`anchored_rounds`), fetched from
+    the node its anchor names and checked against its digest, as the result of the round the anchor
+    signed; None if none is anchored, it is this peer's own, or it could not be fetched."""
+    found = read_signed(dht, anchor_key(task.task_id), lambda sub, v: open_anchor_value(task.task_id, sub, v))
+    anchors = [a.record for a in found if task.signer_allowed(a.public_key)]
+    if not anchors:
+        return None
+    newest = max(anchors, key=lambda a: (a.round, a.timestamp))
+    if newest.digest == own_digest:
+        return None
+    try:
+        got = fetch_state(
+            endpoint, [newest.holder], task.task_id, newest.digest, template, consensus, PAGE_TIMEOUT
+        )
+    except BlobUnavailable as e:
+        logger.warning(f"the anchored state {newest.digest[:12]} could not be fetched: {e}")
+        return None
+    return SharedState(newest.round, got.digest, newest.attempt, ANCHOR_TIEBREAK, got.tensors)
 
 
 def trusted_round(served_as: int, anchored: int | None, swarm_round: int) -> int:

@@ -348,10 +348,8 @@ class PeerNode:
         self._signals.closing()
         p.conditions.stop()
         p.control_server.close()
-        for watch in (p.dht_watch, p.sharer_watch):
-            watch.stop()  # the DHT and the state sharer are shut down on purpose below
+        p.dht_watch.stop()  # the DHT is shut down on purpose below
         self.display.close()
-        p.sharer.stop_serving()  # first: its grace for a transfer in flight overlaps the rest
         p.search.shutdown()
         # Without its DHT nothing reaches the swarm: receipts stay in the outbox for the next start.
         reachable = not dht_gone(p.dht)
@@ -364,11 +362,7 @@ class PeerNode:
         p.workers.stop()
         p.convictions.stop()
         p.averagers.shutdown()
-        try:
-            p.sharer.shutdown()
-        except Exception:
-            pass
-        p.archive.close()
+        p.archive.close()  # last: the aggregator may still fetch the start states of its audits
         if p.data is not None:
             p.data.close()
         p.endpoint.close()

@@ -28,7 +28,6 @@ from hivemind_adapter.group_keys import DeclarationSigner
 from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.process_answers import ProcessWatch
 from hivemind_adapter.state_archive import StateArchive
-from hivemind_adapter.state_sharing import StateSharer
 from peer.affinity import cohort_on_lan, default_gateway_mac, host_id, network_id
 from peer.averaging.factory import CohortAveragers, committer_for
 from peer.averaging.stage import AveragingTimeouts
@@ -60,7 +59,7 @@ from protocol.peer_keys import Libp2pKey
 from protocol.records import Affinity, DeviceInfo
 from protocol.sealing import Sealed
 from protocol.task_spec import TaskSpec
-from supernet.outer_state import OuterState, served_consensus, served_layout
+from supernet.outer_state import OuterState
 from supernet.state import consensus_count, fresh_state_tensors
 from supernet.workload import Workload, swarm_train_options, workload_for
 from tasks.shards.local import local_shard_task
@@ -113,8 +112,6 @@ class PeerParts:
     shared: SharedBuffers
     workers: WorkerPool
     outer: OuterStepper | None  # sync = "outer" tasks only
-    sharer: StateSharer
-    sharer_watch: ProcessWatch
     archive: StateArchive
     commits: RoundCommitter
     convictions: ConvictionWatch
@@ -232,17 +229,6 @@ def build_peer(
         commits = committer_for(
             SignedCommitBoard(dht, task.task_id, me), config.timeouts, _roster_peers(dht, task)
         )
-        outer_state = outer.state if outer is not None else None
-        sharer = StateSharer(
-            [t.clone() for t in served_layout(shared.state, consensus, outer_state)], dht, task.task_id,
-            served_consensus(consensus, outer_state), client_mode=config.client_mode,
-        )  # fmt: skip
-        built.callback(sharer.shutdown)
-        sharer_ended = "can neither serve the swarm's state nor fetch it"
-        sharer_watch = ProcessWatch(
-            sharer, lambda code: signals.lose(_ended("state sharer", code, sharer_ended))
-        )
-        built.callback(sharer_watch.stop)
         archive = StateArchive(endpoint, task.task_id, head=len(shared.grads))  # the parameters
         built.callback(archive.close)
         # reducers that told members different stories: found late, posted, read from others
@@ -276,7 +262,6 @@ def build_peer(
             consensus,
             workers,
             outer,
-            sharer,
             archive,
             commits,
             progress,
@@ -286,7 +271,7 @@ def build_peer(
         signals.reclaim()
         parts = PeerParts(
             dht, dht_watch, peer_id, spec, endpoint, data, search, announcer, outbox, courier, workload, shared,
-            workers, outer, sharer, sharer_watch, archive, commits, convictions, averagers, progress, state,
+            workers, outer, archive, commits, convictions, averagers, progress, state,
             control, control_server, conditions,
         )  # fmt: skip
         built.pop_all()  # from here on the node stops them (PeerNode.shutdown)

@@ -9,9 +9,8 @@ import torch
 
 from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.state_archive import StateArchive
-from hivemind_adapter.state_sharing import StateSharer, peer_tiebreak
 from peer.affinity import assign_cohorts
-from peer.catch_up import anchored_rounds, committed_state, trusted_round
+from peer.catch_up import anchored_rounds, anchored_state, committed_state, peer_tiebreak, trusted_round
 from peer.commit.committer import RoundCommitter
 from peer.outer_repair import missed_outer_state
 from peer.outer_round import OuterStepper
@@ -44,14 +43,13 @@ class StateKeeper:
         consensus: int,
         workers: WorkerPool,
         outer: OuterStepper | None,
-        sharer: StateSharer,
         archive: StateArchive,
         commits: RoundCommitter,
         progress: SwarmProgress,
     ):
         self.task, self.dht, self.endpoint, self.peer_id = task, dht, endpoint, peer_id
         self.shared, self.consensus, self.workers, self.outer = shared, consensus, workers, outer
-        self.sharer, self.archive, self.commits, self.progress = sharer, archive, commits, progress
+        self.archive, self.commits, self.progress = archive, commits, progress
         self.tiebreak = peer_tiebreak(peer_id)
         self.state_round = -1
         self.state_digest = digest(self.served()[: self.served_consensus()])
@@ -70,15 +68,15 @@ class StateKeeper:
         return served_consensus(self.consensus, self.outer.state if self.outer else None)
 
     def publish(self, round_index: int, attempt: int) -> None:
-        """Serve the current state to newcomers and keep it, by digest, for whoever needs it later."""
+        """Keep the current state, by digest, for whoever needs it (catch-up, audits, checkpoints)."""
         served = self.served()
-        self.state_digest = self.sharer.publish(round_index, served, attempt, self.tiebreak)
+        self.state_digest = digest(served[: self.served_consensus()])
         self.archive.add(round_index, attempt, self.state_digest, served, self.served_consensus())
 
     def catch_up(self) -> bool:
         """Adopt the newest state a quorum committed, fetched from all the peers that hold it
-        (:mod:`peer.catch_up`); when the board knows none, the best state another node serves, if its
-        digest is one an aggregator anchored. Either only if it is ahead of ours (a newer round, or
+        (:mod:`peer.catch_up`); when the board knows none, the newest state an aggregator of the
+        task anchored. Either only if it is ahead of ours (a newer round, or
         the same round and a quorum's result or the fixed tie-break's winner). Returns whether the
         state was replaced; the attempt counter moves past the attempt that produced it."""
         task_id, board = self.task.task_id, self.commits.board
@@ -99,7 +97,9 @@ class StateKeeper:
             if result is not None and result.digest == self.state_digest:
                 return False
         if got is None:
-            got = self.sharer.download(timeout=30.0)
+            got = anchored_state(
+                self.dht, self.task, self.endpoint, self.served(), self.served_consensus(), self.state_digest
+            )
         if got is None:
             return False
         quorum = result is not None and got.digest == result.digest

@@ -313,8 +313,8 @@ class AveragingDeclaration(SealedRecord):
 
 class StateAnchor(SealedRecord):
     """A model state the task's aggregator vouches for: the state of its newest checkpoint, which it
-    serves. A peer catching up adopts a state that one node serves only if a quorum committed its
-    digest or an aggregator of the task anchored it here, never on its server's word."""
+    serves by digest from ``holder`` (its own node). A peer catching up adopts a state only if a
+    quorum committed its digest or an aggregator of the task anchored it here."""
 
     RECORD_TYPE: ClassVar[str] = "anchor"
     MAX_WIRE_BYTES: ClassVar[int] = 1024
@@ -324,6 +324,7 @@ class StateAnchor(SealedRecord):
     attempt: Int53
     digest: Annotated[str, StringConstraints(pattern=r"^(?:[0-9a-f]{32}|[0-9a-f]{64})$")]
     timestamp: Int53
+    holder: PeerId  # the node that serves it (hivemind_adapter.state_archive)
 
 
 class PeerProgress(SealedRecord):

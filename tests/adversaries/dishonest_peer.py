@@ -21,8 +21,8 @@ The red team of issue 19 (``benchmarks/red_team.py``) adds:
   numerator, so its mean looks honest); the group commits that count, the receipt proves it;
 - ``nan``, ``x1000``, ``sign``, ``garbage``: computes honestly, sends a poisoned gradient into the
   all-reduce (NaN; x1000; sign-flipped; random values 100 times the gradient's norm);
-- ``forged-state``: averages honestly, but serves a random state claiming a round 1000 ahead to
-  whoever catches up through state sharing;
+- ``forged-state``: averages honestly, but serves a random state claiming a round 1000 ahead, by its
+  digest, beside its own;
 - ``rogue-progress``: publishes progress records of a round 10^9 ahead with 10^6 times its samples;
 - ``lying-reducer``: computes and sends honestly, but as a reducer returns the negated centre of
   every part it reduces (a reducer decides its part's result for every member alike);
@@ -81,6 +81,7 @@ from protocol.averaging_group import averaging_group_id, group_membership  # noq
 from protocol.records import ContributionReceipt  # noqa: E402
 from protocol.sealing import seal  # noqa: E402
 from robust_aggregation.reducer_proof import PartProof, make_proof, sketch, sketch_seed  # noqa: E402
+from supernet.state import digest as state_digest  # noqa: E402
 from tests.adversaries import identity_attacks  # noqa: E402
 from tests.adversaries.identity_attacks import IDENTITY_ATTACKS  # noqa: E402
 
@@ -428,10 +429,9 @@ class ForgingStateKeeper(StateKeeper):
 
     def publish(self, round_index: int, attempt: int) -> None:
         super().publish(round_index, attempt)
-        own = self.state_digest
         forged = [torch.randn_like(t) if t.is_floating_point() else t.clone() for t in self.served()]
-        self.sharer.publish(round_index + 1000, forged, attempt, 0.49)
-        self.state_digest = own
+        consensus = self.served_consensus()
+        self.archive.add(round_index + 1000, attempt, state_digest(forged[:consensus]), forged, consensus)
 
 
 def dishonest_node(fault: str) -> type[PeerNode]:

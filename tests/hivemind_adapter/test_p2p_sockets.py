@@ -22,7 +22,6 @@ from hivemind_adapter.allreduce import VerifiedAverager
 from hivemind_adapter.dht import start_dht
 from hivemind_adapter.p2p_sockets import daemon_socket_files, remove_dead_daemon_sockets
 from hivemind_adapter.reaper import remove_files
-from hivemind_adapter.state_sharing import StateSharer
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 
@@ -37,11 +36,11 @@ def test_an_averager_shut_down_removes_its_socket_file():
     dht = start_dht(host_maddrs=LOOPBACK)
     try:
         averager = VerifiedAverager([torch.zeros(4)], dht, prefix="sockets", start=True)
-        sharer = StateSharer([torch.zeros(4)], dht, "sockets", consensus=1)
-        paths = [_socket_file(averager), _socket_file(sharer)]
+        other = VerifiedAverager([torch.zeros(4)], dht, prefix="sockets-2", start=True)
+        paths = [_socket_file(averager), _socket_file(other)]
         assert paths[0] != paths[1]
         averager.shutdown()
-        sharer.shutdown()
+        other.shutdown()
         assert not any(os.path.exists(p) for p in paths)
     finally:
         dht.shutdown()

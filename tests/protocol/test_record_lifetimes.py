@@ -20,7 +20,7 @@ from protocol.record_lifetimes import ANNOUNCE_TTL, CLOCK_SLACK_SECONDS, TASK_TT
 from protocol.records import PeerProgress, StateAnchor
 from protocol.sealing import seal
 from tests.helpers import two_task_dhts
-from tests.protocol.factories import binding_wire, certificate_wire, endorsement_of
+from tests.protocol.factories import binding_wire, certificate_wire, endorsement_of, peer_id_of
 from tests.protocol.test_dht_schema import TASK_ID, Record, announcement, task_spec
 
 TEN_YEARS = 10 * 365 * 86400.0
@@ -106,8 +106,9 @@ def test_an_old_anchor_stored_again_cannot_steer_catch_up_to_an_older_state():
 
     def anchor(signed: float, state_digest: str) -> bytes:
         record = StateAnchor(
-            task_id=TASK_ID, round=3, attempt=4, digest=state_digest, timestamp=int(signed * 1000)
-        )
+            task_id=TASK_ID, round=3, attempt=4, digest=state_digest, timestamp=int(signed * 1000),
+            holder=peer_id_of(aggregator),
+        )  # fmt: skip
         return seal(record, aggregator)
 
     key, sub = anchor_key(TASK_ID), aggregator.public_key_hex
