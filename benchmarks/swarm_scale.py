@@ -46,6 +46,7 @@ import torch  # noqa: E402
 from hivemind.dht.protocol import DHTProtocol  # noqa: E402
 
 from hivemind_adapter.dht import peer_id, speaker, start_dht, visible_maddrs  # noqa: E402
+from hivemind_adapter.group_keys import DeclarationSigner  # noqa: E402
 from peer.affinity import assign_cohorts, cohort_sizes  # noqa: E402
 from peer.averaging.factory import build_averager, committer_for  # noqa: E402
 from peer.averaging.stage import AveragingTimeouts  # noqa: E402
@@ -177,6 +178,9 @@ def _thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, 
                 averager = build_averager(
                     dht, TASK, cohort, [torch.zeros(s) for s in opts.shapes], timeouts=TIMEOUTS,
                     committer=committer, cross_group_size=opts.cross_group,
+                    # as a real peer: signed matchmaking declarations, met only with the roster's peers
+                    declarations=DeclarationSigner(TASK, speaker(dht, identity)),
+                    admitted=lambda: {p.entry.peer_id: p.announcement.public_key for p in read_roster(dht, SPEC)},
                 )  # fmt: skip
             attempt = committer.next_attempt(attempt)
             progress.begin(round_index, cohort, round_index - 1)
@@ -187,10 +191,14 @@ def _thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, 
                 time.sleep(LOOK_EVERY)
             progress.finish(samples, 0.0)
             numerator = [torch.randn(s, generator=generator) for s in opts.shapes]
+            peers_of: dict[str, list[str]] = {cohort: [me]} if me not in assignment else {}
+            for peer, name in sorted(assignment.items()):
+                peers_of.setdefault(name, []).append(peer)
             outcome = averager.average(
                 attempt, numerator, samples, cohort_size=cohort_sizes(assignment).get(cohort, 1),
                 num_cohorts=len(cohort_ids), cohort_rank=cohort_ids.index(cohort),
                 expected_peers=[p.entry.peer_id for p in roster],
+                cohorts=[tuple(peers_of[name]) for name in cohort_ids],  # as peer.round.plan_round does
             )  # fmt: skip
             if outcome.committed:
                 figures.committed += 1
@@ -406,17 +414,24 @@ def run_size(n: int, opts: ThinOptions) -> ScaleRow:
             round_calls=_per_peer_round([f.round_calls for f in figures.values()], opts.rounds),
         )
     finally:
-        done.set()
-        go.set()
-        deadline = time.monotonic() + 30  # peers that finished shut down on their own
-        for p in procs:
-            p.join(timeout=max(0.1, deadline - time.monotonic()))
-        accounts.kill()  # the rest (interrupted mid-round), with every process they started
-        deadline = time.monotonic() + 10
-        for p in procs:
-            p.join(timeout=max(0.1, deadline - time.monotonic()))
-        boot.shutdown()
-        accounts.close()
+        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cannot cut the clean-up
+        try:
+            done.set()
+            go.set()
+            deadline = time.monotonic() + 30  # peers that finished shut down on their own
+            for p in procs:
+                p.join(timeout=max(0.1, deadline - time.monotonic()))
+            accounts.kill()  # the rest (interrupted mid-round), with every process they started
+            deadline = time.monotonic() + 10
+            for p in procs:
+                p.join(timeout=max(0.1, deadline - time.monotonic()))
+            try:
+                boot.shutdown()
+            except Exception as e:  # its process was interrupted too
+                print(f"swarm_scale: the bootstrap DHT: {e!r}", file=sys.stderr)
+        finally:
+            accounts.close()
+            signal.signal(signal.SIGINT, interrupt)
 
 
 def _per_peer_round(counts: list[dict[str, int]], rounds: int) -> dict[str, float]:
