@@ -334,6 +334,7 @@ def main(
     except (RunFailed, TestbedError) as e:
         raise UserError(str(e)) from None
     from testbed.figures import PeerFigures, SiteFigures
+    from testbed.footprint import footprint_line
 
     peers_fig = [PeerFigures(**p) for p in summary["peers_detail"]]
     sites_fig = [SiteFigures(**s) for s in summary["sites"]] if summary["sites"] is not None else None
@@ -345,6 +346,7 @@ def main(
         f"identical final state on every peer that finished: {summary['identical_final_state']}; "
         + ", ".join(f"{k} {v:.4f}" for k, v in quality.items())
     )
+    click.echo(footprint_line(summary["footprint"]))
     click.echo(f"summary: {summary_path or run_dir / 'summary.json'}")
     if not summary["rounds"]:
         raise UserError("the swarm committed no round; see the logs under " + str(run_dir))

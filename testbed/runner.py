@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.churn import ChurnDriver
+from testbed.footprint import FootprintSampler
 from testbed.interrupts import stop_signals_held, stop_signals_interrupt
 from testbed.local_swarm import AGGREGATOR_GRACE_SECONDS, LocalSwarm, SwarmOptions
 from testbed.summary import progress_line, summarise, write_summary
@@ -60,6 +61,7 @@ def _run(
     started = time.monotonic()
     swarm = None
     failed: list[str] = []  # peers that exited with an error (not the ones churn killed on purpose)
+    footprints = FootprintSampler()
     try:
         if internet is not None:
             internet.start()
@@ -79,7 +81,7 @@ def _run(
         for i in range(options.peers):
             swarm.start_peer(i)
         churn = ChurnDriver(churn_plan, swarm, random.Random(options.seed), say) if churn_plan else None
-        _watch(swarm, options, churn, started, say, time_limit)
+        _watch(swarm, options, churn, started, say, time_limit, footprints)
         if "aggregator" in swarm.procs and swarm.procs["aggregator"].poll() is None:
             # here, not in the cleanup below, so that a Ctrl-C can still cut the wait short
             say(
@@ -116,6 +118,7 @@ def _run(
     )
     summary = summarise(swarm, wall, link_counters=counters)
     summary["failed_peers"] = failed
+    summary["footprint"] = footprints.summary()
     write_summary(summary, summary_path or swarm.dir / "summary.json")
     return summary
 
@@ -135,12 +138,20 @@ def failed_peers(
 
 
 def _watch(
-    swarm: LocalSwarm, options: SwarmOptions, churn: ChurnDriver | None, started: float, say, time_limit=None
+    swarm: LocalSwarm,
+    options: SwarmOptions,
+    churn: ChurnDriver | None,
+    started: float,
+    say,
+    time_limit: float | None,
+    footprints: FootprintSampler,
 ) -> None:
-    """Until every peer has left: a progress line per committed round, churn on its schedule."""
+    """Until every peer has left: a progress line per committed round, churn on its schedule, each
+    peer's processes and memory sampled."""
     shown, first_commit = -1, None
     while swarm.peers_running():
         time.sleep(POLL_SECONDS)
+        footprints.tick({name: swarm.procs[name].pid for name in swarm.running_peers()})
         if time_limit is not None and time.monotonic() - started > time_limit:
             say(f"time limit of {time_limit:.0f} s reached: the peers finish their round and leave")
             swarm.stop()
