@@ -21,6 +21,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -36,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^round-(\d{8})\.pt$")
 PARTIAL_FETCHES = 8  # failed fetches whose pages are kept for the next try
+T = TypeVar("T")
 
 
 def checkpoint_files(directory: Path) -> list[Path]:
@@ -210,17 +212,8 @@ class CheckpointKeeper:
             return cached[2][:params]
         if head is not None or not holders:
             return head
-        key = f"{state_digest}/head"
-        with self._lock:
-            fetching = self._fetching.setdefault(key, threading.Lock())
-        if not fetching.acquire(timeout=timeout):
-            return None
-        try:
-            with self._lock:
-                head = self._heads.get(state_digest)
-                partial = self._partial.pop(key, {})
-            if head is not None:
-                return head
+
+        def fetch(partial: dict[int, bytes]) -> list[torch.Tensor]:
             got = fetch_state_head(
                 self.endpoint, holders, self.task_id, state_digest, self.template[:params], self.consensus,
                 timeout, partial,
@@ -230,30 +223,50 @@ class CheckpointKeeper:
                 self._heads[state_digest] = got.tensors
                 self._evict(self._heads, state_digest)
             return got.tensors
+
+        try:
+            return self._fetch_once(
+                f"{state_digest}/head", lambda: self._heads.get(state_digest), fetch, timeout
+            )
         except BlobUnavailable as e:
             logger.info(f"the parameters of state {state_digest[:12]} could not be fetched: {e}")
-            self._keep_partial(key, partial)
             return None
+
+    def _fetch_once(
+        self, key: str, cached: Callable[[], T | None], fetch: Callable[[dict], T], timeout: float
+    ) -> T | None:
+        """``fetch(pages kept from a failed try)`` of ``key``, one thread at a time: a second waiter
+        takes the first one's result, ``cached()`` (read under the lock). None if the wait for the
+        other fetch outlasted ``timeout``; a failed fetch raises BlobUnavailable, its pages kept."""
+        with self._lock:
+            fetching = self._fetching.setdefault(key, threading.Lock())
+        if not fetching.acquire(timeout=timeout):
+            return None
+        try:
+            with self._lock:
+                got = cached()
+                partial = self._partial.pop(key, {}) if got is None else {}
+            if got is not None:
+                return got
+            try:
+                return fetch(partial)
+            except BlobUnavailable:
+                with self._lock:
+                    if partial:
+                        self._partial[key] = partial
+                    while len(self._partial) > PARTIAL_FETCHES:
+                        self._partial.popitem(last=False)
+                raise
         finally:
-            self._fetched(key, fetching)
+            fetching.release()
+            with self._lock:
+                if key in self._fetching and not fetching.locked():
+                    del self._fetching[key]
 
     def _holders_of(self, state_digest: str) -> list[str]:
         """(Under the lock.) Who said they hold ``state_digest``: committers first."""
         known = self._known.get(state_digest)
         return list(dict.fromkeys([*(known.holders if known else []), *self._holders.get(state_digest, [])]))
-
-    def _keep_partial(self, key: str, partial: dict[int, bytes]) -> None:
-        with self._lock:
-            if partial:
-                self._partial[key] = partial
-            while len(self._partial) > PARTIAL_FETCHES:
-                self._partial.popitem(last=False)
-
-    def _fetched(self, key: str, fetching: threading.Lock) -> None:
-        fetching.release()
-        with self._lock:
-            if key in self._fetching and not fetching.locked():
-                del self._fetching[key]
 
     def _worker_state(self, served: list[torch.Tensor], global_params: bool = False) -> list[torch.Tensor]:
         """A served state in the workers' layout: as it is (``every-step``), or without its outer state;
@@ -273,18 +286,8 @@ class CheckpointKeeper:
             return cached
         if not holders:
             return None
-        with self._lock:
-            fetching = self._fetching.setdefault(state_digest, threading.Lock())
-        # one fetch of a digest at a time (the prefetch, an audit and the checkpoint loop may all
-        # want it): a second waiter takes the first one's result from the cache
-        if not fetching.acquire(timeout=timeout):
-            return None
-        try:
-            with self._lock:
-                cached = self._cache.get(state_digest)
-                partial = self._partial.pop(state_digest, {})
-            if cached is not None:
-                return cached
+
+        def fetch(partial: dict[int, bytes]) -> tuple[int, int, list[torch.Tensor]]:
             state = fetch_state(
                 self.endpoint, holders, self.task_id, state_digest, self.template, self.consensus, timeout,
                 partial,
@@ -293,12 +296,13 @@ class CheckpointKeeper:
             round_index = known.round if known else state.round
             self._remember(state_digest, round_index, state.attempt, state.tensors)  # before a waiter looks
             return round_index, state.attempt, state.tensors
+
+        # the prefetch, an audit and the checkpoint loop may all want it: one fetch
+        try:
+            return self._fetch_once(state_digest, lambda: self._cache.get(state_digest), fetch, timeout)
         except BlobUnavailable as e:
             logger.info(f"state {state_digest[:12]} could not be fetched: {e}")
-            self._keep_partial(state_digest, partial)
             return None
-        finally:
-            self._fetched(state_digest, fetching)
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -137,9 +137,7 @@ def fetch_state(
         got = digest(tensors[:consensus])
         if got != state_digest:
             raise ValueError(f"served a state with digest {got[:12]}, not {state_digest[:12]}")
-        # outside the digest (batch-norm statistics): a holder's own, never loaded if not finite
-        if not all(torch.isfinite(t).all() for t in tensors if t.is_floating_point()):
-            raise ValueError("served a state with non-finite values")
+        _refuse_non_finite(tensors)  # outside the digest (batch-norm statistics): a holder's own
         return ArchivedState(round_index, attempt, got, tensors)
 
     size = state_bytes(template)
@@ -181,14 +179,18 @@ def fetch_state_head(
         round_index, attempt, tensors = decode_state(blob, head_template)
         if tensor_hashes(tensors) != wanted:
             raise ValueError(f"served a head that is not state {state_digest[:12]}'s")
-        if not all(torch.isfinite(t).all() for t in tensors if t.is_floating_point()):
-            raise ValueError("served a state with non-finite values")
+        _refuse_non_finite(tensors)
         return ArchivedState(round_index, attempt, head_key, tensors)
 
     size = state_bytes(head_template)
     return fetch_spread(
         endpoint, sources, state_head_handler(task_id), head_key, check_head, timeout, size, size, partial
     )
+
+
+def _refuse_non_finite(tensors: list[torch.Tensor]) -> None:
+    if not all(torch.isfinite(t).all() for t in tensors if t.is_floating_point()):
+        raise ValueError("served a state with non-finite values")
 
 
 def _split(index: bytes) -> list[bytes]:
