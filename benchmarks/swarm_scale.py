@@ -27,12 +27,9 @@ import functools
 import multiprocessing as mp
 import os
 import queue
-import shutil
 import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +42,7 @@ import hivemind  # noqa: E402
 import torch  # noqa: E402
 from hivemind.dht.protocol import DHTProtocol  # noqa: E402
 
+from benchmarks.peer_accounts import CGROUP_ROOT, PeerAccounts  # noqa: E402
 from hivemind_adapter.dht import peer_id, speaker, start_dht, visible_maddrs  # noqa: E402
 from hivemind_adapter.group_keys import DeclarationSigner  # noqa: E402
 from peer.affinity import assign_cohorts, cohort_sizes  # noqa: E402
@@ -65,7 +63,6 @@ BENCH_AGGREGATOR = Identity.from_seed(
     b"swarm-scale benchmark aggregator"
 )  # signs the thin peers' memberships
 SPEC = task_spec(BENCH_AGGREGATOR, TASK)
-CGROUP_ROOT = Path("/sys/fs/cgroup/unified")
 LOOK_EVERY = 0.25  # as the real round looks at the swarm's progress while its workers train
 TIMEOUTS = AveragingTimeouts(
     matchmaking=2.0, request=1.0, next_chunk=10.0, allreduce=120.0, step=60.0, commit=20.0
@@ -218,75 +215,6 @@ def _thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, 
         if averager is not None:
             averager.shutdown()
         dht.shutdown()
-
-
-# ------------------------------------------------------------------ kernel counters
-
-
-def _iptables(*args: str) -> str:
-    return subprocess.run(["iptables", "-w", *args], check=True, capture_output=True, text=True).stdout
-
-
-class PeerAccounts:
-    """One cgroup per thin peer and an iptables rule counting the bytes its processes send."""
-
-    def __init__(self, tag: str, count: int):
-        self.chain = f"MSCALE{tag}"[:28]
-        self.root = f"manta-scale-{tag}"
-        self.cgroups = [f"{self.root}/peer-{i}" for i in range(count)]
-        self.flags = Path(tempfile.mkdtemp(prefix="manta-scale-"))
-        for group in self.cgroups:
-            (CGROUP_ROOT / group).mkdir(parents=True, exist_ok=True)
-        _iptables("-N", self.chain)
-        _iptables("-I", "OUTPUT", "-j", self.chain)
-        for group in self.cgroups:
-            _iptables("-A", self.chain, "-m", "cgroup", "--path", group, "-j", "RETURN")
-
-    def bytes_sent(self) -> list[int]:
-        out = _iptables("-L", self.chain, "-v", "-n", "-x")
-        by_group = {line.split()[-1]: int(line.split()[1]) for line in out.splitlines() if " cgroup " in line}
-        return [by_group.get(group, 0) for group in self.cgroups]
-
-    def pss_mib(self) -> list[float]:
-        """Each peer's proportional set size: its processes' share of the memory they use."""
-        sizes = []
-        for group in self.cgroups:
-            total = 0
-            for pid in (CGROUP_ROOT / group / "cgroup.procs").read_text().split():
-                try:
-                    rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
-                except OSError:
-                    continue
-                total += next(
-                    (int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Pss:")), 0
-                )
-            sizes.append(total / 1024)
-        return sizes
-
-    def kill(self) -> None:
-        """SIGKILL every process still in a peer's cgroup (its agent, DHT, averagers and p2pd)."""
-        for group in self.cgroups:
-            try:
-                (CGROUP_ROOT / group / "cgroup.kill").write_text("1")
-            except OSError:
-                pass
-
-    def close(self) -> None:
-        subprocess.run(["iptables", "-w", "-D", "OUTPUT", "-j", self.chain], capture_output=True)
-        subprocess.run(["iptables", "-w", "-F", self.chain], capture_output=True)
-        subprocess.run(["iptables", "-w", "-X", self.chain], capture_output=True)
-        self.kill()
-        shutil.rmtree(self.flags, ignore_errors=True)
-        deadline = time.monotonic() + 30
-        for group in [*self.cgroups, self.root]:
-            while (CGROUP_ROOT / group).exists():
-                try:
-                    (CGROUP_ROOT / group).rmdir()  # refused while an exiting process is still inside
-                except OSError:
-                    if time.monotonic() > deadline:
-                        print(f"swarm_scale: could not remove cgroup {group}", file=sys.stderr)
-                        break
-                    time.sleep(0.2)
 
 
 # ------------------------------------------------------------------ one swarm size
