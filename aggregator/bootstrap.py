@@ -124,6 +124,9 @@ class BootstrapAggregator:
                 announce_maddrs=announce or None,
                 libp2p_key=libp2p_key,
                 validators=[MantaRecordValidator(self.task_id, aggregator_keys=keys)],
+                # a process of its own: the swarm's bootstrap node keeps answering while audits and
+                # the ledger keep this process busy
+                in_thread=False,
             )
 
         expected = self._saved_spec().record if self.config.resume else self.spec

@@ -39,6 +39,7 @@ from hivemind.utils.asyncio import as_aiter, azip
 from hivemind_adapter.averager_process import BoundedAveragerProcess
 from hivemind_adapter.exact_runner import ExactAllReduceRunner
 from hivemind_adapter.group_keys import Admission, DeclarationSigner, SignedGroupKeys, admit_only_roster_peers
+from hivemind_adapter.in_thread import InThreadAverager
 from hivemind_adapter.known_groups import KnownGroupSteps
 from hivemind_adapter.p2p_sockets import RemovesItsSocket
 from hivemind_adapter.shared_buffers import SharedNames, SharedNoiseMap
@@ -101,7 +102,9 @@ class RefusedReducer:
 _OWN_PART_MARK = " own-part"
 
 
-class VerifiedAverager(BoundedAveragerProcess, RemovesItsSocket, KnownGroupSteps, DecentralizedAverager):
+class VerifiedAverager(
+    InThreadAverager, BoundedAveragerProcess, RemovesItsSocket, KnownGroupSteps, DecentralizedAverager
+):
     """A DecentralizedAverager whose steps are exact (bit-identical across members) and all-or-nothing
     locally: on any partial failure the step raises and the averaged tensors keep their old values.
 

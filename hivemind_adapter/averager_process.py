@@ -1,25 +1,24 @@
-"""An averager's process: its start bounded, and hivemind's expected timeouts kept out of the log.
+"""An averager's start bounded, its settings answered or refused, and hivemind's expected timeouts
+kept out of the log.
 
-hivemind's ``DecentralizedAverager(start=True)`` forks the averager's process and waits for it to be
-ready with no bound. The process gets ready only after its first calls to the DHT's process (it
-replicates the DHT's p2p client), so with that process gone it never does, and its parent waits
-forever. While it waits, SIGINT is ignored in the parent (hivemind sets it so before the fork, for the
-child to inherit), so not even Ctrl-C would reach it.
-
-:class:`BoundedAveragerProcess` waits :data:`AVERAGER_START_SECONDS` at most (less if the process
-ended: then it fails at once), stops a process that did not get ready, and gives the parent its
+hivemind's ``DecentralizedAverager(start=True)`` waits for its served side to get ready with no
+bound, and asks the DHT first; with the DHT gone it never does, and while it waits SIGINT is ignored
+in the caller (hivemind sets it so for a forked child to inherit), so not even Ctrl-C would reach it.
+:class:`BoundedAveragerProcess` waits :data:`AVERAGER_START_SECONDS` at most (less if the served side
+ended or failed: then it fails at once), stops one that did not get ready, and gives the caller its
 SIGINT handler back whichever way the start ended. Its settings and steps are bounded the same way.
+MANTA serves its averagers from threads (:mod:`hivemind_adapter.in_thread`); this mixin asks only the
+``Process`` questions those answer too.
 
-In the averager's process, hivemind re-declares the averager for state downloads every period in a
-task nobody awaits, bounded by ``asyncio.wait_for``. When the DHT does not answer in time (its process
-ended, or it is overloaded), asyncio logs each such task's TimeoutError with a full traceback, "Task
-exception was never retrieved", every 30 s per averager: the next declaration is the retry, and
-nothing is lost. :class:`UnawaitedTimeouts` drops exactly those records; any other error is logged.
+hivemind re-declares the averager for state downloads every period in a task nobody awaits, bounded
+by ``asyncio.wait_for``. When the DHT does not answer in time, asyncio logs each such task's
+TimeoutError with a full traceback, "Task exception was never retrieved", every 30 s per averager:
+the next declaration is the retry, and nothing is lost. :class:`UnawaitedTimeouts` drops exactly
+those records; any other error is logged.
 
-The lock hivemind makes for the averaged tensors, shared by the parent and the averager's process,
-is a semaphore that a process killed while holding it (stopped the hard way here, or by the OOM
-killer) leaves held for ever, and the parent's next ``get_tensors`` then hangs; it is replaced by a
-:class:`~hivemind_adapter.process_locks.DeathSafeLock` before the fork.
+The lock hivemind makes for the averaged tensors is replaced by a
+:class:`~hivemind_adapter.process_locks.DeathSafeLock` before the start, which a holder that dies
+(a process killed, or a thread) never leaves held.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ import threading
 from hivemind.utils import MPFuture
 
 from hivemind_adapter.dht import dht_gone
+from hivemind_adapter.in_thread import ComponentEnded
 from hivemind_adapter.process_answers import NoAnswer, await_answer
 from hivemind_adapter.process_locks import DeathSafeLock
 
@@ -64,6 +64,16 @@ class UnawaitedTimeouts(logging.Filter):
         return not (unawaited and isinstance(error, (TimeoutError, asyncio.TimeoutError)))
 
 
+_quieted = False
+
+
+def _quiet_unawaited_timeouts() -> None:
+    global _quieted
+    if not _quieted:
+        logging.getLogger("asyncio").addFilter(UnawaitedTimeouts())
+        _quieted = True
+
+
 class BoundedAveragerProcess:
     """Mixin for a ``DecentralizedAverager`` subclass (listed before it), the parent's bounded view of
     the averager's process: ``run_in_background`` waits for it at most :data:`AVERAGER_START_SECONDS`
@@ -74,7 +84,7 @@ class BoundedAveragerProcess:
         # hivemind's __init__ already asks the DHT's process (for its client mode), unbounded
         dht = kwargs.get("dht", args[1] if len(args) > 1 else None)
         if dht is not None and dht_gone(dht):
-            raise AveragerStartFailed("an averager cannot start: its DHT's process has ended")
+            raise AveragerStartFailed("an averager cannot start: its DHT has ended")
         super().__init__(*args, **kwargs)
 
     def __del__(self):
@@ -85,7 +95,8 @@ class BoundedAveragerProcess:
         in_main_thread = threading.current_thread() is threading.main_thread()
         handler = signal.getsignal(signal.SIGINT) if in_main_thread else None
         try:
-            self.lock_averaged_tensors = DeathSafeLock()  # before the fork: the process shares it
+            _quiet_unawaited_timeouts()
+            self.lock_averaged_tensors = DeathSafeLock()  # before the start: the served side shares it
             super().run_in_background(await_ready=False)
             if not await_ready:
                 return
@@ -96,37 +107,41 @@ class BoundedAveragerProcess:
                 dht_ended = dht_gone(self.dht)
                 self._stop_unready()
                 raise AveragerStartFailed(
-                    f"an averager did not start: {no_answer}"
-                    + (" (its DHT's process has ended)" if dht_ended else "")
+                    f"an averager did not start: {no_answer}" + (" (its DHT has ended)" if dht_ended else "")
+                ) from None
+            except Exception as failed:  # its own start's error
+                dht_ended = dht_gone(self.dht)
+                self._stop_unready()
+                raise AveragerStartFailed(
+                    f"an averager did not start: {failed}" + (" (its DHT has ended)" if dht_ended else "")
                 ) from None
         finally:
             if handler is not None:  # None: not a Python-level handler, nothing to give back
                 signal.signal(signal.SIGINT, handler)
 
     def ask(self, method: str, bound: float = ANSWER_SECONDS, **kwargs):
-        """Have the averager's process run ``method(**kwargs, future=...)`` and return its answer.
-        hivemind's own calls wait for the answer with no bound; a process that ended never gives one,
-        so this raises :class:`AveragerGone` as soon as the process has ended, or after ``bound``."""
+        """Have the averager's served side run ``method(**kwargs, future=...)`` and return its answer.
+        hivemind's own calls wait for the answer with no bound; one that ended never gives it, so this
+        raises :class:`AveragerGone` as soon as it has ended, or after ``bound``."""
         future = MPFuture()
-        self._outer_pipe.send((method, [], dict(kwargs, future=future)))
         try:
+            self._outer_pipe.send((method, [], dict(kwargs, future=future)))
             return await_answer(future, self, bound)
+        except ComponentEnded:
+            raise AveragerGone(
+                f"an averager did not answer ({method}): it ended (exit code {self.exitcode})"
+            ) from None
         except NoAnswer as no_answer:
             raise AveragerGone(f"an averager did not answer ({method}): {no_answer}") from None
 
     def check_alive(self) -> None:
-        """Raise :class:`AveragerGone` if the averager's process has ended (a step it was running will
-        never finish: its parent waited for it for ever)."""
+        """Raise :class:`AveragerGone` if the averager's served side has ended (a step it was running
+        will never finish: its caller would wait for it for ever)."""
         if not self.is_alive():
-            raise AveragerGone(f"an averager's process ended (exit code {self.exitcode})")
-
-    def run(self) -> None:
-        # the averager's process starts here
-        logging.getLogger("asyncio").addFilter(UnawaitedTimeouts())
-        super().run()
+            raise AveragerGone(f"an averager ended (exit code {self.exitcode})")
 
     def _stop_unready(self) -> None:
-        """Stop the averager's process that never got ready (it answers no shutdown request)."""
+        """Stop the averager that never got ready (it answers no shutdown request)."""
         if self.is_alive():
             self.kill()
         self.join(timeout=10.0)

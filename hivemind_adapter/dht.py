@@ -8,6 +8,7 @@ anything), and skips what its opener rejects.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -20,8 +21,11 @@ from typing import Any, TypeVar
 
 import hivemind
 import psutil
+from hivemind.dht.node import DHTNode
+from hivemind.p2p import P2P
 from hivemind.utils import get_dht_time
 
+from hivemind_adapter.in_thread import ThreadHosted
 from hivemind_adapter.p2p_sockets import daemon_socket_files, remove_dead_daemon_sockets, remove_dead_socket
 from hivemind_adapter.process_answers import NoAnswerWithin, ProcessEnded, await_answer
 from hivemind_adapter.process_locks import install_death_safe_locks
@@ -113,7 +117,11 @@ class SwarmDHT(hivemind.DHT):
             self.kill()
             self.join(10.0)
             raise DHTStartFailed(f"the DHT's process did not get ready within {bound:.0f} s") from None
-        self.daemon_socket, self.daemon_process = _daemon_of(self.pid)
+        self.daemon_socket, self.daemon_process = self._own_daemon()
+
+    def _own_daemon(self) -> tuple[str | None, tuple[int, float] | None]:
+        """The socket file of the p2pd daemon this DHT started, and the daemon's pid and start time."""
+        return _daemon_of(self.pid)
 
     def shutdown(self) -> None:
         super().shutdown()
@@ -138,6 +146,54 @@ class SwarmDHT(hivemind.DHT):
         return remove_dead_socket(self.daemon_socket, patience)
 
 
+class InThreadDHT(ThreadHosted, SwarmDHT):
+    """A :class:`SwarmDHT` served from a thread of the process that started it
+    (:mod:`hivemind_adapter.in_thread`): no process of its own; its p2pd daemon is that process's
+    child, and if the daemon ends, the DHT ends with it (exit code 1)."""
+
+    def _thread_name(self) -> str:
+        return "manta-dht"
+
+    async def _serve(self) -> None:
+        replica = await P2P.replicate(self._daemon_listen_maddr) if self._daemon_listen_maddr else None
+        self._node = await DHTNode.create(
+            initial_peers=self.initial_peers,
+            num_workers=self.num_workers,
+            record_validator=self._record_validator,
+            p2p=replica,
+            **self.kwargs,
+        )
+        daemon = getattr(self._node.p2p, "_child", None)
+        if daemon is not None:  # the daemon is this node's link to the swarm: it ends with it
+            self._host_tasks.add(asyncio.create_task(self._end_with(daemon)))
+
+    async def _end_with(self, daemon) -> None:
+        code = await daemon.wait()
+        if not self._host_stopping:
+            logger.warning("the DHT's p2pd daemon ended (exit code %s)", code)
+            self._end_abruptly()
+
+    async def _release(self) -> None:
+        # the daemon's pipes are bound to this loop: close them before it closes (a killed DHT's
+        # daemon, still running, goes with it, as a process's would be stopped at its shutdown)
+        child = getattr(getattr(self._node, "p2p", None), "_child", None)
+        if child is not None:
+            child._transport.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(child.wait(), 5.0)
+
+    def _own_daemon(self) -> tuple[str | None, tuple[int, float] | None]:
+        p2p = self._node.p2p  # hivemind's own attributes: this module is their one reader
+        child = getattr(p2p, "_child", None)
+        if child is None:
+            return None, None
+        try:
+            started = psutil.Process(child.pid).create_time()
+        except psutil.Error:
+            return None, None
+        return str(p2p._daemon_listen_maddr)[len("/unix") :], (child.pid, started)
+
+
 def _daemon_of(pid: int) -> tuple[str | None, tuple[int, float] | None]:
     """The unix socket of the p2pd daemon that process ``pid`` started, and the daemon's pid and start
     time (read from the daemon's command line: hivemind keeps the path inside the DHT's process)."""
@@ -159,9 +215,11 @@ def start_dht(
     client_mode: bool = False,
     libp2p_key: Libp2pKey | None = None,
     validators: Sequence[Any] = (),
+    in_thread: bool = True,
 ) -> hivemind.DHT:
-    """A running DHT node (its own process and p2pd daemon) whose peer id is made from ``libp2p_key``
-    (a fresh key if None; see :mod:`protocol.peer_keys`). SwarmUnreachable if it cannot join."""
+    """A running DHT node and its p2pd daemon, whose peer id is made from ``libp2p_key`` (a fresh key
+    if None; see :mod:`protocol.peer_keys`), served from a thread of this process (``in_thread``) or
+    from a process of its own. SwarmUnreachable if it cannot join."""
     _hivemind_logs_follow_manta()
     install_death_safe_locks()  # a node's first hivemind process is its DHT's: the tree shares them
     install_quiet_stream_openings()
@@ -176,7 +234,7 @@ def start_dht(
     else:
         key_file = str(key.path)
     try:
-        dht = SwarmDHT(
+        dht = (InThreadDHT if in_thread else SwarmDHT)(
             initial_peers=list(initial_peers),
             host_maddrs=list(host_maddrs),
             announce_maddrs=list(announce_maddrs) if announce_maddrs else None,

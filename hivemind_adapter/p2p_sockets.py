@@ -1,12 +1,9 @@
-"""Removing the unix sockets hivemind's averager processes, and DHTs that failed to start, leave in
-``/tmp``.
+"""Removing the unix sockets hivemind's averagers, and DHTs that failed to start, leave in ``/tmp``.
 
 Every client of a p2pd daemon listens on a socket file of its own, ``/tmp/hivemind-p2pclient-*.sock``.
-An averager's process opens one (``dht.replicate_p2p()``) and hivemind never closes it: the process
-ends with ``os._exit``, so no finaliser runs, and the file stays. So an averager records its socket's
-path where its parent can read it (shared memory made before the fork), closes
-the client when it is shut down, and its parent removes the file after the process has ended, which
-also covers a process that had to be terminated the hard way.
+An averager opens one, which hivemind never closes. So an averager records its socket's path, closes
+the client when it is shut down, and removes the file after it ended, which also covers one that had
+to be stopped the hard way.
 
 A DHT whose daemon gave up (no initial peer answered) leaves the daemon's socket file: the daemon exits
 on its own and hivemind removes nothing (one per ``manta-peer join`` with a wrong address). The path is
@@ -25,8 +22,6 @@ import os
 import socket
 import tempfile
 import time
-
-from hivemind_adapter.reaper import bound_socket_paths
 
 _PATH_BYTES = 512  # a socket path is at most 108 bytes (sun_path)
 
@@ -90,37 +85,19 @@ def client_socket_path(p2p) -> str | None:
 
 
 class RemovesItsSocket:
-    """Mixin for a ``DecentralizedAverager`` subclass (listed before it): its process's p2p client is
-    closed at shutdown and the client's socket file is removed, whichever way the process ended; so is
-    the process's own multiprocessing folder (``pymp-*``, where its resource sharer listens when it
-    passes a pipe to the DHT's process), which a killed averager leaves with its listener in it."""
+    """Mixin for a ``DecentralizedAverager`` subclass (listed before it): its p2p client is closed at
+    shutdown and the client's socket file is removed, whichever way the averager ended."""
 
     def __init__(self, *args, **kwargs):
-        # written in the averager's process, read here: made before super().__init__ forks it
         self._socket_path = multiprocessing.Array(ctypes.c_char, _PATH_BYTES, lock=False)
-        self._own_mp_folder = multiprocessing.Array(ctypes.c_char, _PATH_BYTES, lock=False)
-        self._inherited_mp_folder: str | None = None  # set in the averager's process, by run()
         super().__init__(*args, **kwargs)
 
-    def run(self):
-        # The averager's process starts here. The folder it has now it inherited (its Process object
-        # copied its parent's config when it was made): its parent's, never its own to remove. Read
-        # in the parent at __init__ instead, a folder the parent made between then and the fork (in
-        # another thread) would pass for the averager's own, and go with the parent's listener in it.
-        self._inherited_mp_folder = multiprocessing.current_process()._config.get("tempdir")
-        # Its own folder, made now and recorded before anything can listen in it: an averager killed
-        # while it starts (its DHT gone) may already have made one, before its p2p client exists.
-        folder = multiprocessing.util.get_temp_dir()
-        if folder != self._inherited_mp_folder and len(folder.encode()) < _PATH_BYTES:
-            self._own_mp_folder.value = folder.encode()
-        super().run()
-
-    # hivemind sets self._p2p once, in the averager's process, right after replicating the client
+    # hivemind_adapter.in_thread sets self._p2p once, right after replicating the client
     @property
     def _p2p(self):
         try:
             return self.__dict__["_p2p_client"]
-        except KeyError:  # an attribute only the averager's process ever sets
+        except KeyError:  # set only once the averager's served side started
             raise AttributeError("_p2p") from None
 
     @_p2p.setter
@@ -144,27 +121,10 @@ class RemovesItsSocket:
             self.remove_socket_file()
 
     def remove_socket_file(self) -> None:
-        """Remove the averager process's socket file and its own multiprocessing folder if the process
-        has ended and left them."""
+        """Remove the averager's socket file if it has ended and left it."""
         if self.is_alive():
             return
         path = self._socket_path.value.decode()
         if path:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
-        folder = self._own_mp_folder.value.decode()
-        if folder and folder != multiprocessing.current_process()._config.get("tempdir"):
-            remove_socket_folder(folder)
-
-
-def remove_socket_folder(folder: str) -> None:
-    """Remove multiprocessing's listener folder ``folder`` of a process that has ended: its socket
-    files that no living socket is bound to, then the folder if that left it empty."""
-    bound = bound_socket_paths()
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(folder):
-            if entry.path not in bound:
-                with contextlib.suppress(OSError):
-                    os.remove(entry.path)
-    with contextlib.suppress(OSError):
-        os.rmdir(folder)  # only if empty: a listener someone still holds keeps it

@@ -163,7 +163,7 @@ def build_peer(
         built.callback(dht.shutdown)
         config = dataclasses.replace(config, client_mode=client_mode)
         dht_watch = ProcessWatch(
-            dht, lambda code: signals.lose(_ended("DHT", code, "can no longer reach the swarm"))
+            dht, lambda code: signals.lose(_ended("DHT node", "can no longer reach the swarm"))
         )
         built.callback(dht_watch.stop)
         endpoint = Endpoint(dht, "manta-peer")  # every call this node makes or answers
@@ -278,9 +278,9 @@ def build_peer(
         return parts
 
 
-def _ended(process: str, exit_code: int | None, consequence: str) -> str:
-    """The one line a peer stops with when a process it cannot go on without ended."""
-    return f"the peer's {process} process ended (exit code {exit_code}): it {consequence}; start manta-peer join again"
+def _ended(part: str, consequence: str) -> str:
+    """The one line a peer stops with when a part it cannot go on without ended."""
+    return f"the peer's {part} stopped: it {consequence}; start manta-peer join again"
 
 
 def _roster_peers(dht, task: TaskSpec) -> Callable[[], list[str]]:

@@ -1,6 +1,7 @@
-"""The DHT's process outlives a caller that dies in the middle of a request (run in a fresh
-interpreter: the caller is a forked child whose multiprocessing internals it replaces); its start is
-bounded; a killed DHT's daemon socket file is removed."""
+"""A DHT in a process of its own outlives a caller that dies in the middle of a request (run in a
+fresh interpreter: the caller is a forked child whose multiprocessing internals it replaces); its
+start is bounded; a killed DHT's daemon socket file is removed, whether it ran in a thread or a
+process."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def test_a_caller_that_dies_while_its_request_is_opened_leaves_the_dht_running()
         prepare_process()
         from hivemind_adapter.dht import read_entries, start_dht, store
 
-        dht = start_dht(host_maddrs={LOOPBACK!r})
+        dht = start_dht(host_maddrs={LOOPBACK!r}, in_thread=False)  # the operator's: a process of its own
         store(dht, "before", 1, 60.0, subkey="a")
 
         def caller():
@@ -83,9 +84,10 @@ def test_a_dht_that_never_gets_ready_is_stopped_at_its_bound():
     assert not dht.is_alive()
 
 
-def test_a_killed_dht_s_daemon_socket_is_removed_by_its_shutdown():
-    """hivemind removes the daemon's socket file only in a shutdown its process carries out."""
-    dht = start_dht(host_maddrs=LOOPBACK)
+@pytest.mark.parametrize("in_thread", [True, False])
+def test_a_killed_dht_s_daemon_socket_is_removed_by_its_shutdown(in_thread):
+    """hivemind removes the daemon's socket file only in a shutdown it carries out."""
+    dht = start_dht(host_maddrs=LOOPBACK, in_thread=in_thread)
     path = dht.daemon_socket
     assert path is not None and os.path.exists(path)
     dht.kill()
