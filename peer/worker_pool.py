@@ -26,6 +26,7 @@ from peer.worker_protocol import (
     Stop,
     WorkerFailed,
 )
+from peer.worker_spawn import WorkerProcess
 
 POLL_SECONDS = 0.05
 STOP_GRACE_SECONDS = 10.0
@@ -55,7 +56,7 @@ class WorkerPool:
         """``threads``: torch threads per worker (None: the cores shared out, or MANTA_WORKER_THREADS);
         ``limits``: the CPU share and GPU memory a worker may use."""
         self.shared = shared
-        self._workers: list[tuple[torch.multiprocessing.Process, object]] = []
+        self._workers: list[tuple[WorkerProcess, object]] = []
         ctx = torch.multiprocessing.get_context("spawn")
         port = _free_port()
         threads = threads or default_threads(len(devices))
@@ -78,7 +79,7 @@ class WorkerPool:
             # (supernet.batch_prefetch; benchmarks/RESULTS.md, "Input pipeline (GPU)"), and a daemon
             # may not have children. It still cannot outlive the agent: it asks
             # the kernel for a signal when its parent dies, and stop() always ends it.
-            proc = ctx.Process(target=worker_main, args=(spec, child, shared), daemon=False)
+            proc = WorkerProcess(target=worker_main, args=(spec, child, shared), daemon=False)
             proc.start()
             self._workers.append((proc, parent))
 
