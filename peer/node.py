@@ -20,6 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from hivemind_adapter.dht import dht_gone
+from hivemind_adapter.runtime import return_free_memory
 from peer.catch_up import (
     LEAVE_WAIT_SECONDS,
     SIT_OUT_SECONDS,
@@ -191,6 +192,7 @@ class PeerNode:
             (logger.debug if self.display.interactive else logger.info)(report.describe())
             self._record(report)
             self.display.round_done(report, self._round.roster_size, self._outbox.settled_credit())
+            return_free_memory()  # the round's averaging buffers, freed, back to the kernel
             if report.committed:
                 self.state.committed(report.round)
                 committed, failed_in_a_row = committed + 1, 0

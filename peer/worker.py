@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from console.logs import setup_logging
-from hivemind_adapter.runtime import set_parent_death_signal
+from hivemind_adapter.runtime import return_free_memory, set_parent_death_signal
 from peer.host_reduction import allreduce_bucketed
 from peer.worker_protocol import (
     Applied,
@@ -187,6 +187,7 @@ def _serve(spec: WorkerSpec, conn, shared: SharedBuffers, log) -> None:
                             dst.copy_(src.detach().to("cpu"))
                 dist.barrier()  # the agent may read the state buffer once every worker has applied
                 conn.send(Applied(lr))
+                return_free_memory()  # the round's activations and batches, freed, back to the kernel
             else:
                 raise ValueError(f"unknown request {request!r}")
     finally:
