@@ -5,7 +5,8 @@ is killed, they are re-parented to init and run on. A parent-death
 signal only reaches direct children, and the peer cannot use its own process group without leaving
 the terminal's foreground group (Ctrl-C would no longer reach it). So a tiny watcher child keeps a
 fresh snapshot of the watched process's descendants and, once that process is gone, kills every
-process of the last snapshot (checking each one's start time, so a recycled pid is never hit).
+process of the last snapshot (checking each one's start time, so a recycled pid is never hit). It
+learns of the death from a pidfd, and reads the tree ever less often while the tree stands still.
 
 Files too: a killed tree cannot remove the unix sockets it listened on (hivemind's
 ``/tmp/hivemind-p2p*.sock``, multiprocessing's listeners in ``/tmp/pymp-*``), and they would pile up
@@ -30,6 +31,7 @@ Run as ``python -m hivemind_adapter.reaper PID [KEPT_FOLDER]``;
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sys
 import tempfile
@@ -40,7 +42,9 @@ import psutil
 
 SOCKET_PREFIX = "hivemind-p2p"  # hivemind's p2pd and p2p client sockets, in the temp folder
 MP_FOLDER_PREFIX = "pymp-"  # multiprocessing's per-process folder of listener sockets
-SOCKETS_EVERY = 4  # snapshots between two reads of the tree's sockets (a read asks every process)
+FIRST_LOOK = 0.25  # seconds between two reads of the tree while it changes
+LAST_LOOK = 8.0  # ... and at most, once it has stood still
+SOCKETS_LOOK = 1.0  # seconds between two reads of the sockets the tree listens on (one process's files)
 
 
 def _snapshot(watched: psutil.Process) -> dict[int, float]:
@@ -110,30 +114,34 @@ def remove_files(paths: set[Path], kept_folder: str | None = None) -> None:
             pass
 
 
-def watch(pid: int, interval: float = 0.25, kept_folder: str | None = None) -> int:
+def watch(pid: int, kept_folder: str | None = None) -> int:
     """Block until ``pid`` exits, then kill its last known descendants and remove their socket files
-    (and their multiprocessing folders, but ``kept_folder``). Returns how many were killed."""
+    (and their multiprocessing folders, but ``kept_folder``). Returns how many were killed.
+
+    The exit is waited for on a pidfd (woken at once, no polling where the kernel has them); the tree
+    is read every :data:`FIRST_LOOK` s while it changes, then ever less often, up to every
+    :data:`LAST_LOOK` s once it has been still a while (a peer starts its children as it starts); the
+    sockets its processes listen on, every :data:`SOCKETS_LOOK` s."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the watched process, not for us
     try:
         watched = psutil.Process(pid)
+        exited = _exit_waiter(pid)
     except psutil.NoSuchProcess:
         return 0
     known: dict[int, float] = {}
     files: set[Path] = set()
-    snapshots = 0
+    interval, next_look = FIRST_LOOK, 0.0
     while True:
-        try:
-            alive = watched.is_running() and watched.status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            alive = False
-        if not alive:
+        if time.monotonic() >= next_look:
+            seen = _snapshot(watched)
+            grew = bool(seen.keys() - known.keys())
+            known.update(seen)
+            known = {p: t for p, t in known.items() if psutil.pid_exists(p)}
+            interval = FIRST_LOOK if grew else min(LAST_LOOK, interval * 2)
+            next_look = time.monotonic() + interval
+        files |= _socket_files([watched, *_living(known)])
+        if exited(min(SOCKETS_LOOK, max(0.0, next_look - time.monotonic()))):
             break
-        known.update(_snapshot(watched))
-        known = {p: t for p, t in known.items() if psutil.pid_exists(p)}
-        if snapshots % SOCKETS_EVERY == 0:
-            files |= _socket_files([watched, *_living(known)])
-        snapshots += 1
-        time.sleep(interval)
     victims = []
     for p, created in known.items():
         try:
@@ -151,6 +159,34 @@ def watch(pid: int, interval: float = 0.25, kept_folder: str | None = None) -> i
     psutil.wait_procs(victims, timeout=5)
     remove_files(files, kept_folder)
     return len(victims)
+
+
+def _exit_waiter(pid: int):
+    """``wait(seconds) -> bool``: whether process ``pid`` has exited, waiting at most ``seconds``."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # no pidfd here: look every so often
+        watched = psutil.Process(pid)
+
+        def poll(seconds: float) -> bool:
+            deadline = time.monotonic() + seconds
+            while True:
+                try:
+                    if not watched.is_running() or watched.status() == psutil.STATUS_ZOMBIE:
+                        return True
+                except psutil.NoSuchProcess:
+                    return True
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(min(FIRST_LOOK, max(0.0, deadline - time.monotonic())))
+
+        return poll
+
+    def wait(seconds: float) -> bool:
+        readable, _, _ = select.select([fd], [], [], seconds)
+        return bool(readable)
+
+    return wait
 
 
 def _living(known: dict[int, float]) -> list[psutil.Process]:
