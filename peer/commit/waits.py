@@ -1,7 +1,8 @@
 """Bounded waits on a commit board: for a quorum on this peer's result, for a group of three's
-confirmations, for the others to end an attempt. Each re-reads the board every
-:data:`COMMIT_POLL_SECONDS` and asks which roster peers will never report at most every
-:data:`NEVER_POLL_SECONDS` (a roster read)."""
+confirmations, for the others to end an attempt. Each re-reads the board at a pace that follows the
+board (:class:`ReadPace`: every :data:`COMMIT_POLL_SECONDS` while reports arrive, ever less often,
+up to every :data:`COMMIT_POLL_MAX_SECONDS`, while none does) and asks which roster peers will never
+report at most every :data:`NEVER_POLL_SECONDS` (a roster read)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from peer.commit.quorum import (
 )
 from protocol.proof_attestation import Equivocation, find_equivocation, parse_tokens
 
-COMMIT_POLL_SECONDS = 0.1  # how often a peer re-reads the board while it waits
+COMMIT_POLL_SECONDS = 0.1  # how often a peer re-reads the board while reports arrive
+COMMIT_POLL_MAX_SECONDS = 0.8  # ... and at most, while none does
 NEVER_POLL_SECONDS = 2.0  # how often it asks which roster peers will never report (a roster read)
 # Once its result holds a quorum, how long a peer still waits for the other contributors' reports
 # (their proof attestations may show a reducer's equivocation); a silent one costs at most this.
@@ -69,6 +71,7 @@ def await_commit(
     other contributors) still to report. ``never``: roster peers that will not report (gone from
     the roster); they only hasten giving up, never a commit."""
     deadline = time.monotonic() + deadline_seconds
+    pace = ReadPace(deadline)
     gone = _Throttled(never)
     witnessed_by: float | None = None  # when the quorum held: the wait for witnesses ends then
     while True:
@@ -85,7 +88,8 @@ def await_commit(
             missing = set(witnesses) - reports.keys() - gone()
             if not missing or time.monotonic() > min(witnessed_by, deadline):
                 return CommitDecision(True, "", len(agreeing), seen=frozenset(reports))
-            time.sleep(COMMIT_POLL_SECONDS)
+            pace.deadline = min(witnessed_by, deadline)
+            pace.wait(frozenset(reports))
             continue
         undecided = members - reports.keys()
         silent = gone() & undecided
@@ -108,7 +112,7 @@ def await_commit(
                 timed_out=True,
                 seen=frozenset(reports),
             )
-        time.sleep(COMMIT_POLL_SECONDS)
+        pace.wait(frozenset(reports))
 
 
 def await_partners_checked(
@@ -130,6 +134,7 @@ def await_partners_checked(
     entry anywhere in its proof (:mod:`robust_aggregation.reducer_proof`, point 6); nobody goes on
     until both partners say they checked the same result (docs/protocol.md, "Groups of three")."""
     deadline = time.monotonic() + deadline_seconds
+    pace = ReadPace(deadline)
     gone = _Throttled(never)
     while True:
         checks = board.read_checks(attempt)
@@ -166,7 +171,7 @@ def await_partners_checked(
                 f"{', '.join(p[-8:] for p in waiting)} did not confirm this group's result "
                 f"within {deadline_seconds:.0f} s",
             )
-        time.sleep(COMMIT_POLL_SECONDS)
+        pace.wait(frozenset(checks))
 
 
 def await_quorum_reports(
@@ -196,6 +201,26 @@ def await_attempt_decided(
     return _poll(lambda: attempt_decided(board.read(attempt), roster, done()), deadline_seconds)
 
 
+class ReadPace:
+    """When to read a board next: :data:`COMMIT_POLL_SECONDS` after a read that saw something new,
+    half as long again after each read that saw nothing new, at most :data:`COMMIT_POLL_MAX_SECONDS`;
+    never past ``deadline`` (a ``time.monotonic()`` value)."""
+
+    def __init__(self, deadline: float):
+        self.deadline, self.interval, self.seen = deadline, COMMIT_POLL_SECONDS, None
+
+    def next_interval(self, seen: object = None) -> float:
+        """The wait before the next read, given what this read saw (anything comparable)."""
+        if seen is not None and seen != self.seen:
+            self.interval, self.seen = COMMIT_POLL_SECONDS, seen
+        else:
+            self.interval = min(COMMIT_POLL_MAX_SECONDS, self.interval * 1.5)
+        return max(0.0, min(self.interval, self.deadline - time.monotonic()))
+
+    def wait(self, seen: object = None) -> None:
+        time.sleep(self.next_interval(seen))
+
+
 class _Throttled:
     """``never()``, asked at most every :data:`NEVER_POLL_SECONDS` (a roster read), first after that
     long (most waits end sooner); the last answer in between."""
@@ -210,12 +235,13 @@ class _Throttled:
 
 
 def _poll(condition: Callable[[], bool], deadline_seconds: float) -> bool:
-    """Re-check ``condition`` every :data:`COMMIT_POLL_SECONDS` until it holds (True) or
-    ``deadline_seconds`` passed (False)."""
+    """Re-check ``condition`` at a :class:`ReadPace` until it holds (True) or ``deadline_seconds``
+    passed (False)."""
     deadline = time.monotonic() + deadline_seconds
+    pace = ReadPace(deadline)
     while True:
         if condition():
             return True
         if time.monotonic() > deadline:
             return False
-        time.sleep(COMMIT_POLL_SECONDS)
+        pace.wait()
