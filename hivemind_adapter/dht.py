@@ -173,6 +173,9 @@ class InThreadDHT(ThreadHosted, SwarmDHT):
             logger.warning("the DHT's p2pd daemon ended (exit code %s)", code)
             self._end_abruptly()
 
+    def _forget(self) -> None:
+        self._node = None
+
     async def _release(self) -> None:
         # the daemon's pipes are bound to this loop: close them before it closes (a killed DHT's
         # daemon, still running, goes with it, as a process's would be stopped at its shutdown)

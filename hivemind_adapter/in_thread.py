@@ -16,6 +16,7 @@ blocking API from its loop (an averager reading the DHT) must not be waiting on 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import threading
 from typing import Any
@@ -165,6 +166,10 @@ class ThreadHosted:
                 for task in leftover:
                     task.cancel()
                 loop.run_until_complete(asyncio.gather(*leftover, return_exceptions=True))
+                # hivemind's p2p objects finalise on the loop they were made on: let go of them while
+                # it is still open here, not later in whichever thread collects them
+                self._forget()
+                gc.collect()
             finally:
                 loop.close()
                 self._host_exitcode = 1 if getattr(self, "_host_killed", False) else code
@@ -174,7 +179,7 @@ class ThreadHosted:
             await self._serve()
         except Exception as e:
             logger.debug("%s did not start", self._thread_name(), exc_info=True)
-            self._ready.set_exception(e)
+            self._ready.set_exception(e.with_traceback(None))  # its frames hold loop-bound objects
             return 1
         self._host_ready.set()
         self._ready.set_result(None)
@@ -183,6 +188,9 @@ class ThreadHosted:
         finally:
             await self._release()
         return 0
+
+    def _forget(self) -> None:
+        """Drop the references to objects bound to the host loop (it is about to close)."""
 
     async def _release(self) -> None:
         """After the served side ended, however: release what the process's exit would have."""
@@ -194,11 +202,17 @@ class ThreadHosted:
         task.add_done_callback(self._host_tasks.discard)
 
     async def _run_request(self, method: str, args: list, kwargs: dict) -> Any:
+        """One request; its answer goes through the future it carries. An error is logged in one line
+        (at shutdown, with the daemon gone, not at all), never left to asyncio's traceback."""
         await self._host_ready.wait()
         if method == "_shutdown":
             self._host_stopping = True
         try:
             return await getattr(self, method)(*args, **kwargs)
+        except Exception as e:
+            log = logger.debug if method == "_shutdown" else logger.warning
+            log("%s: %s failed: %s: %s", self._thread_name(), method, type(e).__name__, e)
+            return None
         finally:
             if method == "_shutdown":
                 self._host_stop.set()
@@ -235,6 +249,11 @@ class InThreadAverager(ThreadHosted):
         self._state_updated = asyncio.Event()
         self._pending_groups_registered = asyncio.Event()
         self._pending_groups_registered.set()
+
+    def _forget(self) -> None:
+        for name in ("_p2p_client", "_manta_matchmaking"):
+            self.__dict__.pop(name, None)
+        self._running_groups = {}
 
     async def _release(self) -> None:
         p2p = self.__dict__.get("_p2p_client")  # hivemind_adapter.p2p_sockets.RemovesItsSocket's
