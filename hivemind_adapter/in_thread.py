@@ -21,6 +21,8 @@ import logging
 import threading
 from typing import Any
 
+import uvloop
+
 logger = logging.getLogger(__name__)
 
 
@@ -109,7 +111,7 @@ class ThreadHosted:
         if self._host_thread is not None:
             raise RuntimeError(f"{type(self).__name__} was already started")
         install_thread_safe_future_events()
-        self._host_loop = asyncio.new_event_loop()
+        self._host_loop = uvloop.new_event_loop()  # as hivemind's own processes ran
         self._host_ready = asyncio.Event()  # bound to the host loop at its first use there
         self._host_stop = asyncio.Event()
         self._host_tasks: set[asyncio.Task] = set()
