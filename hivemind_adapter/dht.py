@@ -169,7 +169,7 @@ class InThreadDHT(ThreadHosted, SwarmDHT):
 
     async def _end_with(self, daemon) -> None:
         code = await daemon.wait()
-        if not self._host_stopping:
+        if not self._host_stopping and not getattr(self, "_host_killed", False):
             logger.warning("the DHT's p2pd daemon ended (exit code %s)", code)
             self._end_abruptly()
 
