@@ -39,6 +39,7 @@ READ_TIMEOUT = 10.0  # seconds for one DHT read: a dead bootstrap must cost this
 # A DHT's start: its daemon's (hivemind allows 15 s) and its bootstrap's, each bounded inside hivemind;
 # two minutes is far past any start that will still succeed, even on a slow emulated link.
 DHT_START_SECONDS = 120.0
+DHT_SHUTDOWN_SECONDS = 3.0  # hivemind's grace for a node's shutdown, before it is ended the hard way
 logger = logging.getLogger(__name__)
 
 
@@ -149,7 +150,10 @@ class SwarmDHT(hivemind.DHT):
 class InThreadDHT(ThreadHosted, SwarmDHT):
     """A :class:`SwarmDHT` served from a thread of the process that started it
     (:mod:`hivemind_adapter.in_thread`): no process of its own; its p2pd daemon is that process's
-    child, and if the daemon ends, the DHT ends with it (exit code 1)."""
+    child, and if the daemon ends, the DHT ends with it (exit code 1). Its shutdown first lets the
+    stores in flight land (a peer's last report, posted without waiting, must not die with it)."""
+
+    drain_seconds = 2.0
 
     def _thread_name(self) -> str:
         return "manta-dht"
@@ -245,6 +249,7 @@ def start_dht(
             identity_path=key_file,
             check_if_identity_free=False,
             record_validators=list(validators),
+            shutdown_timeout=DHT_SHUTDOWN_SECONDS + (InThreadDHT.drain_seconds if in_thread else 0.0),
             start=True,
         )
         dht.libp2p_key = key

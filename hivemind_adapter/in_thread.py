@@ -96,6 +96,9 @@ class ThreadHosted:
     _host_thread: threading.Thread | None = None
     _host_exitcode: int | None = None
     _host_stopping = False  # a shutdown was asked for
+    # How long a shutdown waits for the requests in flight (a store sent without waiting for it) to
+    # end before it shuts the served side down; 0: it does not wait.
+    drain_seconds: float = 0.0
 
     async def _serve(self) -> None:
         """Start the served side on the running loop (what hivemind's ``run`` does before its request
@@ -114,7 +117,8 @@ class ThreadHosted:
         self._host_loop = uvloop.new_event_loop()  # as hivemind's own processes ran
         self._host_ready = asyncio.Event()  # bound to the host loop at its first use there
         self._host_stop = asyncio.Event()
-        self._host_tasks: set[asyncio.Task] = set()
+        self._host_tasks: set[asyncio.Task] = set()  # cancelled when the loop ends
+        self._host_requests: set[asyncio.Task] = set()  # the requests in flight
         self._outer_pipe = _LoopRequests(self, self._host_loop)
         self._host_thread = threading.Thread(target=self._host_main, name=self._thread_name(), daemon=True)
         self._host_thread.start()
@@ -197,11 +201,18 @@ class ThreadHosted:
     async def _release(self) -> None:
         """After the served side ended, however: release what the process's exit would have."""
 
+    async def _drain(self) -> None:
+        """Let the other requests in flight end, for at most :attr:`drain_seconds`."""
+        others = self._host_requests - {asyncio.current_task()}
+        if others and self.drain_seconds > 0:
+            await asyncio.wait(others, timeout=self.drain_seconds)
+
     def _dispatch(self, method: str, args: list, kwargs: dict) -> None:
         """On the host loop: run the request once the served side has started."""
         task = asyncio.ensure_future(self._run_request(method, args, kwargs))
-        self._host_tasks.add(task)
-        task.add_done_callback(self._host_tasks.discard)
+        for tasks in (self._host_tasks, self._host_requests):
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
 
     async def _run_request(self, method: str, args: list, kwargs: dict) -> Any:
         """One request; its answer goes through the future it carries. An error is logged in one line
@@ -209,6 +220,7 @@ class ThreadHosted:
         await self._host_ready.wait()
         if method == "_shutdown":
             self._host_stopping = True
+            await self._drain()
         try:
             return await getattr(self, method)(*args, **kwargs)
         except Exception as e:

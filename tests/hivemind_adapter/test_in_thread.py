@@ -97,3 +97,19 @@ def test_a_dht_whose_daemon_was_killed_ends_with_it():
         assert not dht.is_alive() and dht.exitcode == 1
     finally:
         dht.shutdown()
+
+
+def test_a_store_sent_without_waiting_just_before_shutdown_still_lands():
+    """A peer posts its last report of a round without waiting, and may leave right after: the
+    shutdown lets the store land first (it was cancelled with the node, and the report lost)."""
+    boot = start_dht(host_maddrs=LOOPBACK)
+    try:
+        peers = [str(m) for m in boot.get_visible_maddrs()]
+        for n in range(3):
+            leaving = start_dht(host_maddrs=LOOPBACK, initial_peers=peers)
+            assert store(leaving, "last-words", n, 60.0, subkey=f"report-{n}", wait=False)
+            leaving.shutdown()
+            assert not leaving.is_alive() and leaving.exitcode == 0
+        assert read_entries(boot, "last-words") == {f"report-{n}": n for n in range(3)}
+    finally:
+        boot.shutdown()
