@@ -16,7 +16,6 @@ blocking API from its loop (an averager reading the DHT) must not be waiting on 
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import threading
 from typing import Any
@@ -175,7 +174,6 @@ class ThreadHosted:
                 # hivemind's p2p objects finalise on the loop they were made on: let go of them while
                 # it is still open here, not later in whichever thread collects them
                 self._forget()
-                gc.collect()
             finally:
                 loop.close()
                 self._host_exitcode = 1 if getattr(self, "_host_killed", False) else code
