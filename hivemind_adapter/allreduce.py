@@ -23,7 +23,6 @@ parts (CenteredClip, as BTARD does) and report whom they named (:meth:`VerifiedA
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -38,11 +37,11 @@ from hivemind.utils.asyncio import as_aiter, azip
 
 from hivemind_adapter.averager_process import BoundedAveragerProcess
 from hivemind_adapter.exact_runner import ExactAllReduceRunner
+from hivemind_adapter.findings import NameLog, NoiseSlot, WireBytes
 from hivemind_adapter.group_keys import Admission, DeclarationSigner, SignedGroupKeys, admit_only_roster_peers
 from hivemind_adapter.in_thread import InThreadAverager
 from hivemind_adapter.known_groups import KnownGroupSteps
 from hivemind_adapter.p2p_sockets import RemovesItsSocket
-from hivemind_adapter.shared_buffers import SharedNames, SharedNoiseMap
 from protocol.proof_attestation import ProofAttestation, parse_tokens
 from robust_aggregation.alignment import AlignmentRecord
 from robust_aggregation.centered_clip import RobustConfig
@@ -130,30 +129,29 @@ class VerifiedAverager(
         slotted_tail: int = 0,
         **kwargs,
     ):
-        # [sent, received] tensor payload bytes of this averager's all-reduces with other peers: written
-        # in the averager's process, read here (shared memory, made before that process forks)
-        self._wire_bytes = multiprocessing.Array("q", 2)
-        self._last_outliers = SharedNames()  # what the last all-reduce's reducer named, shared likewise
-        self._named_since = SharedNames()  # what all-reduces named since take_named() last read it
+        # Written by the all-reduces on the averager's loop, read by its owner (hivemind_adapter.findings).
+        self._wire_bytes = WireBytes()  # tensor payload bytes of its all-reduces with other peers
+        self._last_outliers = NameLog()  # what the last all-reduce's reducer named
+        self._named_since = NameLog()  # what all-reduces named since take_named() last read it
         # reducers whose replies were refused, since take_refused() (those refused only for their own
         # part's place carry _OWN_PART_MARK after their id)
-        self._refused_since = SharedNames()
+        self._refused_since = NameLog()
         # the reducers' signed proof digests this averager's all-reduces accepted, since take_attestations()
-        self._attested_since = SharedNames(16384)
-        self._robust = robust  # read in the averager's process, by every runner it builds
+        self._attested_since = NameLog(1024)
+        self._robust = robust  # read by every runner the averager builds
         # the last tensors that hold one slot per sender (a robust reducer reduces them as such)
         self._slotted_tail = slotted_tail
         # how each sender's parts pointed, across this averager's all-reduces: kept (and only ever
-        # read) in the averager's process, where its reducers run
+        # read) on the averager's loop, where its reducers run
         self._alignment = AlignmentRecord() if robust is not None else None
         # how each reducer's replies pointed against this averager's parts (its members' check of reducers)
         self._reply_alignment = AlignmentRecord() if robust is not None else None
-        self._declarations = declarations  # read in the averager's process, where matchmaking runs
+        self._declarations = declarations  # read on the averager's loop, where matchmaking runs
         # sampling noise along the vector (robust_aggregation.reducer_proof.NoiseMap): what this
         # averager's all-reduces last measured, and what it holds a pair's reducer to (set by its owner)
-        self._noise_measured = SharedNoiseMap()
-        self._noise_reference = SharedNoiseMap()
-        self._admission = Admission()  # the copy in the averager's process is the one that counts
+        self._noise_measured = NoiseSlot()
+        self._noise_reference = NoiseSlot()
+        self._admission = Admission()  # set through requests, so that it changes on the averager's loop
         super().__init__(*args, **kwargs)
 
     def last_outliers(self) -> list[str]:
@@ -195,10 +193,9 @@ class VerifiedAverager(
 
     def wire_bytes(self) -> tuple[int, int]:
         """Tensor payload bytes this averager's all-reduces sent and received so far."""
-        sent, received = self._wire_bytes[:]
-        return int(sent), int(received)
+        return self._wire_bytes.totals()
 
-    # hivemind builds its matchmaking inside the averager's process; this is where MANTA's signed
+    # hivemind builds its matchmaking on the averager's loop; this is where MANTA's signed
     # declarations, its roster admission and its spacing of group-key reads are put in.
     @property
     def _matchmaking(self):
@@ -256,7 +253,7 @@ class VerifiedAverager(
         self.ask("_set_allreduce_timeout", seconds=float(seconds))
 
     async def _set_allreduce_timeout(self, seconds: float, future: MPFuture):
-        self._allreduce_timeout = seconds  # read by hivemind's step, in this (the averager's) process
+        self._allreduce_timeout = seconds  # read by hivemind's step, on the averager's loop
         future.set_result(None)
 
     def set_follow_only(self, follow: bool) -> None:

@@ -14,16 +14,11 @@ socket file that appeared meanwhile and that nothing listens on any more.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import glob
-import multiprocessing
-import multiprocessing.util
 import os
 import socket
 import tempfile
 import time
-
-_PATH_BYTES = 512  # a socket path is at most 108 bytes (sun_path)
 
 
 def daemon_socket_files() -> set[str]:
@@ -88,9 +83,7 @@ class RemovesItsSocket:
     """Mixin for a ``DecentralizedAverager`` subclass (listed before it): its p2p client is closed at
     shutdown and the client's socket file is removed, whichever way the averager ended."""
 
-    def __init__(self, *args, **kwargs):
-        self._socket_path = multiprocessing.Array(ctypes.c_char, _PATH_BYTES, lock=False)
-        super().__init__(*args, **kwargs)
+    socket_path = ""  # the file its p2p client listens on, once its served side started
 
     # hivemind_adapter.in_thread sets self._p2p once, right after replicating the client
     @property
@@ -103,9 +96,7 @@ class RemovesItsSocket:
     @_p2p.setter
     def _p2p(self, p2p) -> None:
         self.__dict__["_p2p_client"] = p2p
-        path = (client_socket_path(p2p) or "").encode()
-        if len(path) < _PATH_BYTES:
-            self._socket_path.value = path
+        self.socket_path = client_socket_path(p2p) or ""
 
     async def _shutdown(self, timeout) -> None:
         try:
@@ -124,7 +115,6 @@ class RemovesItsSocket:
         """Remove the averager's socket file if it has ended and left it."""
         if self.is_alive():
             return
-        path = self._socket_path.value.decode()
-        if path:
+        if self.socket_path:
             with contextlib.suppress(FileNotFoundError):
-                os.remove(path)
+                os.remove(self.socket_path)

@@ -19,6 +19,7 @@ from hivemind.p2p import PeerID
 from hivemind.proto import averaging_pb2
 from hivemind.utils.asyncio import amap_in_executor
 
+from hivemind_adapter.findings import WireBytes
 from protocol.identity import Identity
 from protocol.proof_attestation import ProofAttestation, group_tag, proofs_digest
 from robust_aggregation.reducer_proof import pack_proofs
@@ -34,7 +35,7 @@ class ReducerReplies(AllReduceRunner):
     ``signer``: the MANTA key this reducer signs its proofs' digest with (None: it has none, a test
     swarm). ``attestations`` collects the signed digests of the proofs messages this runner sealed
     (its member's half adds those it accepted). ``wire_bytes``, set by the averager before the run:
-    a shared ``[sent, received]`` counter of tensor payload bytes (None: not counted)."""
+    a :class:`~hivemind_adapter.findings.WireBytes` counter of tensor payload bytes (None: not counted)."""
 
     def __init__(self, *args, signer: Identity | None = None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -42,7 +43,7 @@ class ReducerReplies(AllReduceRunner):
         # (digest, message): the proofs message as last sealed, the same for every sender
         self._sealed_proofs: tuple[str, averaging_pb2.AveragingData] | None = None
         self.attestations: list[ProofAttestation] = []
-        self.wire_bytes = None
+        self.wire_bytes: WireBytes | None = None
         self._served_whole: set[PeerID] = set()  # senders that were handed every reply of this reducer
 
     async def rpc_aggregate_part(
@@ -142,9 +143,7 @@ class ReducerReplies(AllReduceRunner):
 
     def _count(self, sent: int = 0, received: int = 0) -> None:
         if self.wire_bytes is not None:
-            with self.wire_bytes.get_lock():
-                self.wire_bytes[0] += sent
-                self.wire_bytes[1] += received
+            self.wire_bytes.count(sent, received)
 
     async def _counted(self, messages, sent: bool = True):
         """``messages`` as they pass, their tensor payload counted as sent (or received)."""

@@ -26,7 +26,7 @@ LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 
 
 def _socket_file(averager) -> str:
-    path = averager._socket_path.value.decode()
+    path = averager.socket_path
     assert path.startswith("/tmp/hivemind-p2pclient-") and os.path.exists(path), path
     return path
 
@@ -122,7 +122,7 @@ def test_a_killed_peer_s_whole_tree_leaves_no_socket_file(tmp_path):
         dht = start_dht(host_maddrs={LOOPBACK!r})
         averager = VerifiedAverager([torch.zeros(4)], dht, prefix="tree", start=True)
         daemon = dht.run_coroutine(_daemon_address)["unix"]
-        open({str(listing)!r} + ".part", "w").write(daemon + "\\n" + averager._socket_path.value.decode())
+        open({str(listing)!r} + ".part", "w").write(daemon + "\\n" + averager.socket_path)
         import os; os.rename({str(listing)!r} + ".part", {str(listing)!r})
         time.sleep(120)
     """)

@@ -16,7 +16,6 @@ import torch
 from hivemind_adapter.allreduce import VerifiedAverager
 from hivemind_adapter.dht import start_dht
 from hivemind_adapter.process_locks import DeathSafeLock
-from hivemind_adapter.shared_buffers import SharedNames, SharedNoiseMap
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 
@@ -150,18 +149,3 @@ def test_an_averager_s_tensors_open_after_a_process_holding_their_lock_was_kille
     finally:
         averager.shutdown()
         dht.shutdown()
-
-
-def test_a_shared_buffer_reads_after_its_writer_was_killed_holding_its_lock():
-    """An averager's process writes what its reducer found into buffers its owner reads."""
-    names, noise = SharedNames(), SharedNoiseMap()
-    names.write(["peer-a", "peer-b"])
-    for lock in (names._lock, noise._lock):  # as the averager's process holds them while it writes
-        holder = _child_holding(lock)
-        os.kill(holder, signal.SIGKILL)
-        os.waitpid(holder, 0)
-    read = {}
-    reader = threading.Thread(target=lambda: read.update(names=names.take(), noise=noise.read()), daemon=True)
-    reader.start()
-    reader.join(timeout=10)
-    assert read == {"names": ["peer-a", "peer-b"], "noise": None}, "a read waited on a dead writer's lock"

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from hivemind_adapter.allreduce import PartialAllReduceError, VerifiedAverager
+from hivemind_adapter.findings import NoiseSlot
 from hivemind_adapter.known_groups import known_group_id
-from hivemind_adapter.shared_buffers import SharedNoiseMap
 from hivemind_adapter.wire_codecs import codec_for, rounding_bound, roundtrip
 from robust_aggregation.centered_clip import RobustConfig, capped_weights, centered_clip
 from robust_aggregation.reducer_proof import (
@@ -436,12 +436,12 @@ def test_a_member_with_a_noise_reference_refuses_a_noisy_reducer_of_a_pair():
     assert peer_ids[1] in named[0], named
 
 
-def test_a_noise_map_gives_a_part_the_noise_of_its_own_values_and_crosses_processes():
+def test_a_noise_map_gives_a_part_the_noise_of_its_own_values_and_is_taken_once():
     noise = NoiseMap(((0, 100, 1.0), (100, 300, 5.0)))
     assert noise.over(0, 100) == 100.0
     assert noise.over(50, 150) == 50 * 1.0 + 50 * 5.0
     assert noise.over(250, 400) is None  # a third covered: not enough to hold a part to
-    shared = SharedNoiseMap(capacity=4)
+    shared = NoiseSlot()
     assert shared.read() is None
     shared.write(noise)
     assert shared.read() == noise and shared.take() == noise and shared.take() is None
