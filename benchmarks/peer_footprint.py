@@ -52,7 +52,9 @@ def _swarm(checkout: Path, peers: int, rounds: int, run_dir: Path) -> dict:
 def _baseline_checkout(revision: str, into: Path) -> Path:
     subprocess.run(["git", "worktree", "add", "-f", "--detach", str(into), revision], cwd=ROOT, check=True,
                    stdout=subprocess.DEVNULL)  # fmt: skip
-    subprocess.run(["make", "venv"], cwd=into, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        ["make", "venv"], cwd=into, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     return into
 
 
