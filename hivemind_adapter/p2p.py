@@ -16,6 +16,7 @@ from typing import Any
 from google.protobuf.wrappers_pb2 import BytesValue
 from hivemind.p2p import P2P, PeerID
 
+from hivemind_adapter.dht import dht_gone
 from hivemind_adapter.event_loop import BackgroundLoop
 
 Handler = Callable[[bytes, str], Awaitable[bytes]]  # (payload, sender's peer id) -> reply
@@ -31,7 +32,11 @@ async def own_replica(dht: Any) -> P2P:
 
 
 class Endpoint:
+    """A client of ``dht``'s daemon on a loop of its own. Once the DHT has ended (its daemon with it,
+    or about to be stopped), closing it asks the daemon nothing: each question would wait out its bound."""
+
     def __init__(self, dht: Any, name: str):
+        self._dht = dht
         self.loop = BackgroundLoop(name)
         self.p2p = self.loop.run(own_replica(dht), timeout=30)
         self.peer_id = dht.peer_id.to_base58()
@@ -67,20 +72,22 @@ class Endpoint:
         self._handlers.append(handler)
 
     def unserve(self, handler: str) -> None:
+        self._unregister(handler)
+        if handler in self._handlers:
+            self._handlers.remove(handler)
+
+    def _unregister(self, handler: str) -> None:
+        if dht_gone(self._dht):
+            return  # its daemon is gone or going: nothing to unregister
         try:
             self.loop.run(self.p2p.remove_protobuf_handler(handler), timeout=5)
         except Exception:  # the daemon is gone: nothing to unregister
             pass
-        if handler in self._handlers:
-            self._handlers.remove(handler)
 
     def close(self) -> None:
         """Stop answering, close the client; bounded (the daemon may already be gone)."""
         for handler in self._handlers:
-            try:
-                self.loop.run(self.p2p.remove_protobuf_handler(handler), timeout=5)
-            except Exception:  # the daemon is gone: nothing to unregister
-                pass
+            self._unregister(handler)
         self._handlers.clear()
         try:  # the replica's own client connection (not the daemon, which the DHT node owns)
             self.loop.run(self.p2p.shutdown(), timeout=5)
