@@ -25,7 +25,7 @@ from hivemind.dht.node import DHTNode
 from hivemind.p2p import P2P
 from hivemind.utils import get_dht_time
 
-from hivemind_adapter.in_thread import ThreadHosted
+from hivemind_adapter.in_thread import ComponentEnded, ThreadHosted
 from hivemind_adapter.p2p_sockets import daemon_socket_files, remove_dead_daemon_sockets, remove_dead_socket
 from hivemind_adapter.process_answers import NoAnswerWithin, ProcessEnded, await_answer
 from hivemind_adapter.process_locks import install_death_safe_locks
@@ -318,12 +318,12 @@ def store(
     return True at once while the DHT's process stores it."""
     if dht_gone(dht):
         return False
-    future = dht.store(key, value, get_dht_time() + ttl, subkey=subkey, return_future=True)
-    if not wait:
-        return True
     try:
+        future = dht.store(key, value, get_dht_time() + ttl, subkey=subkey, return_future=True)
+        if not wait:
+            return True
         return bool(future.result(timeout=timeout))
-    except TimeoutError:
+    except (TimeoutError, ComponentEnded):  # not stored in time, or the DHT ended meanwhile
         return False
 
 
@@ -339,13 +339,16 @@ def read_entries_of_keys(
     all; a key whose lookup has not finished by then reads as {})."""
     if dht_gone(dht):
         return [{} for _ in keys]
-    futures = [dht.get(key, latest=True, return_future=True) for key in keys]
+    try:
+        futures = [dht.get(key, latest=True, return_future=True) for key in keys]
+    except ComponentEnded:  # it ended meanwhile
+        return [{} for _ in keys]
     deadline = time.monotonic() + timeout
     out = []
     for future in futures:
         try:
             found = future.result(timeout=max(0.0, deadline - time.monotonic()))
-        except TimeoutError:
+        except (TimeoutError, ComponentEnded):
             found = None
         if found is None or not isinstance(found.value, dict):
             out.append({})

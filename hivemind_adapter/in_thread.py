@@ -16,8 +16,10 @@ blocking API from its loop (an averager reading the DHT) must not be waiting on 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
+from concurrent.futures import Future
 from typing import Any
 
 import uvloop
@@ -117,7 +119,7 @@ class ThreadHosted:
         self._host_ready = asyncio.Event()  # bound to the host loop at its first use there
         self._host_stop = asyncio.Event()
         self._host_tasks: set[asyncio.Task] = set()  # cancelled when the loop ends
-        self._host_requests: set[asyncio.Task] = set()  # the requests in flight
+        self._host_requests: dict[asyncio.Task, list[Any]] = {}  # the requests in flight: their futures
         self._outer_pipe = _LoopRequests(self, self._host_loop)
         self._host_thread = threading.Thread(target=self._host_main, name=self._thread_name(), daemon=True)
         self._host_thread.start()
@@ -168,6 +170,7 @@ class ThreadHosted:
         finally:
             try:
                 leftover = [t for t in asyncio.all_tasks(loop) if not t.done()]
+                self._refuse_pending_requests()
                 for task in leftover:
                     task.cancel()
                 loop.run_until_complete(asyncio.gather(*leftover, return_exceptions=True))
@@ -201,16 +204,27 @@ class ThreadHosted:
 
     async def _drain(self) -> None:
         """Let the other requests in flight end, for at most :attr:`drain_seconds`."""
-        others = self._host_requests - {asyncio.current_task()}
+        others = set(self._host_requests) - {asyncio.current_task()}
         if others and self.drain_seconds > 0:
             await asyncio.wait(others, timeout=self.drain_seconds)
 
     def _dispatch(self, method: str, args: list, kwargs: dict) -> None:
         """On the host loop: run the request once the served side has started."""
         task = asyncio.ensure_future(self._run_request(method, args, kwargs))
-        for tasks in (self._host_tasks, self._host_requests):
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+        self._host_tasks.add(task)
+        task.add_done_callback(self._host_tasks.discard)
+        self._host_requests[task] = [v for v in (*args, *kwargs.values()) if isinstance(v, Future)]
+        task.add_done_callback(lambda done: self._host_requests.pop(done, None))
+
+    def _refuse_pending_requests(self) -> None:
+        """As the served side ends: the requests still in flight fail with :class:`ComponentEnded`
+        (cancelled with the loop, their futures would raise asyncio's CancelledError in the caller)."""
+        ended = ComponentEnded(f"{type(self).__name__} ended while a request was in flight")
+        for futures in list(self._host_requests.values()):
+            for future in futures:
+                if not future.done():
+                    with contextlib.suppress(Exception):
+                        future.set_exception(ended)
 
     async def _run_request(self, method: str, args: list, kwargs: dict) -> Any:
         """One request; its answer goes through the future it carries. An error is logged in one line

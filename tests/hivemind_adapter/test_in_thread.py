@@ -113,3 +113,22 @@ def test_a_store_sent_without_waiting_just_before_shutdown_still_lands():
         assert read_entries(boot, "last-words") == {f"report-{n}": n for n in range(3)}
     finally:
         boot.shutdown()
+
+
+async def _sleep_long(_dht, _node) -> None:
+    await asyncio.sleep(60)
+
+
+def test_a_request_in_flight_when_the_dht_is_killed_fails_as_ended_not_cancelled():
+    """Its caller (the announcer's thread, a store's waiter) handles an ended DHT; asyncio's
+    CancelledError, from the request's cancelled task, escaped every handler and printed a traceback."""
+    dht = start_dht(host_maddrs=LOOPBACK)
+    try:
+        pending = dht.run_coroutine(_sleep_long, return_future=True)
+        time.sleep(0.5)
+        assert not pending.done()
+        dht.kill()
+        dht.join(10)
+        assert isinstance(pending.exception(timeout=5), ComponentEnded)
+    finally:
+        dht.shutdown()
