@@ -36,6 +36,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -44,7 +45,7 @@ SOCKET_PREFIX = "hivemind-p2p"  # hivemind's p2pd and p2p client sockets, in the
 MP_FOLDER_PREFIX = "pymp-"  # multiprocessing's per-process folder of listener sockets
 FIRST_LOOK = 0.25  # seconds between two reads of the tree while it changes
 LAST_LOOK = 8.0  # ... and at most, once it has stood still
-SOCKETS_LOOK = 1.0  # seconds between two reads of the sockets the tree listens on (one process's files)
+SOCKETS_LOOK = 1.0  # seconds between two reads of the namespace's socket table
 
 
 def _snapshot(watched: psutil.Process) -> dict[int, float]:
@@ -63,25 +64,69 @@ def _snapshot(watched: psutil.Process) -> dict[int, float]:
     return out
 
 
-def _socket_files(procs: list[psutil.Process]) -> set[Path]:
-    """The files to remove once ``procs`` are gone: the sockets they listen on that hivemind or
-    multiprocessing made in the temp folder."""
+def _ours(path: str) -> bool:
+    """Whether ``path`` is a socket file hivemind or multiprocessing makes in the temp folder."""
+    file = Path(path)
     temp = Path(tempfile.gettempdir())
-    found = set()
-    for proc in procs:
+    return (file.parent == temp and file.name.startswith(SOCKET_PREFIX)) or (
+        file.parent.parent == temp and file.parent.name.startswith(MP_FOLDER_PREFIX)
+    )
+
+
+def _candidate_sockets() -> dict[int, str]:
+    """inode -> path of the living unix sockets of this network namespace bound to such a file (an
+    accepted connection shows its listener's path); from ``/proc/net/unix``, empty if unreadable."""
+    try:
+        with open("/proc/net/unix") as table:
+            next(table, None)  # the header
+            rows = [fields for line in table if len(fields := line.split()) == 8]
+    except OSError:
+        return {}
+    return {int(fields[6]): fields[7] for fields in rows if _ours(fields[7])}
+
+
+def _socket_inodes(pids: list[int]) -> set[int]:
+    """The inodes of the sockets the processes ``pids`` hold open."""
+    inodes = set()
+    for pid in pids:
+        fd_dir = f"/proc/{pid}/fd"
         try:
-            connections = proc.net_connections(kind="unix")
-        except psutil.Error:
+            fds = os.listdir(fd_dir)
+        except OSError:  # gone, or not ours to read
             continue
-        for connection in connections:
-            path = Path(connection.laddr) if isinstance(connection.laddr, str) and connection.laddr else None
-            if path is None:
+        for fd in fds:
+            try:
+                target = os.readlink(f"{fd_dir}/{fd}")
+            except OSError:
                 continue
-            if (path.parent == temp and path.name.startswith(SOCKET_PREFIX)) or (
-                path.parent.parent == temp and path.parent.name.startswith(MP_FOLDER_PREFIX)
-            ):
-                found.add(path)
-    return found
+            if target.startswith("socket:["):
+                inodes.add(int(target[8:-1]))
+    return inodes
+
+
+class _SocketFiles:
+    """The socket files (see :func:`_ours`) a tree's processes hold. Each look reads the namespace's
+    socket table once; a process's open files are read only when a socket the tree may hold appeared."""
+
+    def __init__(self) -> None:
+        self.files: set[Path] = set()
+        self._classified: set[int] = set()  # inodes already found the tree's, or not
+
+    def look(self, tree: Callable[[], list[int]]) -> None:
+        """``tree``: the tree's pids, read afresh (only when a new socket appeared: a process started
+        since the last read of the tree may have made it)."""
+        fresh = {inode: path for inode, path in _candidate_sockets().items() if inode not in self._classified}
+        if not fresh:
+            return
+        held = _socket_inodes(tree())
+        self.files |= {Path(path) for inode, path in fresh.items() if inode in held}
+        # a socket is made by one process: one outside the tree now stays outside it
+        self._classified |= fresh.keys()
+
+    def of(self, pids: list[int]) -> set[Path]:
+        """What ``pids`` hold now, read afresh."""
+        held = _socket_inodes(pids)
+        return {Path(path) for inode, path in _candidate_sockets().items() if inode in held}
 
 
 def bound_socket_paths() -> set[str]:
@@ -121,7 +166,8 @@ def watch(pid: int, kept_folder: str | None = None) -> int:
     The exit is waited for on a pidfd (woken at once, no polling where the kernel has them); the tree
     is read every :data:`FIRST_LOOK` s while it changes, then ever less often, up to every
     :data:`LAST_LOOK` s once it has been still a while (a peer starts its children as it starts); the
-    sockets its processes listen on, every :data:`SOCKETS_LOOK` s."""
+    namespace's socket table every :data:`SOCKETS_LOOK` s, and the tree's open files only when a socket
+    it may hold appeared there."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the watched process, not for us
     try:
         watched = psutil.Process(pid)
@@ -129,7 +175,7 @@ def watch(pid: int, kept_folder: str | None = None) -> int:
     except psutil.NoSuchProcess:
         return 0
     known: dict[int, float] = {}
-    files: set[Path] = set()
+    sockets = _SocketFiles()
     interval, next_look = FIRST_LOOK, 0.0
     while True:
         if time.monotonic() >= next_look:
@@ -139,7 +185,7 @@ def watch(pid: int, kept_folder: str | None = None) -> int:
             known = {p: t for p, t in known.items() if psutil.pid_exists(p)}
             interval = FIRST_LOOK if grew else min(LAST_LOOK, interval * 2)
             next_look = time.monotonic() + interval
-        files |= _socket_files([watched, *_living(known)])
+        sockets.look(lambda: [pid, *_snapshot(watched)])
         if exited(min(SOCKETS_LOOK, max(0.0, next_look - time.monotonic()))):
             break
     victims = []
@@ -150,7 +196,7 @@ def watch(pid: int, kept_folder: str | None = None) -> int:
                 victims.append(proc)
         except psutil.NoSuchProcess:
             pass
-    files |= _socket_files(victims)  # still running: what they listen on now, whatever started late
+    files = sockets.files | sockets.of([p.pid for p in victims])  # what they hold now, however late
     for proc in victims:
         try:
             proc.kill()
@@ -187,16 +233,6 @@ def _exit_waiter(pid: int):
         return bool(readable)
 
     return wait
-
-
-def _living(known: dict[int, float]) -> list[psutil.Process]:
-    procs = []
-    for p in known:
-        try:
-            procs.append(psutil.Process(p))
-        except psutil.NoSuchProcess:
-            pass
-    return procs
 
 
 if __name__ == "__main__":
