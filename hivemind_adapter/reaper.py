@@ -64,12 +64,13 @@ def _snapshot(watched: psutil.Process) -> dict[int, float]:
     return out
 
 
-def _ours(path: str) -> bool:
-    """Whether ``path`` is a socket file hivemind or multiprocessing makes in the temp folder."""
+def _ours(path: str, temp: str) -> bool:
+    """Whether ``path`` is a socket file hivemind or multiprocessing makes in the folder ``temp``."""
+    if not path.startswith(temp + os.sep):  # most of the machine's sockets: one string test
+        return False
     file = Path(path)
-    temp = Path(tempfile.gettempdir())
-    return (file.parent == temp and file.name.startswith(SOCKET_PREFIX)) or (
-        file.parent.parent == temp and file.parent.name.startswith(MP_FOLDER_PREFIX)
+    return (file.parent == Path(temp) and file.name.startswith(SOCKET_PREFIX)) or (
+        file.parent.parent == Path(temp) and file.parent.name.startswith(MP_FOLDER_PREFIX)
     )
 
 
@@ -82,7 +83,8 @@ def _candidate_sockets() -> dict[int, str]:
             rows = [fields for line in table if len(fields := line.split()) == 8]
     except OSError:
         return {}
-    return {int(fields[6]): fields[7] for fields in rows if _ours(fields[7])}
+    temp = tempfile.gettempdir()
+    return {int(fields[6]): fields[7] for fields in rows if _ours(fields[7], temp)}
 
 
 def _socket_inodes(pids: list[int]) -> set[int]:
