@@ -74,17 +74,21 @@ def _ours(path: str, temp: str) -> bool:
     )
 
 
-def _candidate_sockets() -> dict[int, str]:
-    """inode -> path of the living unix sockets of this network namespace bound to such a file (an
-    accepted connection shows its listener's path); from ``/proc/net/unix``, empty if unreadable."""
+def _bound_sockets() -> dict[int, str]:
+    """inode -> path of the living unix sockets of this network namespace that are bound to a path (an
+    accepted connection shows its listener's). Read from ``/proc/net/unix``; empty if unreadable."""
     try:
         with open("/proc/net/unix") as table:
             next(table, None)  # the header
-            rows = [fields for line in table if len(fields := line.split()) == 8]
+            return {int(fields[6]): fields[7] for line in table if len(fields := line.split()) == 8}
     except OSError:
         return {}
+
+
+def _candidate_sockets() -> dict[int, str]:
+    """:func:`_bound_sockets` bound to a file hivemind or multiprocessing makes (:func:`_ours`)."""
     temp = tempfile.gettempdir()
-    return {int(fields[6]): fields[7] for fields in rows if _ours(fields[7], temp)}
+    return {inode: path for inode, path in _bound_sockets().items() if _ours(path, temp)}
 
 
 def _socket_inodes(pids: list[int]) -> set[int]:
@@ -131,21 +135,10 @@ class _SocketFiles:
         return {Path(path) for inode, path in _candidate_sockets().items() if inode in held}
 
 
-def bound_socket_paths() -> set[str]:
-    """The paths that living unix sockets of this network namespace are bound to (an accepted
-    connection shows its listener's path). Read from ``/proc/net/unix``; empty if it cannot be read."""
-    try:
-        with open("/proc/net/unix") as table:
-            next(table, None)  # the header
-            return {fields[7] for line in table if len(fields := line.split()) == 8}
-    except OSError:
-        return set()
-
-
 def remove_files(paths: set[Path], kept_folder: str | None = None) -> None:
     """Remove ``paths`` but those a living socket is still bound to (held outside the tree), then each
     ``pymp-*`` folder they were in that is now empty (but ``kept_folder``)."""
-    bound = bound_socket_paths()
+    bound = set(_bound_sockets().values())
     for path in paths:
         if str(path) in bound:
             continue
