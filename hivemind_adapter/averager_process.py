@@ -10,11 +10,8 @@ SIGINT handler back whichever way the start ended. Its settings and steps are bo
 MANTA serves its averagers from threads (:mod:`hivemind_adapter.in_thread`); this mixin asks only the
 ``Process`` questions those answer too.
 
-hivemind re-declares the averager for state downloads every period in a task nobody awaits, bounded
-by ``asyncio.wait_for``. When the DHT does not answer in time, asyncio logs each such task's
-TimeoutError with a full traceback, "Task exception was never retrieved", every 30 s per averager:
-the next declaration is the retry, and nothing is lost. :class:`UnawaitedTimeouts` drops exactly
-those records; any other error is logged.
+hivemind's expected unawaited timeouts are dropped by
+:class:`~hivemind_adapter.task_reports.ExpectedTaskEndings`; any other error is logged.
 
 The lock hivemind makes for the averaged tensors is replaced by a
 :class:`~hivemind_adapter.process_locks.DeathSafeLock` before the start, which a holder that dies
@@ -23,8 +20,6 @@ The lock hivemind makes for the averaged tensors is replaced by a
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import signal
 import threading
 
@@ -34,6 +29,7 @@ from hivemind_adapter.dht import dht_gone
 from hivemind_adapter.in_thread import ComponentEnded
 from hivemind_adapter.process_answers import NoAnswer, await_answer
 from hivemind_adapter.process_locks import DeathSafeLock
+from hivemind_adapter.task_reports import quiet_expected_task_endings
 
 # An averager gets ready within seconds, even under load; a minute is far past any start that will
 # still succeed.
@@ -52,26 +48,6 @@ class AveragerStartFailed(RuntimeError):
 class AveragerGone(RuntimeError):
     """An averager's process ended (killed, out of memory) or stopped answering: what the parent asked
     of it, or the step it waits for, will never come; one line for the user."""
-
-
-class UnawaitedTimeouts(logging.Filter):
-    """Drops asyncio's report of a task nobody awaited that ended in ``wait_for``'s TimeoutError."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        error = record.exc_info[1] if record.exc_info else None
-        message = record.getMessage()
-        unawaited = message.startswith("Task exception was never retrieved") and "coro=<wait_for()" in message
-        return not (unawaited and isinstance(error, (TimeoutError, asyncio.TimeoutError)))
-
-
-_quieted = False
-
-
-def _quiet_unawaited_timeouts() -> None:
-    global _quieted
-    if not _quieted:
-        logging.getLogger("asyncio").addFilter(UnawaitedTimeouts())
-        _quieted = True
 
 
 class BoundedAveragerProcess:
@@ -95,7 +71,7 @@ class BoundedAveragerProcess:
         in_main_thread = threading.current_thread() is threading.main_thread()
         handler = signal.getsignal(signal.SIGINT) if in_main_thread else None
         try:
-            _quiet_unawaited_timeouts()
+            quiet_expected_task_endings()
             self.lock_averaged_tensors = DeathSafeLock()  # before the start: the served side shares it
             super().run_in_background(await_ready=False)
             if not await_ready:

@@ -30,6 +30,7 @@ from hivemind_adapter.p2p_sockets import daemon_socket_files, remove_dead_daemon
 from hivemind_adapter.process_answers import NoAnswerWithin, ProcessEnded, await_answer
 from hivemind_adapter.process_locks import install_death_safe_locks
 from hivemind_adapter.stream_openings import install_quiet_stream_openings
+from hivemind_adapter.task_reports import quiet_expected_task_endings
 from protocol.identity import Identity
 from protocol.peer_keys import Libp2pKey, Speaker
 from protocol.sealing import RecordRejected
@@ -228,6 +229,7 @@ def start_dht(
     if None; see :mod:`protocol.peer_keys`), served from a thread of this process (``in_thread``) or
     from a process of its own. SwarmUnreachable if it cannot join."""
     _hivemind_logs_follow_manta()
+    quiet_expected_task_endings()
     install_death_safe_locks()  # a node's first hivemind process is its DHT's: the tree shares them
     install_quiet_stream_openings()
     daemons_before = daemon_socket_files()
