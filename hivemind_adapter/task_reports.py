@@ -18,6 +18,7 @@ import logging
 
 UNRETRIEVED = "Task exception was never retrieved"
 _DAEMON_READER = "coro=<ControlClient._read_from_persistent_conn()"
+_DAEMON_GONE = (ConnectionError, asyncio.IncompleteReadError)
 
 
 class ExpectedTaskEndings(logging.Filter):
@@ -29,7 +30,7 @@ class ExpectedTaskEndings(logging.Filter):
             return True
         error = record.exc_info[1] if record.exc_info else None
         timed_out = "coro=<wait_for()" in message and isinstance(error, (TimeoutError, asyncio.TimeoutError))
-        daemon_gone = _DAEMON_READER in message and isinstance(error, (ConnectionError, asyncio.IncompleteReadError))
+        daemon_gone = _DAEMON_READER in message and isinstance(error, _DAEMON_GONE)
         return not (timed_out or daemon_gone)
 
 

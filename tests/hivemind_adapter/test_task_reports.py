@@ -72,8 +72,8 @@ def test_an_unawaited_wait_for_timeout_is_not_logged_and_any_other_unretrieved_e
 
 def test_a_daemon_connection_reset_is_not_logged_but_another_error_of_its_reader_is():
     reset = ConnectionResetError(104, "Connection reset by peer")
-    unquiet = _reports(_daemon_reader_ending_in(reset), quiet=False)
-    assert len(unquiet) == 1 and "_read_from_persistent_conn" in unquiet[0].getMessage()  # asyncio's traceback
+    unquiet = _reports(_daemon_reader_ending_in(reset), quiet=False)  # asyncio's report, with a traceback
+    assert len(unquiet) == 1 and "_read_from_persistent_conn" in unquiet[0].getMessage()
     assert _reports(_daemon_reader_ending_in(reset), quiet=True) == []
     errors = _reports(_daemon_reader_ending_in(ValueError("a malformed reply")), quiet=True)
     assert len(errors) == 1 and isinstance(errors[0].exc_info[1], ValueError)
