@@ -29,7 +29,7 @@ from pathlib import Path
 from testbed.wan.netns import TestbedError, in_namespace
 from testbed.wan.rates import format_rate
 from testbed.wan.scenario import Scenario, SiteSpec
-from testbed.wan.topology import PROBE_HOST, EmulatedInternet, SiteNetwork
+from testbed.wan.topology import PROBE_HOST, EmulatedInternet, LinkCounters, SiteNetwork
 
 RATE_TOLERANCE = 0.10
 RTT_TOLERANCE, RTT_SLACK_MS = 0.10, 2.0
@@ -155,20 +155,23 @@ def check_rate(pair: _Pair, spec: SiteSpec, direction: str) -> CheckRow:
     rtt_s = 2 * link.delay_ms / 1000
     seconds = max(6.0, 30 * rtt_s)
     port = f"{pair.server_ip}:7003"
+    before = pair.net.link_counters()[spec.name]
     if direction == "up":  # the site sends, the measurement host receives
-        server, _ = pair.run(
+        server, sender = pair.run(
             ["recv", "--listen", port, "--device", "eth0"],
             ["send", "--connect", port, "--seconds", str(seconds)],
             timeout=seconds + 60,
         )
         samples = server["samples"]
     else:
-        _, site = pair.run(
+        sender, site = pair.run(
             ["send", "--listen", port, "--seconds", str(seconds)],
             ["recv", "--connect", port, "--device", "eth0"],
             timeout=seconds + 60,
         )
         samples = site["samples"]
+    after = pair.net.link_counters()[spec.name]
+    why = _flow_and_link(sender, before, after, direction)
     # the second half of the transfer: TCP's slow start is over
     half = samples[-1][0] / 2
     first = next(s for s in samples if s[0] >= half)
@@ -190,9 +193,25 @@ def check_rate(pair: _Pair, spec: SiteSpec, direction: str) -> CheckRow:
                 measured,
                 None,
                 note=f"one TCP flow over {link.loss_pct:g} % loss and {2 * link.delay_ms:g} ms may be held near "
-                f"{format_rate(bound)} (Mathis et al.); check the rate with --loss 0",
+                f"{format_rate(bound)} (Mathis et al.); check the rate with --loss 0; {why}",
             )
-    return CheckRow(spec.name, f"{direction}link rate", format_rate(configured), measured, ok)
+    return CheckRow(
+        spec.name, f"{direction}link rate", format_rate(configured), measured, ok, "" if ok else why
+    )
+
+
+def _flow_and_link(sender: dict, before: LinkCounters, after: LinkCounters, direction: str) -> str:
+    """What the sender and the link saw during a rate transfer, for a row that fell short."""
+    shaper, tap = (
+        ("shaper_drops_up", "tap_drops_up") if direction == "up" else ("shaper_drops_down", "tap_drops_down")
+    )
+    return (
+        f"sender: {sender.get('retransmitted', '?')} segments retransmitted, smoothed round trip "
+        f"{sender.get('srtt_ms', 0):.1f} ms, window {sender.get('cwnd', '?')} segments; link: "
+        f"{getattr(after, shaper) - getattr(before, shaper)} dropped by the shaper's full queue, "
+        f"{getattr(after, tap) - getattr(before, tap)} by the TAP (relay behind), "
+        f"{after.late_over_5ms_frames - before.late_over_5ms_frames} frames >5 ms late (worst {after.late_ms_max:.1f} ms)"
+    )
 
 
 QUANTITIES = ("round trip", "uplink loss", "downlink loss", "uplink rate", "downlink rate")

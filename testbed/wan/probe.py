@@ -163,12 +163,21 @@ def send(listen: str | None, connect: str | None, seconds: float) -> dict:
     while time.monotonic() < end:
         sock.sendall(buf)
         sent += len(buf)
+    tcp = _tcp_info(sock)
     sock.shutdown(socket.SHUT_WR)
     sock.settimeout(30)
     while sock.recv(65536):
         pass
     sock.close()
-    return {"sent_bytes": sent}
+    return {"sent_bytes": sent, **tcp}
+
+
+def _tcp_info(sock: socket.socket) -> dict:
+    """The sender's view of the flow (Linux ``struct tcp_info``): segments retransmitted, smoothed
+    round trip and congestion window, which say why a flow fell short of the link."""
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+    rtt_us, cwnd = struct.unpack_from("<I", info, 68)[0], struct.unpack_from("<I", info, 80)[0]
+    return {"retransmitted": struct.unpack_from("<I", info, 100)[0], "srtt_ms": rtt_us / 1000, "cwnd": cwnd}
 
 
 def recv(listen: str | None, connect: str | None, device: str | None) -> dict:

@@ -87,6 +87,9 @@ class LinkCounters:
     lost_down_frames: int
     shaper_drops_up: int  # dropped by the rate limiter's full queue (congestion)
     shaper_drops_down: int
+    # frames the link's TAP could not queue for the relay (it fell behind reading them)
+    tap_drops_up: int = 0
+    tap_drops_down: int = 0
     # of sent/received, what went to or came from the aggregator's site (IP bytes, iptables counters)
     to_aggregator_bytes: int = 0
     from_aggregator_bytes: int = 0
@@ -370,6 +373,7 @@ class EmulatedInternet:
         out = {}
         for s in self.sites.values():
             wan = json.loads(ip(s.router, "-s", "-j", "link", "show", "wan0"))[0]["stats64"]
+            core_end = json.loads(ip(self.core, "-s", "-j", "link", "show", f"s{s.index}"))[0]["stats64"]
             relay = self._relay_stats(s.name)
             to_agg, from_agg = self._aggregator_bytes(s.router) if s.index != 0 else (0, 0)
             out[s.name] = LinkCounters(
@@ -381,6 +385,8 @@ class EmulatedInternet:
                 lost_down_frames=relay.get("down", {}).get("dropped_frames", 0),
                 shaper_drops_up=self._qdisc_drops(s.router, "wan0"),
                 shaper_drops_down=self._qdisc_drops(self.core, f"s{s.index}"),
+                tap_drops_up=wan["tx"]["dropped"],
+                tap_drops_down=core_end["tx"]["dropped"],
                 to_aggregator_bytes=to_agg,
                 from_aggregator_bytes=from_agg,
                 **_lateness(relay),

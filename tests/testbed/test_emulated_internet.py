@@ -46,7 +46,7 @@ def test_a_links_rate_and_round_trip_match_their_settings(tmp_path):
         )
     assert [r.quantity for r in rows] == ["round trip", "uplink rate", "downlink rate"]
     assert all(r.ok for r in rows), "\n".join(
-        [machine, *(f"{r.quantity}: {r.configured} vs {r.measured}" for r in rows)]
+        [machine, *(f"{r.quantity}: {r.configured} vs {r.measured} {r.note}" for r in rows)]
     )
 
 
