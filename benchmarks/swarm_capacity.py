@@ -134,7 +134,7 @@ def take_sample(swarm_pid: int, started: float) -> Sample:
         below = psutil.Process(swarm_pid).children(recursive=True)
     except psutil.NoSuchProcess:
         below = []
-    # A peer's forked DHT and averager processes share its agent's command line: a tree's root is a
+    # A peer's forked workers share its agent's command line: a tree's root is a
     # peer (or aggregator) process whose parent is not one.
     peers = {p.pid for p in below if _is_peer(p)}
     aggregators = {p.pid for p in below if _is_aggregator(p)}

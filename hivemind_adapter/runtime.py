@@ -38,6 +38,9 @@ MALLOC_ARENAS = 2
 def prepare_process() -> None:
     """Make this process safe for hivemind. Call before the first ``import hivemind``."""
     os.environ.setdefault("HIVEMIND_MEMORY_SHARING_STRATEGY", SHARING_STRATEGY)
+    # numpy's and scipy's OpenBLAS each start a thread per further core at import; MANTA's BLAS work is
+    # torch's, and a peer forks its CPU workers while it runs one thread (peer/worker_fork.py)
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     # hivemind scripts a helper with torch.jit at import; the deprecation notice is not the user's concern.
     warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
     if "hivemind" in sys.modules and _torch_sharing_strategy() not in (None, SHARING_STRATEGY):

@@ -195,6 +195,7 @@ def join(
     from peer.node import PeerNode
     from peer.startup import JoinConfig, PeerStartError
     from peer.stopping import StopSignals, SwarmLost
+    from peer.worker_fork import WaitingWorkers
     from peer.worker_pool import WorkerDied
 
     log = logging.getLogger("manta.peer")
@@ -226,12 +227,14 @@ def join(
         from hivemind_adapter.upload_limit import limit_upload
 
         limit_upload(upload_rate)  # before the node forks its processes: they share the cap
+    # the workers' processes, forked before the agent's first thread and its signal handlers
+    waiting = WaitingWorkers.fork_for(devices)
     signals = StopSignals()
     signals.install()  # Ctrl-C during start-up stops what was built, too
     node = None
     try:
         try:
-            node = (NODE_CLASS or PeerNode).start(config, ident, devices, signals)
+            node = (NODE_CLASS or PeerNode).start(config, ident, devices, signals, waiting)
         except PeerStartError as e:
             raise UserError(str(e)) from None
         _remember_swarm(data_dir, peers, node)
@@ -252,6 +255,8 @@ def join(
     finally:
         if node is not None:
             node.shutdown()
+        if waiting is not None:
+            waiting.close()
 
 
 def _machine_limits(cpu_share, gpu_memory, max_upload, run_mode, idle_minutes, idle_cpu):

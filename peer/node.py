@@ -36,6 +36,7 @@ from peer.round_types import OuterReport, RoundContext, RoundReport
 from peer.startup import JoinConfig, PeerKinds, PeerParts, build_peer
 from peer.stopping import StopSignals
 from peer.swarm_view import PROGRESS_TTL, read_roster
+from peer.worker_fork import WaitingWorkers
 from protocol.identity import Identity
 from protocol.records import ContributionReceipt
 from supernet.checkpoint import save_checkpoint
@@ -87,12 +88,17 @@ class PeerNode:
 
     @classmethod
     def start(
-        cls, config: JoinConfig, identity: Identity, devices: list[WorkerDevice], signals: StopSignals
+        cls,
+        config: JoinConfig,
+        identity: Identity,
+        devices: list[WorkerDevice],
+        signals: StopSignals,
+        waiting: WaitingWorkers | None = None,
     ) -> PeerNode:
         """Build and start every part (:func:`peer.startup.build_peer`); raises
         :class:`~peer.startup.PeerStartError` with one line for the volunteer."""
         display = ProgressDisplay()
-        parts = build_peer(config, identity, devices, signals, display, cls.kinds)
+        parts = build_peer(config, identity, devices, signals, display, cls.kinds, waiting)
         return cls(config, identity, parts, signals, display)
 
     @property

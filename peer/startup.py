@@ -50,6 +50,7 @@ from peer.stopping import StopSignals
 from peer.swarm_progress import SwarmProgress
 from peer.swarm_view import Announcer, ProgressBoard, fetch_task, read_roster
 from peer.worker import WorkerLimits
+from peer.worker_fork import WaitingWorkers
 from peer.worker_pool import WorkerPool
 from peer.worker_protocol import SharedBuffers
 from protocol.dht_schema import MantaRecordValidator, outer_board_id
@@ -139,11 +140,12 @@ def build_peer(
     signals: StopSignals,
     display: ProgressDisplay,
     kinds: PeerKinds = PeerKinds(),
+    waiting: WaitingWorkers | None = None,
 ) -> PeerParts:
     """Build and start every part of a peer (see the module docstring). A process the peer cannot go
     on without that ends later stops it through ``signals`` (:meth:`StopSignals.lose`). Raises
     :class:`PeerStartError` (after stopping what it built) if the swarm, the task or its data
-    cannot be reached."""
+    cannot be reached. ``waiting``: processes forked to become the workers (:mod:`peer.worker_fork`)."""
     started = time.monotonic()
     with contextlib.ExitStack() as built:
         config.data_dir.mkdir(parents=True, exist_ok=True)
@@ -223,7 +225,7 @@ def build_peer(
         outbox = ReceiptOutbox(config.data_dir / "receipts", identity)
         courier = ReceiptCourier(outbox, link, announcer.binding)
         built.callback(courier.stop, flush_seconds=0.0)
-        workload, shared, consensus, workers = _start_workers(task, devices, peer_id, data, config)
+        workload, shared, consensus, workers = _start_workers(task, devices, peer_id, data, config, waiting)
         built.callback(workers.stop)
         outer = _outer_stepper(task, shared, consensus, workers, lambda cohort: averagers.outer(cohort))
         commits = committer_for(
@@ -313,7 +315,12 @@ def _own_pids() -> set[int]:
 
 
 def _start_workers(
-    task: TaskSpec, devices: Sequence[WorkerDevice], peer_id: str, data: DataFeed | None, config: JoinConfig
+    task: TaskSpec,
+    devices: Sequence[WorkerDevice],
+    peer_id: str,
+    data: DataFeed | None,
+    config: JoinConfig,
+    waiting: WaitingWorkers | None,
 ) -> tuple[Workload, SharedBuffers, int, WorkerPool]:
     """One worker per device, sharing gradient and state buffers with this process."""
     torch.set_num_threads(1)  # the agent only averages; the cores belong to the workers
@@ -332,6 +339,7 @@ def _start_workers(
     workers = WorkerPool(
         list(devices), shared, task_name=task.task, task_seed=task.seed, participant_prefix=peer_id,
         train_options=train_options, data=worker_data, threads=config.threads, limits=config.limits,
+        waiting=waiting,
     )  # fmt: skip
     return workload, shared, consensus_count(net, optimizer), workers
 

@@ -1,7 +1,8 @@
 """The agent's side of its workers: one process per device, started, asked and stopped here.
 
-The workers are spawned (never forked: the agent forks hivemind's processes, and a CUDA context
-must not be inherited) and share :class:`~peer.worker_protocol.SharedBuffers` with the agent. This is
+A worker is a process forked from the agent before its first thread, handed its work
+(:mod:`peer.worker_fork`: CPU workers), or a fresh interpreter spawned (a GPU's: a CUDA context must
+not be inherited). Either shares :class:`~peer.worker_protocol.SharedBuffers` with the agent. This is
 the only agent-side code that speaks :mod:`peer.worker_protocol`; a round sees typed methods.
 """
 
@@ -10,11 +11,13 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Sequence
+from multiprocessing.process import BaseProcess
 
 import torch
 
 from peer.devices import WorkerDevice
 from peer.worker import WorkerLimits, WorkerSpec, default_threads, worker_main
+from peer.worker_fork import WaitingWorkers, hand_over
 from peer.worker_protocol import (
     Applied,
     Apply,
@@ -52,16 +55,17 @@ class WorkerPool:
         data: tuple[str, str] | None = None,
         threads: int | None = None,
         limits: WorkerLimits = WorkerLimits(),
+        waiting: WaitingWorkers | None = None,
     ):
         """``threads``: torch threads per worker (None: the cores shared out, or MANTA_WORKER_THREADS);
-        ``limits``: the CPU share and GPU memory a worker may use."""
+        ``limits``: the CPU share and GPU memory a worker may use; ``waiting``: forked processes to
+        become the workers (as many as it holds; the rest are spawned)."""
         self.shared = shared
-        self._workers: list[tuple[WorkerProcess, object]] = []
+        self._workers: list[tuple[BaseProcess, object]] = []
         ctx = torch.multiprocessing.get_context("spawn")
         port = _free_port()
         threads = threads or default_threads(len(devices))
         for rank, device in enumerate(devices):
-            parent, child = ctx.Pipe()
             spec = WorkerSpec(
                 rank,
                 len(devices),
@@ -75,12 +79,23 @@ class WorkerPool:
                 data,
                 limits,
             )
-            # Not a daemon: a GPU worker decodes its mini-batches in processes of its own
-            # (supernet.batch_prefetch; benchmarks/RESULTS.md, "Input pipeline (GPU)"), and a daemon
-            # may not have children. It still cannot outlive the agent: it asks
-            # the kernel for a signal when its parent dies, and stop() always ends it.
-            proc = WorkerProcess(target=worker_main, args=(spec, child, shared), daemon=False)
-            proc.start()
+            forked = waiting.take() if waiting is not None else None
+            if forked is not None:
+                proc, parent = forked
+                try:
+                    hand_over(parent, (spec, shared))
+                except OSError as e:  # it ended while it waited
+                    raise WorkerDied(
+                        f"worker {proc.pid} ended before it started (exit code {proc.exitcode}): {e}"
+                    ) from None
+            else:
+                # Not a daemon: a GPU worker decodes its mini-batches in processes of its own
+                # (supernet.batch_prefetch; benchmarks/RESULTS.md, "Input pipeline (GPU)"), and a daemon
+                # may not have children. It still cannot outlive the agent: it asks
+                # the kernel for a signal when its parent dies, and stop() always ends it.
+                parent, child = ctx.Pipe()
+                proc = WorkerProcess(target=worker_main, args=(spec, child, shared), daemon=False)
+                proc.start()
             self._workers.append((proc, parent))
 
     @property
