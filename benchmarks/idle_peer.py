@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.peer_footprint import _baseline_checkout
+from benchmarks.peer_footprint import _baseline_checkout, check_revision
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK_TOML = """
@@ -144,6 +144,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.peers < 1 or args.seconds <= 0 or args.settle < 0:
         sys.exit("error: --peers must be at least 1, --seconds positive and --settle not negative")
+    check_revision(args.baseline)
     print(f"$ python -m benchmarks.idle_peer --baseline {args.baseline} --peers {args.peers} "
           f"--settle {args.settle:g} --seconds {args.seconds:g}", flush=True)  # fmt: skip
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)

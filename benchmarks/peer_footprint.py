@@ -49,6 +49,15 @@ def _swarm(checkout: Path, peers: int, rounds: int, run_dir: Path) -> dict:
     }
 
 
+def check_revision(revision: str) -> None:
+    """Exit with one line if ``revision`` names no commit of this repository."""
+    known = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"], cwd=ROOT, capture_output=True
+    )
+    if known.returncode != 0:
+        sys.exit(f"error: --baseline {revision}: not a revision of this repository")
+
+
 def _baseline_checkout(revision: str, into: Path) -> Path:
     subprocess.run(["git", "worktree", "add", "-f", "--detach", str(into), revision], cwd=ROOT, check=True,
                    stdout=subprocess.DEVNULL)  # fmt: skip
@@ -64,6 +73,7 @@ def main() -> None:
     parser.add_argument("--peers", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=8)
     args = parser.parse_args()
+    check_revision(args.baseline)
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
     work = Path(tempfile.mkdtemp(prefix="manta-footprint-"))
     try:
