@@ -85,7 +85,8 @@ def build_initialised(
     weights do not depend on the device."""
     with torch.device("meta"):
         net = factory()
-    net = net.to_empty(device="cpu")
+    # as Module.to_empty, whose empty_like on a meta tensor imports sympy first (about 1 s of CPU)
+    net = net._apply(lambda t: torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="cpu"))
     for module in net.modules():  # a plain tensor attribute would have stayed on the meta device
         for key, value in vars(module).items():
             if isinstance(value, torch.Tensor) and value.device.type == "meta":
