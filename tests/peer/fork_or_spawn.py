@@ -17,10 +17,8 @@ prepare_process()
 
 from peer.devices import WorkerDevice  # noqa: E402  (after prepare_process, as manta-peer join does)
 from peer.worker_fork import WaitingWorkers  # noqa: E402
-from peer.worker_pool import WorkerPool  # noqa: E402
-from peer.worker_protocol import Compute, SharedBuffers  # noqa: E402
-from supernet.state import init_optimizer_state, state_tensors  # noqa: E402
-from supernet.workload import workload_for  # noqa: E402
+from peer.worker_protocol import Compute  # noqa: E402
+from tests.peer.spawned_pool import spawned_pool  # noqa: E402
 
 OPTIONS = {"seed": 3, "batch_size": 16, "num_subnets": 2, "width_mult": 0.25, "head_channels": 64}
 DEVICE = WorkerDevice("cpu", 0, "test cpu", 1024)
@@ -33,17 +31,8 @@ def _private_mib(pid: int) -> float:
 
 
 def _round(waiting: WaitingWorkers | None) -> dict:
-    workload = workload_for("digits", OPTIONS)
-    net = workload.build()
-    optimizer = workload.make_optimizer(net)
-    init_optimizer_state(net, optimizer)
-    shared = SharedBuffers.create(list(net.parameters()), state_tensors(net, optimizer), 1)
-    pool = WorkerPool(
-        [DEVICE], shared, task_name="digits", task_seed=3, participant_prefix="fork-or-spawn",
-        train_options=OPTIONS, threads=1, waiting=waiting,
-    )  # fmt: skip
-    try:
-        pool.load(shared.state)
+    with spawned_pool(OPTIONS, 3, "fork-or-spawn", threads=1, waiting=waiting) as (pool, _):
+        pool.load(pool.shared.state)
         pool.start_compute(Compute(round_index=0, mode="data", cohort_rank=0, num_cohorts=1))
         pool.raise_stop_flag()  # one mini-batch
         while (host := pool.computed(timeout=1.0)) is None:
@@ -51,8 +40,6 @@ def _round(waiting: WaitingWorkers | None) -> dict:
         digest = hashlib.sha256(b"".join(t.numpy().tobytes() for t in pool.host_numerator())).hexdigest()
         pid = pool._workers[0][0].pid
         return {"pid": pid, "samples": host.samples, "digest": digest, "private_mib": _private_mib(pid)}
-    finally:
-        pool.stop()
 
 
 def main() -> None:
