@@ -28,6 +28,7 @@ from hivemind.utils import get_dht_time
 from hivemind_adapter.in_thread import ComponentEnded, ThreadHosted
 from hivemind_adapter.p2p_sockets import daemon_socket_files, remove_dead_daemon_sockets, remove_dead_socket
 from hivemind_adapter.process_answers import NoAnswerWithin, ProcessEnded, await_answer
+from hivemind_adapter.process_identity import start_ticks
 from hivemind_adapter.process_locks import install_death_safe_locks
 from hivemind_adapter.stream_openings import install_quiet_stream_openings
 from hivemind_adapter.task_reports import quiet_expected_task_endings
@@ -92,7 +93,7 @@ class SwarmDHT(hivemind.DHT):
 
     daemon_socket: str | None = None  # the p2pd daemon's socket file, once started
     libp2p_key: Libp2pKey | None = None  # the key its peer id is made from (in the process that started it)
-    daemon_process: tuple[int, float] | None = None  # the daemon's pid and start time, once started
+    daemon_process: tuple[int, int] | None = None  # the daemon's pid and start (start_ticks), once started
 
     def run(self) -> None:
         self._inner_pipe = _RequestPipe(self._inner_pipe)  # in the DHT's own process
@@ -121,7 +122,7 @@ class SwarmDHT(hivemind.DHT):
             raise DHTStartFailed(f"the DHT's process did not get ready within {bound:.0f} s") from None
         self.daemon_socket, self.daemon_process = self._own_daemon()
 
-    def _own_daemon(self) -> tuple[str | None, tuple[int, float] | None]:
+    def _own_daemon(self) -> tuple[str | None, tuple[int, int] | None]:
         """The socket file of the p2pd daemon this DHT started, and the daemon's pid and start time."""
         return _daemon_of(self.pid)
 
@@ -140,7 +141,7 @@ class SwarmDHT(hivemind.DHT):
             pid, started = self.daemon_process
             with contextlib.suppress(psutil.Error):
                 daemon = psutil.Process(pid)
-                if daemon.create_time() == started:  # not a recycled pid
+                if start_ticks(pid) == started:  # not a recycled pid
                     daemon.terminate()
                     _, alive = psutil.wait_procs([daemon], timeout=3.0)
                     for left in alive:
@@ -190,26 +191,26 @@ class InThreadDHT(ThreadHosted, SwarmDHT):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(child.wait(), 5.0)
 
-    def _own_daemon(self) -> tuple[str | None, tuple[int, float] | None]:
+    def _own_daemon(self) -> tuple[str | None, tuple[int, int] | None]:
         p2p = self._node.p2p  # hivemind's own attributes: this module is their one reader
         child = getattr(p2p, "_child", None)
         if child is None:
             return None, None
-        try:
-            started = psutil.Process(child.pid).create_time()
-        except psutil.Error:
+        started = start_ticks(child.pid)
+        if started is None:
             return None, None
         return str(p2p._daemon_listen_maddr)[len("/unix") :], (child.pid, started)
 
 
-def _daemon_of(pid: int) -> tuple[str | None, tuple[int, float] | None]:
+def _daemon_of(pid: int) -> tuple[str | None, tuple[int, int] | None]:
     """The unix socket of the p2pd daemon that process ``pid`` started, and the daemon's pid and start
     time (read from the daemon's command line: hivemind keeps the path inside the DHT's process)."""
     try:
         for child in psutil.Process(pid).children():
             for arg in child.cmdline():
                 if arg.startswith("-listen=/unix/"):
-                    return arg[len("-listen=/unix") :], (child.pid, child.create_time())
+                    started = start_ticks(child.pid)
+                    return arg[len("-listen=/unix") :], (child.pid, started) if started is not None else None
     except psutil.Error:
         pass
     return None, None

@@ -41,6 +41,8 @@ from pathlib import Path
 
 import psutil
 
+from hivemind_adapter.process_identity import start_ticks
+
 SOCKET_PREFIX = "hivemind-p2p"  # hivemind's p2pd and p2p client sockets, in the temp folder
 MP_FOLDER_PREFIX = "pymp-"  # multiprocessing's per-process folder of listener sockets
 FIRST_LOOK = 0.25  # seconds between two reads of the tree while it changes
@@ -48,7 +50,8 @@ LAST_LOOK = 8.0  # ... and at most, once it has stood still
 SOCKETS_LOOK = 1.0  # seconds between two reads of the namespace's socket table
 
 
-def _snapshot(watched: psutil.Process) -> dict[int, float]:
+def _snapshot(watched: psutil.Process) -> dict[int, int]:
+    """The watched process's descendants (but this watcher): pid -> start (:func:`start_ticks`)."""
     try:
         procs = watched.children(recursive=True)
     except psutil.NoSuchProcess:
@@ -57,10 +60,9 @@ def _snapshot(watched: psutil.Process) -> dict[int, float]:
     for p in procs:
         if p.pid == os.getpid():
             continue
-        try:
-            out[p.pid] = p.create_time()
-        except psutil.NoSuchProcess:
-            pass
+        started = start_ticks(p.pid)
+        if started is not None:
+            out[p.pid] = started
     return out
 
 
@@ -169,7 +171,7 @@ def watch(pid: int, kept_folder: str | None = None) -> int:
         exited = _exit_waiter(pid)
     except psutil.NoSuchProcess:
         return 0
-    known: dict[int, float] = {}
+    known: dict[int, int] = {}
     sockets = _SocketFiles()
     interval, next_look = FIRST_LOOK, 0.0
     while True:
@@ -184,11 +186,10 @@ def watch(pid: int, kept_folder: str | None = None) -> int:
         if exited(min(SOCKETS_LOOK, max(0.0, next_look - time.monotonic()))):
             break
     victims = []
-    for p, created in known.items():
+    for p, started in known.items():
         try:
-            proc = psutil.Process(p)
-            if abs(proc.create_time() - created) < 1e-3:
-                victims.append(proc)
+            if start_ticks(p) == started:  # not a recycled pid
+                victims.append(psutil.Process(p))
         except psutil.NoSuchProcess:
             pass
     files = sockets.files | sockets.of([p.pid for p in victims])  # what they hold now, however late

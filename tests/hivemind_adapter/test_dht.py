@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from hivemind_adapter.dht import DHTStartFailed, SwarmDHT, start_dht
+from hivemind_adapter.process_identity import start_ticks
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 
@@ -98,5 +99,5 @@ def test_a_killed_dht_s_daemon_socket_is_removed_by_its_shutdown(in_thread):
     assert not os.path.exists(path)
     assert dht.daemon_process is not None
     pid, started = dht.daemon_process
-    running = psutil.pid_exists(pid) and psutil.Process(pid).create_time() == started
+    running = start_ticks(pid) == started
     assert not running or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # no orphaned daemon
