@@ -9,7 +9,8 @@ training), then the hierarchical averaging (cohort, the cross-cohort tree of gro
 board's quorum. No workers, no state downloads, no receipts.
 
 Per swarm size it prints, over the measured rounds, per peer: the round time, the share of rounds
-that committed, DHT requests made, bytes sent (counted by the kernel: each peer's processes, its
+that committed, DHT requests made, the coordination it sent (DHT requests and replies, matchmaking's
+join messages: :mod:`hivemind_adapter.control_traffic`), bytes sent (counted by the kernel: each peer's processes, its
 p2pd daemon included, sit in their own cgroup, and an iptables rule per cgroup counts their output),
 and memory (the proportional set size of all of a peer's processes). The gradient is the size of
 the digits supernet's at width 0.5 by default (what the swarm benchmarks train).
@@ -43,6 +44,7 @@ import torch  # noqa: E402
 from hivemind.dht.protocol import DHTProtocol  # noqa: E402
 
 from benchmarks.peer_accounts import CGROUP_ROOT, PeerAccounts  # noqa: E402
+from hivemind_adapter.control_traffic import ControlTraffic, control_traffic  # noqa: E402
 from hivemind_adapter.dht import peer_id, speaker, start_dht, visible_maddrs  # noqa: E402
 from hivemind_adapter.group_keys import DeclarationSigner  # noqa: E402
 from peer.affinity import assign_cohorts, cohort_sizes  # noqa: E402
@@ -127,6 +129,7 @@ class PeerFigures:
     requests_by_kind: dict[str, int] = field(default_factory=dict)
     round_calls: dict[str, int] = field(default_factory=dict)
     cohorts: int = 0
+    control: ControlTraffic = ControlTraffic()  # coordination it sent over its rounds
 
 
 def _certificate(identity: Identity, peer: str, serial: int) -> bytes:
@@ -161,6 +164,7 @@ def _thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, 
         if not go.wait(timeout=900):
             return
         start_counts, start_calls = dht.run_coroutine(_request_counts), dict(_ROUND_CALLS)
+        start_control = control_traffic()
         figures, attempt = PeerFigures(), -1
         generator = torch.Generator().manual_seed(index)
         for round_index in range(opts.rounds):
@@ -206,6 +210,7 @@ def _thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, 
             figures.round_seconds.append(time.perf_counter() - started)
             figures.cohorts = len(cohort_ids)
         end_counts = dht.run_coroutine(_request_counts)
+        figures.control = control_traffic() - start_control
         figures.dht_requests = sum(end_counts.values()) - sum(start_counts.values())
         figures.requests_by_kind = {k: v - start_counts.get(k, 0) for k, v in end_counts.items()}
         figures.round_calls = {k: v - start_calls.get(k, 0) for k, v in _ROUND_CALLS.items()}
@@ -265,6 +270,8 @@ class ScaleRow:
     committed: float
     dht_requests: float
     sent_mb: float
+    control_kb: float  # coordination payload a peer sent per round (hivemind_adapter.control_traffic)
+    control_messages: float
     pss_mib: float
     load: float
     reasons: collections.Counter = field(default_factory=collections.Counter)
@@ -335,6 +342,12 @@ def run_size(n: int, opts: ThinOptions) -> ScaleRow:
             if figures
             else 0.0,
             sent_mb=statistics.mean(sent) / opts.rounds / 1e6,
+            control_kb=statistics.mean(f.control.bytes / opts.rounds / 1e3 for f in figures.values())
+            if figures
+            else 0.0,
+            control_messages=statistics.mean(f.control.messages / opts.rounds for f in figures.values())
+            if figures
+            else 0.0,
             pss_mib=statistics.mean(pss),
             load=load,
             reasons=collections.Counter(r.split(":")[0][:60] for f in figures.values() for r in f.reasons),
@@ -405,7 +418,8 @@ def main(argv=None) -> int:
         r = rows[-1]
         print(
             f"  {n} peers: median round {r.round_s:.1f} s, {r.committed:.0%} committed, "
-            f"{r.dht_requests:.0f} DHT requests and {r.sent_mb:.1f} MB sent per peer per round, "
+            f"{r.dht_requests:.0f} DHT requests and {r.sent_mb:.1f} MB sent per peer per round "
+            f"(coordination: {r.control_kb:.0f} KB in {r.control_messages:.0f} messages), "
             f"{r.pss_mib:.0f} MiB per peer; aborts: {dict(r.reasons) or 'none'}\n"
             f"    DHT requests by kind: {r.requests_by_kind}; the round's own DHT calls: {r.round_calls}",
             flush=True,
@@ -416,7 +430,8 @@ def main(argv=None) -> int:
     print()
     header = (
         f"{'peers':>5} {'cohorts':>7} {'start-up':>9} {'round':>7} {'committed':>9} "
-        f"{'DHT req/peer/round':>18} {'x':>5} {'MB sent/peer/round':>18} {'x':>5} {'MiB/peer':>8} {'load':>5}"
+        f"{'DHT req/peer/round':>18} {'x':>5} {'MB sent/peer/round':>18} {'x':>5} "
+        f"{'control KB/peer/round':>21} {'x':>5} {'MiB/peer':>8} {'load':>5}"
     )
     print(header)
     print("-" * len(header))
@@ -424,7 +439,8 @@ def main(argv=None) -> int:
         print(
             f"{r.peers:>5} {r.cohorts:>7} {r.started_s:>8.0f}s {r.round_s:>6.1f}s {r.committed:>9.0%} "
             f"{r.dht_requests:>18.0f} {r.dht_requests / max(base.dht_requests, 1e-9):>4.1f}x "
-            f"{r.sent_mb:>18.1f} {r.sent_mb / max(base.sent_mb, 1e-9):>4.1f}x {r.pss_mib:>8.0f} {r.load:>5.1f}"
+            f"{r.sent_mb:>18.1f} {r.sent_mb / max(base.sent_mb, 1e-9):>4.1f}x "
+            f"{r.control_kb:>21.0f} {r.control_kb / max(base.control_kb, 1e-9):>4.1f}x {r.pss_mib:>8.0f} {r.load:>5.1f}"
         )
     return 0
 

@@ -25,6 +25,7 @@ from hivemind.dht.node import DHTNode
 from hivemind.p2p import P2P
 from hivemind.utils import get_dht_time
 
+from hivemind_adapter.control_traffic import install_control_counting
 from hivemind_adapter.in_thread import ComponentEnded, ThreadHosted
 from hivemind_adapter.p2p_sockets import daemon_socket_files, remove_dead_daemon_sockets, remove_dead_socket
 from hivemind_adapter.process_answers import NoAnswerWithin, ProcessEnded, await_answer
@@ -231,6 +232,7 @@ def start_dht(
     from a process of its own. SwarmUnreachable if it cannot join."""
     _hivemind_logs_follow_manta()
     quiet_expected_task_endings()
+    install_control_counting()  # before the node and any averager register their handlers
     install_death_safe_locks()  # a node's first hivemind process is its DHT's: the tree shares them
     install_quiet_stream_openings()
     daemons_before = daemon_socket_files()

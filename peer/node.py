@@ -19,6 +19,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from hivemind_adapter.control_traffic import control_traffic
 from hivemind_adapter.dht import dht_gone
 from hivemind_adapter.runtime import return_free_memory
 from peer.catch_up import (
@@ -71,6 +72,7 @@ class PeerNode:
         self.state = parts.state
         self.reports: list[RoundReport] = []
         self._announced_at = 0.0
+        self._control_mark = control_traffic()  # what was sent before the round a report covers
         task = parts.spec.record
         self._round = RoundContext(
             task=task, train_config=parts.workload.cfg, peer_id=self.peer_id, identity=identity, dht=self.dht,
@@ -193,6 +195,9 @@ class PeerNode:
                 t0 = time.perf_counter()
                 self._commits.advance(averagers.current.own_cohort_peers() if outer is not None else None)
                 report.stages["between"] = round(between + time.perf_counter() - t0, 4)
+            now = control_traffic()
+            sent, self._control_mark = now - self._control_mark, now
+            report.control_messages, report.control_bytes = sent.messages, sent.bytes
             self.reports.append(report)
             # On a terminal the progress display shows the round; the full line goes to the debug log.
             (logger.debug if self.display.interactive else logger.info)(report.describe())

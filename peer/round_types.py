@@ -86,6 +86,10 @@ class RoundReport:
     # payload bytes this peer's all-reduces moved across cohorts since it started
     cross_cohort_bytes: int = 0
     known_group: bool = False  # the cohort averaged in a group known from the roster (no matchmaking)
+    # coordination this peer sent since its previous report (hivemind_adapter.control_traffic): DHT
+    # requests and replies, matchmaking's join messages; their count and protobuf payload bytes
+    control_messages: int = 0
+    control_bytes: int = 0
 
     def describe(self) -> str:
         """The round in one log line."""

@@ -4,7 +4,7 @@ Per peer: its site, how it ended (finished, killed with kill -9, stopped with Ct
 committed and aborted with their reasons, compute utilization (time in its own mini-batches over the
 span from its first round's start to its last round's end), time per stage, and the time from its
 start to its first committed contribution. For the swarm: the same summed, distinct committed rounds,
-and, on an emulated internet, the bytes each site's access link carried (the kernel's counters of the
+the coordination each peer sent per round (DHT requests and replies, matchmaking's join messages), and, on an emulated internet, the bytes each site's access link carried (the kernel's counters of the
 link itself) and wide-area bytes per training sample.
 """
 
@@ -53,6 +53,9 @@ class PeerFigures:
     samples: int = 0
     outer_steps_committed: int = 0  # sync = "outer": outer steps this peer took
     cross_cohort_bytes: int = 0  # payload bytes its all-reduces moved across cohorts (its own count)
+    rounds_reported: int = 0  # its rounds.jsonl lines, committed or not
+    control_messages: int = 0  # coordination it sent over those rounds (hivemind_adapter.control_traffic)
+    control_bytes: int = 0
     outer_steps_aborted: int = 0
     # attempt -> the outer state (global parameters and momentum) after each outer step it took
     outer_states: dict[str, str] = field(default_factory=dict)
@@ -149,6 +152,9 @@ def peer_figures(run_dir: Path) -> list[PeerFigures]:
         fig.abort_reasons = dict(Counter(_reason(r.get("reason", "")) for r in aborted))
         fig.samples = sum(r["samples"] for r in committed)
         fig.cross_cohort_bytes = max((r.get("cross_cohort_bytes", 0) for r in rounds), default=0)
+        fig.rounds_reported = len(rounds)
+        fig.control_messages = sum(r.get("control_messages", 0) for r in rounds)
+        fig.control_bytes = sum(r.get("control_bytes", 0) for r in rounds)
         outer = read_rounds(Path(run_dir) / name, "outer.jsonl")
         fig.outer_steps_committed = sum(1 for o in outer if o["committed"])
         fig.outer_steps_aborted = len(outer) - fig.outer_steps_committed
@@ -206,6 +212,7 @@ def swarm_figures(
 ) -> dict[str, Any]:
     stages = {k: round(sum(p.stages_s.get(k, 0.0) for p in peers), 2) for k in STAGES}
     span = sum(p.span_s for p in peers)
+    reported = sum(p.rounds_reported for p in peers)
     reasons: Counter = Counter()
     for p in peers:
         reasons.update(p.abort_reasons)
@@ -225,6 +232,14 @@ def swarm_figures(
         "cross_cohort_bytes": sum(p.cross_cohort_bytes for p in peers),
         "cross_cohort_bytes_per_sample": round(sum(p.cross_cohort_bytes for p in peers) / total_samples)
         if total_samples
+        else None,
+        # coordination (DHT requests and replies, matchmaking's join messages) each peer sent per round
+        # it reported: protobuf payload, the mean over peers' rounds (None: no round reported)
+        "control_bytes_per_peer_round": round(sum(p.control_bytes for p in peers) / reported)
+        if reported
+        else None,
+        "control_messages_per_peer_round": round(sum(p.control_messages for p in peers) / reported, 1)
+        if reported
         else None,
         "abort_reasons": dict(reasons.most_common()),
         "joiners": {p.name: p.first_contribution_s for p in peers if p.joiner},
@@ -308,6 +323,11 @@ def format_tables(peers: list[PeerFigures], sites: list[SiteFigures] | None, swa
         f"{swarm['peer_rounds_committed']} peer-rounds committed, {swarm['peer_rounds_aborted']} aborted "
         f"({swarm['peer_rounds_aborted_leaving']} while leaving)"
     )
+    if swarm.get("control_bytes_per_peer_round") is not None:
+        line += (
+            f"; coordination sent per peer per round: {swarm['control_bytes_per_peer_round'] / 1e3:.1f} KB "
+            f"in {swarm['control_messages_per_peer_round']:.0f} messages"
+        )
     if swarm.get("outer_steps"):
         line += (
             f", {swarm['outer_steps']} outer step(s) ({swarm['peer_outer_steps_aborted']} peer-steps aborted; "

@@ -94,6 +94,11 @@ def test_manta_swarm_trains_above_chance_with_identical_state_and_a_summary(mant
     assert summary["total_samples"] >= sum(summary["samples_per_peer"].values())
     for split in summary["time_split_s"].values():
         assert split["compute"] > 0 and split["averaging"] > 0
+    # every round's report counts the coordination its peer sent; the summary is their mean per round
+    reports = [json.loads(line) for i in range(2) for line in (run / f"peer-{i}" / "rounds.jsonl").open()]
+    assert all(r["control_messages"] > 0 and r["control_bytes"] > 0 for r in reports), reports
+    mean = sum(r["control_bytes"] for r in reports) / len(reports)
+    assert summary["swarm"]["control_bytes_per_peer_round"] == round(mean)
     # Ten digit classes: chance is 0.1. One round is one optimizer step; 24 steps are enough for a clear
     # margin (measured over 4 runs: smallest 0.70-0.79, largest 0.79-0.85). With 8 steps the smallest
     # sub-network ended anywhere in 0.25-0.46 (11 runs), too close to any fixed bar to test learning.
