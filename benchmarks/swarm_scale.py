@@ -15,7 +15,10 @@ p2pd daemon included, sit in their own cgroup, and an iptables rule per cgroup c
 and memory (the proportional set size of all of a peer's processes). The gradient is the size of
 the digits supernet's at width 0.5 by default (what the swarm benchmarks train).
 
-    python -m benchmarks.swarm_scale [--peers 8 16 32 64] [--rounds 5] [--compute 2]
+    python -m benchmarks.swarm_scale [--peers 8 16 32 64] [--rounds 5] [--compute 2] [--bucket-sizes 20 5]
+
+``--bucket-sizes`` runs every size with each DHT bucket size (Kademlia's k, also every lookup's beam)
+and compares them at each size.
 
 Needs root (cgroups, iptables). Every cgroup and rule it makes is removed, also on Ctrl-C.
 """
@@ -45,7 +48,7 @@ from hivemind.dht.protocol import DHTProtocol  # noqa: E402
 
 from benchmarks.peer_accounts import CGROUP_ROOT, PeerAccounts  # noqa: E402
 from hivemind_adapter.control_traffic import ControlTraffic, control_traffic  # noqa: E402
-from hivemind_adapter.dht import peer_id, speaker, start_dht, visible_maddrs  # noqa: E402
+from hivemind_adapter.dht import DHT_BUCKET_SIZE, peer_id, speaker, start_dht, visible_maddrs  # noqa: E402
 from hivemind_adapter.group_keys import DeclarationSigner  # noqa: E402
 from peer.affinity import assign_cohorts, cohort_sizes  # noqa: E402
 from peer.averaging.factory import build_averager, committer_for  # noqa: E402
@@ -116,6 +119,7 @@ class ThinOptions:
     compute: float
     cross_group: int
     cohort_size: int = 4
+    bucket_size: int = DHT_BUCKET_SIZE  # the DHT's k and lookup beam (hivemind_adapter.dht)
 
 
 @dataclass
@@ -146,7 +150,9 @@ def _certificate(identity: Identity, peer: str, serial: int) -> bytes:
 def _thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, done, results) -> None:
     (CGROUP_ROOT / cgroup / "cgroup.procs").write_text(str(os.getpid()))  # its p2pd and children follow
     torch.set_num_threads(1)
-    dht = start_dht(initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    dht = start_dht(
+        initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], bucket_size=opts.bucket_size
+    )
     averager = None
     try:
         dht.add_validators([MantaRecordValidator(TASK, aggregator_keys=SPEC.aggregator_keys)])
@@ -264,6 +270,7 @@ def _available_mib() -> float:
 @dataclass
 class ScaleRow:
     peers: int
+    bucket_size: int
     cohorts: int
     started_s: float
     round_s: float
@@ -284,7 +291,7 @@ def run_size(n: int, opts: ThinOptions) -> ScaleRow:
     ready, results = ctx.Queue(), ctx.Queue()
     accounts = PeerAccounts(f"{os.getpid()}x{n}", n)
     go, done = FileFlag(accounts.flags / "go"), FileFlag(accounts.flags / "done")
-    boot = start_dht(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    boot = start_dht(host_maddrs=["/ip4/127.0.0.1/tcp/0"], bucket_size=opts.bucket_size)
     procs = []
     try:
         initial = visible_maddrs(boot)
@@ -334,6 +341,7 @@ def run_size(n: int, opts: ThinOptions) -> ScaleRow:
         rounds = [s for f in figures.values() for s in f.round_seconds]
         return ScaleRow(
             peers=n,
+            bucket_size=opts.bucket_size,
             cohorts=max((f.cohorts for f in figures.values()), default=0),
             started_s=started,
             round_s=statistics.median(rounds) if rounds else float("nan"),
@@ -396,7 +404,16 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--compute", type=float, default=2.0, help="seconds a thin peer 'computes' per round")
     parser.add_argument("--cross-group", type=int, default=8, help="cohort leaders per cross-cohort group")
+    parser.add_argument(
+        "--bucket-sizes", type=int, nargs="+", default=[DHT_BUCKET_SIZE],
+        help=f"the DHT's k (lookup beam) to run each size with; hivemind's default is 20, MANTA's {DHT_BUCKET_SIZE}",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if min(args.bucket_sizes) < 5:
+        print(
+            "swarm_scale: --bucket-sizes must be at least 5 (hivemind's replicas per value)", file=sys.stderr
+        )
+        return 2
     if os.geteuid() != 0:
         print("swarm_scale: needs root (one cgroup and iptables rule per peer)", file=sys.stderr)
         return 2
@@ -404,20 +421,21 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill cleans up as Ctrl-C does
     shapes = _digits_shapes()
     numel = sum(torch.Size(s).numel() for s in shapes)
-    opts = ThinOptions(shapes, args.rounds, args.compute, args.cross_group)
     print(f"command: python -m benchmarks.swarm_scale {' '.join(sys.argv[1:])}".rstrip())
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
     print(f"gradient: {numel * 4 / 1e6:.1f} MB ({len(shapes)} tensors); cohorts of 4; {args.rounds} rounds")
     rows = []
-    for n in args.peers:
+    for k, n in [(k, n) for k in args.bucket_sizes for n in args.peers]:
         try:
-            rows.append(run_size(n, opts))
+            rows.append(
+                run_size(n, ThinOptions(shapes, args.rounds, args.compute, args.cross_group, bucket_size=k))
+            )
         except DidNotFit as e:
             print(f"\n  {n} peers do not fit on this machine: {e}", flush=True)
-            break
+            continue
         r = rows[-1]
         print(
-            f"  {n} peers: median round {r.round_s:.1f} s, {r.committed:.0%} committed, "
+            f"  {n} peers, k={k}: median round {r.round_s:.1f} s, {r.committed:.0%} committed, "
             f"{r.dht_requests:.0f} DHT requests and {r.sent_mb:.1f} MB sent per peer per round "
             f"(coordination: {r.control_kb:.0f} KB in {r.control_messages:.0f} messages), "
             f"{r.pss_mib:.0f} MiB per peer; aborts: {dict(r.reasons) or 'none'}\n"
@@ -426,22 +444,31 @@ def main(argv=None) -> int:
         )
     if not rows:
         return 1
-    base = rows[0]
     print()
     header = (
-        f"{'peers':>5} {'cohorts':>7} {'start-up':>9} {'round':>7} {'committed':>9} "
+        f"{'peers':>5} {'k':>3} {'cohorts':>7} {'start-up':>9} {'round':>7} {'committed':>9} "
         f"{'DHT req/peer/round':>18} {'x':>5} {'MB sent/peer/round':>18} {'x':>5} "
         f"{'control KB/peer/round':>21} {'x':>5} {'MiB/peer':>8} {'load':>5}"
     )
     print(header)
     print("-" * len(header))
     for r in rows:
+        base = next(b for b in rows if b.bucket_size == r.bucket_size)  # growth with n at the same k
         print(
-            f"{r.peers:>5} {r.cohorts:>7} {r.started_s:>8.0f}s {r.round_s:>6.1f}s {r.committed:>9.0%} "
+            f"{r.peers:>5} {r.bucket_size:>3} {r.cohorts:>7} {r.started_s:>8.0f}s {r.round_s:>6.1f}s {r.committed:>9.0%} "
             f"{r.dht_requests:>18.0f} {r.dht_requests / max(base.dht_requests, 1e-9):>4.1f}x "
             f"{r.sent_mb:>18.1f} {r.sent_mb / max(base.sent_mb, 1e-9):>4.1f}x "
             f"{r.control_kb:>21.0f} {r.control_kb / max(base.control_kb, 1e-9):>4.1f}x {r.pss_mib:>8.0f} {r.load:>5.1f}"
         )
+    for r in rows:  # each k against the first, at the same size
+        first = next(b for b in rows if b.peers == r.peers)
+        if r is not first:
+            print(
+                f"{r.peers} peers, k={r.bucket_size} against k={first.bucket_size}: round "
+                f"{r.round_s / first.round_s:.2f}x, committed {first.committed:.0%} -> {r.committed:.0%}, "
+                f"DHT requests {r.dht_requests / max(first.dht_requests, 1e-9):.2f}x, "
+                f"control bytes {r.control_kb / max(first.control_kb, 1e-9):.2f}x"
+            )
     return 0
 
 

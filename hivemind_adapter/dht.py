@@ -43,6 +43,11 @@ READ_TIMEOUT = 10.0  # seconds for one DHT read: a dead bootstrap must cost this
 # two minutes is far past any start that will still succeed, even on a slow emulated link.
 DHT_START_SECONDS = 120.0
 DHT_SHUTDOWN_SECONDS = 3.0  # hivemind's grace for a node's shutdown, before it is ended the hard way
+# Kademlia's k, which is also the beam of every lookup: hivemind's 20 made each read and store ask
+# min(n, 20) nodes, each replying with the whole value (O(n^2) bytes per lookup below 21 peers). A
+# value still goes to hivemind's 5 replicas, which a beam of 5 reaches; a read stores what it found
+# on the nearest node that lacked it (hivemind's cache_nearest), so a joiner nearer a key gets a copy.
+DHT_BUCKET_SIZE = 5
 logger = logging.getLogger(__name__)
 
 
@@ -226,10 +231,12 @@ def start_dht(
     libp2p_key: Libp2pKey | None = None,
     validators: Sequence[Any] = (),
     in_thread: bool = True,
+    bucket_size: int = DHT_BUCKET_SIZE,
 ) -> hivemind.DHT:
     """A running DHT node and its p2pd daemon, whose peer id is made from ``libp2p_key`` (a fresh key
     if None; see :mod:`protocol.peer_keys`), served from a thread of this process (``in_thread``) or
-    from a process of its own. SwarmUnreachable if it cannot join."""
+    from a process of its own; ``bucket_size``: see :data:`DHT_BUCKET_SIZE`. SwarmUnreachable if it
+    cannot join."""
     _hivemind_logs_follow_manta()
     quiet_expected_task_endings()
     install_control_counting()  # before the node and any averager register their handlers
@@ -255,6 +262,7 @@ def start_dht(
             check_if_identity_free=False,
             record_validators=list(validators),
             shutdown_timeout=DHT_SHUTDOWN_SECONDS + (InThreadDHT.drain_seconds if in_thread else 0.0),
+            bucket_size=bucket_size,
             start=True,
         )
         dht.libp2p_key = key
