@@ -10,9 +10,9 @@ board's quorum. No workers, no state downloads, no receipts.
 
 Per swarm size it prints, over the measured rounds, per peer: the round time, the share of rounds
 that committed, DHT requests made, the coordination it sent (DHT requests and replies, matchmaking's
-join messages: :mod:`hivemind_adapter.control_traffic`), bytes sent (counted by the kernel: each peer's processes, its
-p2pd daemon included, sit in their own cgroup, and an iptables rule per cgroup counts their output),
-and memory (the proportional set size of all of a peer's processes). The gradient is the size of
+join messages: :mod:`hivemind_adapter.control_traffic`), bytes sent (counted by the kernel: each
+peer's processes, its p2pd daemon included, sit in their own cgroup, and an iptables rule per cgroup
+counts their output), and memory (the proportional set size of all of a peer's processes). The gradient is the size of
 the digits supernet's at width 0.5 by default (what the swarm benchmarks train).
 
     python -m benchmarks.swarm_scale [--peers 8 16 32 64] [--rounds 5] [--compute 2] [--bucket-sizes 20 5]
@@ -424,14 +424,17 @@ def main(argv=None) -> int:
     print(f"command: python -m benchmarks.swarm_scale {' '.join(sys.argv[1:])}".rstrip())
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
     print(f"gradient: {numel * 4 / 1e6:.1f} MB ({len(shapes)} tensors); cohorts of 4; {args.rounds} rounds")
-    rows = []
+    rows, did_not_fit = [], {}  # bucket size -> the smallest swarm that did not fit with it
     for k, n in [(k, n) for k in args.bucket_sizes for n in args.peers]:
+        if n >= did_not_fit.get(k, n + 1):
+            continue
         try:
             rows.append(
                 run_size(n, ThinOptions(shapes, args.rounds, args.compute, args.cross_group, bucket_size=k))
             )
         except DidNotFit as e:
             print(f"\n  {n} peers do not fit on this machine: {e}", flush=True)
+            did_not_fit[k] = n
             continue
         r = rows[-1]
         print(
