@@ -12,8 +12,9 @@ Per swarm size it prints, over the measured rounds, per peer: the round time, th
 that committed, DHT requests made, the coordination it sent (DHT requests and replies, matchmaking's
 join messages: :mod:`hivemind_adapter.control_traffic`), bytes sent (counted by the kernel: each
 peer's processes, its p2pd daemon included, sit in their own cgroup, and an iptables rule per cgroup
-counts their output), and memory (the proportional set size of all of a peer's processes). The gradient is the size of
-the digits supernet's at width 0.5 by default (what the swarm benchmarks train).
+counts their output), and memory (the proportional set size of all of a peer's processes). The
+gradient is the size of the digits supernet's at width 0.5 by default (what the swarm benchmarks
+train).
 
     python -m benchmarks.swarm_scale [--peers 8 16 32 64] [--rounds 5] [--compute 2] [--bucket-sizes 20 5]
 

@@ -66,29 +66,28 @@ def install_control_counting() -> None:
         return
     from hivemind.p2p import P2P
 
-    call_unary, call_streaming, add_handler = (
-        P2P.call_protobuf_handler, P2P.iterate_protobuf_handler, P2P.add_protobuf_handler
-    )  # fmt: skip
-
-    async def call_protobuf_handler(self, peer_id, name, input, output_protobuf_type):
-        if is_control(name) and not isinstance(input, AsyncIterable):
-            _count(input)
-        return await call_unary(self, peer_id, name, input, output_protobuf_type)
-
-    async def iterate_protobuf_handler(self, peer_id, name, input, output_protobuf_type):
-        if is_control(name) and not isinstance(input, AsyncIterable):
-            _count(input)
-        return await call_streaming(self, peer_id, name, input, output_protobuf_type)
+    add_handler = P2P.add_protobuf_handler
 
     async def add_protobuf_handler(self, name, handler, input_protobuf_type, **options):
         if is_control(name):
             handler = _counting_stream(handler) if options.get("stream_output") else _counting_unary(handler)
         return await add_handler(self, name, handler, input_protobuf_type, **options)
 
-    P2P.call_protobuf_handler = call_protobuf_handler
-    P2P.iterate_protobuf_handler = iterate_protobuf_handler
+    P2P.call_protobuf_handler = _counting_call(P2P.call_protobuf_handler)  # replies in one message
+    P2P.iterate_protobuf_handler = _counting_call(P2P.iterate_protobuf_handler)  # replies streamed
     P2P.add_protobuf_handler = add_protobuf_handler
     _installed = True
+
+
+def _counting_call(call):
+    """``call`` (a P2P method that sends one request to a peer's handler), counting the request."""
+
+    async def counted(self, peer_id, name, input, output_protobuf_type):
+        if is_control(name) and not isinstance(input, AsyncIterable):
+            _count(input)
+        return await call(self, peer_id, name, input, output_protobuf_type)
+
+    return counted
 
 
 def _counting_unary(handler):

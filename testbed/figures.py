@@ -1,11 +1,12 @@
 """Figures of a finished local swarm, from what its processes wrote and what crossed its links.
 
-Per peer: its site, how it ended (finished, killed with kill -9, stopped with Ctrl-C, failed), rounds
-committed and aborted with their reasons, compute utilization (time in its own mini-batches over the
-span from its first round's start to its last round's end), time per stage, and the time from its
-start to its first committed contribution. For the swarm: the same summed, distinct committed rounds,
-the coordination each peer sent per round (DHT requests and replies, matchmaking's join messages), and, on an emulated internet, the bytes each site's access link carried (the kernel's counters of the
-link itself) and wide-area bytes per training sample.
+Per peer: its site, how it ended (finished, killed with kill -9, stopped with Ctrl-C, failed),
+rounds committed and aborted with their reasons, compute utilization (time in its own mini-batches
+over the span from its first round's start to its last round's end), time per stage, and the time
+from its start to its first committed contribution. For the swarm: the same summed, distinct
+committed rounds, the coordination each peer sent per round (DHT requests and replies, matchmaking's
+join messages), and, on an emulated internet, the bytes each site's access link carried (the
+kernel's counters of the link itself) and wide-area bytes per training sample.
 """
 
 from __future__ import annotations

@@ -17,15 +17,9 @@ def test_a_start_is_stable_distinct_and_gone_with_its_process():
     try:
         started = start_ticks(first.pid)
         assert started is not None and start_ticks(first.pid) == started
-        # psutil's monotonic creation time is the same count of ticks since boot
-        assert (
-            abs(
-                started / os.sysconf("SC_CLK_TCK")
-                - psutil.Process(first.pid).create_time()
-                + psutil.boot_time()
-            )
-            < 0.02
-        )
+        # psutil's creation time, less its boot time, is the same count of ticks since boot
+        since_boot = psutil.Process(first.pid).create_time() - psutil.boot_time()
+        assert abs(started / os.sysconf("SC_CLK_TCK") - since_boot) < 0.02
         assert start_ticks(os.getpid()) is not None and start_ticks(os.getpid()) <= started
     finally:
         first.kill()

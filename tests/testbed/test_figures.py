@@ -95,16 +95,19 @@ def test_rounds_that_abort_after_the_stop_are_counted_apart(tmp_path):
     assert swarm_figures([fig], None, total_samples=128)["peer_rounds_aborted_leaving"] == 1
 
 
+def _sent(row: dict, messages: int, size: int) -> dict:
+    return {**row, "control_messages": messages, "control_bytes": size}
+
+
 def test_coordination_per_peer_round_is_the_mean_over_every_reported_round(tmp_path):
     _write_jsonl(tmp_path / "processes.jsonl", [
         {"name": "peer-0", "event": "start", "time": 100.0},
         {"name": "peer-1", "event": "start", "time": 100.0},
     ])  # fmt: skip
-    sent = lambda row, messages, size: {**row, "control_messages": messages, "control_bytes": size}  # noqa: E731
     _write_jsonl(tmp_path / "peer-0" / "rounds.jsonl", [
-        sent(_round(0, 120.0, True), 300, 400_000), sent(_round(1, 130.0, False), 100, 50_000),
+        _sent(_round(0, 120.0, True), 300, 400_000), _sent(_round(1, 130.0, False), 100, 50_000),
     ])  # fmt: skip
-    _write_jsonl(tmp_path / "peer-1" / "rounds.jsonl", [sent(_round(0, 121.0, True), 200, 150_000)])
+    _write_jsonl(tmp_path / "peer-1" / "rounds.jsonl", [_sent(_round(0, 121.0, True), 200, 150_000)])
     swarm = swarm_figures(peer_figures(tmp_path), None, total_samples=128)
     assert swarm["control_bytes_per_peer_round"] == 200_000  # 600,000 bytes over three peer-rounds
     assert swarm["control_messages_per_peer_round"] == 200.0
