@@ -29,7 +29,7 @@ from hivemind_adapter.control_traffic import install_control_counting
 from hivemind_adapter.in_thread import ComponentEnded, ThreadHosted
 from hivemind_adapter.p2p_sockets import daemon_socket_files, remove_dead_daemon_sockets, remove_dead_socket
 from hivemind_adapter.process_answers import NoAnswerWithin, ProcessEnded, await_answer
-from hivemind_adapter.process_identity import start_ticks
+from hivemind_adapter.process_identity import is_running, start_ticks
 from hivemind_adapter.process_locks import install_death_safe_locks
 from hivemind_adapter.stream_openings import install_quiet_stream_openings
 from hivemind_adapter.task_reports import quiet_expected_task_endings
@@ -290,10 +290,13 @@ def _hivemind_logs_follow_manta() -> None:
 
 
 def dht_gone(dht: hivemind.DHT) -> bool:
-    """Whether ``dht``'s process has ended: then a call would only wait out its timeout. Known only in
-    the process that started the DHT; an averager's process, which holds a copy, cannot tell (False
-    there) and calls as usual."""
-    return getattr(dht, "_parent_pid", None) == os.getpid() and not dht.is_alive()
+    """Whether ``dht``'s process (or thread) or its p2pd daemon has ended: then a call would only wait
+    out its timeout. Known only in the process that started the DHT; an averager's process, which
+    holds a copy, cannot tell (False there) and calls as usual."""
+    if getattr(dht, "_parent_pid", None) != os.getpid():
+        return False
+    daemon = getattr(dht, "daemon_process", None)
+    return not dht.is_alive() or (daemon is not None and not is_running(*daemon))
 
 
 def peer_id(dht: hivemind.DHT) -> str:

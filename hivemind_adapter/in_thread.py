@@ -26,6 +26,8 @@ import uvloop
 
 logger = logging.getLogger(__name__)
 
+LEFTOVER_SECONDS = 5.0  # how long a component's ending waits for its cancelled tasks to end
+
 
 def install_thread_safe_future_events() -> None:
     """Once per process: let an MPFuture be resolved from a thread running another event loop than
@@ -173,7 +175,12 @@ class ThreadHosted:
                 self._refuse_pending_requests()
                 for task in leftover:
                     task.cancel()
-                loop.run_until_complete(asyncio.gather(*leftover, return_exceptions=True))
+                if leftover:  # bounded: a task that ignores its cancellation must not keep the thread
+                    _, stuck = loop.run_until_complete(asyncio.wait(leftover, timeout=LEFTOVER_SECONDS))
+                    if stuck:
+                        logger.warning(
+                            "%s: %d task(s) did not end when cancelled", self._thread_name(), len(stuck)
+                        )
                 # hivemind's p2p objects finalise on the loop they were made on: let go of them while
                 # it is still open here, not later in whichever thread collects them
                 self._forget()

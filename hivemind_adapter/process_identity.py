@@ -20,3 +20,14 @@ def start_ticks(pid: int) -> int | None:
         return int(fields[19])  # field 22 of the line; fields[0] is field 3 (the state)
     except (IndexError, ValueError):
         return None
+
+
+def is_running(pid: int, started: int) -> bool:
+    """Whether the process that started at ``started`` (:func:`start_ticks`) as ``pid`` still runs: not
+    ended, not a zombie waiting for its parent to collect it, and not another process on a reused pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return fields[0] not in (b"Z", b"X") and int(fields[19]) == started
+    except (OSError, IndexError, ValueError):
+        return False

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 # Imports of torch, hivemind and the modules built on them stay inside the commands: --help and bad
 # input answer at once, before seconds of imports (benchmarks/RESULTS.md, "Start-up").
+import faulthandler
 import json
 import logging
+import signal
 from pathlib import Path
 
 import click
@@ -190,6 +192,8 @@ def join(
     from hivemind_adapter.runtime import prepare_process, start_orphan_reaper
 
     prepare_process()
+    # `kill -USR1` prints where every thread of the agent is, for a peer that seems stuck
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     from hivemind_adapter.averager_process import AveragerGone, AveragerStartFailed
     from peer.devices import discover_devices
     from peer.node import PeerNode

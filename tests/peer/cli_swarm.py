@@ -116,6 +116,18 @@ class Swarm:
                 raise AssertionError(f"timed out waiting for {what}")
             time.sleep(0.5)
 
+    def peer_exit_code(self, name: str, timeout: float) -> int:
+        """Peer ``name``'s exit code once it ended within ``timeout`` s; else an AssertionError with the
+        end of its log and where each of its threads was (``manta-peer join`` prints that on SIGUSR1)."""
+        try:
+            return self.procs[name].wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.procs[name].send_signal(signal.SIGUSR1)
+            time.sleep(2.0)
+            raise AssertionError(
+                f"{name} did not exit within {timeout:.0f} s:\n{self.log(name)[-8000:]}"
+            ) from None
+
     def stop(self) -> None:
         """Peers first, then the aggregator, as an operator would: a leaving peer delivers its last
         receipts to the aggregator instead of retrying an aggregator that is gone."""

@@ -168,12 +168,16 @@ def test_unreachable_initial_peer_is_a_one_line_error(tmp_path):
     assert not socket_files() - sockets_before, socket_files() - sockets_before
 
 
-def test_kill_9_of_a_peer_leaves_none_of_its_processes(swarm):
+def test_usr1_shows_a_peers_threads_and_kill_9_leaves_none_of_its_processes(swarm):
     peer = swarm.join("victim")
     swarm.wait_for(lambda: 0 in swarm.rounds("victim"), 180, "the victim's first round")
     family = psutil.Process(peer.pid).children(recursive=True)
     names = sorted({p.name() for p in family})
     assert "p2pd" in names and len(family) >= 3, names  # the worker, p2pd, the reaper
+    # a peer that seems stuck says where its threads are, and carries on
+    os.kill(peer.pid, signal.SIGUSR1)
+    swarm.wait_for(lambda: "most recent call first" in swarm.log("victim"), 10, "the threads' stacks")
+    assert "peer/cli.py" in swarm.log("victim") and peer.poll() is None
     os.kill(peer.pid, signal.SIGKILL)
     peer.wait(timeout=10)
     gone, alive = psutil.wait_procs(family, timeout=20)
@@ -193,7 +197,7 @@ def test_a_peer_whose_p2p_daemon_died_says_so_in_one_line_and_leaves_nothing(swa
     assert any("hivemind-p2pd" in path for path in listened), listened  # the daemon's, among them
     daemon.kill()
     # it asks its dead daemon nothing on the way out (each question waited out its bound: 27 s in all)
-    assert peer.wait(timeout=20) != 0, swarm.log("orphan")[-3000:]
+    assert swarm.peer_exit_code("orphan", timeout=20) != 0, swarm.log("orphan")[-3000:]
     log = swarm.log("orphan")
     assert "Traceback" not in log, log[-3000:]
     assert "the peer's DHT node stopped" in log.strip().splitlines()[-1], log[-2000:]
