@@ -17,9 +17,11 @@ gradient is the size of the digits supernet's at width 0.5 by default (what the 
 train).
 
     python -m benchmarks.swarm_scale [--peers 8 16 32 64] [--rounds 5] [--compute 2] [--bucket-sizes 20 5]
+        [--store-search values nodes]
 
-``--bucket-sizes`` runs every size with each DHT bucket size (Kademlia's k, also every lookup's beam)
-and compares them at each size.
+``--bucket-sizes`` runs every size with each DHT bucket size (Kademlia's k, also every lookup's beam),
+``--store-search`` with a store's search for nodes asking for values too (``values``, hivemind's) or
+not (``nodes``: :mod:`hivemind_adapter.store_search`), and each size's variants are compared.
 
 Needs root (cgroups, iptables). Every cgroup and rule it makes is removed, also on Ctrl-C.
 """
@@ -32,6 +34,7 @@ import functools
 import multiprocessing as mp
 import os
 import queue
+import shutil
 import signal
 import statistics
 import sys
@@ -121,6 +124,11 @@ class ThinOptions:
     cross_group: int
     cohort_size: int = 4
     bucket_size: int = DHT_BUCKET_SIZE  # the DHT's k and lookup beam (hivemind_adapter.dht)
+    store_search: str = "nodes"  # "values": a store's search for nodes downloads values, as hivemind's
+
+    @property
+    def variant(self) -> str:
+        return f"k={self.bucket_size}, store search {self.store_search}"
 
 
 @dataclass
@@ -152,8 +160,9 @@ def _thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, 
     (CGROUP_ROOT / cgroup / "cgroup.procs").write_text(str(os.getpid()))  # its p2pd and children follow
     torch.set_num_threads(1)
     dht = start_dht(
-        initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], bucket_size=opts.bucket_size
-    )
+        initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], bucket_size=opts.bucket_size,
+        nodes_only_store_search=opts.store_search == "nodes",
+    )  # fmt: skip
     averager = None
     try:
         dht.add_validators([MantaRecordValidator(TASK, aggregator_keys=SPEC.aggregator_keys)])
@@ -272,6 +281,7 @@ def _available_mib() -> float:
 class ScaleRow:
     peers: int
     bucket_size: int
+    variant: str
     cohorts: int
     started_s: float
     round_s: float
@@ -292,7 +302,10 @@ def run_size(n: int, opts: ThinOptions) -> ScaleRow:
     ready, results = ctx.Queue(), ctx.Queue()
     accounts = PeerAccounts(f"{os.getpid()}x{n}", n)
     go, done = FileFlag(accounts.flags / "go"), FileFlag(accounts.flags / "done")
-    boot = start_dht(host_maddrs=["/ip4/127.0.0.1/tcp/0"], bucket_size=opts.bucket_size)
+    boot = start_dht(
+        host_maddrs=["/ip4/127.0.0.1/tcp/0"], bucket_size=opts.bucket_size,
+        nodes_only_store_search=opts.store_search == "nodes",
+    )  # fmt: skip
     procs = []
     try:
         initial = visible_maddrs(boot)
@@ -343,6 +356,7 @@ def run_size(n: int, opts: ThinOptions) -> ScaleRow:
         return ScaleRow(
             peers=n,
             bucket_size=opts.bucket_size,
+            variant=opts.variant,
             cohorts=max((f.cohorts for f in figures.values()), default=0),
             started_s=started,
             round_s=statistics.median(rounds) if rounds else float("nan"),
@@ -409,14 +423,18 @@ def main(argv=None) -> int:
         "--bucket-sizes", type=int, nargs="+", default=[DHT_BUCKET_SIZE],
         help=f"the DHT's k (lookup beam) to run each size with; hivemind's default is 20, MANTA's {DHT_BUCKET_SIZE}",
     )  # fmt: skip
+    parser.add_argument(
+        "--store-search", nargs="+", choices=["nodes", "values"], default=["nodes"],
+        help="whether a store's search for nodes asks for nodes only (MANTA's) or values too (hivemind's)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    refused = None
     if min(args.bucket_sizes) < 5:
-        print(
-            "swarm_scale: --bucket-sizes must be at least 5 (hivemind's replicas per value)", file=sys.stderr
-        )
-        return 2
-    if os.geteuid() != 0:
-        print("swarm_scale: needs root (one cgroup and iptables rule per peer)", file=sys.stderr)
+        refused = "--bucket-sizes must be at least 5 (hivemind's replicas per value)"
+    elif os.geteuid() != 0 or shutil.which("iptables") is None:
+        refused = "needs root and iptables (`make system-tools`): a cgroup and rule per peer"
+    if refused:
+        print(f"swarm_scale: {refused}", file=sys.stderr)
         return 2
     start_orphan_reaper()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill cleans up as Ctrl-C does
@@ -425,21 +443,23 @@ def main(argv=None) -> int:
     print(f"command: python -m benchmarks.swarm_scale {' '.join(sys.argv[1:])}".rstrip())
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
     print(f"gradient: {numel * 4 / 1e6:.1f} MB ({len(shapes)} tensors); cohorts of 4; {args.rounds} rounds")
-    rows, did_not_fit = [], {}  # bucket size -> the smallest swarm that did not fit with it
-    for k, n in [(k, n) for k in args.bucket_sizes for n in args.peers]:
-        if n >= did_not_fit.get(k, n + 1):
+    rows, did_not_fit = [], {}  # variant -> the smallest swarm that did not fit with it
+    variants = [(k, search) for k in args.bucket_sizes for search in args.store_search]
+    for (k, search), n in [(v, n) for v in variants for n in args.peers]:
+        opts = ThinOptions(
+            shapes, args.rounds, args.compute, args.cross_group, bucket_size=k, store_search=search
+        )
+        if n >= did_not_fit.get(opts.variant, n + 1):
             continue
         try:
-            rows.append(
-                run_size(n, ThinOptions(shapes, args.rounds, args.compute, args.cross_group, bucket_size=k))
-            )
+            rows.append(run_size(n, opts))
         except DidNotFit as e:
             print(f"\n  {n} peers do not fit on this machine: {e}", flush=True)
-            did_not_fit[k] = n
+            did_not_fit[opts.variant] = n
             continue
         r = rows[-1]
         print(
-            f"  {n} peers, k={k}: median round {r.round_s:.1f} s, {r.committed:.0%} committed, "
+            f"  {n} peers, {opts.variant}: median round {r.round_s:.1f} s, {r.committed:.0%} committed, "
             f"{r.dht_requests:.0f} DHT requests and {r.sent_mb:.1f} MB sent per peer per round "
             f"(coordination: {r.control_kb:.0f} KB in {r.control_messages:.0f} messages), "
             f"{r.pss_mib:.0f} MiB per peer; aborts: {dict(r.reasons) or 'none'}\n"
@@ -450,25 +470,25 @@ def main(argv=None) -> int:
         return 1
     print()
     header = (
-        f"{'peers':>5} {'k':>3} {'cohorts':>7} {'start-up':>9} {'round':>7} {'committed':>9} "
+        f"{'peers':>5} {'variant':>26} {'cohorts':>7} {'start-up':>9} {'round':>7} {'committed':>9} "
         f"{'DHT req/peer/round':>18} {'x':>5} {'MB sent/peer/round':>18} {'x':>5} "
         f"{'control KB/peer/round':>21} {'x':>5} {'MiB/peer':>8} {'load':>5}"
     )
     print(header)
     print("-" * len(header))
     for r in rows:
-        base = next(b for b in rows if b.bucket_size == r.bucket_size)  # growth with n at the same k
+        base = next(b for b in rows if b.variant == r.variant)  # growth with n in the same variant
         print(
-            f"{r.peers:>5} {r.bucket_size:>3} {r.cohorts:>7} {r.started_s:>8.0f}s {r.round_s:>6.1f}s {r.committed:>9.0%} "
+            f"{r.peers:>5} {r.variant:>26} {r.cohorts:>7} {r.started_s:>8.0f}s {r.round_s:>6.1f}s {r.committed:>9.0%} "
             f"{r.dht_requests:>18.0f} {r.dht_requests / max(base.dht_requests, 1e-9):>4.1f}x "
             f"{r.sent_mb:>18.1f} {r.sent_mb / max(base.sent_mb, 1e-9):>4.1f}x "
             f"{r.control_kb:>21.0f} {r.control_kb / max(base.control_kb, 1e-9):>4.1f}x {r.pss_mib:>8.0f} {r.load:>5.1f}"
         )
-    for r in rows:  # each k against the first, at the same size
+    for r in rows:  # each variant against the first, at the same size
         first = next(b for b in rows if b.peers == r.peers)
         if r is not first:
             print(
-                f"{r.peers} peers, k={r.bucket_size} against k={first.bucket_size}: round "
+                f"{r.peers} peers, {r.variant} against {first.variant}: round "
                 f"{r.round_s / first.round_s:.2f}x, committed {first.committed:.0%} -> {r.committed:.0%}, "
                 f"DHT requests {r.dht_requests / max(first.dht_requests, 1e-9):.2f}x, "
                 f"control bytes {r.control_kb / max(first.control_kb, 1e-9):.2f}x"

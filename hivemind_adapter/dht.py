@@ -31,6 +31,7 @@ from hivemind_adapter.p2p_sockets import daemon_socket_files, remove_dead_daemon
 from hivemind_adapter.process_answers import NoAnswerWithin, ProcessEnded, await_answer
 from hivemind_adapter.process_identity import is_running, start_ticks
 from hivemind_adapter.process_locks import install_death_safe_locks
+from hivemind_adapter.store_search import ask_for_nodes_only, install_nodes_only_store_search
 from hivemind_adapter.stream_openings import install_quiet_stream_openings
 from hivemind_adapter.task_reports import quiet_expected_task_endings
 from protocol.identity import Identity
@@ -232,14 +233,18 @@ def start_dht(
     validators: Sequence[Any] = (),
     in_thread: bool = True,
     bucket_size: int = DHT_BUCKET_SIZE,
+    nodes_only_store_search: bool = True,
 ) -> hivemind.DHT:
     """A running DHT node and its p2pd daemon, whose peer id is made from ``libp2p_key`` (a fresh key
     if None; see :mod:`protocol.peer_keys`), served from a thread of this process (``in_thread``) or
-    from a process of its own; ``bucket_size``: see :data:`DHT_BUCKET_SIZE`. SwarmUnreachable if it
-    cannot join."""
+    from a process of its own; ``bucket_size``: see :data:`DHT_BUCKET_SIZE`;
+    ``nodes_only_store_search``: see :mod:`hivemind_adapter.store_search` (for this whole process).
+    SwarmUnreachable if it cannot join."""
     _hivemind_logs_follow_manta()
     quiet_expected_task_endings()
     install_control_counting()  # before the node and any averager register their handlers
+    install_nodes_only_store_search()
+    ask_for_nodes_only(nodes_only_store_search)
     install_death_safe_locks()  # a node's first hivemind process is its DHT's: the tree shares them
     install_quiet_stream_openings()
     daemons_before = daemon_socket_files()
