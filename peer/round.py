@@ -40,6 +40,7 @@ from peer.round_types import (
     RoundReport,
     RoundWork,
 )
+from peer.swarm_progress import SUPERSEDED_READ_EVERY
 from peer.swarm_view import read_roster
 from peer.worker_pool import WorkerPool
 from peer.worker_protocol import Compute, HostContribution
@@ -122,7 +123,7 @@ def _average(
         state_digest=start_digest,
         expected_peers=plan.roster,
         cohorts=plan.cohorts,
-        superseded=lambda: ctx.progress.swarm_round() > plan.round_index,
+        superseded=lambda: ctx.progress.swarm_round(max_age=SUPERSEDED_READ_EVERY) > plan.round_index,
         known_group=ctx.outer is not None,  # an inner step: the cohort meets as its roster says
     )
 
@@ -139,7 +140,7 @@ def take_outer_step(
     outer = ctx.outer.step(
         plan,
         ctx.outer.settings.period_of(plan.round_index),
-        superseded=lambda: ctx.progress.swarm_round() > plan.round_index,
+        superseded=lambda: ctx.progress.swarm_round(max_age=SUPERSEDED_READ_EVERY) > plan.round_index,
     )
     if outer is None:
         return None

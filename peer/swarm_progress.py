@@ -24,10 +24,13 @@ logger = logging.getLogger(__name__)
 
 PUBLISH_EVERY = 1.0  # seconds between this peer's progress records while it computes
 FRESH_MS = 10_000  # a progress record this recent (ms) shows which round its peer computes
-# How old a read of the board may be when it is looked at again. Records change once a second
-# (PUBLISH_EVERY) and are extrapolated by their throughput in between, so reading at every look
-# would only fetch the same bytes again: a DHT read of every peer's record each time.
+# How old a read of the board may be when it is looked at again (each read fetches every peer's
+# record): READ_EVERY near the round's target; while computing, half the time the swarm needs to reach
+# it, at most READ_EVERY_MAX (others' records are extrapolated for at most 2 s, swarm_view.py);
+# SUPERSEDED_READ_EVERY for the averaging's check that the swarm moved on (a rare event).
 READ_EVERY = 0.5
+READ_EVERY_MAX = 2.0
+SUPERSEDED_READ_EVERY = 3.0
 # Another peer's progress record counts for at most this many times the most samples it contributed
 # to one of its recent committed rounds (plus two batches): its count is its word, and one record
 # claiming a huge count would otherwise end every peer's computation at once. One with no committed
@@ -82,6 +85,7 @@ class SwarmProgress:
         self._next_publish = 0.0
         self._records: list = []
         self._read_at = float("-inf")
+        self._look_read_age = READ_EVERY  # how old a read may be at the next look (see READ_EVERY)
         # peers in the last roster this peer read (itself included; its cohort's, with
         # ``rounds_by_cohort``), set by each round's plan; 0 until one was read
         self.roster_peers = 0
@@ -104,9 +108,9 @@ class SwarmProgress:
             return self.target / 2
         return HISTORY_FACTOR * max(history) + 2 * self.batch_size
 
-    def _read(self) -> list:
-        """Every peer's latest record, read from the DHT at most every :data:`READ_EVERY` s."""
-        if time.monotonic() - self._read_at >= READ_EVERY:
+    def _read(self, max_age: float = READ_EVERY) -> list:
+        """Every peer's latest record, read from the DHT if the last read is ``max_age`` s old."""
+        if time.monotonic() - self._read_at >= max_age:
             self._records, self._read_at = self.board.read(), time.monotonic()
         members = self.members
         return [r for r in self._records if members is None or r.public_key in members]
@@ -115,6 +119,7 @@ class SwarmProgress:
         self._round, self._cohort, self._state_round = round_index, cohort, state_round
         self._started = time.perf_counter()
         self._next_publish = 0.0
+        self._look_read_age = READ_EVERY
 
     def look(self, samples: float, loss_sum: float) -> SwarmEstimate:
         """Publish this host's ``samples`` (at most every :data:`PUBLISH_EVERY` s) and project the swarm's
@@ -126,18 +131,22 @@ class SwarmProgress:
         if time.perf_counter() >= self._next_publish:
             self._next_publish = time.perf_counter() + PUBLISH_EVERY
             self._publish(samples, rate, loss_sum)
-        records = self._read()
+        records = self._read(self._look_read_age)
         now_ms = int(time.time() * 1000)
         others, other_peers = swarm_samples(records, self._round, now_ms, self.peer_id, cap=self._cap)
         projected = samples + self.devices * self.batch_size + others + other_peers * self.batch_size / 2
+        swarm_rate = rate + sum(r.throughput_milli / 1000 for r in records if r.round == self._round)
+        to_target = max(0.0, self.target - projected) / max(swarm_rate, 1e-6)
+        self._look_read_age = min(READ_EVERY_MAX, max(READ_EVERY, to_target / 2))
         return SwarmEstimate(samples, others, projected, rate, self._latest_round(records, now_ms))
 
-    def swarm_round(self, fresh_ms: int = FRESH_MS) -> int:
+    def swarm_round(self, fresh_ms: int = FRESH_MS, max_age: float = READ_EVERY) -> int:
         """The latest round another peer's progress record of the last ``fresh_ms`` shows it computing
-        (-1: none). A peer publishes its last record of a round when its computation ends, and then
-        averages: with ``fresh_ms`` up to :data:`~peer.swarm_view.PROGRESS_TTL` (how long records stay),
-        this is also the round the swarm is still averaging."""
-        return self._latest_round(self._read(), int(time.time() * 1000), fresh_ms)
+        (-1: none), from a read at most ``max_age`` s old. A peer publishes its last record of a round
+        when its computation ends, and then averages: with ``fresh_ms`` up to
+        :data:`~peer.swarm_view.PROGRESS_TTL` (how long records stay), this is also the round the swarm
+        is still averaging."""
+        return self._latest_round(self._read(max_age), int(time.time() * 1000), fresh_ms)
 
     def _latest_round(self, records, now_ms: int, fresh_ms: int = FRESH_MS) -> int:
         """The latest round that two other peers show (:func:`protocol.corroboration.corroborated_max`):

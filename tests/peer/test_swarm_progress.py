@@ -8,7 +8,7 @@ import time
 import pytest
 
 from hivemind_adapter.dht import peer_id, speaker
-from peer.swarm_progress import FRESH_MS, SwarmProgress
+from peer.swarm_progress import FRESH_MS, READ_EVERY, READ_EVERY_MAX, SwarmProgress
 from peer.swarm_view import PROGRESS_TTL, ProgressBoard
 from protocol.identity import Identity
 from tests.helpers import two_task_dhts, wait_until
@@ -89,3 +89,27 @@ def test_a_liar_publishing_alone_while_the_others_average_is_not_the_swarms_roun
     )
     assert reader.swarm_round(fresh_ms=1000) == -1  # the liar alone is fresh; the honest peer is on the board
     assert reader.swarm_round(fresh_ms=int(PROGRESS_TTL * 1000)) == 6  # both count: the second highest
+
+
+def test_the_board_is_read_often_near_the_rounds_target_and_seldom_far_from_it(two_peers):
+    """Each read fetches every peer's record: a peer reads as often as the round's end needs, every
+    READ_EVERY s near the target, and at most every READ_EVERY_MAX s while the target is far off."""
+    reader, _ = two_peers
+    reads = []
+    read = reader.board.read
+    reader.board.read = lambda: reads.append(time.monotonic()) or read()  # the real read, counted
+    reader.throughput = 16.0  # samples/s, as its last round measured; the target is 256
+
+    def look_for(seconds: float, samples: int) -> int:
+        reads.clear()
+        reader.begin(3, "cohort-a", state_round=2)
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            reader.look(samples, 0.0)
+            time.sleep(0.1)
+        return len(reads)
+
+    far = look_for(5.0, 16)  # 224 samples to go at 16 samples/s: 14 s away
+    near = look_for(5.0, 224)  # one second away
+    assert far <= 1 + 5.0 / READ_EVERY_MAX, far
+    assert near >= 5.0 / READ_EVERY / 2 and near > 2 * far, (near, far)
