@@ -21,6 +21,8 @@ def test_four_thin_peers_commit_every_round():
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
-    summary = re.search(r"4 peers, k=\d+, store search nodes: median round [\d.]+ s, (\d+)% committed", run.stdout)
+    summary = re.search(
+        r"4 peers, k=\d+, store search nodes: median round [\d.]+ s, (\d+)% committed", run.stdout
+    )
     assert summary is not None, run.stdout[-2000:]
     assert int(summary.group(1)) == 100, run.stdout[-2000:]
