@@ -66,6 +66,21 @@ def _snapshot(watched: psutil.Process) -> dict[int, int]:
     return out
 
 
+def _daemon_sockets(pids: set[int]) -> set[Path]:
+    """The socket files that ``pids``, if p2pd daemons, listen on: read from their command lines
+    (``-listen=/unix/PATH``), which outlive a daemon that exits before the watcher kills it."""
+    temp, out = tempfile.gettempdir(), set()
+    for pid in pids:
+        try:
+            args = psutil.Process(pid).cmdline()
+        except psutil.Error:
+            continue
+        for arg in args:
+            if arg.startswith("-listen=/unix/") and _ours(path := arg[len("-listen=/unix") :], temp):
+                out.add(Path(path))
+    return out
+
+
 def _ours(path: str, temp: str) -> bool:
     """Whether ``path`` is a socket file hivemind or multiprocessing makes in the folder ``temp``."""
     if not path.startswith(temp + os.sep):  # most of the machine's sockets: one string test
@@ -164,7 +179,8 @@ def watch(pid: int, kept_folder: str | None = None) -> int:
     is read every :data:`FIRST_LOOK` s while it changes, then ever less often, up to every
     :data:`LAST_LOOK` s once it has been still a while (a peer starts its children as it starts); the
     namespace's socket table every :data:`SOCKETS_LOOK` s, and the tree's open files only when a socket
-    it may hold appeared there."""
+    it may hold appeared there. A p2pd daemon's socket is known from its command line as soon as the
+    daemon is seen: one may exit by itself once its parent is gone (a write to its closed stdout)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the watched process, not for us
     try:
         watched = psutil.Process(pid)
@@ -173,16 +189,22 @@ def watch(pid: int, kept_folder: str | None = None) -> int:
         return 0
     known: dict[int, int] = {}
     sockets = _SocketFiles()
+
+    def read_tree() -> dict[int, int]:  # what it sees is known from then on, a daemon's socket too
+        seen = _snapshot(watched)
+        sockets.files |= _daemon_sockets(seen.keys() - known.keys())
+        known.update(seen)
+        return seen
+
     interval, next_look = FIRST_LOOK, 0.0
     while True:
         if time.monotonic() >= next_look:
-            seen = _snapshot(watched)
-            grew = bool(seen.keys() - known.keys())
-            known.update(seen)
+            before = set(known)
+            grew = bool(read_tree().keys() - before)
             known = {p: t for p, t in known.items() if psutil.pid_exists(p)}
             interval = FIRST_LOOK if grew else min(LAST_LOOK, interval * 2)
             next_look = time.monotonic() + interval
-        sockets.look(lambda: [pid, *_snapshot(watched)])
+        sockets.look(lambda: [pid, *read_tree()])
         if exited(min(SOCKETS_LOOK, max(0.0, next_look - time.monotonic()))):
             break
     victims = []

@@ -4,6 +4,7 @@ a killed tree removes nothing: thousands piled up in /tmp)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -153,6 +154,43 @@ def test_a_killed_peer_s_whole_tree_leaves_no_socket_file(tmp_path):
     finally:
         if peer.poll() is None:
             peer.kill()
+
+
+def test_a_daemon_gone_before_its_killed_peer_leaves_no_socket_file(tmp_path):
+    """p2pd exits by itself within half a second of its peer's kill -9, leaving its socket file; the
+    reaper may not have read its open files by then (under load). A daemon's socket is known from its
+    command line: here a stand-in exits just after it listened, and its peer is killed at once."""
+    path = os.path.join(tempfile.gettempdir(), f"hivemind-p2pd-reaper-test-{os.getpid()}.sock")
+    daemon = textwrap.dedent(f"""
+        import os, socket, time
+        time.sleep(2.0)  # long after the reaper first read the tree
+        socket.socket(socket.AF_UNIX).bind({path!r})
+        os._exit(0)  # as a killed daemon: its socket file stays
+    """)
+    peer_code = textwrap.dedent(f"""
+        import subprocess, sys, time
+        from hivemind_adapter.runtime import start_orphan_reaper
+        start_orphan_reaper()
+        subprocess.Popen([sys.executable, "-c", {daemon!r}, "-listen=/unix{path}"])
+        time.sleep(60)
+    """)
+    peer = subprocess.Popen([sys.executable, "-c", peer_code], cwd=os.getcwd())
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert os.path.exists(path), "the stand-in daemon never listened"
+        os.kill(peer.pid, signal.SIGKILL)
+        peer.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not os.path.exists(path), "the daemon's socket file was left"
+    finally:
+        if peer.poll() is None:
+            peer.kill()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def test_the_reaper_removes_a_multiprocessing_folder_once_empty_unless_the_watched_process_had_it(tmp_path):
