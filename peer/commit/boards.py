@@ -18,6 +18,8 @@ from protocol.records import MAX_CHECKS_POSTED, MAX_PROOFS_POSTED, RoundCommit
 from protocol.sealing import RecordRejected, seal
 from protocol.verified_records import VerifiedRecords
 
+NEAR_WINDOW = 4  # attempts whose buckets latest_attempt(near=...) reads first, from near on
+
 
 class CommitBoard(Protocol):
     """Where participants post and read their end-of-attempt reports."""
@@ -38,10 +40,12 @@ class CommitBoard(Protocol):
         """peer id -> its latest record of ``attempt``, marker or report."""
         ...
 
-    def latest_attempt(self, peers: Collection[str] | None = None) -> int:
+    def latest_attempt(self, peers: Collection[str] | None = None, near: int | None = None) -> int:
         """The highest attempt anyone (of ``peers``, if given) ended recently, departure notices and
         markers aside (-1 if none): where the swarm (or those peers) last ended an attempt. A marker
-        is posted mid-attempt: counting it would end a newcomer's sit-out before the commit."""
+        is posted mid-attempt: counting it would end a newcomer's sit-out before the commit.
+        ``near``: an attempt the caller ended lately, where the answer most likely is (a hint that
+        may save reads, never changes the answer)."""
         ...
 
 
@@ -86,7 +90,7 @@ class DHTCommitBoard:
     def read_checks(self, attempt: int) -> dict[str, CommitReport]:
         return {peer: r for (a, peer), r in self._entries().items() if a == attempt}
 
-    def latest_attempt(self, peers: Collection[str] | None = None) -> int:
+    def latest_attempt(self, peers: Collection[str] | None = None, near: int | None = None) -> int:
         return max(
             (
                 a
@@ -103,7 +107,8 @@ class SignedCommitBoard:
     someone else's name.
 
     Reports are spread over :data:`~protocol.dht_schema.COMMIT_BUCKETS` keys by attempt: a read of
-    one attempt fetches one bucket; :meth:`latest_attempt` reads every bucket at once."""
+    one attempt fetches one bucket; :meth:`latest_attempt` reads the buckets of the
+    :data:`NEAR_WINDOW` attempts from ``near`` on, and every bucket only where those cannot tell."""
 
     def __init__(self, dht, task_id: str, speaker: Speaker, ttl: float = COMMIT_TTL):
         self.dht, self.task_id, self.speaker, self.ttl = dht, task_id, speaker, ttl
@@ -160,14 +165,22 @@ class SignedCommitBoard:
     def read(self, attempt: int) -> dict[str, CommitReport]:
         return {peer: r for peer, r in self.read_checks(attempt).items() if not r.checking}
 
-    def latest_attempt(self, peers: Collection[str] | None = None) -> int:
-        buckets = read_entries_of_keys(
-            self.dht, [commits_key(self.task_id, b) for b in range(COMMIT_BUCKETS)]
-        )
+    def latest_attempt(self, peers: Collection[str] | None = None, near: int | None = None) -> int:
+        # Attempts follow each other (each is one past the latest ended) and their records expire in
+        # the order they were posted: if the window holds an attempt from ``near`` on but not its last,
+        # no later attempt was ended. Otherwise (the swarm may be further on) every bucket is read.
+        if near is not None and near >= 0:
+            window = range(near, near + NEAR_WINDOW)
+            latest = self._latest_in([commits_key(self.task_id, a) for a in window], peers)
+            if near <= latest < window[-1]:
+                return latest
+        return self._latest_in([commits_key(self.task_id, b) for b in range(COMMIT_BUCKETS)], peers)
+
+    def _latest_in(self, keys: list[str], peers: Collection[str] | None) -> int:
         return max(
             (
                 r.attempt
-                for e in buckets
+                for e in read_entries_of_keys(self.dht, keys)
                 for r in self._open(e)
                 if not (r.left or r.checking) and (peers is None or r.peer_id in peers)
             ),

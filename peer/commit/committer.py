@@ -96,7 +96,7 @@ class RoundCommitter:
         peers = None if cohort_peers is None else frozenset(cohort_peers) | {self.peer_id}
         if peers is not None and self.everyone_posted == (after, peers):
             return after + 1
-        return max(after, self.board.latest_attempt(peers)) + 1
+        return max(after, self.board.latest_attempt(peers, near=after)) + 1
 
     # ------------------------------------------------------------------ posting
 

@@ -19,7 +19,8 @@ import torch
 from hivemind_adapter.dht import speaker
 from peer.averaging.outcome import AveragingOutcome
 from peer.catch_up import sit_out_running_attempt
-from peer.commit.boards import SignedCommitBoard
+from peer.commit import boards
+from peer.commit.boards import NEAR_WINDOW, SignedCommitBoard
 from peer.commit.quorum import (
     CommittedState,
     attempt_decided,
@@ -73,6 +74,28 @@ def test_attempts_that_share_a_bucket_are_read_apart_and_the_newest_is_found_in_
     assert reader.latest_attempt() == last
     writer.post(last + 2, CommitReport())  # an attempt run and failed, in another bucket
     assert reader.latest_attempt() == last + 2
+
+
+def test_the_latest_attempt_near_a_peers_last_reads_a_few_buckets_and_agrees_with_every_bucket(
+    two_boards, monkeypatch
+):
+    """A peer asks for the swarm's latest attempt once a round, near the attempt it just ended: the
+    buckets of NEAR_WINDOW attempts from there on tell, unless the swarm may be further on."""
+    writer, reader = two_boards
+    for attempt in range(10):
+        writer.post(attempt, CommitReport(ok=True, digest=f"{attempt:064x}"))
+    keys_read = []
+    read_keys = boards.read_entries_of_keys
+    monkeypatch.setattr(
+        boards, "read_entries_of_keys", lambda dht, keys: keys_read.append(len(keys)) or read_keys(dht, keys)
+    )
+    assert reader.latest_attempt(near=8) == 9 and keys_read == [NEAR_WINDOW]
+    keys_read.clear()
+    assert reader.latest_attempt(near=2) == 9  # attempts 2..5 all ended: the swarm may be further on
+    assert keys_read == [NEAR_WINDOW, COMMIT_BUCKETS]
+    for near in range(-1, 14):  # whatever the hint, the answer every bucket gives
+        assert reader.latest_attempt(near=near) == reader.latest_attempt() == 9, near
+        assert reader.latest_attempt(peers={reader.peer_id}, near=near) == -1, near
 
 
 def test_a_cohort_reads_where_its_own_peers_are_not_where_another_cohort_ran_ahead(two_boards):
