@@ -9,25 +9,30 @@ own start time, in clock ticks since boot (``/proc/PID/stat``), never changes. S
 from __future__ import annotations
 
 
-def start_ticks(pid: int) -> int | None:
-    """When process ``pid`` started, in clock ticks since boot; None if it is gone (or unreadable)."""
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (which may hold spaces), from the
+    state (field 3) on; None if the process is gone (or unreadable)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()  # after the command name, which may hold spaces
+            return stat.read().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
         return None
+
+
+def _start_of(fields: list[bytes] | None) -> int | None:
     try:
-        return int(fields[19])  # field 22 of the line; fields[0] is field 3 (the state)
+        return int(fields[19]) if fields is not None else None  # field 22 of the line
     except (IndexError, ValueError):
         return None
+
+
+def start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot; None if it is gone (or unreadable)."""
+    return _start_of(_stat_fields(pid))
 
 
 def is_running(pid: int, started: int) -> bool:
     """Whether the process that started at ``started`` (:func:`start_ticks`) as ``pid`` still runs: not
     ended, not a zombie waiting for its parent to collect it, and not another process on a reused pid."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-        return fields[0] not in (b"Z", b"X") and int(fields[19]) == started
-    except (OSError, IndexError, ValueError):
-        return False
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] not in (b"Z", b"X") and _start_of(fields) == started
