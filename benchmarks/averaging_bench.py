@@ -249,8 +249,13 @@ def main(argv=None) -> int:
             f"{name:<32} {t:>9.3f} {args.mb / t:>8.0f} {t / ref:>7.1f}x {flat / t:>16.2f}x {results[name][1]:>6}"
         )
     hier = medians["(iii) MANTA hierarchical"]
-    verdict = "met" if flat / hier >= 2.0 else "NOT met"
-    print(f"\ntarget: (iii) at least 2x faster than (ii): {flat / hier:.2f}x, {verdict}")
+    print()
+    for target, ratio, met in (
+        ("(iii) at most 5x (i)", hier / ref, hier <= 5.0 * ref),
+        ("(iii) faster than (ii)", flat / hier, hier < flat),
+        ("(iii) at least 2x faster than (ii), at 100 MB", flat / hier, flat / hier >= 2.0),
+    ):
+        print(f"target: {target}: {ratio:.2f}x, {'met' if met else 'NOT met'}")
     return 0
 
 

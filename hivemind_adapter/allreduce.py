@@ -63,23 +63,43 @@ class AllReduceBroke(MatchmakingException):
     apart (and hivemind's step still handles it as one)."""
 
 
-# hivemind's matchmaking re-reads its group key from the DHT as soon as the last read found no better
-# leader: while a peer waits for partners, one lookup (several DHT requests) follows another without
-# pause, which would be most of the swarm's DHT traffic. Spaced this far apart, a leader that declares
-# itself is still found well within one matchmaking period.
+# hivemind's matchmaking re-reads its group key as soon as the last read found no better leader:
+# unpaced, one lookup follows another while a peer waits. Partners of a stage declare themselves
+# within milliseconds of each other, so reads of a key start this soon and double up to the spacing.
+GROUP_KEY_FIRST_REREAD = 0.05
 GROUP_KEY_READ_SPACING = 0.5
 
 
+class GroupKeyReadPace:
+    """When a group key may be read next: at once for a key not read before, then
+    :data:`GROUP_KEY_FIRST_REREAD` s after that read, each gap twice the last, at most
+    :data:`GROUP_KEY_READ_SPACING` s (times are an event loop's clock)."""
+
+    def __init__(self) -> None:
+        self.key, self.last, self.gap = None, float("-inf"), 0.0
+
+    def wait_before(self, key: object, now: float) -> float:
+        """Seconds to wait before reading ``key`` at ``now``; the read is then counted as made."""
+        if key != self.key:
+            self.key, self.gap = key, 0.0
+        elif self.gap == 0.0:
+            self.gap = GROUP_KEY_FIRST_REREAD
+        else:
+            self.gap = min(GROUP_KEY_READ_SPACING, 2.0 * self.gap)
+        wait = max(0.0, self.last + self.gap - now)
+        self.last = now + wait
+        return wait
+
+
 def _spaced_reads(key_manager) -> None:
-    """Let ``key_manager`` look its group key up at most every :data:`GROUP_KEY_READ_SPACING` s."""
+    """Let ``key_manager`` look each group key up at the pace of a :class:`GroupKeyReadPace`."""
     read = key_manager.get_averagers
-    last = [float("-inf")]
+    pace = GroupKeyReadPace()
 
     async def get_averagers(group_key, only_active: bool):
-        wait = last[0] + GROUP_KEY_READ_SPACING - asyncio.get_running_loop().time()
+        wait = pace.wait_before(group_key, asyncio.get_running_loop().time())
         if wait > 0:
             await asyncio.sleep(wait)
-        last[0] = asyncio.get_running_loop().time()
         return await read(group_key, only_active)
 
     key_manager.get_averagers = get_averagers

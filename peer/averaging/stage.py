@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Collection, Sequence
+from concurrent import futures
 from dataclasses import dataclass
 
 from hivemind_adapter.allreduce import (
@@ -198,7 +199,7 @@ class StageRunner:
             next_online = time.monotonic() + ONLINE_CHECK_SECONDS
             offline: set[str] = set()  # the units' peers gone from the roster, as last read
             while not control.done():
-                time.sleep(0.05)
+                futures.wait([control], timeout=0.05)  # wakes as soon as the step ends
                 averager.check_alive()  # a step of an ended process never finishes (AveragerGone)
                 # Only a step still looking for its group is cancelled: cancelling a running all-reduce
                 # races hivemind's own completion. A running one ends within its own timeouts.

@@ -1,8 +1,9 @@
 """Bounded waits on a commit board: for a quorum on this peer's result, for a group of three's
 confirmations, for the others to end an attempt. Each re-reads the board at a pace that follows the
-board (:class:`ReadPace`: every :data:`COMMIT_POLL_SECONDS` while reports arrive, ever less often,
-up to every :data:`COMMIT_POLL_MAX_SECONDS`, while none does) and asks which roster peers will never
-report at most every :data:`NEVER_POLL_SECONDS` (a roster read)."""
+board (:class:`ReadPace`: once soon after the first read, then every :data:`COMMIT_POLL_SECONDS`
+while reports arrive, ever less often, up to every :data:`COMMIT_POLL_MAX_SECONDS`, while none
+does) and asks which roster peers will never report at most every :data:`NEVER_POLL_SECONDS` (a
+roster read)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from peer.commit.quorum import (
 )
 from protocol.proof_attestation import Equivocation, find_equivocation, parse_tokens
 
+COMMIT_FIRST_REREAD_SECONDS = 0.025  # how soon a peer reads the board again after its first read
 COMMIT_POLL_SECONDS = 0.1  # how often a peer re-reads the board while reports arrive
 COMMIT_POLL_MAX_SECONDS = 0.8  # ... and at most, while none does
 NEVER_POLL_SECONDS = 2.0  # how often it asks which roster peers will never report (a roster read)
@@ -202,20 +204,25 @@ def await_attempt_decided(
 
 
 class ReadPace:
-    """When to read a board next: :data:`COMMIT_POLL_SECONDS` after a read that saw something new,
-    half as long again after each read that saw nothing new, at most :data:`COMMIT_POLL_MAX_SECONDS`;
-    never past ``deadline`` (a ``time.monotonic()`` value)."""
+    """When to read a board next: :data:`COMMIT_FIRST_REREAD_SECONDS` after the first read (a
+    partner's report often lands just after this peer's), :data:`COMMIT_POLL_SECONDS` after a read
+    that saw something new, half as long again after each read that saw nothing new, at most
+    :data:`COMMIT_POLL_MAX_SECONDS`; never past ``deadline`` (a ``time.monotonic()`` value)."""
 
     def __init__(self, deadline: float):
-        self.deadline, self.interval, self.seen = deadline, COMMIT_POLL_SECONDS, None
+        self.deadline, self.interval, self.seen, self.reads = deadline, COMMIT_POLL_SECONDS, None, 0
 
     def next_interval(self, seen: object = None) -> float:
         """The wait before the next read, given what this read saw (anything comparable)."""
-        if seen is not None and seen != self.seen:
+        self.reads += 1
+        if self.reads == 1:
+            self.seen, interval = seen, COMMIT_FIRST_REREAD_SECONDS
+        elif self.reads == 2 or (seen is not None and seen != self.seen):
             self.interval, self.seen = COMMIT_POLL_SECONDS, seen
+            interval = self.interval
         else:
-            self.interval = min(COMMIT_POLL_MAX_SECONDS, self.interval * 1.5)
-        return max(0.0, min(self.interval, self.deadline - time.monotonic()))
+            self.interval = interval = min(COMMIT_POLL_MAX_SECONDS, self.interval * 1.5)
+        return max(0.0, min(interval, self.deadline - time.monotonic()))
 
     def wait(self, seen: object = None) -> None:
         time.sleep(self.next_interval(seen))

@@ -1,17 +1,22 @@
-"""A commit wait reads the board often while reports arrive and ever less often while none does,
-never sleeping past its deadline."""
+"""A commit wait reads the board again soon after its first read, often while reports arrive and
+ever less often while none does, never sleeping past its deadline."""
 
 from __future__ import annotations
 
 import time
 
-from peer.commit.waits import COMMIT_POLL_MAX_SECONDS, COMMIT_POLL_SECONDS, ReadPace
+from peer.commit.waits import (
+    COMMIT_FIRST_REREAD_SECONDS,
+    COMMIT_POLL_MAX_SECONDS,
+    COMMIT_POLL_SECONDS,
+    ReadPace,
+)
 
 
 def test_reads_slow_down_while_nothing_new_arrives_and_speed_up_when_something_does():
     pace = ReadPace(time.monotonic() + 3600)
-    first = pace.next_interval(frozenset({"a"}))
-    assert first == COMMIT_POLL_SECONDS
+    assert pace.next_interval(frozenset({"a"})) == COMMIT_FIRST_REREAD_SECONDS < COMMIT_POLL_SECONDS
+    assert pace.next_interval(frozenset({"a"})) == COMMIT_POLL_SECONDS  # then the usual pace
     quiet = [pace.next_interval(frozenset({"a"})) for _ in range(12)]
     assert all(later > earlier for earlier, later in zip(quiet, quiet[1:5]))  # growing
     assert quiet[-1] == COMMIT_POLL_MAX_SECONDS  # up to the cap, not past it
