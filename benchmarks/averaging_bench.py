@@ -7,6 +7,7 @@
       node affinity reduces them with torch.distributed (gloo) and only one process per cohort takes
       part in the cross-cohort hivemind all-reduce (exact, verified and committed through the DHT,
       see peer/averaging/hierarchy.py); the result is then broadcast back inside the host with gloo.
+      Each agent serves its DHT node and averagers from its own threads, as `manta-peer` does.
       This is what a 2-worker peer (`--gpus all` on 2 GPUs, or 2 CPU workers) does in every round.
 
 Each round is timed from a barrier (all processes hold their local vector) until every process holds
@@ -128,8 +129,7 @@ def _agents_roster(dht, size: int) -> list[str]:
 
 def _hier_worker(rank, barrier, out, initial_peers, ports, numel, rounds, fp16):
     """Ranks 0,1 form host/cohort A, ranks 2,3 host/cohort B; the lower rank of each runs the peer agent."""
-    import hivemind
-
+    from hivemind_adapter.dht import start_dht
     from peer.averaging.factory import build_averager
     from peer.averaging.stage import AveragingTimeouts
 
@@ -137,8 +137,8 @@ def _hier_worker(rank, barrier, out, initial_peers, ports, numel, rounds, fp16):
     host, local_rank = divmod(rank, 2)
     agent = local_rank == 0
     averager = dht = None
-    if agent:
-        dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
+    if agent:  # the DHT node a peer runs: served from a thread of the agent, as the averagers are
+        dht = start_dht(initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
         averager = build_averager(
             dht,
             "bench_hier",
@@ -250,11 +250,12 @@ def main(argv=None) -> int:
         )
     hier = medians["(iii) MANTA hierarchical"]
     print()
-    for target, ratio, met in (
-        ("(iii) at most 5x (i)", hier / ref, hier <= 5.0 * ref),
-        ("(iii) faster than (ii)", flat / hier, hier < flat),
-        ("(iii) at least 2x faster than (ii), at 100 MB", flat / hier, flat / hier >= 2.0),
-    ):
+    targets = [("(iii) faster than (ii)", flat / hier, hier < flat)]
+    if args.mb <= 3:  # the digits gradient: the fixed cost around the bytes
+        targets.append(("(iii) at most 5x (i)", hier / ref, hier <= 5.0 * ref))
+    if args.mb >= 100:  # where the bytes dominate
+        targets.append(("(iii) at least 2x faster than (ii)", flat / hier, flat / hier >= 2.0))
+    for target, ratio, met in targets:
         print(f"target: {target}: {ratio:.2f}x, {'met' if met else 'NOT met'}")
     return 0
 

@@ -66,7 +66,7 @@ class AllReduceBroke(MatchmakingException):
 # hivemind's matchmaking re-reads its group key as soon as the last read found no better leader:
 # unpaced, one lookup follows another while a peer waits. Partners of a stage declare themselves
 # within milliseconds of each other, so reads of a key start this soon and double up to the spacing.
-GROUP_KEY_FIRST_REREAD = 0.05
+GROUP_KEY_FIRST_REREAD = 0.02
 GROUP_KEY_READ_SPACING = 0.5
 
 
