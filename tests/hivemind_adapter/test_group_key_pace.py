@@ -1,5 +1,5 @@
-"""Matchmaking reads a stage's group key at once, soon again (partners mostly arrive together) and
-then ever less often while nobody comes, at most :data:`GROUP_KEY_READ_SPACING` apart."""
+"""Matchmaking reads a stage's group key at once; a pair reads it soon again (partners mostly arrive
+together), then ever less often while nobody comes, at most :data:`GROUP_KEY_READ_SPACING` apart."""
 
 from __future__ import annotations
 
@@ -36,3 +36,17 @@ def test_the_next_stages_key_is_read_at_once_and_a_late_caller_does_not_wait():
     assert pace.wait_before("stage-b", last + 0.01) == 0.0  # a new key: partners may be waiting already
     assert pace.wait_before("stage-b", last + 0.01) == pytest.approx(GROUP_KEY_FIRST_REREAD)
     assert pace.wait_before("stage-b", last + 5.0) == 0.0  # its gap passed long ago
+
+
+def test_a_larger_group_reads_its_key_at_the_full_spacing_from_the_first_read():
+    """Early reads see some of the leaders that declared together; members joining different ones
+    would split the group, so only a pair reads its key again soon."""
+    pace = GroupKeyReadPace()
+    now = 0.0
+    times = []
+    for _ in range(4):
+        now += pace.wait_before("stage-of-four", now, pair=False)
+        times.append(now)
+    assert times == pytest.approx(
+        [0.0, GROUP_KEY_READ_SPACING, 2 * GROUP_KEY_READ_SPACING, 3 * GROUP_KEY_READ_SPACING]
+    )
