@@ -244,13 +244,14 @@ def slotted_centre(parts: Sequence[torch.Tensor], senders: Sequence[int], num_se
     return ClipResult(result.to(parts[0].dtype).reshape(parts[0].shape), tuple(named), 0.0)
 
 
-def without_negative_zeros(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """``tensors`` with every -0.0 made +0.0 (``t + 0.0``; nothing else changes). A reducer's sum
+def without_negative_zeros(tensors: list[torch.Tensor], *, in_place: bool = False) -> list[torch.Tensor]:
+    """``tensors`` with every -0.0 made +0.0 (``t + 0.0``, into ``tensors`` themselves if
+    ``in_place``; nothing else changes). A reducer's sum
     starts from +0.0 and -0.0 + 0.0 is +0.0 in IEEE arithmetic, so a -0.0 that a broadcast's head
     sends arrives as +0.0 however exact the rest is: equal values, different bytes, a different
     digest, and members would bar an honest head whose broadcast differs from the digest it announced.
     A head sends what reducers give back."""
-    return [t + 0.0 for t in tensors]
+    return [t.add_(0.0) if in_place else t + 0.0 for t in tensors]
 
 
 def capped_weights(w: torch.Tensor, max_weight_ratio: float) -> torch.Tensor:

@@ -79,7 +79,8 @@ class CrossCohortStage:
                     # the way down crosses the same lossy wires: values already in the codec's form
                     # cross unchanged, so every head ends with the bytes whose digest it announces
                     final = [roundtrip(self.compression, t) for t in final]
-                final = without_negative_zeros(final)  # as every reducer of a broadcast gives them back
+                # as every reducer of a broadcast gives them back (into the fresh tensors made above)
+                final = without_negative_zeros(final, in_place=True)
             except RoundAborted as e:
                 abort = str(e)
         for step in reversed(joined):

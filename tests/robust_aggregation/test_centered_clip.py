@@ -236,3 +236,5 @@ def test_a_broadcast_part_comes_back_byte_for_byte_once_its_negative_zeros_are_g
     back = centered_clip([clean, zeros, zeros], [1.0, 0.0, 0.0], RobustConfig()).value
     assert back.numpy().tobytes() == clean.numpy().tobytes()
     assert torch.equal(clean, head) and not bool(torch.signbit(clean[0]))
+    (same,) = without_negative_zeros([head.clone()], in_place=True)
+    assert same.numpy().tobytes() == clean.numpy().tobytes()
