@@ -9,21 +9,18 @@ training), then the hierarchical averaging (cohort, the cross-cohort tree of gro
 board's quorum. No workers, no state downloads, no receipts.
 
 Per swarm size it prints, over the measured rounds, per peer: the round time, the share of rounds
-that committed, DHT requests made, the coordination it sent (DHT requests and replies, matchmaking's
-join messages: :mod:`hivemind_adapter.control_traffic`), bytes sent (counted by the kernel: each
-peer's processes, its p2pd daemon included, sit in their own cgroup, and an iptables rule per cgroup
-counts their output), and memory (the proportional set size of all of a peer's processes). The
-gradient is the size of the digits supernet's at width 0.5 by default (what the swarm benchmarks
-train).
+that committed, DHT requests made, the coordination it sent (:mod:`hivemind_adapter.control_traffic`),
+bytes sent (counted by the kernel: each peer's processes, its p2pd included, sit in their own cgroup,
+and an iptables rule per cgroup counts their output), and memory (the proportional set size of all
+of a peer's processes). The gradient is the digits supernet's at width 0.5 by default.
 
     python -m benchmarks.swarm_scale [--peers 8 16 32 64] [--rounds 5] [--compute 2] [--bucket-sizes 20 5]
         [--store-search values nodes]
 
-``--bucket-sizes`` runs every size with each DHT bucket size (Kademlia's k, also every lookup's beam),
-``--store-search`` with a store's search for nodes asking for values too (``values``, hivemind's) or
-not (``nodes``: :mod:`hivemind_adapter.store_search`), and each size's variants are compared.
-
-Needs root (cgroups, iptables). Every cgroup and rule it makes is removed, also on Ctrl-C.
+``--bucket-sizes`` runs every size with each DHT bucket size (Kademlia's k, also every lookup's
+beam), ``--store-search`` with a store's search for nodes asking for values too (``values``,
+hivemind's) or not (``nodes``: :mod:`hivemind_adapter.store_search`); each size's variants are
+compared. Needs root (cgroups, iptables); every cgroup and rule it makes is removed, also on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -31,6 +28,7 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
+import gc
 import multiprocessing as mp
 import os
 import queue
@@ -299,6 +297,7 @@ class ScaleRow:
 
 def run_size(n: int, opts: ThinOptions) -> ScaleRow:
     ctx = mp.get_context("fork")
+    gc.freeze()  # as a peer forks its worker: the collector never dirties the imported objects' pages
     ready, results = ctx.Queue(), ctx.Queue()
     accounts = PeerAccounts(f"{os.getpid()}x{n}", n)
     go, done = FileFlag(accounts.flags / "go"), FileFlag(accounts.flags / "done")
@@ -395,6 +394,7 @@ def run_size(n: int, opts: ThinOptions) -> ScaleRow:
                 print(f"swarm_scale: the bootstrap DHT: {e!r}", file=sys.stderr)
         finally:
             accounts.close()
+            gc.unfreeze()  # what the thin peers shared is freed normally at exit
             signal.signal(signal.SIGINT, interrupt)
 
 
