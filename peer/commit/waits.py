@@ -210,19 +210,17 @@ class ReadPace:
     :data:`COMMIT_POLL_MAX_SECONDS`; never past ``deadline`` (a ``time.monotonic()`` value)."""
 
     def __init__(self, deadline: float):
-        self.deadline, self.interval, self.seen, self.reads = deadline, COMMIT_POLL_SECONDS, None, 0
+        self.deadline, self.interval, self.seen = deadline, None, None  # interval None: no read yet
 
     def next_interval(self, seen: object = None) -> float:
         """The wait before the next read, given what this read saw (anything comparable)."""
-        self.reads += 1
-        if self.reads == 1:
-            self.seen, interval = seen, COMMIT_FIRST_REREAD_SECONDS
-        elif self.reads == 2 or (seen is not None and seen != self.seen):
+        if self.interval is None:
+            self.interval, self.seen = COMMIT_FIRST_REREAD_SECONDS, seen
+        elif self.interval < COMMIT_POLL_SECONDS or (seen is not None and seen != self.seen):
             self.interval, self.seen = COMMIT_POLL_SECONDS, seen
-            interval = self.interval
         else:
-            self.interval = interval = min(COMMIT_POLL_MAX_SECONDS, self.interval * 1.5)
-        return max(0.0, min(interval, self.deadline - time.monotonic()))
+            self.interval = min(COMMIT_POLL_MAX_SECONDS, self.interval * 1.5)
+        return max(0.0, min(self.interval, self.deadline - time.monotonic()))
 
     def wait(self, seen: object = None) -> None:
         time.sleep(self.next_interval(seen))
