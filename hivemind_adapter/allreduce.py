@@ -270,6 +270,15 @@ class VerifiedAverager(
             if not future.done():
                 future.set_exception(e)
 
+    def set_min_group_size(self, size: int) -> None:
+        """Let a leader start the all-reduce of the next steps only with at least ``size`` members:
+        when its wait ends with fewer, it releases them and all go on looking (hivemind's rule)."""
+        self.ask("_set_min_group_size", size=int(size))
+
+    async def _set_min_group_size(self, size: int, future: MPFuture):
+        self._matchmaking.min_group_size = size
+        future.set_result(None)
+
     def set_admitted(self, peers: dict[str, str] | None) -> None:
         """Meet only ``peers`` (peer id -> MANTA public key hex, the roster as read for this attempt)
         in the next steps' matchmaking; None: anyone. Only with ``declarations``."""

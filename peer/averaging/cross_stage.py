@@ -124,11 +124,12 @@ class CrossCohortStage:
                 "members": [c.to_wire() for c in contributors],
                 "client": settings.client_mode,
             }
+            top = group.level == len(attempt.tree)  # its result is the attempt's: it must hold a quorum
             try:
                 gathered = self.stages.run(
                     self.averager, "cross", attempt.number, 0, group.size, attempt.state_digest,
                     level=group.level, group=group.index, patience=group.level, units=self._units(attempt, group),
-                    live=attempt.live, weight=weight, gather=report,
+                    live=attempt.live, weight=weight, gather=report, quorum_over=attempt.roster_size if top else 0,
                 )  # fmt: skip
             except NoGroup as e:
                 logger.info(f"attempt {attempt.number}: {e}; level {group.level} goes on with what it has")

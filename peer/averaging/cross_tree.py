@@ -73,3 +73,18 @@ def units_of(group: TreeGroup, num_cohorts: int, fanout: int = DEFAULT_FANOUT) -
         unit = path[group.level - 2].index if group.level > 1 else rank
         units.setdefault(unit, []).append(rank)
     return [units[u] for u in sorted(units)]
+
+
+def units_for_majority(unit_sizes: list[int], roster_size: int) -> int:
+    """The fewest units (of ``unit_sizes`` roster peers each) whose peers can be more than half of
+    ``roster_size``, at least 2: a top group of fewer can never hold a result that commits, and two
+    such groups formed apart (a split) leave no result a majority. 2 where the sizes are unknown;
+    one more than the units there are where even all of them are not enough."""
+    if not unit_sizes or roster_size <= 0:
+        return 2
+    peers = 0
+    for count, size in enumerate(sorted(unit_sizes, reverse=True), start=1):
+        peers += size
+        if 2 * peers > roster_size:
+            return max(2, count)
+    return len(unit_sizes) + 1

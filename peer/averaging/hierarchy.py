@@ -123,7 +123,8 @@ class HierarchicalAverager:
         tree = (
             cross_groups(cohort_rank, num_cohorts, self.settings.cross_group_size) if num_cohorts > 1 else []
         )
-        now = Attempt(attempt, state_digest, tree, cohort_peers, live)
+        roster = set(expected_peers) | {self.peer_id}
+        now = Attempt(attempt, state_digest, tree, cohort_peers, live, roster_size=len(roster))
         self._last = now
         self.guard.begin_attempt(attempt)
         try:
@@ -197,7 +198,7 @@ class HierarchicalAverager:
         except Exception as e:  # hivemind reports failures with many exception types; all mean "abort"
             outcome.reason = f"{type(e).__name__}: {e}"
             outcome.seconds.setdefault(stage[0], time.perf_counter() - stage[1])
-        return self._conclude(now, outcome, final, set(expected_peers) | {self.peer_id}, t_start)
+        return self._conclude(now, outcome, final, roster, t_start)
 
     def _cohort_stage(
         self,

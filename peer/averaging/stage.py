@@ -25,6 +25,7 @@ from hivemind_adapter.allreduce import (
     member_ids,
 )
 from hivemind_adapter.dht import dht_time
+from peer.averaging.cross_tree import units_for_majority
 from peer.averaging.deadlines import StageDeadlines
 from peer.commit.boards import CommitBoard
 
@@ -102,6 +103,7 @@ class StageRunner:
         self._sizes: dict[str, int] = {}
         self._allreduce_bounds: dict[str, float] = {}
         self._following: dict[str, bool] = {}
+        self._least: dict[str, int] = {}  # the averagers' smallest group (2, as built, where absent)
         self.superseded: Callable[[], bool] = lambda: False
         self.regrouped: list[str] = []  # this attempt's stages whose all-reduce broke and formed again
 
@@ -130,6 +132,7 @@ class StageRunner:
         patience: int = 1,
         units: Sequence[Collection[str]] = (),
         live: Collection[str] | None = None,
+        quorum_over: int = 0,
         **step,
     ) -> dict:
         """One hivemind step (``stage`` 0: a stage's own averaging, 1: a broadcast); returns the gathered
@@ -148,7 +151,10 @@ class StageRunner:
         ``live``: the peers that posted for this peer's previous attempt (None: unknown); the first
         step's wait for the whole group (:data:`GATHER_PERIODS`) waits only for units with a live
         peer. Once the group formed, its all-reduce may run as long as recent rounds suggest
-        (:meth:`~peer.averaging.deadlines.StageDeadlines.allreduce_bound`)."""
+        (:meth:`~peer.averaging.deadlines.StageDeadlines.allreduce_bound`). ``quorum_over``: the size
+        of the roster the group's result must hold a quorum of (0: none): the group starts only with
+        units whose peers can be one (:func:`.cross_tree.units_for_majority`, less the peers that
+        posted a departure notice), and once fewer units can still come, :class:`NoGroup`."""
         # A broadcast's receivers only follow: they must not form a group of their own without the
         # sender while it is still busy with the stage before.
         follow_only = stage == 1 and bool(watch)
@@ -169,10 +175,11 @@ class StageRunner:
             no_group += f" x {patience} (tree levels)"
         broken: Exception | None = None  # the all-reduce that broke once already, if one did
         first_step = True  # only the first waits for the whole group (GATHER_PERIODS)
-        departed, quiet = self._absent_units(attempt, units, live)
+        departed, quiet, least = self._absent_units(attempt, units, live, quorum_over=quorum_over)
+        self._hold_to(averager, name, least)
         expected = size - departed  # shrinks as units leave the attempt
-        if expected <= 1 < size:
-            raise NoGroup(f"{kind} stage: every other member left attempt {attempt} or is barred here")
+        if expected < least and size > 1:
+            raise NoGroup(_too_few(kind, attempt, expected, least))
         while True:
             remaining = deadline - time.monotonic()
             # hivemind refuses a step whose matchmaking period would not end before its timeout (it
@@ -180,7 +187,7 @@ class StageRunner:
             if remaining <= self.timeouts.matchmaking + 0.5:
                 raise self._no_group(no_group, broken)
             gathering = first_step  # this step waits for the whole group
-            target = self._target(expected, quiet, gathering)
+            target = max(least, self._target(expected, quiet, gathering))
             if self._sizes.get(name) != target:
                 averager.set_target_group_size(target)
                 self._sizes[name] = target
@@ -234,23 +241,24 @@ class StageRunner:
                     if stage == 0 and self.superseded():
                         cancel_step(control)
                         raise RoundAborted(f"{name} stage abandoned: the swarm moved on to a later round")
-                    departed, quiet = self._absent_units(attempt, units, live, offline)
+                    departed, quiet, now_least = self._absent_units(
+                        attempt, units, live, offline, quorum_over
+                    )
                     coming = size - departed
-                    if coming < expected:
-                        logger.info(
-                            f"attempt {attempt}: {kind} stage: {size - coming} member(s) left the attempt or the "
-                            f"roster, or are barred here; "
-                            f"gathering {coming} of {size}"
-                        )
-                        expected = coming
-                        if expected <= 1:
-                            cancel_step(control)
-                            raise NoGroup(
-                                f"{kind} stage: every other member left attempt {attempt} or is barred here"
+                    if coming < expected or now_least != least:
+                        if coming < expected:
+                            logger.info(
+                                f"attempt {attempt}: {kind} stage: {size - coming} member(s) left the attempt or "
+                                f"the roster, or are barred here; gathering {coming} of {size}"
                             )
+                        expected, least = coming, now_least
+                        self._hold_to(averager, name, least)
+                        if expected < least:
+                            cancel_step(control)
+                            raise NoGroup(_too_few(kind, attempt, expected, least))
                         # Not cancelled and stepped again: members that already joined stay joined, and a
                         # group that is not full begins when its leader's wait ends (GATHER_PERIODS).
-                        target = self._target(expected, quiet, gathering)
+                        target = max(least, self._target(expected, quiet, gathering))
                         averager.set_target_group_size(target)
                         self._sizes[name] = target
             try:
@@ -316,17 +324,41 @@ class StageRunner:
         units: Sequence[Collection[str]],
         live: Collection[str] | None,
         offline: Collection[str] = (),
-    ) -> tuple[int, int]:
-        """``(departed, quiet)``: how many of ``units`` have every peer gone (a report of ``attempt``
-        on the board, which ends that peer's attempt; out of the roster, ``offline``; or barred here),
-        and how many others have no peer in ``live`` (0 if ``live`` is None). Markers are not
-        reports: a peer posts none while it is still in an attempt's stages."""
+        quorum_over: int = 0,
+    ) -> tuple[int, int, int]:
+        """``(departed, quiet, least)``: how many of ``units`` have every peer gone (a report of
+        ``attempt`` on the board, which ends that peer's attempt; out of the roster, ``offline``; or
+        barred here), how many others have no peer in ``live`` (0 if ``live`` is None), and the fewest
+        of the others whose peers can hold a quorum of the ``quorum_over`` roster peers less those
+        that posted a departure notice (2 without ``quorum_over``). Markers are not reports: a peer
+        posts none while it is still in an attempt's stages."""
         if len(units) < 2:
-            return 0, 0
-        left = set(self.board.read(attempt)) | set(offline) | set(self.barred())
+            return 0, 0, 2
+        reports = self.board.read(attempt)
+        left = set(reports) | set(offline) | set(self.barred())
         departed = [bool(unit) and set(unit) <= left for unit in units]
         quiet = 0
         if live is not None:
             live = set(live)
             quiet = sum(1 for unit, gone in zip(units, departed) if not gone and not set(unit) & live)
-        return sum(departed), quiet
+        least = 2
+        if quorum_over:  # a quorum counts the roster less the departure notices (peer.commit.quorum)
+            notices = {p for p, r in reports.items() if r.left} & {p for unit in units for p in unit}
+            sizes = [len(set(unit) - notices) for unit, gone in zip(units, departed) if not gone]
+            least = units_for_majority(sizes, quorum_over - len(notices))
+        return sum(departed), quiet, least
+
+    def _hold_to(self, averager: VerifiedAverager, name: str, least: int) -> None:
+        """Let ``averager``'s next steps start a group of ``least`` members or more only."""
+        if self._least.get(name, 2) != least:
+            averager.set_min_group_size(least)
+            self._least[name] = least
+
+
+def _too_few(kind: str, attempt: int, coming: int, least: int) -> str:
+    """Why a stage gives up before its group formed: fewer than ``least`` members can still come."""
+    if coming <= 1:
+        return f"{kind} stage: every other member left attempt {attempt} or is barred here"
+    return (
+        f"{kind} stage: only {coming} member(s) can still come, and fewer than {least} cannot hold a quorum"
+    )

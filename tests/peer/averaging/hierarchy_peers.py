@@ -34,15 +34,25 @@ def _crafted_masks(key: str) -> list[torch.Tensor]:
     return masks
 
 
-def _roster(dht, run_id: str, size: int) -> list[str]:
+def _roster(dht, run_id: str, size: int, rank: int = 0) -> list[str]:
     """Every peer's id, as the real roster (signed announcements) would list them: each peer posts its
-    own and waits (bounded) until all ``size`` are visible."""
-    store(dht, f"{run_id}_roster", True, 300.0, subkey=peer_id(dht))
+    own (with its cohort's ``rank``) and waits (bounded) until all ``size`` are visible."""
+    return sorted(_ranks(dht, run_id, size, rank))
+
+
+def _cohorts_of_one(dht, run_id: str, size: int, rank: int) -> list[tuple[str]]:
+    """:func:`_roster`, as the roster's peers of each cohort of one by rank (what a peer's plan passes)."""
+    ranks = _ranks(dht, run_id, size, rank)
+    return [(peer,) for peer in sorted(ranks, key=ranks.get)]
+
+
+def _ranks(dht, run_id: str, size: int, rank: int) -> dict[str, int]:
+    store(dht, f"{run_id}_roster", rank, 300.0, subkey=peer_id(dht))
     deadline = time.monotonic() + 60
     while len(found := read_entries(dht, f"{run_id}_roster")) < size:
         assert time.monotonic() < deadline, f"only {len(found)} of {size} peers posted their id"
         time.sleep(0.2)
-    return sorted(found)
+    return {peer: int(value) for peer, value in found.items()}
 
 
 def _outcome(res) -> dict:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
-from peer.averaging.cross_tree import TreeGroup, cross_groups, units_of
+from peer.averaging.cross_tree import TreeGroup, cross_groups, units_for_majority, units_of
 
 
 @pytest.mark.parametrize("fanout", [2, 3, 8])
@@ -58,3 +60,28 @@ def test_a_groups_units_hold_exactly_the_cohorts_that_climb_through_it(num_cohor
             for unit in units:
                 below = {cross_groups(r, num_cohorts, fanout)[level - 2] if level > 1 else r for r in unit}
                 assert len(below) == 1
+
+
+@pytest.mark.parametrize(
+    "sizes, roster, least",
+    [
+        ([4] * 8, 32, 5),  # 4 groups of 4 are half: a tie, no commit
+        ([4, 4], 8, 2),
+        ([5, 1, 1, 1], 8, 2),  # the large cohort and any other are a majority
+        ([1, 1, 1, 1], 4, 3),
+        ([1, 1], 2, 2),
+        ([], 32, 2),  # the cohorts' peers unknown: any group may form
+        ([2, 2], 9, 3),  # the roster holds peers no unit carries: even all units are no majority
+    ],
+)
+def test_a_top_group_needs_the_units_of_a_majority(sizes: list[int], roster: int, least: int):
+    assert units_for_majority(sizes, roster) == least
+
+
+@pytest.mark.parametrize("sizes", [[4] * 8, [5, 1, 1, 1], [3, 2, 2, 1, 1], [1] * 7])
+def test_every_group_of_the_least_size_or_more_may_hold_a_majority_and_no_smaller_one_can(sizes: list[int]):
+    roster = sum(sizes)
+    least = units_for_majority(sizes, roster)
+    for count in range(1, len(sizes) + 1):
+        best = max(sum(c) for c in itertools.combinations(sizes, count))
+        assert (2 * best > roster) == (count >= least) or count < 2
