@@ -34,10 +34,10 @@ def _crafted_masks(key: str) -> list[torch.Tensor]:
     return masks
 
 
-def _roster(dht, run_id: str, size: int, rank: int = 0) -> list[str]:
+def _roster(dht, run_id: str, size: int) -> list[str]:
     """Every peer's id, as the real roster (signed announcements) would list them: each peer posts its
-    own (with its cohort's ``rank``) and waits (bounded) until all ``size`` are visible."""
-    return sorted(_ranks(dht, run_id, size, rank))
+    own and waits (bounded) until all ``size`` are visible."""
+    return sorted(_ranks(dht, run_id, size, 0))
 
 
 def _cohorts_of_one(dht, run_id: str, size: int, rank: int) -> list[tuple[str]]:
@@ -47,6 +47,7 @@ def _cohorts_of_one(dht, run_id: str, size: int, rank: int) -> list[tuple[str]]:
 
 
 def _ranks(dht, run_id: str, size: int, rank: int) -> dict[str, int]:
+    """peer id -> the cohort rank it posted with its id (``rank`` for this peer's), once all ``size`` did."""
     store(dht, f"{run_id}_roster", rank, 300.0, subkey=peer_id(dht))
     deadline = time.monotonic() + 60
     while len(found := read_entries(dht, f"{run_id}_roster")) < size:
