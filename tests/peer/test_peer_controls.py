@@ -33,6 +33,9 @@ def _power(root, on_mains: bool) -> None:
     (root / "AC" / "online").write_text("1\n" if on_mains else "0\n")
 
 
+# Slow (57 s; make test-all): the control socket and the power policy run in test_run_policy; a paused
+# peer's CPU in benchmarks/idle_peer.py.
+@pytest.mark.slow
 def test_a_peer_pauses_and_resumes_on_request_and_on_battery_with_the_same_key(tmp_path):
     power = tmp_path / "power"
     _power(power, on_mains=True)
