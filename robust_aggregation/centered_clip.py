@@ -8,9 +8,10 @@ sender's part of the current slice and, once all of them are in, takes a robust 
 
 1. parts with a NaN or an infinity (or a weight that is not a finite number >= 0) are refused;
 2. the start is the coordinate-wise weighted median, which a minority cannot drag outside the range
-   of the honest values in any coordinate;
+   of the honest values in any coordinate (of two parts, their midpoint whatever their weights);
 3. the clipping radius is ``tau`` times the weighted median distance of the parts to that start: a
-   multiple of the honest spread, whatever the scale of the values (scale-free);
+   multiple of the honest spread, whatever the scale of the values (scale-free); of two parts,
+   ``tau`` times half their distance, so two honest parts give their weighted mean;
 4. CenteredClip iterates ``v <- v + sum_i w_i (x_i - v) min(1, radius / |x_i - v|) / sum_i w_i``: a
    part within the radius counts fully, one beyond it pulls by at most the radius times its weight;
 5. parts farther than ``drop_factor × radius`` from that centre are dropped, and the centre is
@@ -181,8 +182,12 @@ def centered_clip(
     w = torch.tensor([float(weights[i]) for i in active], dtype=torch.float64)
     w = capped_weights(w, config.max_weight_ratio)
 
-    start = _weighted_median(x, w)
-    radius = config.tau * float(_weighted_median(torch.linalg.vector_norm(x - start, dim=1)[:, None], w))
+    # Of two parts the median is their midpoint, whatever their weights: the weighted median of two
+    # unequal weights is the heavier part, whose distance 0 would make the radius 0 and the centre it.
+    median_weights = w if len(active) > 2 else torch.ones_like(w)
+    start = _weighted_median(x, median_weights)
+    distances_to_start = torch.linalg.vector_norm(x - start, dim=1)[:, None]
+    radius = config.tau * float(_weighted_median(distances_to_start, median_weights))
     if dtype.is_floating_point:
         info = torch.finfo(dtype)
         radius = max(radius, RADIUS_FLOOR_ULPS * info.eps * float(torch.linalg.vector_norm(start)), info.tiny)

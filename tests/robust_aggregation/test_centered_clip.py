@@ -141,6 +141,17 @@ def test_parts_of_a_few_values_are_clipped_but_no_finite_one_is_named():
         assert centered_clip(scalars, [1.0] * 3, CONFIG).outliers == ()
 
 
+def test_two_honest_parts_of_unequal_weight_give_exactly_their_weighted_mean():
+    """A pair (two members of a cohort, or two cohorts' heads) weighs its parts by samples, which
+    differ most rounds. The weighted median of two is the heavier part, at distance 0 from itself: a
+    radius taken from it would be 0, and the centre would be the heavier part alone."""
+    two = _honest(2, size=4096, seed=5)
+    for weights in ([3.0, 2.0], [2.0, 3.0], [33.0, 32.0], [64.0, 32.0]):
+        result = centered_clip(two, weights, CONFIG)
+        assert torch.equal(result.value, _mean64(two, weights)), weights
+        assert result.outliers == () and result.dropped == ()
+
+
 def test_no_part_is_named_without_at_least_two_that_agree():
     """Two cohorts' heads meet in a cross-cohort stage, weighted by their samples: the lighter is no
     outlier for being lighter (the weighted median sits on the heavier, at distance 0), nor is either
