@@ -23,7 +23,7 @@ from supernet.config import derive_seed
 SKETCH_SIZE = 16
 SKETCH_SCALE = 1e9
 SIGN_BITS = 16  # bits of one random word: the most projections a sketch has
-SKETCH_CHUNK = 1 << 16  # elements whose k signs are expanded at once
+WORDS = 1 << SIGN_BITS  # the distinct random words
 
 
 def sketch_seed(task_seed: int, round_index: int) -> int:
@@ -35,20 +35,17 @@ def gradient_sketch(tensors: Sequence[torch.Tensor], seed: int, k: int = SKETCH_
 
     Element ``i``'s signs are the ``k`` bits of one random word: one draw per element, not ``k``
     (a k x n sign matrix would cost ``k`` draws per element, every round of every peer and every
-    audit). A projection is ``2 * (sum of the elements whose bit is set) -
-    (sum of all)``, summed in float64 over chunks that bound the memory."""
+    audit). A projection is ``2 * (sum of the elements whose bit is set) - (sum of all)``; elements
+    are first summed by their word (float64), so the bits are expanded once per word, not per element."""
     if not 0 < k <= SIGN_BITS:
         raise ValueError(f"a sketch has 1 to {SIGN_BITS} projections")
     generator = torch.Generator().manual_seed(seed)
-    out = torch.zeros(k, dtype=torch.float64)
+    values = [t.detach().to("cpu", torch.float64).reshape(-1) for t in tensors]
+    words = [torch.randint(0, WORDS, (v.numel(),), generator=generator, dtype=torch.int32) for v in values]
+    by_word = torch.bincount(torch.cat(words), weights=torch.cat(values), minlength=WORDS)
     bits = torch.tensor([1 << j for j in range(k)], dtype=torch.int32)
-    for t in tensors:
-        flat = t.detach().to("cpu", torch.float64).reshape(-1)
-        words = torch.randint(0, 1 << SIGN_BITS, (flat.numel(),), generator=generator, dtype=torch.int32)
-        for start in range(0, flat.numel(), SKETCH_CHUNK):
-            x = flat[start : start + SKETCH_CHUNK]
-            set_bits = (words[start : start + SKETCH_CHUNK, None] & bits) != 0  # chunk x k
-            out += 2.0 * (x @ set_bits.to(torch.float64)) - x.sum()
+    set_bits = (torch.arange(WORDS, dtype=torch.int32)[:, None] & bits) != 0  # WORDS x k
+    out = 2.0 * (by_word @ set_bits.to(torch.float64)) - by_word.sum()
     return out.tolist()
 
 

@@ -38,6 +38,24 @@ def test_more_cohorts_than_subnetworks_scale_the_sum_back_to_k(net_and_cfg):
         cohort_configs(net, 3, cfg, 8, 8)
 
 
+def test_the_sketch_is_its_definition_so_receipts_signed_before_still_audit():
+    """Projection j is the sum of the elements times +1 where bit j of the element's word is set and
+    -1 elsewhere, the words drawn one per element, tensor after tensor, from the seed's generator.
+    Computed here with an explicit sign matrix; the sketch sums elements by word first."""
+    g = [torch.randn(64, 32), torch.randn(7), torch.randn(1000)]
+    seed = sketch_seed(7, 3)
+    generator = torch.Generator().manual_seed(seed)
+    words = torch.cat(
+        [torch.randint(0, 1 << 16, (t.numel(),), generator=generator, dtype=torch.int32) for t in g]
+    )
+    signs = torch.stack([((words >> j) & 1).to(torch.float64) * 2 - 1 for j in range(16)])  # 16 x n
+    expected = signs @ torch.cat([t.reshape(-1).to(torch.float64) for t in g])
+    assert torch.allclose(
+        torch.tensor(gradient_sketch(g, seed), dtype=torch.float64), expected, rtol=1e-12, atol=1e-9
+    )
+    assert gradient_sketch(g, seed, k=3) == pytest.approx(expected[:3].tolist(), rel=1e-12, abs=1e-9)
+
+
 def test_the_sketch_tolerates_rounding_but_not_a_rescaled_or_made_up_gradient():
     g = [torch.randn(64, 32), torch.randn(1000)]
     seed = sketch_seed(7, 3)
