@@ -20,6 +20,7 @@ from hivemind_adapter.wire_codecs import codec_for
 from peer.averaging.cross_stage import CrossCohortStage
 from peer.averaging.cross_tree import DEFAULT_FANOUT
 from peer.averaging.deadlines import StageDeadlines
+from peer.averaging.flat_vector import FlatLayout
 from peer.averaging.hierarchy import HierarchicalAverager
 from peer.averaging.known_cohort import KnownCohort, new_roll
 from peer.averaging.settings import AveragerSettings
@@ -88,7 +89,8 @@ def build_averager(
     if committer is None:
         board = DHTCommitBoard(dht, run_id, ttl=max(60.0, 3 * timeouts.commit))
         committer = committer_for(board, timeouts, online)
-    buffer = [torch.zeros(t.shape, dtype=t.dtype) for t in template]  # contiguous, whatever the template
+    layout = FlatLayout.of(template)
+    buffer = layout.zeros()  # the template's tensors end to end: parts of part_size_bytes, not one per tensor
     common = dict(
         min_group_size=2,
         min_matchmaking_time=timeouts.matchmaking,
@@ -120,7 +122,9 @@ def build_averager(
     )  # fmt: skip
     cross = CrossCohortStage(settings, cross_averager, stages, guard, checks, len(buffer))
     known = KnownCohort(run_id, cohort, settings.cohort_client_mode)
-    return HierarchicalAverager(settings, cohort_averager, cross, stages, committer, guard, checks, known)
+    return HierarchicalAverager(
+        settings, cohort_averager, cross, stages, committer, guard, checks, known, layout
+    )
 
 
 def cohort_tag(cohort: str) -> str:
