@@ -4,7 +4,9 @@ Runs the same local swarm (``manta-swarm --peers N --rounds R`` on the built-in 
 code of this checkout and with that of ``--baseline`` (checked out into a temporary git worktree with
 its own virtual environment, removed afterwards), one after the other, and prints per peer: the OS
 processes, the memory (PSS, all of a peer's processes, the median of ``manta-swarm``'s samples), the
-seconds from start to the first contribution, the swarm's rounds per minute and its compute share.
+seconds from start to the first contribution, the swarm's rounds per minute and its compute share, and
+the CPU seconds a peer's agent, workers and ``p2pd`` spend per round (read from ``/proc`` by this
+script between the 2nd round and the last, so any revision's swarm is measured the same way).
 
     python -m benchmarks.peer_footprint [--baseline e23a904] [--peers 3] [--rounds 8]
 """
@@ -22,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -32,9 +36,12 @@ def _swarm(checkout: Path, peers: int, rounds: int, run_dir: Path) -> dict:
     ]  # fmt: skip
     print(f"  $ (cd {checkout}) {' '.join(command[1:])}", flush=True)
     started = time.monotonic()
-    done = subprocess.run(command, cwd=checkout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if done.returncode != 0:
-        sys.exit(f"error: the swarm at {checkout} failed:\n{done.stdout[-2000:]}")
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(command, cwd=checkout, stdout=out, stderr=subprocess.STDOUT, text=True)
+        cpu = _cpu_per_round(proc, run_dir, peers, rounds)
+        if proc.wait() != 0:
+            out.seek(0)
+            sys.exit(f"error: the swarm at {checkout} failed:\n{out.read()[-2000:]}")
     summary = json.loads((run_dir / "summary.json").read_text())
     details = summary["peers_detail"]
     footprint = summary.get("footprint", {})
@@ -46,7 +53,59 @@ def _swarm(checkout: Path, peers: int, rounds: int, run_dir: Path) -> dict:
         "compute": summary["swarm"]["compute_utilization"],
         "committed": summary["swarm"]["peer_rounds_committed"],
         "wall_s": time.monotonic() - started,
+        **cpu,
     }
+
+
+ROLES = ("agent", "workers", "p2pd")
+
+
+def _rounds_reported(run_dir: Path) -> int:
+    return sum(len(f.read_text().splitlines()) for f in run_dir.glob("peer-*/rounds.jsonl") if f.exists())
+
+
+def _cpu_by_role(swarm: psutil.Process) -> dict[int, tuple[str, float]]:
+    """Each peer process's role and CPU seconds so far (the aggregator's are left out)."""
+    out = {}
+    for proc in swarm.children(recursive=True):
+        try:
+            command, parent = " ".join(proc.cmdline()), proc.parent()
+            times = proc.cpu_times()
+            parent_command = " ".join(parent.cmdline()) if parent is not None else ""
+        except psutil.Error:
+            continue
+        if "manta-aggregator" in command or "manta-aggregator" in parent_command:
+            continue
+        if "p2pd" in command:
+            role = "p2pd"
+        elif "manta-peer" in command:
+            role = "agent" if parent is not None and parent.pid == swarm.pid else "workers"
+        else:
+            continue  # the reaper and other helpers: a few ms
+        out[proc.pid] = (role, times.user + times.system)
+    return out
+
+
+def _cpu_per_round(proc: subprocess.Popen, run_dir: Path, peers: int, rounds: int) -> dict[str, float]:
+    """CPU seconds per peer and round, by role, over the rounds reported between two samples: after
+    every peer reported its first round, and before the swarm's last (start-up and shutdown left out)."""
+    swarm = psutil.Process(proc.pid)
+    first = last = None
+    while proc.poll() is None:
+        done = _rounds_reported(run_dir)
+        if first is None and done >= peers:
+            first = (done, _cpu_by_role(swarm))
+        elif first is not None and done < peers * (rounds - 1):
+            last = (done, _cpu_by_role(swarm))
+        time.sleep(0.5)
+    if first is None or last is None or last[0] <= first[0]:
+        return {f"cpu_{role}": float("nan") for role in ROLES}
+    peer_rounds = last[0] - first[0]
+    spent = dict.fromkeys(ROLES, 0.0)
+    for pid, (role, seconds) in last[1].items():
+        if pid in first[1]:
+            spent[role] += seconds - first[1][pid][1]
+    return {f"cpu_{role}": spent[role] / peer_rounds for role in ROLES}
 
 
 def check_revision(revision: str) -> None:
@@ -97,6 +156,9 @@ def main() -> None:
         ("first contribution (s after start)", "first_contribution_s", "{:.1f}"),
         ("rounds per minute", "rounds_per_min", "{:.2f}"),
         ("compute share", "compute", "{:.0%}"),
+        ("CPU s per peer-round: agent", "cpu_agent", "{:.2f}"),
+        ("CPU s per peer-round: workers", "cpu_workers", "{:.2f}"),
+        ("CPU s per peer-round: p2pd", "cpu_p2pd", "{:.2f}"),
         ("peer-rounds committed", "committed", "{:.0f}"),
     ]
     print(f"\n{'':38}{'baseline':>12}{'this':>12}{'this/baseline':>15}")

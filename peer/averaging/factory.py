@@ -33,12 +33,23 @@ from peer.guard.peer_guard import PeerGuard
 from protocol.task_spec import TaskSpec
 from robust_aggregation.centered_clip import RobustConfig
 
-# Parts of 4 MiB instead of hivemind's 512 KiB: 8x fewer messages per all-reduce, which dominates on
-# fast links (benchmarks/RESULTS.md, "Averaging: hierarchy against flat hivemind and gloo").
+# Parts of at most 4 MiB instead of hivemind's 512 KiB: 8x fewer messages per all-reduce, which
+# dominates on fast links (benchmarks/RESULTS.md, "Averaging: hierarchy against flat hivemind and gloo").
 PART_SIZE_BYTES = 4 * 2**20
-# Robust averaging keeps hivemind's 512 KiB: whole parts go to reducers, and a robust centre should
-# rest on several reducers' word, not one's.
+# Robust averaging keeps hivemind's 512 KiB at most: whole parts go to reducers, and a robust centre
+# should rest on several reducers' word, not one's.
 ROBUST_PART_SIZE_BYTES = 2**19
+# At least this many parts where the vector allows (parts of MIN_PART_BYTES or more): each part has one
+# reducer, so fewer parts than a group's members would leave some reducing nothing and others all.
+# One per member of a full cross-cohort group; each part more costs a robust agent about 9 ms a round.
+MIN_PARTS = DEFAULT_FANOUT
+MIN_PART_BYTES = 2**16
+
+
+def part_size_bytes(vector_bytes: int, robust: bool) -> int:
+    """The all-reduce part size for a vector of ``vector_bytes``: MIN_PARTS parts, within bounds."""
+    largest = ROBUST_PART_SIZE_BYTES if robust else PART_SIZE_BYTES
+    return max(MIN_PART_BYTES, min(largest, -(-vector_bytes // MIN_PARTS)))
 
 
 def committer_for(
@@ -98,7 +109,9 @@ def build_averager(
         next_chunk_timeout=timeouts.next_chunk,
         allreduce_timeout=timeouts.allreduce,
         allow_state_sharing=False,
-        part_size_bytes=PART_SIZE_BYTES if robust is None else ROBUST_PART_SIZE_BYTES,
+        part_size_bytes=part_size_bytes(
+            sum(b.numel() * b.element_size() for b in buffer), robust is not None
+        ),
         start=True,
     )
     if declarations is not None:
