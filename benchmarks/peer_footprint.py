@@ -6,7 +6,8 @@ its own virtual environment, removed afterwards), one after the other, and print
 processes, the memory (PSS, all of a peer's processes, the median of ``manta-swarm``'s samples), the
 seconds from start to the first contribution, the swarm's rounds per minute and its compute share, and
 the CPU seconds a peer's agent, workers and ``p2pd`` spend per round (read from ``/proc`` by this
-script between the 2nd round and the last, so any revision's swarm is measured the same way).
+script from the first round every peer reported to the next-to-last, so any revision's swarm is
+measured the same way).
 
     python -m benchmarks.peer_footprint [--baseline e23a904] [--peers 3] [--rounds 8]
 """

@@ -31,8 +31,7 @@ from hivemind.averaging.partition import TensorPartContainer, TensorPartReducer 
 
 from aggregator.task_publication import build_task_spec  # noqa: E402
 from hivemind_adapter.robust_reduce import RobustPartReducer  # noqa: E402
-from peer.averaging.factory import part_size_bytes  # noqa: E402
-from peer.averaging.flat_vector import FlatLayout  # noqa: E402
+from peer.averaging.factory import PART_SIZE_BYTES, ROBUST_PART_SIZE_BYTES  # noqa: E402
 from peer.averaging.known_cohort import new_roll  # noqa: E402
 from protocol.identity import Identity  # noqa: E402
 from robust_aggregation.alignment import MIN_VALUES, AlignmentRecord  # noqa: E402
@@ -183,19 +182,13 @@ def all_reduce(
     reducer's share reduced by MANTA's robust reducer (or hivemind's plain one), its
     ``records[position]`` consulted before and fed after, as ``ExactAllReduceRunner`` does."""
     n = len(means)
-    layout = FlatLayout.of(means[0])  # peer.averaging.factory: the tensors end to end, the roll last
-    tensors = []
-    for m in means:
-        flats = layout.zeros()
-        layout.pack_into(flats, m)
-        tensors.append([*flats, new_roll()])
+    tensors = [
+        [*m, new_roll()] for m in means
+    ]  # peer.averaging.factory's cohort averager holds the roll last
     total = sum(t.numel() for t in tensors[0])
     fractions = load_balance_peers(total, [None] * n)
-    part_size = part_size_bytes(sum(t.numel() * t.element_size() for t in tensors[0][:-1]), robust)
-    out = asyncio.run(_all_reduce(tensors, fractions, part_size, weights, robust, records, names))
-    if out.average is not None:
-        out.average = layout.split(out.average)
-    return out
+    part_size = ROBUST_PART_SIZE_BYTES if robust else PART_SIZE_BYTES
+    return asyncio.run(_all_reduce(tensors, fractions, part_size, weights, robust, records, names))
 
 
 async def _all_reduce(tensors, fractions, part_size, weights, robust, records, names) -> AllReduce:

@@ -1,8 +1,7 @@
 """The reducer's half of the exact all-reduce (:class:`~hivemind_adapter.exact_runner.ExactAllReduceRunner`
 is the member's half, built on this one).
 
-Contract: every sender of a part receives the same bytes, the averaged part itself (not a delta),
-and only a whole part: once a sender dropped out, the others get an error, not an average without it;
+Contract: every sender of a part receives the same bytes, the averaged part itself (not a delta);
 with a proving reducer (one with a ``proof_context``), one more message follows the parts: the proof
 of each part and this reducer's signature of their digest, the same bytes for every sender. A sender
 handed every reply closes the stream itself; the reducer keeps it open for up to
@@ -15,7 +14,6 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from hivemind.averaging.allreduce import AllReduceRunner, BannedException
-from hivemind.averaging.partition import AllreduceException
 from hivemind.compression import NoCompression, deserialize_torch_tensor, serialize_torch_tensor
 from hivemind.p2p import PeerID
 from hivemind.proto import averaging_pb2
@@ -74,7 +72,7 @@ class ReducerReplies(AllReduceRunner):
         self, stream: AsyncIterator[averaging_pb2.AveragingData], sender_index: int
     ) -> AsyncIterator[averaging_pb2.AveragingData]:
         loop = asyncio.get_event_loop()
-        parts_done, not_whole = 0, False
+        parts_done = 0
         try:
             async for part, weight, compression in amap_in_executor(
                 lambda msg: (
@@ -91,13 +89,6 @@ class ReducerReplies(AllReduceRunner):
                     )
                 except BannedException:
                     break  # this sender was already excluded; nothing more to reduce for it
-                if self.banned_senders:
-                    # the part lacks a sender that dropped out: a member handed it would hold a
-                    # partial all-reduce it takes for a whole one, and commit what this reducer does not
-                    not_whole = True
-                    raise AllreduceException(
-                        f"{len(self.banned_senders)} sender(s) dropped out: this reducer's parts are not whole"
-                    )
                 parts_done += 1
                 # The same averaged bytes go to every sender of this part: that is what makes results exact.
                 payload = await loop.run_in_executor(None, serialize_torch_tensor, averaged, compression)
@@ -111,7 +102,7 @@ class ReducerReplies(AllReduceRunner):
                 self._count(sent=len(message.tensor_part.buffer))
                 yield message
         finally:
-            if parts_done != self.tensor_part_reducer.num_parts and not not_whole:
+            if parts_done != self.tensor_part_reducer.num_parts:
                 await self._ban_sender(self.sender_peer_ids[sender_index])
 
     def seal_own_proofs(self) -> None:

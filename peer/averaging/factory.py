@@ -20,7 +20,6 @@ from hivemind_adapter.wire_codecs import codec_for
 from peer.averaging.cross_stage import CrossCohortStage
 from peer.averaging.cross_tree import DEFAULT_FANOUT
 from peer.averaging.deadlines import StageDeadlines
-from peer.averaging.flat_vector import FlatLayout
 from peer.averaging.hierarchy import HierarchicalAverager
 from peer.averaging.known_cohort import KnownCohort, new_roll
 from peer.averaging.settings import AveragerSettings
@@ -33,23 +32,12 @@ from peer.guard.peer_guard import PeerGuard
 from protocol.task_spec import TaskSpec
 from robust_aggregation.centered_clip import RobustConfig
 
-# Parts of at most 4 MiB instead of hivemind's 512 KiB: 8x fewer messages per all-reduce, which
-# dominates on fast links (benchmarks/RESULTS.md, "Averaging: hierarchy against flat hivemind and gloo").
+# Parts of 4 MiB instead of hivemind's 512 KiB: 8x fewer messages per all-reduce, which dominates on
+# fast links (benchmarks/RESULTS.md, "Averaging: hierarchy against flat hivemind and gloo").
 PART_SIZE_BYTES = 4 * 2**20
-# Robust averaging keeps hivemind's 512 KiB at most: whole parts go to reducers, and a robust centre
-# should rest on several reducers' word, not one's.
+# Robust averaging keeps hivemind's 512 KiB: whole parts go to reducers, and a robust centre should
+# rest on several reducers' word, not one's.
 ROBUST_PART_SIZE_BYTES = 2**19
-# At least this many parts where the vector allows (parts of MIN_PART_BYTES or more): each part has one
-# reducer, so fewer parts than a group's members would leave some reducing nothing and others all.
-# One per member of a full cross-cohort group; each part more costs a robust agent about 9 ms a round.
-MIN_PARTS = DEFAULT_FANOUT
-MIN_PART_BYTES = 2**16
-
-
-def part_size_bytes(vector_bytes: int, robust: bool) -> int:
-    """The all-reduce part size for a vector of ``vector_bytes``: MIN_PARTS parts, within bounds."""
-    largest = ROBUST_PART_SIZE_BYTES if robust else PART_SIZE_BYTES
-    return max(MIN_PART_BYTES, min(largest, -(-vector_bytes // MIN_PARTS)))
 
 
 def committer_for(
@@ -100,8 +88,7 @@ def build_averager(
     if committer is None:
         board = DHTCommitBoard(dht, run_id, ttl=max(60.0, 3 * timeouts.commit))
         committer = committer_for(board, timeouts, online)
-    layout = FlatLayout.of(template)
-    buffer = layout.zeros()  # the template's tensors end to end: parts of part_size_bytes, not one per tensor
+    buffer = [torch.zeros(t.shape, dtype=t.dtype) for t in template]  # contiguous, whatever the template
     common = dict(
         min_group_size=2,
         min_matchmaking_time=timeouts.matchmaking,
@@ -109,9 +96,7 @@ def build_averager(
         next_chunk_timeout=timeouts.next_chunk,
         allreduce_timeout=timeouts.allreduce,
         allow_state_sharing=False,
-        part_size_bytes=part_size_bytes(
-            sum(b.numel() * b.element_size() for b in buffer), robust is not None
-        ),
+        part_size_bytes=PART_SIZE_BYTES if robust is None else ROBUST_PART_SIZE_BYTES,
         start=True,
     )
     if declarations is not None:
@@ -135,9 +120,7 @@ def build_averager(
     )  # fmt: skip
     cross = CrossCohortStage(settings, cross_averager, stages, guard, checks, len(buffer))
     known = KnownCohort(run_id, cohort, settings.cohort_client_mode)
-    return HierarchicalAverager(
-        settings, cohort_averager, cross, stages, committer, guard, checks, known, layout
-    )
+    return HierarchicalAverager(settings, cohort_averager, cross, stages, committer, guard, checks, known)
 
 
 def cohort_tag(cohort: str) -> str:

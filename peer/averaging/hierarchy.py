@@ -33,7 +33,6 @@ from peer.averaging.broadcast import Broadcast, broadcast
 from peer.averaging.cross_stage import CrossCohortStage, confirm_three
 from peer.averaging.cross_tree import cross_groups
 from peer.averaging.deadlines import StageDeadlines
-from peer.averaging.flat_vector import FlatLayout
 from peer.averaging.known_cohort import KnownCohort
 from peer.averaging.outcome import Attempt, AveragingOutcome, Contributor, check_contributors, leader_of
 from peer.averaging.settings import AveragerSettings
@@ -64,10 +63,8 @@ class HierarchicalAverager:
         guard: PeerGuard,
         checks: PartnerChecks,
         known: KnownCohort,
-        layout: FlatLayout,
     ):
         self.settings, self.cohort, self.peer_id = settings, settings.cohort, settings.peer_id
-        self.layout = layout  # where the caller's tensors lie in the averagers' flat buffer
         self._cohort, self.cross, self.stages = cohort_averager, cross, stages
         self.commits, self.guard, self.checks, self._known = committer, guard, checks, known
         self._last: Attempt | None = None  # the last attempt this averager took part in
@@ -78,7 +75,7 @@ class HierarchicalAverager:
 
     @property
     def count(self) -> int:
-        """The flat tensors of the vector averaged (the cohort averager's buffer adds the roll)."""
+        """The tensors of the vector averaged (the cohort averager's buffer adds the roll)."""
         return self.cross.count
 
     # ------------------------------------------------------------------ the round
@@ -131,8 +128,7 @@ class HierarchicalAverager:
         self._last = now
         self.guard.begin_attempt(attempt)
         try:
-            with self._cohort.get_tensors() as buf:
-                self.layout.pack_into(buf, numerator)
+            buffers.load(self._cohort, numerator)
             members = self._cohort_stage(now, me, cohort_size, cohort_rank, known_group, outcome)
             outcome.seconds["cohort"] = time.perf_counter() - t_start
             if (noise := self._cohort.take_measured_noise()) is not None:
@@ -195,7 +191,6 @@ class HierarchicalAverager:
                         outcome.seconds.get("broadcast", 0.0) + time.perf_counter() - t0
                     )
                 break
-            final = self.layout.split(final)  # views of fresh flat tensors, in the caller's shapes
             outcome.digest = digest(final)
         except RoundAborted as e:
             outcome.reason = str(e)
