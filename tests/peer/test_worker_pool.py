@@ -85,6 +85,8 @@ def _busy_share(pool: WorkerPool, seconds: float) -> float:
     return (after.user + after.system - before.user - before.system) / wall
 
 
+# Slow (27 s; make test-all): it times two spawned pools. No default test covers --cpu-share.
+@pytest.mark.slow
 @pytest.mark.exclusive  # measures a CPU share: nothing else may run beside it
 def test_a_worker_lent_a_third_of_the_cpu_computes_about_a_third_of_the_time():
     """``--cpu-share``: after each mini-batch the worker rests twice as long as it took."""
