@@ -12,6 +12,10 @@ an unshaped link, so exactly that site's access link is crossed), it measures:
   may not fill the link (a flow is held near MSS / RTT * 1.22 / sqrt(loss)); a row that falls short
   where that bound is below the rate is shown, not judged.
 
+On a virtual machine the host may run other guests on this machine's cores ("steal" in
+``/proc/stat``); the relays and shapers then stop for milliseconds at a time. A rate or round trip off
+its setting while the host took more than 5 % of the CPU time is shown, not judged: measure again.
+
 The site always opens the connections, so NAT sites are measured the same way.
 """
 
@@ -36,6 +40,7 @@ RTT_TOLERANCE, RTT_SLACK_MS = 0.10, 2.0
 LOSS_TOLERANCE = 0.25
 MSS_BYTES = 1448
 PROBES_PER_SECOND = 5000
+HOST_STEAL_LIMIT = 0.05  # share of this machine's CPU time the host may take while a link is judged
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,42 @@ class _Pair:
                 f"a link probe failed on the measurement host: {server_err.strip().splitlines()[-1:]}"
             )
         return json.loads(server_out), json.loads(site_out)
+
+
+class HostSteal:
+    """The share of this machine's CPU time the host gave to others ("steal") between construction
+    and :meth:`share` (0 where ``/proc/stat`` has no such column)."""
+
+    def __init__(self) -> None:
+        self._start = self._read()
+
+    @staticmethod
+    def _read() -> tuple[int, int]:
+        try:
+            fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        except (OSError, ValueError):
+            return 0, 0
+        # user nice system idle iowait irq softirq steal [guest guest_nice: already in user and nice]
+        return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+    def share(self) -> float:
+        steal, total = self._read()
+        elapsed = total - self._start[1]
+        return (steal - self._start[0]) / elapsed if elapsed > 0 else 0.0
+
+
+def judged_under_steal(row: CheckRow, share: float) -> CheckRow:
+    """``row`` unjudged, with a note, when it is off while the host took more than HOST_STEAL_LIMIT of
+    this machine's CPU time (``share``)."""
+    if row.ok is not False or share <= HOST_STEAL_LIMIT:
+        return row
+    note = (
+        f"the host took {100 * share:.0f} % of this machine's CPU time during the measurement "
+        f"(steal), so the link's timing is not judged: measure again"
+    )
+    return CheckRow(
+        row.site, row.quantity, row.configured, row.measured, None, "; ".join(filter(None, (note, row.note)))
+    )
 
 
 def _within(measured: float, configured: float, tolerance: float, slack: float = 0.0) -> bool:
@@ -236,7 +277,13 @@ def check_site_link(
     for what in quantities:
         step, args = steps[what]
         progress(f"{spec.name}: measuring {what} ...")
-        rows.append(step(pair, spec, *args))
+        steal = HostSteal()
+        row = step(pair, spec, *args)
+        rows.append(
+            judged_under_steal(row, steal.share())
+            if what in ("round trip", "uplink rate", "downlink rate")
+            else row
+        )
     return rows
 
 

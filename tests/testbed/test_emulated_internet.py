@@ -41,9 +41,15 @@ def test_a_links_rate_and_round_trip_match_their_settings(tmp_path):
     scenario = uniform_scenario(1, 1, LinkProfile(20_000_000, 50_000_000, 15, 0, 0))
     machine = wait_for_a_quiet_machine()
     with EmulatedInternet(scenario, tmp_path, probe_host=True) as net:
-        rows = check_site_link(
-            net, scenario.sites[0], ("round trip", "uplink rate", "downlink rate"), progress=lambda _: None
-        )
+        for _ in range(3):  # a row measured while the host took the CPU (steal) is unjudged: again
+            rows = check_site_link(
+                net,
+                scenario.sites[0],
+                ("round trip", "uplink rate", "downlink rate"),
+                progress=lambda _: None,
+            )
+            if all(r.ok is not None for r in rows):
+                break
     assert [r.quantity for r in rows] == ["round trip", "uplink rate", "downlink rate"]
     assert all(r.ok for r in rows), "\n".join(
         [machine, *(f"{r.quantity}: {r.configured} vs {r.measured} {r.note}" for r in rows)]
