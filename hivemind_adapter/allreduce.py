@@ -180,6 +180,7 @@ class VerifiedAverager(
         self._robust = robust  # read by every runner the averager builds
         # the last tensors that hold one slot per sender (a robust reducer reduces them as such)
         self._slotted_tail = slotted_tail
+        self._whole_parts = True  # its reducer answers only with parts of every sender (set_whole_parts)
         # how each sender's parts pointed, across this averager's all-reduces: kept (and only ever
         # read) on the averager's loop, where its reducers run
         self._alignment = AlignmentRecord() if robust is not None else None
@@ -279,6 +280,17 @@ class VerifiedAverager(
         self._matchmaking.min_group_size = size
         future.set_result(None)
 
+    def set_whole_parts(self, whole: bool) -> None:
+        """Whether this averager's reducer answers, in the next steps, only with parts every sender
+        sent (the default: a member handed a part without a sender that dropped out would take a
+        partial all-reduce for a whole one). A broadcast's sender sets False: its receivers send
+        nothing that counts, and each checks what it got against the digest the sender announced."""
+        self.ask("_set_whole_parts", whole=bool(whole))
+
+    async def _set_whole_parts(self, whole: bool, future: MPFuture):
+        self._whole_parts = whole
+        future.set_result(None)
+
     def set_admitted(self, peers: dict[str, str] | None) -> None:
         """Meet only ``peers`` (peer id -> MANTA public key hex, the roster as read for this attempt)
         in the next steps' matchmaking; None: anyone. Only with ``declarations``."""
@@ -344,6 +356,7 @@ class VerifiedAverager(
             reply_alignment=self._reply_alignment,
             # a step over the last tensors only (a known group's confirmation) holds the same tail
             slotted_tensors=min(self._slotted_tail, len(tensors)),
+            whole_parts=self._whole_parts,
             signer=None if self._declarations is None else self._declarations.identity,
             public_keys=self._admission.peers,
             **kwargs,

@@ -1,7 +1,9 @@
 """The reducer's half of the exact all-reduce (:class:`~hivemind_adapter.exact_runner.ExactAllReduceRunner`
 is the member's half, built on this one).
 
-Contract: every sender of a part receives the same bytes, the averaged part itself (not a delta);
+Contract: every sender of a part receives the same bytes, the averaged part itself (not a delta),
+and only a whole part: once a sender dropped out, the others get an error, not an average without it
+(unless ``whole_parts`` is off: a broadcast, whose receivers send nothing that counts);
 with a proving reducer (one with a ``proof_context``), one more message follows the parts: the proof
 of each part and this reducer's signature of their digest, the same bytes for every sender. A sender
 handed every reply closes the stream itself; the reducer keeps it open for up to
@@ -14,6 +16,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from hivemind.averaging.allreduce import AllReduceRunner, BannedException
+from hivemind.averaging.partition import AllreduceException
 from hivemind.compression import NoCompression, deserialize_torch_tensor, serialize_torch_tensor
 from hivemind.p2p import PeerID
 from hivemind.proto import averaging_pb2
@@ -37,9 +40,10 @@ class ReducerReplies(AllReduceRunner):
     (its member's half adds those it accepted). ``wire_bytes``, set by the averager before the run:
     a :class:`~hivemind_adapter.findings.WireBytes` counter of tensor payload bytes (None: not counted)."""
 
-    def __init__(self, *args, signer: Identity | None = None, **kwargs):
+    def __init__(self, *args, signer: Identity | None = None, whole_parts: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
         self.signer = signer
+        self.whole_parts = whole_parts  # reply with no part a dropped-out sender is missing from
         # (digest, message): the proofs message as last sealed, the same for every sender
         self._sealed_proofs: tuple[str, averaging_pb2.AveragingData] | None = None
         self.attestations: list[ProofAttestation] = []
@@ -72,7 +76,7 @@ class ReducerReplies(AllReduceRunner):
         self, stream: AsyncIterator[averaging_pb2.AveragingData], sender_index: int
     ) -> AsyncIterator[averaging_pb2.AveragingData]:
         loop = asyncio.get_event_loop()
-        parts_done = 0
+        parts_done, not_whole = 0, False
         try:
             async for part, weight, compression in amap_in_executor(
                 lambda msg: (
@@ -89,6 +93,13 @@ class ReducerReplies(AllReduceRunner):
                     )
                 except BannedException:
                     break  # this sender was already excluded; nothing more to reduce for it
+                if self.whole_parts and self.banned_senders:
+                    # the part lacks a sender that dropped out: a member handed it would hold a
+                    # partial all-reduce it takes for a whole one, and commit what this reducer does not
+                    not_whole = True
+                    raise AllreduceException(
+                        f"{len(self.banned_senders)} sender(s) dropped out: this reducer's parts are not whole"
+                    )
                 parts_done += 1
                 # The same averaged bytes go to every sender of this part: that is what makes results exact.
                 payload = await loop.run_in_executor(None, serialize_torch_tensor, averaged, compression)
@@ -102,7 +113,7 @@ class ReducerReplies(AllReduceRunner):
                 self._count(sent=len(message.tensor_part.buffer))
                 yield message
         finally:
-            if parts_done != self.tensor_part_reducer.num_parts:
+            if parts_done != self.tensor_part_reducer.num_parts and not not_whole:
                 await self._ban_sender(self.sender_peer_ids[sender_index])
 
     def seal_own_proofs(self) -> None:

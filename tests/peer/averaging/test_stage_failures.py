@@ -23,6 +23,7 @@ from tests.peer.averaging.hierarchy_peers import (
     SHAPES,
     _grads,
     _outcome,
+    _ranks,
     _roster,
     _run,
     assert_survivors_hold_the_mean_of_all,
@@ -62,11 +63,15 @@ def _arm(dht) -> None:
     open(f"{_KilledInAnAllReduce.armed}.{peer_id(dht)}", "w").close()
 
 
-def _mortal_peer(dht, *, peers, cohort, rank, num_cohorts, seed, samples, victim, rounds, run_id):
+def _mortal_peer(
+    dht, *, peers, cohort, rank, num_cohorts, seed, samples, victim, rounds, run_id, client_mode=False
+):
     """A peer whose averagers die in their second all-reduce if it is the victim: ``victim`` is True,
-    or "last" for the peer with the largest id (never its cohort's leader)."""
+    or "last" for the peer with the largest id (never its cohort's leader). A ``client_mode`` peer
+    only sends its parts across cohorts (it cannot be reached), so it reduces none of them."""
     averager = build_averager(
-        dht, run_id, cohort, [torch.zeros(s) for s in SHAPES], timeouts=FAST, averager_type=_KilledInAnAllReduce
+        dht, run_id, cohort, [torch.zeros(s) for s in SHAPES], timeouts=FAST, averager_type=_KilledInAnAllReduce,
+        client_mode=client_mode,
     )  # fmt: skip
     try:
         roster = _roster(dht, run_id, peers)
@@ -120,6 +125,40 @@ def test_a_group_that_loses_a_member_inside_its_all_reduce_forms_again_without_i
         torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-5, atol=1e-6)
 
 
+def test_a_member_that_reduces_nothing_never_takes_an_all_reduce_without_a_lost_sender(tmp_path, monkeypatch):
+    # Three cohorts of one; v0 and v2 are in client mode (unreachable), so v1 reduces every part of
+    # their cross-cohort all-reduce. v2 dies as the first all-reduce starts. v1's average then lacks
+    # v2: v0 must not take it for the whole group's and commit what v1 does not; both meet again
+    # without v2 and commit the same mean of their two contributions.
+    names = {"v0": (20, 3, False, True), "v1": (21, 5, False, False), "v2": (22, 4, True, True)}
+    args = {
+        name: dict(
+            peers=3,
+            cohort=f"c{rank}",
+            rank=rank,
+            num_cohorts=3,
+            seed=seed,
+            samples=n,
+            victim=victim,
+            rounds=1,
+            run_id="hier-client-lost",
+            client_mode=client,
+        )  # fmt: skip
+        for rank, (name, (seed, n, victim, client)) in enumerate(names.items())
+    }
+    monkeypatch.setattr(_KilledInAnAllReduce, "armed", str(tmp_path / "armed"))
+    monkeypatch.setattr(_KilledInAnAllReduce, "at", 1)
+    results = _run("hier-client-lost", args, _mortal_peer, timeout=300)
+    assert results["v2"] is None, "the victim reported: it was not killed"
+    first = [results[n][0] for n in ("v0", "v1")]
+    assert all(r["committed"] for r in first), [(r["reason"], r["seconds"]) for r in first]
+    assert first[0]["digest"] == first[1]["digest"], [(r["contributors"], r["regrouped"]) for r in first]
+    assert all(len(r["contributors"]) == 2 for r in first)
+    want = [(_grads(20)[i] * 3 + _grads(21)[i] * 5) / 8 for i in range(len(SHAPES))]
+    for got, expected in zip(first[0]["tensors"], want):
+        torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-5, atol=1e-6)
+
+
 def _cohorts_with_a_faulty_member(
     run_id, tmp_path, monkeypatch, *, rounds, how="kill", at=2, num_cohorts=2
 ) -> dict:
@@ -157,6 +196,50 @@ def test_a_member_lost_inside_its_cohort_broadcast_costs_only_its_own_vote(tmp_p
     dead = [n for n, r in results.items() if r is None]
     assert len(dead) == 1, "exactly the victim must have died"
     assert_survivors_hold_the_mean_of_all([results[n][0] for n in PEERS if n not in dead])
+
+
+# name: (cohort rank, seed, samples): a cohort of three and one of two
+THREE_AND_TWO = {"q0": (0, 10, 3), "q1": (0, 11, 5), "q2": (0, 12, 2), "q3": (1, 13, 4), "q4": (1, 14, 6)}
+
+
+def _member_of_three(dht, *, rank, seed, samples, run_id):
+    """One round of :data:`THREE_AND_TWO`; the cohort of three's member with the largest id (never its
+    leader) dies as its second all-reduce starts: its leader's broadcast."""
+    averager = build_averager(
+        dht, run_id, f"c{rank}", [torch.zeros(s) for s in SHAPES], timeouts=FAST, averager_type=_KilledInAnAllReduce
+    )  # fmt: skip
+    try:
+        ranks = _ranks(dht, run_id, len(THREE_AND_TWO), rank)
+        roster = sorted(ranks)
+        if rank == 0 and peer_id(dht) == max(p for p, r in ranks.items() if r == 0):
+            _arm(dht)
+        res = averager.average(
+            0, [g * samples for g in _grads(seed)], samples, cohort_size=3 if rank == 0 else 2,
+            num_cohorts=2, cohort_rank=rank, expected_peers=roster,
+        )  # fmt: skip
+        return dict(_outcome(res), me=peer_id(dht))
+    finally:
+        averager.shutdown()
+
+
+def test_a_member_lost_inside_a_broadcast_to_three_costs_the_other_member_nothing(tmp_path, monkeypatch):
+    # The leader reduces every part of its broadcast alone (its receivers only follow). A receiver
+    # that dies sent nothing that counts: the other receiver still gets the vector, checks it against
+    # the digest its leader announced, and four of five commit the mean of all five.
+    monkeypatch.setattr(_KilledInAnAllReduce, "armed", str(tmp_path / "armed"))
+    args = {
+        name: dict(rank=r, seed=s, samples=n, run_id="hier-bcast-three")
+        for name, (r, s, n) in THREE_AND_TWO.items()
+    }
+    results = _run("hier-bcast-three", args, _member_of_three, timeout=300)
+    survivors = [r for r in results.values() if r is not None]
+    assert len(survivors) == 4, "exactly the victim must have died"
+    assert all(r["committed"] for r in survivors), [(r["reason"], r["seconds"]) for r in survivors]
+    assert len({r["digest"] for r in survivors}) == 1 and all(len(r["contributors"]) == 5 for r in survivors)
+    total = sum(n for _, _, n in THREE_AND_TWO.values())
+    want = [sum(_grads(s)[i] * n for _, s, n in THREE_AND_TWO.values()) / total for i in range(len(SHAPES))]
+    for got, expected in zip(survivors[0]["tensors"], want):
+        torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_a_member_that_missed_its_cohort_broadcast_meets_its_leader_again(tmp_path, monkeypatch):
