@@ -90,13 +90,11 @@ def _mortal_peer(
         averager.shutdown()
 
 
-def test_a_group_that_loses_a_member_inside_its_all_reduce_forms_again_without_it(tmp_path, monkeypatch):
-    # Three cohorts of one. The victim dies right as round 1's cross-cohort all-reduce starts (its
-    # second). The other two find the all-reduce broken (a sender that never sent, a reducer that never
-    # answered), wrote nothing, and meet again without it: the round costs the swarm the victim's
-    # contribution, not the round.
+def _three_cohorts_of_one(run_id: str, *, rounds: int, client_mode: tuple[bool, bool, bool]) -> dict:
+    """Arguments of :func:`_mortal_peer` for v0, v1 and v2, each a cohort of its own (seeds 20-22,
+    3, 5 and 4 samples); v2 is the victim."""
     names = {"v0": (20, 3, False), "v1": (21, 5, False), "v2": (22, 4, True)}
-    args = {
+    return {
         name: dict(
             peers=3,
             cohort=f"c{rank}",
@@ -105,12 +103,21 @@ def test_a_group_that_loses_a_member_inside_its_all_reduce_forms_again_without_i
             seed=seed,
             samples=n,
             victim=victim,
-            rounds=2,
-            run_id="hier-regroup",
-        )  # fmt: skip
-        for rank, (name, (seed, n, victim)) in enumerate(names.items())
+            rounds=rounds,
+            run_id=run_id,
+            client_mode=client,
+        )
+        for rank, ((name, (seed, n, victim)), client) in enumerate(zip(names.items(), client_mode))
     }
+
+
+def test_a_group_that_loses_a_member_inside_its_all_reduce_forms_again_without_it(tmp_path, monkeypatch):
+    # Three cohorts of one. The victim dies right as round 1's cross-cohort all-reduce starts (its
+    # second). The other two find the all-reduce broken (a sender that never sent, a reducer that never
+    # answered), wrote nothing, and meet again without it: the round costs the swarm the victim's
+    # contribution, not the round.
     monkeypatch.setattr(_KilledInAnAllReduce, "armed", str(tmp_path / "armed"))
+    args = _three_cohorts_of_one("hier-regroup", rounds=2, client_mode=(False, False, False))
     results = _run("hier-regroup", args, _mortal_peer, timeout=300)
     assert results["v2"] is None, "the victim reported: it was not killed"
     first = [results[n][0] for n in ("v0", "v1")]
@@ -130,23 +137,8 @@ def test_a_member_that_reduces_nothing_never_takes_an_all_reduce_without_a_lost_
     # their cross-cohort all-reduce. v2 dies as the first all-reduce starts. v1's average then lacks
     # v2: v0 must not take it for the whole group's and commit what v1 does not; both meet again
     # without v2 and commit the same mean of their two contributions.
-    names = {"v0": (20, 3, False, True), "v1": (21, 5, False, False), "v2": (22, 4, True, True)}
-    args = {
-        name: dict(
-            peers=3,
-            cohort=f"c{rank}",
-            rank=rank,
-            num_cohorts=3,
-            seed=seed,
-            samples=n,
-            victim=victim,
-            rounds=1,
-            run_id="hier-client-lost",
-            client_mode=client,
-        )  # fmt: skip
-        for rank, (name, (seed, n, victim, client)) in enumerate(names.items())
-    }
     monkeypatch.setattr(_KilledInAnAllReduce, "armed", str(tmp_path / "armed"))
+    args = _three_cohorts_of_one("hier-client-lost", rounds=1, client_mode=(True, False, True))
     monkeypatch.setattr(_KilledInAnAllReduce, "at", 1)
     results = _run("hier-client-lost", args, _mortal_peer, timeout=300)
     assert results["v2"] is None, "the victim reported: it was not killed"
