@@ -27,7 +27,7 @@ import select
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from testbed.wan.netns import TestbedError, in_namespace
@@ -128,9 +128,7 @@ def judged_under_steal(row: CheckRow, share: float) -> CheckRow:
         f"the host took {100 * share:.0f} % of this machine's CPU time during the measurement "
         f"(steal), so the link's timing is not judged: measure again"
     )
-    return CheckRow(
-        row.site, row.quantity, row.configured, row.measured, None, "; ".join(filter(None, (note, row.note)))
-    )
+    return replace(row, ok=None, note="; ".join(filter(None, (note, row.note))))
 
 
 def _within(measured: float, configured: float, tolerance: float, slack: float = 0.0) -> bool:
@@ -256,6 +254,7 @@ def _flow_and_link(sender: dict, before: LinkCounters, after: LinkCounters, dire
 
 
 QUANTITIES = ("round trip", "uplink loss", "downlink loss", "uplink rate", "downlink rate")
+TIMED_QUANTITIES = ("round trip", "uplink rate", "downlink rate")  # what host steal can put off
 
 
 def check_site_link(
@@ -279,11 +278,7 @@ def check_site_link(
         progress(f"{spec.name}: measuring {what} ...")
         steal = HostSteal()
         row = step(pair, spec, *args)
-        rows.append(
-            judged_under_steal(row, steal.share())
-            if what in ("round trip", "uplink rate", "downlink rate")
-            else row
-        )
+        rows.append(judged_under_steal(row, steal.share()) if what in TIMED_QUANTITIES else row)
     return rows
 
 
