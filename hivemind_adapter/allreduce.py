@@ -283,8 +283,8 @@ class VerifiedAverager(
     def set_whole_parts(self, whole: bool) -> None:
         """Whether this averager's reducer answers, in the next steps, only with parts every sender
         sent (the default: a member handed a part without a sender that dropped out would take a
-        partial all-reduce for a whole one). A broadcast's sender sets False: its receivers send
-        nothing that counts, and each checks what it got against the digest the sender announced."""
+        partial all-reduce for a whole one). False for a broadcast's head: its receivers send nothing
+        that counts, and each checks what it got against the digest the head announced."""
         self.ask("_set_whole_parts", whole=bool(whole))
 
     async def _set_whole_parts(self, whole: bool, future: MPFuture):

@@ -71,8 +71,6 @@ def broadcast(
             contributors=[c.to_wire() for c in spec.contributors],
             digest=digest(final) if final is not None else "",
         )
-    if i_head:  # a receiver that drops out sent nothing that counts: the others still get the vector
-        averager.set_whole_parts(False)
     try:
         gathered = stages.run(
             averager, spec.name, attempt.number, 1, spec.size, attempt.state_digest, level=spec.level,
@@ -86,9 +84,6 @@ def broadcast(
             f"attempt {attempt.number}: broadcast to the group this peer leads: {e}; it keeps its result"
         )
         return final, report
-    finally:
-        if i_head:
-            averager.set_whole_parts(True)
     lead_reports = [r for r in gathered.values() if r.get("lead")]
     if len(lead_reports) != 1:
         raise RoundAborted(f"broadcast group had {len(lead_reports)} leaders instead of 1")

@@ -103,6 +103,7 @@ class StageRunner:
         self._sizes: dict[str, int] = {}
         self._allreduce_bounds: dict[str, float] = {}
         self._following: dict[str, bool] = {}
+        self._whole_parts: dict[str, bool] = {}
         self._least: dict[str, int] = {}  # the averagers' smallest group (2, as built, where absent)
         self.superseded: Callable[[], bool] = lambda: False
         self.regrouped: list[str] = []  # this attempt's stages whose all-reduce broke and formed again
@@ -161,6 +162,12 @@ class StageRunner:
         if self._following.get(name, False) != follow_only:
             averager.set_follow_only(follow_only)
             self._following[name] = follow_only
+        # A broadcast's head answers even once a receiver dropped out (receivers send nothing that
+        # counts, and check the vector against its digest); every other reducer only with whole parts.
+        whole_parts = not (stage == 1 and not watch)
+        if self._whole_parts.get(name, True) != whole_parts:
+            averager.set_whole_parts(whole_parts)
+            self._whole_parts[name] = whole_parts
         bits = round_bits(attempt, stage, state_digest, level, group)
         kind = name if stage == 0 else "broadcast"
         chosen = self.deadlines.deadline(kind)
