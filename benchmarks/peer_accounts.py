@@ -1,6 +1,6 @@
 """Per-peer kernel accounts for benchmarks that run many thin peers on one host: one cgroup per peer
 (its processes, its ``p2pd`` included, join it), an iptables rule counting the bytes each cgroup
-sends, the proportional memory of each, and a kill of everything in them. Needs root."""
+sends, the CPU time and proportional memory of each, and a kill of everything in them. Needs root."""
 
 from __future__ import annotations
 
@@ -37,6 +37,15 @@ class PeerAccounts:
         out = _iptables("-L", self.chain, "-v", "-n", "-x")
         by_group = {line.split()[-1]: int(line.split()[1]) for line in out.splitlines() if " cgroup " in line}
         return [by_group.get(group, 0) for group in self.cgroups]
+
+    def cpu_seconds(self) -> list[float]:
+        """The CPU time each peer's processes used so far (its cgroup's ``usage_usec``, children included)."""
+        seconds = []
+        for group in self.cgroups:
+            stat = (CGROUP_ROOT / group / "cpu.stat").read_text()
+            usec = next(int(line.split()[1]) for line in stat.splitlines() if line.startswith("usage_usec"))
+            seconds.append(usec / 1e6)
+        return seconds
 
     def pss_mib(self) -> list[float]:
         """Each peer's proportional set size: its processes' share of the memory they use."""

@@ -1,7 +1,7 @@
 """Thin peers at 8, 16, 32 and 64: what a round's protocol costs each peer as the swarm grows.
 
-A thin peer runs everything of a round that crosses the network, exactly as a real peer does, and
-nothing else: a DHT node with MANTA's record validator, a signed announcement kept fresh in the
+A thin peer (:mod:`benchmarks.thin_peer`) runs everything of a round that crosses the network, exactly
+as a real peer does, and nothing else: a DHT node with MANTA's record validator, a signed announcement kept fresh in the
 roster, cohorts by node affinity (``max_group_size`` 4: every peer is on this host, so cohorts of 4),
 the progress board read and written while it "computes" (a fixed ``--compute`` seconds instead of
 training), then the hierarchical averaging (cohort, the cross-cohort tree of groups of at most
@@ -11,23 +11,23 @@ board's quorum. No workers, no state downloads, no receipts.
 Per swarm size it prints, over the measured rounds, per peer: the round time, the share of rounds
 that committed, DHT requests made, the coordination it sent (:mod:`hivemind_adapter.control_traffic`),
 bytes sent (counted by the kernel: each peer's processes, its p2pd included, sit in their own cgroup,
-and an iptables rule per cgroup counts their output), and memory (the proportional set size of all
-of a peer's processes). The gradient is the digits supernet's at width 0.5 by default.
+and an iptables rule per cgroup counts their output), the CPU time of a peer's processes (its
+cgroup's), and memory (the proportional set size of all of a peer's processes). The gradient is the digits supernet's at width 0.5 by default.
 
     python -m benchmarks.swarm_scale [--peers 8 16 32 64] [--rounds 5] [--compute 2] [--bucket-sizes 20 5]
-        [--store-search values nodes]
+        [--store-search values nodes] [--trace rounds.jsonl]
 
 ``--bucket-sizes`` runs every size with each DHT bucket size (Kademlia's k, also every lookup's
 beam), ``--store-search`` with a store's search for nodes asking for values too (``values``,
 hivemind's) or not (``nodes``: :mod:`hivemind_adapter.store_search`); each size's variants are
-compared. Needs root (cgroups, iptables); every cgroup and rule it makes is removed, also on Ctrl-C.
+compared. ``--trace`` has every peer append one JSON line per round to a file (its attempt, cohort,
+head, result, stage times, abort reason). Needs root (cgroups, iptables); every cgroup and rule it makes is removed, also on Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import functools
 import gc
 import multiprocessing as mp
 import os
@@ -44,197 +44,11 @@ from hivemind_adapter.runtime import prepare_process, start_orphan_reaper
 
 prepare_process()
 
-import hivemind  # noqa: E402
 import torch  # noqa: E402
-from hivemind.dht.protocol import DHTProtocol  # noqa: E402
 
-from benchmarks.peer_accounts import CGROUP_ROOT, PeerAccounts  # noqa: E402
-from hivemind_adapter.control_traffic import ControlTraffic, control_traffic  # noqa: E402
-from hivemind_adapter.dht import DHT_BUCKET_SIZE, peer_id, speaker, start_dht, visible_maddrs  # noqa: E402
-from hivemind_adapter.group_keys import DeclarationSigner  # noqa: E402
-from peer.affinity import assign_cohorts, cohort_sizes  # noqa: E402
-from peer.averaging.factory import build_averager, committer_for  # noqa: E402
-from peer.averaging.stage import AveragingTimeouts  # noqa: E402
-from peer.commit.boards import SignedCommitBoard  # noqa: E402
-from peer.swarm_progress import SwarmProgress  # noqa: E402
-from peer.swarm_view import Announcer, ProgressBoard, read_roster  # noqa: E402
-from protocol.dht_schema import MantaRecordValidator  # noqa: E402
-from protocol.identity import Identity  # noqa: E402
-from protocol.membership import MembershipCertificate  # noqa: E402
-from protocol.records import Affinity, DeviceInfo  # noqa: E402
-from protocol.sealing import seal  # noqa: E402
-from tests.protocol.factories import task_spec  # noqa: E402
-
-TASK = "scale"
-BENCH_AGGREGATOR = Identity.from_seed(
-    b"swarm-scale benchmark aggregator"
-)  # signs the thin peers' memberships
-SPEC = task_spec(BENCH_AGGREGATOR, TASK)
-LOOK_EVERY = 0.25  # as the real round looks at the swarm's progress while its workers train
-TIMEOUTS = AveragingTimeouts(
-    matchmaking=2.0, request=1.0, next_chunk=10.0, allreduce=120.0, step=60.0, commit=20.0
-)
-
-# DHT requests this process's DHT node makes, by kind (counted inside the DHT's own process).
-_REQUESTS: collections.Counter[str] = collections.Counter()
-
-
-def _counted(kind: str, call):
-    @functools.wraps(call)
-    async def counting(self, *args, **kwargs):
-        _REQUESTS[kind] += 1
-        return await call(self, *args, **kwargs)
-
-    return counting
-
-
-for _kind in ("call_ping", "call_store", "call_find"):
-    setattr(DHTProtocol, _kind, _counted(_kind, getattr(DHTProtocol, _kind)))
-
-
-async def _request_counts(_dht, _node) -> dict[str, int]:
-    return dict(_REQUESTS)
-
-
-# DHT reads and writes the round's own code asks for, in the thin peer's main process (the averagers'
-# matchmaking makes its own, in their processes): what the requests above serve.
-_ROUND_CALLS: collections.Counter[str] = collections.Counter()
-
-
-def _counted_sync(kind: str, call):
-    @functools.wraps(call)
-    def counting(*args, **kwargs):
-        _ROUND_CALLS[kind] += 1
-        return call(*args, **kwargs)
-
-    return counting
-
-
-hivemind.DHT.get = _counted_sync("get", hivemind.DHT.get)
-hivemind.DHT.store = _counted_sync("store", hivemind.DHT.store)
-
-
-@dataclass(frozen=True)
-class ThinOptions:
-    shapes: tuple[tuple[int, ...], ...]
-    rounds: int
-    compute: float
-    cross_group: int
-    cohort_size: int = 4
-    bucket_size: int = DHT_BUCKET_SIZE  # the DHT's k and lookup beam (hivemind_adapter.dht)
-    store_search: str = "nodes"  # "values": a store's search for nodes downloads values, as hivemind's
-
-    @property
-    def variant(self) -> str:
-        return f"k={self.bucket_size}, store search {self.store_search}"
-
-
-@dataclass
-class PeerFigures:
-    """What one thin peer measured over its rounds (sent back to the benchmark)."""
-
-    round_seconds: list[float] = field(default_factory=list)
-    committed: int = 0
-    reasons: list[str] = field(default_factory=list)
-    dht_requests: int = 0
-    requests_by_kind: dict[str, int] = field(default_factory=dict)
-    round_calls: dict[str, int] = field(default_factory=dict)
-    cohorts: int = 0
-    control: ControlTraffic = ControlTraffic()  # coordination it sent over its rounds
-
-
-def _certificate(identity: Identity, peer: str, serial: int) -> bytes:
-    """A thin peer's membership, issued by the benchmark's stand-in aggregator key (admission itself
-    is not what this benchmark measures)."""
-    now = int(time.time() * 1000)
-    certificate = MembershipCertificate(
-        task_id=TASK, member_key=identity.public_key_hex, peer_id=peer, serial=serial, policy="allow",
-        issued_ms=now, expires_ms=now + 6 * 3600 * 1000,
-    )  # fmt: skip
-    return seal(certificate, BENCH_AGGREGATOR)
-
-
-def _thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, done, results) -> None:
-    (CGROUP_ROOT / cgroup / "cgroup.procs").write_text(str(os.getpid()))  # its p2pd and children follow
-    torch.set_num_threads(1)
-    dht = start_dht(
-        initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], bucket_size=opts.bucket_size,
-        nodes_only_store_search=opts.store_search == "nodes",
-    )  # fmt: skip
-    averager = None
-    try:
-        dht.add_validators([MantaRecordValidator(TASK, aggregator_keys=SPEC.aggregator_keys)])
-        identity, me = Identity.generate(), peer_id(dht)
-        certificate = _certificate(identity, me, index)
-        announcer = Announcer(
-            dht, speaker(dht, identity), TASK, (DeviceInfo(kind="cpu", name="thin", memory_mb=0),),
-            Affinity(host_id="0" * 16, network_id="0" * 16), "auto", lambda: certificate, throughput=1.0,
-        )  # fmt: skip
-        announcer.announce()
-        announcer.keep_fresh()
-        progress = SwarmProgress(ProgressBoard(dht, TASK, speaker(dht, identity)), me, 64, 1, 10**9)
-        committer = committer_for(SignedCommitBoard(dht, TASK, speaker(dht, identity)), TIMEOUTS)
-        ready.put(index)
-        if not go.wait(timeout=900):
-            return
-        start_counts, start_calls = dht.run_coroutine(_request_counts), dict(_ROUND_CALLS)
-        start_control = control_traffic()
-        figures, attempt = PeerFigures(), -1
-        generator = torch.Generator().manual_seed(index)
-        for round_index in range(opts.rounds):
-            started = time.perf_counter()
-            roster = read_roster(dht, SPEC)
-            assignment = assign_cohorts([p.entry for p in roster], opts.cohort_size)
-            cohort = assignment.get(me, f"solo-{me[-8:]}")
-            cohort_ids = sorted(set(assignment.values()) | {cohort})
-            if averager is None or averager.cohort != cohort:
-                if averager is not None:
-                    averager.shutdown()
-                averager = build_averager(
-                    dht, TASK, cohort, [torch.zeros(s) for s in opts.shapes], timeouts=TIMEOUTS,
-                    committer=committer, cross_group_size=opts.cross_group,
-                    # as a real peer: signed matchmaking declarations, met only with the roster's peers
-                    declarations=DeclarationSigner(TASK, speaker(dht, identity)),
-                    admitted=lambda: {p.entry.peer_id: p.announcement.public_key for p in read_roster(dht, SPEC)},
-                )  # fmt: skip
-            attempt = committer.next_attempt(attempt)
-            progress.begin(round_index, cohort, round_index - 1)
-            samples, computing = 0, time.perf_counter()
-            while samples == 0 or time.perf_counter() - computing < opts.compute:
-                samples += 16
-                progress.look(samples, 0.0)
-                time.sleep(LOOK_EVERY)
-            progress.finish(samples, 0.0)
-            numerator = [torch.randn(s, generator=generator) for s in opts.shapes]
-            peers_of: dict[str, list[str]] = {cohort: [me]} if me not in assignment else {}
-            for peer, name in sorted(assignment.items()):
-                peers_of.setdefault(name, []).append(peer)
-            outcome = averager.average(
-                attempt, numerator, samples, cohort_size=cohort_sizes(assignment).get(cohort, 1),
-                num_cohorts=len(cohort_ids), cohort_rank=cohort_ids.index(cohort),
-                expected_peers=[p.entry.peer_id for p in roster],
-                cohorts=[tuple(peers_of[name]) for name in cohort_ids],  # as peer.round.plan_round does
-            )  # fmt: skip
-            if outcome.committed:
-                figures.committed += 1
-                committer.report_state(attempt, outcome.report(), outcome.digest)
-            else:
-                figures.reasons.append(outcome.reason)
-                averager.settle(attempt, [p.entry.peer_id for p in roster])
-            figures.round_seconds.append(time.perf_counter() - started)
-            figures.cohorts = len(cohort_ids)
-        end_counts = dht.run_coroutine(_request_counts)
-        figures.control = control_traffic() - start_control
-        figures.dht_requests = sum(end_counts.values()) - sum(start_counts.values())
-        figures.requests_by_kind = {k: v - start_counts.get(k, 0) for k, v in end_counts.items()}
-        figures.round_calls = {k: v - start_calls.get(k, 0) for k, v in _ROUND_CALLS.items()}
-        results.put((index, figures))
-        done.wait(timeout=600)  # stay in the swarm until every peer has finished its rounds
-    finally:
-        if averager is not None:
-            averager.shutdown()
-        dht.shutdown()
-
+from benchmarks.peer_accounts import PeerAccounts  # noqa: E402
+from benchmarks.thin_peer import PeerFigures, ThinOptions, thin_peer  # noqa: E402
+from hivemind_adapter.dht import DHT_BUCKET_SIZE, start_dht, visible_maddrs  # noqa: E402
 
 # ------------------------------------------------------------------ one swarm size
 
@@ -286,6 +100,7 @@ class ScaleRow:
     committed: float
     dht_requests: float
     sent_mb: float
+    cpu_s: float  # CPU seconds a peer's processes (its p2pd included) used per round
     control_kb: float  # coordination payload a peer sent per round (hivemind_adapter.control_traffic)
     control_messages: float
     pss_mib: float
@@ -314,7 +129,7 @@ def run_size(n: int, opts: ThinOptions) -> ScaleRow:
                 raise DidNotFit(batch, available)
             for i in range(batch, min(n, batch + START_BATCH)):
                 p = ctx.Process(
-                    target=_thin_peer, args=(i, initial, opts, accounts.cgroups[i], ready, go, done, results)
+                    target=thin_peer, args=(i, initial, opts, accounts.cgroups[i], ready, go, done, results)
                 )  # fmt: skip
                 p.start()
                 procs.append(p)
@@ -333,7 +148,7 @@ def run_size(n: int, opts: ThinOptions) -> ScaleRow:
             raise DidNotFit(n, available)
         started = time.monotonic() - t0
         time.sleep(5)  # announcements reach every roster
-        sent_before = accounts.bytes_sent()
+        sent_before, cpu_before = accounts.bytes_sent(), accounts.cpu_seconds()
         go.set()
         figures: dict[int, PeerFigures] = {}
         deadline = time.monotonic() + opts.rounds * 300
@@ -348,6 +163,7 @@ def run_size(n: int, opts: ThinOptions) -> ScaleRow:
             print(f"\r  {n} peers: {len(figures)} of {n} finished their rounds", end="", flush=True)
         print()
         sent = [after - before for after, before in zip(accounts.bytes_sent(), sent_before)]
+        cpu = [after - before for after, before in zip(accounts.cpu_seconds(), cpu_before)]
         pss = accounts.pss_mib()
         load = os.getloadavg()[0]
         done.set()
@@ -364,6 +180,7 @@ def run_size(n: int, opts: ThinOptions) -> ScaleRow:
             if figures
             else 0.0,
             sent_mb=statistics.mean(sent) / opts.rounds / 1e6,
+            cpu_s=statistics.mean(cpu) / opts.rounds,
             control_kb=statistics.mean(f.control.bytes / opts.rounds / 1e3 for f in figures.values())
             if figures
             else 0.0,
@@ -427,6 +244,9 @@ def main(argv=None) -> int:
         "--store-search", nargs="+", choices=["nodes", "values"], default=["nodes"],
         help="whether a store's search for nodes asks for nodes only (MANTA's) or values too (hivemind's)",
     )  # fmt: skip
+    parser.add_argument(
+        "--trace", default="", help="a file each thin peer appends one JSON line to per round"
+    )
     args = parser.parse_args(argv)
     refused = None
     if min(args.bucket_sizes) < 5:
@@ -447,8 +267,9 @@ def main(argv=None) -> int:
     variants = [(k, search) for k in args.bucket_sizes for search in args.store_search]
     for (k, search), n in [(v, n) for v in variants for n in args.peers]:
         opts = ThinOptions(
-            shapes, args.rounds, args.compute, args.cross_group, bucket_size=k, store_search=search
-        )
+            shapes, args.rounds, args.compute, args.cross_group, bucket_size=k, store_search=search,
+            trace=args.trace,
+        )  # fmt: skip
         if n >= did_not_fit.get(opts.variant, n + 1):
             continue
         try:
@@ -460,7 +281,7 @@ def main(argv=None) -> int:
         r = rows[-1]
         print(
             f"  {n} peers, {opts.variant}: median round {r.round_s:.1f} s, {r.committed:.0%} committed, "
-            f"{r.dht_requests:.0f} DHT requests and {r.sent_mb:.1f} MB sent per peer per round "
+            f"{r.dht_requests:.0f} DHT requests, {r.sent_mb:.1f} MB sent and {r.cpu_s:.2f} CPU s per peer per round "
             f"(coordination: {r.control_kb:.0f} KB in {r.control_messages:.0f} messages), "
             f"{r.pss_mib:.0f} MiB per peer; aborts: {dict(r.reasons) or 'none'}\n"
             f"    DHT requests by kind: {r.requests_by_kind}; the round's own DHT calls: {r.round_calls}",
@@ -472,7 +293,7 @@ def main(argv=None) -> int:
     header = (
         f"{'peers':>5} {'variant':>26} {'cohorts':>7} {'start-up':>9} {'round':>7} {'committed':>9} "
         f"{'DHT req/peer/round':>18} {'x':>5} {'MB sent/peer/round':>18} {'x':>5} "
-        f"{'control KB/peer/round':>21} {'x':>5} {'MiB/peer':>8} {'load':>5}"
+        f"{'control KB/peer/round':>21} {'x':>5} {'CPU s/peer/round':>16} {'MiB/peer':>8} {'load':>5}"
     )
     print(header)
     print("-" * len(header))
@@ -482,7 +303,8 @@ def main(argv=None) -> int:
             f"{r.peers:>5} {r.variant:>26} {r.cohorts:>7} {r.started_s:>8.0f}s {r.round_s:>6.1f}s {r.committed:>9.0%} "
             f"{r.dht_requests:>18.0f} {r.dht_requests / max(base.dht_requests, 1e-9):>4.1f}x "
             f"{r.sent_mb:>18.1f} {r.sent_mb / max(base.sent_mb, 1e-9):>4.1f}x "
-            f"{r.control_kb:>21.0f} {r.control_kb / max(base.control_kb, 1e-9):>4.1f}x {r.pss_mib:>8.0f} {r.load:>5.1f}"
+            f"{r.control_kb:>21.0f} {r.control_kb / max(base.control_kb, 1e-9):>4.1f}x {r.cpu_s:>16.2f} "
+            f"{r.pss_mib:>8.0f} {r.load:>5.1f}"
         )
     for r in rows:  # each variant against the first, at the same size
         first = next(b for b in rows if b.peers == r.peers)

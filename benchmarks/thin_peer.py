@@ -1,0 +1,249 @@
+"""A thin peer of :mod:`benchmarks.swarm_scale`: everything of a round that crosses the network, run
+exactly as a real peer runs it, and a fixed stand-in for the training step.
+
+Per round it reads the roster, forms cohorts by node affinity, "computes" for ``compute`` seconds while
+it reads and writes the progress board, averages a random gradient of the real size through the
+hierarchy (cohort, cross-cohort tree, broadcast) and waits for the signed commit board's quorum. With
+``trace`` set, it appends one JSON line per round to that file (:class:`RoundTrace`): which attempt,
+cohort and head, the result's digest and contributors, each stage's seconds, why it aborted.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+from hivemind_adapter.runtime import prepare_process
+
+prepare_process()
+
+import hivemind  # noqa: E402
+import torch  # noqa: E402
+from hivemind.dht.protocol import DHTProtocol  # noqa: E402
+
+from benchmarks.peer_accounts import CGROUP_ROOT  # noqa: E402
+from hivemind_adapter.control_traffic import ControlTraffic, control_traffic  # noqa: E402
+from hivemind_adapter.dht import DHT_BUCKET_SIZE, peer_id, speaker, start_dht  # noqa: E402
+from hivemind_adapter.group_keys import DeclarationSigner  # noqa: E402
+from peer.affinity import assign_cohorts, cohort_sizes  # noqa: E402
+from peer.averaging.factory import build_averager, committer_for  # noqa: E402
+from peer.averaging.outcome import AveragingOutcome  # noqa: E402
+from peer.averaging.stage import AveragingTimeouts  # noqa: E402
+from peer.commit.boards import SignedCommitBoard  # noqa: E402
+from peer.swarm_progress import SwarmProgress  # noqa: E402
+from peer.swarm_view import Announcer, ProgressBoard, read_roster  # noqa: E402
+from protocol.dht_schema import MantaRecordValidator  # noqa: E402
+from protocol.identity import Identity  # noqa: E402
+from protocol.membership import MembershipCertificate  # noqa: E402
+from protocol.records import Affinity, DeviceInfo  # noqa: E402
+from protocol.sealing import seal  # noqa: E402
+from tests.protocol.factories import task_spec  # noqa: E402
+
+TASK = "scale"
+BENCH_AGGREGATOR = Identity.from_seed(
+    b"swarm-scale benchmark aggregator"
+)  # signs the thin peers' memberships
+SPEC = task_spec(BENCH_AGGREGATOR, TASK)
+LOOK_EVERY = 0.25  # as the real round looks at the swarm's progress while its workers train
+TIMEOUTS = AveragingTimeouts(
+    matchmaking=2.0, request=1.0, next_chunk=10.0, allreduce=120.0, step=60.0, commit=20.0
+)
+
+# DHT requests this process's DHT node makes, by kind (counted inside the DHT's own process).
+_REQUESTS: collections.Counter[str] = collections.Counter()
+
+
+def _counted(kind: str, call):
+    @functools.wraps(call)
+    async def counting(self, *args, **kwargs):
+        _REQUESTS[kind] += 1
+        return await call(self, *args, **kwargs)
+
+    return counting
+
+
+for _kind in ("call_ping", "call_store", "call_find"):
+    setattr(DHTProtocol, _kind, _counted(_kind, getattr(DHTProtocol, _kind)))
+
+
+async def _request_counts(_dht, _node) -> dict[str, int]:
+    return dict(_REQUESTS)
+
+
+# DHT reads and writes the round's own code asks for, in the thin peer's main process (the averagers'
+# matchmaking makes its own, in their processes): what the requests above serve.
+_ROUND_CALLS: collections.Counter[str] = collections.Counter()
+
+
+def _counted_sync(kind: str, call):
+    @functools.wraps(call)
+    def counting(*args, **kwargs):
+        _ROUND_CALLS[kind] += 1
+        return call(*args, **kwargs)
+
+    return counting
+
+
+hivemind.DHT.get = _counted_sync("get", hivemind.DHT.get)
+hivemind.DHT.store = _counted_sync("store", hivemind.DHT.store)
+
+
+@dataclass(frozen=True)
+class ThinOptions:
+    shapes: tuple[tuple[int, ...], ...]
+    rounds: int
+    compute: float
+    cross_group: int
+    cohort_size: int = 4
+    bucket_size: int = DHT_BUCKET_SIZE  # the DHT's k and lookup beam (hivemind_adapter.dht)
+    store_search: str = "nodes"  # "values": a store's search for nodes downloads values, as hivemind's
+    trace: str = ""  # a file each peer appends a RoundTrace line to per round ("": none)
+
+    @property
+    def variant(self) -> str:
+        return f"k={self.bucket_size}, store search {self.store_search}"
+
+
+@dataclass
+class PeerFigures:
+    """What one thin peer measured over its rounds (sent back to the benchmark)."""
+
+    round_seconds: list[float] = field(default_factory=list)
+    committed: int = 0
+    reasons: list[str] = field(default_factory=list)
+    dht_requests: int = 0
+    requests_by_kind: dict[str, int] = field(default_factory=dict)
+    round_calls: dict[str, int] = field(default_factory=dict)
+    cohorts: int = 0
+    control: ControlTraffic = ControlTraffic()  # coordination it sent over its rounds
+
+
+@dataclass(frozen=True)
+class RoundTrace:
+    """One thin peer's round, as written to the trace file (peer ids and digests shortened)."""
+
+    peer: str
+    round: int
+    attempt: int
+    cohort: str
+    head: str  # the cohort leader it followed (itself if it led)
+    cohort_members: int  # the members its cohort stage gathered
+    contributors: int  # the peers behind the result it ended with
+    digest: str
+    committed: bool
+    reason: str
+    seconds: dict[str, float]
+    ended: float  # wall clock (time.time())
+
+    @classmethod
+    def of(
+        cls, me: str, round_index: int, attempt: int, cohort: str, outcome: AveragingOutcome
+    ) -> RoundTrace:
+        return cls(
+            me[-8:], round_index, attempt, cohort, outcome.leader[-8:], len(outcome.cohort_members),
+            len(outcome.contributors), outcome.digest[:8], outcome.committed, outcome.reason,
+            {k: round(v, 2) for k, v in outcome.seconds.items()}, round(time.time(), 2),
+        )  # fmt: skip
+
+    def append_to(self, path: str) -> None:
+        with open(path, "a") as f:  # one short write per line: lines of concurrent peers stay whole
+            f.write(json.dumps(asdict(self)) + "\n")
+
+
+def _certificate(identity: Identity, peer: str, serial: int) -> bytes:
+    """A thin peer's membership, issued by the benchmark's stand-in aggregator key (admission itself
+    is not what this benchmark measures)."""
+    now = int(time.time() * 1000)
+    certificate = MembershipCertificate(
+        task_id=TASK, member_key=identity.public_key_hex, peer_id=peer, serial=serial, policy="allow",
+        issued_ms=now, expires_ms=now + 6 * 3600 * 1000,
+    )  # fmt: skip
+    return seal(certificate, BENCH_AGGREGATOR)
+
+
+def thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, done, results) -> None:
+    (CGROUP_ROOT / cgroup / "cgroup.procs").write_text(str(os.getpid()))  # its p2pd and children follow
+    torch.set_num_threads(1)
+    dht = start_dht(
+        initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], bucket_size=opts.bucket_size,
+        nodes_only_store_search=opts.store_search == "nodes",
+    )  # fmt: skip
+    averager = None
+    try:
+        dht.add_validators([MantaRecordValidator(TASK, aggregator_keys=SPEC.aggregator_keys)])
+        identity, me = Identity.generate(), peer_id(dht)
+        certificate = _certificate(identity, me, index)
+        announcer = Announcer(
+            dht, speaker(dht, identity), TASK, (DeviceInfo(kind="cpu", name="thin", memory_mb=0),),
+            Affinity(host_id="0" * 16, network_id="0" * 16), "auto", lambda: certificate, throughput=1.0,
+        )  # fmt: skip
+        announcer.announce()
+        announcer.keep_fresh()
+        progress = SwarmProgress(ProgressBoard(dht, TASK, speaker(dht, identity)), me, 64, 1, 10**9)
+        committer = committer_for(SignedCommitBoard(dht, TASK, speaker(dht, identity)), TIMEOUTS)
+        ready.put(index)
+        if not go.wait(timeout=900):
+            return
+        start_counts, start_calls = dht.run_coroutine(_request_counts), dict(_ROUND_CALLS)
+        start_control = control_traffic()
+        figures, attempt = PeerFigures(), -1
+        generator = torch.Generator().manual_seed(index)
+        for round_index in range(opts.rounds):
+            started = time.perf_counter()
+            roster = read_roster(dht, SPEC)
+            assignment = assign_cohorts([p.entry for p in roster], opts.cohort_size)
+            cohort = assignment.get(me, f"solo-{me[-8:]}")
+            cohort_ids = sorted(set(assignment.values()) | {cohort})
+            if averager is None or averager.cohort != cohort:
+                if averager is not None:
+                    averager.shutdown()
+                averager = build_averager(
+                    dht, TASK, cohort, [torch.zeros(s) for s in opts.shapes], timeouts=TIMEOUTS,
+                    committer=committer, cross_group_size=opts.cross_group,
+                    # as a real peer: signed matchmaking declarations, met only with the roster's peers
+                    declarations=DeclarationSigner(TASK, speaker(dht, identity)),
+                    admitted=lambda: {p.entry.peer_id: p.announcement.public_key for p in read_roster(dht, SPEC)},
+                )  # fmt: skip
+            attempt = committer.next_attempt(attempt)
+            progress.begin(round_index, cohort, round_index - 1)
+            samples, computing = 0, time.perf_counter()
+            while samples == 0 or time.perf_counter() - computing < opts.compute:
+                samples += 16
+                progress.look(samples, 0.0)
+                time.sleep(LOOK_EVERY)
+            progress.finish(samples, 0.0)
+            numerator = [torch.randn(s, generator=generator) for s in opts.shapes]
+            peers_of: dict[str, list[str]] = {cohort: [me]} if me not in assignment else {}
+            for peer, name in sorted(assignment.items()):
+                peers_of.setdefault(name, []).append(peer)
+            outcome = averager.average(
+                attempt, numerator, samples, cohort_size=cohort_sizes(assignment).get(cohort, 1),
+                num_cohorts=len(cohort_ids), cohort_rank=cohort_ids.index(cohort),
+                expected_peers=[p.entry.peer_id for p in roster],
+                cohorts=[tuple(peers_of[name]) for name in cohort_ids],  # as peer.round.plan_round does
+            )  # fmt: skip
+            if opts.trace:
+                RoundTrace.of(me, round_index, attempt, cohort, outcome).append_to(opts.trace)
+            if outcome.committed:
+                figures.committed += 1
+                committer.report_state(attempt, outcome.report(), outcome.digest)
+            else:
+                figures.reasons.append(outcome.reason)
+                averager.settle(attempt, [p.entry.peer_id for p in roster])
+            figures.round_seconds.append(time.perf_counter() - started)
+            figures.cohorts = len(cohort_ids)
+        end_counts = dht.run_coroutine(_request_counts)
+        figures.control = control_traffic() - start_control
+        figures.dht_requests = sum(end_counts.values()) - sum(start_counts.values())
+        figures.requests_by_kind = {k: v - start_counts.get(k, 0) for k, v in end_counts.items()}
+        figures.round_calls = {k: v - start_calls.get(k, 0) for k, v in _ROUND_CALLS.items()}
+        results.put((index, figures))
+        done.wait(timeout=600)  # stay in the swarm until every peer has finished its rounds
+    finally:
+        if averager is not None:
+            averager.shutdown()
+        dht.shutdown()
