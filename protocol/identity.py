@@ -23,6 +23,8 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import threading
+from collections import OrderedDict
 from functools import lru_cache
 from pathlib import Path
 
@@ -188,10 +190,44 @@ def _public_key(raw: bytes) -> Ed25519PublicKey:
     return Ed25519PublicKey.from_public_bytes(raw)
 
 
+class _ValidSignatures:
+    """The signatures found valid lately, keyed by key, signature and a 256-bit hash of the message.
+
+    A peer's endorsement, binding and certificate travel unchanged inside every record it makes, and
+    every reader checks them again (each check is about 0.2 ms here); a hit costs one hash. Only valid
+    signatures are kept, so forged ones cannot push out the ones that count. Bounded, least recent out."""
+
+    def __init__(self, capacity: int):
+        self._capacity = capacity
+        self._lock = threading.Lock()  # guards _seen
+        self._seen: OrderedDict[tuple[bytes, bytes, bytes], None] = OrderedDict()
+
+    @staticmethod
+    def key(public_key: bytes, message: bytes, signature: bytes) -> tuple[bytes, bytes, bytes]:
+        return public_key, signature, hashlib.blake2b(message, digest_size=32).digest()
+
+    def __contains__(self, key: tuple[bytes, bytes, bytes]) -> bool:
+        with self._lock:
+            if key in self._seen:
+                self._seen.move_to_end(key)
+                return True
+            return False
+
+    def add(self, key: tuple[bytes, bytes, bytes]) -> None:
+        with self._lock:
+            self._seen[key] = None
+            while len(self._seen) > self._capacity:
+                self._seen.popitem(last=False)
+
+
+_valid_signatures = _ValidSignatures(capacity=4096)  # about 1 MiB
+
+
 def verify_signature(public_key: bytes, message: bytes, signature: bytes) -> bool:
     """True iff ``signature`` is a valid Ed25519 signature of ``message`` by ``public_key``.
 
     Never raises: a key or signature of the wrong length or type, or an invalid key, gives False.
+    A signature found valid lately is answered without checking it again (:class:`_ValidSignatures`).
     """
     if not (
         isinstance(public_key, bytes)
@@ -201,8 +237,12 @@ def verify_signature(public_key: bytes, message: bytes, signature: bytes) -> boo
         and len(signature) == SIGNATURE_BYTES
     ):
         return False
+    key = _valid_signatures.key(public_key, message, signature)
+    if key in _valid_signatures:
+        return True
     try:
         _public_key(public_key).verify(signature, message)
     except (InvalidSignature, ValueError):
         return False
+    _valid_signatures.add(key)
     return True

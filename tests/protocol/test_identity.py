@@ -120,3 +120,19 @@ def test_verify_signature_is_a_bool_that_never_raises():
         (b"\xff" * 32, b"message", signature),  # not a point on the curve
     ]:
         assert verify_signature(*args) is False
+
+
+def test_only_valid_signatures_are_remembered_and_only_for_their_own_bytes():
+    from protocol.identity import _valid_signatures
+
+    ident, other = Identity.generate(), Identity.generate()
+    signature = ident.sign(b"endorsement")
+    forged = bytes([signature[0] ^ 1]) + signature[1:]
+    for _ in range(2):  # the second answers come from memory where there is one
+        assert verify_signature(ident.public_key, b"endorsement", signature) is True
+        assert verify_signature(ident.public_key, b"endorsement", forged) is False
+        assert verify_signature(other.public_key, b"endorsement", signature) is False
+        assert verify_signature(ident.public_key, b"endorsemenT", signature) is False
+    assert _valid_signatures.key(ident.public_key, b"endorsement", signature) in _valid_signatures
+    assert _valid_signatures.key(ident.public_key, b"endorsement", forged) not in _valid_signatures
+    assert _valid_signatures.key(other.public_key, b"endorsement", signature) not in _valid_signatures
