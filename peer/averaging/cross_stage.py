@@ -83,6 +83,8 @@ class CrossCohortStage:
                 final = without_negative_zeros(final, in_place=True)
             except RoundAborted as e:
                 abort = str(e)
+            if abort is None and (short := self._short_of_quorum(attempt, contributors)) is not None:
+                abort, final = short, None  # nobody below need wait for a result that cannot commit
         for step in reversed(joined):
             i_head = step.head == me
             spec = Broadcast(
@@ -164,6 +166,22 @@ class CrossCohortStage:
             if head != me:
                 break  # the head carries this group's result on and brings the final one back
         return contributors, cohorts, joined, None
+
+    def _short_of_quorum(self, attempt: Attempt, contributors: list[Contributor]) -> str | None:
+        """Why the result of ``contributors`` cannot commit (None: it may). Only the peers it reaches
+        can hold it, and they are its contributors: fewer than a quorum of the roster (less the
+        departure notices posted so far, as :func:`peer.commit.quorum.members_of` counts) are none."""
+        if not attempt.roster_size or 2 * len(contributors) > attempt.roster_size:
+            return None
+        try:
+            notices = sum(1 for r in self.stages.board.read(attempt.number).values() if r.left)
+        except Exception as e:  # a failed read proves nothing: the result is posted as before
+            logger.debug(f"could not read attempt {attempt.number}'s reports: {e}")
+            return None
+        members = attempt.roster_size - notices
+        if 2 * len(contributors) > members:
+            return None
+        return f"a result of {len(contributors)} peer(s) cannot hold a quorum of the {members} in the roster"
 
     def _units(self, attempt: Attempt, group: TreeGroup) -> list[tuple[str, ...]]:
         """The roster's peers behind each unit of a cross-cohort group (empty: unknown)."""

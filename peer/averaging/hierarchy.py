@@ -148,21 +148,22 @@ class HierarchicalAverager:
             now.broadcasts_taken = now.levels if member_finishes else 0  # no broadcast to wait out
             while True:
                 i_lead = outcome.leader == self.peer_id or member_finishes
-                lead_abort = None
                 if i_lead:
                     if cohort_result is not None:
                         buffers.load(self._cohort, cohort_result)  # taking over: the cohort's result
                     t0 = time.perf_counter()
                     stage = ("cross", t0)
                     final, outcome.contributors, lead_abort = self.cross.run(now, members, scale)
-                    if lead_abort is not None and len(receivers) == 1:
+                    if lead_abort is not None:
+                        # its members learn it from its report on the board, which is posted at once;
+                        # a broadcast of nothing would cost them a whole matchmaking and all-reduce
                         raise RoundAborted(lead_abort)
                     outcome.seconds["cross"] = time.perf_counter() - t0
                 if len(receivers) > 1:
                     t0 = time.perf_counter()
                     stage = ("broadcast", t0)
                     spec = Broadcast(
-                        "cohort", len(receivers), outcome.leader, final, outcome.contributors, lead_abort,
+                        "cohort", len(receivers), outcome.leader, final, outcome.contributors, None,
                         patience=max(1, len(tree)),
                     )  # fmt: skip
                     try:
@@ -182,8 +183,6 @@ class HierarchicalAverager:
                             outcome.seconds.get("broadcast", 0.0) + time.perf_counter() - t0
                         )
                         continue
-                    if lead_abort is not None:
-                        raise RoundAborted(lead_abort)
                     if not i_lead:
                         outcome.contributors = [Contributor.from_wire(c) for c in lead_report["contributors"]]
                         check_contributors(outcome.contributors, state_digest)

@@ -15,6 +15,7 @@ from tests.peer.averaging.hierarchy_peers import (
     _cohorts_of_one,
     _grads,
     _outcome,
+    _ranks,
     _roster,
     _run,
 )
@@ -139,6 +140,45 @@ def test_two_heads_on_time_wait_for_a_third_rather_than_split_the_roster_in_halv
     assert len(committed) >= 3, [r["reason"] for r in outcomes]
     assert len({r["digest"] for r in committed}) == 1
     assert all(len(r["contributors"]) >= 3 for r in committed), [r["contributors"] for r in committed]
+
+
+def _pair_or_single_peer(dht, *, rank, seed, samples, late, run_id):
+    """One of five peers in four cohorts (ranks 0-2 alone, rank 3 a pair) that averages ``late`` s
+    after all five posted their ranks."""
+    averager = build_averager(dht, run_id, f"c{rank}", [torch.zeros(s) for s in SHAPES], timeouts=FAST)
+    try:
+        ranks = _ranks(dht, run_id, 5, rank)
+        cohorts = [tuple(sorted(p for p, r in ranks.items() if r == k)) for k in range(4)]
+        time.sleep(late)
+        res = averager.average(
+            0, [g * samples for g in _grads(seed)], samples, cohort_size=len(cohorts[rank]), num_cohorts=4,
+            cohort_rank=rank, expected_peers=sorted(ranks), cohorts=cohorts,
+        )  # fmt: skip
+        return _outcome(res)
+    finally:
+        averager.shutdown()
+
+
+def test_a_late_cohort_whose_result_cannot_hold_a_quorum_ends_without_broadcasting_it():
+    # Three cohorts of one commit without the late pair (3 of 5 peers). The pair's head then holds a
+    # result of 2 of 5, which can never commit: it aborts, and its member reads that on the board.
+    # Before, the head broadcast the doomed result (a matchmaking and an all-reduce, seconds under
+    # load), both posted it, and the pair started the next attempt late again (32 thin peers: one
+    # cohort lost attempt after attempt so).
+    on_time = {f"s{rank}": dict(rank=rank, seed=70 + rank, samples=2 + rank, late=0.0) for rank in range(3)}
+    pair = {f"p{i}": dict(rank=3, seed=80 + i, samples=4, late=14.0) for i in range(2)}
+    args = {name: dict(kw, run_id="hier-doomed") for name, kw in {**on_time, **pair}.items()}
+    results = _run("hier-doomed", args, _pair_or_single_peer, timeout=300)
+    committed = [results[n] for n in on_time]
+    assert all(r["committed"] for r in committed), [r["reason"] for r in committed]
+    assert len({r["digest"] for r in committed}) == 1 and len(committed[0]["contributors"]) == 3
+    late = [results[n] for n in pair]
+    assert not any(r["committed"] for r in late)
+    heads = [r for r in late if "cannot hold a quorum of the 5" in r["reason"]]
+    assert len(heads) == 1, [r["reason"] for r in late]
+    member = next(r for r in late if r is not heads[0])
+    assert member["digest"] == "", member["reason"]  # it never held the doomed result
+    assert "aborted the round" in member["reason"], member["reason"]
 
 
 def _leaving_peer(dht, *, rank, run_id, cohorts):
