@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         "commit report (2 signatures)": [
             lambda sub=sub, wire=wire: open_commit_value(TASK, sub, wire) for sub, wire in reports
         ],
-        "announcement (5 signatures)": [
+        "announcement (4 signatures)": [
             lambda sub=sub, value=value: open_peer_value(TASK, sub, value, signers)
             for sub, value in announcements
         ],
