@@ -26,7 +26,7 @@ from hivemind_adapter.allreduce import (
 )
 from hivemind_adapter.dht import dht_time
 from peer.averaging.cross_tree import units_for_majority
-from peer.averaging.deadlines import StageDeadline, StageDeadlines
+from peer.averaging.deadlines import StageDeadlines
 from peer.commit.boards import CommitBoard
 
 logger = logging.getLogger(__name__)
@@ -37,9 +37,6 @@ LEAVING_GRACE_FACTOR = 3
 # A stage's own averaging waits for its whole group (it begins at once when full) up to this many
 # matchmaking periods: a group begun with the early members splits the stage's result in two.
 GATHER_PERIODS = 3.0
-# ... or this share of the slowest recent such stage, if longer: on a loaded machine members arrive
-# seconds apart (32 thin peers: a member 2-7 s late was left alone by its cohort, attempt after attempt).
-GATHER_SHARE = 0.5
 ONLINE_CHECK_SECONDS = 2.0  # how often a broadcast's receiver reads the roster for its sender
 
 
@@ -204,7 +201,7 @@ class StageRunner:
             # Before every step: hivemind moves the group bits on once a group assembles (for its own
             # Moshpit-style rounds), and a step taken again after a broken all-reduce must meet the same peers.
             averager.set_group_bits(bits)
-            gather = min(self._gather_seconds(chosen), 0.5 * chosen.seconds, remaining - 1.0)
+            gather = min(GATHER_PERIODS * self.timeouts.matchmaking, 0.5 * chosen.seconds, remaining - 1.0)
             # (a pair cannot split; a step after the first looks for whoever is left)
             if first_step and stage == 0 and expected > 2 and gather > self.timeouts.matchmaking:
                 step["scheduled_time"] = dht_time() + gather
@@ -300,15 +297,6 @@ class StageRunner:
                 raise RoundAborted(f"{kind} stage failed: {type(e).__name__}: {e}") from e
         self.deadlines.record(kind, time.monotonic() - started)
         return member_ids(gathered)
-
-    def _gather_seconds(self, chosen: StageDeadline) -> float:
-        """How long a stage's first step waits for its whole group: :data:`GATHER_PERIODS`
-        matchmaking periods, or :data:`GATHER_SHARE` of the slowest recent stage if that is longer
-        (a wait that is taken lengthens the stage; at a share below 1 the two settle)."""
-        periods = GATHER_PERIODS * self.timeouts.matchmaking
-        if chosen.slowest_recent is None:
-            return periods
-        return max(periods, GATHER_SHARE * chosen.slowest_recent)
 
     @staticmethod
     def _no_group(no_group: str, broken: Exception | None) -> NoGroup:

@@ -92,23 +92,3 @@ def test_a_drift_allowance_lengthens_only_the_waits_for_other_cohorts_above_the_
     assert d.deadline("commit", ceiling=20.0).seconds == 20.0
     d.allow_drift(0.0)
     assert d.deadline("cross").seconds == 60.0 and d.deadline("cross").drift == 0.0
-
-
-def test_the_wait_for_a_whole_group_grows_with_a_slow_machines_stages_and_settles():
-    """Three matchmaking periods, or half the slowest recent stage if longer. Stages that wait their
-    whole gathering time and then average for ``a`` s settle at 2 ``a`` (the wait at ``a``): the
-    wait lengthens the stages it is taken from, but by half as much as they grow."""
-    from peer.averaging.stage import AveragingTimeouts, StageRunner
-
-    deadlines = StageDeadlines(2.0, 120.0)
-    timeouts = AveragingTimeouts(matchmaking=2.0)
-    runner = StageRunner(deadlines, board=None, timeouts=timeouts, leaving=lambda: False)
-    assert runner._gather_seconds(deadlines.deadline("cohort")) == 6.0  # no history: three periods
-    deadlines.record("cohort", 4.0)
-    assert runner._gather_seconds(deadlines.deadline("cohort")) == 6.0
-    deadlines.record("cohort", 40.0)  # a loaded machine: members arrive seconds apart
-    assert runner._gather_seconds(deadlines.deadline("cohort")) == 20.0
-    averaging = 10.0
-    for _ in range(100):
-        deadlines.record("cohort", runner._gather_seconds(deadlines.deadline("cohort")) + averaging)
-    assert runner._gather_seconds(deadlines.deadline("cohort")) == pytest.approx(averaging, abs=0.01)
