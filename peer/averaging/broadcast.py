@@ -45,10 +45,11 @@ def broadcast(
 ) -> tuple[list[torch.Tensor], dict]:
     """Take part in ``spec``'s broadcast on ``averager`` (the head with weight 1, members with weight
     0 and zeros, so what members receive *is* the head's vector). A head of the cross-cohort tree
-    that aborted takes part too, so the heads below stop waiting at once (a cohort's head that aborted
-    skips its broadcast: its members read its report on the board). Returns the first ``count`` tensors received and the head's
-    report; raises :class:`RoundAborted` if the head aborted or its vector differs from the digest
-    it announced (then it lied: it reduced every part alone, over exact links).
+    that aborted takes part too, so the heads below stop waiting at once (a cohort's head that
+    aborted skips its broadcast: its members read its report on the board). Returns the first
+    ``count`` tensors received and the head's report; raises :class:`RoundAborted` if the head
+    aborted or its vector differs from the digest it announced (then it lied: it reduced every part
+    alone, over exact links).
 
     A head whose broadcast fails keeps its result (members only follow: it reduced every part), and
     a member it never reached costs only its own vote."""
