@@ -39,6 +39,7 @@ from hivemind.utils.asyncio import as_aiter, azip
 from hivemind_adapter.averager_process import BoundedAveragerProcess
 from hivemind_adapter.exact_runner import ExactAllReduceRunner
 from hivemind_adapter.findings import NameLog, NoiseSlot, WireBytes
+from hivemind_adapter.follower_expiry import followers_ask_until_their_search_ends
 from hivemind_adapter.group_keys import Admission, DeclarationSigner, SignedGroupKeys, admit_only_roster_peers
 from hivemind_adapter.in_thread import InThreadAverager
 from hivemind_adapter.known_groups import KnownGroupSteps
@@ -236,7 +237,8 @@ class VerifiedAverager(
         return self._wire_bytes.totals()
 
     # hivemind builds its matchmaking on the averager's loop; this is where MANTA's signed
-    # declarations, its roster admission and its spacing of group-key reads are put in.
+    # declarations, its roster admission, its spacing of group-key reads and its followers'
+    # join expirations are put in.
     @property
     def _matchmaking(self):
         try:
@@ -252,6 +254,7 @@ class VerifiedAverager(
             )
             admit_only_roster_peers(matchmaking, self._admission)
         _spaced_reads(matchmaking.group_key_manager, lambda: matchmaking.target_group_size)
+        followers_ask_until_their_search_ends(matchmaking)
         self.__dict__["_manta_matchmaking"] = matchmaking
 
     def set_target_group_size(self, size: int | None, wait: bool = True):
