@@ -15,6 +15,7 @@ from peer.averaging.cross_tree import JoinedGroup, TreeGroup, units_of
 from peer.averaging.outcome import Attempt, Contributor, check_contributors
 from peer.averaging.settings import AveragerSettings
 from peer.averaging.stage import NoGroup, RoundAborted, StageRunner
+from peer.commit.quorum import is_quorum, members_of
 from peer.guard.partner_checks import CheckFailed, PartnerChecks
 from peer.guard.peer_guard import PeerGuard
 from robust_aggregation.centered_clip import without_negative_zeros
@@ -169,19 +170,19 @@ class CrossCohortStage:
 
     def _short_of_quorum(self, attempt: Attempt, contributors: list[Contributor]) -> str | None:
         """Why the result of ``contributors`` cannot commit (None: it may). Only the peers it reaches
-        can hold it, and they are its contributors: fewer than a quorum of the roster (less the
-        departure notices posted so far, as :func:`peer.commit.quorum.members_of` counts) are none."""
-        if not attempt.roster_size or 2 * len(contributors) > attempt.roster_size:
+        can hold it, and they are its contributors: if they are no quorum of the roster (less the
+        departure notices posted so far, :func:`peer.commit.quorum.members_of`), none will hold it."""
+        peers = {c.peer for c in contributors}
+        if not attempt.roster or is_quorum(peers, attempt.roster):
             return None
         try:
-            notices = sum(1 for r in self.stages.board.read(attempt.number).values() if r.left)
+            members = members_of(self.stages.board.read(attempt.number), attempt.roster)
         except Exception as e:  # a failed read proves nothing: the result is posted as before
             logger.debug(f"could not read attempt {attempt.number}'s reports: {e}")
             return None
-        members = attempt.roster_size - notices
-        if 2 * len(contributors) > members:
+        if is_quorum(peers, members):
             return None
-        return f"a result of {len(contributors)} peer(s) cannot hold a quorum of the {members} in the roster"
+        return f"a result of {len(peers)} peer(s) cannot hold a quorum of the {len(members)} in the roster"
 
     def _units(self, attempt: Attempt, group: TreeGroup) -> list[tuple[str, ...]]:
         """The roster's peers behind each unit of a cross-cohort group (empty: unknown)."""

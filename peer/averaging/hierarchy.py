@@ -124,7 +124,7 @@ class HierarchicalAverager:
             cross_groups(cohort_rank, num_cohorts, self.settings.cross_group_size) if num_cohorts > 1 else []
         )
         roster = set(expected_peers) | {self.peer_id}
-        now = Attempt(attempt, state_digest, tree, cohort_peers, live, roster_size=len(roster))
+        now = Attempt(attempt, state_digest, tree, cohort_peers, live, roster=frozenset(roster))
         self._last = now
         self.guard.begin_attempt(attempt)
         try:
@@ -243,6 +243,7 @@ class HierarchicalAverager:
                 gathered = self.stages.run(
                     self._cohort, "cohort", now.number, 0, cohort_size, now.state_digest, units=units,
                     live=now.live, weight=float(me.samples), gather=me.to_wire(),
+                    quorum_over=0 if now.tree else now.roster_size,  # one cohort: its result is the attempt's
                 )  # fmt: skip
                 members = sorted((Contributor.from_wire(m) for m in gathered.values()), key=lambda c: c.peer)
                 confirm_three(self.checks, self.stages, now, "cohort", list(gathered), self._cohort)

@@ -101,9 +101,13 @@ class Attempt:
     tree: list[TreeGroup]  # the cross-cohort groups this peer's cohort's head meets
     cohort_peers: list[tuple[str, ...]]  # the roster's peers of each cohort, by rank (empty: unknown)
     live: set[str] | None  # the peers that posted for the previous attempt (None: unknown)
-    roster_size: int = 0  # the peers a quorum is counted over (0: unknown)
+    roster: frozenset[str] = frozenset()  # the peers a quorum is counted over (empty: unknown)
     broadcasts_taken: int = 0  # broadcast stages this peer took part in
     cohort_noise: NoiseMap | None = None  # the sampling noise this attempt's cohort stage measured
+
+    @property
+    def roster_size(self) -> int:
+        return len(self.roster)
 
     @property
     def levels(self) -> int:

@@ -1,5 +1,6 @@
 """Hierarchical averaging over real hivemind processes on 127.0.0.1: the exact sample-weighted mean,
-the model-parallel combination, fp16 across cohorts, and a peer killed mid-round."""
+the model-parallel combination, fp16 across cohorts, a peer killed mid-round, and a run of one
+cohort whose members come apart."""
 
 from __future__ import annotations
 
@@ -10,7 +11,19 @@ import time
 import pytest
 import torch
 
-from tests.peer.averaging.hierarchy_peers import PEERS, SHAPES, _args, _crafted_masks, _grads, _run
+from hivemind_adapter.dht import peer_id
+from peer.averaging.factory import build_averager
+from tests.peer.averaging.hierarchy_peers import (
+    FAST,
+    PEERS,
+    SHAPES,
+    _args,
+    _crafted_masks,
+    _grads,
+    _outcome,
+    _roster,
+    _run,
+)
 
 pytestmark = pytest.mark.swarm
 
@@ -125,3 +138,36 @@ def test_fp16_cross_cohort_stage_keeps_every_peer_bit_identical():
 
 # name: (cohort rank, seed, samples); one peer a cohort. 21 samples: the final factor 5/21 is no power of
 # two, so a result is not in fp16 by chance.
+
+
+def _one_cohort_peer(dht, *, seed, samples, late, run_id):
+    """One of four peers in a run of one cohort that averages ``late`` s after all four posted their ids."""
+    averager = build_averager(dht, run_id, "rack", [torch.zeros(s) for s in SHAPES], timeouts=FAST)
+    try:
+        roster = _roster(dht, run_id, 4)
+        time.sleep(late)
+        res = averager.average(
+            0, [g * samples for g in _grads(seed)], samples, cohort_size=4, num_cohorts=1,
+            expected_peers=roster, cohorts=[roster],
+        )  # fmt: skip
+        return dict(_outcome(res), me=peer_id(dht))
+    finally:
+        averager.shutdown()
+
+
+def test_in_a_run_of_one_cohort_two_members_on_time_wait_for_a_third_rather_than_split_it_in_halves():
+    # The cohort stage is the attempt's top group: a result needs 3 of the 4 peers. The two on time
+    # gather for 3 matchmaking periods (6 s); the other two come 8 s late. Without a least size of 3,
+    # each pair averaged alone and no result could commit (2 of 4 hold each).
+    late = {"r0": (60, 3, 0.0), "r1": (61, 5, 0.0), "r2": (62, 4, 8.0), "r3": (63, 6, 8.0)}
+    args = {
+        name: dict(seed=seed, samples=n, late=delay, run_id="one-cohort-split")
+        for name, (seed, n, delay) in late.items()
+    }
+    results = _run("one-cohort-split", args, _one_cohort_peer, timeout=300)
+    outcomes = [results[n] for n in late]
+    committed = [r for r in outcomes if r["committed"]]
+    # all four meet; a late one whose process lagged far behind the other may miss the group of three
+    assert len(committed) >= 3, [r["reason"] for r in outcomes]
+    assert len({r["digest"] for r in committed}) == 1
+    assert all(len(r["contributors"]) >= 3 for r in committed), [r["contributors"] for r in committed]
