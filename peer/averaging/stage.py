@@ -208,6 +208,10 @@ class StageRunner:
             else:
                 step.pop("scheduled_time", None)
             first_step = False
+            logger.debug(
+                f"attempt {attempt}: {kind} stage: a step for {target} of {expected} (at least {least}), "
+                f"{'gathering' if 'scheduled_time' in step else 'not gathering'}, {remaining:.1f} s left"
+            )
             control = averager.step(timeout=remaining, allow_retries=False, wait=False, **step)
             next_check = time.monotonic() + 0.5
             next_online = time.monotonic() + ONLINE_CHECK_SECONDS
@@ -270,6 +274,10 @@ class StageRunner:
                         self._sizes[name] = target
             try:
                 gathered = control.result()
+                logger.debug(
+                    f"attempt {attempt}: {kind} stage: a group of {len(gathered)} formed after "
+                    f"{time.monotonic() - started:.1f} s"
+                )
                 if broken is not None:
                     self.regrouped.append(kind)
                 break

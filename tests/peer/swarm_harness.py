@@ -3,6 +3,7 @@ p2pd daemon on 127.0.0.1, exactly as separate machines would run them."""
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import queue
@@ -27,6 +28,15 @@ def start_bootstrap_dht() -> tuple[hivemind.DHT, list[str]]:
     return dht, [str(m) for m in dht.get_visible_maddrs()]
 
 
+def _log_to_file(path: str) -> None:
+    """This peer's stages and hivemind's matchmaking at DEBUG into ``path`` (docs/testing.md)."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name in ("peer", "hivemind_adapter", "hivemind.averaging.matchmaking"):
+        logging.getLogger(name).addHandler(handler)
+        logging.getLogger(name).setLevel(logging.DEBUG)
+
+
 def _child(target: Callable, initial_peers: list[str], args: dict, results: mp.Queue, name: str) -> None:
     # A forked child must not enter an OpenMP parallel region: if the parent ever ran one (any large
     # torch op in an earlier test), the child inherits a thread pool whose threads did not survive
@@ -35,6 +45,8 @@ def _child(target: Callable, initial_peers: list[str], args: dict, results: mp.Q
     torch.set_num_threads(1)
     dht = None
     start_orphan_reaper()  # as a real peer does: if this process is killed, its DHT and p2pd die with it
+    if log_dir := os.environ.get("MANTA_TEST_PEER_LOGS"):
+        _log_to_file(os.path.join(log_dir, f"{name}.log"))
     try:
         dht = start_dht(initial_peers=initial_peers, host_maddrs=LOOPBACK)  # as a real peer starts it
         results.put((name, "ok", target(dht, **args)))
