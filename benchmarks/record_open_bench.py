@@ -19,9 +19,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from protocol import identity as identity_module
 from protocol.dht_schema import commit_subkey, open_commit_value, open_peer_value
-from protocol.identity import Identity
+from protocol.identity import Identity, forget_valid_signatures
 from protocol.membership import MembershipCertificate
 from protocol.peer_keys import Libp2pKey, Speaker
 from protocol.records import Affinity, DeviceInfo, IdentityBinding, PeerAnnouncement, RoundCommit
@@ -62,12 +61,11 @@ def _announcement(speaker: Speaker, aggregator: Identity, refresh: int) -> tuple
 
 def _per_record(opens: list[Callable[[], object]], remember: bool) -> float:
     """Seconds per record to open every one of ``opens`` once (remembering valid signatures or not)."""
-    memo = identity_module._valid_signatures
-    memo._seen.clear()
+    forget_valid_signatures()
     started = time.perf_counter()
     for open_one in opens:
         if not remember:
-            memo._seen.clear()
+            forget_valid_signatures()
         open_one()
     return (time.perf_counter() - started) / len(opens)
 
