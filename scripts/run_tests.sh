@@ -6,6 +6,9 @@
 # Extra arguments go to both phases (a file or -k selects within each). Exits non-zero if either
 # phase failed; a phase that selects no test (pytest's status 5) is not a failure.
 set -uo pipefail
+# The suite starts hundreds of Python processes (peers, aggregators, console scripts) and collects
+# its tests in each phase and worker: with bytecode caching off, every one compiles the sources again.
+unset PYTHONDONTWRITEBYTECODE
 py=$1
 shift
 jobs=${JOBS:-$(python3 -c 'import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))')}

@@ -223,7 +223,9 @@ def _peer_beside_a_liar(dht, *, seed, liar, run_id, lie="negated"):
         averager.shutdown()
 
 
-@pytest.mark.parametrize("lie", ["negated", "noise"])
+# negated is slow (15 s): members refusing that lie's replies is test_robust_reduce's, and naming and
+# barring the liar in a swarm is the same as for the noisy lie
+@pytest.mark.parametrize("lie", [pytest.param("negated", marks=pytest.mark.slow), "noise"])
 def test_a_lying_reducer_is_named_in_the_failed_attempt_and_left_out_of_the_next(lie):
     """A reducer's lie is refused by every honest member (nothing wrong is written) and breaks the
     stage. Each honest member names the liar in its commit report (two such reports and the aggregator

@@ -183,6 +183,7 @@ def _cohorts_with_a_faulty_member(
     return _run(run_id, args, _mortal_peer, timeout=300)
 
 
+@pytest.mark.slow  # 17 s; a receiver lost in its head's broadcast: the broadcast-to-three test below
 def test_a_member_lost_inside_its_cohort_broadcast_costs_only_its_own_vote(tmp_path, monkeypatch):
     # Two cohorts of two. The member with the largest id (never its cohort's leader) dies as its
     # leader's broadcast starts (its second all-reduce, after the cohort stage). The leader is the
