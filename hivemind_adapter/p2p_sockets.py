@@ -53,14 +53,25 @@ def remove_dead_socket(path: str, patience: float = 5.0) -> bool:
     return not os.path.exists(path)
 
 
+# A daemon binds its socket file before it listens on it, and refuses connections in between: a
+# file younger than this is not judged (one removed so made its daemon unreachable, seen in CI).
+YOUNG_SECONDS = 1.0
+
+
 def _removed_if_dead(path: str, removed: list[str]) -> bool:
-    """True once ``path`` is settled: removed (nothing listens on it) or gone; False while it listens."""
+    """True once ``path`` is settled: removed (nothing listens on it) or gone; False while it listens
+    or is too young to tell."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.settimeout(1.0)
         probe.connect(path)
         return False
     except ConnectionRefusedError:
+        try:
+            if time.time() - os.stat(path).st_mtime < YOUNG_SECONDS:
+                return False
+        except FileNotFoundError:
+            return True
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)
             removed.append(path)

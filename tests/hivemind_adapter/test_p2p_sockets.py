@@ -213,26 +213,31 @@ def test_the_reaper_removes_a_multiprocessing_folder_once_empty_unless_the_watch
 def test_a_daemon_socket_file_left_by_a_daemon_that_gave_up_is_removed_and_a_live_ones_kept():
     """What start_dht does after a DHT failed to start: new daemon socket files that refuse a
     connection go; one that listens (another process's daemon, started meanwhile) stays, as does
-    any file that was there before."""
+    any file that was there before, and one just bound whose daemon does not listen yet (removed,
+    that daemon was never reached: a DHT start in another test failed so)."""
     tag = f"{os.getpid()}-{time.monotonic_ns()}"
-    older, dead, live = (f"/tmp/hivemind-p2pd-test-{name}-{tag}.sock" for name in ("older", "dead", "live"))
+    names = ("older", "dead", "live", "starting")
+    older, dead, live, starting = (f"/tmp/hivemind-p2pd-test-{name}-{tag}.sock" for name in names)
     sockets = []
     try:
-        for path in (older, dead, live):
+        for path in (older, dead, live, starting):
             if path == dead:
                 before = daemon_socket_files()  # as start_dht takes it, before the DHT starts
             server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             server.bind(path)
-            server.listen()
+            if path != starting:
+                server.listen()
             sockets.append(server)
         sockets[0].close()  # a stale file from before: not this call's to judge
         sockets[1].close()  # its daemon is gone: the file stays, refusing connections
+        long_ago = time.time() - 10.0
+        os.utime(dead, (long_ago, long_ago))  # its daemon gave up after trying for a while
         assert remove_dead_daemon_sockets(before, patience=0.3) == [dead]
         assert not os.path.exists(dead)
-        assert os.path.exists(live) and os.path.exists(older)
+        assert os.path.exists(live) and os.path.exists(older) and os.path.exists(starting)
     finally:
         for server in sockets:
             server.close()
-        for path in (older, dead, live):
+        for path in (older, dead, live, starting):
             if os.path.exists(path):
                 os.remove(path)
