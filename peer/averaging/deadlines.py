@@ -59,6 +59,7 @@ class StageDeadlines:
         self.floor = min(ceiling, 3.0 * matchmaking)
         self.initial = min(ceiling, initial if initial is not None else 10.0 * matchmaking)
         self._history: dict[str, deque[float]] = {}
+        self._by_level: dict[tuple[str, int], deque[float]] = {}  # a tree level's own, apart
         self.drift = 0.0
 
     def allow_drift(self, seconds: float) -> None:
@@ -66,20 +67,28 @@ class StageDeadlines:
         cross stage and the broadcast wait that much longer, above the ceiling too."""
         self.drift = max(0.0, seconds)
 
-    def record(self, stage: str, seconds: float) -> None:
-        """A stage that found its group and finished, in ``seconds`` from when this peer entered it."""
+    def record(self, stage: str, seconds: float, level: int = 0) -> None:
+        """A stage that found its group and finished, in ``seconds`` from when this peer entered it
+        (``level``: the cross-cohort tree's level it met at; 0: none)."""
         self._history.setdefault(stage, deque(maxlen=HISTORY)).append(max(0.0, seconds))
+        if level:
+            self._by_level.setdefault((stage, level), deque(maxlen=HISTORY)).append(max(0.0, seconds))
 
-    def deadline(self, stage: str, ceiling: float | None = None) -> StageDeadline:
-        """The wait for ``stage``; ``ceiling`` overrides the default bound (the commit has its own)."""
-        chosen = self._deadline(stage, ceiling)
+    def deadline(self, stage: str, ceiling: float | None = None, level: int = 0) -> StageDeadline:
+        """The wait for ``stage``; ``ceiling`` overrides the default bound (the commit has its own).
+        At a tree ``level`` that met before, from that level's history alone: a head that climbs to
+        the top times its waits for the slowest cohorts there, and with those it would wait out its
+        own low level longer than the partners above it wait for it."""
+        chosen = self._deadline(stage, ceiling, self._by_level.get((stage, level)) if level else None)
         if stage not in DRIFTING_STAGES or not self.drift:
             return chosen
         return StageDeadline(chosen.seconds + self.drift, chosen.slowest_recent, self.drift)
 
-    def _deadline(self, stage: str, ceiling: float | None) -> StageDeadline:
+    def _deadline(
+        self, stage: str, ceiling: float | None, history: deque[float] | None = None
+    ) -> StageDeadline:
         top = self.ceiling if ceiling is None else ceiling
-        history = self._history.get(stage)
+        history = history or self._history.get(stage)
         if not history:
             wait = min(top, self.initial)
             if stage == "broadcast":

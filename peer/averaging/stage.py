@@ -170,7 +170,8 @@ class StageRunner:
             self._whole_parts[name] = whole_parts
         bits = round_bits(attempt, stage, state_digest, level, group)
         kind = name if stage == 0 else "broadcast"
-        chosen = self.deadlines.deadline(kind)
+        timed_level = level if stage == 0 else 0  # a cross stage's wait: from its own level's history
+        chosen = self.deadlines.deadline(kind, level=timed_level)
         bound = self.allreduce_bound(kind)
         if self._allreduce_bounds.get(name) != bound:
             averager.set_allreduce_timeout(bound)
@@ -303,7 +304,7 @@ class StageRunner:
                     )
                     continue
                 raise RoundAborted(f"{kind} stage failed: {type(e).__name__}: {e}") from e
-        self.deadlines.record(kind, time.monotonic() - started)
+        self.deadlines.record(kind, time.monotonic() - started, level=timed_level)
         return member_ids(gathered)
 
     @staticmethod

@@ -34,6 +34,19 @@ def test_a_deadline_is_a_multiple_of_the_slowest_recent_stage_plus_two_matchmaki
     assert "up to 3.0 s" in chosen.describe()
 
 
+def test_a_tree_level_that_met_before_waits_as_its_own_history_says():
+    # A head that climbs to the top waited 5 s there for the slowest cohorts; at level 1 its groups
+    # formed in 0.4 s. Timed by the top's 5 s it would wait 19 s at level 1, longer than its level-2
+    # partner (its own level 1 as fast) waits for it there: 2 x 6 s.
+    d = StageDeadlines(2.0, 60.0)
+    d.record("cross", 0.4, level=1)
+    d.record("cross", 5.0, level=3)
+    assert d.deadline("cross", level=1).seconds == 6.0  # the floor: 3 x 0.4 + 4 is less
+    assert d.deadline("cross", level=3).seconds == pytest.approx(3 * 5.0 + 2 * 2.0)
+    assert d.deadline("cross", level=2).seconds == pytest.approx(3 * 5.0 + 2 * 2.0)  # unmet: every level's
+    assert d.deadline("cross").seconds == pytest.approx(3 * 5.0 + 2 * 2.0)  # the stage as a whole
+
+
 def test_a_deadline_stays_between_three_matchmaking_periods_and_the_ceiling():
     d = StageDeadlines(2.0, 30.0)
     d.record("cohort", 0.01)
