@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The default suite in two phases (what `make test` runs):
-#   1. the tests that share the machine well, spread over JOBS pytest-xdist workers;
+#   1. the tests that share the machine well, spread over JOBS pytest-xdist workers (an idle one
+#      takes tests queued for another, so no worker ends the phase alone);
 #   2. the `swarm` and `exclusive` tests one at a time, with nothing else running: they start many
 #      processes, or measure rates and round trips, and what competes for the CPU changes their timing.
 # Extra arguments go to both phases (a file or -k selects within each). Exits non-zero if either
@@ -20,7 +21,7 @@ run_phase() {
   if [[ $rc -ne 0 && $rc -ne 5 ]]; then status=$rc; fi
 }
 echo "manta: phase 1 of 2: the tests that share the machine, on $jobs worker(s)"
-run_phase -m "not slow and not swarm and not exclusive" -n "$jobs" "$@"
+run_phase -m "not slow and not swarm and not exclusive" -n "$jobs" --dist worksteal "$@"
 echo "manta: phase 2 of 2: swarm and exclusive tests, one at a time"
 run_phase -m "not slow and (swarm or exclusive)" "$@"
 echo "manta: test suite $([[ $status -eq 0 ]] && echo passed || echo FAILED) in $((SECONDS - start)) s"
