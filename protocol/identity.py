@@ -228,7 +228,7 @@ _valid_signatures = _ValidSignatures(capacity=4096)  # about 1 MiB
 
 
 def forget_valid_signatures() -> None:
-    """Check every signature afresh from now on, until one is found valid again (for benchmarks)."""
+    """Forget the signatures found valid so far: each is checked in full once more (for benchmarks)."""
     _valid_signatures.clear()
 
 
