@@ -56,6 +56,16 @@ def _ranks(dht, run_id: str, size: int, rank: int) -> dict[str, int]:
     return {peer: int(value) for peer, value in found.items()}
 
 
+def assert_no_split_of_two_on_time_and_two_late(outcomes: list[dict]) -> None:
+    """Four peers, two of them late: all met in one group that holds a quorum (at least three
+    committed one result of at least three contributors; a late one whose process lagged far
+    behind the other may miss the group of three)."""
+    committed = [r for r in outcomes if r["committed"]]
+    assert len(committed) >= 3, [r["reason"] for r in outcomes]
+    assert len({r["digest"] for r in committed}) == 1
+    assert all(len(r["contributors"]) >= 3 for r in committed), [r["contributors"] for r in committed]
+
+
 def _outcome(res) -> dict:
     """A round's outcome as a peer process sends it back to the test."""
     return dict(
