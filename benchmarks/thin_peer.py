@@ -132,6 +132,7 @@ class RoundTrace:
     cohort: str
     head: str  # the cohort leader it followed (itself if it led)
     cohort_members: int  # the members its cohort stage gathered
+    known_group: bool  # its cohort met as a group known from the roster, without matchmaking
     contributors: int  # the peers behind the result it ended with
     digest: str
     committed: bool
@@ -145,7 +146,7 @@ class RoundTrace:
     ) -> RoundTrace:
         return cls(
             me[-8:], round_index, attempt, cohort, outcome.leader[-8:], len(outcome.cohort_members),
-            len(outcome.contributors), outcome.digest[:8], outcome.committed, outcome.reason,
+            outcome.known_group, len(outcome.contributors), outcome.digest[:8], outcome.committed, outcome.reason,
             {k: round(v, 2) for k, v in outcome.seconds.items()}, round(time.time(), 2),
         )  # fmt: skip
 

@@ -4,7 +4,8 @@ A peer arrives with its host's contribution reduced (``numerator``: the sum of p
 over ``samples``). One attempt then runs up to three hivemind stages, each exact and all-or-nothing:
 
 1. **cohort**: the members of a cohort (same host or network) average their mean gradients, weighted
-   by samples; the leader is the first member that can serve (:func:`~.outcome.leader_of`).
+   by samples, as a known group once the cohort met whole (:mod:`.known_cohort`); the leader is the
+   first member that can serve (:func:`~.outcome.leader_of`).
 2. **cross**: only leaders meet, in a tree of groups of at most ``cross_group_size``
    (:mod:`.cross_stage`), so one copy of each cohort's vector crosses the wide area.
 3. **broadcast**: the leader shares the final vector with its cohort (:mod:`.broadcast`). A round
@@ -51,7 +52,7 @@ class HierarchicalAverager:
     """Averages one list of tensors per attempt: cohort, then across cohorts, then back to every
     member. Built by :func:`peer.averaging.factory.build_averager`; its parts are its collaborators:
     the cohort's hivemind averager, the cross-cohort stage, the stage runner, the committer of its
-    board, the guard and the partner checks, and the known-group steps of outer tasks."""
+    board, the guard and the partner checks, and the cohort's known-group steps."""
 
     def __init__(
         self,
@@ -68,6 +69,8 @@ class HierarchicalAverager:
         self._cohort, self.cross, self.stages = cohort_averager, cross, stages
         self.commits, self.guard, self.checks, self._known = committer, guard, checks, known
         self._last: Attempt | None = None  # the last attempt this averager took part in
+        # the cohort's roster peers, if its last cohort stage gathered every one of them, each a server
+        self._met_whole: frozenset[str] | None = None
 
     @property
     def deadlines(self) -> StageDeadlines:
@@ -106,8 +109,9 @@ class HierarchicalAverager:
         ``expected_peers``: this peer's roster, a quorum of which must hold the result; ``cohorts``:
         the roster's peers of each cohort by rank (empty: unknown). Only peers that started from
         ``state_digest`` meet. ``superseded``: the swarm moved on to a later round (a peer still looking
-        for a group gives up). ``known_group`` (an outer task's inner step): the cohort's members meet
-        without matchmaking (:mod:`.known_cohort`).
+        for a group gives up). The cohort's members meet without matchmaking (:mod:`.known_cohort`) if
+        its last cohort stage gathered all of them, or at once with ``known_group`` (an outer task's
+        inner step).
         """
         member_finishes = num_cohorts == 1
         known_group = known_group and member_finishes
@@ -210,12 +214,29 @@ class HierarchicalAverager:
     ) -> list[Contributor]:
         """The cohort stage (a known group, else matchmaking); returns the members whose mean the
         buffer now holds (this peer alone if its cohort never gathered)."""
+        members = self._cohort_members(now, me, cohort_size, cohort_rank, known_group, outcome)
+        roster_cohort = set(now.cohort_peers[cohort_rank]) if now.cohort_peers else set()
+        whole = len(members) > 1 and {m.peer for m in members} == roster_cohort
+        if whole and not any(m.client for m in members):
+            self._met_whole = frozenset(roster_cohort)
+        return members
+
+    def _cohort_members(
+        self,
+        now: Attempt,
+        me: Contributor,
+        cohort_size: int,
+        cohort_rank: int,
+        known_group: bool,
+        outcome: AveragingOutcome,
+    ) -> list[Contributor]:
         robust = self.settings.robust is not None
         if robust:  # every stage averages means weighted by samples
             buffers.to_own_mean(self._cohort, self.count, me.samples)
         members = [me]
         known = None
-        if known_group and now.cohort_peers:
+        met_whole, self._met_whole = self._met_whole, None
+        if now.cohort_peers and (known_group or met_whole == frozenset(now.cohort_peers[cohort_rank])):
             known = self._known.members(
                 now.cohort_peers[cohort_rank], cohort_size, self.peer_id, now.live, self.guard.barred()
             )

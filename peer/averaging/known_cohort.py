@@ -1,11 +1,12 @@
-"""An outer task's inner step: the cohort averages in a group its members already know.
+"""A cohort averages in a group its members already know, without matchmaking.
 
-An inner step averages inside one cohort only (:mod:`peer.outer_round`), and every member read the
-same roster, so each knows who the others are. Meeting them through hivemind's matchmaking takes
-DHT round trips across the wide area on every inner step, more than the all-reduce itself over the
-cohort's own links. Here the members go
-straight to the all-reduce (:mod:`hivemind_adapter.known_groups`), in a group whose id says the task,
-the attempt, the start state and the members: peers that disagree on any of them never mix.
+Every member read the same roster, so each knows who the others are. Meeting them through
+hivemind's matchmaking takes DHT round trips (across the wide area, for an outer task's inner
+steps) and, under load, lets a member that declared late miss its cohort's group. Here the members
+go straight to the all-reduce (:mod:`hivemind_adapter.known_groups`), in a group whose id says the
+task, the attempt, the start state and the members: peers that disagree on any of them never mix.
+An outer task's inner step does so at once; a round does so once its cohort's last stage gathered
+every roster peer of the cohort, each a server (:meth:`peer.averaging.hierarchy.HierarchicalAverager.average`).
 
 Matchmaking also gathered each member's sample count, which the final vector and the receipts need.
 A known group carries them in the vector itself: the cohort averager's buffer ends with a float64
@@ -62,12 +63,13 @@ def new_roll() -> torch.Tensor:
 
 
 class KnownCohort:
-    """Decides when a cohort's step may use a known group, and takes that step."""
+    """Decides when a cohort's stage may use a known group, and takes that stage."""
 
     def __init__(self, run_id: str, cohort: str, client_mode: bool):
         self.run_id, self.cohort, self.client_mode = run_id, cohort, client_mode
         self._skip = 0  # attempts left that go straight to matchmaking
-        self.steps_taken = 0  # inner steps averaged in a known group (for the logs and tests)
+        self.steps_taken = 0  # stages averaged in a known group (for the logs and tests)
+        self.failures = 0  # known groups that did not complete (then matchmaking took over)
 
     def members(
         self,
@@ -128,6 +130,7 @@ class KnownCohort:
             )
         except Exception as e:  # hivemind reports a broken all-reduce with many exception types
             self._skip = SKIP_AFTER_FAILURE
+            self.failures += 1
             logger.info(
                 f"attempt {attempt}: the cohort's known group failed ({type(e).__name__}: {e}); matchmaking"
             )

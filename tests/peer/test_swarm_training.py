@@ -99,6 +99,11 @@ def test_manta_swarm_trains_above_chance_with_identical_state_and_a_summary(mant
     assert all(r["control_messages"] > 0 and r["control_bytes"] > 0 for r in reports), reports
     mean = sum(r["control_bytes"] for r in reports) / len(reports)
     assert summary["swarm"]["control_bytes_per_peer_round"] == round(mean)
+    # Once the cohort met whole, it meets as a known group, without matchmaking; a round falls back
+    # to matchmaking when the board did not yet show the partner's report of the round before.
+    for i in range(2):
+        known = [r["known_group"] for r in reports if r["peer_id"] == reports[24 * i]["peer_id"]]
+        assert not known[0] and sum(known) >= 18, known
     # Ten digit classes: chance is 0.1. One round is one optimizer step; 24 steps are enough for a clear
     # margin (measured over 4 runs: smallest 0.70-0.79, largest 0.79-0.85). With 8 steps the smallest
     # sub-network ended anywhere in 0.25-0.46 (11 runs), too close to any fixed bar to test learning.

@@ -21,6 +21,7 @@ from tests.peer.averaging.hierarchy_peers import (
     _crafted_masks,
     _grads,
     _outcome,
+    _ranks,
     _roster,
     _run,
     assert_no_split_of_two_on_time_and_two_late,
@@ -167,3 +168,51 @@ def test_in_a_run_of_one_cohort_two_members_on_time_wait_for_a_third_rather_than
     }
     results = _run("one-cohort-split", args, _one_cohort_peer, timeout=300)
     assert_no_split_of_two_on_time_and_two_late([results[n] for n in late])
+
+
+# ---------------------------------------------------------------- cohorts that meet as known groups
+
+
+def _ranked_peer(dht, *, cohort, rank, seed, samples, client_mode, attempts, run_id):
+    """One of four peers in two cohorts of two, for ``attempts`` attempts with the roster's cohorts."""
+    averager = build_averager(
+        dht, run_id, cohort, [torch.zeros(s) for s in SHAPES], timeouts=FAST, client_mode=client_mode
+    )
+    try:
+        ranks = _ranks(dht, run_id, len(PEERS), rank)
+        cohorts = [tuple(sorted(p for p, r in ranks.items() if r == k)) for k in (0, 1)]
+        out = []
+        for attempt in range(attempts):
+            res = averager.average(
+                attempt, [g * samples for g in _grads(seed)], samples, cohort_size=2, num_cohorts=2, cohort_rank=rank,
+                expected_peers=sorted(ranks), cohorts=cohorts,
+            )  # fmt: skip
+            if not res.committed:
+                averager.settle(attempt, sorted(ranks))
+            out.append(dict(_outcome(res), known_group=res.known_group))
+        return dict(rounds=out, known_failures=averager._known.failures)
+    finally:
+        averager.shutdown()
+
+
+def test_a_cohort_that_met_meets_again_as_a_known_group_but_not_one_with_a_client_mode_member():
+    # p1 cannot serve (client mode), so rack-a keeps to matchmaking rather than waiting out a known
+    # group p1 never joins; rack-b, which met whole in attempt 0, meets without matchmaking from
+    # attempt 1 on. Every attempt is exact.
+    args = {
+        name: dict(cohort=c, rank=int(c != "rack-a"), seed=s, samples=n, client_mode=name == "p1",
+                   attempts=3, run_id="hier-known")
+        for name, (c, s, n, _m) in PEERS.items()
+    }  # fmt: skip
+    results = _run("hier-known", args, _ranked_peer, timeout=300)
+    total = sum(n for _, _, n, _ in PEERS.values())
+    expected = [sum(_grads(s)[i] * n for _, s, n, _ in PEERS.values()) / total for i in range(len(SHAPES))]
+    for attempt in range(3):
+        rounds = {name: results[name]["rounds"][attempt] for name in PEERS}
+        assert all(r["committed"] for r in rounds.values()), {n: r["reason"] for n, r in rounds.items()}
+        assert len({r["digest"] for r in rounds.values()}) == 1
+        for got, want in zip(rounds["p0"]["tensors"], expected):
+            torch.testing.assert_close(torch.from_numpy(got), want, rtol=1e-5, atol=1e-6)
+        known = {name: r["known_group"] for name, r in rounds.items()}
+        assert known == {"p0": False, "p1": False, "p2": attempt > 0, "p3": attempt > 0}, (attempt, known)
+    assert {name: results[name]["known_failures"] for name in PEERS} == dict.fromkeys(PEERS, 0)
