@@ -37,6 +37,9 @@ LEAVING_GRACE_FACTOR = 3
 # A stage's own averaging waits for its whole group (it begins at once when full) up to this many
 # matchmaking periods: a group begun with the early members splits the stage's result in two.
 GATHER_PERIODS = 3.0
+# A group whose result must hold a quorum (the top one) waits longer: a unit it starts without loses
+# the attempt for all of its peers, and under load units arrive over about 10 s.
+QUORUM_GATHER_PERIODS = 6.0
 ONLINE_CHECK_SECONDS = 2.0  # how often a broadcast's receiver reads the roster for its sender
 
 
@@ -180,7 +183,7 @@ class StageRunner:
         deadline = started + chosen.seconds * patience
         no_group = f"{kind} stage: no group within {chosen.describe()}"
         if patience > 1:
-            no_group += f" x {patience} (tree levels)"
+            no_group += f" x {patience}"
         broken: Exception | None = None  # the all-reduce that broke once already, if one did
         first_step = True  # only the first waits for the whole group (GATHER_PERIODS)
         departed, quiet, least = self._absent_units(attempt, units, live, quorum_over=quorum_over)
@@ -202,7 +205,8 @@ class StageRunner:
             # Before every step: hivemind moves the group bits on once a group assembles (for its own
             # Moshpit-style rounds), and a step taken again after a broken all-reduce must meet the same peers.
             averager.set_group_bits(bits)
-            gather = min(GATHER_PERIODS * self.timeouts.matchmaking, 0.5 * chosen.seconds, remaining - 1.0)
+            periods = QUORUM_GATHER_PERIODS if quorum_over else GATHER_PERIODS
+            gather = min(periods * self.timeouts.matchmaking, 0.5 * chosen.seconds, remaining - 1.0)
             # (a pair cannot split; a step after the first looks for whoever is left)
             if first_step and stage == 0 and expected > 2 and gather > self.timeouts.matchmaking:
                 step["scheduled_time"] = dht_time() + gather

@@ -138,6 +138,23 @@ def test_two_heads_on_time_wait_for_a_third_rather_than_split_the_roster_in_halv
     assert_no_split_of_two_on_time_and_two_late([results[n] for n in late])
 
 
+def test_the_top_group_waits_longer_for_a_late_head_than_a_lower_group_would():
+    # Four cohorts of one, one head 8 s late. The top group's result must hold a quorum, and a head
+    # it starts without loses the attempt for its whole cohort, so it gathers for up to 6 matchmaking
+    # periods (here 10 s: half the first attempt's deadline) rather than 3 (6 s): all four meet.
+    # With 3, the three on time began at 6 s and the late one's result could not commit.
+    late = {"w0": (90, 3, 0.0), "w1": (91, 5, 0.0), "w2": (92, 4, 0.0), "w3": (93, 6, 8.0)}
+    args = {
+        name: dict(rank=rank, seed=seed, samples=n, late=delay, run_id="hier-top-wait", cohorts=4)
+        for rank, (name, (seed, n, delay)) in enumerate(late.items())
+    }
+    results = _run("hier-top-wait", args, _late_leader_peer, timeout=300)
+    outcomes = [results[n] for n in late]
+    assert all(r["committed"] for r in outcomes), [r["reason"] for r in outcomes]
+    assert len({r["digest"] for r in outcomes}) == 1
+    assert all(len(r["contributors"]) == 4 for r in outcomes), [r["contributors"] for r in outcomes]
+
+
 def _pair_or_single_peer(dht, *, rank, seed, samples, late, run_id):
     """One of five peers in four cohorts (ranks 0-2 alone, rank 3 a pair) that averages ``late`` s
     after all five posted their ranks."""

@@ -376,8 +376,8 @@ def _with_a_silent_member_peer(dht, *, name, cohorts, run_id, seed=0, samples=0,
 
 def test_a_silent_roster_member_costs_the_gathering_wait_only_until_it_showed_no_life():
     # q2 is in the roster, in q0 and q1's cohort, and never averages. Attempt 0 knows nothing of it
-    # and waits its whole gathering time (3 matchmaking periods) for it; from attempt 1 on, a member
-    # that posted nothing in the previous attempt is not waited for, and the pair begins at once.
+    # and waits its whole gathering time (at least 3 matchmaking periods) for it; from attempt 1 on, a
+    # member that posted nothing in the previous attempt is not waited for, and the pair begins at once.
     cohorts = [["q0", "q1", "q2"]]
     averaging = {"q0": (50, 3), "q1": (52, 4)}
     args = _named_peers("hier-quiet", cohorts, averaging, dict(silent=True))
