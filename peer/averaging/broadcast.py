@@ -17,6 +17,11 @@ from supernet.state import digest
 logger = logging.getLogger(__name__)
 
 
+# Deadlines a receiver waits for its head at most: under load a head's climb can outlast one
+# broadcast deadline (capped at the step bound), and a receiver that gives up loses a committed round.
+RECEIVER_PATIENCE = 2
+
+
 @dataclass(frozen=True)
 class Broadcast:
     """One broadcast stage: ``name`` is the averager's stage ("cohort" or "cross"), ``size`` the group
@@ -73,10 +78,12 @@ def broadcast(
             contributors=[c.to_wire() for c in spec.contributors],
             digest=digest(final) if final is not None else "",
         )
+    # A receiver's wait ends when its head reports or leaves the roster; its deadline is the last bound.
+    patience = spec.patience if i_head else max(RECEIVER_PATIENCE, spec.patience)
     try:
         gathered = stages.run(
             averager, spec.name, attempt.number, 1, spec.size, attempt.state_digest, level=spec.level,
-            group=spec.group, patience=spec.patience, watch="" if i_head else spec.head,
+            group=spec.group, patience=patience, watch="" if i_head else spec.head,
             weight=1.0 if i_head else 0.0, gather=report,
         )  # fmt: skip
     except RoundAborted as e:
