@@ -214,31 +214,16 @@ class HierarchicalAverager:
     ) -> list[Contributor]:
         """The cohort stage (a known group, else matchmaking); returns the members whose mean the
         buffer now holds (this peer alone if its cohort never gathered)."""
-        members = self._cohort_members(now, me, cohort_size, cohort_rank, known_group, outcome)
-        roster_cohort = set(now.cohort_peers[cohort_rank]) if now.cohort_peers else set()
-        whole = len(members) > 1 and {m.peer for m in members} == roster_cohort
-        if whole and not any(m.client for m in members):
-            self._met_whole = frozenset(roster_cohort)
-        return members
-
-    def _cohort_members(
-        self,
-        now: Attempt,
-        me: Contributor,
-        cohort_size: int,
-        cohort_rank: int,
-        known_group: bool,
-        outcome: AveragingOutcome,
-    ) -> list[Contributor]:
         robust = self.settings.robust is not None
         if robust:  # every stage averages means weighted by samples
             buffers.to_own_mean(self._cohort, self.count, me.samples)
         members = [me]
         known = None
+        roster_cohort = frozenset(now.cohort_peers[cohort_rank]) if now.cohort_peers else frozenset()
         met_whole, self._met_whole = self._met_whole, None
-        if now.cohort_peers and (known_group or met_whole == frozenset(now.cohort_peers[cohort_rank])):
+        if roster_cohort and (known_group or met_whole == roster_cohort):
             known = self._known.members(
-                now.cohort_peers[cohort_rank], cohort_size, self.peer_id, now.live, self.guard.barred()
+                roster_cohort, cohort_size, self.peer_id, now.live, self.guard.barred()
             )
         counts = None
         if known is not None:
@@ -270,6 +255,12 @@ class HierarchicalAverager:
                 confirm_three(self.checks, self.stages, now, "cohort", list(gathered), self._cohort)
             except NoGroup as e:
                 logger.info(f"attempt {now.number}: {e}; this peer goes on as a cohort of one")
+        if (
+            len(members) > 1
+            and {m.peer for m in members} == roster_cohort
+            and not any(m.client for m in members)
+        ):
+            self._met_whole = roster_cohort
         return members
 
     def _conclude(

@@ -102,12 +102,9 @@ def _late_leader_peer(dht, *, rank, seed, samples, late, run_id, cohorts=3, drif
         averager.shutdown()
 
 
-def test_a_cohort_leader_arriving_after_one_matchmaking_period_still_joins_the_whole_group(monkeypatch):
+def test_a_cohort_leader_arriving_after_one_matchmaking_period_still_joins_the_whole_group():
     # Without the wait for the whole group, the two on time formed a group of their own after one
     # matchmaking period (2 s), the late one found nobody left, and the round committed without it.
-    # The window is widened here from 3 periods to 5: on a loaded 2-core CI machine the late one's
-    # step began more than 3 s after its 3 s delay once (the others had formed their pair at 6 s).
-    monkeypatch.setattr("peer.averaging.stage.GATHER_PERIODS", 5.0)
     late = {"l0": (30, 3, 0.0), "l1": (31, 5, 0.0), "l2": (32, 4, 1.5 * FAST.matchmaking)}
     args = {
         name: dict(rank=rank, seed=seed, samples=n, late=delay, run_id="hier-late")
@@ -124,18 +121,23 @@ def test_a_cohort_leader_arriving_after_one_matchmaking_period_still_joins_the_w
         torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-5, atol=1e-6)
 
 
-def test_two_heads_on_time_wait_for_a_third_rather_than_split_the_roster_in_halves():
-    # Four cohorts of one: a result needs 3 of the 4 peers. The two on time gather for 3 matchmaking
-    # periods (6 s) and the other two come 8 s late. Without the top group's least size the two on
-    # time averaged as a pair, the late two as another, and no result could commit (measured: 2 of 4
-    # hold it, for every peer). 32 thin peers lost a whole attempt so (benchmarks/RESULTS.md).
-    late = {"s0": (50, 3, 0.0), "s1": (51, 5, 0.0), "s2": (52, 4, 8.0), "s3": (53, 6, 8.0)}
+def _heads_of_four_cohorts(run_id: str, late: dict[str, tuple[int, int, float]]) -> list[dict]:
+    """The outcomes of four cohorts of one, ``late`` naming each head's (seed, samples, delay)."""
     args = {
-        name: dict(rank=rank, seed=seed, samples=n, late=delay, run_id="hier-split", cohorts=4)
+        name: dict(rank=rank, seed=seed, samples=n, late=delay, run_id=run_id, cohorts=4)
         for rank, (name, (seed, n, delay)) in enumerate(late.items())
     }
-    results = _run("hier-split", args, _late_leader_peer, timeout=300)
-    assert_no_split_of_two_on_time_and_two_late([results[n] for n in late])
+    results = _run(run_id, args, _late_leader_peer, timeout=300)
+    return [results[n] for n in late]
+
+
+def test_two_heads_on_time_wait_for_a_third_rather_than_split_the_roster_in_halves():
+    # Four cohorts of one: a result needs 3 of the 4 peers. The two on time gather for 10 s (the top
+    # group's wait in a first attempt) and the other two come 12 s late. Without the top group's least
+    # size the two on time averaged as a pair, the late two as another, and no result could commit
+    # (measured: 2 of 4 hold it, for every peer). 32 thin peers lost a whole attempt so.
+    late = {"s0": (50, 3, 0.0), "s1": (51, 5, 0.0), "s2": (52, 4, 12.0), "s3": (53, 6, 12.0)}
+    assert_no_split_of_two_on_time_and_two_late(_heads_of_four_cohorts("hier-split", late))
 
 
 def test_the_top_group_waits_longer_for_a_late_head_than_a_lower_group_would():
@@ -144,12 +146,7 @@ def test_the_top_group_waits_longer_for_a_late_head_than_a_lower_group_would():
     # periods (here 10 s: half the first attempt's deadline) rather than 3 (6 s): all four meet.
     # With 3, the three on time began at 6 s and the late one's result could not commit.
     late = {"w0": (90, 3, 0.0), "w1": (91, 5, 0.0), "w2": (92, 4, 0.0), "w3": (93, 6, 8.0)}
-    args = {
-        name: dict(rank=rank, seed=seed, samples=n, late=delay, run_id="hier-top-wait", cohorts=4)
-        for rank, (name, (seed, n, delay)) in enumerate(late.items())
-    }
-    results = _run("hier-top-wait", args, _late_leader_peer, timeout=300)
-    outcomes = [results[n] for n in late]
+    outcomes = _heads_of_four_cohorts("hier-top-wait", late)
     assert all(r["committed"] for r in outcomes), [r["reason"] for r in outcomes]
     assert len({r["digest"] for r in outcomes}) == 1
     assert all(len(r["contributors"]) == 4 for r in outcomes), [r["contributors"] for r in outcomes]

@@ -159,9 +159,9 @@ def _one_cohort_peer(dht, *, seed, samples, late, run_id):
 
 def test_in_a_run_of_one_cohort_two_members_on_time_wait_for_a_third_rather_than_split_it_in_halves():
     # The cohort stage is the attempt's top group: a result needs 3 of the 4 peers. The two on time
-    # gather for 3 matchmaking periods (6 s); the other two come 8 s late. Without a least size of 3,
-    # each pair averaged alone and no result could commit (2 of 4 hold each).
-    late = {"r0": (60, 3, 0.0), "r1": (61, 5, 0.0), "r2": (62, 4, 8.0), "r3": (63, 6, 8.0)}
+    # gather for 10 s (the top group's wait in a first attempt); the other two come 12 s late. Without
+    # a least size of 3, each pair averaged alone and no result could commit (2 of 4 hold each).
+    late = {"r0": (60, 3, 0.0), "r1": (61, 5, 0.0), "r2": (62, 4, 12.0), "r3": (63, 6, 12.0)}
     args = {
         name: dict(seed=seed, samples=n, late=delay, run_id="one-cohort-split")
         for name, (seed, n, delay) in late.items()

@@ -90,14 +90,11 @@ def _mortal_peer(
         averager.shutdown()
 
 
-def _three_cohorts_of_one(
-    run_id: str, monkeypatch, *, rounds: int, client_mode: tuple[bool, bool, bool]
-) -> dict:
+def _three_cohorts_of_one(run_id: str, *, rounds: int, client_mode: tuple[bool, bool, bool]) -> dict:
     """Arguments of :func:`_mortal_peer` for v0, v1 and v2, each a cohort of its own (seeds 20-22,
     3, 5 and 4 samples); v2 is the victim. Every one of these tests needs all three in the first
-    group: the first step waits 5 matchmaking periods for the whole group, not 3 (in CI's second
-    phase a peer's step once began more than 6 s after the others', and it went on alone)."""
-    monkeypatch.setattr("peer.averaging.stage.GATHER_PERIODS", 5.0)
+    group, the top one, which gathers its whole group for 10 s here (:data:`QUORUM_GATHER_PERIODS`,
+    at most half the first attempt's deadline)."""
     names = {"v0": (20, 3, False), "v1": (21, 5, False), "v2": (22, 4, True)}
     return {
         name: dict(
@@ -122,7 +119,7 @@ def test_a_group_that_loses_a_member_inside_its_all_reduce_forms_again_without_i
     # answered), wrote nothing, and meet again without it: the round costs the swarm the victim's
     # contribution, not the round.
     monkeypatch.setattr(_KilledInAnAllReduce, "armed", str(tmp_path / "armed"))
-    args = _three_cohorts_of_one("hier-regroup", monkeypatch, rounds=2, client_mode=(False, False, False))
+    args = _three_cohorts_of_one("hier-regroup", rounds=2, client_mode=(False, False, False))
     results = _run("hier-regroup", args, _mortal_peer, timeout=300)
     assert results["v2"] is None, "the victim reported: it was not killed"
     first = [results[n][0] for n in ("v0", "v1")]
@@ -143,7 +140,7 @@ def test_a_member_that_reduces_nothing_never_takes_an_all_reduce_without_a_lost_
     # v2: v0 must not take it for the whole group's and commit what v1 does not; both meet again
     # without v2 and commit the same mean of their two contributions.
     monkeypatch.setattr(_KilledInAnAllReduce, "armed", str(tmp_path / "armed"))
-    args = _three_cohorts_of_one("hier-client-lost", monkeypatch, rounds=1, client_mode=(True, False, True))
+    args = _three_cohorts_of_one("hier-client-lost", rounds=1, client_mode=(True, False, True))
     monkeypatch.setattr(_KilledInAnAllReduce, "at", 1)
     results = _run("hier-client-lost", args, _mortal_peer, timeout=300)
     assert results["v2"] is None, "the victim reported: it was not killed"
