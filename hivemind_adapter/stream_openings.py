@@ -5,7 +5,9 @@ When another node opens a stream to one of this node's handlers, the daemon conn
 listening socket and first writes the stream's header. A stream the remote end reset at once arrives
 as a connection that closes before its header; hivemind's client lets the read fail inside asyncio's
 connection callback, which asyncio logs as "Unhandled exception in client_connected_cb" with a full
-traceback. :func:`install_quiet_stream_openings` serves such a connection by closing it.
+traceback. :func:`install_quiet_stream_openings` serves such a connection by closing it. Likewise a
+stream whose handler is cancelled as the event loop shuts down (a known group's early parts, held
+for a group this peer will not join as it leaves) closes instead of logging a CancelledError.
 """
 
 from __future__ import annotations
@@ -42,7 +44,11 @@ def install_quiet_stream_openings() -> None:
         if handler is None:  # the daemon rejects streams for unknown protocols before this
             writer.close()
             raise DispatchFailure(f"no handler for {stream.proto}")
-        await handler(stream, reader, writer)
+        try:
+            await handler(stream, reader, writer)
+        except asyncio.CancelledError:  # nobody awaits a connection's task: it ends here, quietly
+            logger.debug(f"a {stream.proto} stream was cancelled: the event loop is shutting down")
+            writer.close()
 
     ControlClient._handler = serve_stream
     _installed = True
