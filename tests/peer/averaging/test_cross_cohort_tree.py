@@ -102,6 +102,9 @@ def _late_leader_peer(dht, *, rank, seed, samples, late, run_id, cohorts=3, drif
         averager.shutdown()
 
 
+# Slow (`make test-all`): the default suite has a head 8 s late join the whole top group
+# (test_the_top_group_waits_longer_for_a_late_head_than_a_lower_group_would).
+@pytest.mark.slow
 def test_a_cohort_leader_arriving_after_one_matchmaking_period_still_joins_the_whole_group():
     # Without the wait for the whole group, the two on time formed a group of their own after one
     # matchmaking period (2 s), the late one found nobody left, and the round committed without it.
@@ -131,6 +134,9 @@ def _heads_of_four_cohorts(run_id: str, late: dict[str, tuple[int, int, float]])
     return [results[n] for n in late]
 
 
+# Slow (`make test-all`): the default suite holds a run of one cohort's top group to the same least
+# size (test_hierarchy.py's test_in_a_run_of_one_cohort_two_members_on_time_wait_for_a_third_…).
+@pytest.mark.slow
 def test_two_heads_on_time_wait_for_a_third_rather_than_split_the_roster_in_halves():
     # Four cohorts of one: a result needs 3 of the 4 peers. The two on time gather for 10 s (the top
     # group's wait in a first attempt) and the other two come 12 s late. Without the top group's least
