@@ -247,6 +247,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--trace", default="", help="a file each thin peer appends one JSON line to per round"
     )
+    parser.add_argument("--logs", default="", help="a folder each thin peer writes its DEBUG log to")
     args = parser.parse_args(argv)
     refused = None
     if min(args.bucket_sizes) < 5:
@@ -256,6 +257,8 @@ def main(argv=None) -> int:
     if refused:
         print(f"swarm_scale: {refused}", file=sys.stderr)
         return 2
+    if args.logs:
+        os.makedirs(args.logs, exist_ok=True)
     start_orphan_reaper()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill cleans up as Ctrl-C does
     shapes = _digits_shapes()
@@ -269,6 +272,7 @@ def main(argv=None) -> int:
         opts = ThinOptions(
             shapes, args.rounds, args.compute, args.cross_group, bucket_size=k, store_search=search,
             trace=args.trace,
+            logs=args.logs,
         )  # fmt: skip
         if n >= did_not_fit.get(opts.variant, n + 1):
             continue

@@ -5,7 +5,8 @@ Per round it reads the roster, forms cohorts by node affinity, "computes" for ``
 it reads and writes the progress board, averages a random gradient of the real size through the
 hierarchy (cohort, cross-cohort tree, broadcast) and waits for the signed commit board's quorum. With
 ``trace`` set, it appends one JSON line per round to that file (:class:`RoundTrace`): which attempt,
-cohort and head, the result's digest and contributors, each stage's seconds, why it aborted.
+cohort and head, the result's digest and contributors, each stage's seconds, why it aborted. With
+``logs`` set, each peer writes its stages' and hivemind's matchmaking DEBUG log to that folder.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import collections
 import functools
 import json
+import logging
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -102,6 +104,7 @@ class ThinOptions:
     bucket_size: int = DHT_BUCKET_SIZE  # the DHT's k and lookup beam (hivemind_adapter.dht)
     store_search: str = "nodes"  # "values": a store's search for nodes downloads values, as hivemind's
     trace: str = ""  # a file each peer appends a RoundTrace line to per round ("": none)
+    logs: str = ""  # a folder each peer writes its DEBUG log to, peer-INDEX.log ("": none)
 
     @property
     def variant(self) -> str:
@@ -166,9 +169,19 @@ def _certificate(identity: Identity, peer: str, serial: int) -> bytes:
     return seal(certificate, BENCH_AGGREGATOR)
 
 
+def _log_to_file(path: str) -> None:
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name in ("peer", "hivemind_adapter", "hivemind.averaging"):
+        logging.getLogger(name).addHandler(handler)
+        logging.getLogger(name).setLevel(logging.DEBUG)
+
+
 def thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, done, results) -> None:
     (CGROUP_ROOT / cgroup / "cgroup.procs").write_text(str(os.getpid()))  # its p2pd and children follow
     torch.set_num_threads(1)
+    if opts.logs:
+        _log_to_file(os.path.join(opts.logs, f"peer-{index}.log"))
     dht = start_dht(
         initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], bucket_size=opts.bucket_size,
         nodes_only_store_search=opts.store_search == "nodes",

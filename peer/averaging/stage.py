@@ -34,8 +34,9 @@ logger = logging.getLogger(__name__)
 # A leaving peer looks for its group this many matchmaking periods before it gives up: partners who are
 # there find each other within one (groups form when full, else after the matchmaking time).
 LEAVING_GRACE_FACTOR = 3
-# A stage's own averaging waits for its whole group (it begins at once when full) up to this many
-# matchmaking periods: a group begun with the early members splits the stage's result in two.
+# A stage's own averaging, and a broadcast's head, wait for the whole group (it begins at once when
+# full) up to this many matchmaking periods: a group begun with the early members splits the
+# stage's result in two, or leaves a receiver without the broadcast (and its vote).
 GATHER_PERIODS = 3.0
 # A group whose result must hold a quorum (the top one) waits longer: a unit it starts without loses
 # the attempt for all of its peers, and under load units arrive over about 10 s.
@@ -207,8 +208,9 @@ class StageRunner:
             averager.set_group_bits(bits)
             periods = QUORUM_GATHER_PERIODS if quorum_over else GATHER_PERIODS
             gather = min(periods * self.timeouts.matchmaking, 0.5 * chosen.seconds, remaining - 1.0)
-            # (a pair cannot split; a step after the first looks for whoever is left)
-            if first_step and stage == 0 and expected > 2 and gather > self.timeouts.matchmaking:
+            # (a pair cannot split; a step after the first looks for whoever is left; a broadcast's
+            # head gathers too: a receiver that finds it after one period would lose its round)
+            if first_step and not follow_only and expected > 2 and gather > self.timeouts.matchmaking:
                 step["scheduled_time"] = dht_time() + gather
             else:
                 step.pop("scheduled_time", None)

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from supernet.checkpoint import load_checkpoint, save_trained
 from supernet.config import SubnetConfig
+from supernet.export_choice import format_of
 from supernet.search.accuracy import DirectEvaluator
 from supernet.search.cli import main
 from supernet.search.deploy import recalibrated_export
@@ -123,6 +124,15 @@ def test_search_prints_the_choice_and_exports_a_model_that_loads_without_manta(d
     assert (tmp_path / "lat.json").exists()  # saved for the next run (reuse: tests/supernet/test_search.py)
 
 
+def test_the_export_format_follows_the_files_suffix():
+    assert [format_of(n) for n in ("m.onnx", "M.ONNX", "m.pt2", "m.pt", "m", "dir.onnx/m.ts")] == [
+        "onnx", "onnx", "export", "torchscript", "torchscript", "torchscript"
+    ]  # fmt: skip
+
+
+# 28 s. By default: the suffix rule above, the formats test (tests/supernet/test_export_formats.py:
+# an ONNX file checked in onnxruntime against the supernet) and the search's export path above.
+@pytest.mark.slow
 def test_search_exports_onnx_by_the_suffix_checked_against_the_supernet(digits_checkpoint, tmp_path):
     import onnx
     import onnxruntime

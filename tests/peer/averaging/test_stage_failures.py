@@ -237,6 +237,75 @@ def test_a_member_lost_inside_a_broadcast_to_three_costs_the_other_member_nothin
         torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-5, atol=1e-6)
 
 
+class _LateToTheBroadcast(VerifiedAverager):
+    """A cohort averager that marks (files in ``marks``) when the head's broadcast step begins and,
+    for the armed receiver, enters the broadcast ``late`` seconds after that."""
+
+    marks = ""  # set before the peers are forked
+    late = 0.0
+    _bits = ""
+
+    def set_group_bits(self, bits: str):
+        self._bits = bits  # round_bits: the first bit says a broadcast
+        return super().set_group_bits(bits)
+
+    def step(self, *args, **kwargs):
+        me, started = self.peer_id.to_base58(), os.path.join(self.marks, "head-started")
+        if self._bits.startswith("1") and os.path.exists(os.path.join(self.marks, f"head.{me}")):
+            with open(started + ".tmp", "w") as f:
+                f.write(str(time.time()))
+            os.replace(started + ".tmp", started)
+        elif self._bits.startswith("1") and os.path.exists(os.path.join(self.marks, f"late.{me}")):
+            give_up = time.monotonic() + 60
+            while not os.path.exists(started) and time.monotonic() < give_up:
+                time.sleep(0.05)
+            with open(started) as f:
+                time.sleep(max(0.0, float(f.read()) + self.late - time.time()))
+        return super().step(*args, **kwargs)
+
+
+_LateToTheBroadcast.__name__ = VerifiedAverager.__name__  # its RPC handlers answer as the others' do
+
+
+def _member_of_three_late(dht, *, rank, seed, samples, run_id, marks):
+    """One round of :data:`THREE_AND_TWO`; in the cohort of three, the leader (smallest id) marks its
+    broadcast's start and the member with the largest id enters that broadcast late."""
+    averager = build_averager(
+        dht, run_id, f"c{rank}", [torch.zeros(s) for s in SHAPES], timeouts=FAST, averager_type=_LateToTheBroadcast
+    )  # fmt: skip
+    try:
+        ranks = _ranks(dht, run_id, len(THREE_AND_TWO), rank)
+        cohort = sorted(p for p, r in ranks.items() if r == 0)
+        me = peer_id(dht)
+        if rank == 0 and me in (cohort[0], cohort[-1]):
+            open(os.path.join(marks, f"{'head' if me == cohort[0] else 'late'}.{me}"), "w").close()
+        res = averager.average(
+            0, [g * samples for g in _grads(seed)], samples, cohort_size=3 if rank == 0 else 2,
+            num_cohorts=2, cohort_rank=rank, expected_peers=sorted(ranks),
+        )  # fmt: skip
+        return dict(_outcome(res), me=peer_id(dht))
+    finally:
+        averager.shutdown()
+
+
+def test_a_broadcast_head_waits_for_a_receiver_that_finds_it_a_period_late(tmp_path, monkeypatch):
+    # A cohort of three and one of two. One receiver of the cohort of three enters its head's
+    # broadcast 1.5 matchmaking periods after the head (under load, a receiver's read of the head's
+    # declaration lags as much). The head gathers its whole group first, as a stage's own averaging
+    # does: all five commit the mean of all five. (A head that started with the receiver on time
+    # after one period left the late one without the vector: 4 of 5 committed.)
+    monkeypatch.setattr(_LateToTheBroadcast, "marks", str(tmp_path))
+    monkeypatch.setattr(_LateToTheBroadcast, "late", 1.5 * FAST.matchmaking)
+    args = {
+        name: dict(rank=r, seed=s, samples=n, run_id="hier-bcast-late", marks=str(tmp_path))
+        for name, (r, s, n) in THREE_AND_TWO.items()
+    }
+    results = list(_run("hier-bcast-late", args, _member_of_three_late, timeout=300).values())
+    assert (tmp_path / "head-started").exists()
+    assert all(r["committed"] for r in results), [(r["reason"], r["seconds"]) for r in results]
+    assert len({r["digest"] for r in results}) == 1 and all(len(r["contributors"]) == 5 for r in results)
+
+
 def test_a_member_that_missed_its_cohort_broadcast_meets_its_leader_again(tmp_path, monkeypatch):
     # Two cohorts of two. The member with the largest id (never its cohort's leader) is counted into
     # its leader's broadcast group and sends nothing (its second all-reduce). The leader, the
