@@ -6,11 +6,16 @@ full or its matchmaking time is over. When the DHT's nodes are across the wide a
 can cost more than the all-reduce itself, on every inner step.
 
 The members of a cohort already know each other: the roster every peer read says who is in it.
-Each member derives the same group id and peer order from what they share (see :func:`known_group_id`)
-and goes straight to the all-reduce. A member that arrives early holds a later member's parts until
-that member has registered the group (:meth:`KnownGroupSteps.rpc_aggregate_part`); a member that never
-comes makes the step fail within its bound, with the tensors untouched, and the caller falls back to
-matchmaking.
+Each member derives the same group id and peer order from what they share (see :func:`known_group_id`).
+On arriving, a member tells every other member so (one small message each,
+:meth:`KnownGroupSteps.rpc_known_group_arrived`) and waits until each has told it the same; then all
+begin the all-reduce within a round trip of each other, however far apart they arrived (up to the
+step's arrival bound, which hivemind's sender timeout no longer limits). A member that arrives
+early holds a later member's parts until that member has registered the group
+(:meth:`KnownGroupSteps.rpc_aggregate_part`); a member that never comes makes the step fail within
+its bound, before anyone sent a part, with the tensors untouched, and the caller falls back to
+matchmaking. A member that gave up answers a late member's arrival with "cancelled", so the late one
+gives up at once instead of starting an all-reduce alone.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import AsyncIterator  # noqa: UP035
 
 from hivemind.averaging.group_info import GroupInfo
 from hivemind.averaging.load_balancing import load_balance_peers
-from hivemind.p2p import PeerID
+from hivemind.p2p import P2PContext, PeerID
 from hivemind.proto import averaging_pb2
 from hivemind.utils import MPFuture
 from hivemind.utils.asyncio import achain, anext, as_aiter, enter_asynchronously
@@ -34,6 +39,8 @@ from hivemind.utils.asyncio import achain, anext, as_aiter, enter_asynchronously
 KNOWN_GROUP_PREFIX = b"manta-known:"
 # How long the caller waits for the averager's process beyond the step's own bound.
 REPLY_GRACE_SECONDS = 5.0
+ARRIVAL_CALL_SECONDS = 5.0  # one arrival message's bound (it is retried while the step may wait)
+KEPT_ARRIVALS = 1024  # known groups whose arrivals a member remembers (the oldest are forgotten)
 
 
 def known_group_id(*fields: str) -> bytes:
@@ -64,8 +71,8 @@ class KnownGroupSteps:
 
         Two bounds, not one, so that members do not part ways over timing: a step that gave up while
         its all-reduce ran could leave its partner with the complete result. Until every member has
-        arrived, no reducer has answered anyone (a reducer answers a part once every sender sent it),
-        so a step that gives up waiting for arrivals takes nobody's result with it."""
+        arrived, nobody sent a part, so a step that gives up waiting for arrivals takes nobody's
+        result with it."""
         if not group_id.startswith(KNOWN_GROUP_PREFIX):
             raise ValueError("a known group's id comes from known_group_id()")
         future = MPFuture()
@@ -100,6 +107,7 @@ class KnownGroupSteps:
             ordered = tuple(PeerID.from_base58(p) for p in peer_ids)
             if self.peer_id not in ordered:
                 raise ValueError("this peer is not a member of the known group")
+            await self._all_arrived(group_id, ordered, arrival_timeout)
             group = GroupInfo(group_id, ordered, gathered=())
             kwargs = dict(self.allreduce_kwargs)
             min_vector_size = kwargs.pop("min_vector_size", 0)
@@ -142,6 +150,88 @@ class KnownGroupSteps:
         except BaseException as e:
             if not future.done():
                 future.set_exception(e)
+
+    def _arrivals(self) -> dict[bytes, tuple[set[PeerID], asyncio.Event]]:
+        """Known group id -> the members that said they arrived, and an event set on each message."""
+        if not hasattr(self, "_known_arrivals"):
+            self._known_arrivals: dict[bytes, tuple[set[PeerID], asyncio.Event]] = {}
+            self._known_abandoned: set[bytes] = set()
+        return self._known_arrivals
+
+    def _arrival_entry(self, group_id: bytes) -> tuple[set[PeerID], asyncio.Event]:
+        arrivals = self._arrivals()
+        if group_id not in arrivals:
+            while len(arrivals) >= KEPT_ARRIVALS:
+                forgotten = next(iter(arrivals))
+                del arrivals[forgotten]
+                self._known_abandoned.discard(forgotten)
+            arrivals[group_id] = (set(), asyncio.Event())
+        return arrivals[group_id]
+
+    async def _all_arrived(self, group_id: bytes, ordered: tuple[PeerID, ...], timeout: float) -> None:
+        """Tell the other members of ``group_id`` this one arrived and wait until each said so too;
+        TimeoutError after ``timeout`` s, or at once if one of them already gave up (then this one is
+        given up too: it answers later arrivals with "cancelled")."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + timeout
+        arrived, event = self._arrival_entry(group_id)
+        others = [p for p in ordered if p != self.peer_id]
+        cancelled = asyncio.Event()
+
+        async def tell(peer: PeerID) -> None:
+            while loop.time() < give_up:
+                try:
+                    stub = self.get_stub(self._p2p, peer, namespace=self.prefix)
+                    reply = await asyncio.wait_for(
+                        stub.rpc_known_group_arrived(averaging_pb2.AveragingData(group_id=group_id)),
+                        timeout=min(ARRIVAL_CALL_SECONDS, max(0.1, give_up - loop.time())),
+                    )
+                    if reply.code == averaging_pb2.MessageCode.CANCELLED:
+                        cancelled.set()
+                        event.set()
+                    return
+                except Exception:  # not reachable yet: try again while the step may wait
+                    await asyncio.sleep(0.5)
+
+        tellers = [asyncio.create_task(tell(p)) for p in others]
+        gave_up = "a known group's member gave up before this one arrived"
+        try:
+            while not set(others) <= arrived:
+                if cancelled.is_set():
+                    raise TimeoutError(gave_up)
+                remaining = give_up - loop.time()
+                if remaining <= 0:
+                    raise TimeoutError
+                event.clear()
+                try:
+                    await asyncio.wait_for(event.wait(), timeout=remaining)
+                except TimeoutError:
+                    pass
+            # the others that arrived first wait for this one's message: it must go out
+            await asyncio.wait(tellers, timeout=max(0.1, min(ARRIVAL_CALL_SECONDS, give_up - loop.time())))
+            if cancelled.is_set():  # its message was here from before it gave up
+                raise TimeoutError(gave_up)
+        except BaseException:
+            self._known_abandoned.add(group_id)
+            raise
+        finally:
+            for task in tellers:
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(*tellers, return_exceptions=True)
+
+    async def rpc_known_group_arrived(
+        self, request: averaging_pb2.AveragingData, context: P2PContext
+    ) -> averaging_pb2.AveragingData:
+        """A member of known group ``request.group_id`` arrived (before or after this one did)."""
+        if not request.group_id.startswith(KNOWN_GROUP_PREFIX):
+            return averaging_pb2.AveragingData(code=averaging_pb2.MessageCode.BAD_GROUP_ID)
+        arrived, event = self._arrival_entry(request.group_id)
+        if request.group_id in self._known_abandoned:
+            return averaging_pb2.AveragingData(code=averaging_pb2.MessageCode.CANCELLED)
+        arrived.add(context.remote_id)
+        event.set()
+        return averaging_pb2.AveragingData(code=averaging_pb2.MessageCode.ACCEPTED)
 
     async def _every_member_sends(self, group_id: bytes) -> None:
         """Returns once every member of the registered group ``group_id`` began sending to this one."""

@@ -34,7 +34,7 @@ from peer.averaging.broadcast import Broadcast, broadcast
 from peer.averaging.cross_stage import CrossCohortStage, confirm_three
 from peer.averaging.cross_tree import cross_groups
 from peer.averaging.deadlines import StageDeadlines
-from peer.averaging.known_cohort import KnownCohort
+from peer.averaging.known_cohort import ARRIVAL_SENDER_TIMEOUTS, KnownCohort
 from peer.averaging.outcome import Attempt, AveragingOutcome, Contributor, check_contributors, leader_of
 from peer.averaging.settings import AveragerSettings
 from peer.averaging.stage import HeadGone, NoGroup, RoundAborted, StageRunner
@@ -229,7 +229,7 @@ class HierarchicalAverager:
         if known is not None:
             counts = self._known.average(
                 self._cohort, now.number, known, self.peer_id, me.samples, now.state_digest,
-                arrival_timeout=self.settings.timeouts.next_chunk,  # hivemind's sender timeout: no longer
+                arrival_timeout=ARRIVAL_SENDER_TIMEOUTS * self.settings.timeouts.next_chunk,
                 allreduce_timeout=self.stages.allreduce_bound("cohort"),
                 weight=float(me.samples) if robust else 1.0,  # robust: a weighted centre of the members' means
             )  # fmt: skip

@@ -50,6 +50,9 @@ logger = logging.getLogger(__name__)
 ROLL_SLOTS = 64  # the largest cohort that averages in a known group (a larger one uses matchmaking)
 SKIP_AFTER_FAILURE = 2  # attempts that go straight to matchmaking after a known group failed
 CONFIRM_ARRIVAL_SECONDS = 2.0  # members confirm right after the all-reduce they all completed
+# How far apart a cohort's members may arrive, in sender timeouts: at 32 thin peers on 2 cores a
+# cohort's members began a round up to 15 s apart (their reads between rounds took that long).
+ARRIVAL_SENDER_TIMEOUTS = 2.0
 # A result's fingerprint: two 20-bit pieces of its digest. hivemind's reducer averages in float32
 # whatever the roll's dtype (a float32 keeps 24 bits of a value), and
 # a 20-bit integer survives float32's mean and the product by the group's size exactly.
