@@ -14,7 +14,7 @@ from peer.averaging.broadcast import Broadcast, broadcast
 from peer.averaging.cross_tree import JoinedGroup, TreeGroup, units_of
 from peer.averaging.outcome import Attempt, Contributor, check_contributors
 from peer.averaging.settings import AveragerSettings
-from peer.averaging.stage import NoGroup, RoundAborted, StageRunner
+from peer.averaging.stage import QUORUM_GATHER_PERIODS, NoGroup, RoundAborted, StageRunner
 from peer.commit.quorum import is_quorum, members_of
 from peer.guard.partner_checks import CheckFailed, PartnerChecks
 from peer.guard.peer_guard import PeerGuard
@@ -133,6 +133,7 @@ class CrossCohortStage:
                     self.averager, "cross", attempt.number, 0, group.size, attempt.state_digest,
                     level=group.level, group=group.index, patience=group.level, units=self._units(attempt, group),
                     live=attempt.live, weight=weight, gather=report, quorum_over=attempt.roster_size if top else 0,
+                    gather_periods=QUORUM_GATHER_PERIODS,  # a head it starts without loses its cohort's round
                 )  # fmt: skip
             except NoGroup as e:
                 logger.info(f"attempt {attempt.number}: {e}; level {group.level} goes on with what it has")

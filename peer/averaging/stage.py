@@ -38,8 +38,8 @@ LEAVING_GRACE_FACTOR = 3
 # full) up to this many matchmaking periods: a group begun with the early members splits the
 # stage's result in two, or leaves a receiver without the broadcast (and its vote).
 GATHER_PERIODS = 3.0
-# A group whose result must hold a quorum (the top one) waits longer: a unit it starts without loses
-# the attempt for all of its peers, and under load units arrive over about 10 s.
+# A group of cohort heads (the cross stage's, the top one above all) waits longer: a unit it starts
+# without loses the attempt for all of its peers, and under load units arrive over about 10 s.
 QUORUM_GATHER_PERIODS = 6.0
 ONLINE_CHECK_SECONDS = 2.0  # how often a broadcast's receiver reads the roster for its sender
 
@@ -138,6 +138,7 @@ class StageRunner:
         units: Sequence[Collection[str]] = (),
         live: Collection[str] | None = None,
         quorum_over: int = 0,
+        gather_periods: float = GATHER_PERIODS,
         **step,
     ) -> dict:
         """One hivemind step (``stage`` 0: a stage's own averaging, 1: a broadcast); returns the gathered
@@ -159,7 +160,9 @@ class StageRunner:
         (:meth:`~peer.averaging.deadlines.StageDeadlines.allreduce_bound`). ``quorum_over``: the size
         of the roster the group's result must hold a quorum of (0: none): the group starts only with
         units whose peers can be one (:func:`.cross_tree.units_for_majority`, less the peers that
-        posted a departure notice), and once fewer units can still come, :class:`NoGroup`."""
+        posted a departure notice), and once fewer units can still come, :class:`NoGroup`.
+        ``gather_periods``: how many matchmaking periods the first step waits for the whole group
+        (a group with ``quorum_over``: :data:`QUORUM_GATHER_PERIODS`)."""
         # A broadcast's receivers only follow: they must not form a group of their own without the
         # sender while it is still busy with the stage before.
         follow_only = stage == 1 and bool(watch)
@@ -206,7 +209,7 @@ class StageRunner:
             # Before every step: hivemind moves the group bits on once a group assembles (for its own
             # Moshpit-style rounds), and a step taken again after a broken all-reduce must meet the same peers.
             averager.set_group_bits(bits)
-            periods = QUORUM_GATHER_PERIODS if quorum_over else GATHER_PERIODS
+            periods = QUORUM_GATHER_PERIODS if quorum_over else gather_periods
             gather = min(periods * self.timeouts.matchmaking, 0.5 * chosen.seconds, remaining - 1.0)
             # (a pair cannot split; a step after the first looks for whoever is left; a broadcast's
             # head gathers too: a receiver that finds it after one period would lose its round)

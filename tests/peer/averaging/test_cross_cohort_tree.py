@@ -83,11 +83,14 @@ def test_five_cohorts_in_groups_of_two_climb_a_tree_to_the_exact_mean_even_witho
         torch.testing.assert_close(torch.from_numpy(got), want, rtol=1e-5, atol=1e-6)
 
 
-def _late_leader_peer(dht, *, rank, seed, samples, late, run_id, cohorts=3, drift=0.0):
+def _late_leader_peer(dht, *, rank, seed, samples, late, run_id, cohorts=3, drift=0.0, fanout=None):
     """A cohort leader of ``cohorts`` cohorts of one that enters the cross stage ``late`` seconds after
     it could (its last mini-batch, its link or its machine held it up), with ``drift`` seconds allowed
-    for the other cohorts' lag (an outer exchange's period)."""
-    averager = build_averager(dht, run_id, f"c{rank}", [torch.zeros(s) for s in SHAPES], timeouts=FAST)
+    for the other cohorts' lag (an outer exchange's period); ``fanout``: the cross groups' size."""
+    tree = {} if fanout is None else {"cross_group_size": fanout}
+    averager = build_averager(
+        dht, run_id, f"c{rank}", [torch.zeros(s) for s in SHAPES], timeouts=FAST, **tree
+    )
     try:
         ranked = _cohorts_of_one(dht, run_id, cohorts, rank)
         averager.deadlines.allow_drift(drift)
@@ -156,6 +159,30 @@ def test_the_top_group_waits_longer_for_a_late_head_than_a_lower_group_would():
     assert all(r["committed"] for r in outcomes), [r["reason"] for r in outcomes]
     assert len({r["digest"] for r in outcomes}) == 1
     assert all(len(r["contributors"]) == 4 for r in outcomes), [r["contributors"] for r in outcomes]
+
+
+def test_a_lower_group_of_heads_waits_as_long_as_the_top_group_for_a_late_head():
+    # Six cohorts of one in cross groups of three: two lower groups, then the top group of their two
+    # heads. One head of the first lower group comes 8 s late. A head its lower group starts without
+    # carries its cohort alone, which no quorum holds, so every group of heads gathers as long as the
+    # top group (10 s here): all six commit one result. With 3 periods (6 s), 5 of 6 did.
+    delays = [0.0, 0.0, 8.0, 0.0, 0.0, 0.0]
+    args = {
+        f"h{rank}": dict(
+            rank=rank,
+            seed=110 + rank,
+            samples=2 + rank,
+            late=delay,
+            run_id="hier-lower-wait",
+            cohorts=6,
+            fanout=3,
+        )
+        for rank, delay in enumerate(delays)
+    }
+    outcomes = list(_run("hier-lower-wait", args, _late_leader_peer, timeout=300).values())
+    assert all(r["committed"] for r in outcomes), [r["reason"] for r in outcomes]
+    assert len({r["digest"] for r in outcomes}) == 1
+    assert all(len(r["contributors"]) == 6 for r in outcomes), [r["contributors"] for r in outcomes]
 
 
 def _pair_or_single_peer(dht, *, rank, seed, samples, late, run_id):
