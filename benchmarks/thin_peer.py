@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 import functools
 import json
-import logging
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -43,6 +42,7 @@ from protocol.identity import Identity  # noqa: E402
 from protocol.membership import MembershipCertificate  # noqa: E402
 from protocol.records import Affinity, DeviceInfo  # noqa: E402
 from protocol.sealing import seal  # noqa: E402
+from testbed.peer_logs import log_to_file  # noqa: E402
 from tests.protocol.factories import task_spec  # noqa: E402
 
 TASK = "scale"
@@ -169,19 +169,11 @@ def _certificate(identity: Identity, peer: str, serial: int) -> bytes:
     return seal(certificate, BENCH_AGGREGATOR)
 
 
-def _log_to_file(path: str) -> None:
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    for name in ("peer", "hivemind_adapter", "hivemind.averaging"):
-        logging.getLogger(name).addHandler(handler)
-        logging.getLogger(name).setLevel(logging.DEBUG)
-
-
 def thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, done, results) -> None:
     (CGROUP_ROOT / cgroup / "cgroup.procs").write_text(str(os.getpid()))  # its p2pd and children follow
     torch.set_num_threads(1)
     if opts.logs:
-        _log_to_file(os.path.join(opts.logs, f"peer-{index}.log"))
+        log_to_file(os.path.join(opts.logs, f"peer-{index}.log"))
     dht = start_dht(
         initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], bucket_size=opts.bucket_size,
         nodes_only_store_search=opts.store_search == "nodes",

@@ -3,7 +3,6 @@ p2pd daemon on 127.0.0.1, exactly as separate machines would run them."""
 
 from __future__ import annotations
 
-import logging
 import multiprocessing as mp
 import os
 import queue
@@ -18,6 +17,7 @@ import torch
 from hivemind_adapter.dht import start_dht
 from hivemind_adapter.p2p_sockets import remove_dead_socket
 from hivemind_adapter.runtime import start_orphan_reaper
+from testbed.peer_logs import log_to_file
 from tests.helpers import socket_files
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
@@ -26,15 +26,6 @@ LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 def start_bootstrap_dht() -> tuple[hivemind.DHT, list[str]]:
     dht = start_dht(host_maddrs=LOOPBACK)
     return dht, [str(m) for m in dht.get_visible_maddrs()]
-
-
-def _log_to_file(path: str) -> None:
-    """This peer's stages and hivemind's matchmaking at DEBUG into ``path`` (docs/testing.md)."""
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    for name in ("peer", "hivemind_adapter", "hivemind.averaging.matchmaking"):
-        logging.getLogger(name).addHandler(handler)
-        logging.getLogger(name).setLevel(logging.DEBUG)
 
 
 def _child(target: Callable, initial_peers: list[str], args: dict, results: mp.Queue, name: str) -> None:
@@ -46,7 +37,7 @@ def _child(target: Callable, initial_peers: list[str], args: dict, results: mp.Q
     dht = None
     start_orphan_reaper()  # as a real peer does: if this process is killed, its DHT and p2pd die with it
     if log_dir := os.environ.get("MANTA_TEST_PEER_LOGS"):
-        _log_to_file(os.path.join(log_dir, f"{name}.log"))
+        log_to_file(os.path.join(log_dir, f"{name}.log"))
     try:
         dht = start_dht(initial_peers=initial_peers, host_maddrs=LOOPBACK)  # as a real peer starts it
         results.put((name, "ok", target(dht, **args)))
