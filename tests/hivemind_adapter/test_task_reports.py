@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable
 
 from hivemind.p2p.p2p_daemon_bindings.control import ControlClient
+from hivemind.proto import p2pd_pb2
 
 from hivemind_adapter.task_reports import ExpectedTaskEndings
 
@@ -82,4 +83,35 @@ def test_a_daemon_connection_reset_is_not_logged_but_another_error_of_its_reader
     assert len(unquiet) == 1 and "_read_from_persistent_conn" in unquiet[0].getMessage()
     assert _reports(_daemon_reader_ending_in(reset), quiet=True) == []
     errors = _reports(_daemon_reader_ending_in(ValueError("a malformed reply")), quiet=True)
+    assert len(errors) == 1 and isinstance(errors[0].exc_info[1], ValueError)
+
+
+def _daemon_writer_ending_in(error: BaseException) -> Callable[[], None]:
+    """hivemind's own writer of a p2p client's connection to its daemon, a message on its way as the
+    connection fails (seen in CI: a peer's daemon killed while a DHT request was being sent)."""
+
+    class Failing:
+        async def drain(self):
+            raise error
+
+        def write(self, _data):
+            pass
+
+        def close(self):
+            pass
+
+    def start() -> None:
+        client = ControlClient(daemon_connector=None, _initialized_with_create=True)
+        client._pending_messages.put_nowait(p2pd_pb2.PersistentConnectionRequest(callId=b"0" * 16))
+        asyncio.create_task(client._write_to_persistent_conn(Failing()))
+
+    return start
+
+
+def test_a_daemon_connection_lost_while_writing_is_not_logged_but_another_error_of_its_writer_is():
+    lost = ConnectionResetError("Connection lost")
+    unquiet = _reports(_daemon_writer_ending_in(lost), quiet=False)
+    assert len(unquiet) == 1 and "_write_to_persistent_conn" in unquiet[0].getMessage()
+    assert _reports(_daemon_writer_ending_in(lost), quiet=True) == []
+    errors = _reports(_daemon_writer_ending_in(ValueError("not a connection error")), quiet=True)
     assert len(errors) == 1 and isinstance(errors[0].exc_info[1], ValueError)
