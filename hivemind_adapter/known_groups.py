@@ -52,6 +52,12 @@ def known_group_id(*fields: str) -> bytes:
 class KnownGroupSteps:
     """Mixin for a DecentralizedAverager subclass: :meth:`step_in_known_group`."""
 
+    def __init__(self, *args, **kwargs):
+        # known group id -> the members that said they arrived, and an event set on each message
+        self._known_arrivals: dict[bytes, tuple[set[PeerID], asyncio.Event]] = {}
+        self._known_abandoned: set[bytes] = set()  # known groups this member gave up ("cancelled")
+        super().__init__(*args, **kwargs)  # the averager may answer arrivals once this returns
+
     def step_in_known_group(
         self,
         group_id: bytes,
@@ -151,15 +157,8 @@ class KnownGroupSteps:
             if not future.done():
                 future.set_exception(e)
 
-    def _arrivals(self) -> dict[bytes, tuple[set[PeerID], asyncio.Event]]:
-        """Known group id -> the members that said they arrived, and an event set on each message."""
-        if not hasattr(self, "_known_arrivals"):
-            self._known_arrivals: dict[bytes, tuple[set[PeerID], asyncio.Event]] = {}
-            self._known_abandoned: set[bytes] = set()
-        return self._known_arrivals
-
     def _arrival_entry(self, group_id: bytes) -> tuple[set[PeerID], asyncio.Event]:
-        arrivals = self._arrivals()
+        arrivals = self._known_arrivals
         if group_id not in arrivals:
             while len(arrivals) >= KEPT_ARRIVALS:
                 forgotten = next(iter(arrivals))
