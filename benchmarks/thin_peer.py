@@ -35,8 +35,9 @@ from peer.averaging.factory import build_averager, committer_for  # noqa: E402
 from peer.averaging.outcome import AveragingOutcome  # noqa: E402
 from peer.averaging.stage import AveragingTimeouts  # noqa: E402
 from peer.commit.boards import SignedCommitBoard  # noqa: E402
+from peer.roster_view import ADMISSION_READ_AGE, RosterView  # noqa: E402
 from peer.swarm_progress import SwarmProgress  # noqa: E402
-from peer.swarm_view import Announcer, ProgressBoard, read_roster  # noqa: E402
+from peer.swarm_view import Announcer, ProgressBoard  # noqa: E402
 from protocol.dht_schema import MantaRecordValidator  # noqa: E402
 from protocol.identity import Identity  # noqa: E402
 from protocol.membership import MembershipCertificate  # noqa: E402
@@ -191,6 +192,7 @@ def thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, d
         announcer.keep_fresh()
         progress = SwarmProgress(ProgressBoard(dht, TASK, speaker(dht, identity)), me, 64, 1, 10**9)
         committer = committer_for(SignedCommitBoard(dht, TASK, speaker(dht, identity)), TIMEOUTS)
+        roster_view = RosterView(dht, SPEC)
         ready.put(index)
         if not go.wait(timeout=900):
             return
@@ -200,7 +202,7 @@ def thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, d
         generator = torch.Generator().manual_seed(index)
         for round_index in range(opts.rounds):
             started = time.perf_counter()
-            roster = read_roster(dht, SPEC)
+            roster = roster_view.read()
             assignment = assign_cohorts([p.entry for p in roster], opts.cohort_size)
             cohort = assignment.get(me, f"solo-{me[-8:]}")
             cohort_ids = sorted(set(assignment.values()) | {cohort})
@@ -212,7 +214,7 @@ def thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, d
                     committer=committer, cross_group_size=opts.cross_group,
                     # as a real peer: signed matchmaking declarations, met only with the roster's peers
                     declarations=DeclarationSigner(TASK, speaker(dht, identity)),
-                    admitted=lambda: {p.entry.peer_id: p.announcement.public_key for p in read_roster(dht, SPEC)},
+                    admitted=lambda: roster_view.keys(ADMISSION_READ_AGE),
                 )  # fmt: skip
             attempt = committer.next_attempt(attempt)
             progress.begin(round_index, cohort, round_index - 1)

@@ -358,6 +358,24 @@ def read_entries_of_keys(
 ) -> list[dict[str, Any]]:
     """:func:`read_entries` of each of ``keys``, the lookups in flight together (one ``timeout`` for
     all; a key whose lookup has not finished by then reads as {})."""
+    return [
+        {sub: value for sub, (value, _expires) in found.items()}
+        for found in read_expiring_entries_of_keys(dht, keys, timeout)
+    ]
+
+
+def read_expiring_entries(
+    dht: hivemind.DHT, key: str, timeout: float = READ_TIMEOUT
+) -> dict[str, tuple[Any, float]]:
+    """subkey -> (raw value, the DHT time it expires at) of every entry under ``key``, as
+    :func:`read_entries`."""
+    return read_expiring_entries_of_keys(dht, [key], timeout)[0]
+
+
+def read_expiring_entries_of_keys(
+    dht: hivemind.DHT, keys: Sequence[str], timeout: float = READ_TIMEOUT
+) -> list[dict[str, tuple[Any, float]]]:
+    """:func:`read_expiring_entries` of each of ``keys``, as :func:`read_entries_of_keys`."""
     if dht_gone(dht):
         return [{} for _ in keys]
     try:
@@ -374,7 +392,7 @@ def read_entries_of_keys(
         if found is None or not isinstance(found.value, dict):
             out.append({})
         else:
-            out.append({str(sub): item.value for sub, item in found.value.items()})
+            out.append({str(sub): (item.value, item.expiration_time) for sub, item in found.value.items()})
     return out
 
 

@@ -36,7 +36,7 @@ from peer.round import apply_pending_result, run_round
 from peer.round_types import OuterReport, RoundContext, RoundReport
 from peer.startup import JoinConfig, PeerKinds, PeerParts, build_peer
 from peer.stopping import StopSignals
-from peer.swarm_view import PROGRESS_TTL, read_roster
+from peer.swarm_view import PROGRESS_TTL
 from peer.worker_fork import WaitingWorkers
 from protocol.identity import Identity
 from protocol.records import ContributionReceipt
@@ -76,6 +76,7 @@ class PeerNode:
         task = parts.spec.record
         self._round = RoundContext(
             task=task, train_config=parts.workload.cfg, peer_id=self.peer_id, identity=identity, dht=self.dht,
+            roster=parts.roster,
             workers=parts.workers, progress=parts.progress, announcer=parts.announcer, outbox=parts.outbox,
             display=display, stop=self._stop, averager_for=parts.averagers.rounds,
             state_digest=lambda: self.state.state_digest, state_round=lambda: self.state.state_round,
@@ -135,7 +136,7 @@ class PeerNode:
         running_round = self.parts.progress.swarm_round(fresh_ms=int(PROGRESS_TTL * 1000))
         if running_round < self.state_round + 1 or self._stop.is_set():
             return False  # nobody works on the round we would join: it begins with us in every roster
-        roster = read_roster(self.dht, self.spec.record)
+        roster = self.parts.roster.read()
         others = [p.entry.peer_id for p in roster if p.entry.peer_id != self.peer_id]
 
         def say(attempt: int) -> None:
@@ -152,7 +153,7 @@ class PeerNode:
         return True
 
     def _roster_ids(self) -> frozenset[str]:
-        return frozenset(p.entry.peer_id for p in read_roster(self.dht, self.spec.record))
+        return frozenset(self.parts.roster.peer_ids())
 
     def run(self) -> list[RoundReport]:
         """Train until stopped, ``max_rounds`` committed or ``until_round`` reached; the reports."""

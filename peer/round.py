@@ -41,7 +41,6 @@ from peer.round_types import (
     RoundWork,
 )
 from peer.swarm_progress import SUPERSEDED_READ_EVERY
-from peer.swarm_view import read_roster
 from peer.worker_pool import WorkerPool
 from peer.worker_protocol import Compute, HostContribution
 from protocol.averaging_group import averaging_group_id, group_membership
@@ -232,10 +231,10 @@ def plan_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundPlan:
     read while the previous step computed, if it is recent (:func:`read_roster_ahead`)."""
     roster = _roster_read_ahead(ctx)
     if roster is None:
-        roster = read_roster(ctx.dht, ctx.task)
+        roster = ctx.roster.read()
     if ctx.peer_id not in {p.entry.peer_id for p in roster}:
         ctx.announcer.announce()
-        roster = read_roster(ctx.dht, ctx.task)
+        roster = ctx.roster.read()
     ctx.roster_size = len(roster)
     assignment = assign_cohorts([p.entry for p in roster], ctx.task.params.max_group_size)
     cohort = assignment.get(ctx.peer_id, f"solo-{ctx.peer_id[-8:]}")
@@ -270,7 +269,7 @@ def read_roster_ahead(ctx: RoundContext) -> None:
     the end of a round anyway."""
     if ctx.outer is None:
         return
-    read = _ROSTER_READER.submit(read_roster, ctx.dht, ctx.task)
+    read = _ROSTER_READER.submit(ctx.roster.read)
     ctx.roster_ahead = (time.monotonic(), read)
 
 

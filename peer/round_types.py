@@ -13,6 +13,7 @@ from peer.averaging.hierarchy import HierarchicalAverager
 from peer.commit.committer import RoundCommitter
 from peer.progress_display import ProgressDisplay
 from peer.receipts import ReceiptOutbox
+from peer.roster_view import RosterView
 from peer.swarm_progress import SwarmProgress
 from peer.swarm_view import Announcer
 from peer.worker_pool import WorkerPool
@@ -133,6 +134,7 @@ class RoundContext:
     peer_id: str
     identity: Identity
     dht: object
+    roster: RosterView  # this peer's roster, every read merged into the earlier ones
     workers: WorkerPool
     progress: SwarmProgress
     announcer: Announcer

@@ -43,12 +43,13 @@ from peer.outer_step import OuterSettings
 from peer.progress_display import ProgressDisplay
 from peer.reachability import start_peer_dht
 from peer.receipts import AggregatorLink, ReceiptCourier, ReceiptOutbox
+from peer.roster_view import ADMISSION_READ_AGE, RosterView
 from peer.run_policy import RunConditions, RunPolicy
 from peer.search_service import EvaluationService
 from peer.state_keeper import StateKeeper
 from peer.stopping import StopSignals
 from peer.swarm_progress import SwarmProgress
-from peer.swarm_view import Announcer, ProgressBoard, fetch_task, read_roster
+from peer.swarm_view import Announcer, ProgressBoard, fetch_task
 from peer.worker import WorkerLimits
 from peer.worker_fork import WaitingWorkers
 from peer.worker_pool import WorkerPool
@@ -102,6 +103,7 @@ class PeerParts:
     dht: Any
     dht_watch: ProcessWatch
     peer_id: str
+    roster: RosterView
     spec: Sealed[TaskSpec]
     endpoint: Endpoint
     data: DataFeed | None  # tasks on an operator's dataset (TaskSpec.data)
@@ -228,9 +230,8 @@ def build_peer(
         workload, shared, consensus, workers = _start_workers(task, devices, peer_id, data, config, waiting)
         built.callback(workers.stop)
         outer = _outer_stepper(task, shared, consensus, workers, lambda cohort: averagers.outer(cohort))
-        commits = committer_for(
-            SignedCommitBoard(dht, task.task_id, me), config.timeouts, _roster_peers(dht, task)
-        )
+        roster = RosterView(dht, task)
+        commits = committer_for(SignedCommitBoard(dht, task.task_id, me), config.timeouts, roster.peer_ids)
         archive = StateArchive(endpoint, task.task_id, head=len(shared.grads))  # the parameters
         built.callback(archive.close)
         # reducers that told members different stories: found late, posted, read from others
@@ -240,10 +241,10 @@ def build_peer(
             serves_cohort=lambda cohort: cohort_on_lan(cohort, affinity.host_id, affinity.network_id, host or ""),
             round_commits=commits,
             outer_board=SignedCommitBoard(dht, outer_board_id(task.task_id), me),
-            leaving=signals.stop.is_set, online=_roster_peers(dht, task), on_new=signals.reclaim,
+            leaving=signals.stop.is_set, online=roster.peer_ids, on_new=signals.reclaim,
             on_ended=lambda why: signals.lose(f"{why}: the peer can no longer average; start manta-peer join again"),
             declarations=DeclarationSigner(task.task_id, me),  # matchmaking meets the roster's peers only
-            admitted=lambda: {p.entry.peer_id: p.announcement.public_key for p in read_roster(dht, task)},
+            admitted=lambda: roster.keys(ADMISSION_READ_AGE),  # the round's own read, if recent
             convictions=convictions,
         )  # fmt: skip
         built.callback(averagers.shutdown)
@@ -272,7 +273,7 @@ def build_peer(
         built.callback(conditions.stop)
         signals.reclaim()
         parts = PeerParts(
-            dht, dht_watch, peer_id, spec, endpoint, data, search, announcer, outbox, courier, workload, shared,
+            dht, dht_watch, peer_id, roster, spec, endpoint, data, search, announcer, outbox, courier, workload, shared,
             workers, outer, archive, commits, convictions, averagers, progress, state,
             control, control_server, conditions,
         )  # fmt: skip
@@ -283,10 +284,6 @@ def build_peer(
 def _ended(part: str, consequence: str) -> str:
     """The one line a peer stops with when a part it cannot go on without ended."""
     return f"the peer's {part} stopped: it {consequence}; start manta-peer join again"
-
-
-def _roster_peers(dht, task: TaskSpec) -> Callable[[], list[str]]:
-    return lambda: [p.entry.peer_id for p in read_roster(dht, task)]
 
 
 def _announced_host(config: JoinConfig) -> str | None:

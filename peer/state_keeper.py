@@ -14,8 +14,8 @@ from peer.catch_up import anchored_rounds, anchored_state, committed_state, peer
 from peer.commit.committer import RoundCommitter
 from peer.outer_repair import missed_outer_state
 from peer.outer_round import OuterStepper
+from peer.roster_view import read_roster
 from peer.swarm_progress import SwarmProgress
-from peer.swarm_view import read_roster
 from peer.worker_pool import WorkerPool
 from peer.worker_protocol import SharedBuffers
 from protocol.task_spec import TaskSpec

@@ -1,4 +1,5 @@
-"""What a peer reads from and writes to the DHT: the task, its own announcement, the roster.
+"""What a peer reads from and writes to the DHT: the task, its own announcement, progress (the
+roster: :mod:`peer.roster_view`).
 
 Everything read is re-verified here (signature, schema, task) even though every node's validator
 already filters, because a node without validators (or this node's own cache) may still hand back
@@ -14,19 +15,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hivemind_adapter.dht import read_entries, store
-from peer.affinity import RosterEntry
 from peer.membership import sealed_binding
 from protocol.dht_schema import (
     TASKS_INDEX_KEY,
     open_index_value,
-    open_peer_value,
     open_progress_value,
     open_task_value,
-    open_withdrawal_value,
     peers_key,
     progress_key,
     task_key,
-    withdrawals_key,
 )
 from protocol.peer_keys import Speaker
 from protocol.record_lifetimes import ANNOUNCE_TTL, PROGRESS_TTL
@@ -107,7 +104,8 @@ class Announcer:
         self.identity, self.peer_id = self.speaker.identity, self.speaker.peer_id
         self.binding = sealed_binding(self.speaker)
 
-    def announce(self, available: bool = True) -> bool:
+    def announce(self, available: bool = True, wait: bool = True) -> bool:
+        """Store a fresh announcement; ``wait=False``: return at once while the DHT stores it."""
         record = PeerAnnouncement(
             task_id=self.task_id,
             peer_id=self.peer_id,
@@ -122,17 +120,23 @@ class Announcer:
         value = [seal(record, self.identity), self.binding, self.certificate()]
         # bounded: hivemind's own store waits forever on a DHT whose process has ended
         return store(
-            self.dht, peers_key(self.task_id), value, ANNOUNCE_TTL, subkey=self.identity.public_key_hex
+            self.dht,
+            peers_key(self.task_id),
+            value,
+            ANNOUNCE_TTL,
+            subkey=self.identity.public_key_hex,
+            wait=wait,
         )
 
     def keep_fresh(self, interval: float = ANNOUNCE_TTL / 4) -> None:
-        """Re-announce every ``interval`` s from a background thread (start-up and long rounds included)."""
+        """Re-announce every ``interval`` s from a background thread (start-up and long rounds included),
+        not waiting for each store: on a loaded DHT a store that took seconds would delay the next."""
         self._stopping = threading.Event()
 
         def loop() -> None:
             while not self._stopping.wait(interval):
                 try:
-                    self.announce()
+                    self.announce(wait=False)
                 except Exception as e:  # a transient DHT failure; the next refresh retries
                     logger.debug(f"re-announcement failed: {e}")
 
@@ -144,62 +148,6 @@ class Announcer:
             self._stopping.set()
             self._thread.join(timeout=10)
         return self.announce(available=False)
-
-
-@dataclass(frozen=True)
-class RosterPeer:
-    entry: RosterEntry
-    workers: int
-    announcement: PeerAnnouncement
-
-
-# Announcements are re-read every round and re-sent unchanged between refreshes: verified once each.
-_announcements = VerifiedRecords(lambda where, value: open_peer_value(where[0], where[2], value, where[1]))
-WITHDRAWALS_READ_EVERY = 30.0  # seconds a read of the task's withdrawn memberships serves rosters for
-_withdrawals_lock = threading.Lock()  # guards _withdrawals
-_withdrawals: dict[str, tuple[float, frozenset[str]]] = {}  # task id -> (read at, keys withdrawn)
-
-
-def withdrawn_members(dht, task: TaskSpec) -> frozenset[str]:
-    """The keys an aggregator of ``task`` withdrew from it (read at most every
-    :data:`WITHDRAWALS_READ_EVERY` seconds)."""
-    with _withdrawals_lock:
-        read_at, keys = _withdrawals.get(task.task_id, (float("-inf"), frozenset()))
-    if time.monotonic() - read_at < WITHDRAWALS_READ_EVERY:
-        return keys
-    signers, now = frozenset(task.aggregator_keys), time.time() * 1000
-    found = set()
-    for sub, value in _entries(dht, withdrawals_key(task.task_id)).items():
-        try:
-            withdrawal = open_withdrawal_value(task.task_id, sub, value, signers).record
-        except RecordRejected:
-            continue
-        if withdrawal.until_ms > now:
-            found.add(withdrawal.member_key)
-    with _withdrawals_lock:
-        _withdrawals[task.task_id] = (time.monotonic(), frozenset(found))
-    return frozenset(found)
-
-
-def read_roster(dht, task: TaskSpec) -> list[RosterPeer]:
-    """The members currently offering work on ``task`` (verified, with a live certificate of one of
-    its aggregators, not withdrawn), sorted by peer id. A peer id that two keys claim is left out:
-    only its libp2p key's holder can endorse both."""
-    peers, keys = {}, {}
-    signers = frozenset(task.aggregator_keys)
-    withdrawn = withdrawn_members(dht, task)
-    for sub, value in _entries(dht, peers_key(task.task_id)).items():
-        try:
-            a = _announcements.open((task.task_id, signers, sub), value).announcement.record
-        except RecordRejected:
-            continue
-        keys.setdefault(a.peer_id, set()).add(a.public_key)
-        if a.throughput_milli == 0 or a.public_key in withdrawn:
-            continue
-        explicit = None if a.cohort_id.startswith("auto") else a.cohort_id
-        entry = RosterEntry(a.peer_id, a.affinity.host_id, a.affinity.network_id, explicit)
-        peers[a.peer_id] = RosterPeer(entry, len(a.devices), a)
-    return [peers[k] for k in sorted(peers) if len(keys[k]) == 1]
 
 
 class ProgressBoard:

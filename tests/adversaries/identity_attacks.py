@@ -27,7 +27,8 @@ from hivemind.utils import get_dht_time
 import peer.commit.boards
 from hivemind_adapter.dht import read_entries, store
 from peer.membership import sealed_binding
-from peer.swarm_view import ProgressBoard, read_roster
+from peer.roster_view import read_roster
+from peer.swarm_view import ProgressBoard
 from protocol.dht_schema import commit_subkey, commits_key, peers_key, progress_key
 from protocol.identity import Identity
 from protocol.membership import MembershipCertificate

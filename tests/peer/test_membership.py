@@ -13,7 +13,8 @@ from hivemind_adapter.dht import peer_id, read_entries, speaker, store
 from hivemind_adapter.p2p import Endpoint
 from peer.membership import Membership, NotAdmitted, sealed_binding
 from peer.receipts import AggregatorLink
-from peer.swarm_view import Announcer, read_roster
+from peer.roster_view import read_roster
+from peer.swarm_view import Announcer
 from protocol.dht_schema import peers_key
 from protocol.identity import Identity
 from protocol.membership import MembershipCertificate
