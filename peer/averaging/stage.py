@@ -160,7 +160,8 @@ class StageRunner:
         (:meth:`~peer.averaging.deadlines.StageDeadlines.allreduce_bound`). ``quorum_over``: the size
         of the roster the group's result must hold a quorum of (0: none): the group starts only with
         units whose peers can be one (:func:`.cross_tree.units_for_majority`, less the peers that
-        posted a departure notice), and once fewer units can still come, :class:`NoGroup`.
+        posted a departure notice), and once fewer units can still come, :class:`NoGroup`; past its
+        deadline it waits on, up to the step bound, while enough units can still come.
         ``gather_periods``: how many matchmaking periods the first step waits for the whole group
         (a group with ``quorum_over``: :data:`QUORUM_GATHER_PERIODS`)."""
         # A broadcast's receivers only follow: they must not form a group of their own without the
@@ -195,12 +196,35 @@ class StageRunner:
         expected = size - departed  # shrinks as units leave the attempt
         if expected < least and size > 1:
             raise NoGroup(_too_few(kind, attempt, expected, least))
+        # A group whose result must hold a quorum waits on, up to the step bound, while units that can
+        # hold one have neither reported nor left: a head that gave up would take its cohort's votes.
+        quorum_wait = started + max(chosen.seconds * patience, self.timeouts.step)
+        step_margin = self.timeouts.matchmaking + 0.5  # hivemind refuses a step with less time left
+
+        def out_of_time() -> bool:
+            nonlocal deadline, no_group
+            if deadline - time.monotonic() > step_margin:
+                return False
+            if not quorum_over or len(units) < 2 or quorum_wait - time.monotonic() <= step_margin:
+                return True
+            gone, _, can_hold = self._absent_units(attempt, units, live, quorum_over=quorum_over)
+            if size - gone < can_hold:
+                return True
+            logger.info(
+                f"attempt {attempt}: {kind} stage: no group within {chosen.describe()}; {size - gone} of "
+                f"{size} member(s) can still come, and {can_hold} hold a quorum: waiting up to "
+                f"{quorum_wait - started:.0f} s"
+            )
+            deadline = quorum_wait
+            no_group += f", nor within {quorum_wait - started:.0f} s while a quorum could still come"
+            return False
+
         while True:
-            remaining = deadline - time.monotonic()
             # hivemind refuses a step whose matchmaking period would not end before its timeout (it
             # raised an AssertionError here, in a head's retry of its broadcast, and lost its round)
-            if remaining <= self.timeouts.matchmaking + 0.5:
+            if out_of_time():
                 raise self._no_group(no_group, broken)
+            remaining = deadline - time.monotonic()
             gathering = first_step  # this step waits for the whole group
             target = max(least, self._target(expected, quiet, gathering))
             if self._sizes.get(name) != target:
@@ -297,7 +321,7 @@ class StageRunner:
                         f"{kind} stage abandoned: this peer is leaving and no group formed"
                     ) from e
                 if "could not find a group" in str(e):
-                    if deadline - time.monotonic() > self.timeouts.matchmaking + 0.5:
+                    if not out_of_time():
                         continue  # nobody to meet yet: look again with the time that is left
                     raise self._no_group(no_group, broken) from e
                 if isinstance(e, AllReduceBroke) and broken is None:

@@ -161,6 +161,18 @@ def test_the_top_group_waits_longer_for_a_late_head_than_a_lower_group_would():
     assert all(len(r["contributors"]) == 4 for r in outcomes), [r["contributors"] for r in outcomes]
 
 
+def test_a_head_waits_past_its_deadline_for_late_heads_that_can_still_hold_a_quorum():
+    # Four cohorts of one; three heads come 24 s late, past the first attempt's 20 s cross deadline
+    # (16 full peers with churn: heads reached the top group up to 45 s apart). The one on time
+    # waits on while the late ones have neither reported nor left: all four meet. Without it, it
+    # gave up at 20 s and aborted, and the three late ones committed without it.
+    late = {"q0": (120, 3, 0.0), "q1": (121, 5, 24.0), "q2": (122, 4, 24.0), "q3": (123, 6, 24.0)}
+    outcomes = _heads_of_four_cohorts("hier-quorum-wait", late)
+    assert all(r["committed"] for r in outcomes), [r["reason"] for r in outcomes]
+    assert len({r["digest"] for r in outcomes}) == 1
+    assert all(len(r["contributors"]) == 4 for r in outcomes), [r["contributors"] for r in outcomes]
+
+
 def test_a_lower_group_of_heads_waits_as_long_as_the_top_group_for_a_late_head():
     # Six cohorts of one in cross groups of three: two lower groups, then the top group of their two
     # heads. One head of the first lower group comes 8 s late. A head its lower group starts without
