@@ -31,7 +31,7 @@ from dataclasses import replace
 
 from peer.affinity import assign_cohorts, cohort_sizes
 from peer.averaging.outcome import AveragingOutcome
-from peer.commit.committer import PendingResult
+from peer.commit.committer import PendingResult, RoundCommitter
 from peer.round_types import (
     Commitments,
     OuterReport,
@@ -68,10 +68,8 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
     # the full plan: a model-parallel cohort trains its own share of sub-networks in every inner step
     host, compute_seconds, ahead = compute_until_target(ctx, swarm_plan)
     if ahead > plan.round_index:
-        # This peer's state is older than the swarm's: its groups (keyed by state) would find nobody.
-        # No averaging; the round loop catches up instead.
         ctx.workers.apply(round_index, None)
-        outcome = AveragingOutcome(committed=False, reason=f"behind the swarm (it computes round {ahead})")
+        outcome = sit_out_behind(ctx.commits, plan.attempt, ahead)
         outcome.seconds["roster"] = roster_seconds
         return _report(ctx, plan, host, outcome, None, compute_seconds, time.perf_counter() - started)
     start_digest = ctx.state_digest()
@@ -200,6 +198,16 @@ def apply_pending_result(ctx: RoundContext) -> RoundReport | None:
     report = finish_round(ctx, work, outcome, 0.0, time.perf_counter())
     report.late = True
     return report
+
+
+def sit_out_behind(commits: RoundCommitter, attempt: int, ahead: int) -> AveragingOutcome:
+    """This peer's state is older than the swarm's, which computes round ``ahead``: its groups (keyed
+    by state) would find nobody. It takes no part in ``attempt`` and says so, as a newcomer sitting
+    out does: its cohort stops waiting for it, and the attempt's quorum no longer counts it (16 full
+    peers with churn lost attempts as results of 7 of 14 peers, the missing ones behind). The round
+    loop catches up instead."""
+    commits.leave(attempt)
+    return AveragingOutcome(committed=False, reason=f"behind the swarm (it computes round {ahead})")
 
 
 def kept_when_leaving(

@@ -125,6 +125,26 @@ def two_task_dhts(task_id: str) -> Iterator[tuple]:
         first.shutdown()
 
 
+def announced_member(dht, aggregator, task_id: str):
+    """An :class:`~peer.swarm_view.Announcer` of a fresh key on ``dht``, holding a certificate of
+    ``aggregator`` for ``task_id``, that announced itself once (a CPU peer of one device)."""
+    from hivemind_adapter.dht import peer_id, speaker
+    from peer.swarm_view import Announcer
+    from protocol.identity import Identity
+    from protocol.records import Affinity, DeviceInfo
+    from tests.protocol.factories import certificate_wire
+
+    identity = Identity.generate()
+    certificate = certificate_wire(identity, aggregator=aggregator, task_id=task_id, peer_id=peer_id(dht))
+    devices = (DeviceInfo(kind="cpu", name="test cpu", memory_mb=1024),)
+    affinity = Affinity(host_id="ab" * 8, network_id="cd" * 8)
+    announcer = Announcer(
+        dht, speaker(dht, identity), task_id, devices, affinity, "auto", lambda: certificate, 1.0
+    )
+    assert announcer.announce()
+    return announcer
+
+
 def wait_for_line(path: Path, needle: str, proc: subprocess.Popen, timeout: float) -> str:
     """The first line of ``path`` (a process's log) holding ``needle``, polled until ``timeout`` s;
     an AssertionError if ``proc`` exits first or the line never comes."""

@@ -9,12 +9,11 @@ import pytest
 from aggregator.admission import AdmissionDesk, serve_admission
 from aggregator.desk_network import publish_binding
 from aggregator.membership_policy import MembershipPolicy
-from hivemind_adapter.dht import peer_id, read_entries, speaker, store
+from hivemind_adapter.dht import read_entries, speaker, store
 from hivemind_adapter.p2p import Endpoint
 from peer.membership import Membership, NotAdmitted, sealed_binding
 from peer.receipts import AggregatorLink
 from peer.roster_view import read_roster
-from peer.swarm_view import Announcer
 from protocol.dht_schema import peers_key
 from protocol.identity import Identity
 from protocol.membership import MembershipCertificate
@@ -22,7 +21,7 @@ from protocol.peer_keys import Libp2pKey, Speaker
 from protocol.record_lifetimes import ANNOUNCE_TTL
 from protocol.records import Affinity, DeviceInfo, PeerAnnouncement
 from protocol.sealing import open_sealed, seal
-from tests.helpers import two_task_dhts, wait_until
+from tests.helpers import announced_member, two_task_dhts, wait_until
 from tests.protocol.factories import TASK, certificate_wire, now_ms, task_spec
 
 DEVICES = (DeviceInfo(kind="cpu", name="test cpu", memory_mb=1024),)
@@ -99,15 +98,7 @@ def test_throw_away_keys_without_admission_count_in_no_roster(tmp_path):
     aggregator = Identity.generate()
     spec = task_spec(aggregator)
     with two_task_dhts(TASK) as (first, second):
-        members = []
-        for dht in (first, second):
-            identity = Identity.generate()
-            certificate = certificate_wire(identity, aggregator=aggregator, peer_id=peer_id(dht))
-            announcer = Announcer(
-                dht, speaker(dht, identity), TASK, DEVICES, AFFINITY, "auto", lambda c=certificate: c, 1.0
-            )
-            assert announcer.announce()
-            members.append(peer_id(dht))
+        members = [announced_member(dht, aggregator, TASK).peer_id for dht in (first, second)]
         for i in range(40):  # the Sybil: 40 keys, half with certificates of their own making
             sybil = Identity.generate()
             store(

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import time
 
-from hivemind_adapter.dht import peer_id, speaker
+from hivemind_adapter.dht import peer_id
 from peer.roster_view import LiveAnnouncement, RosterView, read_announcements, read_roster
-from peer.swarm_view import Announcer
 from protocol.identity import Identity
 from protocol.record_lifetimes import ANNOUNCE_TTL, EXPIRY_SLACK_SECONDS
 from protocol.records import Affinity, DeviceInfo, PeerAnnouncement
-from tests.helpers import two_task_dhts, wait_until
-from tests.protocol.factories import TASK, certificate_wire, task_spec
+from tests.helpers import announced_member, two_task_dhts, wait_until
+from tests.protocol.factories import TASK, task_spec
 
 DEVICES = (DeviceInfo(kind="cpu", name="test cpu", memory_mb=1024),)
 AFFINITY = Affinity(host_id="ab" * 8, network_id="cd" * 8)
@@ -61,15 +60,7 @@ def test_on_real_nodes_the_view_is_the_read_and_a_withdrawal_shows_at_once():
     aggregator = Identity.generate()
     spec = task_spec(aggregator)
     with two_task_dhts(TASK) as (first, second):
-        announcers = []
-        for dht in (first, second):
-            identity = Identity.generate()
-            certificate = certificate_wire(identity, aggregator=aggregator, peer_id=peer_id(dht))
-            announcer = Announcer(
-                dht, speaker(dht, identity), TASK, DEVICES, AFFINITY, "auto", lambda c=certificate: c, 1.0
-            )
-            assert announcer.announce()
-            announcers.append(announcer)
+        announcers = [announced_member(dht, aggregator, TASK) for dht in (first, second)]
         view = RosterView(first, spec)
         both = sorted([peer_id(first), peer_id(second)])
         wait_until(lambda: [p.entry.peer_id for p in view.read()] == both, 15, "both members in the view")
