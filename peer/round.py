@@ -203,8 +203,7 @@ def apply_pending_result(ctx: RoundContext) -> RoundReport | None:
 def sit_out_behind(commits: RoundCommitter, attempt: int, ahead: int) -> AveragingOutcome:
     """This peer's state is older than the swarm's, which computes round ``ahead``: its groups (keyed
     by state) would find nobody. It takes no part in ``attempt`` and says so, as a newcomer sitting
-    out does: its cohort stops waiting for it, and the attempt's quorum no longer counts it (16 full
-    peers with churn lost attempts as results of 7 of 14 peers, the missing ones behind). The round
+    out does: its cohort stops waiting for it, and the attempt's quorum no longer counts it. The round
     loop catches up instead."""
     commits.leave(attempt)
     return AveragingOutcome(committed=False, reason=f"behind the swarm (it computes round {ahead})")
