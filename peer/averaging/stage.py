@@ -225,7 +225,9 @@ class StageRunner:
             if out_of_time():
                 raise self._no_group(no_group, broken)
             remaining = deadline - time.monotonic()
-            gathering = first_step  # this step waits for the whole group
+            # this step waits for the whole group: the first, and every step of a group that must hold a
+            # quorum (heads arriving together after its first wait would otherwise split, 3 and 1)
+            gathering = first_step or bool(quorum_over)
             target = max(least, self._target(expected, quiet, gathering))
             if self._sizes.get(name) != target:
                 averager.set_target_group_size(target)
@@ -235,9 +237,9 @@ class StageRunner:
             averager.set_group_bits(bits)
             periods = QUORUM_GATHER_PERIODS if quorum_over else gather_periods
             gather = min(periods * self.timeouts.matchmaking, 0.5 * chosen.seconds, remaining - 1.0)
-            # (a pair cannot split; a step after the first looks for whoever is left; a broadcast's
+            # (a pair cannot split; a later step of another group looks for whoever is left; a broadcast's
             # head gathers too: a receiver that finds it after one period would lose its round)
-            if first_step and not follow_only and expected > 2 and gather > self.timeouts.matchmaking:
+            if gathering and not follow_only and expected > 2 and gather > self.timeouts.matchmaking:
                 step["scheduled_time"] = dht_time() + gather
             else:
                 step.pop("scheduled_time", None)
