@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +41,7 @@ from hivemind_adapter.exact_runner import ExactAllReduceRunner
 from hivemind_adapter.findings import NameLog, NoiseSlot, WireBytes
 from hivemind_adapter.follower_expiry import followers_ask_until_their_search_ends
 from hivemind_adapter.group_keys import Admission, DeclarationSigner, SignedGroupKeys, admit_only_roster_peers
+from hivemind_adapter.group_quorum import QuorumGate
 from hivemind_adapter.in_thread import InThreadAverager
 from hivemind_adapter.known_groups import KnownGroupSteps
 from hivemind_adapter.p2p_sockets import RemovesItsSocket
@@ -274,13 +275,16 @@ class VerifiedAverager(
             if not future.done():
                 future.set_exception(e)
 
-    def set_min_group_size(self, size: int) -> None:
-        """Let a leader start the all-reduce of the next steps only with at least ``size`` members:
-        when its wait ends with fewer, it releases them and all go on looking (hivemind's rule)."""
-        self.ask("_set_min_group_size", size=int(size))
+    def set_min_group_size(self, size: int, quorum_of: Collection[str] = ()) -> None:
+        """Let a leader start the all-reduce of the next steps only with at least ``size`` members
+        and, with ``quorum_of``, only once the peers its members' gathered metadata lists are more
+        than half of those (:class:`~hivemind_adapter.group_quorum.QuorumGate`): when its wait ends
+        short of either, it releases them and all go on looking (hivemind's rule)."""
+        self.ask("_set_min_group_size", size=int(size), quorum_of=tuple(quorum_of))
 
-    async def _set_min_group_size(self, size: int, future: MPFuture):
-        self._matchmaking.min_group_size = size
+    async def _set_min_group_size(self, size: int, quorum_of: tuple[str, ...], future: MPFuture):
+        matchmaking = self._matchmaking
+        matchmaking.min_group_size = QuorumGate(matchmaking, size, quorum_of) if quorum_of else size
         future.set_result(None)
 
     def set_whole_parts(self, whole: bool) -> None:

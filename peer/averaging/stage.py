@@ -108,7 +108,8 @@ class StageRunner:
         self._allreduce_bounds: dict[str, float] = {}
         self._following: dict[str, bool] = {}
         self._whole_parts: dict[str, bool] = {}
-        self._least: dict[str, int] = {}  # the averagers' smallest group (2, as built, where absent)
+        # the averagers' smallest group and the members it must bring a quorum of ((2, none), as built, where absent)
+        self._least: dict[str, tuple[int, frozenset[str]]] = {}
         self.superseded: Callable[[], bool] = lambda: False
         self.regrouped: list[str] = []  # this attempt's stages whose all-reduce broke and formed again
 
@@ -160,8 +161,9 @@ class StageRunner:
         (:meth:`~peer.averaging.deadlines.StageDeadlines.allreduce_bound`). ``quorum_over``: the size
         of the roster the group's result must hold a quorum of (0: none): the group starts only with
         units whose peers can be one (:func:`.cross_tree.units_for_majority`, less the peers that
-        posted a departure notice), and once fewer units can still come, :class:`NoGroup`; past its
-        deadline it waits on, up to the step bound, while enough units can still come.
+        posted a departure notice), and only once the contributors its members gathered are one
+        (:class:`hivemind_adapter.group_quorum.QuorumGate`); once fewer units can still come,
+        :class:`NoGroup`; past its deadline it waits on, up to the step bound, while enough can.
         ``gather_periods``: how many matchmaking periods the first step waits for the whole group
         (a group with ``quorum_over``: :data:`QUORUM_GATHER_PERIODS`)."""
         # A broadcast's receivers only follow: they must not form a group of their own without the
@@ -191,8 +193,8 @@ class StageRunner:
             no_group += f" x {patience}"
         broken: Exception | None = None  # the all-reduce that broke once already, if one did
         first_step = True  # only the first waits for the whole group (GATHER_PERIODS)
-        departed, quiet, least = self._absent_units(attempt, units, live, quorum_over=quorum_over)
-        self._hold_to(averager, name, least)
+        departed, quiet, least, holders = self._absent_units(attempt, units, live, quorum_over=quorum_over)
+        self._hold_to(averager, name, least, holders)
         expected = size - departed  # shrinks as units leave the attempt
         if expected < least and size > 1:
             raise NoGroup(_too_few(kind, attempt, expected, least))
@@ -207,7 +209,7 @@ class StageRunner:
                 return False
             if not quorum_over or len(units) < 2 or quorum_wait - time.monotonic() <= step_margin:
                 return True
-            gone, _, can_hold = self._absent_units(attempt, units, live, quorum_over=quorum_over)
+            gone, _, can_hold, _ = self._absent_units(attempt, units, live, quorum_over=quorum_over)
             if size - gone < can_hold:
                 return True
             logger.info(
@@ -288,18 +290,18 @@ class StageRunner:
                     if stage == 0 and self.superseded():
                         cancel_step(control)
                         raise RoundAborted(f"{name} stage abandoned: the swarm moved on to a later round")
-                    departed, quiet, now_least = self._absent_units(
+                    departed, quiet, now_least, now_holders = self._absent_units(
                         attempt, units, live, offline, quorum_over
                     )
                     coming = size - departed
-                    if coming < expected or now_least != least:
+                    if coming < expected or now_least != least or now_holders != holders:
                         if coming < expected:
                             logger.info(
                                 f"attempt {attempt}: {kind} stage: {size - coming} member(s) left the attempt or "
                                 f"the roster, or are barred here; gathering {coming} of {size}"
                             )
-                        expected, least = coming, now_least
-                        self._hold_to(averager, name, least)
+                        expected, least, holders = coming, now_least, now_holders
+                        self._hold_to(averager, name, least, holders)
                         if expected < least:
                             cancel_step(control)
                             raise NoGroup(_too_few(kind, attempt, expected, least))
@@ -376,15 +378,16 @@ class StageRunner:
         live: Collection[str] | None,
         offline: Collection[str] = (),
         quorum_over: int = 0,
-    ) -> tuple[int, int, int]:
-        """``(departed, quiet, least)``: how many of ``units`` have every peer gone (a report of
-        ``attempt`` on the board, which ends that peer's attempt; out of the roster, ``offline``; or
-        barred here), how many others have no peer in ``live`` (0 if ``live`` is None), and the fewest
-        of the others whose peers can hold a quorum of the ``quorum_over`` roster peers less those
-        that posted a departure notice (2 without ``quorum_over``). Markers are not reports: a peer
-        posts none while it is still in an attempt's stages."""
+    ) -> tuple[int, int, int, frozenset[str]]:
+        """``(departed, quiet, least, members)``: how many of ``units`` have every peer gone (a report
+        of ``attempt`` on the board, which ends that peer's attempt; out of the roster, ``offline``;
+        or barred here), how many others have no peer in ``live`` (0 if ``live`` is None), the fewest
+        of the others whose peers still to come can hold a quorum of the ``quorum_over`` roster peers
+        less those that posted a departure notice (2 without ``quorum_over``), and those members (a
+        group must bring more than half of them; empty without ``quorum_over``). Markers are not
+        reports: a peer posts none while it is still in an attempt's stages."""
         if len(units) < 2:
-            return 0, 0, 2
+            return 0, 0, 2, frozenset()
         reports = self.board.read(attempt)
         left = set(reports) | set(offline) | set(self.barred())
         departed = [bool(unit) and set(unit) <= left for unit in units]
@@ -392,18 +395,22 @@ class StageRunner:
         if live is not None:
             live = set(live)
             quiet = sum(1 for unit, gone in zip(units, departed) if not gone and not set(unit) & live)
-        least = 2
-        if quorum_over:  # a quorum counts the roster less the departure notices (peer.commit.quorum)
-            notices = {p for p, r in reports.items() if r.left} & {p for unit in units for p in unit}
-            sizes = [len(set(unit) - notices) for unit, gone in zip(units, departed) if not gone]
-            least = units_for_majority(sizes, quorum_over - len(notices))
-        return sum(departed), quiet, least
+        if not quorum_over:
+            return sum(departed), quiet, 2, frozenset()
+        # a quorum counts the roster less the departure notices (peer.commit.quorum); a unit brings
+        # only its peers that have not ended the attempt, left the roster or been barred
+        everyone = {p for unit in units for p in unit}
+        notices = {p for p, r in reports.items() if r.left} & everyone
+        sizes = [len(set(unit) - left) for unit, gone in zip(units, departed) if not gone]
+        least = units_for_majority(sizes, quorum_over - len(notices))
+        return sum(departed), quiet, least, frozenset(everyone - notices)
 
-    def _hold_to(self, averager: VerifiedAverager, name: str, least: int) -> None:
-        """Let ``averager``'s next steps start a group of ``least`` members or more only."""
-        if self._least.get(name, 2) != least:
-            averager.set_min_group_size(least)
-            self._least[name] = least
+    def _hold_to(self, averager: VerifiedAverager, name: str, least: int, members: frozenset[str]) -> None:
+        """Let ``averager``'s next steps start a group of ``least`` members or more only, and with
+        ``members``, only one that brings more than half of them."""
+        if self._least.get(name, (2, frozenset())) != (least, members):
+            averager.set_min_group_size(least, quorum_of=sorted(members))
+            self._least[name] = (least, members)
 
 
 def _too_few(kind: str, attempt: int, coming: int, least: int) -> str:

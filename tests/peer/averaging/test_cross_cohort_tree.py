@@ -197,13 +197,16 @@ def test_a_lower_group_of_heads_waits_as_long_as_the_top_group_for_a_late_head()
     assert all(len(r["contributors"]) == 6 for r in outcomes), [r["contributors"] for r in outcomes]
 
 
-def _pair_or_single_peer(dht, *, rank, seed, samples, late, run_id):
+def _pair_or_single_peer(dht, *, rank, seed, samples, late, run_id, leaves=False):
     """One of five peers in four cohorts (ranks 0-2 alone, rank 3 a pair) that averages ``late`` s
-    after all five posted their ranks."""
+    after all five posted their ranks, or (``leaves``) posts a departure notice instead."""
     averager = build_averager(dht, run_id, f"c{rank}", [torch.zeros(s) for s in SHAPES], timeouts=FAST)
     try:
         ranks = _ranks(dht, run_id, 5, rank)
         cohorts = [tuple(sorted(p for p, r in ranks.items() if r == k)) for k in range(4)]
+        if leaves:
+            averager.commits.leave(0)
+            return {"left": True}
         time.sleep(late)
         res = averager.average(
             0, [g * samples for g in _grads(seed)], samples, cohort_size=len(cohorts[rank]), num_cohorts=4,
@@ -234,6 +237,23 @@ def test_a_late_cohort_whose_result_cannot_hold_a_quorum_ends_without_broadcasti
     member = next(r for r in late if r is not heads[0])
     assert member["digest"] == "", member["reason"]  # it never held the doomed result
     assert "aborted the round" in member["reason"], member["reason"]
+
+
+def test_heads_on_time_that_bring_too_few_peers_for_a_quorum_wait_for_the_late_ones():
+    # Five peers in four cohorts (three of one, a pair); s0 posts a departure notice, so a result
+    # needs 3 of the other 4. Two units would do by count (the pair and one more), and the two cohorts
+    # of one on time gather for 10 s; the pair comes 14 s late. The two on time bring 2 of 4: their
+    # group does not begin, and all three heads meet. Without the quorum gate they averaged as a
+    # pair, and neither their result nor the late pair's (2 of 4 each) could commit.
+    singles = {f"s{rank}": dict(rank=rank, seed=140 + rank, samples=2 + rank, late=0.0) for rank in range(3)}
+    pair = {f"p{i}": dict(rank=3, seed=150 + i, samples=4, late=14.0) for i in range(2)}
+    args = {name: dict(kw, run_id="hier-gate") for name, kw in {**singles, **pair}.items()}
+    args["s0"]["leaves"] = True
+    results = _run("hier-gate", args, _pair_or_single_peer, timeout=300)
+    outcomes = [r for name, r in results.items() if name != "s0"]
+    assert all(r["committed"] for r in outcomes), [r["reason"] for r in outcomes]
+    assert len({r["digest"] for r in outcomes}) == 1
+    assert all(len(r["contributors"]) == 4 for r in outcomes), [r["contributors"] for r in outcomes]
 
 
 def _leaving_peer(dht, *, rank, run_id, cohorts):
