@@ -38,8 +38,8 @@ LEAVING_GRACE_FACTOR = 3
 # full) up to this many matchmaking periods: a group begun with the early members splits the
 # stage's result in two, or leaves a receiver without the broadcast (and its vote).
 GATHER_PERIODS = 3.0
-# A group of cohort heads (the cross stage's, the top one above all) waits longer: a unit it starts
-# without loses the attempt for all of its peers, and under load units arrive over about 10 s.
+# A group of cohort heads below the top waits longer: a unit it starts without loses the attempt
+# for all of its peers, and under load units arrive over about 10 s (the top group waits longer still).
 QUORUM_GATHER_PERIODS = 6.0
 ONLINE_CHECK_SECONDS = 2.0  # how often a broadcast's receiver reads the roster for its sender
 
@@ -165,7 +165,7 @@ class StageRunner:
         (:class:`hivemind_adapter.group_quorum.QuorumGate`); once fewer units can still come,
         :class:`NoGroup`; past its deadline it waits on, up to the step bound, while enough can.
         ``gather_periods``: how many matchmaking periods the first step waits for the whole group
-        (a group with ``quorum_over``: :data:`QUORUM_GATHER_PERIODS`)."""
+        (a group with ``quorum_over``: every step, to its end)."""
         # A broadcast's receivers only follow: they must not form a group of their own without the
         # sender while it is still busy with the stage before.
         follow_only = stage == 1 and bool(watch)
@@ -237,8 +237,11 @@ class StageRunner:
             # Before every step: hivemind moves the group bits on once a group assembles (for its own
             # Moshpit-style rounds), and a step taken again after a broken all-reduce must meet the same peers.
             averager.set_group_bits(bits)
-            periods = QUORUM_GATHER_PERIODS if quorum_over else gather_periods
-            gather = min(periods * self.timeouts.matchmaking, 0.5 * chosen.seconds, remaining - 1.0)
+            gather = min(gather_periods * self.timeouts.matchmaking, 0.5 * chosen.seconds, remaining - 1.0)
+            if quorum_over:
+                # it waits for every unit still to come until a period before the step ends: then the
+                # quorum gate takes whoever came (one begun early leaves the heads on their way out)
+                gather = remaining - self.timeouts.matchmaking - 1.0
             # (a pair cannot split; a later step of another group looks for whoever is left; a broadcast's
             # head gathers too: a receiver that finds it after one period would lose its round)
             if gathering and not follow_only and expected > 2 and gather > self.timeouts.matchmaking:

@@ -218,13 +218,14 @@ def _pair_or_single_peer(dht, *, rank, seed, samples, late, run_id, leaves=False
 
 
 def test_a_late_cohort_whose_result_cannot_hold_a_quorum_ends_without_broadcasting_it():
-    # Three cohorts of one commit without the late pair (3 of 5 peers). The pair's head then holds a
-    # result of 2 of 5, which can never commit: it aborts, and its member reads that on the board.
+    # The pair comes 30 s late, past the top group's first deadline (20 s, until which it waits for
+    # every unit): the three cohorts of one commit without it (3 of 5 peers). The pair's head then
+    # holds a result of 2 of 5, which can never commit: it aborts, and its member reads that on the board.
     # Before, the head broadcast the doomed result (a matchmaking and an all-reduce, seconds under
     # load), both posted it, and the pair started the next attempt late again (32 thin peers: one
     # cohort lost attempt after attempt so).
     on_time = {f"s{rank}": dict(rank=rank, seed=70 + rank, samples=2 + rank, late=0.0) for rank in range(3)}
-    pair = {f"p{i}": dict(rank=3, seed=80 + i, samples=4, late=14.0) for i in range(2)}
+    pair = {f"p{i}": dict(rank=3, seed=80 + i, samples=4, late=30.0) for i in range(2)}
     args = {name: dict(kw, run_id="hier-doomed") for name, kw in {**on_time, **pair}.items()}
     results = _run("hier-doomed", args, _pair_or_single_peer, timeout=300)
     committed = [results[n] for n in on_time]
