@@ -130,21 +130,18 @@ class PeerNode:
                 return
 
     def sit_out_round_in_progress(self) -> bool:
-        """A newcomer to a swarm that has committed a round sits the attempt in progress out and takes
-        part from the next one (:func:`peer.catch_up.sit_out_running_attempt`), then loads the state
-        it committed. Returns whether it sat one out. The swarm runs its rounds back to back: one is
-        always in progress, computing or averaging (while it averages, progress records go stale)."""
-        if self._stop.is_set():
-            return False
+        """A newcomer arriving while the swarm computes (or still averages) the round it would join
+        sits that attempt out and takes part from the next one (:func:`peer.catch_up.
+        sit_out_running_attempt`), then loads the state it committed. Returns whether it sat one out."""
+        running_round = self.parts.progress.swarm_round(fresh_ms=int(PROGRESS_TTL * 1000))
+        if running_round < self.state_round + 1 or self._stop.is_set():
+            return False  # nobody works on the round we would join: it begins with us in every roster
         roster = self.parts.roster.read()
         others = [p.entry.peer_id for p in roster if p.entry.peer_id != self.peer_id]
-        if not others:
-            return False  # nobody works on the round we would join: it begins with us in every roster
-        joining = self.state_round + 1
 
         def say(attempt: int) -> None:
             logger.info(
-                f"the swarm is working on round {joining} (attempt {attempt}): taking part from the "
+                f"the swarm is computing round {running_round} (attempt {attempt}): taking part from the "
                 f"next one (waiting at most {SIT_OUT_SECONDS:.0f} s)"
             )
 

@@ -226,7 +226,7 @@ def test_a_silent_peer_a_joiner_and_a_kill_cost_the_others_at_most_one_round(tmp
     assert loaded and int(loaded.group(1)) >= 1, "the joiner did not start from the swarm's state"
     # A round the swarm was computing when the joiner arrived began with rosters that do not hold it:
     # the joiner sits it out (its departure notice keeps it out of that round's quorum).
-    sat_out = re.search(r"working on round \d+ \(attempt (\d+)\): taking part from the next one", joiner_log)
+    sat_out = re.search(r"computing round \d+ \(attempt (\d+)\): taking part from the next one", joiner_log)
     if sat_out:
         assert int(sat_out.group(1)) not in {r["attempt"] for r in swarm.rounds(4)}, sat_out.group(0)
     # ... the state a quorum committed, its pages fetched from every peer that reported it (3 of them)
