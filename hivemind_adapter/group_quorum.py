@@ -55,8 +55,5 @@ class QuorumGate:
     def __le__(self, size: int) -> bool:
         return size >= self.least and self.holds_quorum()
 
-    def __int__(self) -> int:
-        return self.least
-
     def __repr__(self) -> str:
         return f"QuorumGate(least={self.least}, members={len(self.members)})"

@@ -192,9 +192,11 @@ class StageRunner:
         if patience > 1:
             no_group += f" x {patience}"
         broken: Exception | None = None  # the all-reduce that broke once already, if one did
-        first_step = True  # only the first waits for the whole group (GATHER_PERIODS)
-        departed, quiet, least, holders = self._absent_units(attempt, units, live, quorum_over=quorum_over)
-        self._hold_to(averager, name, least, holders)
+        first_step = True  # the first step waits for the whole group (GATHER_PERIODS)
+        departed, quiet, least, quorum_members = self._absent_units(
+            attempt, units, live, quorum_over=quorum_over
+        )
+        self._hold_to(averager, name, least, quorum_members)
         expected = size - departed  # shrinks as units leave the attempt
         if expected < least and size > 1:
             raise NoGroup(_too_few(kind, attempt, expected, least))
@@ -237,11 +239,13 @@ class StageRunner:
             # Before every step: hivemind moves the group bits on once a group assembles (for its own
             # Moshpit-style rounds), and a step taken again after a broken all-reduce must meet the same peers.
             averager.set_group_bits(bits)
-            gather = min(gather_periods * self.timeouts.matchmaking, 0.5 * chosen.seconds, remaining - 1.0)
-            if quorum_over:
-                # it waits for every unit still to come until a period before the step ends: then the
-                # quorum gate takes whoever came (one begun early leaves the heads on their way out)
-                gather = remaining - self.timeouts.matchmaking - 1.0
+            # a group that must hold a quorum waits for every unit still to come until a period before the
+            # step ends: then the quorum gate takes whoever came (one begun early leaves heads on their way)
+            gather = (
+                remaining - self.timeouts.matchmaking - 1.0
+                if quorum_over
+                else min(gather_periods * self.timeouts.matchmaking, 0.5 * chosen.seconds, remaining - 1.0)
+            )
             # (a pair cannot split; a later step of another group looks for whoever is left; a broadcast's
             # head gathers too: a receiver that finds it after one period would lose its round)
             if gathering and not follow_only and expected > 2 and gather > self.timeouts.matchmaking:
@@ -293,18 +297,18 @@ class StageRunner:
                     if stage == 0 and self.superseded():
                         cancel_step(control)
                         raise RoundAborted(f"{name} stage abandoned: the swarm moved on to a later round")
-                    departed, quiet, now_least, now_holders = self._absent_units(
+                    departed, quiet, now_least, now_quorum_members = self._absent_units(
                         attempt, units, live, offline, quorum_over
                     )
                     coming = size - departed
-                    if coming < expected or now_least != least or now_holders != holders:
+                    if coming < expected or now_least != least or now_quorum_members != quorum_members:
                         if coming < expected:
                             logger.info(
                                 f"attempt {attempt}: {kind} stage: {size - coming} member(s) left the attempt or "
                                 f"the roster, or are barred here; gathering {coming} of {size}"
                             )
-                        expected, least, holders = coming, now_least, now_holders
-                        self._hold_to(averager, name, least, holders)
+                        expected, least, quorum_members = coming, now_least, now_quorum_members
+                        self._hold_to(averager, name, least, quorum_members)
                         if expected < least:
                             cancel_step(control)
                             raise NoGroup(_too_few(kind, attempt, expected, least))
