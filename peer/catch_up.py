@@ -32,7 +32,7 @@ from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.paged_blobs import BlobUnavailable
 from hivemind_adapter.state_archive import fetch_state
 from peer.commit.boards import CommitBoard
-from peer.commit.quorum import CommittedState, newest_committed_state
+from peer.commit.quorum import CommittedState, attempt_decided, newest_committed_state
 from peer.commit.report import CommitReport
 from protocol.dht_schema import anchor_key, open_anchor_value
 from protocol.task_spec import TaskSpec
@@ -42,8 +42,10 @@ logger = logging.getLogger("manta.peer")
 SIT_OUT_SECONDS = 180.0  # at most this long a newcomer waits for the attempt in progress to end
 SIT_OUT_POLL_SECONDS = 0.5
 # After the first result of the attempt sat out is posted: how long its committed state may take to show
-# (a quorum's results, then their state reports) before the attempt counts as aborted.
+# (a quorum's results, then their state reports) before an attempt no result can commit counts as aborted.
 SIT_OUT_OUTCOME_SECONDS = 5.0
+SIT_OUT_UNDECIDED_SECONDS = 60.0  # ... and at most this long while a result could still reach a quorum
+SIT_OUT_ROSTER_SECONDS = 5.0  # how often that wait reads the roster (killed peers never report)
 QUORUM_TIEBREAK = 1.0  # a quorum's result wins a tie against any one peer's (theirs are in (0, 0.5))
 ANCHOR_TIEBREAK = 0.0  # an aggregator's state loses a tie against any peer's
 PAGE_TIMEOUT = 30.0  # seconds for one page from one holder
@@ -141,6 +143,7 @@ def sit_out_running_attempt(
     others: Collection[str],
     stop: threading.Event,
     announce: Callable[[int], None] = lambda attempt: None,
+    online: Callable[[], Collection[str]] | None = None,
     limit: float = SIT_OUT_SECONDS,
     outcome_grace: float = SIT_OUT_OUTCOME_SECONDS,
 ) -> int | None:
@@ -158,10 +161,7 @@ def sit_out_running_attempt(
     notice takes it out of that attempt's quorum. A swarm that has committed nothing is still
     forming (its first peers start together): everyone takes part at once.
 
-    The wait ends when a quorum holds the attempt's state, or ``outcome_grace`` after its first result
-    was posted without one (it aborted, and its peers start the next attempt now: waiting for one of
-    them to finish that too would put this peer a whole attempt out of step with the swarm), or after
-    ``limit`` seconds, or on ``stop``."""
+    The wait is :func:`await_attempt_end` (``online``, ``limit`` and ``outcome_grace`` are its)."""
     if newest_committed_state(board, others) is None:
         return None
     running = board.latest_attempt() + 1
@@ -170,18 +170,48 @@ def sit_out_running_attempt(
     except Exception as e:  # the DHT may be unreachable; then the attempt we skip may wait for us
         logger.debug(f"departure notice failed: {e}")
     announce(running)
+    await_attempt_end(board, others, running, stop, online, limit, outcome_grace)
+    return running
+
+
+def await_attempt_end(
+    board: CommitBoard,
+    others: Collection[str],
+    attempt: int,
+    stop: threading.Event,
+    online: Callable[[], Collection[str]] | None = None,
+    limit: float = SIT_OUT_SECONDS,
+    outcome_grace: float = SIT_OUT_OUTCOME_SECONDS,
+    undecided_grace: float = SIT_OUT_UNDECIDED_SECONDS,
+) -> None:
+    """For a peer that takes no part in ``attempt`` (its departure posted): wait until the swarm ended it.
+
+    It ended when a quorum of ``others`` holds a state of it (or of a later attempt); or, once it has a
+    result, when no result can reach a quorum any more (:func:`~peer.commit.quorum.attempt_decided`;
+    ``online`` reads the roster's peers now, so that killed ones stop counting) and ``outcome_grace``
+    has passed for a quorum's state reports: its peers start the next attempt now, and waiting for
+    that one too would put this peer a whole attempt out of step. The wait also ends
+    ``undecided_grace`` after the first result whatever the reports say (a late quorum can form tens
+    of seconds after it), after ``limit`` seconds, or on ``stop``."""
     deadline, first_result = time.monotonic() + limit, None
+    gone: frozenset[str] = frozenset()
+    roster_read_at = float("-inf")
     while not stop.is_set() and time.monotonic() < deadline:
         latest = board.latest_attempt()  # one read of every bucket per poll, for both checks
         newest = newest_committed_state(board, others, latest=latest)
-        if newest is not None and newest.attempt >= running:
-            break
-        if first_result is None and latest >= running:
-            first_result = time.monotonic()
-        if first_result is not None and time.monotonic() - first_result > outcome_grace:
-            break
+        if newest is not None and newest.attempt >= attempt:
+            return
+        now = time.monotonic()
+        if first_result is None and latest >= attempt:
+            first_result = now
+        if first_result is not None:
+            if now - first_result > undecided_grace:
+                return
+            if online is not None and now - roster_read_at >= SIT_OUT_ROSTER_SECONDS:
+                gone, roster_read_at = frozenset(others) - frozenset(online()), now
+            if now - first_result > outcome_grace and attempt_decided(board.read(attempt), others, gone):
+                return
         stop.wait(SIT_OUT_POLL_SECONDS)
-    return running
 
 
 LEAVE_WAIT_SECONDS = 30.0  # at most this long a leaving peer waits for the round the swarm is finishing

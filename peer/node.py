@@ -25,6 +25,7 @@ from hivemind_adapter.runtime import return_free_memory
 from peer.catch_up import (
     LEAVE_WAIT_SECONDS,
     SIT_OUT_SECONDS,
+    await_attempt_end,
     catch_up_before_leaving,
     sit_out_running_attempt,
     wait_for_settled_roster,
@@ -145,12 +146,22 @@ class PeerNode:
                 f"next one (waiting at most {SIT_OUT_SECONDS:.0f} s)"
             )
 
-        sat_out = sit_out_running_attempt(self._commits.board, others, self._stop, say)
+        sat_out = sit_out_running_attempt(
+            self._commits.board, others, self._stop, say, online=self.parts.roster.peer_ids
+        )
         if sat_out is None:
             return False  # a swarm that committed nothing yet: take part at once
         self._commits.skip_past(sat_out)
         self.catch_up()
         return True
+
+    def wait_out_attempt(self, attempt: int) -> None:
+        """After sitting ``attempt`` out behind the swarm: wait (bounded) until the swarm ends it
+        (:func:`peer.catch_up.await_attempt_end`), then meet the swarm where it is. Computing the next
+        round at once would run an attempt nobody runs yet, and move every peer's counter past it."""
+        others = [p for p in self.parts.roster.peer_ids() if p != self.peer_id]
+        await_attempt_end(self._commits.board, others, attempt, self._stop, online=self.parts.roster.peer_ids)
+        self._commits.meet_swarm()
 
     def _roster_ids(self) -> frozenset[str]:
         return frozenset(self.parts.roster.peer_ids())
@@ -217,6 +228,8 @@ class PeerNode:
                 break  # leaving: it catches up once, after the loop (leave_with_swarm_state)
             else:
                 failed_in_a_row += 1
+                if report.sat_out:
+                    self.wait_out_attempt(report.attempt)
                 self.catch_up()  # repairs divergence and brings us to the swarm's round
                 limit = self.config.max_rounds or self.config.until_round
                 if limit is not None and failed_in_a_row >= max(10, 3 * limit):

@@ -71,7 +71,9 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
         ctx.workers.apply(round_index, None)
         outcome = sit_out_behind(ctx.commits, plan.attempt, ahead)
         outcome.seconds["roster"] = roster_seconds
-        return _report(ctx, plan, host, outcome, None, compute_seconds, time.perf_counter() - started)
+        report = _report(ctx, plan, host, outcome, None, compute_seconds, time.perf_counter() - started)
+        report.sat_out = True
+        return report
     start_digest = ctx.state_digest()
     # The receipt's commitments read the host's numerator, which nothing overwrites before the
     # optimizer step: they are computed while the round averages (mostly waiting on the network).

@@ -2,9 +2,8 @@
 
 A departure notice fails its attempt without moving the swarm's attempt counter (which would make the
 others skip past the notice). A result commits once a quorum of the roster holds it: never two results
-of one attempt, never a wait for peers that cannot change the outcome. A newcomer sits out the
-attempt in progress (whose rosters may lack it) until its state is committed, or starts the next
-attempt with the swarm when it aborted.
+of one attempt, never a wait for peers that cannot change the outcome. Sitting attempts out on this
+board: tests/peer/test_sitting_out.py.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import torch
 
 from hivemind_adapter.dht import speaker
 from peer.averaging.outcome import AveragingOutcome
-from peer.catch_up import sit_out_running_attempt
 from peer.commit import boards
 from peer.commit.boards import NEAR_WINDOW, SignedCommitBoard
 from peer.commit.quorum import (
@@ -33,7 +31,7 @@ from peer.commit.waits import WITNESS_GRACE_SECONDS, await_attempt_decided, awai
 from protocol.dht_schema import COMMIT_BUCKETS, commits_key
 from protocol.identity import Identity
 from protocol.proof_attestation import ProofAttestation, group_tag, proofs_digest
-from tests.helpers import two_task_dhts, wait_until
+from tests.helpers import two_task_dhts
 
 TASK = "digits-board-test"
 
@@ -300,96 +298,6 @@ def test_a_cohort_that_split_finds_one_state_for_both_its_members(two_boards):
     assert newest_committed_state(a, ["QmOtherCohort"], any_holder=True) is None  # only its own peers
     b.post(4, CommitReport(ok=True, digest="33" * 32, state=s4))
     assert newest_committed_state(a, cohort, any_holder=True) == CommittedState(4, s4, (b.peer_id,))
-
-
-def _sitting_out(board, others, **timing):
-    """Run :func:`sit_out_running_attempt` in a thread: (thread, its result, the attempts it announced, its
-    stop event)."""
-    result, announced, stop = [], [], threading.Event()
-    thread = threading.Thread(
-        target=lambda: result.append(
-            sit_out_running_attempt(board, others, stop, announced.append, **timing)
-        ),
-        daemon=True,
-    )
-    thread.start()
-    return thread, result, announced, stop
-
-
-def test_a_newcomer_joins_a_forming_swarm_at_once_and_posts_nothing(two_boards):
-    newcomer, peer = two_boards
-    stop = threading.Event()
-    roster = [peer.peer_id]
-    assert sit_out_running_attempt(newcomer, roster, stop) is None  # nothing committed yet
-    peer.post(
-        0, CommitReport(ok=True, digest="11" * 32)
-    )  # a result, but no state a quorum holds: still forming
-    assert sit_out_running_attempt(newcomer, roster, stop) is None
-    assert newcomer.peer_id not in newcomer.read(1) and newcomer.peer_id not in newcomer.read(0)
-
-
-def test_a_newcomer_sits_out_the_attempt_in_progress_until_its_state_is_committed(two_boards):
-    newcomer, peer = two_boards
-    peer.post(
-        0, CommitReport(ok=True, digest="11" * 32, state="aa" * 32)
-    )  # the swarm committed attempt 0; attempt 1 runs
-    thread, result, announced, _ = _sitting_out(newcomer, [peer.peer_id], outcome_grace=60.0)
-    wait_until(lambda: announced, 15, "the newcomer to say which attempt it sits out", poll=0.05)
-    assert announced == [1]
-    report = peer.read(1).get(newcomer.peer_id)
-    assert report is not None and report.left, report  # out of attempt 1's quorum where a roster holds it
-    assert peer.latest_attempt() == 0  # and the notice does not move the swarm's attempt counter
-    thread.join(1.5)
-    assert thread.is_alive(), "stopped waiting before attempt 1 ended"
-    peer.post(1, CommitReport(ok=True, digest="22" * 32))
-    thread.join(1.5)
-    assert thread.is_alive(), "a posted result is not yet a committed state (its grace is 60 s here)"
-    peer.post(1, CommitReport(ok=True, digest="22" * 32, state="bb" * 32))
-    thread.join(10)
-    assert not thread.is_alive() and result == [1]
-
-
-def test_a_partners_checking_marker_does_not_end_a_newcomers_sit_out(two_boards):
-    """Groups of three post markers in the middle of an attempt. Taken for the attempt's first result,
-    one ended the sit-out 5 s later, before the commit: the red team's late joiner then ran the
-    attempt after with a state one round old and never committed (0 rounds in 4 minutes)."""
-    newcomer, peer = two_boards
-    peer.post(0, CommitReport(ok=True, digest="11" * 32, state="aa" * 32))
-    thread, result, announced, _ = _sitting_out(newcomer, [peer.peer_id], outcome_grace=1.0)
-    wait_until(lambda: announced, 15, "the newcomer to sit out attempt 1", poll=0.05)
-    peer.post(1, CommitReport(checked=("cc" * 32,), checking=True))
-    wait_until(lambda: peer.peer_id in newcomer.read_checks(1), 15, "the marker to show", poll=0.05)
-    assert newcomer.latest_attempt() == 0
-    thread.join(3.0)  # three times its grace after a result
-    assert thread.is_alive(), "a marker ended the sit-out as if attempt 1 had a result"
-    peer.post(1, CommitReport(ok=True, digest="22" * 32, state="bb" * 32))
-    thread.join(10)
-    assert not thread.is_alive() and result == [1]
-
-
-def test_after_an_aborted_attempt_the_newcomer_starts_the_next_one_with_the_swarm(two_boards):
-    """Not once the next attempt is over: that would put it a whole attempt out of step for good."""
-    newcomer, peer = two_boards
-    peer.post(0, CommitReport(ok=True, digest="11" * 32, state="aa" * 32))
-    thread, result, announced, _ = _sitting_out(newcomer, [peer.peer_id], outcome_grace=1.0)
-    wait_until(lambda: announced, 15, "the newcomer to sit out attempt 1", poll=0.05)
-    peer.post(1, CommitReport())  # attempt 1 aborted; its peers go on to attempt 2
-    thread.join(15)
-    assert not thread.is_alive() and result == [1]
-    assert peer.latest_attempt() == 1  # nobody posted attempt 2: the newcomer takes part in it
-
-
-def test_sitting_out_is_bounded_and_ends_on_stop(two_boards):
-    newcomer, peer = two_boards
-    peer.post(0, CommitReport(ok=True, digest="11" * 32, state="aa" * 32))
-    thread, result, _, _ = _sitting_out(newcomer, [peer.peer_id], limit=1.0)
-    thread.join(15)  # nobody ever posts attempt 1
-    assert not thread.is_alive() and result == [1]
-    thread, result, announced, stop = _sitting_out(newcomer, [peer.peer_id])  # 180 s by default
-    wait_until(lambda: announced, 15, "the newcomer to sit out again", poll=0.05)
-    stop.set()  # Ctrl-C
-    thread.join(15)
-    assert not thread.is_alive() and result == [1]
 
 
 def _told(reducer: Identity, reducer_id: str, story: bytes) -> str:
