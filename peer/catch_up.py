@@ -13,6 +13,7 @@ and neither is the round it names (:func:`trusted_round`).
 
 A newcomer that arrives while the swarm computes a round sits that attempt out and starts with the
 next one (:func:`sit_out_running_attempt`): the others' rosters for it were read without the newcomer.
+A peer found behind the swarm waits the same way until the attempt it left ended (:func:`await_attempt_end`).
 Peers that start a run together begin once the roster stops changing (:func:`wait_for_settled_roster`).
 """
 
