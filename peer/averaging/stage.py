@@ -42,6 +42,9 @@ GATHER_PERIODS = 3.0
 # for all of its peers, and under load units arrive over about 10 s (the top group waits longer still).
 QUORUM_GATHER_PERIODS = 6.0
 ONLINE_CHECK_SECONDS = 2.0  # how often a broadcast's receiver reads the roster for its sender
+# After its all-reduce broke, a group whose result must hold a quorum looks for its survivors this many
+# periods from the break, whatever is left of each member's own wait (members began it at different times).
+REGROUP_QUORUM_PERIODS = 5.0
 
 
 @dataclass(frozen=True)
@@ -339,6 +342,9 @@ class StageRunner:
                     broken = e
                     self.on_broken()
                     regroup = time.monotonic() + 2.0 * self.timeouts.matchmaking + 0.5
+                    if quorum_over:  # the survivors saw the break together: one window for all of them
+                        regroup = time.monotonic() + REGROUP_QUORUM_PERIODS * self.timeouts.matchmaking + 0.5
+                        quorum_wait = max(quorum_wait, regroup)
                     # A broadcast's head has served the members that took part; the ones it missed
                     # may be looking for it still (it noticed only when their parts were overdue,
                     # often past its deadline), and a dead one must not hold it past two periods.
