@@ -33,7 +33,7 @@ from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.paged_blobs import BlobUnavailable
 from hivemind_adapter.state_archive import fetch_state
 from peer.commit.boards import CommitBoard
-from peer.commit.quorum import CommittedState, attempt_decided, newest_committed_state
+from peer.commit.quorum import CommittedState, attempt_decided, newest_committed_state, state_in
 from peer.commit.report import CommitReport
 from protocol.dht_schema import anchor_key, open_anchor_value
 from protocol.task_spec import TaskSpec
@@ -47,6 +47,7 @@ SIT_OUT_POLL_SECONDS = 0.5
 SIT_OUT_OUTCOME_SECONDS = 5.0
 SIT_OUT_UNDECIDED_SECONDS = 60.0  # ... and at most this long while a result could still reach a quorum
 SIT_OUT_ROSTER_SECONDS = 5.0  # how often that wait reads the roster (killed peers never report)
+SIT_OUT_LOOKBACK = 8  # the most attempts that wait reads per poll
 QUORUM_TIEBREAK = 1.0  # a quorum's result wins a tie against any one peer's (theirs are in (0, 0.5))
 ANCHOR_TIEBREAK = 0.0  # an aggregator's state loses a tie against any peer's
 PAGE_TIMEOUT = 30.0  # seconds for one page from one holder
@@ -198,9 +199,11 @@ def await_attempt_end(
     gone: frozenset[str] = frozenset()
     roster_read_at = float("-inf")
     while not stop.is_set() and time.monotonic() < deadline:
-        latest = board.latest_attempt()  # one read of every bucket per poll, for both checks
-        newest = newest_committed_state(board, others, latest=latest)
-        if newest is not None and newest.attempt >= attempt:
+        latest = board.latest_attempt(near=attempt)
+        # the attempt sat out and the newest ones after it, each read once per poll for both checks
+        newest = max(latest, attempt)
+        read = {a: board.read(a) for a in range(newest, max(attempt, newest - SIT_OUT_LOOKBACK) - 1, -1)}
+        if any(state_in(a, reports, others) is not None for a, reports in read.items()):
             return
         now = time.monotonic()
         if first_result is None and latest >= attempt:
@@ -210,7 +213,7 @@ def await_attempt_end(
                 return
             if online is not None and now - roster_read_at >= SIT_OUT_ROSTER_SECONDS:
                 gone, roster_read_at = frozenset(others) - frozenset(online()), now
-            if now - first_result > outcome_grace and attempt_decided(board.read(attempt), others, gone):
+            if now - first_result > outcome_grace and attempt_decided(read[attempt], others, gone):
                 return
         stop.wait(SIT_OUT_POLL_SECONDS)
 

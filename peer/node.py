@@ -160,7 +160,13 @@ class PeerNode:
         (:func:`peer.catch_up.await_attempt_end`), then meet the swarm where it is. Computing the next
         round at once would run an attempt nobody runs yet, and move every peer's counter past it."""
         others = [p for p in self.parts.roster.peer_ids() if p != self.peer_id]
+        logger.info(
+            f"attempt {attempt}: waiting for the swarm to end it before catching up "
+            f"(at most {SIT_OUT_SECONDS:.0f} s)"
+        )
+        started = time.monotonic()
         await_attempt_end(self._commits.board, others, attempt, self._stop, online=self.parts.roster.peer_ids)
+        logger.info(f"attempt {attempt}: waited {time.monotonic() - started:.0f} s for its end; catching up")
         self._commits.meet_swarm()
 
     def _roster_ids(self) -> frozenset[str]:

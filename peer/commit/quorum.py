@@ -94,20 +94,30 @@ def newest_committed_state(
     if latest is None:
         latest = board.latest_attempt()
     for attempt in range(latest, max(-1, latest - lookback), -1):
-        reports = board.read(attempt)
-        members = members_of(reports, roster)
-        by_state: dict[tuple[str, str], set[str]] = {}
-        for p, r in reports.items():
-            if r.ok and r.state:
-                by_state.setdefault((r.digest, r.state), set()).add(p)
-        for (_result, state), peers in by_state.items():
-            if is_quorum(peers, members):
-                ordered = sorted(peers, key=lambda p: (p not in members, p))  # online ones first
-                return CommittedState(attempt, state, tuple(ordered))
-        held = sorted(
-            (min(peers & members), state, peers) for (_r, state), peers in by_state.items() if peers & members
-        )
-        if any_holder and held:
-            _first, state, peers = held[0]
-            return CommittedState(attempt, state, tuple(sorted(peers, key=lambda p: (p not in members, p))))
+        state = state_in(attempt, board.read(attempt), roster, any_holder)
+        if state is not None:
+            return state
+    return None
+
+
+def state_in(
+    attempt: int, reports: Reports, roster: Collection[str], any_holder: bool = False
+) -> CommittedState | None:
+    """The state a quorum of ``roster`` reports holding in ``attempt``'s ``reports`` (None: none);
+    ``any_holder`` as for :func:`newest_committed_state`."""
+    members = members_of(reports, roster)
+    by_state: dict[tuple[str, str], set[str]] = {}
+    for p, r in reports.items():
+        if r.ok and r.state:
+            by_state.setdefault((r.digest, r.state), set()).add(p)
+    for (_result, state), peers in by_state.items():
+        if is_quorum(peers, members):
+            ordered = sorted(peers, key=lambda p: (p not in members, p))  # online ones first
+            return CommittedState(attempt, state, tuple(ordered))
+    held = sorted(
+        (min(peers & members), state, peers) for (_r, state), peers in by_state.items() if peers & members
+    )
+    if any_holder and held:
+        _first, state, peers = held[0]
+        return CommittedState(attempt, state, tuple(sorted(peers, key=lambda p: (p not in members, p))))
     return None
