@@ -14,8 +14,9 @@ shard, so results agree bit for bit.
 when the all-reduce was complete from its point of view (no failed reducer, every sender's parts
 received); otherwise the step raises :class:`PartialAllReduceError` and the tensors are untouched.
 Failures seen only by *another* member are caught one level up (:mod:`peer.averaging.hierarchy`),
-which compares what members report after the step. A NaN or infinite result is never written either
-(:class:`NonFiniteResultError`): one member's NaN would otherwise become every member's. With a
+which compares what members report after the step. Reducers leave a part holding a NaN or an
+infinity out of their mean and name its sender (:mod:`hivemind_adapter.finite_reduce`); a result
+that is still not finite is never written (:class:`NonFiniteResultError`). With a
 :class:`~robust_aggregation.centered_clip.RobustConfig`, reducers take a robust centre of the senders'
 parts (CenteredClip, as BTARD does) and report whom they named (:meth:`VerifiedAverager.last_outliers`).
 """
@@ -23,7 +24,6 @@ parts (CenteredClip, as BTARD does) and report whom they named (:meth:`VerifiedA
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
@@ -39,6 +39,7 @@ from hivemind.utils.asyncio import as_aiter, azip
 from hivemind_adapter.averager_process import BoundedAveragerProcess
 from hivemind_adapter.exact_runner import ExactAllReduceRunner
 from hivemind_adapter.findings import NameLog, NoiseSlot, WireBytes
+from hivemind_adapter.finite_reduce import all_finite
 from hivemind_adapter.follower_expiry import followers_ask_until_their_search_ends
 from hivemind_adapter.group_keys import Admission, DeclarationSigner, SignedGroupKeys, admit_only_roster_peers
 from hivemind_adapter.group_quorum import QuorumGate
@@ -114,18 +115,6 @@ def _spaced_reads(key_manager, group_size: Callable[[], int | None]) -> None:
     key_manager.get_averagers = get_averagers
 
 
-def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
-    """Whether no tensor holds a NaN or an infinity: one min-max pass each (a NaN propagates to
-    both, an infinity is one of them), 4x faster than ``isfinite`` and its mask."""
-    for t in tensors:
-        if t.numel() == 0 or not t.is_floating_point():
-            continue
-        low, high = torch.aminmax(t.detach())
-        if not (math.isfinite(low.item()) and math.isfinite(high.item())):
-            return False
-    return True
-
-
 @dataclass(frozen=True)
 class RefusedReducer:
     """A reducer whose replies a member refused (base58 ``peer``). ``for_its_own_part``: only its
@@ -152,9 +141,9 @@ class VerifiedAverager(
     :meth:`~hivemind_adapter.known_groups.KnownGroupSteps.step_in_known_group` averages with members
     known in advance, without matchmaking. With ``robust``, its reducer withstands a minority of
     malicious senders; :meth:`last_outliers` names those it caught. Its last ``slotted_tail``
-    tensors hold one slot per sender (a cohort's roll of sample counts): a robust reducer takes
-    each slot's owner's value there (:func:`~robust_aggregation.centered_clip.slotted_centre`), where
-    a robust centre would clip them. With ``declarations``, its
+    tensors hold one slot per sender (a cohort's roll of sample counts): every reducer takes each
+    slot's owner's value there (:func:`~robust_aggregation.centered_clip.slotted_centre`), whatever
+    the senders' weights, where a robust centre would clip them. With ``declarations``, its
     matchmaking declares signed and meets only the peers :meth:`set_admitted` names
     (:mod:`hivemind_adapter.group_keys`); without, hivemind's unsigned declarations, which MANTA's
     DHT validator refuses (for tests on a DHT without it).
@@ -200,7 +189,7 @@ class VerifiedAverager(
         """Base58 ids of the peers whose values this averager refused or named in its last all-reduce
         (its last step, whether it succeeded or not): the senders its reducer refused (non-finite)
         or named outliers, in sender order, then the reducers whose replies it refused as
-        implausible; empty without ``robust``. The next all-reduce, a known group's confirmation
+        implausible (without ``robust``: the senders of NaN or infinite values only). The next all-reduce, a known group's confirmation
         included, replaces it: :meth:`take_named` collects them over several."""
         return self._last_outliers.read()
 

@@ -18,6 +18,7 @@ from hivemind.p2p import PeerID
 from hivemind.proto import averaging_pb2
 from hivemind.utils.asyncio import aiter_with_timeout, attach_event_on_finished
 
+from hivemind_adapter.finite_reduce import FiniteMeanReducer
 from hivemind_adapter.part_layout import PartLayout, part_layout, slotted_parts
 from hivemind_adapter.reducer_replies import ReducerReplies
 from hivemind_adapter.robust_reduce import RobustPartReducer
@@ -44,7 +45,8 @@ MIN_REDUCERS_TO_JUDGE = 3
 
 class ExactAllReduceRunner(ReducerReplies):
     """A butterfly all-reduce whose outputs are the reducers' averages, not deltas against local parts.
-    With ``robust``, this member reduces with a :class:`~hivemind_adapter.robust_reduce.RobustPartReducer`,
+    Without ``robust``, this member reduces with a :class:`~hivemind_adapter.finite_reduce.FiniteMeanReducer`;
+    with it, this member reduces with a :class:`~hivemind_adapter.robust_reduce.RobustPartReducer`,
     the last ``slotted_tensors`` tensors as slotted parts (see
     :func:`~robust_aggregation.centered_clip.slotted_centre`; each must fit in one part)."""
 
@@ -90,6 +92,12 @@ class ExactAllReduceRunner(ReducerReplies):
                 as_received=None if exact_wire else functools.partial(roundtrip, compression),
             )
             unused.finished.set()  # never used: its finalize would report "received 0% of input tensors"
+        else:
+            unused = self.tensor_part_reducer
+            self.tensor_part_reducer = FiniteMeanReducer(
+                unused.part_shapes, unused.num_senders, self._slotted_parts_of(self.peer_id)
+            )
+            unused.finished.set()
         # With absolute outputs, a part whose reducer failed falls back to the local part, not to a zero delta.
         self.tensor_part_container.return_deltas = False
         self.reducer_errors: list[str] = []  # why each remote reducer failed this member, if one did
@@ -303,8 +311,8 @@ class ExactAllReduceRunner(ReducerReplies):
 
     def outlier_senders(self) -> list[str]:
         """Base58 ids of the peers whose values this member refused or named: senders its reducer
-        refused or named an outlier on any part it reduced, then reducers whose replies it refused
-        (always empty without ``robust``)."""
+        refused or named an outlier on any part it reduced (without ``robust``: sent NaN or infinite
+        values in), then reducers whose replies it refused."""
         reducer = self.tensor_part_reducer
         named = set(getattr(reducer, "outliers", {})) | set(getattr(reducer, "excluded", ()))
         senders = [self.sender_peer_ids[i].to_base58() for i in sorted(named)]

@@ -47,13 +47,6 @@ def to_own_mean(averager: VerifiedAverager, count: int, samples: int) -> None:
     clear_roll(averager)
 
 
-def to_cohort_mean(averager: VerifiedAverager, count: int, members: Sequence[Contributor]) -> None:
-    """A plain known group's average (``sum of numerators / n_members``) becomes the cohort's
-    sample-weighted mean (zeros if the cohort processed no samples)."""
-    samples = sum(m.samples for m in members)
-    scale(averager, count, len(members) / samples if samples > 0 else 0.0)
-
-
 def final_vector(
     averager: VerifiedAverager,
     contributors: Sequence[Contributor],

@@ -214,9 +214,8 @@ class HierarchicalAverager:
     ) -> list[Contributor]:
         """The cohort stage (a known group, else matchmaking); returns the members whose mean the
         buffer now holds (this peer alone if its cohort never gathered)."""
-        robust = self.settings.robust is not None
-        if robust:  # every stage averages means weighted by samples
-            buffers.to_own_mean(self._cohort, self.count, me.samples)
+        # every stage averages per-sample means weighted by samples
+        buffers.to_own_mean(self._cohort, self.count, me.samples)
         members = [me]
         known = None
         roster_cohort = frozenset(now.cohort_peers[cohort_rank]) if now.cohort_peers else frozenset()
@@ -231,17 +230,13 @@ class HierarchicalAverager:
                 self._cohort, now.number, known, self.peer_id, me.samples, now.state_digest,
                 arrival_timeout=ARRIVAL_SENDER_TIMEOUTS * self.settings.timeouts.next_chunk,
                 allreduce_timeout=self.stages.allreduce_bound("cohort"),
-                weight=float(me.samples) if robust else 1.0,  # robust: a weighted centre of the members' means
+                weight=float(me.samples),
             )  # fmt: skip
         if counts is not None:
             members = [Contributor(p, self.cohort, n, now.state_digest, False) for p, n in zip(known, counts)]
             outcome.known_group = True
             confirm_three(self.checks, self.stages, now, "cohort", known, self._cohort)
-            if not robust:
-                buffers.to_cohort_mean(self._cohort, self.count, members)
-        elif not robust:
-            buffers.to_own_mean(self._cohort, self.count, me.samples)
-        else:  # the buffer holds this peer's mean already; a failed known group left its count
+        else:  # the buffer holds this peer's mean still; a failed known group left its count
             buffers.clear_roll(self._cohort)
         if counts is None and cohort_size > 1:
             try:

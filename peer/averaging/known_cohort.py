@@ -15,11 +15,11 @@ The all-reduce's mean of the roll, times the group's size, is every member's cou
 slot has one non-zero term; its quotient and product round back to the integer: hivemind's reducer
 averages in float32, where counts below 2^20 survive both).
 
-With robust averaging the members send their mean gradients weighted by their samples, as in a
-matchmade group, and the reducers take a robust centre of them; the roll is a slotted tensor of the
-averager (:func:`~robust_aggregation.centered_clip.slotted_centre`): each slot's value is its owner's,
-so a member cannot write another's count, and the counts come back as from a plain mean. Without,
-they send their numerators with equal weights, and the mean is made sample-weighted afterwards.
+The members send their mean gradients weighted by their samples, as in a matchmade group (with
+robust averaging the reducers take a robust centre of them); the roll is a slotted tensor of the
+averager (:func:`~robust_aggregation.centered_clip.slotted_centre`): each slot's value is its owner's
+whatever the weights, so a member cannot write another's count, and the counts come back as from a
+plain mean.
 
 When it fails (a member late by more than the bound, asleep, dead, or unreachable), nothing was
 written, and the stage falls back to matchmaking. After a failure the next few attempts go to
@@ -115,9 +115,9 @@ class KnownCohort:
     ) -> list[int] | None:
         """Average the averager's buffer (its last tensor the roll) with ``members``, who must all
         arrive within ``arrival_timeout`` (see :meth:`~hivemind_adapter.known_groups.KnownGroupSteps.
-        step_in_known_group`), this member's vector counting ``weight`` (every member's 1.0, or every
-        member's samples); returns every member's sample count in ``members``' order, or None if
-        the group did not complete (the buffer is then untouched but for this peer's roll slot)."""
+        step_in_known_group`), this member's vector counting ``weight`` (its samples: the buffer
+        holds its mean); returns every member's sample count in ``members``' order, or None if the
+        group did not complete (the buffer is then untouched but for this peer's roll slot)."""
         with averager.get_tensors() as buf:
             roll = buf[-1]
             roll.zero_()

@@ -102,16 +102,34 @@ def test_a_robust_group_of_four_averages_the_honest_three_and_names_the_fourth(a
     assert named[:3] == [[peer_ids[3]]] * 3, named
 
 
-def test_without_robust_one_nan_fails_the_step_and_nobody_writes():
+def test_without_robust_a_nan_is_left_out_of_the_mean_and_its_sender_named():
+    """A plain reducer leaves a part holding NaN out (hivemind_adapter.finite_reduce): a pair holds
+    the honest member's values, both alike, and each reducer names the NaN's sender."""
+
     def start(i: int) -> list[torch.Tensor]:
         held = _member_tensors(i)
         return [torch.full_like(t, math.nan) for t in held] if i == 1 else held
 
-    results, outcomes, _ = step_pair(VerifiedAverager, start, 20.0, prefix="nan-pair")
+    def take_step(i, averager, peer_ids):
+        averager.step(timeout=20.0, allow_retries=False)
+        return averager.last_outliers(), peer_ids
+
+    results, outcomes, _ = step_pair(VerifiedAverager, start, 20.0, take_step=take_step, prefix="nan-pair")
+    assert all(isinstance(o, tuple) for o in outcomes), outcomes
+    for got, other, want in zip(results[0], results[1], start(0)):
+        assert torch.allclose(got, want, atol=1e-6) and torch.equal(got, other)
+    peer_ids = outcomes[0][1]
+    assert [named for named, _ in outcomes] == [[peer_ids[1]], [peer_ids[1]]], outcomes
+
+
+def test_without_robust_a_part_every_sender_spoiled_fails_the_step_and_nobody_writes():
+    def start(i: int) -> list[torch.Tensor]:
+        return [torch.full_like(t, math.nan) for t in _member_tensors(i)]
+
+    results, outcomes, _ = step_pair(VerifiedAverager, start, 20.0, prefix="nan-both")
     for outcome in outcomes:  # hivemind reports a failed all-reduce as a matchmaking failure
         assert isinstance(outcome, AllReduceBroke) and "NaN" in str(outcome), outcomes
-    assert all(torch.equal(got, want) for got, want in zip(results[0], start(0)))
-    assert all(torch.isnan(t).all() for t in results[1])
+    assert all(torch.isnan(t).all() for held in results for t in held)
 
 
 # ------------------------------------------------------------------ a reducer that lies

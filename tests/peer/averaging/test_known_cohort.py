@@ -1,12 +1,14 @@
 """A cohort that meets as a known group: real averagers on loopback DHT nodes, the roll at the end of
-their buffer as in a cohort averager. Members confirm their result among themselves; with robust
-averaging (an outer task's inner steps) they get every member's count and a robust centre, and one
-member can neither poison the mean nor write another's count."""
+their buffer as in a cohort averager. Members confirm their result among themselves; they get every
+member's count and the sample-weighted mean (a robust centre, with robust averaging), and one member
+can neither poison the mean (NaN; x1000, robust) nor write another's count."""
 
 from __future__ import annotations
 
 import hashlib
+import math
 
+import pytest
 import torch
 
 from hivemind_adapter.allreduce import VerifiedAverager
@@ -71,17 +73,18 @@ def _mean_gradient(i: int) -> torch.Tensor:
     return signal + 0.1 * torch.randn(40_000, generator=torch.Generator().manual_seed(100 + i))
 
 
-def _robust_known_group(take_step) -> tuple[list, list, list, list[str]]:
-    """Four robust cohort averagers (the roll a slotted tail, as :class:`~peer.averaging.hierarchy.
-    HierarchicalAverager` builds them) take one known-group step with ``take_step(i, averager,
-    members)``; returns what each holds, each outcome, each ``last_outliers()`` and the peer ids."""
+def _known_group(take_step, robust: bool = True) -> tuple[list, list, list, list[str]]:
+    """Four cohort averagers (the roll a slotted tail, as :class:`~peer.averaging.hierarchy.
+    HierarchicalAverager` builds them; ``robust`` or plain) take one known-group step with
+    ``take_step(i, averager, members)``; returns what each holds, each outcome, each
+    ``last_outliers()`` and the peer ids."""
     history, peer_ids = step_known_group_repeatedly(
         4,
         1,
         lambda i: [_mean_gradient(i), new_roll()],
-        lambda i: dict(robust=RobustConfig(), slotted_tail=1),
+        lambda i: dict(robust=RobustConfig() if robust else None, slotted_tail=1),
         take_step=lambda i, averager, peer_ids: take_step(i, averager, tuple(sorted(peer_ids)), peer_ids[i]),
-        prefix="robust-known",
+        prefix="robust-known" if robust else "plain-known",
         part_size_bytes=16 * 1024,
     )
     (results, outcomes, named) = history[0]
@@ -102,11 +105,15 @@ def _weighted_mean(indices) -> torch.Tensor:
     return (total / sum(SAMPLES[i] for i in indices)).float()
 
 
-def test_a_robust_known_group_counts_every_member_and_leaves_a_poisoned_mean_out():
-    results, outcomes, named, peer_ids = _robust_known_group(
+@pytest.mark.parametrize("poison", ["x1000 robust", "nan plain"])
+def test_a_known_group_counts_every_member_and_leaves_a_poisoned_mean_out(poison):
+    """Plain reducers leave a part holding NaN out of their mean (hivemind_adapter.finite_reduce)."""
+    bad = math.nan if poison.startswith("nan") else 1000.0
+    results, outcomes, named, peer_ids = _known_group(
         lambda i, averager, members, me: _average(
-            i, averager, members, me, _mean_gradient(i) * (1000 if i == 3 else 1)
-        )
+            i, averager, members, me, _mean_gradient(i) * (bad if i == 3 else 1)
+        ),
+        robust=poison.endswith("robust"),
     )
     order = sorted(peer_ids)
     counts = [SAMPLES[peer_ids.index(p)] for p in order]  # every count, in the members' order
@@ -115,10 +122,11 @@ def test_a_robust_known_group_counts_every_member_and_leaves_a_poisoned_mean_out
     for held in results[:3]:  # the sample-weighted mean of the honest three, bit for bit
         assert torch.allclose(held[0], honest, rtol=0, atol=1e-6), float((held[0] - honest).abs().max())
     assert len({held[0].numpy().tobytes() for held in results}) == 1
-    assert named[:3] == [[peer_ids[3]]] * 3, named  # every reducer saw the x1000 mean
+    assert named[:3] == [[peer_ids[3]]] * 3, named  # every reducer saw the poisoned mean
 
 
-def test_a_member_cannot_write_another_members_count():
+@pytest.mark.parametrize("robust", [True, False], ids=["robust", "plain"])
+def test_a_member_cannot_write_another_members_count(robust):
     """The dishonest member writes its own count and a forged one in another member's slot: every
     member still reads that member's true count, and the roll's reducer names the forger, whose count
     it drops. The forger is the first member in the group's order: equal shares put the roll (the
@@ -138,7 +146,7 @@ def test_a_member_cannot_write_another_members_count():
         )  # fmt: skip
         return "stepped"
 
-    results, outcomes, named, peer_ids = _robust_known_group(take_step)
+    results, outcomes, named, peer_ids = _known_group(take_step, robust)
     order = sorted(peer_ids)
     forger = order[0]
     want = [0 if p == forger else SAMPLES[peer_ids.index(p)] for p in order]
