@@ -31,8 +31,9 @@ from peer.commit.boards import CommitBoard
 
 logger = logging.getLogger(__name__)
 
-# A leaving peer looks for its group this many matchmaking periods before it gives up: partners who are
-# there find each other within one (groups form when full, else after the matchmaking time).
+# A leaving peer that knows no partner of a stage (no units, no head to watch) looks for its group this
+# many matchmaking periods before it gives up: partners who are there find each other within one.
+# One that knows them waits while they can come: stopped together, they are finishing the same round.
 LEAVING_GRACE_FACTOR = 3
 # A stage's own averaging, and a broadcast's head, wait for the whole group (it begins at once when
 # full) up to this many matchmaking periods: a group begun with the early members splits the
@@ -172,6 +173,7 @@ class StageRunner:
         # A broadcast's receivers only follow: they must not form a group of their own without the
         # sender while it is still busy with the stage before.
         follow_only = stage == 1 and bool(watch)
+        partners_known = bool(watch) or bool(units)  # a leaving peer then waits while they can come
         if self._following.get(name, False) != follow_only:
             averager.set_follow_only(follow_only)
             self._following[name] = follow_only
@@ -291,7 +293,7 @@ class StageRunner:
                             raise HeadGone(
                                 f"{kind} stage abandoned: {watch[-8:]} left the roster (its announcement expired)"
                             )
-                    if self._leaving_for(started):
+                    if self._leaving_for(started, partners_known):
                         cancel_step(control)
                         raise RoundAborted(
                             f"{kind} stage abandoned: this peer is leaving and no group formed"
@@ -330,7 +332,7 @@ class StageRunner:
                     self.regrouped.append(kind)
                 break
             except (Exception, asyncio.CancelledError) as e:  # a step cancelled under it fails the stage too
-                if self._leaving_for(started):
+                if self._leaving_for(started, partners_known):
                     raise RoundAborted(
                         f"{kind} stage abandoned: this peer is leaving and no group formed"
                     ) from e
@@ -363,9 +365,13 @@ class StageRunner:
             return NoGroup(no_group)
         return NoGroup(f"{no_group} again after its all-reduce broke ({broken})")
 
-    def _leaving_for(self, started: float) -> bool:
+    def _leaving_for(self, started: float, partners_known: bool) -> bool:
+        """Whether this leaving peer gives up a stage with no group yet (see :data:`LEAVING_GRACE_FACTOR`):
+        with ``partners_known``, only the departures, the roster and the stage's deadline end its wait."""
         return (
-            self.leaving() and time.monotonic() - started > LEAVING_GRACE_FACTOR * self.timeouts.matchmaking
+            self.leaving()
+            and not partners_known
+            and time.monotonic() - started > LEAVING_GRACE_FACTOR * self.timeouts.matchmaking
         )
 
     def _roster_now(self) -> set[str] | None:
