@@ -48,6 +48,9 @@ SIT_OUT_OUTCOME_SECONDS = 5.0
 SIT_OUT_UNDECIDED_SECONDS = 60.0  # ... and at most this long while a result could still reach a quorum
 SIT_OUT_ROSTER_SECONDS = 5.0  # how often that wait reads the roster (killed peers never report)
 SIT_OUT_LOOKBACK = 8  # the most attempts that wait reads per poll
+# A swarm between two rounds shows no fresh record of the next one for a moment: its peers publish
+# within seconds of beginning it (PUBLISH_EVERY). A newcomer looks this long before taking it for idle.
+SIT_OUT_SETTLE_SECONDS = 6.0
 QUORUM_TIEBREAK = 1.0  # a quorum's result wins a tie against any one peer's (theirs are in (0, 0.5))
 ANCHOR_TIEBREAK = 0.0  # an aggregator's state loses a tie against any peer's
 PAGE_TIMEOUT = 30.0  # seconds for one page from one holder
@@ -138,6 +141,22 @@ def trusted_round(served_as: int, anchored: int | None, swarm_round: int) -> int
     if anchored is not None:
         return anchored
     return served_as if swarm_round < 0 else min(served_as, swarm_round)
+
+
+def swarm_runs_round(
+    swarm_round: Callable[[], int],
+    round_index: int,
+    stop: threading.Event,
+    settle: float = SIT_OUT_SETTLE_SECONDS,
+) -> bool:
+    """Whether other peers work on ``round_index`` or a later one (``swarm_round``: the latest round
+    their fresh progress shows), looked at for up to ``settle`` seconds before answering no."""
+    deadline = time.monotonic() + settle
+    while swarm_round() < round_index:
+        if stop.is_set() or time.monotonic() >= deadline:
+            return False
+        stop.wait(SIT_OUT_POLL_SECONDS)
+    return True
 
 
 def sit_out_running_attempt(

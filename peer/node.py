@@ -28,8 +28,10 @@ from peer.catch_up import (
     await_attempt_end,
     catch_up_before_leaving,
     sit_out_running_attempt,
+    swarm_runs_round,
     wait_for_settled_roster,
 )
+from peer.commit.quorum import newest_committed_state
 from peer.data_feed import DataUnavailable
 from peer.devices import WorkerDevice
 from peer.progress_display import ProgressDisplay
@@ -134,11 +136,17 @@ class PeerNode:
         """A newcomer arriving while the swarm computes (or still averages) the round it would join
         sits that attempt out and takes part from the next one (:func:`peer.catch_up.
         sit_out_running_attempt`), then loads the state it committed. Returns whether it sat one out."""
-        running_round = self.parts.progress.swarm_round(fresh_ms=int(PROGRESS_TTL * 1000))
-        if running_round < self.state_round + 1 or self._stop.is_set():
-            return False  # nobody works on the round we would join: it begins with us in every roster
         roster = self.parts.roster.read()
         others = [p.entry.peer_id for p in roster if p.entry.peer_id != self.peer_id]
+        if self._stop.is_set() or newest_committed_state(self._commits.board, others) is None:
+            return False  # a swarm that committed nothing yet: its first peers start together
+
+        def latest_round() -> int:
+            return self.parts.progress.swarm_round(fresh_ms=int(PROGRESS_TTL * 1000))
+
+        if not swarm_runs_round(latest_round, self.state_round + 1, self._stop):
+            return False  # nobody works on the round we would join: it begins with us in every roster
+        running_round = latest_round()
 
         def say(attempt: int) -> None:
             logger.info(

@@ -1,20 +1,24 @@
 """Sitting an attempt out on a real DHT's signed commit board (peer.catch_up).
 
-A newcomer sits out the attempt in progress (whose rosters may lack it), and a peer found behind the
-swarm the attempt it left, until the swarm ended it: its state committed, or no result able to commit
-any more. Then it starts the next attempt with the swarm, never one the swarm has not reached.
+A newcomer sits out the attempt in progress (whose rosters may lack it; at a round's end it looks a
+few seconds for the next), and a peer found behind the swarm the attempt it left, until the swarm
+ended it: its state committed, or no result able to commit any more. Then it starts the next attempt
+with the swarm, never one the swarm has not reached.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
-from hivemind_adapter.dht import speaker
-from peer.catch_up import await_attempt_end, sit_out_running_attempt
+from hivemind_adapter.dht import peer_id, speaker
+from peer.catch_up import await_attempt_end, sit_out_running_attempt, swarm_runs_round
 from peer.commit.boards import SignedCommitBoard
 from peer.commit.report import CommitReport
+from peer.swarm_progress import SwarmProgress
+from peer.swarm_view import PROGRESS_TTL, ProgressBoard
 from protocol.identity import Identity
 from tests.helpers import two_task_dhts, wait_until
 
@@ -184,3 +188,41 @@ def test_a_peer_behind_the_swarm_waits_until_the_swarm_commits_the_attempt_it_le
     assert not thread.is_alive() and result == [None]
     assert behind.latest_attempt() == 5  # the attempt it starts next is the swarm's
     stop.set()
+
+
+@pytest.fixture
+def two_progress_readers():
+    with two_task_dhts(TASK) as dhts:
+        yield [
+            SwarmProgress(ProgressBoard(d, TASK, speaker(d, Identity.generate())), peer_id(d), 16, 1, 256)
+            for d in dhts
+        ]
+
+
+def test_a_newcomer_between_two_rounds_sees_the_swarm_begin_the_next(two_progress_readers):
+    """At a round's commit the swarm's records of it may have expired (its averaging outlasts them)
+    and the next round's are seconds away: a newcomer that looked once took the swarm for idle,
+    computed the round alone, and found itself behind the swarm."""
+    worker, newcomer = two_progress_readers
+    stop = threading.Event()
+
+    def latest() -> int:
+        return newcomer.swarm_round(fresh_ms=int(PROGRESS_TTL * 1000))
+
+    assert latest() == -1  # between two rounds: nothing fresh
+    looking, answer = _in_thread(lambda: swarm_runs_round(latest, 3, stop, settle=20.0))
+    time.sleep(2.0)
+    worker.begin(3, "cohort-a", state_round=2)
+    worker.look(8, 1.0)  # its first record of round 3, published at once
+    looking.join(25)
+    assert answer == [True]
+
+
+def test_a_newcomer_takes_a_quiet_swarm_for_idle_after_the_settle(two_progress_readers):
+    worker, newcomer = two_progress_readers
+    worker.begin(2, "cohort-a", state_round=1)
+    worker.look(8, 1.0)  # a record of the round the newcomer already holds
+    wait_until(lambda: newcomer.swarm_round() == 2, 15, "the newcomer to see round 2", poll=0.2)
+    started = time.monotonic()
+    assert not swarm_runs_round(lambda: newcomer.swarm_round(), 3, threading.Event(), settle=2.0)
+    assert 2.0 <= time.monotonic() - started < 10.0
