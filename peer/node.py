@@ -42,6 +42,7 @@ from peer.stopping import StopSignals
 from peer.swarm_view import PROGRESS_TTL
 from peer.worker_fork import WaitingWorkers
 from protocol.identity import Identity
+from protocol.record_lifetimes import commit_ttl
 from protocol.records import ContributionReceipt
 from supernet.checkpoint import save_checkpoint
 
@@ -215,6 +216,7 @@ class PeerNode:
                     logger.error(f"cannot train: {e}")
                     break
                 report.cross_cohort_bytes = averagers.cross_cohort_bytes()
+                self._commits.board.ttl = commit_ttl(report.seconds)  # the board keeps it while the next runs
                 if report.outer is not None:
                     self._record_outer(report.outer)
                 # every round is one attempt for the whole swarm; the next is past the highest any peer reached

@@ -71,7 +71,7 @@ from protocol.membership import (
 )
 from protocol.record_lifetimes import (
     ANNOUNCE_TTL,
-    COMMIT_TTL,
+    COMMIT_MAX_TTL,
     CONVICTION_TTL,
     PROGRESS_TTL,
     PUBLISHED_TTL,
@@ -401,7 +401,7 @@ class MantaRecordValidator:
             for bucket in range(COMMIT_BUCKETS):
                 checks[commits_key(board, bucket)] = (
                     partial(open_commit_value, board, bucket=bucket),
-                    signed(COMMIT_TTL),
+                    signed(COMMIT_MAX_TTL),
                 )
         self._checks = {dht_key_id(name): (name, check, life) for name, (check, life) in checks.items()}
         self._verdicts = VerifiedRecords(self._check_wire, cache_capacity)

@@ -25,7 +25,11 @@ CLOCK_SLACK_SECONDS = 60.0  # honest nodes' clocks differ by less than this
 
 ANNOUNCE_TTL = 12.0  # an announcement not refreshed for this long drops out of the roster (a dead peer too)
 PROGRESS_TTL = 30.0  # a peer that stopped reporting drops out of the round's sample count
-COMMIT_TTL = 90.0  # a commit report (and a partner check's marker)
+COMMIT_TTL = 90.0  # a commit report (and a partner check's marker), at least
+COMMIT_MAX_TTL = 600.0  # ... and at most (what validators accept)
+# A commit report lives this many of its poster's rounds: the board must hold the last committed attempt
+# while the next one runs (joiners and peers catching up read it then).
+COMMIT_ROUNDS_KEPT = 2.5
 CONVICTION_TTL = 6 * 3600.0  # a posted conviction (its poster re-signs and re-posts it at half of this)
 PUBLISHED_TTL = 3600.0  # an aggregator's binding, checkpoint note and state anchor (refreshed well before)
 TASK_TTL = 3600.0  # a task's spec and its index entry, ahead of the time they are stored
@@ -63,3 +67,9 @@ def expiry_error(lifetime: Lifetime, opened: Any, expiration_time: float, now: f
             f"its family lives {lifetime.seconds:.0f} s"
         )
     return None
+
+
+def commit_ttl(round_seconds: float) -> float:
+    """How long a peer's commit reports live once its rounds take ``round_seconds``:
+    :data:`COMMIT_ROUNDS_KEPT` rounds, within [:data:`COMMIT_TTL`, :data:`COMMIT_MAX_TTL`]."""
+    return min(COMMIT_MAX_TTL, max(COMMIT_TTL, COMMIT_ROUNDS_KEPT * round_seconds))

@@ -10,17 +10,26 @@ import msgpack
 from protocol.dht_schema import (
     MantaRecordValidator,
     anchor_key,
+    commit_subkey,
+    commits_key,
     dht_key_id,
     peers_key,
     progress_key,
     task_key,
 )
 from protocol.identity import Identity
-from protocol.record_lifetimes import ANNOUNCE_TTL, CLOCK_SLACK_SECONDS, TASK_TTL
-from protocol.records import PeerProgress, StateAnchor
+from protocol.record_lifetimes import (
+    ANNOUNCE_TTL,
+    CLOCK_SLACK_SECONDS,
+    COMMIT_MAX_TTL,
+    COMMIT_TTL,
+    TASK_TTL,
+    commit_ttl,
+)
+from protocol.records import PeerProgress, RoundCommit, StateAnchor
 from protocol.sealing import seal
 from tests.helpers import two_task_dhts
-from tests.protocol.factories import binding_wire, certificate_wire, endorsement_of, peer_id_of
+from tests.protocol.factories import binding_wire, certificate_wire, endorsement_of, now_ms, peer_id_of
 from tests.protocol.test_dht_schema import TASK_ID, Record, announcement, task_spec
 
 TEN_YEARS = 10 * 365 * 86400.0
@@ -114,3 +123,21 @@ def test_an_old_anchor_stored_again_cannot_steer_catch_up_to_an_older_state():
     key, sub = anchor_key(TASK_ID), aggregator.public_key_hex
     assert _stored(v, key, sub, anchor(now, "aa" * 32), now + 120)
     assert not _stored(v, key, sub, anchor(now - 7200, "bb" * 32), now + 180)
+
+
+def test_a_commit_report_lives_two_and_a_half_of_its_posters_rounds_within_its_bounds():
+    """The board must hold the last committed attempt while the next one runs: on the emulated
+    broadband a round takes 120-160 s, and reports that expired after 90 s left joiners no quorum's
+    state to find (they loaded the aggregator's and computed a round they could not contribute to)."""
+    assert (
+        commit_ttl(1.0) == COMMIT_TTL and commit_ttl(144.0) == 360.0 and commit_ttl(3600.0) == COMMIT_MAX_TTL
+    )
+    v, peer = MantaRecordValidator(TASK_ID), Identity.generate()
+    now = time.time()
+    report = RoundCommit(
+        task_id=TASK_ID, attempt=3, peer_id=peer_id_of(peer), public_key=peer.public_key_hex,
+        endorsement=endorsement_of(peer), ok=True, digest="ab" * 16, timestamp=now_ms(),
+    )  # fmt: skip
+    key, sub = commits_key(TASK_ID, 3), commit_subkey(3, peer.public_key_hex)
+    assert _stored(v, key, sub, seal(report, peer), now + COMMIT_MAX_TTL)
+    assert not _stored(v, key, sub, seal(report, peer), now + COMMIT_MAX_TTL + 60)
