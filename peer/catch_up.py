@@ -33,7 +33,12 @@ from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.paged_blobs import BlobUnavailable
 from hivemind_adapter.state_archive import fetch_state
 from peer.commit.boards import CommitBoard
-from peer.commit.quorum import CommittedState, attempt_decided, newest_committed_state, state_in
+from peer.commit.quorum import (
+    CommittedState,
+    attempt_aborted,
+    newest_committed_state,
+    state_in,
+)
 from peer.commit.report import CommitReport
 from protocol.dht_schema import anchor_key, open_anchor_value
 from protocol.task_spec import TaskSpec
@@ -207,13 +212,14 @@ def await_attempt_end(
 ) -> None:
     """For a peer that takes no part in ``attempt`` (its departure posted): wait until the swarm ended it.
 
-    It ended when a quorum of ``others`` holds a state of it (or of a later attempt); or, once it has a
-    result, when no result can reach a quorum any more (:func:`~peer.commit.quorum.attempt_decided`;
-    ``online`` reads the roster's peers now, so that killed ones stop counting) and ``outcome_grace``
-    has passed for a quorum's state reports: its peers start the next attempt now, and waiting for
-    that one too would put this peer a whole attempt out of step. The wait also ends
-    ``undecided_grace`` after the first result whatever the reports say (a late quorum can form tens
-    of seconds after it), after ``limit`` seconds, or on ``stop``."""
+    It ended when a quorum of ``others`` holds a state of it (or of a later attempt: a result that
+    holds a quorum is waited on until its state does); or, once it has a result, when it aborted: no
+    result holds a quorum nor can reach one (:func:`~peer.commit.quorum.attempt_aborted`; ``online``
+    reads the roster's peers now, so that killed ones stop counting) and ``outcome_grace`` has passed:
+    its peers start the next attempt now, and waiting for that one too would put this peer a whole
+    attempt out of step. The wait also ends ``undecided_grace`` after the first result whatever the
+    reports say (a late quorum can form tens of seconds after it), after ``limit`` seconds, or on
+    ``stop``."""
     deadline, first_result = time.monotonic() + limit, None
     gone: frozenset[str] = frozenset()
     roster_read_at = float("-inf")
@@ -232,7 +238,7 @@ def await_attempt_end(
                 return
             if online is not None and now - roster_read_at >= SIT_OUT_ROSTER_SECONDS:
                 gone, roster_read_at = frozenset(others) - frozenset(online()), now
-            if now - first_result > outcome_grace and attempt_decided(read[attempt], others, gone):
+            if now - first_result > outcome_grace and attempt_aborted(read[attempt], others, gone):
                 return
         stop.wait(SIT_OUT_POLL_SECONDS)
 

@@ -70,6 +70,14 @@ def attempt_decided(reports: Reports, roster: Collection[str], never: Collection
     return not any(is_quorum(h | undecided, members) for h in [*holders.values(), set()])
 
 
+def attempt_aborted(reports: Reports, roster: Collection[str], never: Collection[str] = frozenset()) -> bool:
+    """Whether no result of an attempt holds a quorum of ``roster``, nor can reach one any more
+    (``never`` as for :func:`attempt_decided`)."""
+    if any(result_holds_quorum(reports, roster, r.digest) for r in reports.values() if r.ok):
+        return False
+    return attempt_decided(reports, roster, never)
+
+
 @dataclass(frozen=True)
 class CommittedState:
     """The state a quorum holds after a committed attempt, and the peers that reported holding it."""

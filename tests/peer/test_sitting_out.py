@@ -82,6 +82,24 @@ def test_a_newcomer_sits_out_the_attempt_in_progress_until_its_state_is_committe
     assert not thread.is_alive() and result == [1]
 
 
+def test_a_result_a_quorum_holds_is_waited_on_until_its_state_shows(two_boards):
+    """In a churn run the first result (a cohort's abort) came 2 s before the quorum's commits, whose
+    state reports took longer still: a peer behind ended its wait 5 s after the first result, found
+    no newer state, and computed the round the swarm had just committed."""
+    newcomer, peer = two_boards
+    newcomer.post(1, CommitReport.departure())
+    peer.post(1, CommitReport(ok=True, digest="22" * 32))  # a quorum of [peer] holds it; no state yet
+    stop = threading.Event()
+    thread, result = _in_thread(
+        lambda: await_attempt_end(newcomer, [peer.peer_id], 1, stop, outcome_grace=0.5)
+    )
+    thread.join(3.0)  # six times its grace
+    assert thread.is_alive(), "the wait ended before the committed result's state showed"
+    peer.post(1, CommitReport(ok=True, digest="22" * 32, state="bb" * 32))
+    thread.join(10)
+    assert not thread.is_alive() and result == [None]
+
+
 def test_a_partners_checking_marker_does_not_end_a_newcomers_sit_out(two_boards):
     """Groups of three post markers in the middle of an attempt. Taken for the attempt's first result,
     one ended the sit-out 5 s later, before the commit: the red team's late joiner then ran the
