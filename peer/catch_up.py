@@ -267,8 +267,8 @@ def catch_up_before_leaving(
     of them). Each ends on a different state unless the early ones catch up. So a leaving peer first
     loads the newest state a quorum committed; if another peer still computes or averages a later round
     (``running_round``, from the progress board), it waits for that round: until it holds the round's
-    state, until the attempt's first result is ``outcome_grace`` old without a committed state (it
-    aborted), until no fresh progress record shows the round any more, for at most ``limit`` seconds,
+    state, until the attempt's first result is ``outcome_grace`` old and no report of it is a result
+    (it aborted), until no fresh progress record shows the round any more, for at most ``limit`` seconds,
     or until ``stop`` (a second Ctrl-C). ``announce`` is told the round before the wait."""
     # Read first: a result posted at any moment after this counts as the running attempt's outcome
     # (read after the announcement, a result posted in between would be taken for an older attempt's).
@@ -283,9 +283,12 @@ def catch_up_before_leaving(
         catch_up()
         if state_round() >= target or running_round() < target:
             break
-        if first_result is None and board.latest_attempt() > before:
+        latest = board.latest_attempt()
+        if first_result is None and latest > before:
             first_result = time.monotonic()  # the running attempt's first result: its outcome is near
         if first_result is not None and time.monotonic() - first_result > outcome_grace:
+            if any(r.ok for r in board.read(latest).values()):
+                continue  # a result that may commit: its state reports follow it, within the limit
             catch_up()  # a state report that arrived within the grace
             break
     return state_round()

@@ -92,6 +92,19 @@ def test_a_leaver_waits_for_the_round_the_others_are_finishing_and_ends_on_its_s
     assert left.ended(10) and left.result == [3]
 
 
+def test_a_result_whose_state_reports_come_after_the_grace_is_waited_for(boards):
+    """With churn, a leaver whose cohort missed the top group ended 5 s after the round's first result,
+    before the quorum's state reports, and left on the round before the one the swarm ended on."""
+    leaver, other = boards
+    other.post(2, CommitReport(ok=True, digest="22" * 32, state="b2" * 32))
+    left = Leaver(leaver, [other.peer_id], state_round=2, running=3, outcome_grace=0.5)
+    wait_until(lambda: left.announced, 10, "the leaver to wait for round 3", poll=0.05)
+    other.post(3, CommitReport(ok=True, digest="33" * 32))  # the result; its state report comes later
+    assert not left.ended(2.0), "left with the round's result posted and its state yet to show"
+    other.post(3, CommitReport(ok=True, digest="33" * 32, state="b3" * 32))
+    assert left.ended(10) and left.result == [3]
+
+
 def test_a_round_that_aborts_ends_the_wait_after_its_grace_and_so_do_stale_progress_records(boards):
     leaver, other = boards
     other.post(2, CommitReport(ok=True, digest="22" * 32, state="b2" * 32))
