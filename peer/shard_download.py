@@ -113,12 +113,14 @@ class ShardDownloader:
             return len(dropped)
 
     def wait(self, entries: Sequence[ShardEntry], timeout: float) -> bool:
-        """True once every entry is cached; False after ``timeout`` s (or once closed) if not."""
+        """True once every entry is cached, and counted in :meth:`progress` where this downloader
+        fetched it; False after ``timeout`` s (or once closed) if not."""
         deadline = time.monotonic() + timeout
         digests = [e.digest for e in entries]
         with self._cond:
             while True:
-                if all(self.cache.has(d) for d in digests):
+                # a shard in flight is stored before its fetch is counted (the store is off the lock)
+                if all(self.cache.has(d) and d not in self._received for d in digests):
                     return True
                 left = deadline - time.monotonic()
                 if left <= 0 or self._stop.is_set():
