@@ -125,6 +125,22 @@ def two_task_dhts(task_id: str) -> Iterator[tuple]:
         first.shutdown()
 
 
+@contextmanager
+def progress_readers(task_id: str) -> Iterator[list]:
+    """A :class:`~peer.swarm_progress.SwarmProgress` of a fresh key on each of :func:`two_task_dhts`
+    (batches of 16, one device, a round's target of 256 samples)."""
+    from hivemind_adapter.dht import peer_id, speaker
+    from peer.swarm_progress import SwarmProgress
+    from peer.swarm_view import ProgressBoard
+    from protocol.identity import Identity
+
+    with two_task_dhts(task_id) as dhts:
+        yield [
+            SwarmProgress(ProgressBoard(d, task_id, speaker(d, Identity.generate())), peer_id(d), 16, 1, 256)
+            for d in dhts
+        ]
+
+
 def announced_member(dht, aggregator, task_id: str):
     """An :class:`~peer.swarm_view.Announcer` of a fresh key on ``dht``, holding a certificate of
     ``aggregator`` for ``task_id``, that announced itself once (a CPU peer of one device)."""

@@ -13,14 +13,13 @@ import time
 
 import pytest
 
-from hivemind_adapter.dht import peer_id, speaker
+from hivemind_adapter.dht import speaker
 from peer.catch_up import await_attempt_end, sit_out_running_attempt, swarm_runs_round
 from peer.commit.boards import SignedCommitBoard
 from peer.commit.report import CommitReport
-from peer.swarm_progress import SwarmProgress
-from peer.swarm_view import PROGRESS_TTL, ProgressBoard
+from peer.swarm_view import PROGRESS_TTL
 from protocol.identity import Identity
-from tests.helpers import two_task_dhts, wait_until
+from tests.helpers import progress_readers, two_task_dhts, wait_until
 
 TASK = "digits-sit-out-test"
 KILLED = "QmKilledPeerThatNeverReports"
@@ -210,11 +209,8 @@ def test_a_peer_behind_the_swarm_waits_until_the_swarm_commits_the_attempt_it_le
 
 @pytest.fixture
 def two_progress_readers():
-    with two_task_dhts(TASK) as dhts:
-        yield [
-            SwarmProgress(ProgressBoard(d, TASK, speaker(d, Identity.generate())), peer_id(d), 16, 1, 256)
-            for d in dhts
-        ]
+    with progress_readers(TASK) as readers:
+        yield readers
 
 
 def test_a_newcomer_between_two_rounds_sees_the_swarm_begin_the_next(two_progress_readers):

@@ -7,11 +7,10 @@ import time
 
 import pytest
 
-from hivemind_adapter.dht import peer_id, speaker
 from peer.swarm_progress import FRESH_MS, READ_EVERY, READ_EVERY_MAX, SwarmProgress
 from peer.swarm_view import PROGRESS_TTL, ProgressBoard
 from protocol.identity import Identity
-from tests.helpers import two_task_dhts, wait_until
+from tests.helpers import progress_readers, wait_until
 from tests.protocol.factories import speaker_of
 
 TASK = "digits-progress-test"
@@ -19,11 +18,8 @@ TASK = "digits-progress-test"
 
 @pytest.fixture
 def two_peers():
-    with two_task_dhts(TASK) as dhts:
-        yield [
-            SwarmProgress(ProgressBoard(d, TASK, speaker(d, Identity.generate())), peer_id(d), 16, 1, 256)
-            for d in dhts
-        ]
+    with progress_readers(TASK) as readers:
+        yield readers
 
 
 def test_a_round_the_others_average_is_still_theirs_after_their_last_compute_record(two_peers):

@@ -46,6 +46,16 @@ def _cohorts_of_one(dht, run_id: str, size: int, rank: int) -> list[tuple[str]]:
     return [(peer,) for peer in sorted(ranks, key=ranks.get)]
 
 
+def average_as_cohort_of_one(averager, rank: int, ranked: list[tuple[str]], seed: int, samples: int):
+    """Attempt 0 of a cohort of one among ``ranked`` (:func:`_cohorts_of_one`), contributing
+    ``_grads(seed)`` over ``samples``; the averager's outcome."""
+    numerator = [g * samples for g in _grads(seed)]
+    return averager.average(
+        0, numerator, samples, cohort_size=1, num_cohorts=len(ranked), cohort_rank=rank,
+        expected_peers=[p for (p,) in ranked], cohorts=ranked,
+    )  # fmt: skip
+
+
 def _ranks(dht, run_id: str, size: int, rank: int) -> dict[str, int]:
     """peer id -> the cohort rank it posted with its id (``rank`` for this peer's), once all ``size`` did."""
     store(dht, f"{run_id}_roster", rank, 300.0, subkey=peer_id(dht))

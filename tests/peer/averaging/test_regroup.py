@@ -10,7 +10,14 @@ import torch
 
 from peer.averaging.factory import build_averager
 from peer.averaging.stage import AveragingTimeouts
-from tests.peer.averaging.hierarchy_peers import SHAPES, _cohorts_of_one, _grads, _outcome, _run
+from tests.peer.averaging.hierarchy_peers import (
+    SHAPES,
+    _cohorts_of_one,
+    _grads,
+    _outcome,
+    _run,
+    average_as_cohort_of_one,
+)
 from tests.peer.averaging.test_stage_failures import _arm, _KilledInAnAllReduce
 
 pytestmark = pytest.mark.swarm
@@ -42,11 +49,7 @@ def _head(dht, *, rank, seed, samples, late, regroup_delay, victim, run_id):
 
             averager.stages.on_broken = slow_to_regroup
         time.sleep(late)
-        numerator = [g * samples for g in _grads(seed)]
-        res = averager.average(
-            0, numerator, samples, cohort_size=1, num_cohorts=3, cohort_rank=rank,
-            expected_peers=[p for (p,) in ranked], cohorts=ranked,
-        )  # fmt: skip
+        res = average_as_cohort_of_one(averager, rank, ranked, seed, samples)
         return dict(_outcome(res), regrouped=res.regrouped)
     finally:
         averager.shutdown()
