@@ -189,8 +189,9 @@ class VerifiedAverager(
         """Base58 ids of the peers whose values this averager refused or named in its last all-reduce
         (its last step, whether it succeeded or not): the senders its reducer refused (non-finite)
         or named outliers, in sender order, then the reducers whose replies it refused as
-        implausible (without ``robust``: the senders of NaN or infinite values only). The next all-reduce, a known group's confirmation
-        included, replaces it: :meth:`take_named` collects them over several."""
+        implausible (without ``robust``: the senders of NaN or infinite values only). The next
+        all-reduce, a known group's confirmation included, replaces it: :meth:`take_named` collects
+        them over several."""
         return self._last_outliers.read()
 
     def take_named(self) -> list[str]:

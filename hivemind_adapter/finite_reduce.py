@@ -4,7 +4,8 @@ hivemind's reducer adds every sender's part into one accumulator, so one NaN tur
 and every member's result, into NaN. :class:`FiniteMeanReducer` leaves such a part out (weight 0)
 and names its sender, as the robust reducer does (:mod:`hivemind_adapter.robust_reduce`): the others'
 weighted mean is what every member receives. A part all of whose senders sent non-finite values has
-no mean: it comes out NaN, and the members write nothing (:class:`~hivemind_adapter.allreduce.NonFiniteResultError`).
+no mean: it comes out NaN, and the members write nothing
+(:class:`~hivemind_adapter.allreduce.NonFiniteResultError`).
 A *slotted* part (a cohort's roll of sample counts) is reduced as
 :func:`~robust_aggregation.centered_clip.slotted_centre` says, whatever the senders' weights.
 """

@@ -25,7 +25,7 @@ class CommitBoard(Protocol):
     """Where participants post and read their end-of-attempt reports."""
 
     peer_id: str  # whose reports :meth:`post` writes
-    ttl: float  # how long what it posts lives (a peer sets it from its rounds' length: record_lifetimes.commit_ttl)
+    ttl: float  # how long what it posts lives (a peer sets it from its rounds: record_lifetimes.commit_ttl)
 
     def post(self, attempt: int, report: CommitReport, wait: bool = True) -> None:
         """Post ``report`` as this peer's latest record of ``attempt``. ``wait=False``: return while the

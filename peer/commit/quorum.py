@@ -59,23 +59,30 @@ def attempt_decided(reports: Reports, roster: Collection[str], never: Collection
     """Whether an attempt's outcome is settled: one result holds a quorum of ``roster``, or no result
     can reach one any more, not even one only the peers yet to report would hold. ``never``: roster
     peers that will not report (gone from the roster)."""
-    members = members_of(reports, roster)
-    holders: dict[str, set[str]] = {}
-    for peer, report in reports.items():
-        if report.ok and peer in members:
-            holders.setdefault(report.digest, set()).add(peer)
-    if any(is_quorum(h, members) for h in holders.values()):
-        return True
-    undecided = members - reports.keys() - set(never)
-    return not any(is_quorum(h | undecided, members) for h in [*holders.values(), set()])
+    held, reachable = _quorum_held_and_reachable(reports, roster, never)
+    return held or not reachable
 
 
 def attempt_aborted(reports: Reports, roster: Collection[str], never: Collection[str] = frozenset()) -> bool:
     """Whether no result of an attempt holds a quorum of ``roster``, nor can reach one any more
     (``never`` as for :func:`attempt_decided`)."""
-    if any(result_holds_quorum(reports, roster, r.digest) for r in reports.values() if r.ok):
-        return False
-    return attempt_decided(reports, roster, never)
+    held, reachable = _quorum_held_and_reachable(reports, roster, never)
+    return not held and not reachable
+
+
+def _quorum_held_and_reachable(
+    reports: Reports, roster: Collection[str], never: Collection[str]
+) -> tuple[bool, bool]:
+    """Whether one result holds a quorum of ``roster`` now, and whether one (or a result only the
+    peers yet to report would hold) can still reach one."""
+    members = members_of(reports, roster)
+    holders: dict[str, set[str]] = {}
+    for peer, report in reports.items():
+        if report.ok and peer in members:
+            holders.setdefault(report.digest, set()).add(peer)
+    held = any(is_quorum(h, members) for h in holders.values())
+    undecided = members - reports.keys() - set(never)
+    return held, any(is_quorum(h | undecided, members) for h in [*holders.values(), set()])
 
 
 @dataclass(frozen=True)
