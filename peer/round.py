@@ -74,35 +74,37 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
         report = _report(ctx, plan, host, outcome, None, compute_seconds, time.perf_counter() - started)
         report.sat_out = True
         return report
-    start_digest = ctx.state_digest()
-    # The receipt's commitments read the host's numerator, which nothing overwrites before the
-    # optimizer step: they are computed while the round averages (mostly waiting on the network).
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="manta-commitments") as background:
-        pending_commitments = background.submit(commit_to, ctx.workers, host, ctx.task.seed, round_index)
-        outcome = _average(ctx, plan, averager, host, start_digest)
-        t0 = time.perf_counter()
-        commitments = pending_commitments.result()
-        commit_to_seconds = time.perf_counter() - t0  # what the round waited for them
-    outcome = kept_when_leaving(outcome, plan.roster, ctx.peer_id, leaving=ctx.stop.is_set())
-    outcome.seconds["roster"], outcome.seconds["commitments"] = roster_seconds, commit_to_seconds
-    if not outcome.committed and not ctx.stop.is_set():
-        averager.settle(plan.attempt, plan.roster)  # the others finish this attempt; then catch up
-        outcome = averager.recheck(plan.attempt, plan.roster, outcome)  # its result may commit yet
-    work = RoundWork(plan, host, commitments, start_digest)
-    if not outcome.committed and outcome.pending is not None and not ctx.stop.is_set():
-        # its posted result may still find a quorum (apply_pending_result)
-        roster = frozenset(plan.roster) | {ctx.peer_id}
-        ctx.commits.hold(
-            PendingResult(plan.attempt, roster, outcome.digest, start_digest, averager.public_keys(),
-                          time.monotonic(), (work, outcome))
-        )  # fmt: skip
-    report = finish_round(ctx, work, outcome, compute_seconds, started)
-    if ctx.outer is not None and report.committed and ctx.outer.settings.is_boundary(round_index):
-        report.outer = take_outer_step(ctx, swarm_plan, outcome)
-        if report.outer is not None:
-            report.seconds += report.outer.blocked_seconds
-            report.stages["outer"] = round(report.outer.blocked_seconds, 4)
-            report.times["averaging"] = report.times.get("averaging", 0.0) + report.outer.blocked_seconds
+    # Averaging is most of a round: the round's record stays fresh meanwhile (a newcomer sits it out).
+    with ctx.progress.averaging():
+        start_digest = ctx.state_digest()
+        # The receipt's commitments read the host's numerator, which nothing overwrites before the
+        # optimizer step: they are computed while the round averages (mostly waiting on the network).
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="manta-commitments") as background:
+            pending_commitments = background.submit(commit_to, ctx.workers, host, ctx.task.seed, round_index)
+            outcome = _average(ctx, plan, averager, host, start_digest)
+            t0 = time.perf_counter()
+            commitments = pending_commitments.result()
+            commit_to_seconds = time.perf_counter() - t0  # what the round waited for them
+        outcome = kept_when_leaving(outcome, plan.roster, ctx.peer_id, leaving=ctx.stop.is_set())
+        outcome.seconds["roster"], outcome.seconds["commitments"] = roster_seconds, commit_to_seconds
+        if not outcome.committed and not ctx.stop.is_set():
+            averager.settle(plan.attempt, plan.roster)  # the others finish this attempt; then catch up
+            outcome = averager.recheck(plan.attempt, plan.roster, outcome)  # its result may commit yet
+        work = RoundWork(plan, host, commitments, start_digest)
+        if not outcome.committed and outcome.pending is not None and not ctx.stop.is_set():
+            # its posted result may still find a quorum (apply_pending_result)
+            roster = frozenset(plan.roster) | {ctx.peer_id}
+            ctx.commits.hold(
+                PendingResult(plan.attempt, roster, outcome.digest, start_digest, averager.public_keys(),
+                              time.monotonic(), (work, outcome))
+            )  # fmt: skip
+        report = finish_round(ctx, work, outcome, compute_seconds, started)
+        if ctx.outer is not None and report.committed and ctx.outer.settings.is_boundary(round_index):
+            report.outer = take_outer_step(ctx, swarm_plan, outcome)
+            if report.outer is not None:
+                report.seconds += report.outer.blocked_seconds
+                report.stages["outer"] = round(report.outer.blocked_seconds, 4)
+                report.times["averaging"] = report.times.get("averaging", 0.0) + report.outer.blocked_seconds
     return report
 
 

@@ -13,8 +13,10 @@ one, and nobody idles for a fixed share.
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from peer.swarm_view import ProgressBoard, swarm_samples
@@ -23,6 +25,9 @@ from protocol.corroboration import corroborated_max
 logger = logging.getLogger(__name__)
 
 PUBLISH_EVERY = 1.0  # seconds between this peer's progress records while it computes
+# ... and while it averages the round it computed: a third of PROGRESS_TTL, so that a newcomer sees
+# the round is still the swarm's (it sits the attempt out instead of computing a round too late)
+AVERAGING_PUBLISH_EVERY = 10.0
 FRESH_MS = 10_000  # a progress record this recent (ms) shows which round its peer computes
 # How old a read of the board may be when it is looked at again (each read fetches every peer's
 # record): READ_EVERY near the round's target; while computing, half the time the swarm needs to reach
@@ -55,7 +60,8 @@ class SwarmEstimate:
 
 
 class SwarmProgress:
-    """This peer's view of the swarm's progress in one round at a time (one thread uses it)."""
+    """This peer's view of the swarm's progress in one round at a time (one thread uses it; the thread of
+    :meth:`averaging` only publishes)."""
 
     def __init__(
         self,
@@ -135,17 +141,18 @@ class SwarmProgress:
         now_ms = int(time.time() * 1000)
         others, other_peers = swarm_samples(records, self._round, now_ms, self.peer_id, cap=self._cap)
         projected = samples + self.devices * self.batch_size + others + other_peers * self.batch_size / 2
-        swarm_rate = rate + sum(r.throughput_milli / 1000 for r in records if r.round == self._round)
+        swarm_rate = rate + sum(
+            r.throughput_milli / 1000 for r in records if r.round == self._round and not r.averaging
+        )
         to_target = max(0.0, self.target - projected) / max(swarm_rate, 1e-6)
         self._look_read_age = min(READ_EVERY_MAX, max(READ_EVERY, to_target / 2))
         return SwarmEstimate(samples, others, projected, rate, self._latest_round(records, now_ms))
 
     def swarm_round(self, fresh_ms: int = FRESH_MS, max_age: float = READ_EVERY) -> int:
         """The latest round another peer's progress record of the last ``fresh_ms`` shows it computing
-        (-1: none), from a read at most ``max_age`` s old. A peer publishes its last record of a round
-        when its computation ends, and then averages: with ``fresh_ms`` up to
-        :data:`~peer.swarm_view.PROGRESS_TTL` (how long records stay), this is also the round the swarm
-        is still averaging."""
+        (-1: none), from a read at most ``max_age`` s old. While a peer averages a round it republishes
+        its last record of it every :data:`AVERAGING_PUBLISH_EVERY` s (:meth:`averaging`): with
+        ``fresh_ms`` above that, this is also the round the swarm is still averaging."""
         return self._latest_round(self._read(max_age), int(time.time() * 1000), fresh_ms)
 
     def _latest_round(self, records, now_ms: int, fresh_ms: int = FRESH_MS) -> int:
@@ -153,8 +160,8 @@ class SwarmProgress:
         one rogue record of a far-off round must not make every peer believe it is behind. A lone
         fresh record counts only where its peer is the only other one on the board and in the
         roster (a swarm of two; at a swarm's start the liar's may be the only record yet): while the
-        others average (their records go stale after ``fresh_ms``), a liar that keeps publishing
-        would be the one fresh reporter, and stop every honest peer as "behind the swarm"."""
+        others are between rounds (their records go stale after ``fresh_ms``), a liar that keeps
+        publishing would be the one fresh reporter, and stop every honest peer as "behind the swarm"."""
         others = [
             r
             for r in records
@@ -177,7 +184,30 @@ class SwarmProgress:
         self._publish(samples, self.throughput, loss * samples)
         return wall
 
-    def _publish(self, samples: float, throughput: float, loss_sum: float) -> None:
+    @contextmanager
+    def averaging(self, every: float = AVERAGING_PUBLISH_EVERY) -> Iterator[None]:
+        """While the body runs (the averaging of the round :meth:`finish` ended), republish the round's
+        final record every ``every`` s from a background thread, marked ``averaging``. Bounded: the
+        thread is joined within 5 s of the body's end."""
+        if self._finished is None or self._finished[0] != self._round:
+            yield  # nothing computed in this round: nothing to show
+            return
+        _, samples, loss = self._finished
+        stopping = threading.Event()
+
+        def republish() -> None:
+            while not stopping.wait(every):
+                self._publish(samples, self.throughput, loss * samples, averaging=True)
+
+        thread = threading.Thread(target=republish, name="manta-progress-averaging", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stopping.set()
+            thread.join(timeout=5.0)
+
+    def _publish(self, samples: float, throughput: float, loss_sum: float, averaging: bool = False) -> None:
         try:
             self.board.publish(
                 self._round,
@@ -192,6 +222,7 @@ class SwarmProgress:
                 # round) must not wait for it.
                 wait=False,
                 data=self.data(),
+                averaging=averaging,
             )
         except Exception as e:  # a transient DHT failure: the next report retries
             logger.debug(f"progress report failed: {e}")

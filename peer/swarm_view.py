@@ -170,12 +170,14 @@ class ProgressBoard:
         traffic: tuple[int, int] = (0, 0),
         wait: bool = True,
         data: tuple[str, int, int] = ("", 0, 0),
+        averaging: bool = False,
     ) -> bool:
         """Publish this peer's progress in ``round_index``; ``finished`` is (round, samples, mean loss)
         of the last round it finished computing, repeated in every record (see :class:`PeerProgress`);
         ``traffic`` is (outer steps taken, cross-cohort bytes) since the peer started; ``data`` (shards
-        held as a bitmap, shard bytes served, shard bytes fetched) in tasks on shards. ``wait=False``:
-        return True at once while the DHT stores it (a later record expires later: it wins)."""
+        held as a bitmap, shard bytes served, shard bytes fetched) in tasks on shards; ``averaging``: the
+        computation of ``round_index`` is over and the peer averages it. ``wait=False``: return True at
+        once while the DHT stores it (a later record expires later: it wins)."""
         done_round, done_samples, done_loss = finished if finished is not None else (0, 0, 0.0)
         record = PeerProgress(
             task_id=self.task_id,
@@ -197,6 +199,7 @@ class ProgressBoard:
             shards_held=data[0],
             data_bytes_served=int(data[1]),
             data_bytes_fetched=int(data[2]),
+            averaging=averaging,
         )
         return store(
             self.dht,
@@ -232,14 +235,14 @@ def swarm_samples(
 ) -> tuple[float, int]:
     """Samples the other peers have processed in ``round_index`` by now, and how many peers they are:
     each report's count plus what its throughput adds since it was published (at most 2 s of it: a
-    silent peer is not trusted further), and at most ``cap(peer id)`` per peer (a record's count is
+    silent peer is not trusted further; nothing for a peer that averages: its count is final), and at most ``cap(peer id)`` per peer (a record's count is
     its peer's word: :class:`peer.swarm_progress.SwarmProgress` caps it by what the peer's committed
     rounds showed it can do)."""
     total, peers = 0.0, 0
     for r in records:
         if r.round != round_index or r.peer_id == exclude:
             continue
-        elapsed = min(2.0, max(0.0, (now_ms - r.timestamp) / 1000))
+        elapsed = 0.0 if r.averaging else min(2.0, max(0.0, (now_ms - r.timestamp) / 1000))
         counted = r.samples + r.throughput_milli / 1000 * elapsed
         total += counted if cap is None else min(counted, cap(r.peer_id))
         peers += 1

@@ -328,7 +328,8 @@ class StateAnchor(SealedRecord):
 
 
 class PeerProgress(SealedRecord):
-    """A peer's progress in the round it is computing, published about once a second.
+    """A peer's progress in the round it is computing, published about once a second (and every
+    :data:`peer.swarm_progress.AVERAGING_PUBLISH_EVERY` s while it averages that round).
 
     The swarm closes a round when the samples reported for it by all peers reach the task's
     ``target_samples_per_round``: every peer contributes what it manages in that time instead of a
@@ -367,6 +368,9 @@ class PeerProgress(SealedRecord):
     shards_held: Annotated[str, StringConstraints(max_length=4096, pattern=r"^(?:[0-9a-f]{2})*$")] = ""
     data_bytes_served: Int53 = 0
     data_bytes_fetched: Int53 = 0
+    # True: published while the peer averages ``round`` after computing it (``samples`` is final and
+    # ``throughput`` is not extrapolated): the round is still the swarm's, though nobody computes it.
+    averaging: bool = False
 
 
 LEDGER_ENTRY_TYPES: tuple[type[SealedRecord], ...] = (ContributionReceipt, Revocation)

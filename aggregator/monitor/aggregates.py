@@ -226,8 +226,10 @@ class SwarmAggregates:
 
     def _peer_row(self, peer: _Peer, now: float, fresh_seconds: float) -> dict[str, Any]:
         a, p = peer.announcement, peer.progress
-        computing = p is not None and peer.progress_present and now - peer.progress_seen <= fresh_seconds
-        online = peer.announced or computing
+        reporting = p is not None and peer.progress_present and now - peer.progress_seen <= fresh_seconds
+        averaging = reporting and p.averaging  # its computation of the round is over
+        computing = reporting and not averaging
+        online = peer.announced or reporting
         if p is not None and peer.progress_present:
             throughput = p.throughput_milli / 1000
         else:
@@ -244,6 +246,7 @@ class SwarmAggregates:
             "samples": p.samples if p is not None else None,
             "loss": p.loss_micro / 1e6 if p is not None and p.samples else None,
             "computing": computing,
+            "averaging": averaging,
             "online": online,
             "first_seen": peer.first_seen,
             "last_seen": peer.last_seen,

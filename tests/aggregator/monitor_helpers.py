@@ -35,10 +35,11 @@ def progress(
     timestamp: int | None = None,
     finished: tuple[int, int, float] | None = None,
     traffic: tuple[int, int] = (0, 0),
+    averaging: bool = False,
 ) -> PeerProgress:
     """A PeerProgress signed by ``identity``, opened back through the DHT validator's own check;
     ``finished``: (round, samples, loss) of the last round the peer finished; ``traffic``: (outer
-    steps, cross-cohort bytes) since the peer started."""
+    steps, cross-cohort bytes) since the peer started; ``averaging``: published while it averages."""
     done_round, done_samples, done_loss = finished or (0, 0, 0.0)
     record = PeerProgress(
         task_id=TASK_ID,
@@ -55,6 +56,7 @@ def progress(
         finished_round=done_round,
         finished_samples=done_samples,
         finished_loss_micro=int(done_loss * 1e6),
+        averaging=averaging,
         outer_steps=traffic[0],
         cross_cohort_bytes=traffic[1],
     )

@@ -147,6 +147,18 @@ def test_peers_online_withdrawn_and_gone_with_last_seen_on_the_local_clock():
     assert agg.peers(1200.0) == [] and agg.activity(1200.0) == "idle"
 
 
+def test_a_peer_averaging_its_round_is_online_but_not_computing():
+    agg = SwarmAggregates()
+    agg.observe(reading(records=[progress(ALICE, 2, 64, 1.2, throughput=30.0, averaging=True)]), 1000.0)
+    (alice,) = agg.peers(1001.0)
+    assert alice["online"] and alice["averaging"] and not alice["computing"]
+    assert alice["round"] == 2 and alice["samples"] == 64
+    assert agg.activity(1001.0) == "between rounds"
+    agg.observe(reading(records=[progress(ALICE, 3, 16, 1.1, throughput=30.0)]), 1010.0)
+    (alice,) = agg.peers(1011.0)
+    assert alice["computing"] and not alice["averaging"] and agg.activity(1011.0) == "training"
+
+
 def test_devices_are_summarised_per_kind_and_name():
     devices = (
         DeviceInfo(kind="cuda", name="H100", memory_mb=80_000),

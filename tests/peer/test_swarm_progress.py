@@ -30,12 +30,33 @@ def test_a_round_the_others_average_is_still_theirs_after_their_last_compute_rec
     worker.begin(6, "cohort-a", state_round=5)
     worker.look(32, 1.0)  # publishes at once: its first record of round 6
     wait_until(lambda: newcomer.swarm_round() == 6, 15, "the newcomer to see round 6 computed", poll=0.2)
-    worker.finish(48, 2.0)  # its computation is over; it averages now and publishes nothing more
+    worker.finish(48, 2.0)  # its computation is over; outside averaging() it publishes nothing more
     finished = time.monotonic()
     time.sleep(FRESH_MS / 1000 + 0.6 - (time.monotonic() - finished))  # + one read interval
     assert newcomer.swarm_round() == -1, "a record older than FRESH_MS still shows computing"
     assert newcomer.swarm_round(fresh_ms=int(PROGRESS_TTL * 1000)) == 6
     assert worker.swarm_round(fresh_ms=int(PROGRESS_TTL * 1000)) == -1  # a peer's own record never counts
+
+
+def test_a_peer_averaging_keeps_its_round_fresh_without_counting_as_computing(two_peers):
+    """Averaging can take most of a round: meanwhile the peer republishes its final record, marked
+    averaging, so a newcomer sees the round busy; a peer still computing the round counts that record's
+    final samples and does not extrapolate them by its throughput. The republishing stops with it."""
+    worker, reader = two_peers
+    worker.begin(6, "cohort-a", state_round=5)
+    worker.finish(48, 2.0)  # computed in a moment: its measured throughput is huge
+    fresh_ms = 3000
+    with worker.averaging(every=1.0):
+        time.sleep(fresh_ms / 1000 + 1.0)
+        wait_until(
+            lambda: any(r.averaging for r in reader._read(max_age=0)), 10, "the averaging record", poll=0.2
+        )
+        assert reader.swarm_round(fresh_ms=fresh_ms, max_age=0) == 6
+        reader.begin(6, "cohort-a", state_round=5)
+        assert reader.look(16, 1.0).others == 48  # its final count; extrapolated it would reach the cap
+    ended = time.monotonic()
+    time.sleep(fresh_ms / 1000 + 1.0 - (time.monotonic() - ended))
+    assert reader.swarm_round(fresh_ms=fresh_ms, max_age=0) == -1, "it still publishes after averaging"
 
 
 def test_a_huge_sample_count_in_a_signed_record_cannot_end_the_round_for_everyone(two_peers):
@@ -55,7 +76,7 @@ def test_a_huge_sample_count_in_a_signed_record_cannot_end_the_round_for_everyon
 
 
 def test_a_liar_publishing_alone_while_the_others_average_is_not_the_swarms_round(two_peers):
-    """While the honest peers average, their compute records go stale and a liar that keeps
+    """While the honest peers are between rounds, their records go stale and a liar that keeps
     publishing a far-off round is the only fresh reporter: it must not make a reader believe it is
     behind the swarm. A peer that is the reader's only partner (on the board and in the roster)
     still counts alone."""

@@ -100,8 +100,9 @@ function showPeers(data) {
     row.dataset.peer = p.peer_id;
     row.className = p.online ? "online" : "offline";
     const dot = document.createElement("span");
-    dot.className = `dot ${p.computing ? "computing" : p.online ? "online" : ""}`;
-    dot.title = p.computing ? "computing" : p.online ? "online" : "offline";
+    const activity = p.computing ? "computing" : p.averaging ? "averaging" : p.online ? "online" : "offline";
+    dot.className = `dot ${activity}`;
+    dot.title = activity;
     cell(row, "").appendChild(dot);
     cell(row, p.peer_id.slice(0, 12) + "…", "mono", p.peer_id);
     cell(row, p.fingerprint, "mono", p.public_key);
