@@ -258,8 +258,22 @@ class VerifiedAverager(
 
     async def _set_target_group_size(self, size: int | None, future: MPFuture):
         try:
-            self._matchmaking.target_group_size = size
-            self._matchmaking.potential_leaders.target_group_size = size
+            matchmaking = self._matchmaking
+            matchmaking.target_group_size = size
+            matchmaking.potential_leaders.target_group_size = size
+            # hivemind sees a full group only as a follower joins: a leader whose followers the lowered
+            # size makes a full group begins now, not at the end of its declared wait
+            async with matchmaking.lock_request_join_group:
+                if (
+                    size is not None
+                    and matchmaking.is_looking_for_group
+                    and not matchmaking.client_mode
+                    and matchmaking.current_leader is None
+                    and matchmaking.current_followers
+                    and len(matchmaking.current_followers) + 1 >= size
+                    and not matchmaking.assembled_group.done()
+                ):
+                    await matchmaking.leader_assemble_group()
             future.set_result(None)
         except BaseException as e:
             if not future.done():

@@ -4,6 +4,7 @@ that leave the attempt or never show life (real hivemind processes on 127.0.0.1)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import time
@@ -414,7 +415,8 @@ def test_a_stage_stops_waiting_for_members_whose_peers_left_the_attempt():
 
 def _with_a_silent_member_peer(dht, *, name, cohorts, run_id, seed=0, samples=0, silent=False):
     """Peer ``name`` of ``cohorts``: a ``silent`` one is in the roster and never averages nor posts
-    (a key that announced itself and stays quiet); the others average attempts 0 and 1."""
+    (a key that announced itself and stays quiet); the others average attempts 0 and 1, their stages
+    waiting for a group 20 s at most (the step bound, to which a top group gathers)."""
     store(dht, f"{run_id}_names", name, 300.0, subkey=peer_id(dht))
     roster = _roster(dht, run_id, sum(len(c) for c in cohorts))
     ids = {n: p for p, n in read_entries(dht, f"{run_id}_names").items()}
@@ -424,7 +426,8 @@ def _with_a_silent_member_peer(dht, *, name, cohorts, run_id, seed=0, samples=0,
             time.sleep(0.2)
         return None
     rank = next(r for r, c in enumerate(cohorts) if name in c)
-    averager = build_averager(dht, run_id, f"c{rank}", [torch.zeros(s) for s in SHAPES], timeouts=FAST)
+    timeouts = dataclasses.replace(FAST, step=20.0)
+    averager = build_averager(dht, run_id, f"c{rank}", [torch.zeros(s) for s in SHAPES], timeouts=timeouts)
     try:
         out = []
         for attempt in (0, 1):
