@@ -167,7 +167,8 @@ class StageRunner:
         units whose peers can be one (:func:`.cross_tree.units_for_majority`, less the peers that
         posted a departure notice), and only once the contributors its members gathered are one
         (:class:`hivemind_adapter.group_quorum.QuorumGate`); once fewer units can still come,
-        :class:`NoGroup`; past its deadline it waits on, up to the step bound, while enough can.
+        :class:`NoGroup`; with ``units`` known, it waits up to the step bound (times ``patience``)
+        whatever its own deadline, as every head does, so that the first head's gather leads.
         ``gather_periods``: how many matchmaking periods the first step waits for the whole group
         (a group with ``quorum_over``: every step, to its end)."""
         # A broadcast's receivers only follow: they must not form a group of their own without the
@@ -205,28 +206,20 @@ class StageRunner:
         expected = size - departed  # shrinks as units leave the attempt
         if expected < least and size > 1:
             raise NoGroup(_too_few(kind, attempt, expected, least))
-        # A group whose result must hold a quorum waits on, up to the step bound, while units that can
-        # hold one have neither reported nor left: a head that gave up would take its cohort's votes.
-        quorum_wait = started + max(chosen.seconds * patience, self.timeouts.step)
+        # A group whose result must hold a quorum waits, at every head alike, up to the step bound while
+        # units that can hold one may come (a head that gave up would take its cohort's votes). Alike:
+        # hivemind's leader is the head whose gather ends first, and one with a shorter wait of its own
+        # (no history yet) would begin with a bare quorum while other heads were on their way.
+        quorum_wait = started + max(chosen.seconds, self.timeouts.step + chosen.drift) * patience
+        if quorum_over and len(units) >= 2:
+            deadline = quorum_wait
+            no_group = (
+                f"{kind} stage: no group within {quorum_wait - started:.0f} s while a quorum could come"
+            )
         step_margin = self.timeouts.matchmaking + 0.5  # hivemind refuses a step with less time left
 
         def out_of_time() -> bool:
-            nonlocal deadline, no_group
-            if deadline - time.monotonic() > step_margin:
-                return False
-            if not quorum_over or len(units) < 2 or quorum_wait - time.monotonic() <= step_margin:
-                return True
-            gone, _, can_hold, _ = self._absent_units(attempt, units, live, quorum_over=quorum_over)
-            if size - gone < can_hold:
-                return True
-            logger.info(
-                f"attempt {attempt}: {kind} stage: no group within {chosen.describe()}; {size - gone} of "
-                f"{size} member(s) can still come, and {can_hold} hold a quorum: waiting up to "
-                f"{quorum_wait - started:.0f} s"
-            )
-            deadline = quorum_wait
-            no_group += f", nor within {quorum_wait - started:.0f} s while a quorum could still come"
-            return False
+            return deadline - time.monotonic() <= step_margin
 
         while True:
             # hivemind refuses a step whose matchmaking period would not end before its timeout (it
@@ -346,7 +339,6 @@ class StageRunner:
                     regroup = time.monotonic() + 2.0 * self.timeouts.matchmaking + 0.5
                     if quorum_over:  # the survivors saw the break together: one window for all of them
                         regroup = time.monotonic() + REGROUP_QUORUM_PERIODS * self.timeouts.matchmaking + 0.5
-                        quorum_wait = max(quorum_wait, regroup)
                     # A broadcast's head has served the members that took part; the ones it missed
                     # may be looking for it still (it noticed only when their parts were overdue,
                     # often past its deadline), and a dead one must not hold it past two periods.

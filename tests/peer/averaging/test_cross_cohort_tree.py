@@ -3,6 +3,7 @@ late and drifting leaders, fp16 down the tree."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -83,10 +84,13 @@ def test_five_cohorts_in_groups_of_two_climb_a_tree_to_the_exact_mean_even_witho
         torch.testing.assert_close(torch.from_numpy(got), want, rtol=1e-5, atol=1e-6)
 
 
-def _late_leader_peer(dht, *, rank, seed, samples, late, run_id, cohorts=3, drift=0.0, fanout=None):
+def _late_leader_peer(
+    dht, *, rank, seed, samples, late, run_id, cohorts=3, drift=0.0, fanout=None, history=None
+):
     """A cohort leader of ``cohorts`` cohorts of one that enters the cross stage ``late`` seconds after
     it could (its last mini-batch, its link or its machine held it up), with ``drift`` seconds allowed
-    for the other cohorts' lag (an outer exchange's period); ``fanout``: the cross groups' size."""
+    for the other cohorts' lag (an outer exchange's period); ``fanout``: the cross groups' size;
+    ``history``: how long its earlier cross stages took (None: it has none, as a newcomer)."""
     tree = {} if fanout is None else {"cross_group_size": fanout}
     averager = build_averager(
         dht, run_id, f"c{rank}", [torch.zeros(s) for s in SHAPES], timeouts=FAST, **tree
@@ -94,6 +98,8 @@ def _late_leader_peer(dht, *, rank, seed, samples, late, run_id, cohorts=3, drif
     try:
         ranked = _cohorts_of_one(dht, run_id, cohorts, rank)
         averager.deadlines.allow_drift(drift)
+        if history is not None:
+            averager.deadlines.record("cross", history, level=1)
         time.sleep(late)
         numerator = [g * samples for g in _grads(seed)]
         res = averager.average(
@@ -127,10 +133,22 @@ def test_a_cohort_leader_arriving_after_one_matchmaking_period_still_joins_the_w
         torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-5, atol=1e-6)
 
 
-def _heads_of_four_cohorts(run_id: str, late: dict[str, tuple[int, int, float]]) -> list[dict]:
-    """The outcomes of four cohorts of one, ``late`` naming each head's (seed, samples, delay)."""
+def _heads_of_four_cohorts(
+    run_id: str, late: dict[str, tuple[int, int, float]], history: dict[str, float] | None = None
+) -> list[dict]:
+    """The outcomes of ``len(late)`` (four) cohorts of one, ``late`` naming each head's (seed, samples,
+    delay), ``history`` the earlier cross stages' seconds of those that have some."""
+    history = history or {}
     args = {
-        name: dict(rank=rank, seed=seed, samples=n, late=delay, run_id=run_id, cohorts=4)
+        name: dict(
+            rank=rank,
+            seed=seed,
+            samples=n,
+            late=delay,
+            run_id=run_id,
+            cohorts=len(late),
+            history=history.get(name),
+        )
         for rank, (name, (seed, n, delay)) in enumerate(late.items())
     }
     results = _run(run_id, args, _late_leader_peer, timeout=300)
@@ -173,6 +191,20 @@ def test_a_head_waits_past_its_deadline_for_late_heads_that_can_still_hold_a_quo
     assert all(len(r["contributors"]) == 4 for r in outcomes), [r["contributors"] for r in outcomes]
 
 
+def test_a_newcomer_head_with_a_short_wait_of_its_own_does_not_start_the_top_group_early():
+    # Five cohorts of one: a result needs 3 of the 5 peers. n0 and n1 come on time with a long
+    # history (their own wait: 58 s); n2, a newcomer without one (20 s), comes 3 s late; n3 and n4
+    # come 22 s late. hivemind's leader is the head whose gather ends first: with each head's own
+    # wait that was n2 at 20 s, with a bare quorum of three, and n3 and n4 lost the round (as heads
+    # did in the 16-peer churn runs). Every head gathers to the step bound: all five meet.
+    late = {f"n{i}": (130 + i, 2 + i, delay) for i, delay in enumerate((0.0, 0.0, 3.0, 22.0, 22.0))}
+    history = {"n0": 18.0, "n1": 18.0, "n3": 18.0, "n4": 18.0}
+    outcomes = _heads_of_four_cohorts("hier-newcomer-head", late, history)
+    assert all(r["committed"] for r in outcomes), [r["reason"] for r in outcomes]
+    assert len({r["digest"] for r in outcomes}) == 1
+    assert all(len(r["contributors"]) == 5 for r in outcomes), [r["contributors"] for r in outcomes]
+
+
 def test_a_lower_group_of_heads_waits_as_long_as_the_top_group_for_a_late_head():
     # Six cohorts of one in cross groups of three: two lower groups, then the top group of their two
     # heads. One head of the first lower group comes 8 s late. A head its lower group starts without
@@ -199,8 +231,10 @@ def test_a_lower_group_of_heads_waits_as_long_as_the_top_group_for_a_late_head()
 
 def _pair_or_single_peer(dht, *, rank, seed, samples, late, run_id, leaves=False):
     """One of five peers in four cohorts (ranks 0-2 alone, rank 3 a pair) that averages ``late`` s
-    after all five posted their ranks, or (``leaves``) posts a departure notice instead."""
-    averager = build_averager(dht, run_id, f"c{rank}", [torch.zeros(s) for s in SHAPES], timeouts=FAST)
+    after all five posted their ranks, or (``leaves``) posts a departure notice instead. Its stages
+    wait for a group 20 s at most (the step bound, to which a top group gathers)."""
+    timeouts = dataclasses.replace(FAST, step=20.0)
+    averager = build_averager(dht, run_id, f"c{rank}", [torch.zeros(s) for s in SHAPES], timeouts=timeouts)
     try:
         ranks = _ranks(dht, run_id, 5, rank)
         cohorts = [tuple(sorted(p for p, r in ranks.items() if r == k)) for k in range(4)]
@@ -218,8 +252,8 @@ def _pair_or_single_peer(dht, *, rank, seed, samples, late, run_id, leaves=False
 
 
 def test_a_late_cohort_whose_result_cannot_hold_a_quorum_ends_without_broadcasting_it():
-    # The pair comes 30 s late, past the top group's first deadline (20 s, until which it waits for
-    # every unit): the three cohorts of one commit without it (3 of 5 peers). The pair's head then
+    # The pair comes 30 s late, past the top group's wait (the step bound, 20 s here, until which it
+    # waits for every unit): the three cohorts of one commit without it (3 of 5 peers). The pair's head then
     # holds a result of 2 of 5, which can never commit: it aborts, and its member reads that on the board.
     # Before, the head broadcast the doomed result (a matchmaking and an all-reduce, seconds under
     # load), both posted it, and the pair started the next attempt late again (32 thin peers: one
@@ -243,7 +277,7 @@ def test_a_late_cohort_whose_result_cannot_hold_a_quorum_ends_without_broadcasti
 def test_heads_on_time_that_bring_too_few_peers_for_a_quorum_wait_for_the_late_ones():
     # Five peers in four cohorts (three of one, a pair); s0 posts a departure notice, so a result
     # needs 3 of the other 4. Two units would do by count (the pair and one more), and the two cohorts
-    # of one on time gather for 10 s; the pair comes 14 s late. The two on time bring 2 of 4: their
+    # of one on time gather up to 17 s (their step bound less a period); the pair comes 14 s late. The two on time bring 2 of 4: their
     # group does not begin, and all three heads meet. Without the quorum gate they averaged as a
     # pair, and neither their result nor the late pair's (2 of 4 each) could commit.
     singles = {f"s{rank}": dict(rank=rank, seed=140 + rank, samples=2 + rank, late=0.0) for rank in range(3)}
