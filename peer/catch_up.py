@@ -164,6 +164,23 @@ def swarm_runs_round(
     return True
 
 
+def running_attempt(
+    board: CommitBoard, others: Collection[str], online: Callable[[], Collection[str]] | None = None
+) -> int:
+    """The attempt the swarm is in: the latest one some peers ended, while its outcome is still to
+    show (no quorum's state, and not aborted: the others are finishing it, and the next begins with
+    a newcomer in every roster); else the one after it. ``online``: the roster's peers now (peers
+    gone from it will not report)."""
+    latest = board.latest_attempt()
+    if latest < 0:
+        return 0
+    reports = board.read(latest)
+    gone = frozenset(others) - frozenset(online()) if online is not None else frozenset()
+    if state_in(latest, reports, others) is None and not attempt_aborted(reports, others, gone):
+        return latest
+    return latest + 1
+
+
 def sit_out_running_attempt(
     board: CommitBoard,
     others: Collection[str],
@@ -190,7 +207,7 @@ def sit_out_running_attempt(
     The wait is :func:`await_attempt_end` (``online``, ``limit`` and ``outcome_grace`` are its)."""
     if newest_committed_state(board, others) is None:
         return None
-    running = board.latest_attempt() + 1
+    running = running_attempt(board, others, online)
     try:
         board.post(running, CommitReport.departure())
     except Exception as e:  # the DHT may be unreachable; then the attempt we skip may wait for us

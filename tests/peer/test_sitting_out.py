@@ -81,6 +81,22 @@ def test_a_newcomer_sits_out_the_attempt_in_progress_until_its_state_is_committe
     assert not thread.is_alive() and result == [1]
 
 
+def test_a_newcomer_arriving_as_the_swarm_ends_an_attempt_sits_out_that_one_not_the_next(two_boards):
+    """Some peers posted their reports of the attempt and the others are finishing it: that attempt
+    is the one running. Taking it for ended, a newcomer sat out the next one too, a whole round it
+    was in every roster of (16 full peers with churn: joiners took 395 s to contribute)."""
+    newcomer, peer = two_boards
+    peer.post(0, CommitReport(ok=True, digest="11" * 32, state="aa" * 32))
+    peer.post(1, CommitReport(ok=True, digest="22" * 32))  # attempt 1's result; its state not shown yet
+    wait_until(lambda: newcomer.latest_attempt() == 1, 15, "attempt 1's result to show", poll=0.05)
+    thread, result, announced, _ = _sitting_out(newcomer, [peer.peer_id], outcome_grace=60.0)
+    wait_until(lambda: announced, 15, "the newcomer to say which attempt it sits out", poll=0.05)
+    assert announced == [1]
+    peer.post(1, CommitReport(ok=True, digest="22" * 32, state="bb" * 32))
+    thread.join(10)
+    assert not thread.is_alive() and result == [1]  # it takes part in attempt 2, with the swarm
+
+
 def test_a_result_a_quorum_holds_is_waited_on_until_its_state_shows(two_boards):
     """In a churn run the first result (a cohort's abort) came 2 s before the quorum's commits, whose
     state reports took longer still: a peer behind ended its wait 5 s after the first result, found
