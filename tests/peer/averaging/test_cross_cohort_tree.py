@@ -138,17 +138,9 @@ def _heads_of_four_cohorts(
 ) -> list[dict]:
     """The outcomes of ``len(late)`` (four) cohorts of one, ``late`` naming each head's (seed, samples,
     delay), ``history`` the earlier cross stages' seconds of those that have some."""
-    history = history or {}
+    history, common = history or {}, dict(run_id=run_id, cohorts=len(late))
     args = {
-        name: dict(
-            rank=rank,
-            seed=seed,
-            samples=n,
-            late=delay,
-            run_id=run_id,
-            cohorts=len(late),
-            history=history.get(name),
-        )
+        name: dict(rank=rank, seed=seed, samples=n, late=delay, history=history.get(name), **common)
         for rank, (name, (seed, n, delay)) in enumerate(late.items())
     }
     results = _run(run_id, args, _late_leader_peer, timeout=300)
