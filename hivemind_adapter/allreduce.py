@@ -24,6 +24,7 @@ parts (CenteredClip, as BTARD does) and report whom they named (:meth:`VerifiedA
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
@@ -50,6 +51,8 @@ from protocol.proof_attestation import ProofAttestation, parse_tokens
 from robust_aggregation.alignment import AlignmentRecord
 from robust_aggregation.centered_clip import RobustConfig
 from robust_aggregation.reducer_proof import NoiseMap
+
+logger = logging.getLogger(__name__)
 
 
 class PartialAllReduceError(AllreduceException):
@@ -273,7 +276,10 @@ class VerifiedAverager(
                     and len(matchmaking.current_followers) + 1 >= size
                     and not matchmaking.assembled_group.done()
                 ):
-                    await matchmaking.leader_assemble_group()
+                    try:
+                        await matchmaking.leader_assemble_group()
+                    except Exception as e:  # the group begins at its wait's end, as hivemind would
+                        logger.debug(f"could not begin the group at its lowered size: {e}")
             future.set_result(None)
         except BaseException as e:
             if not future.done():

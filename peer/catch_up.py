@@ -175,7 +175,12 @@ def running_attempt(
     if latest < 0:
         return 0
     reports = board.read(latest)
-    gone = frozenset(others) - frozenset(online()) if online is not None else frozenset()
+    gone: frozenset[str] = frozenset()
+    try:
+        if online is not None:
+            gone = frozenset(others) - frozenset(online())
+    except Exception as e:  # a failed read proves nobody gone
+        logger.debug(f"could not read the roster: {e}")
     if state_in(latest, reports, others) is None and not attempt_aborted(reports, others, gone):
         return latest
     return latest + 1
