@@ -24,7 +24,6 @@ parts (CenteredClip, as BTARD does) and report whom they named (:meth:`VerifiedA
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
@@ -51,8 +50,6 @@ from protocol.proof_attestation import ProofAttestation, parse_tokens
 from robust_aggregation.alignment import AlignmentRecord
 from robust_aggregation.centered_clip import RobustConfig
 from robust_aggregation.reducer_proof import NoiseMap
-
-logger = logging.getLogger(__name__)
 
 
 class PartialAllReduceError(AllreduceException):
@@ -261,25 +258,8 @@ class VerifiedAverager(
 
     async def _set_target_group_size(self, size: int | None, future: MPFuture):
         try:
-            matchmaking = self._matchmaking
-            matchmaking.target_group_size = size
-            matchmaking.potential_leaders.target_group_size = size
-            # hivemind sees a full group only as a follower joins: a leader whose followers the lowered
-            # size makes a full group begins now, not at the end of its declared wait
-            async with matchmaking.lock_request_join_group:
-                if (
-                    size is not None
-                    and matchmaking.is_looking_for_group
-                    and not matchmaking.client_mode
-                    and matchmaking.current_leader is None
-                    and matchmaking.current_followers
-                    and len(matchmaking.current_followers) + 1 >= size
-                    and not matchmaking.assembled_group.done()
-                ):
-                    try:
-                        await matchmaking.leader_assemble_group()
-                    except Exception as e:  # the group begins at its wait's end, as hivemind would
-                        logger.debug(f"could not begin the group at its lowered size: {e}")
+            self._matchmaking.target_group_size = size
+            self._matchmaking.potential_leaders.target_group_size = size
             future.set_result(None)
         except BaseException as e:
             if not future.done():
