@@ -289,8 +289,8 @@ class VerifiedAverager(
         future.set_result(None)
 
     def set_admitted(self, peers: dict[str, str] | None) -> None:
-        """Meet only ``peers`` (peer id -> MANTA public key hex, the roster as read for this attempt)
-        in the next steps' matchmaking; None: anyone. Only with ``declarations``."""
+        """Meet only ``peers`` (peer id -> MANTA public key hex, the roster as read recently) in
+        matchmaking from now on, a step under way included; None: anyone. Only with ``declarations``."""
         self.ask("_set_admitted", peers=None if peers is None else dict(peers))
 
     async def _set_admitted(self, peers: dict[str, str] | None, future: MPFuture):

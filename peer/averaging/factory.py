@@ -116,7 +116,7 @@ def build_averager(
     checks = PartnerChecks(run_id, guard, committer, robust is not None)
     stages = StageRunner(
         committer.deadlines, committer.board, timeouts, leaving, online,
-        on_broken=checks.post_refusals, barred=guard.barred,
+        on_broken=checks.post_refusals, barred=guard.barred, refresh_admission=guard.refresh_admission,
     )  # fmt: skip
     cross = CrossCohortStage(settings, cross_averager, stages, guard, checks, len(buffer))
     known = KnownCohort(run_id, cohort, settings.cohort_client_mode)

@@ -100,13 +100,17 @@ class StageRunner:
         *,
         on_broken: Callable[[], None] = lambda: None,
         barred: Callable[[], Collection[str]] = lambda: (),
+        refresh_admission: Callable[[], None] = lambda: None,
     ):
         """``leaving``: whether this peer is leaving (it then stops looking for groups soon);
         ``online``: the roster's peers now (None: unknown); ``on_broken``: told when a stage's
         all-reduce broke and this peer looks for its group again (to post its refusals at once);
-        ``barred``: the peers this peer refuses to meet (a unit of only such peers is not waited for)."""
+        ``barred``: the peers this peer refuses to meet (a unit of only such peers is not waited for);
+        ``refresh_admission``: called every :data:`ONLINE_CHECK_SECONDS` while a step looks for its group
+        (the matchmaking then admits the peers the roster has shown since the attempt began)."""
         self.deadlines, self.board, self.timeouts, self.leaving = deadlines, board, timeouts, leaving
         self.online, self.on_broken, self.barred = online, on_broken, barred
+        self.refresh_admission = refresh_admission
         # What each averager was last told (by stage name): telling it again costs a round trip to its process.
         self._sizes: dict[str, int] = {}
         self._allreduce_bounds: dict[str, float] = {}
@@ -258,6 +262,7 @@ class StageRunner:
             control = averager.step(timeout=remaining, allow_retries=False, wait=False, **step)
             next_check = time.monotonic() + 0.5
             next_online = time.monotonic() + ONLINE_CHECK_SECONDS
+            next_admission = time.monotonic()  # at the first check, then with the roster's
             offline: set[str] = set()  # the units' peers gone from the roster, as last read
             while not control.done():
                 futures.wait([control], timeout=0.05)  # wakes as soon as the step ends
@@ -266,6 +271,9 @@ class StageRunner:
                 # races hivemind's own completion. A running one ends within its own timeouts.
                 if time.monotonic() >= next_check and looking_for_group(control):
                     next_check = time.monotonic() + 0.5
+                    if time.monotonic() >= next_admission:
+                        next_admission = time.monotonic() + ONLINE_CHECK_SECONDS
+                        self.refresh_admission()
                     if watch and (head_report := self.board.read(attempt).get(watch)) is not None:
                         # The head posts its report only after its broadcasts: one that failed will not
                         # come, and one that succeeded has served everyone it is going to (its retry

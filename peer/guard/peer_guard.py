@@ -85,6 +85,14 @@ class PeerGuard:
             if len(convicted) > self._convicted_seen:  # a lie just came to light: see excuse()
                 self._convicted_seen = len(convicted)
                 self.excuse(self.attempt, "a reducer of the swarm was convicted of equivocation")
+        self.refresh_admission()
+
+    def refresh_admission(self) -> None:
+        """Admit the peers the roster shows now besides those admitted before (a stage looking for its
+        group calls this: a peer its roster missed at the attempt's start would be refused, and
+        refusing a group that already began breaks it for every member)."""
+        if self.admitted is None:
+            return
         try:
             read = dict(self.admitted())
         except Exception as e:  # a failed read admits no one new and bars no one
