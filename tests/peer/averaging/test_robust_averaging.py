@@ -198,7 +198,8 @@ def _peer_beside_a_liar(dht, *, seed, liar, run_id, lie="negated"):
     mean = sum(_gradient(i) for i in range(PEERS)) / PEERS  # every peer's honest gradient, the liar's too
     averager = build_averager(
         dht, run_id, "host-a", [torch.zeros(SHAPE)], robust=RobustConfig(),
-        timeouts=replace(FAST, step=15.0, allreduce=10.0) if liar else FAST,  # the liar gives up sooner
+        # the liar gives up first; the honest survivors' regroup gathers to their step bound
+        timeouts=replace(FAST, step=15.0, allreduce=10.0) if liar else replace(FAST, step=30.0),
         averager_type=lying_averager(lie) if liar else VerifiedAverager,
         declarations=DeclarationSigner(run_id, speaker(dht, identity)),
         admitted=lambda: {p: str(k) for p, k in read_entries(dht, f"{run_id}_keys").items()},
