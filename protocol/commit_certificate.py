@@ -1,0 +1,309 @@
+"""Commit votes, the certificates a cohort's votes make, and the tally that decides a round from them.
+
+A **vote** is one peer's signed word that it ended an attempt holding a result: its MANTA key signs
+``(task, attempt, result digest, averaging group)``. A peer votes once per attempt, so two valid
+votes of one key for one attempt that differ are evidence against it that anyone can check.
+
+A **certificate** gathers the votes of one cohort (its *scope*) for one result. Who belongs to a
+cohort is not the certificate's to say: every verifier derives the cohorts from its own admitted
+roster (each member's signed announcement places it), and a certificate *covers* the scope's
+members only when the valid votes in it are more than half of them. A certificate therefore cannot
+speak for peers that did not vote beyond what their own cohort's majority says.
+
+A peer **commits** a result once the certificates it has checked cover more than half of its
+admitted roster. Two results covering majorities share a covered peer, whose cohort then holds two
+voting majorities; these share a voter, who voted twice: so two results commit only where some key
+equivocated, and its two votes are the evidence. A key that equivocated counts in no certificate.
+
+Votes travel in a certificate as ``[peer id, signature hex]`` pairs; the verifier finds each peer's
+key in its roster (whose announcements were checked against the peer id's libp2p key).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from pydantic import Field, ValidationError
+
+from protocol.canonical import ascii_canonical_json, canonical_json
+from protocol.fields import Int53, Name, PeerId, StrictModel
+from protocol.identity import Identity, verify_signature
+
+DOMAIN = b"manta/commit-vote/v1\n"  # what a vote's signed message starts with (no other record does)
+MAX_VOTES = 1024  # votes one certificate may carry: far above a cohort's size
+MAX_WIRE_BYTES = 256 * MAX_VOTES
+_DIGEST = re.compile(r"^(?:[0-9a-f]{32}|[0-9a-f]{64})$")
+_GROUP = re.compile(r"^(?:[0-9a-f]{64})?$")
+_SIGNATURE = re.compile(r"^[0-9a-f]{128}$")
+
+
+class CertificateError(ValueError):
+    """A certificate that does not count, and why."""
+
+
+class MalformedCertificate(CertificateError):
+    """The bytes are not a certificate: bad JSON, a field of the wrong form, or too large."""
+
+
+class WrongAttempt(CertificateError):
+    """The certificate is for another task or attempt than the one being decided."""
+
+
+class UnknownScope(CertificateError):
+    """No member of the roster belongs to the certificate's cohort."""
+
+
+class ForeignVoter(CertificateError):
+    """A vote from a peer the roster does not place in the certificate's cohort."""
+
+
+class BadVote(CertificateError):
+    """A vote whose signature does not check out under the voter's key in the roster."""
+
+
+class NoMajority(CertificateError):
+    """The valid votes, less those of equivocating keys, are not more than half of the cohort."""
+
+
+def vote_message(task_id: str, attempt: int, digest: str, group: str) -> bytes:
+    """The exact bytes a vote signs."""
+    return DOMAIN + canonical_json([task_id, attempt, digest, group])
+
+
+def sign_vote(identity: Identity, task_id: str, attempt: int, digest: str, group: str) -> str:
+    """The hex signature of ``identity``'s vote for result ``digest`` of averaging group ``group``."""
+    return identity.sign(vote_message(task_id, attempt, digest, group)).hex()
+
+
+def vote_holds(
+    public_key_hex: str, task_id: str, attempt: int, digest: str, group: str, signature: str
+) -> bool:
+    """Whether ``signature`` is the vote of ``public_key_hex`` for that result (never raises)."""
+    try:
+        key, raw = bytes.fromhex(public_key_hex), bytes.fromhex(signature)
+    except ValueError:
+        return False
+    return verify_signature(key, vote_message(task_id, attempt, digest, group), raw)
+
+
+class _WireCertificate(StrictModel):
+    task: Name
+    attempt: Int53
+    scope: Name
+    digest: str
+    group: str
+    votes: tuple[tuple[PeerId, str], ...] = Field(max_length=MAX_VOTES)
+
+
+@dataclass(frozen=True)
+class CommitCertificate:
+    """The votes of cohort ``scope``'s members for result ``digest`` (of averaging group ``group``)
+    in ``attempt``: ``votes`` maps peer id to signature hex. Not checked until :func:`check_certificate`."""
+
+    task_id: str
+    attempt: int
+    scope: str
+    digest: str
+    group: str
+    votes: Mapping[str, str] = field(default_factory=dict)
+
+    def merged(self, other: CommitCertificate) -> CommitCertificate:
+        """This certificate with ``other``'s votes added (the same task, attempt, scope and result)."""
+        if self.key != other.key:
+            raise ValueError("only certificates of one scope and result merge")
+        return CommitCertificate(*self.key, votes={**other.votes, **self.votes})
+
+    @property
+    def key(self) -> tuple[str, int, str, str, str]:
+        return self.task_id, self.attempt, self.scope, self.digest, self.group
+
+    def to_wire(self) -> bytes:
+        """Canonical JSON, votes in peer id order."""
+        return ascii_canonical_json(
+            {
+                "task": self.task_id,
+                "attempt": self.attempt,
+                "scope": self.scope,
+                "digest": self.digest,
+                "group": self.group,
+                "votes": [[peer, self.votes[peer]] for peer in sorted(self.votes)],
+            }
+        )
+
+    @classmethod
+    def from_wire(cls, data: bytes) -> CommitCertificate:
+        """The certificate in ``data``; :class:`MalformedCertificate` says what is wrong with it."""
+        if len(data) > MAX_WIRE_BYTES:
+            raise MalformedCertificate(f"{len(data)} bytes is over the {MAX_WIRE_BYTES}-byte limit")
+        try:
+            wire = _WireCertificate.model_validate_json(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "certificate"
+            raise MalformedCertificate(f"{where}: {first['msg']}") from None
+        if not _DIGEST.match(wire.digest):
+            raise MalformedCertificate("digest: not a 32- or 64-digit lowercase hex digest")
+        if not _GROUP.match(wire.group):
+            raise MalformedCertificate("group: not a 64-digit lowercase hex id")
+        votes: dict[str, str] = {}
+        for peer, signature in wire.votes:
+            if not _SIGNATURE.match(signature):
+                raise MalformedCertificate(f"votes: the signature of {peer} is not 128 hex digits")
+            if votes.setdefault(peer, signature) != signature:
+                raise MalformedCertificate(f"votes: {peer} appears twice")
+        return cls(wire.task, wire.attempt, wire.scope, wire.digest, wire.group, votes)
+
+
+@dataclass(frozen=True)
+class RosterSnapshot:
+    """What a verifier needs of its admitted roster: each member's MANTA key (hex) and cohort."""
+
+    keys: Mapping[str, str]
+    cohorts: Mapping[str, str]
+    _by_cohort: dict[str, frozenset[str]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if set(self.keys) != set(self.cohorts):
+            raise ValueError("every roster member needs both a key and a cohort")
+        by_cohort: dict[str, set[str]] = {}
+        for peer, cohort in self.cohorts.items():
+            by_cohort.setdefault(cohort, set()).add(peer)
+        object.__setattr__(self, "_by_cohort", {c: frozenset(m) for c, m in by_cohort.items()})
+
+    def members_of(self, scope: str) -> frozenset[str]:
+        return self._by_cohort.get(scope, frozenset())
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+@dataclass(frozen=True)
+class CheckedCertificate:
+    """A certificate that counts: its valid ``voters`` are more than half of the ``covered`` peers
+    (its cohort, as the verifier's roster has it)."""
+
+    certificate: CommitCertificate
+    voters: frozenset[str]
+    covered: frozenset[str]
+
+
+@dataclass(frozen=True)
+class VoteEquivocation:
+    """A key that voted for two different results (or groups) in one attempt; both votes check out."""
+
+    peer_id: str
+    first: tuple[str, str, str]  # digest, group, signature
+    second: tuple[str, str, str]
+
+    def describe(self) -> str:
+        return (
+            f"peer {self.peer_id[-8:]} voted for {self.first[0][:8]} and {self.second[0][:8]} in one attempt"
+        )
+
+
+def _scope_members(
+    certificate: CommitCertificate, task_id: str, attempt: int, roster: RosterSnapshot
+) -> frozenset[str]:
+    """The certificate's cohort as ``roster`` has it, once its attempt and its voters' places hold."""
+    if (certificate.task_id, certificate.attempt) != (task_id, attempt):
+        raise WrongAttempt(
+            f"certificate of {certificate.task_id} attempt {certificate.attempt}, not {task_id} attempt {attempt}"
+        )
+    members = roster.members_of(certificate.scope)
+    if not members:
+        raise UnknownScope(f"no roster member is in cohort {certificate.scope}")
+    for peer in certificate.votes:
+        if peer not in members:
+            raise ForeignVoter(f"{peer[-8:]} is not in cohort {certificate.scope}")
+    return members
+
+
+def _check_votes(certificate: CommitCertificate, votes: Mapping[str, str], roster: RosterSnapshot) -> None:
+    for peer, signature in votes.items():
+        c = certificate
+        if not vote_holds(roster.keys[peer], c.task_id, c.attempt, c.digest, c.group, signature):
+            raise BadVote(f"the vote of {peer[-8:]} does not check out under its roster key")
+
+
+def _majority(scope: str, voters: frozenset[str], members: frozenset[str]) -> None:
+    if 2 * len(voters) <= len(members):
+        raise NoMajority(f"{len(voters)} valid vote(s) in cohort {scope} of {len(members)}: not a majority")
+
+
+def check_certificate(
+    certificate: CommitCertificate,
+    task_id: str,
+    attempt: int,
+    roster: RosterSnapshot,
+    excluded: Iterable[str] = (),
+) -> CheckedCertificate:
+    """``certificate`` checked against ``roster`` for ``attempt`` of ``task_id``, the votes of
+    ``excluded`` keys (equivocators) not counted. Raises the :class:`CertificateError` that says why
+    it does not count."""
+    members = _scope_members(certificate, task_id, attempt, roster)
+    _check_votes(certificate, certificate.votes, roster)
+    counted = frozenset(certificate.votes).difference(excluded)
+    _majority(certificate.scope, counted, members)
+    return CheckedCertificate(certificate, counted, members)
+
+
+class CertificateTally:
+    """The certificates one verifier has checked for one attempt, and the result they commit.
+
+    Certificates of one scope and result merge (their votes add up), each vote checked once; one
+    short of a majority is kept and may count once more votes come. Not thread-safe: one owner."""
+
+    def __init__(self, task_id: str, attempt: int, roster: RosterSnapshot):
+        self.task_id, self.attempt, self.roster = task_id, attempt, roster
+        self.votes_checked = 0  # signatures checked so far (what taking certificates in costs)
+        self._certificates: dict[tuple[str, int, str, str, str], CommitCertificate] = {}
+        self._votes: dict[str, tuple[str, str, str]] = {}  # voter -> its first valid vote seen
+        self._equivocations: dict[str, VoteEquivocation] = {}
+
+    def add(self, certificate: CommitCertificate) -> bool:
+        """Take ``certificate`` in; True if it brought a vote not held before. Raises
+        :class:`CertificateError` for one of another attempt, naming a peer outside its cohort or
+        carrying a bad vote (nothing of it is kept)."""
+        _scope_members(certificate, self.task_id, self.attempt, self.roster)
+        known = self._certificates.get(certificate.key)
+        held = {} if known is None else known.votes
+        fresh = {peer: sig for peer, sig in certificate.votes.items() if peer not in held}
+        _check_votes(certificate, fresh, self.roster)
+        self.votes_checked += len(fresh)
+        if not fresh:
+            return False
+        for peer, signature in fresh.items():
+            vote = (certificate.digest, certificate.group, signature)
+            first = self._votes.setdefault(peer, vote)
+            if first[:2] != vote[:2] and peer not in self._equivocations:
+                self._equivocations[peer] = VoteEquivocation(peer, first, vote)
+        self._certificates[certificate.key] = certificate if known is None else known.merged(certificate)
+        return True
+
+    @property
+    def equivocations(self) -> list[VoteEquivocation]:
+        return list(self._equivocations.values())
+
+    def certificates(self) -> list[CommitCertificate]:
+        """Every certificate held, merged: what this verifier passes on."""
+        return list(self._certificates.values())
+
+    def covered(self, digest: str) -> frozenset[str]:
+        """The roster peers that certificates of result ``digest`` cover, equivocators' votes left out."""
+        covered: set[str] = set()
+        for certificate in self._certificates.values():
+            if certificate.digest != digest:
+                continue
+            members = self.roster.members_of(certificate.scope)
+            if 2 * len(set(certificate.votes).difference(self._equivocations)) > len(members):
+                covered |= members
+        return frozenset(covered)
+
+    def committed(self) -> str | None:
+        """The result whose certificates cover more than half of the roster, or None."""
+        for digest in sorted({certificate.digest for certificate in self._certificates.values()}):
+            if 2 * len(self.covered(digest)) > len(self.roster):
+                return digest
+        return None
