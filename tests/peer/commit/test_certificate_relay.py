@@ -1,0 +1,65 @@
+"""Spreading commit certificates: every live peer commits over the in-process transport, with a
+constant number of messages per peer as the swarm grows, gossip stands in for a dead root, and
+certificates that do not check out are refused."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import statistics
+from dataclasses import replace
+
+from benchmarks.coordination_sim import ATTEMPT, GROUP, RESULT, TASK, SimConfig, make_swarm, simulate
+from peer.commit.certificate_relay import CertificateRelay, Kind, RelayMessage, RelaySettings
+from protocol.commit_certificate import CommitCertificate, sign_vote
+
+
+def test_every_peer_commits_and_sends_as_many_messages_at_240_peers_as_at_60():
+    small, large = simulate(SimConfig(peers=60)), simulate(SimConfig(peers=240))
+    for result in (small, large):
+        assert result.committed == result.live_voters == result.config.peers
+        assert result.wrong_results == 0
+    messages = [
+        statistics.median(m + n for m, n in zip(r.sent_messages, r.received_messages)) for r in (small, large)
+    ]
+    assert messages[1] <= messages[0] + 1, messages
+    assert statistics.median(large.sent_bytes) <= 1.2 * statistics.median(small.sent_bytes)
+
+
+def test_gossip_brings_the_certificates_when_the_root_dies_before_sending_them_down():
+    config = SimConfig(peers=64, root_dies_at=0.25, time_limit=30.0)
+    repaired = simulate(config)
+    assert repaired.committed == repaired.live_voters == 63
+    assert repaired.wrong_results == 0
+    without_gossip = simulate(replace(config, settings=RelaySettings(gossip_after=1e9)))
+    assert without_gossip.committed < without_gossip.live_voters
+
+
+def test_churn_leaves_every_live_peer_committed():
+    result = simulate(SimConfig(peers=120, churn=0.1, seed=3))
+    assert result.live_voters < 120
+    assert result.committed == result.live_voters and result.wrong_results == 0
+
+
+def test_a_certificate_that_does_not_check_out_is_refused_and_commits_nothing():
+    identities, roster = make_swarm(12, 4, seed=5)
+    peers = sorted(identities)
+    me, liar = peers[0], peers[1]
+    relay = CertificateRelay(me, TASK, ATTEMPT, roster, RelaySettings(), random.Random(0))
+    other = hashlib.sha256(b"a result nobody computed").hexdigest()
+    forged = {}  # the liar signs every vote of the other cohorts in their members' names
+    for cohort in {roster.cohorts[p] for p in peers} - {roster.cohorts[me]}:
+        votes = {
+            p: sign_vote(identities[liar], TASK, ATTEMPT, other, GROUP) for p in roster.members_of(cohort)
+        }
+        forged[cohort] = CommitCertificate(TASK, ATTEMPT, cohort, other, GROUP, votes)
+    relay.receive(1.0, liar, RelayMessage(Kind.PUSH, tuple(c.to_wire() for c in forged.values())))
+    assert relay.refused == len(forged) and relay.committed is None
+    own = {
+        p: sign_vote(identities[p], TASK, ATTEMPT, RESULT, GROUP)
+        for p in roster.members_of(roster.cohorts[me])
+    }
+    relay.receive(1.1, liar, RelayMessage(Kind.PUSH, (b"not a certificate",)))
+    assert relay.refused == len(forged) + 1
+    relay.vote(1.2, CommitCertificate(TASK, ATTEMPT, roster.cohorts[me], RESULT, GROUP, {me: own[me]}))
+    assert relay.committed is None  # 1 of 12 covered
