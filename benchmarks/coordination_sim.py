@@ -54,6 +54,7 @@ class SimConfig:
     time_limit: float = 60.0
     seed: int = 0
     root_dies_at: float | None = None  # kill the tree's root (cohort 0's first member) at this time
+    root_votes: bool = True  # False: the root lives but has no result to vote for
     settings: RelaySettings = field(default_factory=RelaySettings)
     link: LinkModel = field(default_factory=LinkModel)
 
@@ -125,6 +126,8 @@ def simulate(config: SimConfig) -> SimResult:
         nodes[peer] = _Node(relay, rng.uniform(0, config.vote_spread), dies)
     if config.root_dies_at is not None:
         nodes[plan.cohorts[0][0]].dies_at = config.root_dies_at
+    if not config.root_votes:
+        nodes[plan.cohorts[0][0]].vote_at = float("inf")
     events: list[tuple[float, int, str, str, object]] = []
     sequence = 0
 

@@ -133,7 +133,7 @@ class CertificateRelay:
             if self.plan.first_rank_under(level, index) != self.rank:
                 break
             self._lead_levels = level
-        self._voted_at: float | None = None
+        self._started_at: float | None = None  # its vote or first message: a leader's waits count from it
         self._units_in: dict[int, set[str]] = {}  # level -> senders of ups received
         self._children: set[str] = set()
         self._sent_up = False
@@ -145,7 +145,7 @@ class CertificateRelay:
 
     def vote(self, now: float, certificate: CommitCertificate) -> list[Outgoing]:
         """This peer's own vote (a one-vote certificate of its cohort), sent to its cohort's members."""
-        self._voted_at = now
+        self._started_at = now if self._started_at is None else self._started_at
         self._next_gossip = now + self.settings.gossip_after
         self._take([certificate.to_wire()], now)
         message = RelayMessage(Kind.VOTE, (certificate.to_wire(),))
@@ -153,6 +153,7 @@ class CertificateRelay:
 
     def receive(self, now: float, sender: str, message: RelayMessage) -> list[Outgoing]:
         """What ``sender`` sent; returns what to send in turn."""
+        self._started_at = now if self._started_at is None else self._started_at
         self._take(message.certificates, now)
         out: list[Outgoing] = []
         if message.kind is Kind.UP:
@@ -166,10 +167,10 @@ class CertificateRelay:
 
     def tick(self, now: float) -> list[Outgoing]:
         """Whatever is due at ``now``: passing certificates up, the root's sending down, gossip."""
-        if self._voted_at is None:
+        if self._started_at is None:
             return []
         out: list[Outgoing] = []
-        if not self._sent_up and self._is_sender() and self._up_ready(now):
+        if not self._sent_up and self._passes_up() and self._up_ready(now):
             out += self._send_up()
         if self.committed is None and self._next_gossip is not None and now >= self._next_gossip:
             self._next_gossip = now + self.settings.gossip_every
@@ -179,12 +180,12 @@ class CertificateRelay:
 
     def next_due(self) -> float | None:
         """When :meth:`tick` has something to do next (None: only a message can bring anything)."""
-        if self._voted_at is None:
+        if self._started_at is None:
             return None
         due = []
-        if not self._sent_up and self._is_sender():
+        if not self._sent_up and self._passes_up():
             due.append(
-                self._voted_at + self.settings.cohort_wait + self._top_lead() * self.settings.level_wait
+                self._started_at + self.settings.cohort_wait + self._top_lead() * self.settings.level_wait
             )
         if self.committed is None and self._next_gossip is not None:
             due.append(self._next_gossip)
@@ -192,7 +193,11 @@ class CertificateRelay:
 
     # -- the tree ----------------------------------------------------------------------------
 
-    def _is_sender(self) -> bool:
+    def _passes_up(self) -> bool:
+        """Whether this peer sends certificates on: it leads a tree group (whether or not it voted),
+        or it is the first member of its cohort whose vote it holds."""
+        if self._top_lead() > 0:
+            return True
         held = {p for c in self.tally.certificates() if c.scope == self.scope for p in c.votes}
         return next((m for m in self.cohort if m in held), None) == self.me
 
@@ -201,9 +206,9 @@ class CertificateRelay:
         return self._lead_levels if self.cohort[0] == self.me else 0
 
     def _up_ready(self, now: float) -> bool:
-        assert self._voted_at is not None
+        assert self._started_at is not None
         top = self._top_lead()
-        if now >= self._voted_at + self.settings.cohort_wait + top * self.settings.level_wait:
+        if now >= self._started_at + self.settings.cohort_wait + top * self.settings.level_wait:
             return True
         held = {p for c in self.tally.certificates() if c.scope == self.scope for p in c.votes}
         if held != set(self.cohort):

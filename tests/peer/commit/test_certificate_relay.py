@@ -35,6 +35,11 @@ def test_gossip_brings_the_certificates_when_the_root_dies_before_sending_them_d
     assert without_gossip.committed < without_gossip.live_voters
 
 
+def test_a_root_with_no_result_of_its_own_still_passes_the_certificates_down():
+    result = simulate(SimConfig(peers=64, root_votes=False, settings=RelaySettings(gossip_after=1e9)))
+    assert result.live_voters == 63 and result.committed == 63
+
+
 def test_churn_leaves_every_live_peer_committed():
     result = simulate(SimConfig(peers=120, churn=0.1, seed=3))
     assert result.live_voters < 120

@@ -1,0 +1,182 @@
+"""Commit certificates over direct libp2p calls: the transport of :mod:`.certificate_relay`.
+
+A :class:`CertificateChannel` serves one handler on a peer's :class:`~hivemind_adapter.p2p.Endpoint`
+and keeps one relay per open attempt. Every relay call runs on the endpoint's event loop (its one
+owner), a ticker wakes each relay when it has something due, and each message goes out as its own
+bounded call: a lost message is what gossip repairs. Messages for an attempt this peer has not
+opened yet (partners that finished averaging first) wait for it, a bounded number of them.
+
+A message is one line of header (``{"attempt", "kind", "level"}``, canonical JSON) and then one
+certificate per line (canonical JSON never holds a raw newline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+import time
+from collections.abc import Callable
+
+from hivemind_adapter.p2p import Endpoint
+from peer.commit.certificate_relay import CertificateRelay, Kind, Outgoing, RelayMessage, RelaySettings
+from protocol.canonical import ascii_canonical_json
+from protocol.commit_certificate import CommitCertificate, RosterSnapshot
+
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+SEND_TIMEOUT = 5.0  # seconds one call may take before it counts as lost
+EARLY_MESSAGES = 256  # messages kept for attempts not opened yet, all attempts together
+ATTEMPTS_KEPT = 4  # relays of older attempts still answer gossip
+EARLY_ATTEMPTS = 4  # how far ahead of the newest open attempt a message may be and still wait
+
+
+def handler_name(task_id: str) -> str:
+    return f"manta.{task_id}.certificates.v1"
+
+
+def encode(attempt: int, message: RelayMessage) -> bytes:
+    header = ascii_canonical_json({"attempt": attempt, "kind": message.kind.value, "level": message.level})
+    return b"\n".join([header, *message.certificates])
+
+
+def decode(data: bytes) -> tuple[int, RelayMessage]:
+    """(attempt, message) from ``data``; ValueError with the reason if it is not one."""
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise ValueError(f"a certificate message of {len(data)} bytes is over the limit")
+    header, *certificates = data.split(b"\n")
+    try:
+        fields = json.loads(header)
+        attempt, kind, level = int(fields["attempt"]), Kind(fields["kind"]), int(fields["level"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"not a certificate message header: {exc}") from None
+    if attempt < 0 or level < 0:
+        raise ValueError("a certificate message's attempt and level are not negative")
+    return attempt, RelayMessage(kind, tuple(certificates), level)
+
+
+class CertificateChannel:
+    """One peer's certificate relays, carried over ``endpoint``. Complete once constructed (it
+    serves its handler); :meth:`close` stops it, bounded."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        task_id: str,
+        settings: RelaySettings,
+        rng: random.Random,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.endpoint, self.task_id, self.settings = endpoint, task_id, settings
+        self._rng, self._clock = rng, clock
+        self._relays: dict[int, CertificateRelay] = {}
+        self._early: list[tuple[int, str, RelayMessage]] = []
+        self._committed: dict[int, threading.Event] = {}
+        self._events_lock = threading.Lock()  # guards _committed (read by the caller's thread)
+        self.sent_bytes = self.sent_messages = self.lost_messages = self.refused_messages = 0
+        self._wake: asyncio.Event = self.endpoint.loop.run(self._make_event(), timeout=5)
+        self._ticker = asyncio.run_coroutine_threadsafe(self._tick_forever(), endpoint.loop.loop)
+        endpoint.serve(handler_name(task_id), self._handle)
+
+    # -- the caller's side (any thread) -------------------------------------------------------
+
+    def open(self, attempt: int, roster: RosterSnapshot) -> None:
+        """Start relaying ``attempt`` among ``roster`` (this peer must be in it)."""
+        self.endpoint.loop.run(self._open(attempt, roster), timeout=10)
+
+    def vote(self, attempt: int, certificate: CommitCertificate) -> None:
+        """Send this peer's vote (a one-vote certificate of its cohort) for an open attempt."""
+        self.endpoint.loop.run(self._vote(attempt, certificate), timeout=10)
+
+    def wait_committed(self, attempt: int, timeout: float) -> str | None:
+        """The result certificates commit for ``attempt``, waiting up to ``timeout`` s; None if none."""
+        self._event(attempt).wait(timeout)
+        return self.endpoint.loop.run(self._result(attempt), timeout=5)
+
+    def close(self) -> None:
+        self.endpoint.unserve(handler_name(self.task_id))
+        self._ticker.cancel()
+
+    # -- on the endpoint's loop ---------------------------------------------------------------
+
+    @staticmethod
+    async def _make_event() -> asyncio.Event:
+        return asyncio.Event()
+
+    def _event(self, attempt: int) -> threading.Event:
+        with self._events_lock:
+            return self._committed.setdefault(attempt, threading.Event())
+
+    async def _result(self, attempt: int) -> str | None:
+        relay = self._relays.get(attempt)
+        return None if relay is None else relay.committed
+
+    async def _open(self, attempt: int, roster: RosterSnapshot) -> None:
+        me = self.endpoint.peer_id
+        self._relays[attempt] = CertificateRelay(
+            me, self.task_id, attempt, roster, self.settings, random.Random(self._rng.random())
+        )
+        for old in [a for a in self._relays if a <= attempt - ATTEMPTS_KEPT]:
+            del self._relays[old]
+        waiting = [(s, m) for a, s, m in self._early if a == attempt]
+        self._early = [e for e in self._early if e[0] > attempt]
+        for sender, message in waiting:
+            self._after(attempt, self._relays[attempt].receive(self._clock(), sender, message))
+
+    async def _vote(self, attempt: int, certificate: CommitCertificate) -> None:
+        relay = self._relays[attempt]
+        self._after(attempt, relay.vote(self._clock(), certificate))
+
+    async def _handle(self, payload: bytes, sender: str) -> bytes:
+        try:
+            attempt, message = decode(payload)
+        except ValueError:
+            self.refused_messages += 1
+            return b""
+        relay = self._relays.get(attempt)
+        if relay is not None:
+            self._after(attempt, relay.receive(self._clock(), sender, message))
+        elif (
+            attempt > max(self._relays, default=-1)
+            and attempt <= max(self._relays, default=attempt) + EARLY_ATTEMPTS
+        ):
+            if len(self._early) < EARLY_MESSAGES:
+                self._early.append((attempt, sender, message))
+        return b""
+
+    def _after(self, attempt: int, outgoing: list[Outgoing]) -> None:
+        """Send what a relay call returned, note a commit, and let the ticker look again."""
+        for out in outgoing:
+            asyncio.ensure_future(self._send(attempt, out))
+        if self._relays[attempt].committed is not None:
+            self._event(attempt).set()
+        self._wake.set()
+
+    async def _send(self, attempt: int, out: Outgoing) -> None:
+        payload = encode(attempt, out.message)
+        self.sent_bytes += len(payload)
+        self.sent_messages += 1
+        try:
+            await asyncio.wait_for(
+                self.endpoint.acall(out.to, handler_name(self.task_id), payload), SEND_TIMEOUT
+            )
+        except Exception:  # gone, unreachable or slow: gossip carries what this one did not
+            self.lost_messages += 1
+
+    async def _tick_forever(self) -> None:
+        while True:
+            now = self._clock()
+            dues = []
+            for attempt, relay in list(self._relays.items()):
+                due = relay.next_due()
+                if due is not None and due <= now:
+                    self._after(attempt, relay.tick(now))
+                    due = relay.next_due()
+                if due is not None:
+                    dues.append(due)
+            self._wake.clear()
+            wait = max(0.01, min(dues) - self._clock()) if dues else 1.0
+            try:
+                await asyncio.wait_for(self._wake.wait(), wait)
+            except asyncio.TimeoutError:
+                pass

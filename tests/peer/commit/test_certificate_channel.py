@@ -1,0 +1,91 @@
+"""Commit certificates over real libp2p daemons on 127.0.0.1: five nodes in two cohorts commit on
+the votes of four (the fifth learns the result without voting), a node that opens its attempt after
+its partners voted still commits, and bytes that are not a message are refused."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+
+import pytest
+
+from hivemind_adapter.dht import start_dht, visible_maddrs
+from hivemind_adapter.p2p import Endpoint
+from peer.commit.certificate_channel import CertificateChannel, decode, encode, handler_name
+from peer.commit.certificate_relay import Kind, RelayMessage, RelaySettings
+from protocol.commit_certificate import CommitCertificate, RosterSnapshot, sign_vote
+from protocol.identity import Identity
+
+TASK = "certificate-channel-test"
+RESULT = hashlib.sha256(b"the result").hexdigest()
+GROUP = hashlib.sha256(b"the group").hexdigest()
+LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+SETTINGS = RelaySettings(cohort_wait=0.3, level_wait=0.5, gossip_after=3.0, gossip_every=0.5)
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    dhts = [start_dht(host_maddrs=LOOPBACK)]
+    dhts += [start_dht(host_maddrs=LOOPBACK, initial_peers=visible_maddrs(dhts[0])) for _ in range(4)]
+    endpoints = [Endpoint(dht, f"certificates-{i}") for i, dht in enumerate(dhts)]
+    identities = [Identity.from_seed(hashlib.sha256(f"node {i}".encode()).digest()) for i in range(5)]
+    peers = [e.peer_id for e in endpoints]
+    roster = RosterSnapshot(
+        {p: i.public_key_hex for p, i in zip(peers, identities)},
+        {p: ("cohort-a" if n < 3 else "cohort-b") for n, p in enumerate(peers)},
+    )
+    channels = [CertificateChannel(e, TASK, SETTINGS, random.Random(n)) for n, e in enumerate(endpoints)]
+    try:
+        yield channels, identities, roster
+    finally:
+        for channel in channels:
+            channel.close()
+        for endpoint in endpoints:
+            endpoint.close()
+        for dht in dhts:
+            dht.shutdown()
+
+
+def _vote(channel: CertificateChannel, identity: Identity, roster: RosterSnapshot, attempt: int) -> None:
+    me = channel.endpoint.peer_id
+    signature = sign_vote(identity, TASK, attempt, RESULT, GROUP)
+    channel.vote(
+        attempt, CommitCertificate(TASK, attempt, roster.cohorts[me], RESULT, GROUP, {me: signature})
+    )
+
+
+def test_four_votes_of_five_commit_every_node_over_direct_calls(nodes):
+    channels, identities, roster = nodes
+    for channel in channels:
+        channel.open(1, roster)
+    for n in (0, 1, 3, 4):  # node 2 (cohort a) never votes: a is covered by 2 of 3
+        _vote(channels[n], identities[n], roster, 1)
+    assert [c.wait_committed(1, timeout=20) for c in channels] == [RESULT] * 5
+    assert all(c.sent_messages > 0 for n, c in enumerate(channels) if n != 2)
+    assert sum(c.lost_messages for c in channels) == 0
+
+
+def test_a_node_that_opens_its_attempt_after_its_partners_voted_still_commits(nodes):
+    channels, identities, roster = nodes
+    for n in (0, 1, 2, 4):
+        channels[n].open(2, roster)
+        _vote(channels[n], identities[n], roster, 2)
+    time.sleep(1.0)  # node 3's partner votes arrive before it opens attempt 2
+    channels[3].open(2, roster)
+    _vote(channels[3], identities[3], roster, 2)
+    assert channels[3].wait_committed(2, timeout=20) == RESULT
+    assert channels[0].wait_committed(2, timeout=20) == RESULT
+
+
+def test_bytes_that_are_not_a_message_are_refused_with_no_reply(nodes):
+    channels, _, _ = nodes
+    before = channels[1].refused_messages
+    reply = channels[0].endpoint.call(
+        channels[1].endpoint.peer_id, handler_name(TASK), b"\x00garbage", timeout=10
+    )
+    assert reply == b"" and channels[1].refused_messages == before + 1
+    attempt, message = decode(encode(5, RelayMessage(Kind.UP, (b"{}", b"[]"), 2)))
+    assert (attempt, message.kind, message.certificates, message.level) == (5, Kind.UP, (b"{}", b"[]"), 2)
+    with pytest.raises(ValueError, match="header"):
+        decode(b'{"attempt":1,"kind":"shout","level":0}')
