@@ -15,13 +15,15 @@ and an iptables rule per cgroup counts their output), the CPU time of a peer's p
 cgroup's), and memory (the proportional set size of all of a peer's processes). The gradient is the digits supernet's at width 0.5 by default.
 
     python -m benchmarks.swarm_scale [--peers 8 16 32 64] [--rounds 5] [--compute 2] [--bucket-sizes 20 5]
-        [--store-search values nodes] [--trace rounds.jsonl]
+        [--store-search values nodes] [--trace rounds.jsonl] [--certificates]
 
 ``--bucket-sizes`` runs every size with each DHT bucket size (Kademlia's k, also every lookup's
 beam), ``--store-search`` with a store's search for nodes asking for values too (``values``,
 hivemind's) or not (``nodes``: :mod:`hivemind_adapter.store_search`); each size's variants are
 compared. ``--trace`` has every peer append one JSON line per round to a file (its attempt, cohort,
-head, result, stage times, abort reason). Needs root (cgroups, iptables); every cgroup and rule it makes is removed, also on Ctrl-C.
+head, result, stage times, abort reason). ``--certificates`` has the peers also relay commit
+certificates over direct calls (:mod:`benchmarks.certificates_beside`) and prints their verdicts,
+times and bytes beside the board's, on the same attempts. Needs root (cgroups, iptables); every cgroup and rule it makes is removed, also on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ prepare_process()
 
 import torch  # noqa: E402
 
+from benchmarks.certificates_beside import CertificateFigures  # noqa: E402
 from benchmarks.peer_accounts import PeerAccounts  # noqa: E402
 from benchmarks.thin_peer import PeerFigures, ThinOptions, thin_peer  # noqa: E402
 from hivemind_adapter.dht import DHT_BUCKET_SIZE, start_dht, visible_maddrs  # noqa: E402
@@ -108,6 +111,7 @@ class ScaleRow:
     reasons: collections.Counter = field(default_factory=collections.Counter)
     requests_by_kind: dict[str, float] = field(default_factory=dict)
     round_calls: dict[str, float] = field(default_factory=dict)
+    certificates: list[CertificateFigures] = field(default_factory=list)
 
 
 def run_size(n: int, opts: ThinOptions) -> ScaleRow:
@@ -192,6 +196,7 @@ def run_size(n: int, opts: ThinOptions) -> ScaleRow:
             reasons=collections.Counter(r.split(":")[0][:60] for f in figures.values() for r in f.reasons),
             requests_by_kind=_per_peer_round([f.requests_by_kind for f in figures.values()], opts.rounds),
             round_calls=_per_peer_round([f.round_calls for f in figures.values()], opts.rounds),
+            certificates=[f.certificates for f in figures.values() if f.certificates is not None],
         )
     finally:
         interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cannot cut the clean-up
@@ -213,6 +218,26 @@ def run_size(n: int, opts: ThinOptions) -> ScaleRow:
             accounts.close()
             gc.unfreeze()  # what the thin peers shared is freed normally at exit
             signal.signal(signal.SIGINT, interrupt)
+
+
+def describe_certificates(row: ScaleRow, rounds: int) -> str:
+    """The certificates' verdicts, times and bytes beside the board's, in one line."""
+    figures = row.certificates
+    peer_rounds = sum(f.rounds for f in figures)
+    committed = sum(f.committed for f in figures)
+    seconds = [s for f in figures for s in f.seconds]
+    board = [s for f in figures for s in f.board_seconds]
+    kb = statistics.mean(f.sent_bytes for f in figures) / rounds / 1e3
+    messages = statistics.mean(f.sent_messages for f in figures) / rounds
+    return (
+        f"{row.peers} peers, certificates beside the board: committed {committed} of {peer_rounds} peer-rounds "
+        f"(the board {row.committed:.0%}), {sum(f.agreed for f in figures)} on the board's result, "
+        f"{sum(f.disagreed for f in figures)} on another; median commit "
+        f"{statistics.median(seconds) if seconds else float('nan'):.2f} s after the vote "
+        f"(the board {statistics.median(board) if board else float('nan'):.2f} s after the report); "
+        f"{kb:.1f} KB in {messages:.0f} messages sent per peer per round (the board's coordination: "
+        f"{row.control_kb:.0f} KB)"
+    )
 
 
 def _per_peer_round(counts: list[dict[str, int]], rounds: int) -> dict[str, float]:
@@ -248,6 +273,10 @@ def main(argv=None) -> int:
         "--trace", default="", help="a file each thin peer appends one JSON line to per round"
     )
     parser.add_argument("--logs", default="", help="a folder each thin peer writes its DEBUG log to")
+    parser.add_argument(
+        "--certificates", action="store_true",
+        help="also relay commit certificates over direct calls and print them beside the board",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     refused = None
     if min(args.bucket_sizes) < 5:
@@ -271,8 +300,7 @@ def main(argv=None) -> int:
     for (k, search), n in [(v, n) for v in variants for n in args.peers]:
         opts = ThinOptions(
             shapes, args.rounds, args.compute, args.cross_group, bucket_size=k, store_search=search,
-            trace=args.trace,
-            logs=args.logs,
+            trace=args.trace, logs=args.logs, certificates=args.certificates,
         )  # fmt: skip
         if n >= did_not_fit.get(opts.variant, n + 1):
             continue
@@ -293,6 +321,9 @@ def main(argv=None) -> int:
         )
     if not rows:
         return 1
+    for r in rows:
+        if r.certificates:
+            print(describe_certificates(r, args.rounds))
     print()
     header = (
         f"{'peers':>5} {'variant':>26} {'cohorts':>7} {'start-up':>9} {'round':>7} {'committed':>9} "

@@ -26,6 +26,7 @@ import hivemind  # noqa: E402
 import torch  # noqa: E402
 from hivemind.dht.protocol import DHTProtocol  # noqa: E402
 
+from benchmarks.certificates_beside import CertificateFigures, CertificatesBeside  # noqa: E402
 from benchmarks.peer_accounts import CGROUP_ROOT  # noqa: E402
 from hivemind_adapter.control_traffic import ControlTraffic, control_traffic  # noqa: E402
 from hivemind_adapter.dht import DHT_BUCKET_SIZE, peer_id, speaker, start_dht  # noqa: E402
@@ -106,6 +107,7 @@ class ThinOptions:
     store_search: str = "nodes"  # "values": a store's search for nodes downloads values, as hivemind's
     trace: str = ""  # a file each peer appends a RoundTrace line to per round ("": none)
     logs: str = ""  # a folder each peer writes its DEBUG log to, peer-INDEX.log ("": none)
+    certificates: bool = False  # also relay commit certificates beside the board (measured, deciding nothing)
 
     @property
     def variant(self) -> str:
@@ -124,6 +126,7 @@ class PeerFigures:
     round_calls: dict[str, int] = field(default_factory=dict)
     cohorts: int = 0
     control: ControlTraffic = ControlTraffic()  # coordination it sent over its rounds
+    certificates: CertificateFigures | None = None  # with ThinOptions.certificates
 
 
 @dataclass(frozen=True)
@@ -179,7 +182,7 @@ def thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, d
         initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], bucket_size=opts.bucket_size,
         nodes_only_store_search=opts.store_search == "nodes",
     )  # fmt: skip
-    averager = None
+    averager, beside = None, None
     try:
         dht.add_validators([MantaRecordValidator(TASK, aggregator_keys=SPEC.aggregator_keys)])
         identity, me = Identity.generate(), peer_id(dht)
@@ -193,6 +196,8 @@ def thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, d
         progress = SwarmProgress(ProgressBoard(dht, TASK, speaker(dht, identity)), me, 64, 1, 10**9)
         committer = committer_for(SignedCommitBoard(dht, TASK, speaker(dht, identity)), TIMEOUTS)
         roster_view = RosterView(dht, SPEC)
+        if opts.certificates:
+            beside = CertificatesBeside(dht, TASK, identity, committer, seed=index)
         ready.put(index)
         if not go.wait(timeout=900):
             return
@@ -217,6 +222,8 @@ def thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, d
                     admitted=lambda: roster_view.keys(ADMISSION_READ_AGE),
                 )  # fmt: skip
             attempt = committer.next_attempt(attempt)
+            if beside is not None:
+                beside.begin(attempt, roster_view.keys(ADMISSION_READ_AGE), assignment)
             progress.begin(round_index, cohort, round_index - 1)
             samples, computing = 0, time.perf_counter()
             while samples == 0 or time.perf_counter() - computing < opts.compute:
@@ -234,6 +241,8 @@ def thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, d
                 expected_peers=[p.entry.peer_id for p in roster],
                 cohorts=[tuple(peers_of[name]) for name in cohort_ids],  # as peer.round.plan_round does
             )  # fmt: skip
+            if beside is not None:
+                beside.end(attempt, outcome)
             if opts.trace:
                 RoundTrace.of(me, round_index, attempt, cohort, outcome).append_to(opts.trace)
             if outcome.committed:
@@ -249,9 +258,13 @@ def thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, d
         figures.dht_requests = sum(end_counts.values()) - sum(start_counts.values())
         figures.requests_by_kind = {k: v - start_counts.get(k, 0) for k, v in end_counts.items()}
         figures.round_calls = {k: v - start_calls.get(k, 0) for k, v in _ROUND_CALLS.items()}
+        if beside is not None:  # it relays on for peers still in their last round
+            figures.certificates = beside.so_far()
         results.put((index, figures))
         done.wait(timeout=600)  # stay in the swarm until every peer has finished its rounds
     finally:
+        if beside is not None:
+            beside.close()
         if averager is not None:
             averager.shutdown()
         dht.shutdown()

@@ -291,13 +291,16 @@ class CertificateTally:
         return list(self._certificates.values())
 
     def covered(self, digest: str) -> frozenset[str]:
-        """The roster peers that certificates of result ``digest`` cover, equivocators' votes left out."""
-        covered: set[str] = set()
+        """The roster peers that votes for result ``digest`` cover: each cohort more than half of
+        whose members voted for it (under any averaging group), equivocators' votes left out."""
+        voters: dict[str, set[str]] = {}
         for certificate in self._certificates.values():
-            if certificate.digest != digest:
-                continue
-            members = self.roster.members_of(certificate.scope)
-            if 2 * len(set(certificate.votes).difference(self._equivocations)) > len(members):
+            if certificate.digest == digest:
+                voters.setdefault(certificate.scope, set()).update(certificate.votes)
+        covered: set[str] = set()
+        for scope, scope_voters in voters.items():
+            members = self.roster.members_of(scope)
+            if 2 * len(scope_voters.difference(self._equivocations)) > len(members):
                 covered |= members
         return frozenset(covered)
 

@@ -70,6 +70,7 @@ class CertificateChannel:
         self.endpoint, self.task_id, self.settings = endpoint, task_id, settings
         self._rng, self._clock = rng, clock
         self._relays: dict[int, CertificateRelay] = {}
+        self._voted_at: dict[int, float] = {}
         self._early: list[tuple[int, str, RelayMessage]] = []
         self._committed: dict[int, threading.Event] = {}
         self._events_lock = threading.Lock()  # guards _committed (read by the caller's thread)
@@ -93,6 +94,10 @@ class CertificateChannel:
         self._event(attempt).wait(timeout)
         return self.endpoint.loop.run(self._result(attempt), timeout=5)
 
+    def commit_seconds(self, attempt: int) -> float | None:
+        """Seconds from this peer's vote in ``attempt`` to its commit there (None: not both)."""
+        return self.endpoint.loop.run(self._commit_seconds(attempt), timeout=5)
+
     def close(self) -> None:
         self.endpoint.unserve(handler_name(self.task_id))
         self._ticker.cancel()
@@ -107,25 +112,37 @@ class CertificateChannel:
         with self._events_lock:
             return self._committed.setdefault(attempt, threading.Event())
 
+    async def _commit_seconds(self, attempt: int) -> float | None:
+        relay, voted = self._relays.get(attempt), self._voted_at.get(attempt)
+        if relay is None or voted is None or relay.committed_at is None:
+            return None
+        return max(0.0, relay.committed_at - voted)
+
     async def _result(self, attempt: int) -> str | None:
         relay = self._relays.get(attempt)
         return None if relay is None else relay.committed
 
     async def _open(self, attempt: int, roster: RosterSnapshot) -> None:
+        if attempt in self._relays:
+            return
         me = self.endpoint.peer_id
         self._relays[attempt] = CertificateRelay(
             me, self.task_id, attempt, roster, self.settings, random.Random(self._rng.random())
         )
         for old in [a for a in self._relays if a <= attempt - ATTEMPTS_KEPT]:
             del self._relays[old]
+            self._voted_at.pop(old, None)
+            with self._events_lock:
+                self._committed.pop(old, None)
         waiting = [(s, m) for a, s, m in self._early if a == attempt]
         self._early = [e for e in self._early if e[0] > attempt]
         for sender, message in waiting:
             self._after(attempt, self._relays[attempt].receive(self._clock(), sender, message))
 
     async def _vote(self, attempt: int, certificate: CommitCertificate) -> None:
-        relay = self._relays[attempt]
-        self._after(attempt, relay.vote(self._clock(), certificate))
+        relay, now = self._relays[attempt], self._clock()
+        self._voted_at[attempt] = now
+        self._after(attempt, relay.vote(now, certificate))
 
     async def _handle(self, payload: bytes, sender: str) -> bytes:
         try:
@@ -178,5 +195,5 @@ class CertificateChannel:
             wait = max(0.01, min(dues) - self._clock()) if dues else 1.0
             try:
                 await asyncio.wait_for(self._wake.wait(), wait)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass

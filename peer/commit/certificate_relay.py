@@ -1,15 +1,16 @@
 """How one attempt's commit certificates reach every peer: votes among a cohort's members, each
-cohort's certificate up a tree of cohort leaders, all of them back down, and gossip where a leader
-is gone.
+cohort's votes up a tree of cohort leaders, all of them back down, and gossip where a leader is gone.
 
 1. A peer holding a result signs its vote and sends it to each of its cohort's members (2 to 8 peers
-   that know each other from the roster), so every member can make the cohort's certificate.
-2. The cohort's *sender* (its first member, in peer id order, whose vote is held) sends the
-   certificate up the tree of :mod:`peer.averaging.cross_tree`: the leader of a tree group is the
-   first member of the lowest-ranked cohort under it; it merges what its units send and passes it
-   up once every unit sent, or once its level's wait is over.
-3. The root sends everything down the same way; a peer commits once the certificates it checked
-   cover a majority of the roster (:class:`protocol.commit_certificate.CertificateTally`).
+   that know each other from the roster), so every member holds the cohort's votes.
+2. The cohort's *sender* (its first member, in peer id order, whose vote is held) sends them up the
+   tree of :mod:`peer.averaging.cross_tree`: the leader of a tree group is the first member of the
+   lowest-ranked cohort under it, and passes up what its units sent once every unit sent, or once
+   its level's wait is over. Votes that come later follow as they come (each hop sends only votes it
+   has not sent), ``update_wait`` apart: members finish their averaging seconds apart.
+3. The root sends everything down the same way, and what comes later as it comes; a peer commits
+   once the certificates it checked cover a majority of the roster
+   (:class:`protocol.commit_certificate.CertificateTally`).
 4. A peer not committed ``gossip_after`` seconds after its vote asks ``gossip_peers`` random roster
    peers every ``gossip_every`` seconds, and each answers with every certificate it holds.
 
@@ -65,6 +66,7 @@ class RelaySettings:
     fanout: int = DEFAULT_FANOUT  # units per tree group
     cohort_wait: float = 0.5  # seconds a cohort's sender waits for its members' votes
     level_wait: float = 1.0  # seconds more each tree level's leader waits for its units
+    update_wait: float = 0.2  # seconds a hop gathers votes that came late before passing them on
     gossip_after: float = 6.0  # seconds after its vote that a peer not committed starts asking around
     gossip_every: float = 1.0
     gossip_peers: int = 2
@@ -126,18 +128,29 @@ class CertificateRelay:
         self.committed_at: float | None = None
         self.refused = 0  # certificates received that did not check out
         self._path = self.plan.path(self.rank)
-        # Levels this peer leads while it is its cohort's first member: 0 (the cohort), then each
-        # tree level whose group's lowest cohort is its own.
+        # Levels this peer leads if it is its cohort's first member: each tree level whose group's
+        # lowest cohort is its own. What it passes up is the votes of the cohorts under the top one.
         self._lead_levels = 0
         for level, index, _ in self._path:
             if self.plan.first_rank_under(level, index) != self.rank:
                 break
             self._lead_levels = level
+        top = self._top_lead()
+        if top == 0:
+            self._subtree = frozenset({self.scope})
+        else:
+            level, index, _ = self._path[top - 1]
+            under = [r for r in range(len(self.plan.cohorts)) if self.plan.path(r)[level - 1][1] == index]
+            self._subtree = frozenset(self.plan.names[r] for r in under)
         self._started_at: float | None = None  # its vote or first message: a leader's waits count from it
         self._units_in: dict[int, set[str]] = {}  # level -> senders of ups received
-        self._children: set[str] = set()
-        self._sent_up = False
-        self._sent_down = False
+        self._children: set[str] = set()  # peers that sent ups here: they get what comes down
+        self._sent_up: dict[tuple, frozenset[str]] = {}  # certificate key -> voters passed up
+        self._sent_down: dict[tuple, frozenset[str]] = {}  # certificate key -> voters passed down
+        self._to_send_down: dict[tuple, frozenset[str]] = {}  # what came down (or the root released)
+        self._served: set[str] = set()  # down-targets that were sent everything in _sent_down
+        self._flushed_up = False
+        self._late_since: float | None = None  # when the oldest vote not yet passed on came
         self._next_gossip: float | None = None
         self._others = sorted(set(roster.keys) - {me})
 
@@ -154,24 +167,27 @@ class CertificateRelay:
     def receive(self, now: float, sender: str, message: RelayMessage) -> list[Outgoing]:
         """What ``sender`` sent; returns what to send in turn."""
         self._started_at = now if self._started_at is None else self._started_at
-        self._take(message.certificates, now)
-        out: list[Outgoing] = []
+        taken = self._take(message.certificates, now)
         if message.kind is Kind.UP:
             self._units_in.setdefault(message.level, set()).add(sender)
             self._children.add(sender)
-        elif message.kind is Kind.DOWN and self._sent_up and not self._sent_down:
-            out += self._send_down(exclude=sender)
+        elif message.kind is Kind.DOWN:
+            _note_sent(taken, self._to_send_down)
         elif message.kind is Kind.PULL and self.tally.certificates():
-            out.append(Outgoing(sender, RelayMessage(Kind.PUSH, self._wire())))
-        return out + self.tick(now)
+            return [
+                Outgoing(sender, RelayMessage(Kind.PUSH, self._wire(self.tally.certificates())))
+            ] + self.tick(now)
+        return self.tick(now)
 
     def tick(self, now: float) -> list[Outgoing]:
-        """Whatever is due at ``now``: passing certificates up, the root's sending down, gossip."""
+        """Whatever is due at ``now``: votes up or down the tree, gossip."""
         if self._started_at is None:
             return []
         out: list[Outgoing] = []
-        if not self._sent_up and self._passes_up() and self._up_ready(now):
-            out += self._send_up()
+        if self._passes_up() and self._up_due(now):
+            out += self._flush_up()
+        if self._to_send_down and self._sent_up:  # only a peer that passed votes up passes them down
+            out += self._flush_down()
         if self.committed is None and self._next_gossip is not None and now >= self._next_gossip:
             self._next_gossip = now + self.settings.gossip_every
             for peer in self.rng.sample(self._others, min(self.settings.gossip_peers, len(self._others))):
@@ -183,65 +199,135 @@ class CertificateRelay:
         if self._started_at is None:
             return None
         due = []
-        if not self._sent_up and self._passes_up():
-            due.append(
-                self._started_at + self.settings.cohort_wait + self._top_lead() * self.settings.level_wait
-            )
+        if self._passes_up() and self._unsent_up():
+            due.append(self._up_deadline())
         if self.committed is None and self._next_gossip is not None:
             due.append(self._next_gossip)
         return min(due) if due else None
 
     # -- the tree ----------------------------------------------------------------------------
 
+    def _is_root(self) -> bool:
+        return self._top_lead() == len(self._path)
+
     def _passes_up(self) -> bool:
-        """Whether this peer sends certificates on: it leads a tree group (whether or not it voted),
-        or it is the first member of its cohort whose vote it holds."""
+        """Whether this peer passes votes on: it leads a tree group (whether or not it voted), or it
+        is the first member of its cohort whose vote it holds."""
         if self._top_lead() > 0:
             return True
-        held = {p for c in self.tally.certificates() if c.scope == self.scope for p in c.votes}
+        held = self._voters_of(self.scope)
         return next((m for m in self.cohort if m in held), None) == self.me
 
     def _top_lead(self) -> int:
         """The highest level this peer leads (0: only its cohort), if it is its cohort's first member."""
         return self._lead_levels if self.cohort[0] == self.me else 0
 
-    def _up_ready(self, now: float) -> bool:
+    def _voters_of(self, scope: str) -> set[str]:
+        return {p for c in self.tally.certificates() if c.scope == scope for p in c.votes}
+
+    def _up_deadline(self) -> float:
         assert self._started_at is not None
-        top = self._top_lead()
-        if now >= self._started_at + self.settings.cohort_wait + top * self.settings.level_wait:
-            return True
-        held = {p for c in self.tally.certificates() if c.scope == self.scope for p in c.votes}
-        if held != set(self.cohort):
+        if not self._flushed_up:
+            return self._started_at + self.settings.cohort_wait + self._top_lead() * self.settings.level_wait
+        late = self._late_since if self._late_since is not None else self._started_at
+        return late + self.settings.update_wait
+
+    def _up_due(self, now: float) -> bool:
+        """Whether this peer's unsent subtree votes go now: its wait is over, or all it waits for came."""
+        if not self._unsent_up():
             return False
-        return all(len(self._units_in.get(level, ())) >= units - 1 for level, _, units in self._path[:top])
+        if now >= self._up_deadline():
+            return True
+        if self._voters_of(self.scope) != set(self.cohort):
+            return False
+        return all(
+            len(self._units_in.get(level, ())) >= units - 1
+            for level, _, units in self._path[: self._top_lead()]
+        )
 
-    def _send_up(self) -> list[Outgoing]:
-        self._sent_up = True
-        top = self._top_lead()
-        if top == len(self._path):  # the root (or the one cohort): everything goes down from here
-            return self._send_down(exclude=None)
-        level, index, _ = self._path[top]
+    def _unsent_up(self) -> list[CommitCertificate]:
+        """The votes of this peer's subtree not passed up yet, as certificates."""
+        return _unsent([c for c in self.tally.certificates() if c.scope in self._subtree], self._sent_up)
+
+    def _flush_up(self) -> list[Outgoing]:
+        delta = self._unsent_up()
+        _note_sent(delta, self._sent_up)
+        self._flushed_up, self._late_since = True, None
+        if self._is_root():  # the top: what it gathered turns and goes down
+            _note_sent(delta, self._to_send_down)
+            return []
+        level, index, _ = self._path[self._top_lead()]
         leader = self.plan.cohorts[self.plan.first_rank_under(level, index)][0]
-        return [Outgoing(leader, RelayMessage(Kind.UP, self._wire(), level))]
+        return [Outgoing(leader, RelayMessage(Kind.UP, self._wire(delta), level))]
 
-    def _send_down(self, exclude: str | None) -> list[Outgoing]:
-        self._sent_down = True
-        message = RelayMessage(Kind.DOWN, self._wire())
-        targets = (self._children | set(self.cohort)) - {self.me, exclude}
-        return [Outgoing(peer, message) for peer in sorted(targets)]
+    def _flush_down(self) -> list[Outgoing]:
+        """What came down (or the root released) and was not yet sent to every down-target, and
+        everything sent so far to targets new since."""
+        targets = (self._children | set(self.cohort)) - {self.me}
+        out: list[Outgoing] = []
+        fresh = targets - self._served
+        if fresh:
+            sent_so_far = [c for c in self.tally.certificates() if c.key in self._sent_down]
+            everything = [_restricted(c, self._sent_down[c.key]) for c in sent_so_far]
+            if everything:
+                message = RelayMessage(Kind.DOWN, self._wire(everything))
+                out += [Outgoing(peer, message) for peer in sorted(fresh)]
+            self._served |= fresh
+        releasable = [
+            _restricted(c, self._to_send_down[c.key])
+            for c in self.tally.certificates()
+            if c.key in self._to_send_down
+        ]
+        delta = _unsent(releasable, self._sent_down)
+        if delta:
+            _note_sent(delta, self._sent_down)
+            message = RelayMessage(Kind.DOWN, self._wire(delta))
+            out += [Outgoing(peer, message) for peer in sorted(self._served)]
+        return out
 
     # -- certificates ------------------------------------------------------------------------
 
-    def _wire(self) -> tuple[bytes, ...]:
-        return tuple(c.to_wire() for c in self.tally.certificates())
+    @staticmethod
+    def _wire(certificates: list[CommitCertificate]) -> tuple[bytes, ...]:
+        return tuple(c.to_wire() for c in certificates)
 
-    def _take(self, wires: tuple[bytes, ...] | list[bytes], now: float) -> None:
+    def _take(self, wires: tuple[bytes, ...] | list[bytes], now: float) -> list[CommitCertificate]:
+        """The certificates among ``wires`` that check out, taken into the tally."""
+        taken = []
         for wire in wires:
             try:
-                self.tally.add(CommitCertificate.from_wire(wire))
+                certificate = CommitCertificate.from_wire(wire)
+                fresh = self.tally.add(certificate)
             except CertificateError:
                 self.refused += 1
+                continue
+            taken.append(certificate)
+            if fresh and self._flushed_up and self._late_since is None:
+                self._late_since = now
         if self.committed is None:
             self.committed = self.tally.committed()
             if self.committed is not None:
                 self.committed_at = now
+        return taken
+
+
+def _restricted(certificate: CommitCertificate, voters: frozenset[str]) -> CommitCertificate:
+    votes = {p: s for p, s in certificate.votes.items() if p in voters}
+    return CommitCertificate(*certificate.key, votes=votes)
+
+
+def _unsent(
+    certificates: list[CommitCertificate], sent: dict[tuple, frozenset[str]]
+) -> list[CommitCertificate]:
+    """The votes of ``certificates`` not in ``sent`` (key -> voters), as certificates."""
+    out = []
+    for certificate in certificates:
+        done = sent.get(certificate.key, frozenset())
+        if set(certificate.votes) - done:
+            out.append(_restricted(certificate, frozenset(certificate.votes) - done))
+    return out
+
+
+def _note_sent(certificates: list[CommitCertificate], sent: dict[tuple, frozenset[str]]) -> None:
+    for certificate in certificates:
+        sent[certificate.key] = sent.get(certificate.key, frozenset()) | frozenset(certificate.votes)

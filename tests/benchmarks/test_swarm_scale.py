@@ -1,5 +1,5 @@
 """The thin-peer benchmark still runs the real protocol: a small swarm of thin peers commits its
-rounds. (Its thin peers once declared unsigned matchmaking records that every validator refused, so
+rounds, and the commit certificates relayed beside the board commit the board's results. (Its thin peers once declared unsigned matchmaking records that every validator refused, so
 no group ever formed, and the benchmark reported 0 % committed for days.)"""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ pytestmark = [pytest.mark.swarm, pytest.mark.slow]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the benchmark counts bytes with cgroups and iptables")
-def test_four_thin_peers_commit_every_round():
+def test_four_thin_peers_commit_every_round_and_their_certificates_agree_with_the_board():
     run = subprocess.run(
-        [sys.executable, "-m", "benchmarks.swarm_scale", "--peers", "4", "--rounds", "3"],
+        [sys.executable, "-m", "benchmarks.swarm_scale", "--peers", "4", "--rounds", "3", "--certificates"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
@@ -26,3 +26,9 @@ def test_four_thin_peers_commit_every_round():
     )
     assert summary is not None, run.stdout[-2000:]
     assert int(summary.group(1)) == 100, run.stdout[-2000:]
+    beside = re.search(
+        r"committed (\d+) of 12 peer-rounds \(the board 100%\), (\d+) on the board's result, (\d+) on another",
+        run.stdout,
+    )
+    assert beside is not None, run.stdout[-2000:]
+    assert beside.groups() == ("12", "12", "0"), run.stdout[-2000:]

@@ -168,3 +168,14 @@ def test_a_certificate_travels_as_canonical_json_and_malformed_bytes_say_why():
         CommitCertificate.from_wire(twice)
     with pytest.raises(MalformedCertificate, match="128 hex"):
         CommitCertificate.from_wire(wire.replace(signature.encode(), b"ab"))
+
+
+def test_votes_for_one_result_under_two_group_ids_still_make_a_cohort_majority():
+    identities, roster = _swarm([3])
+    a, b, c = _members(roster, "cohort-0")
+    other_group = hashlib.sha256(b"a group seen with another contributor list").hexdigest()
+    tally = CertificateTally(TASK, ATTEMPT, roster)
+    tally.add(_certificate(identities, [a], "cohort-0"))
+    vote = sign_vote(identities[b], TASK, ATTEMPT, RESULT, other_group)
+    tally.add(CommitCertificate(TASK, ATTEMPT, "cohort-0", RESULT, other_group, {b: vote}))
+    assert tally.committed() == RESULT and tally.equivocations == []

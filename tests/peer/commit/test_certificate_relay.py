@@ -40,6 +40,12 @@ def test_a_root_with_no_result_of_its_own_still_passes_the_certificates_down():
     assert result.live_voters == 63 and result.committed == 63
 
 
+def test_votes_that_come_seconds_after_their_cohorts_first_still_reach_every_peer():
+    # members end their averaging seconds apart: votes after a hop's first pass follow it
+    result = simulate(SimConfig(peers=64, vote_spread=4.0, settings=RelaySettings(gossip_after=1e9)))
+    assert result.committed == result.live_voters == 64
+
+
 def test_churn_leaves_every_live_peer_committed():
     result = simulate(SimConfig(peers=120, churn=0.1, seed=3))
     assert result.live_voters < 120
