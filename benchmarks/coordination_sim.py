@@ -8,7 +8,7 @@ checked (votes found valid before are cached process-wide here, so their check i
 timed). Churn: a share of the peers die at random moments of the attempt (before or after they
 vote) and drop everything sent to them.
 
-    python -m benchmarks.coordination_sim --peers 100 300 1000 --churn 0 0.05
+    python -m benchmarks.coordination_sim --peers 100 300 1000 --churn 0 0.05 [--vote-spread 0.2]
 
 prints, per swarm size and churn, the bytes and messages each peer sent and received, the votes it
 checked, the share of live voters that committed and when (seconds from the first vote).
@@ -234,9 +234,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--churn", type=float, nargs="+", default=[0.0, 0.05])
     parser.add_argument("--cohort-size", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--vote-spread",
+        type=float,
+        default=0.2,
+        help="seconds over which the peers' votes come (their results)",
+    )
     args = parser.parse_args(argv)
     if any(p < 2 for p in args.peers) or any(not 0 <= c < 1 for c in args.churn) or args.cohort_size < 1:
         parser.error("--peers must be at least 2, --churn in [0, 1), --cohort-size at least 1")
+    if args.vote_spread < 0:
+        parser.error("--vote-spread must not be negative")
     link = LinkModel(vote_check=measure_vote_check())
     print(
         f"load before: {os.getloadavg()[0]:.1f}; one Ed25519 check: {link.vote_check * 1e3:.3f} ms",
@@ -245,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for peers in args.peers:
         for churn in args.churn:
-            config = SimConfig(peers, args.cohort_size, churn, seed=args.seed, link=link)
+            config = SimConfig(peers, args.cohort_size, churn, args.vote_spread, seed=args.seed, link=link)
             results.append(simulate(config))
             r = results[-1]
             print(

@@ -144,7 +144,8 @@ class CertificateRelay:
             self._subtree = frozenset(self.plan.names[r] for r in under)
         self._started_at: float | None = None  # its vote or first message: a leader's waits count from it
         self._units_in: dict[int, set[str]] = {}  # level -> senders of ups received
-        self._children: set[str] = set()  # peers that sent ups here: they get what comes down
+        # (level, cohort rank) -> the peer that last sent an up from there: it gets what comes down
+        self._children: dict[tuple[int, int], str] = {}
         self._sent_up: dict[tuple, frozenset[str]] = {}  # certificate key -> voters passed up
         self._sent_down: dict[tuple, frozenset[str]] = {}  # certificate key -> voters passed down
         self._to_send_down: dict[tuple, frozenset[str]] = {}  # what came down (or the root released)
@@ -170,7 +171,7 @@ class CertificateRelay:
         taken = self._take(message.certificates, now)
         if message.kind is Kind.UP:
             self._units_in.setdefault(message.level, set()).add(sender)
-            self._children.add(sender)
+            self._children[(message.level, self.plan.rank_of(sender))] = sender
         elif message.kind is Kind.DOWN:
             _note_sent(taken, self._to_send_down)
         elif message.kind is Kind.PULL and self.tally.certificates():
@@ -186,7 +187,8 @@ class CertificateRelay:
         out: list[Outgoing] = []
         if self._passes_up() and self._up_due(now):
             out += self._flush_up()
-        if self._to_send_down and self._sent_up:  # only a peer that passed votes up passes them down
+        # only the peer that passes its cohort's (or subtree's) votes up passes votes down to it
+        if self._to_send_down and self._sent_up and self._passes_up():
             out += self._flush_down()
         if self.committed is None and self._next_gossip is not None and now >= self._next_gossip:
             self._next_gossip = now + self.settings.gossip_every
@@ -238,6 +240,8 @@ class CertificateRelay:
             return False
         if now >= self._up_deadline():
             return True
+        if self._flushed_up:  # later passes gather for their update wait: one message, not one per vote
+            return False
         if self._voters_of(self.scope) != set(self.cohort):
             return False
         return all(
@@ -263,7 +267,7 @@ class CertificateRelay:
     def _flush_down(self) -> list[Outgoing]:
         """What came down (or the root released) and was not yet sent to every down-target, and
         everything sent so far to targets new since."""
-        targets = (self._children | set(self.cohort)) - {self.me}
+        targets = (set(self._children.values()) | set(self.cohort)) - {self.me}
         out: list[Outgoing] = []
         fresh = targets - self._served
         if fresh:
@@ -282,7 +286,7 @@ class CertificateRelay:
         if delta:
             _note_sent(delta, self._sent_down)
             message = RelayMessage(Kind.DOWN, self._wire(delta))
-            out += [Outgoing(peer, message) for peer in sorted(self._served)]
+            out += [Outgoing(peer, message) for peer in sorted(self._served & targets)]
         return out
 
     # -- certificates ------------------------------------------------------------------------

@@ -46,6 +46,15 @@ def test_votes_that_come_seconds_after_their_cohorts_first_still_reach_every_pee
     assert result.committed == result.live_voters == 64
 
 
+def test_late_votes_go_in_batches_so_a_peer_gets_as_many_messages_at_320_peers_as_at_80():
+    small, large = (simulate(SimConfig(peers=n, vote_spread=3.0)) for n in (80, 320))
+    assert small.committed == 80 and large.committed == 320
+    messages = [
+        statistics.median(m + n for m, n in zip(r.sent_messages, r.received_messages)) for r in (small, large)
+    ]
+    assert messages[1] <= messages[0] + 3, messages
+
+
 def test_churn_leaves_every_live_peer_committed():
     result = simulate(SimConfig(peers=120, churn=0.1, seed=3))
     assert result.live_voters < 120
