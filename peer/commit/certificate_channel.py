@@ -125,6 +125,8 @@ class CertificateChannel:
     async def _open(self, attempt: int, roster: RosterSnapshot) -> None:
         if attempt in self._relays:
             return
+        for older in self._relays.values():
+            older.stop_gossip()
         me = self.endpoint.peer_id
         self._relays[attempt] = CertificateRelay(
             me, self.task_id, attempt, roster, self.settings, random.Random(self._rng.random())

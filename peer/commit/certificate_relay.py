@@ -12,7 +12,8 @@ cohort's votes up a tree of cohort leaders, all of them back down, and gossip wh
    once the certificates it checked cover a majority of the roster
    (:class:`protocol.commit_certificate.CertificateTally`).
 4. A peer not committed ``gossip_after`` seconds after its vote asks ``gossip_peers`` random roster
-   peers every ``gossip_every`` seconds, and each answers with every certificate it holds.
+   peers every ``gossip_every`` seconds, ``gossip_times`` times at most (an attempt whose results
+   all fell short never commits), and each answers with every certificate it holds.
 
 Sans-IO: the relay sends nothing and reads no clock. :meth:`CertificateRelay.vote`,
 :meth:`~CertificateRelay.receive` and :meth:`~CertificateRelay.tick` take the time and return the
@@ -70,6 +71,7 @@ class RelaySettings:
     gossip_after: float = 6.0  # seconds after its vote that a peer not committed starts asking around
     gossip_every: float = 1.0
     gossip_peers: int = 2
+    gossip_times: int = 8
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,7 @@ class CertificateRelay:
         self._flushed_up = False
         self._late_since: float | None = None  # when the oldest vote not yet passed on came
         self._next_gossip: float | None = None
+        self._gossip_left = settings.gossip_times
         self._others = sorted(set(roster.keys) - {me})
 
     # -- what the caller drives --------------------------------------------------------------
@@ -191,7 +194,8 @@ class CertificateRelay:
         if self._to_send_down and self._sent_up and self._passes_up():
             out += self._flush_down()
         if self.committed is None and self._next_gossip is not None and now >= self._next_gossip:
-            self._next_gossip = now + self.settings.gossip_every
+            self._gossip_left -= 1
+            self._next_gossip = now + self.settings.gossip_every if self._gossip_left > 0 else None
             for peer in self.rng.sample(self._others, min(self.settings.gossip_peers, len(self._others))):
                 out.append(Outgoing(peer, RelayMessage(Kind.PULL)))
         return out
@@ -206,6 +210,10 @@ class CertificateRelay:
         if self.committed is None and self._next_gossip is not None:
             due.append(self._next_gossip)
         return min(due) if due else None
+
+    def stop_gossip(self) -> None:
+        """Ask nobody any more (a later attempt began here); pulls are still answered."""
+        self._next_gossip = None
 
     # -- the tree ----------------------------------------------------------------------------
 

@@ -83,3 +83,22 @@ def test_a_certificate_that_does_not_check_out_is_refused_and_commits_nothing():
     assert relay.refused == len(forged) + 1
     relay.vote(1.2, CommitCertificate(TASK, ATTEMPT, roster.cohorts[me], RESULT, GROUP, {me: own[me]}))
     assert relay.committed is None  # 1 of 12 covered
+
+
+def test_a_peer_in_an_attempt_that_never_commits_asks_around_a_bounded_number_of_times():
+    identities, roster = make_swarm(12, 4, seed=7)
+    me = sorted(identities)[5]
+    settings = RelaySettings(gossip_after=1.0, gossip_every=0.5, gossip_peers=2, gossip_times=4)
+    relay = CertificateRelay(me, TASK, ATTEMPT, roster, settings, random.Random(1))
+    vote = {me: sign_vote(identities[me], TASK, ATTEMPT, RESULT, GROUP)}
+    sent = relay.vote(0.0, CommitCertificate(TASK, ATTEMPT, roster.cohorts[me], RESULT, GROUP, vote))
+    now = 0.0
+    while (due := relay.next_due()) is not None and due < 600:
+        now = due
+        sent += relay.tick(now)
+    pulls = [out for out in sent if out.message.kind is Kind.PULL]
+    assert relay.committed is None and len(pulls) == 8 and now < 10
+    later = CertificateRelay(me, TASK, ATTEMPT, roster, settings, random.Random(1))
+    later.vote(0.0, CommitCertificate(TASK, ATTEMPT, roster.cohorts[me], RESULT, GROUP, vote))
+    later.stop_gossip()
+    assert not [out for out in later.tick(5.0) if out.message.kind is Kind.PULL]
