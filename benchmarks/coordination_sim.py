@@ -53,7 +53,8 @@ class SimConfig:
     vote_spread: float = 0.2  # seconds over which the peers' results (votes) come
     time_limit: float = 60.0
     seed: int = 0
-    root_dies_at: float | None = None  # kill the tree's root (cohort 0's first member) at this time
+    root_dies_at: float | None = None  # kill the tree's root at this time: cohort 0's first member
+    root_leaders_dying: int = 1  # ... or its first members, this many (the relay's settings.leaders lead)
     root_votes: bool = True  # False: the root lives but has no result to vote for
     settings: RelaySettings = field(default_factory=RelaySettings)
     link: LinkModel = field(default_factory=LinkModel)
@@ -125,7 +126,8 @@ def simulate(config: SimConfig) -> SimResult:
         dies = rng.uniform(0, config.vote_spread + 2.0) if rng.random() < config.churn else float("inf")
         nodes[peer] = _Node(relay, rng.uniform(0, config.vote_spread), dies)
     if config.root_dies_at is not None:
-        nodes[plan.cohorts[0][0]].dies_at = config.root_dies_at
+        for leader in plan.cohorts[0][: config.root_leaders_dying]:
+            nodes[leader].dies_at = config.root_dies_at
     if not config.root_votes:
         nodes[plan.cohorts[0][0]].vote_at = float("inf")
     events: list[tuple[float, int, str, str, object]] = []

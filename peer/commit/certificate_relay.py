@@ -4,9 +4,9 @@ cohort's votes up a tree of cohort leaders, all of them back down, and gossip wh
 1. A peer holding a result signs its vote and sends it to each of its cohort's members (2 to 8 peers
    that know each other from the roster), so every member holds the cohort's votes.
 2. The cohort's *sender* (its first member, in peer id order, whose vote is held) sends them up the
-   tree of :mod:`peer.averaging.cross_tree`: the leader of a tree group is the first member of the
-   lowest-ranked cohort under it, and passes up what its units sent once every unit sent, or once
-   its level's wait is over. Votes that come later follow as they come (each hop sends only votes it
+   tree of :mod:`peer.averaging.cross_tree`: a tree group is led by the first two members of the
+   lowest-ranked cohort under it (each unit sends to both: one may be gone or behind), and each
+   leader passes up what its units sent once every unit sent, or once its level's wait is over. Votes that come later follow as they come (each hop sends only votes it
    has not sent), ``update_wait`` apart: members finish their averaging seconds apart.
 3. The root sends everything down the same way, and what comes later as it comes; a peer commits
    once the certificates it checked cover a majority of the roster
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from peer.averaging.cross_tree import DEFAULT_FANOUT, cross_groups
 from protocol.commit_certificate import (
@@ -72,6 +72,7 @@ class RelaySettings:
     gossip_every: float = 1.0
     gossip_peers: int = 2
     gossip_times: int = 8
+    leaders: int = 2  # peers that lead each tree group (its lowest cohort's first members): one may be gone
 
 
 @dataclass(frozen=True)
@@ -82,24 +83,32 @@ class RelayPlan:
     cohorts: tuple[tuple[str, ...], ...]
     names: tuple[str, ...]
     fanout: int
+    _ranks: dict[str, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        ranks = {peer: rank for rank, members in enumerate(self.cohorts) for peer in members}
+        object.__setattr__(self, "_ranks", ranks)
 
     @classmethod
     def of(cls, roster: RosterSnapshot, fanout: int = DEFAULT_FANOUT) -> RelayPlan:
         names = tuple(sorted(set(roster.cohorts.values())))
         return cls(tuple(tuple(sorted(roster.members_of(n))) for n in names), names, fanout)
 
-    def rank_of(self, peer: str) -> int:
-        for rank, members in enumerate(self.cohorts):
-            if peer in members:
-                return rank
-        raise KeyError(peer)
+    def rank_of(self, peer: str) -> int | None:
+        """The rank of ``peer``'s cohort; None for a peer outside the roster."""
+        return self._ranks.get(peer)
 
     def path(self, rank: int) -> list[tuple[int, int, int]]:
         """(level, group index, units) of each tree group above cohort ``rank``, bottom up."""
         return [(g.level, g.index, g.size) for g in cross_groups(rank, len(self.cohorts), self.fanout)]
 
+    def leaders_of(self, level: int, index: int, leaders: int) -> tuple[str, ...]:
+        """The peers that lead group ``index`` of ``level``: the first ``leaders`` members of the
+        lowest cohort under it."""
+        return self.cohorts[self.first_rank_under(level, index)][:leaders]
+
     def first_rank_under(self, level: int, index: int) -> int:
-        """The lowest cohort rank under group ``index`` of ``level`` (whose first member leads it)."""
+        """The lowest cohort rank under group ``index`` of ``level`` (whose first members lead it)."""
         for rank in range(len(self.cohorts)):
             if self.path(rank)[level - 1][1] == index:
                 return rank
@@ -123,15 +132,18 @@ class CertificateRelay:
         self.me, self.settings, self.rng = me, settings, rng
         self.tally = CertificateTally(task_id, attempt, roster)
         self.plan = plan if plan is not None else RelayPlan.of(roster, settings.fanout)
-        self.rank = self.plan.rank_of(me)
+        rank = self.plan.rank_of(me)
+        if rank is None:
+            raise ValueError(f"{me} is not in the roster it relays for")
+        self.rank = rank
         self.cohort = self.plan.cohorts[self.rank]
         self.scope = self.plan.names[self.rank]
         self.committed: str | None = None
         self.committed_at: float | None = None
         self.refused = 0  # certificates received that did not check out
         self._path = self.plan.path(self.rank)
-        # Levels this peer leads if it is its cohort's first member: each tree level whose group's
-        # lowest cohort is its own. What it passes up is the votes of the cohorts under the top one.
+        # Levels this peer leads if it is one of its cohort's first members: each tree level whose
+        # group's lowest cohort is its own. What it passes up is the votes of the cohorts under the top one.
         self._lead_levels = 0
         for level, index, _ in self._path:
             if self.plan.first_rank_under(level, index) != self.rank:
@@ -145,9 +157,9 @@ class CertificateRelay:
             under = [r for r in range(len(self.plan.cohorts)) if self.plan.path(r)[level - 1][1] == index]
             self._subtree = frozenset(self.plan.names[r] for r in under)
         self._started_at: float | None = None  # its vote or first message: a leader's waits count from it
-        self._units_in: dict[int, set[str]] = {}  # level -> senders of ups received
-        # (level, cohort rank) -> the peer that last sent an up from there: it gets what comes down
-        self._children: dict[tuple[int, int], str] = {}
+        self._units_in: dict[int, set[int]] = {}  # level -> cohort ranks of the units that sent ups
+        # (level, cohort rank[, leader]) -> the peer that last sent an up from there: it gets what comes down
+        self._children: dict[tuple, str] = {}
         self._sent_up: dict[tuple, frozenset[str]] = {}  # certificate key -> voters passed up
         self._sent_down: dict[tuple, frozenset[str]] = {}  # certificate key -> voters passed down
         self._to_send_down: dict[tuple, frozenset[str]] = {}  # what came down (or the root released)
@@ -172,9 +184,13 @@ class CertificateRelay:
         """What ``sender`` sent; returns what to send in turn."""
         self._started_at = now if self._started_at is None else self._started_at
         taken = self._take(message.certificates, now)
-        if message.kind is Kind.UP:
-            self._units_in.setdefault(message.level, set()).add(sender)
-            self._children[(message.level, self.plan.rank_of(sender))] = sender
+        rank = self.plan.rank_of(sender)
+        if message.kind is Kind.UP and rank is not None:  # a stranger's certificates count, not its place
+            self._units_in.setdefault(message.level, set()).add(rank)
+            # a cohort's latest sender replaces the earlier one; a unit's leaders are both kept
+            self._children[(message.level, rank) if message.level == 1 else (message.level, rank, sender)] = (
+                sender
+            )
         elif message.kind is Kind.DOWN:
             _note_sent(taken, self._to_send_down)
         elif message.kind is Kind.PULL and self.tally.certificates():
@@ -229,8 +245,9 @@ class CertificateRelay:
         return next((m for m in self.cohort if m in held), None) == self.me
 
     def _top_lead(self) -> int:
-        """The highest level this peer leads (0: only its cohort), if it is its cohort's first member."""
-        return self._lead_levels if self.cohort[0] == self.me else 0
+        """The highest level this peer leads (0: only its cohort), if it is one of its cohort's first
+        ``leaders`` members."""
+        return self._lead_levels if self.me in self.cohort[: self.settings.leaders] else 0
 
     def _voters_of(self, scope: str) -> set[str]:
         return {p for c in self.tally.certificates() if c.scope == scope for p in c.votes}
@@ -253,7 +270,7 @@ class CertificateRelay:
         if self._voters_of(self.scope) != set(self.cohort):
             return False
         return all(
-            len(self._units_in.get(level, ())) >= units - 1
+            len(self._units_in.get(level, set()) - {self.rank}) >= units - 1
             for level, _, units in self._path[: self._top_lead()]
         )
 
@@ -269,8 +286,9 @@ class CertificateRelay:
             _note_sent(delta, self._to_send_down)
             return []
         level, index, _ = self._path[self._top_lead()]
-        leader = self.plan.cohorts[self.plan.first_rank_under(level, index)][0]
-        return [Outgoing(leader, RelayMessage(Kind.UP, self._wire(delta), level))]
+        message = RelayMessage(Kind.UP, self._wire(delta), level)
+        leaders = self.plan.leaders_of(level, index, self.settings.leaders)
+        return [Outgoing(leader, message) for leader in leaders if leader != self.me]
 
     def _flush_down(self) -> list[Outgoing]:
         """What came down (or the root released) and was not yet sent to every down-target, and

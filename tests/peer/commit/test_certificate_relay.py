@@ -10,7 +10,7 @@ import statistics
 from dataclasses import replace
 
 from benchmarks.coordination_sim import ATTEMPT, GROUP, RESULT, TASK, SimConfig, make_swarm, simulate
-from peer.commit.certificate_relay import CertificateRelay, Kind, RelayMessage, RelaySettings
+from peer.commit.certificate_relay import CertificateRelay, Kind, RelayMessage, RelayPlan, RelaySettings
 from protocol.commit_certificate import CommitCertificate, sign_vote
 
 
@@ -26,10 +26,19 @@ def test_every_peer_commits_and_sends_as_many_messages_at_240_peers_as_at_60():
     assert statistics.median(large.sent_bytes) <= 1.2 * statistics.median(small.sent_bytes)
 
 
-def test_gossip_brings_the_certificates_when_the_root_dies_before_sending_them_down():
-    config = SimConfig(peers=64, root_dies_at=0.25, time_limit=30.0)
+def test_the_second_leader_sends_the_certificates_down_when_the_first_dies_before_it_could():
+    result = simulate(SimConfig(peers=64, root_dies_at=0.25, settings=RelaySettings(gossip_after=1e9)))
+    assert result.committed == result.live_voters == 63 and result.wrong_results == 0
+    alone = simulate(
+        SimConfig(peers=64, root_dies_at=0.25, settings=RelaySettings(gossip_after=1e9, leaders=1))
+    )
+    assert alone.committed < alone.live_voters
+
+
+def test_gossip_brings_the_certificates_when_both_leaders_of_the_root_die_before_sending_them_down():
+    config = SimConfig(peers=64, root_dies_at=0.25, root_leaders_dying=2, time_limit=30.0)
     repaired = simulate(config)
-    assert repaired.committed == repaired.live_voters == 63
+    assert repaired.committed == repaired.live_voters == 62
     assert repaired.wrong_results == 0
     without_gossip = simulate(replace(config, settings=RelaySettings(gossip_after=1e9)))
     assert without_gossip.committed < without_gossip.live_voters
@@ -102,3 +111,19 @@ def test_a_peer_in_an_attempt_that_never_commits_asks_around_a_bounded_number_of
     later.vote(0.0, CommitCertificate(TASK, ATTEMPT, roster.cohorts[me], RESULT, GROUP, vote))
     later.stop_gossip()
     assert not [out for out in later.tick(5.0) if out.message.kind is Kind.PULL]
+
+
+def test_a_stranger_passing_votes_up_is_not_made_a_child_but_the_votes_it_carries_count():
+    identities, roster = make_swarm(8, 4, seed=9)
+    peers = sorted(identities)
+    me = RelayPlan.of(roster).cohorts[0][0]  # the root: it takes ups
+    relay = CertificateRelay(me, TASK, ATTEMPT, roster, RelaySettings(), random.Random(0))
+    other = next(p for p in peers if roster.cohorts[p] != roster.cohorts[me])
+    cohort = sorted(roster.members_of(roster.cohorts[other]))
+    votes = {p: sign_vote(identities[p], TASK, ATTEMPT, RESULT, GROUP) for p in cohort}
+    certificate = CommitCertificate(TASK, ATTEMPT, roster.cohorts[other], RESULT, GROUP, votes)
+    stranger = "QmStrangerOutsideTheRosterxxxxxxxxxxxxxxxxxxxxxx"
+    out = relay.receive(1.0, stranger, RelayMessage(Kind.UP, (certificate.to_wire(),), 1))
+    assert stranger not in {o.to for o in out} and relay.tally.covered(RESULT) == roster.members_of(
+        roster.cohorts[other]
+    )
