@@ -5,7 +5,7 @@ votes, certificates and their checks are the real ones. The transport is a discr
 a message leaves when its sender's uplink is free, takes ``size / uplink`` to send and ``latency``
 to arrive; a receiver is busy for the real time its relay took plus one Ed25519 check per vote it
 checked (votes found valid before are cached process-wide here, so their check is charged, not
-timed). Churn: a share of the peers die at random moments of the attempt (before or after they
+timed). Tests use a fixed time per call instead, so their figures do not depend on the machine. Churn: a share of the peers die at random moments of the attempt (before or after they
 vote) and drop everything sent to them.
 
     python -m benchmarks.coordination_sim --peers 100 300 1000 --churn 0 0.05 [--vote-spread 0.2]
@@ -42,7 +42,11 @@ GROUP = hashlib.sha256(b"the attempt's averaging group").hexdigest()
 class LinkModel:
     latency: float = 0.030  # seconds one way
     uplink_bits: float = 20e6  # bits per second a peer sends at
-    vote_check: float = 0.0  # seconds one Ed25519 check costs (measured by measure_vote_check)
+    vote_check: float = 0.00015  # seconds one Ed25519 check costs (the benchmark measures it)
+    # a receiver is busy for the real time its relay took (True), or for ``handling`` seconds per
+    # call (False: the same run gives the same figures on any machine and under any load, as tests need)
+    timed: bool = False
+    handling: float = 0.0005
 
 
 @dataclass(frozen=True)
@@ -179,7 +183,7 @@ def simulate(config: SimConfig) -> SimResult:
                 continue  # superseded by an earlier tick
             node.tick_at = None
             outgoing = node.relay.tick(start)
-        cost = time.perf_counter() - clock
+        cost = time.perf_counter() - clock if config.link.timed else config.link.handling
         cost += (node.relay.tally.votes_checked - checked_before) * config.link.vote_check
         node.cpu_free = start + cost
         send(node, peer, node.cpu_free, outgoing)
@@ -247,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--peers must be at least 2, --churn in [0, 1), --cohort-size at least 1")
     if args.vote_spread < 0:
         parser.error("--vote-spread must not be negative")
-    link = LinkModel(vote_check=measure_vote_check())
+    link = LinkModel(vote_check=measure_vote_check(), timed=True)
     print(
         f"load before: {os.getloadavg()[0]:.1f}; one Ed25519 check: {link.vote_check * 1e3:.3f} ms",
         flush=True,
