@@ -26,7 +26,7 @@ import enum
 import random
 from dataclasses import dataclass, field
 
-from peer.averaging.cross_tree import DEFAULT_FANOUT, cross_groups
+from peer.averaging.cross_tree import DEFAULT_FANOUT, TreeGroup, cross_groups, units_of
 from protocol.commit_certificate import (
     CertificateError,
     CertificateTally,
@@ -98,21 +98,17 @@ class RelayPlan:
         """The rank of ``peer``'s cohort; None for a peer outside the roster."""
         return self._ranks.get(peer)
 
-    def path(self, rank: int) -> list[tuple[int, int, int]]:
-        """(level, group index, units) of each tree group above cohort ``rank``, bottom up."""
-        return [(g.level, g.index, g.size) for g in cross_groups(rank, len(self.cohorts), self.fanout)]
+    def path(self, rank: int) -> list[TreeGroup]:
+        """The tree groups above cohort ``rank``, bottom up."""
+        return cross_groups(rank, len(self.cohorts), self.fanout)
 
-    def leaders_of(self, level: int, index: int, leaders: int) -> tuple[str, ...]:
-        """The peers that lead group ``index`` of ``level``: the first ``leaders`` members of the
-        lowest cohort under it."""
-        return self.cohorts[self.first_rank_under(level, index)][:leaders]
+    def ranks_under(self, group: TreeGroup) -> list[int]:
+        """The cohort ranks under ``group``, lowest first (its lowest cohort's first members lead it)."""
+        return sorted(rank for unit in units_of(group, len(self.cohorts), self.fanout) for rank in unit)
 
-    def first_rank_under(self, level: int, index: int) -> int:
-        """The lowest cohort rank under group ``index`` of ``level`` (whose first members lead it)."""
-        for rank in range(len(self.cohorts)):
-            if self.path(rank)[level - 1][1] == index:
-                return rank
-        raise KeyError((level, index))
+    def leaders_of(self, group: TreeGroup, leaders: int) -> tuple[str, ...]:
+        """The peers that lead ``group``: the first ``leaders`` members of the lowest cohort under it."""
+        return self.cohorts[self.ranks_under(group)[0]][:leaders]
 
 
 class CertificateRelay:
@@ -145,17 +141,15 @@ class CertificateRelay:
         # Levels this peer leads if it is one of its cohort's first members: each tree level whose
         # group's lowest cohort is its own. What it passes up is the votes of the cohorts under the top one.
         self._lead_levels = 0
-        for level, index, _ in self._path:
-            if self.plan.first_rank_under(level, index) != self.rank:
+        for group in self._path:
+            if self.plan.ranks_under(group)[0] != self.rank:
                 break
-            self._lead_levels = level
+            self._lead_levels = group.level
         top = self._top_lead()
         if top == 0:
             self._subtree = frozenset({self.scope})
         else:
-            level, index, _ = self._path[top - 1]
-            under = [r for r in range(len(self.plan.cohorts)) if self.plan.path(r)[level - 1][1] == index]
-            self._subtree = frozenset(self.plan.names[r] for r in under)
+            self._subtree = frozenset(self.plan.names[r] for r in self.plan.ranks_under(self._path[top - 1]))
         self._started_at: float | None = None  # its vote or first message: a leader's waits count from it
         self._units_in: dict[int, set[int]] = {}  # level -> cohort ranks of the units that sent ups
         # (level, cohort rank[, leader]) -> the peer that last sent an up from there: it gets what comes down
@@ -270,8 +264,8 @@ class CertificateRelay:
         if self._voters_of(self.scope) != set(self.cohort):
             return False
         return all(
-            len(self._units_in.get(level, set()) - {self.rank}) >= units - 1
-            for level, _, units in self._path[: self._top_lead()]
+            len(self._units_in.get(group.level, set()) - {self.rank}) >= group.size - 1
+            for group in self._path[: self._top_lead()]
         )
 
     def _unsent_up(self) -> list[CommitCertificate]:
@@ -285,9 +279,9 @@ class CertificateRelay:
         if self._is_root():  # the top: what it gathered turns and goes down
             _note_sent(delta, self._to_send_down)
             return []
-        level, index, _ = self._path[self._top_lead()]
-        message = RelayMessage(Kind.UP, self._wire(delta), level)
-        leaders = self.plan.leaders_of(level, index, self.settings.leaders)
+        group = self._path[self._top_lead()]
+        message = RelayMessage(Kind.UP, self._wire(delta), group.level)
+        leaders = self.plan.leaders_of(group, self.settings.leaders)
         return [Outgoing(leader, message) for leader in leaders if leader != self.me]
 
     def _flush_down(self) -> list[Outgoing]:
