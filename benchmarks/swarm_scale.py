@@ -15,12 +15,13 @@ and an iptables rule per cgroup counts their output), the CPU time of a peer's p
 cgroup's), and memory (the proportional set size of all of a peer's processes). The gradient is the digits supernet's at width 0.5 by default.
 
     python -m benchmarks.swarm_scale [--peers 8 16 32 64] [--rounds 5] [--compute 2] [--bucket-sizes 20 5]
-        [--store-search values nodes] [--trace rounds.jsonl] [--certificates]
+        [--store-search values nodes] [--commit board certificates] [--trace rounds.jsonl] [--certificates]
 
 ``--bucket-sizes`` runs every size with each DHT bucket size (Kademlia's k, also every lookup's
 beam), ``--store-search`` with a store's search for nodes asking for values too (``values``,
-hivemind's) or not (``nodes``: :mod:`hivemind_adapter.store_search`); each size's variants are
-compared. ``--trace`` has every peer append one JSON line per round to a file (its attempt, cohort,
+hivemind's) or not (``nodes``: :mod:`hivemind_adapter.store_search`), ``--commit`` with the board's
+quorum or commit certificates deciding the rounds (:mod:`peer.commit.certified`); each size's variants
+are compared. ``--trace`` has every peer append one JSON line per round to a file (its attempt, cohort,
 head, result, stage times, abort reason). ``--certificates`` has the peers also relay commit
 certificates over direct calls (:mod:`benchmarks.certificates_beside`) and prints their verdicts,
 times and bytes beside the board's, on the same attempts. Needs root (cgroups, iptables); every cgroup and rule it makes is removed, also on Ctrl-C.
@@ -274,6 +275,10 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--logs", default="", help="a folder each thin peer writes its DEBUG log to")
     parser.add_argument(
+        "--commit", nargs="+", choices=("board", "certificates"), default=["board"],
+        help="what decides a round; both: the two side by side, at each size",
+    )  # fmt: skip
+    parser.add_argument(
         "--certificates", action="store_true",
         help="also relay commit certificates over direct calls and print them beside the board",
     )  # fmt: skip
@@ -296,11 +301,11 @@ def main(argv=None) -> int:
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
     print(f"gradient: {numel * 4 / 1e6:.1f} MB ({len(shapes)} tensors); cohorts of 4; {args.rounds} rounds")
     rows, did_not_fit = [], {}  # variant -> the smallest swarm that did not fit with it
-    variants = [(k, search) for k in args.bucket_sizes for search in args.store_search]
-    for (k, search), n in [(v, n) for v in variants for n in args.peers]:
+    variants = [(k, search, c) for k in args.bucket_sizes for search in args.store_search for c in args.commit]
+    for (k, search, commit), n in [(v, n) for n in args.peers for v in variants]:
         opts = ThinOptions(
             shapes, args.rounds, args.compute, args.cross_group, bucket_size=k, store_search=search,
-            trace=args.trace, logs=args.logs, certificates=args.certificates,
+            trace=args.trace, logs=args.logs, certificates=args.certificates, commit=commit,
         )  # fmt: skip
         if n >= did_not_fit.get(opts.variant, n + 1):
             continue

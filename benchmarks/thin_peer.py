@@ -15,6 +15,7 @@ import collections
 import functools
 import json
 import os
+import random
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -31,11 +32,15 @@ from benchmarks.peer_accounts import CGROUP_ROOT  # noqa: E402
 from hivemind_adapter.control_traffic import ControlTraffic, control_traffic  # noqa: E402
 from hivemind_adapter.dht import DHT_BUCKET_SIZE, peer_id, speaker, start_dht  # noqa: E402
 from hivemind_adapter.group_keys import DeclarationSigner  # noqa: E402
+from hivemind_adapter.p2p import Endpoint  # noqa: E402
 from peer.affinity import assign_cohorts, cohort_sizes  # noqa: E402
 from peer.averaging.factory import build_averager, committer_for  # noqa: E402
 from peer.averaging.outcome import AveragingOutcome  # noqa: E402
 from peer.averaging.stage import AveragingTimeouts  # noqa: E402
 from peer.commit.boards import SignedCommitBoard  # noqa: E402
+from peer.commit.certificate_channel import CertificateChannel  # noqa: E402
+from peer.commit.certificate_relay import RelaySettings  # noqa: E402
+from peer.commit.certified import CertificateVotes  # noqa: E402
 from peer.roster_view import ADMISSION_READ_AGE, RosterView  # noqa: E402
 from peer.swarm_progress import SwarmProgress  # noqa: E402
 from peer.swarm_view import Announcer, ProgressBoard  # noqa: E402
@@ -108,10 +113,11 @@ class ThinOptions:
     trace: str = ""  # a file each peer appends a RoundTrace line to per round ("": none)
     logs: str = ""  # a folder each peer writes its DEBUG log to, peer-INDEX.log ("": none)
     certificates: bool = False  # also relay commit certificates beside the board (measured, deciding nothing)
+    commit: str = "board"  # what decides a round: "board" or "certificates" (SwarmParams.commit)
 
     @property
     def variant(self) -> str:
-        return f"k={self.bucket_size}, store search {self.store_search}"
+        return f"k={self.bucket_size}, {self.store_search}, {self.commit}"
 
 
 @dataclass
@@ -182,7 +188,7 @@ def thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, d
         initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], bucket_size=opts.bucket_size,
         nodes_only_store_search=opts.store_search == "nodes",
     )  # fmt: skip
-    averager, beside = None, None
+    averager, beside, votes = None, None, None
     try:
         dht.add_validators([MantaRecordValidator(TASK, aggregator_keys=SPEC.aggregator_keys)])
         identity, me = Identity.generate(), peer_id(dht)
@@ -194,8 +200,15 @@ def thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, d
         announcer.announce()
         announcer.keep_fresh()
         progress = SwarmProgress(ProgressBoard(dht, TASK, speaker(dht, identity)), me, 64, 1, 10**9)
-        committer = committer_for(SignedCommitBoard(dht, TASK, speaker(dht, identity)), TIMEOUTS)
         roster_view = RosterView(dht, SPEC)
+        votes = None
+        if opts.commit == "certificates":
+            endpoint = Endpoint(dht, "certificates")
+            channel = CertificateChannel(endpoint, TASK, RelaySettings(), random.Random(index))
+            votes = CertificateVotes(channel, identity, lambda: roster_view.keys(ADMISSION_READ_AGE))
+        committer = committer_for(
+            SignedCommitBoard(dht, TASK, speaker(dht, identity)), TIMEOUTS, certificates=votes
+        )  # fmt: skip
         if opts.certificates:
             beside = CertificatesBeside(dht, TASK, identity, committer, seed=index)
         ready.put(index)
@@ -265,6 +278,9 @@ def thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, d
     finally:
         if beside is not None:
             beside.close()
+        if votes is not None:
+            votes.channel.close()
+            votes.channel.endpoint.close()
         if averager is not None:
             averager.shutdown()
         dht.shutdown()

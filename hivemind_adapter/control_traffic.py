@@ -4,8 +4,9 @@ A round moves two kinds of bytes: the tensors of its all-reduces (data, which gr
 and everything that decides who meets whom and whether a result holds (control, which must not grow
 with the swarm). This module counts the control part as it leaves the process: every DHT request
 its node makes and every reply it serves (``rpc_ping``, ``rpc_store``, ``rpc_find``: the roster, the
-progress and commit boards, matchmaking's declarations), and every matchmaking join request or
-reply its averagers send (``rpc_join_group``). Counted are messages and their protobuf payload
+progress and commit boards, matchmaking's declarations), every matchmaking join request or
+reply its averagers send (``rpc_join_group``), and the commit certificates it relays (handlers named
+``*.certificates.v1``). Counted are messages and their protobuf payload
 bytes; libp2p's framing, encryption and TCP headers are not. Tensors (``rpc_aggregate_part``) and
 state downloads are data and are not counted.
 
@@ -21,6 +22,7 @@ from collections.abc import AsyncIterable
 from dataclasses import dataclass
 
 CONTROL_METHODS = frozenset({"rpc_ping", "rpc_store", "rpc_find", "rpc_join_group"})
+CONTROL_SUFFIXES = (".certificates.v1",)  # MANTA's own control handlers
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ def control_traffic() -> ControlTraffic:
 
 def is_control(handle_name: str) -> bool:
     """Whether a hivemind handler name (``[namespace::]Class.method``) is a control method."""
-    return handle_name.rsplit(".", 1)[-1] in CONTROL_METHODS
+    return handle_name.rsplit(".", 1)[-1] in CONTROL_METHODS or handle_name.endswith(CONTROL_SUFFIXES)
 
 
 def _count(message) -> None:

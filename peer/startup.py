@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import random
+import secrets
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +34,9 @@ from peer.affinity import cohort_on_lan, default_gateway_mac, host_id, network_i
 from peer.averaging.factory import CohortAveragers, committer_for
 from peer.averaging.stage import AveragingTimeouts
 from peer.commit.boards import SignedCommitBoard
+from peer.commit.certificate_channel import CertificateChannel
+from peer.commit.certificate_relay import RelaySettings
+from peer.commit.certified import CertificateVotes
 from peer.commit.committer import RoundCommitter
 from peer.control import ControlError, ControlServer, PeerControl
 from peer.data_feed import DataFeed, DataUnavailable
@@ -231,7 +236,10 @@ def build_peer(
         built.callback(workers.stop)
         outer = _outer_stepper(task, shared, consensus, workers, lambda cohort: averagers.outer(cohort))
         roster = RosterView(dht, task)
-        commits = committer_for(SignedCommitBoard(dht, task.task_id, me), config.timeouts, roster.peer_ids)
+        commits = committer_for(
+            SignedCommitBoard(dht, task.task_id, me), config.timeouts, roster.peer_ids,
+            certificates=_certificate_votes(task, endpoint, identity, roster, built),
+        )  # fmt: skip
         archive = StateArchive(endpoint, task.task_id, head=len(shared.grads))  # the parameters
         built.callback(archive.close)
         # reducers that told members different stories: found late, posted, read from others
@@ -279,6 +287,17 @@ def build_peer(
         )  # fmt: skip
         built.pop_all()  # from here on the node stops them (PeerNode.shutdown)
         return parts
+
+
+def _certificate_votes(
+    task: TaskSpec, endpoint: Endpoint, identity: Identity, roster: RosterView, built: contextlib.ExitStack
+) -> CertificateVotes | None:
+    """What a task whose rounds certificates decide votes with (None: its board decides)."""
+    if task.params.commit != "certificates":
+        return None
+    channel = CertificateChannel(endpoint, task.task_id, RelaySettings(), random.Random(secrets.randbits(64)))
+    built.callback(channel.close)
+    return CertificateVotes(channel, identity, lambda: roster.keys(ADMISSION_READ_AGE))
 
 
 def _ended(part: str, consequence: str) -> str:

@@ -31,6 +31,7 @@ from protocol.canonical import ascii_canonical_json, canonical_json
 from protocol.fields import Int53, Name, PeerId, StrictModel
 from protocol.identity import Identity, verify_signature
 
+ABORTED = "0" * 64  # the digest a peer votes for when its attempt ended without a result
 DOMAIN = b"manta/commit-vote/v1\n"  # what a vote's signed message starts with (no other record does)
 MAX_VOTES = 1024  # votes one certificate may carry: far above a cohort's size
 MAX_WIRE_BYTES = 256 * MAX_VOTES
@@ -307,6 +308,36 @@ class CertificateTally:
     def committed(self) -> str | None:
         """The result whose certificates cover more than half of the roster, or None."""
         for digest in sorted({certificate.digest for certificate in self._certificates.values()}):
-            if 2 * len(self.covered(digest)) > len(self.roster):
+            if digest != ABORTED and 2 * len(self.covered(digest)) > len(self.roster):
                 return digest
         return None
+
+    def voters(self) -> frozenset[str]:
+        """Every peer a valid vote (any result, or :data:`ABORTED`) was seen from."""
+        return frozenset(self._votes)
+
+    def decided(self) -> str | None:
+        """The committed result; :data:`ABORTED` once no result can commit any more, whatever the
+        peers not heard from vote (the votes seen elsewhere keep every result short of a majority
+        in enough cohorts); None while it is open."""
+        committed = self.committed()
+        if committed is not None:
+            return committed
+        by_scope: dict[str, dict[str, int]] = {}  # scope -> result -> votes counted
+        for peer, (digest, _, _) in self._votes.items():
+            if peer not in self._equivocations and digest != ABORTED:
+                scope = self.roster.cohorts.get(peer)
+                if scope is not None:
+                    counts = by_scope.setdefault(scope, {})
+                    counts[digest] = counts.get(digest, 0) + 1
+        results = {d for counts in by_scope.values() for d in counts} | {""}  # "": one not seen yet
+        for digest in results:
+            reachable = 0
+            for scope in set(self.roster.cohorts.values()):
+                members = self.roster.members_of(scope)
+                unheard = len(members - self._votes.keys())
+                if 2 * (by_scope.get(scope, {}).get(digest, 0) + unheard) > len(members):
+                    reachable += len(members)
+            if 2 * reachable > len(self.roster):
+                return None
+        return ABORTED

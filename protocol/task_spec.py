@@ -64,6 +64,9 @@ class SwarmParams(StrictModel):
     # the same outer Nesterov step (``outer_lr``, ``outer_momentum``). For the defaults, see
     # benchmarks/RESULTS.md, "Outer steps between cohorts".
     sync: Literal["every-step", "outer"] = "every-step"
+    # What decides a round (docs/protocol.md): "board", a quorum of reports on the swarm's commit
+    # board; "certificates", signed votes relayed among cohorts (an every-step task's rounds).
+    commit: Literal["board", "certificates"] = "board"
     inner_steps: Annotated[int, Field(ge=1, le=100_000)] = 5
     outer_lr: Decimal = "1.0"
     outer_momentum: Decimal = "0.0"

@@ -25,6 +25,7 @@ from peer.averaging.known_cohort import KnownCohort, new_roll
 from peer.averaging.settings import AveragerSettings
 from peer.averaging.stage import AveragingTimeouts, StageRunner
 from peer.commit.boards import CommitBoard, DHTCommitBoard
+from peer.commit.certified import CertificateVotes, CertifiedCommitter
 from peer.commit.committer import RoundCommitter
 from peer.guard.conviction_watch import ConvictionWatch
 from peer.guard.partner_checks import PartnerChecks
@@ -41,10 +42,17 @@ ROBUST_PART_SIZE_BYTES = 2**19
 
 
 def committer_for(
-    board: CommitBoard, timeouts: AveragingTimeouts, online: Callable[[], Collection[str]] | None = None
+    board: CommitBoard,
+    timeouts: AveragingTimeouts,
+    online: Callable[[], Collection[str]] | None = None,
+    certificates: CertificateVotes | None = None,
 ) -> RoundCommitter:
-    """A committer on ``board`` with fresh stage deadlines (the averager's stages share them)."""
-    return RoundCommitter(board, StageDeadlines(timeouts.matchmaking, timeouts.step), timeouts.commit, online)
+    """A committer on ``board`` with fresh stage deadlines (the averager's stages share them);
+    with ``certificates``, certificates decide its rounds."""
+    deadlines = StageDeadlines(timeouts.matchmaking, timeouts.step)
+    if certificates is not None:
+        return CertifiedCommitter(board, deadlines, timeouts.commit, online, certificates)
+    return RoundCommitter(board, deadlines, timeouts.commit, online)
 
 
 def build_averager(

@@ -128,6 +128,7 @@ class HierarchicalAverager:
             cross_groups(cohort_rank, num_cohorts, self.settings.cross_group_size) if num_cohorts > 1 else []
         )
         roster = set(expected_peers) | {self.peer_id}
+        self.commits.open_attempt(attempt, roster, cohort_peers)
         now = Attempt(attempt, state_digest, tree, cohort_peers, live, roster=frozenset(roster))
         self._last = now
         self.guard.begin_attempt(attempt)

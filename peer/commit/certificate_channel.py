@@ -22,7 +22,12 @@ from collections.abc import Callable
 from hivemind_adapter.p2p import Endpoint
 from peer.commit.certificate_relay import CertificateRelay, Kind, Outgoing, RelayMessage, RelaySettings
 from protocol.canonical import ascii_canonical_json
-from protocol.commit_certificate import CommitCertificate, RosterSnapshot
+from protocol.commit_certificate import (
+    CertificateError,
+    CommitCertificate,
+    RosterSnapshot,
+    vote_holds,
+)
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 SEND_TIMEOUT = 5.0  # seconds one call may take before it counts as lost
@@ -72,8 +77,9 @@ class CertificateChannel:
         self._relays: dict[int, CertificateRelay] = {}
         self._voted_at: dict[int, float] = {}
         self._early: list[tuple[int, str, RelayMessage]] = []
-        self._committed: dict[int, threading.Event] = {}
+        self._committed: dict[int, threading.Event] = {}  # set once the attempt is decided
         self._events_lock = threading.Lock()  # guards _committed (read by the caller's thread)
+        self._heard = -1  # the latest attempt a roster peer's valid vote was seen for
         self.sent_bytes = self.sent_messages = self.lost_messages = self.refused_messages = 0
         self._wake: asyncio.Event = self.endpoint.loop.run(self._make_event(), timeout=5)
         self._ticker = asyncio.run_coroutine_threadsafe(self._tick_forever(), endpoint.loop.loop)
@@ -93,6 +99,21 @@ class CertificateChannel:
         """The result certificates commit for ``attempt``, waiting up to ``timeout`` s; None if none."""
         self._event(attempt).wait(timeout)
         return self.endpoint.loop.run(self._result(attempt), timeout=5)
+
+    def wait_decided(self, attempt: int, timeout: float) -> str | None:
+        """``attempt``'s committed result or :data:`~protocol.commit_certificate.ABORTED`, waiting up
+        to ``timeout`` s (0: as it stands); None while undecided."""
+        if timeout > 0:
+            self._event(attempt).wait(timeout)
+        return self.endpoint.loop.run(self._decided(attempt), timeout=5)
+
+    def voters(self, attempt: int) -> frozenset[str] | None:
+        """The peers a valid vote of ``attempt`` came from (None: the attempt is not open here)."""
+        return self.endpoint.loop.run(self._voters(attempt), timeout=5)
+
+    def latest_attempt(self) -> int:
+        """The latest attempt open here or that a roster peer's valid vote was seen for (-1: none)."""
+        return self.endpoint.loop.run(self._latest(), timeout=5)
 
     def commit_seconds(self, attempt: int) -> float | None:
         """Seconds from this peer's vote in ``attempt`` to its commit there (None: not both)."""
@@ -121,6 +142,17 @@ class CertificateChannel:
     async def _result(self, attempt: int) -> str | None:
         relay = self._relays.get(attempt)
         return None if relay is None else relay.committed
+
+    async def _decided(self, attempt: int) -> str | None:
+        relay = self._relays.get(attempt)
+        return None if relay is None else relay.decided
+
+    async def _voters(self, attempt: int) -> frozenset[str] | None:
+        relay = self._relays.get(attempt)
+        return None if relay is None else relay.tally.voters()
+
+    async def _latest(self) -> int:
+        return max(self._heard, max(self._relays, default=-1))
 
     async def _open(self, attempt: int, roster: RosterSnapshot) -> None:
         if attempt in self._relays:
@@ -155,7 +187,10 @@ class CertificateChannel:
         relay = self._relays.get(attempt)
         if relay is not None:
             self._after(attempt, relay.receive(self._clock(), sender, message))
-        elif (
+            return b""
+        if attempt > self._heard and self._holds_a_vote(attempt, message):
+            self._heard = attempt
+        if (
             attempt > max(self._relays, default=-1)
             and attempt <= max(self._relays, default=attempt) + EARLY_ATTEMPTS
         ):
@@ -163,11 +198,28 @@ class CertificateChannel:
                 self._early.append((attempt, sender, message))
         return b""
 
+    def _holds_a_vote(self, attempt: int, message: RelayMessage) -> bool:
+        """Whether ``message`` carries a valid vote of ``attempt`` by a peer of the newest open
+        roster: only that moves :meth:`latest_attempt` (a stranger's number does not)."""
+        if not self._relays or not message.certificates:
+            return False
+        keys = self._relays[max(self._relays)].tally.roster.keys
+        try:
+            c = CommitCertificate.from_wire(message.certificates[0])
+        except CertificateError:
+            return False
+        if (c.task_id, c.attempt) != (self.task_id, attempt):
+            return False
+        return any(
+            p in keys and vote_holds(keys[p], c.task_id, attempt, c.digest, c.group, sig)
+            for p, sig in list(c.votes.items())[:1]
+        )
+
     def _after(self, attempt: int, outgoing: list[Outgoing]) -> None:
-        """Send what a relay call returned, note a commit, and let the ticker look again."""
+        """Send what a relay call returned, note a decision, and let the ticker look again."""
         for out in outgoing:
             asyncio.ensure_future(self._send(attempt, out))
-        if self._relays[attempt].committed is not None:
+        if self._relays[attempt].decided is not None:
             self._event(attempt).set()
         self._wake.set()
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from peer.averaging.cross_tree import DEFAULT_FANOUT, TreeGroup, cross_groups, units_of
 from protocol.commit_certificate import (
+    ABORTED,
     CertificateError,
     CertificateTally,
     CommitCertificate,
@@ -113,7 +114,8 @@ class RelayPlan:
 
 class CertificateRelay:
     """One peer's part in spreading one attempt's certificates. Complete once constructed; one
-    owner calls it (not thread-safe). ``committed`` is the result once certificates cover a majority."""
+    owner calls it (not thread-safe). ``committed`` is the result once certificates cover a majority;
+    ``decided`` that result, or ``ABORTED`` once none can commit any more."""
 
     def __init__(
         self,
@@ -136,6 +138,7 @@ class CertificateRelay:
         self.scope = self.plan.names[self.rank]
         self.committed: str | None = None
         self.committed_at: float | None = None
+        self.decided: str | None = None
         self.refused = 0  # certificates received that did not check out
         self._path = self.plan.path(self.rank)
         # Levels this peer leads if it is one of its cohort's first members: each tree level whose
@@ -203,7 +206,7 @@ class CertificateRelay:
         # only the peer that passes its cohort's (or subtree's) votes up passes votes down to it
         if self._to_send_down and self._sent_up and self._passes_up():
             out += self._flush_down()
-        if self.committed is None and self._next_gossip is not None and now >= self._next_gossip:
+        if self.decided is None and self._next_gossip is not None and now >= self._next_gossip:
             self._gossip_left -= 1
             self._next_gossip = now + self.settings.gossip_every if self._gossip_left > 0 else None
             for peer in self.rng.sample(self._others, min(self.settings.gossip_peers, len(self._others))):
@@ -217,7 +220,7 @@ class CertificateRelay:
         due = []
         if self._passes_up() and self._unsent_up():
             due.append(self._up_deadline())
-        if self.committed is None and self._next_gossip is not None:
+        if self.decided is None and self._next_gossip is not None:
             due.append(self._next_gossip)
         return min(due) if due else None
 
@@ -328,10 +331,10 @@ class CertificateRelay:
             taken.append(certificate)
             if fresh and self._flushed_up and self._late_since is None:
                 self._late_since = now
-        if self.committed is None:
-            self.committed = self.tally.committed()
-            if self.committed is not None:
-                self.committed_at = now
+        if self.decided is None and taken:
+            self.decided = self.tally.decided()
+            if self.decided is not None and self.decided != ABORTED:
+                self.committed, self.committed_at = self.decided, now
         return taken
 
 

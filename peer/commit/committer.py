@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -99,6 +99,9 @@ class RoundCommitter:
         return max(after, self.board.latest_attempt(peers, near=after)) + 1
 
     # ------------------------------------------------------------------ posting
+
+    def open_attempt(self, attempt: int, roster: Collection[str], cohorts: Sequence[Collection[str]]) -> None:
+        """``attempt`` begins among ``roster`` (its cohorts by rank): nothing to prepare on a board."""
 
     def post_result(self, attempt: int, report: CommitReport) -> None:
         """This peer's report of ``attempt`` (a result or a failure), not waiting for the DHT's store:

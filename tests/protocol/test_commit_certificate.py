@@ -10,6 +10,7 @@ import random
 import pytest
 
 from protocol.commit_certificate import (
+    ABORTED,
     MAX_WIRE_BYTES,
     BadVote,
     CertificateTally,
@@ -148,6 +149,43 @@ def test_two_results_never_both_commit_when_every_key_votes_once():
         committed = [d for d in digests if 2 * len(tally.covered(d)) > len(roster)]
         assert len(committed) <= 1, (trial, sizes)
         assert tally.equivocations == []
+
+
+def test_aborts_decide_an_attempt_once_no_result_can_reach_a_majority():
+    identities, roster = _swarm([3, 2])  # 5 peers
+    a, b, c = _members(roster, "cohort-0")
+    d, e = _members(roster, "cohort-1")
+    tally = CertificateTally(TASK, ATTEMPT, roster)
+    tally.add(_certificate(identities, [a], "cohort-0"))
+    tally.add(_certificate(identities, [d], "cohort-1", digest=ABORTED))
+    assert tally.decided() is None  # b and c may still cover cohort-0 (3 of 5)
+    tally.add(_certificate(identities, [b], "cohort-0", digest=ABORTED))
+    assert tally.decided() is None  # c's vote for RESULT would cover cohort-0
+    tally.add(_certificate(identities, [c], "cohort-0", digest=ABORTED))
+    assert tally.decided() == ABORTED  # cohort-0 is lost to every result; cohort-1 alone is 2 of 5
+    assert tally.committed() is None
+    assert tally.voters() == {a, b, c, d}
+
+
+def test_an_abort_majority_is_never_a_commit_and_a_decided_abort_never_turns():
+    rng = random.Random(541)
+    for trial in range(40):
+        sizes = [rng.randint(1, 5) for _ in range(rng.randint(1, 6))]
+        identities, roster = _swarm(sizes)
+        peers = list(roster.keys)
+        rng.shuffle(peers)
+        vote_of = {p: rng.choice([RESULT, OTHER_RESULT, ABORTED, ABORTED]) for p in peers}
+        tally = CertificateTally(TASK, ATTEMPT, roster)
+        aborted_after = None
+        for n, peer in enumerate(peers):
+            tally.add(_certificate(identities, [peer], roster.cohorts[peer], vote_of[peer]))
+            decided = tally.decided()
+            assert decided == tally.committed() or decided == ABORTED or decided is None
+            if decided == ABORTED and aborted_after is None:
+                aborted_after = n
+            if aborted_after is not None:
+                assert tally.decided() == ABORTED and tally.committed() is None, (trial, sizes)
+        assert tally.decided() is not None, (trial, sizes)  # every vote in: decided either way
 
 
 def test_a_certificate_travels_as_canonical_json_and_malformed_bytes_say_why():

@@ -1,0 +1,165 @@
+"""A peer's rounds decided by commit certificates (a task's ``commit: certificates``):
+:class:`CertifiedCommitter`.
+
+Each report a peer posts it also votes for (a failure as :data:`~protocol.commit_certificate.ABORTED`)
+over its :class:`~peer.commit.certificate_channel.CertificateChannel`; it commits once the certificates
+it checked cover more than half of the attempt's roster, settles on the attempt's decision, and
+takes its next attempt number from the votes it hears. Nothing on that path reads a board. The board
+still carries what is not decided yet by certificates: results (the guard's proofs), partner markers,
+departures, and the state reports catch-up reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+from peer.averaging.deadlines import StageDeadlines
+from peer.commit.boards import CommitBoard
+from peer.commit.certificate_channel import CertificateChannel
+from peer.commit.committer import PendingResult, RoundCommitter
+from peer.commit.report import CommitReport
+from peer.commit.waits import CommitDecision
+from protocol.commit_certificate import ABORTED, CommitCertificate, RosterSnapshot, sign_vote
+from protocol.identity import Identity
+
+logger = logging.getLogger(__name__)
+
+OPEN_KEPT = 8  # attempts whose scope is remembered here (late commits look back this far)
+
+
+@dataclass(frozen=True)
+class CertificateVotes:
+    """What a peer votes with: its channel, its MANTA key, and a reader of the admitted roster's
+    keys (peer id -> hex)."""
+
+    channel: CertificateChannel
+    identity: Identity
+    keys: Callable[[], Mapping[str, str]]
+
+
+def cohort_scopes(
+    roster: Collection[str], cohorts: Sequence[Collection[str]], keys: Mapping[str, str]
+) -> dict[str, str]:
+    """Peer id -> the scope it votes in: its cohort's rank (``c0003``), or ``all`` where the cohorts
+    are not known; only peers with a key count."""
+    if cohorts:
+        return {p: f"c{rank:04d}" for rank, members in enumerate(cohorts) for p in members if p in keys}
+    return {p: "all" for p in roster if p in keys}
+
+
+class CertifiedCommitter(RoundCommitter):
+    """:class:`RoundCommitter` whose decisions come from commit certificates cast with ``votes``.
+    One thread uses it, as the base class."""
+
+    def __init__(
+        self,
+        board: CommitBoard,
+        deadlines: StageDeadlines,
+        commit_ceiling: float,
+        online: Callable[[], Collection[str]] | None,
+        votes: CertificateVotes,
+    ):
+        super().__init__(board, deadlines, commit_ceiling, online)
+        self.channel, self.identity, self.keys = votes.channel, votes.identity, votes.keys
+        self.task_id = votes.channel.task_id
+        self._scopes: dict[int, str] = {}  # attempt -> this peer's scope, where it is open
+
+    def open_attempt(self, attempt: int, roster: Collection[str], cohorts: Sequence[Collection[str]]) -> None:
+        """Relay ``attempt``'s certificates among ``roster``, whose cohorts (by rank) are ``cohorts``."""
+        if attempt in self._scopes:
+            return
+        keys = self.keys()
+        scopes = cohort_scopes(set(roster) | {self.peer_id}, cohorts, keys)
+        if self.peer_id not in scopes:
+            logger.warning(f"attempt {attempt}: this peer's key is not in its roster yet: it cannot vote")
+            return
+        self.channel.open(attempt, RosterSnapshot({p: keys[p] for p in scopes}, scopes))
+        self._scopes[attempt] = scopes[self.peer_id]
+        for old in [a for a in self._scopes if a <= attempt - OPEN_KEPT]:
+            del self._scopes[old]
+
+    def post_result(self, attempt: int, report: CommitReport) -> None:
+        """On the board (the guard reads results there), and as this peer's vote."""
+        super().post_result(attempt, report)
+        scope = self._scopes.get(attempt)
+        if scope is None:
+            return
+        digest, group = (report.digest, report.group) if report.ok and report.digest else (ABORTED, "")
+        signature = sign_vote(self.identity, self.task_id, attempt, digest, group)
+        vote = CommitCertificate(self.task_id, attempt, scope, digest, group, {self.peer_id: signature})
+        self.channel.vote(attempt, vote)
+
+    def next_attempt(self, after: int, cohort_peers: Collection[str] | None = None) -> int:
+        """One past the latest attempt a roster peer voted in, as heard here (an outer task's inner
+        steps: as the base class, from the cohort's board)."""
+        if cohort_peers is not None:
+            return super().next_attempt(after, cohort_peers)
+        return max(after, self.channel.latest_attempt()) + 1
+
+    def await_quorum(
+        self,
+        attempt: int,
+        digest: str,
+        roster: Collection[str],
+        *,
+        extra_seconds: float,
+        witnesses: Collection[str],
+        public_keys: Mapping[str, str] | None,
+    ) -> CommitDecision:
+        """Wait, for the commit wait plus ``extra_seconds``, until certificates decide ``attempt``."""
+        if attempt not in self._scopes:
+            return CommitDecision(False, "this peer has no vote in its roster's certificates")
+        started = time.monotonic()
+        decided = self.channel.wait_decided(attempt, self.commit_wait() + extra_seconds)
+        voters = self.channel.voters(attempt) or frozenset()
+        seen_all = set(roster) <= voters | {self.peer_id}
+        self.everyone_posted = (attempt, frozenset(roster)) if seen_all else None
+        if decided == digest:
+            self.deadlines.record("commit", time.monotonic() - started)
+            return CommitDecision(True, agreeing=len(voters), seen=voters)
+        if decided is None:
+            self._waited_out = attempt
+            why = f"no certificates covering a majority of the roster ({len(voters)} voted)"
+            return CommitDecision(False, why, timed_out=True, seen=voters)
+        if decided == ABORTED:
+            return CommitDecision(False, "certificates: no result can reach a majority", seen=voters)
+        return CommitDecision(False, f"certificates committed another result ({decided[:8]})", seen=voters)
+
+    def settle(self, attempt: int, roster: Collection[str], levels: int = 1) -> bool:
+        """Wait until certificates decide ``attempt`` (bounded by its stage deadlines over ``levels``
+        tree levels, plus the commit wait unless this peer waited it out already)."""
+        if attempt not in self._scopes:
+            return False
+        bound = self.deadlines.total(levels) + (0.0 if self._waited_out == attempt else self.commit_wait())
+        return self.channel.wait_decided(attempt, bound) is not None
+
+    def live_peers(self, previous_attempt: int | None, inner_step: bool = False) -> set[str] | None:
+        """The peers that voted in ``previous_attempt`` (None: none heard, or not open here)."""
+        if previous_attempt is None or previous_attempt not in self._scopes:
+            return None
+        voters = self.channel.voters(previous_attempt)
+        return (set(voters) | {self.peer_id}) if voters else None
+
+    def quorum_now(
+        self, attempt: int, roster: Collection[str], digest: str, public_keys: Mapping[str, str] | None
+    ) -> bool:
+        """Whether certificates committed ``digest`` for ``attempt`` by now."""
+        late = attempt in self._scopes and self.channel.wait_decided(attempt, 0) == digest
+        if late:
+            logger.info(f"attempt {attempt}: certificates committed its result after this peer gave up")
+        return late
+
+    def pending_with_quorum(self, state_digest: str) -> PendingResult | None:
+        """The newest held result that certificates committed since, if this peer still holds the
+        state it started from."""
+        self._pending = [p for p in self._pending if p.start_state == state_digest]
+        for candidate in reversed(self._pending):
+            if (
+                candidate.attempt in self._scopes
+                and self.channel.wait_decided(candidate.attempt, 0) == candidate.digest
+            ):
+                return candidate
+        return None

@@ -1,0 +1,118 @@
+"""Rounds decided by commit certificates (:class:`peer.commit.certified.CertifiedCommitter`) on five
+real libp2p daemons: posted results commit once votes cover a majority, a failed peer settles on the
+decision, aborts decide an attempt without waiting out the commit wait, and the attempt counter
+follows only valid votes of the roster's peers."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+
+import pytest
+
+from hivemind_adapter.dht import speaker, start_dht, visible_maddrs
+from hivemind_adapter.p2p import Endpoint
+from peer.averaging.factory import committer_for
+from peer.averaging.stage import AveragingTimeouts
+from peer.commit.boards import SignedCommitBoard
+from peer.commit.certificate_channel import CertificateChannel, encode, handler_name
+from peer.commit.certificate_relay import Kind, RelayMessage, RelaySettings
+from peer.commit.certified import CertificateVotes, CertifiedCommitter
+from peer.commit.report import CommitReport
+from protocol.commit_certificate import ABORTED, CommitCertificate, sign_vote
+from protocol.identity import Identity
+
+TASK = "certified-commits-test"
+RESULT = hashlib.sha256(b"the result").hexdigest()
+GROUP = hashlib.sha256(b"the group").hexdigest()
+LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+SETTINGS = RelaySettings(cohort_wait=0.3, level_wait=0.5, gossip_after=3.0, gossip_every=0.5)
+TIMEOUTS = AveragingTimeouts(commit=30.0)  # a wait that ends sooner ended on a decision
+
+
+@pytest.fixture(scope="module")
+def swarm():
+    dhts = [start_dht(host_maddrs=LOOPBACK)]
+    dhts += [start_dht(host_maddrs=LOOPBACK, initial_peers=visible_maddrs(dhts[0])) for _ in range(4)]
+    endpoints = [Endpoint(dht, f"certified-{i}") for i, dht in enumerate(dhts)]
+    identities = [Identity.from_seed(hashlib.sha256(f"node {i}".encode()).digest()) for i in range(5)]
+    peers = [e.peer_id for e in endpoints]
+    keys = {p: i.public_key_hex for p, i in zip(peers, identities)}
+    channels = [CertificateChannel(e, TASK, SETTINGS, random.Random(n)) for n, e in enumerate(endpoints)]
+    committers = [
+        committer_for(
+            SignedCommitBoard(dht, TASK, speaker(dht, identity)), TIMEOUTS,
+            certificates=CertificateVotes(channel, identity, lambda: keys),
+        )  # fmt: skip
+        for dht, identity, channel in zip(dhts, identities, channels)
+    ]
+    assert all(isinstance(c, CertifiedCommitter) for c in committers)
+    cohorts = [peers[:3], peers[3:]]  # ranks 0 (3 peers) and 1 (2 peers)
+    try:
+        yield committers, identities, peers, cohorts
+    finally:
+        for channel in channels:
+            channel.close()
+        for endpoint in endpoints:
+            endpoint.close()
+        for dht in dhts:
+            dht.shutdown()
+
+
+def _post(committer: CertifiedCommitter, attempt: int, ok: bool) -> None:
+    report = CommitReport(ok=True, digest=RESULT, group=GROUP) if ok else CommitReport(ok=False)
+    committer.post_result(attempt, report)
+
+
+def test_results_commit_on_certificates_and_a_failed_peer_settles_on_them(swarm):
+    committers, _, peers, cohorts = swarm
+    for c in committers:
+        c.open_attempt(1, peers, cohorts)
+    for n, c in enumerate(committers):
+        _post(c, 1, ok=n != 4)  # node 4 failed: cohort 1 is 1 of 2 for the result, cohort 0 all 3
+    decisions = [
+        c.await_quorum(1, RESULT, peers, extra_seconds=0, witnesses=(), public_keys=None)
+        for c in committers[:4]
+    ]
+    assert [d.committed for d in decisions] == [True] * 4, [d.reason for d in decisions]
+    assert committers[4].settle(1, peers)
+    assert committers[4].channel.wait_decided(1, 0) == RESULT
+    assert not committers[4].quorum_now(1, peers, hashlib.sha256(b"its own").hexdigest(), None)
+    assert [c.next_attempt(1) for c in committers] == [2] * 5
+    assert committers[0].live_peers(1) == set(peers)
+
+
+def test_aborts_decide_an_attempt_without_waiting_out_the_commit_wait(swarm):
+    committers, _, peers, cohorts = swarm
+    for c in committers:
+        c.open_attempt(2, peers, cohorts)
+    for n, c in enumerate(committers):
+        _post(c, 2, ok=n in (0, 3))  # one of three in cohort 0: no result can cover it
+    started = time.monotonic()
+    decision = committers[0].await_quorum(2, RESULT, peers, extra_seconds=0, witnesses=(), public_keys=None)
+    assert not decision.committed and not decision.timed_out, decision.reason
+    assert "no result can reach a majority" in decision.reason
+    assert time.monotonic() - started < TIMEOUTS.commit
+    assert committers[2].settle(2, peers) and committers[2].channel.wait_decided(2, 0) == ABORTED
+
+
+def test_the_attempt_counter_follows_valid_votes_of_the_roster_only(swarm):
+    committers, identities, peers, cohorts = swarm
+    for c in committers:
+        c.open_attempt(3, peers, cohorts)
+    me = committers[0]
+    stranger = Identity.from_seed(hashlib.sha256(b"a throw-away key").digest())
+
+    def later_vote(identity: Identity, voter: str, attempt: int) -> bytes:
+        signature = sign_vote(identity, TASK, attempt, RESULT, GROUP)
+        certificate = CommitCertificate(TASK, attempt, "c0000", RESULT, GROUP, {voter: signature})
+        return encode(attempt, RelayMessage(Kind.VOTE, (certificate.to_wire(),)))
+
+    sender = committers[1].channel.endpoint
+    # a vote for attempt 50 under peer 1's name but a key the roster does not hold: ignored
+    sender.call(peers[0], handler_name(TASK), later_vote(stranger, peers[1], 50), timeout=10)
+    assert me.next_attempt(3) == 4
+    # peer 1's own vote in attempt 7: the swarm ended attempt 7, so this peer takes part in 8
+    sender.call(peers[0], handler_name(TASK), later_vote(identities[1], peers[1], 7), timeout=10)
+    assert me.next_attempt(3) == 8
