@@ -301,7 +301,9 @@ def main(argv=None) -> int:
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
     print(f"gradient: {numel * 4 / 1e6:.1f} MB ({len(shapes)} tensors); cohorts of 4; {args.rounds} rounds")
     rows, did_not_fit = [], {}  # variant -> the smallest swarm that did not fit with it
-    variants = [(k, search, c) for k in args.bucket_sizes for search in args.store_search for c in args.commit]
+    variants = [
+        (k, search, c) for k in args.bucket_sizes for search in args.store_search for c in args.commit
+    ]
     for (k, search, commit), n in [(v, n) for n in args.peers for v in variants]:
         opts = ThinOptions(
             shapes, args.rounds, args.compute, args.cross_group, bucket_size=k, store_search=search,

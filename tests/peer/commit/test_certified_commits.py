@@ -42,7 +42,8 @@ def swarm():
     channels = [CertificateChannel(e, TASK, SETTINGS, random.Random(n)) for n, e in enumerate(endpoints)]
     committers = [
         committer_for(
-            SignedCommitBoard(dht, TASK, speaker(dht, identity)), TIMEOUTS,
+            SignedCommitBoard(dht, TASK, speaker(dht, identity)),
+            TIMEOUTS,
             certificates=CertificateVotes(channel, identity, lambda: keys),
         )  # fmt: skip
         for dht, identity, channel in zip(dhts, identities, channels)
