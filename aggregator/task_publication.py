@@ -20,6 +20,8 @@ A built-in task name gets defaults sized for this project's CPUs; a TOML file ma
     outer_lr = "1.0"           #   outer Nesterov SGD on the averaged pseudo-gradient (1.0 / 0:
     outer_momentum = "0.0"     #   the cohorts' mean; DiLoCo's 0.7 / 0.9 for hundreds of inner steps)
     outer_compression = "int8" #   none, fp16, int8 or int4 between cohorts, with error feedback
+    commit = "certificates"    # what decides a round: "board" (default) or signed votes relayed
+                               #   among cohorts (docs/protocol.md, "Commit certificates")
 
 A task on the operator's own data names its kind in ``[task] name`` (one of
 :data:`protocol.shards.DATA_KINDS`) and where the data lies on this machine in ``[data]``; the

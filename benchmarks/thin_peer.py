@@ -90,9 +90,11 @@ _ROUND_CALLS: collections.Counter[str] = collections.Counter()
 
 def _counted_sync(kind: str, call):
     @functools.wraps(call)
-    def counting(*args, **kwargs):
-        _ROUND_CALLS[kind] += 1
-        return call(*args, **kwargs)
+    def counting(self, key, *args, **kwargs):
+        # by the key's family: manta_TASK_progress -> "get progress", manta_TASK_commits_3 -> "get commits"
+        family = key.removeprefix(f"manta_{TASK}_").split("_")[0] if isinstance(key, str) else "?"
+        _ROUND_CALLS[f"{kind} {family}"] += 1
+        return call(self, key, *args, **kwargs)
 
     return counting
 

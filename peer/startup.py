@@ -296,7 +296,8 @@ def _certificate_votes(
     if task.params.commit != "certificates":
         return None
     channel = CertificateChannel(endpoint, task.task_id, RelaySettings(), random.Random(secrets.randbits(64)))
-    built.callback(channel.close)
+    built.callback(channel.close)  # after start-up the endpoint's close stops it
+    logger.info("rounds commit on certificates: signed votes relayed among the cohorts decide them")
     return CertificateVotes(channel, identity, lambda: roster.keys(ADMISSION_READ_AGE))
 
 

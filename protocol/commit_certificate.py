@@ -316,6 +316,10 @@ class CertificateTally:
         """Every peer a valid vote (any result, or :data:`ABORTED`) was seen from."""
         return frozenset(self._votes)
 
+    def votes(self) -> dict[str, tuple[str, str]]:
+        """Voter -> (digest, group) of the first valid vote seen from it."""
+        return {peer: (digest, group) for peer, (digest, group, _) in self._votes.items()}
+
     def decided(self) -> str | None:
         """The committed result; :data:`ABORTED` once no result can commit any more, whatever the
         peers not heard from vote (the votes seen elsewhere keep every result short of a majority

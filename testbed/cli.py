@@ -96,6 +96,13 @@ LINK_OPTIONS = ("uplink", "downlink", "delay", "jitter", "loss", "nat")
     help="How cohorts synchronise: every round's gradient across the swarm, or rare outer steps.",
 )
 @click.option(
+    "--commit",
+    type=click.Choice(["board", "certificates"]),
+    default="board",
+    show_default=True,
+    help="What decides a round: a quorum on the commit board, or commit certificates among cohorts.",
+)
+@click.option(
     "--inner-steps", type=click.IntRange(1), default=5, show_default=True, help="Rounds between outer steps."
 )
 @click.option("--outer-lr", default="1.0", show_default=True, help="Outer Nesterov learning rate.")
@@ -190,6 +197,7 @@ def main(
     width_mult,
     seed,
     sync,
+    commit,
     inner_steps,
     outer_lr,
     outer_momentum,
@@ -316,6 +324,7 @@ def main(
         width_mult=width_mult,
         seed=seed,
         sync=sync,
+        commit=commit,
         inner_steps=inner_steps,
         outer_lr=outer_lr,
         outer_momentum=outer_momentum,

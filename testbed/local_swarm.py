@@ -78,6 +78,7 @@ class SwarmOptions:
     outer_momentum: str = "0.0"
     outer_compression: str = "int8"
     outer_overlap: bool = True
+    commit: str = "board"  # what decides a round: "board" or "certificates" (SwarmParams.commit)
     # False: each peer runs `rounds` committed rounds of its own (--max-rounds); True: every peer,
     # joiners included, leaves once the swarm has committed `rounds` rounds (--until-round).
     until_swarm_round: bool = False
@@ -110,9 +111,10 @@ def _data_toml(o: SwarmOptions) -> str:
 
 
 def _sync_toml(o: SwarmOptions) -> str:
+    commit = f'commit = "{o.commit}"\n' if o.commit != "board" else ""
     if o.sync == "every-step":
-        return ""
-    return (
+        return commit
+    return commit + (
         f'sync = "{o.sync}"\ninner_steps = {o.inner_steps}\nouter_lr = "{o.outer_lr}"\n'
         f'outer_momentum = "{o.outer_momentum}"\nouter_compression = "{o.outer_compression}"\n'
         f"outer_overlap = {'true' if o.outer_overlap else 'false'}\n"

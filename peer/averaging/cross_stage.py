@@ -177,7 +177,7 @@ class CrossCohortStage:
         if not attempt.roster or is_quorum(peers, attempt.roster):
             return None
         try:
-            members = members_of(self.stages.board.read(attempt.number), attempt.roster)
+            members = members_of(self.stages.reports.read(attempt.number), attempt.roster)
         except Exception as e:  # a failed read proves nothing: the result is posted as before
             logger.debug(f"could not read attempt {attempt.number}'s reports: {e}")
             return None

@@ -123,7 +123,7 @@ def build_averager(
     guard = PeerGuard(peer_id, (cohort_averager, cross_averager), admitted, convictions)
     checks = PartnerChecks(run_id, guard, committer, robust is not None)
     stages = StageRunner(
-        committer.deadlines, committer.board, timeouts, leaving, online,
+        committer.deadlines, committer.reports, timeouts, leaving, online,
         on_broken=checks.post_refusals, barred=guard.barred, refresh_admission=guard.refresh_admission,
     )  # fmt: skip
     cross = CrossCohortStage(settings, cross_averager, stages, guard, checks, len(buffer))

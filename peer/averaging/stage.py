@@ -27,7 +27,7 @@ from hivemind_adapter.allreduce import (
 from hivemind_adapter.dht import dht_time
 from peer.averaging.cross_tree import units_for_majority
 from peer.averaging.deadlines import StageDeadlines
-from peer.commit.boards import CommitBoard
+from peer.commit.boards import ReportSource
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class StageRunner:
     def __init__(
         self,
         deadlines: StageDeadlines,
-        board: CommitBoard,
+        reports: ReportSource,
         timeouts: AveragingTimeouts,
         leaving: Callable[[], bool],
         online: Callable[[], Collection[str]] | None = None,
@@ -108,7 +108,7 @@ class StageRunner:
         ``barred``: the peers this peer refuses to meet (a unit of only such peers is not waited for);
         ``refresh_admission``: called every :data:`ONLINE_CHECK_SECONDS` while a step looks for its group
         (the matchmaking then admits the peers the roster has shown since the attempt began)."""
-        self.deadlines, self.board, self.timeouts, self.leaving = deadlines, board, timeouts, leaving
+        self.deadlines, self.reports, self.timeouts, self.leaving = deadlines, reports, timeouts, leaving
         self.online, self.on_broken, self.barred = online, on_broken, barred
         self.refresh_admission = refresh_admission
         # What each averager was last told (by stage name): telling it again costs a round trip to its process.
@@ -159,7 +159,7 @@ class StageRunner:
         periods left (a broadcast's head: exactly two), then :class:`NoGroup`. Other failures, the
         swarm moving on (``superseded``, own stages only) and leaving raise :class:`RoundAborted`.
 
-        ``watch``: the head a broadcast's receiver waits for: its report on the board, or its
+        ``watch``: the head a broadcast's receiver waits for: its report (:attr:`reports`), or its
         dropping out of the roster (:class:`HeadGone`), ends the wait. ``units``: the peer ids behind
         each of the ``size`` members expected (empty: not checked); a unit whose peers all reported
         ``attempt``, left the roster or are barred here will not come, and is no longer waited for.
@@ -274,7 +274,7 @@ class StageRunner:
                     if time.monotonic() >= next_admission:
                         next_admission = time.monotonic() + ONLINE_CHECK_SECONDS
                         self.refresh_admission()
-                    if watch and (head_report := self.board.read(attempt).get(watch)) is not None:
+                    if watch and (head_report := self.reports.read(attempt).get(watch)) is not None:
                         # The head posts its report only after its broadcasts: one that failed will not
                         # come, and one that succeeded has served everyone it is going to (its retry
                         # after a broken broadcast included).
@@ -382,7 +382,7 @@ class StageRunner:
         except Exception as e:
             logger.debug(f"could not read the roster: {e}")
             return None
-        return peers if self.board.peer_id in peers else None
+        return peers if self.reports.peer_id in peers else None
 
     @staticmethod
     def _target(expected: int, quiet: int, gathering: bool) -> int:
@@ -399,7 +399,7 @@ class StageRunner:
         quorum_over: int = 0,
     ) -> tuple[int, int, int, frozenset[str]]:
         """``(departed, quiet, least, members)``: how many of ``units`` have every peer gone (a report
-        of ``attempt`` on the board, which ends that peer's attempt; out of the roster, ``offline``;
+        of ``attempt`` in :attr:`reports`, which ends that peer's attempt; out of the roster, ``offline``;
         or barred here), how many others have no peer in ``live`` (0 if ``live`` is None), the fewest
         of the others whose peers still to come can hold a quorum of the ``quorum_over`` roster peers
         less those that posted a departure notice (2 without ``quorum_over``), and those members (a
@@ -407,7 +407,7 @@ class StageRunner:
         reports: a peer posts none while it is still in an attempt's stages."""
         if len(units) < 2:
             return 0, 0, 2, frozenset()
-        reports = self.board.read(attempt)
+        reports = self.reports.read(attempt)
         left = set(reports) | set(offline) | set(self.barred())
         departed = [bool(unit) and set(unit) <= left for unit in units]
         quiet = 0

@@ -21,6 +21,16 @@ from protocol.verified_records import VerifiedRecords
 NEAR_WINDOW = 4  # attempts whose buckets latest_attempt(near=...) reads first, from near on
 
 
+class ReportSource(Protocol):
+    """Where a round's stages learn which peers ended an attempt: a board, or the votes heard."""
+
+    peer_id: str
+
+    def read(self, attempt: int) -> dict[str, CommitReport]:
+        """peer id -> its report of ``attempt``, for every peer known here to have ended it."""
+        ...
+
+
 class CommitBoard(Protocol):
     """Where participants post and read their end-of-attempt reports."""
 

@@ -111,6 +111,10 @@ class CertificateChannel:
         """The peers a valid vote of ``attempt`` came from (None: the attempt is not open here)."""
         return self.endpoint.loop.run(self._voters(attempt), timeout=5)
 
+    def votes(self, attempt: int) -> dict[str, tuple[str, str]]:
+        """Voter -> (digest, group) of its valid vote of ``attempt`` heard here ({}: none, or not open)."""
+        return self.endpoint.loop.run(self._votes(attempt), timeout=5)
+
     def latest_attempt(self) -> int:
         """The latest attempt open here or that a roster peer's valid vote was seen for (-1: none)."""
         return self.endpoint.loop.run(self._latest(), timeout=5)
@@ -150,6 +154,10 @@ class CertificateChannel:
     async def _voters(self, attempt: int) -> frozenset[str] | None:
         relay = self._relays.get(attempt)
         return None if relay is None else relay.tally.voters()
+
+    async def _votes(self, attempt: int) -> dict[str, tuple[str, str]]:
+        relay = self._relays.get(attempt)
+        return {} if relay is None else relay.tally.votes()
 
     async def _latest(self) -> int:
         return max(self._heard, max(self._relays, default=-1))

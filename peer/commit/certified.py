@@ -40,6 +40,21 @@ class CertificateVotes:
     keys: Callable[[], Mapping[str, str]]
 
 
+@dataclass(frozen=True)
+class VotesHeard:
+    """The votes a peer heard, as the reports a round's stages read (a vote for a result is a
+    result report, :data:`ABORTED` a failure): only cohort mates' and the tree's, no board read."""
+
+    channel: CertificateChannel
+    peer_id: str
+
+    def read(self, attempt: int) -> dict[str, CommitReport]:
+        return {
+            peer: CommitReport(ok=True, digest=digest, group=group) if digest != ABORTED else CommitReport()
+            for peer, (digest, group) in self.channel.votes(attempt).items()
+        }
+
+
 def cohort_scopes(
     roster: Collection[str], cohorts: Sequence[Collection[str]], keys: Mapping[str, str]
 ) -> dict[str, str]:
@@ -66,6 +81,13 @@ class CertifiedCommitter(RoundCommitter):
         self.channel, self.identity, self.keys = votes.channel, votes.identity, votes.keys
         self.task_id = votes.channel.task_id
         self._scopes: dict[int, str] = {}  # attempt -> this peer's scope, where it is open
+        self._heard = VotesHeard(self.channel, self.peer_id)
+        self._voted: set[int] = set()  # attempts this peer voted in (of those in _scopes)
+
+    @property
+    def reports(self) -> VotesHeard:
+        """The votes heard: the stages' reports."""
+        return self._heard
 
     def open_attempt(self, attempt: int, roster: Collection[str], cohorts: Sequence[Collection[str]]) -> None:
         """Relay ``attempt``'s certificates among ``roster``, whose cohorts (by rank) are ``cohorts``."""
@@ -80,14 +102,30 @@ class CertifiedCommitter(RoundCommitter):
         self._scopes[attempt] = scopes[self.peer_id]
         for old in [a for a in self._scopes if a <= attempt - OPEN_KEPT]:
             del self._scopes[old]
+            self._voted.discard(old)
 
     def post_result(self, attempt: int, report: CommitReport) -> None:
         """On the board (the guard reads results there), and as this peer's vote."""
         super().post_result(attempt, report)
+        if report.ok and report.digest:
+            self._vote(attempt, report.digest, report.group)
+        else:
+            self._vote(attempt, ABORTED, "")
+
+    def leave(self, attempt: int) -> None:
+        """A departure notice on the board and, where ``attempt`` is open here, an abort vote."""
+        super().leave(attempt)
+        try:
+            self._vote(attempt, ABORTED, "")
+        except Exception as e:  # the channel may be closing with the peer
+            logger.debug(f"abort vote for attempt {attempt} failed: {e}")
+
+    def _vote(self, attempt: int, digest: str, group: str) -> None:
+        """This peer's one vote in ``attempt`` (a second would be an equivocation: it is not cast)."""
         scope = self._scopes.get(attempt)
-        if scope is None:
+        if scope is None or attempt in self._voted:
             return
-        digest, group = (report.digest, report.group) if report.ok and report.digest else (ABORTED, "")
+        self._voted.add(attempt)
         signature = sign_vote(self.identity, self.task_id, attempt, digest, group)
         vote = CommitCertificate(self.task_id, attempt, scope, digest, group, {self.peer_id: signature})
         self.channel.vote(attempt, vote)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from peer.averaging.deadlines import StageDeadlines
-from peer.commit.boards import CommitBoard
+from peer.commit.boards import CommitBoard, ReportSource
 from peer.commit.quorum import attempt_decided, quorum_late
 from peer.commit.report import CommitReport
 from peer.commit.waits import (
@@ -72,6 +72,11 @@ class RoundCommitter:
         self.everyone_posted: tuple[int, frozenset[str]] | None = None
         self._waited_out: int | None = None  # the last attempt whose commit wait ran out here
         self._pending: list[PendingResult] = []
+
+    @property
+    def reports(self) -> ReportSource:
+        """Where the round's stages learn who ended an attempt: the board."""
+        return self.board
 
     # ------------------------------------------------------------------ the attempt counter
 
