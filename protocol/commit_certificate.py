@@ -205,9 +205,10 @@ class VoteEquivocation:
 
 
 def _scope_members(
-    certificate: CommitCertificate, task_id: str, attempt: int, roster: RosterSnapshot
+    certificate: CommitCertificate, task_id: str, attempt: int, roster: RosterSnapshot, voters: bool = True
 ) -> frozenset[str]:
-    """The certificate's cohort as ``roster`` has it, once its attempt and its voters' places hold."""
+    """The certificate's cohort as ``roster`` has it, once its attempt (and, with ``voters``, its
+    voters' places) hold."""
     if (certificate.task_id, certificate.attempt) != (task_id, attempt):
         raise WrongAttempt(
             f"certificate of {certificate.task_id} attempt {certificate.attempt}, not {task_id} attempt {attempt}"
@@ -215,7 +216,7 @@ def _scope_members(
     members = roster.members_of(certificate.scope)
     if not members:
         raise UnknownScope(f"no roster member is in cohort {certificate.scope}")
-    for peer in certificate.votes:
+    for peer in certificate.votes if voters else ():
         if peer not in members:
             raise ForeignVoter(f"{peer[-8:]} is not in cohort {certificate.scope}")
     return members
@@ -259,28 +260,48 @@ class CertificateTally:
     def __init__(self, task_id: str, attempt: int, roster: RosterSnapshot):
         self.task_id, self.attempt, self.roster = task_id, attempt, roster
         self.votes_checked = 0  # signatures checked so far (what taking certificates in costs)
+        self.votes_refused = 0  # votes left out: foreign to their cohort, or not checking out
         self._certificates: dict[tuple[str, int, str, str, str], CommitCertificate] = {}
         self._votes: dict[str, tuple[str, str, str]] = {}  # voter -> its first valid vote seen
         self._equivocations: dict[str, VoteEquivocation] = {}
 
     def add(self, certificate: CommitCertificate) -> bool:
-        """Take ``certificate`` in; True if it brought a vote not held before. Raises
-        :class:`CertificateError` for one of another attempt, naming a peer outside its cohort or
-        carrying a bad vote (nothing of it is kept)."""
-        _scope_members(certificate, self.task_id, self.attempt, self.roster)
+        """Take ``certificate``'s valid votes in; True if one of them was not held before. A vote
+        from a peer the roster does not place in the certificate's cohort, or whose signature does
+        not check out, is left out (:attr:`votes_refused`): whoever relays a certificate cannot sink
+        its other votes by adding one. Raises :class:`CertificateError` for a certificate of another
+        attempt or an unknown cohort, or one whose new votes are all refused (nothing of it is kept)."""
+        members = _scope_members(certificate, self.task_id, self.attempt, self.roster, voters=False)
         known = self._certificates.get(certificate.key)
         held = {} if known is None else known.votes
         fresh = {peer: sig for peer, sig in certificate.votes.items() if peer not in held}
-        _check_votes(certificate, fresh, self.roster)
-        self.votes_checked += len(fresh)
-        if not fresh:
-            return False
+        valid: dict[str, str] = {}
+        refused: CertificateError | None = None
+        c = certificate
         for peer, signature in fresh.items():
+            if peer not in members:
+                refused = refused or ForeignVoter(f"{peer[-8:]} is not in cohort {c.scope}")
+            elif not vote_holds(self.roster.keys[peer], c.task_id, c.attempt, c.digest, c.group, signature):
+                self.votes_checked += 1
+                refused = refused or BadVote(
+                    f"the vote of {peer[-8:]} does not check out under its roster key"
+                )
+            else:
+                self.votes_checked += 1
+                valid[peer] = signature
+                continue
+            self.votes_refused += 1
+        if not valid:
+            if refused is not None:
+                raise refused
+            return False
+        for peer, signature in valid.items():
             vote = (certificate.digest, certificate.group, signature)
             first = self._votes.setdefault(peer, vote)
             if first[:2] != vote[:2] and peer not in self._equivocations:
                 self._equivocations[peer] = VoteEquivocation(peer, first, vote)
-        self._certificates[certificate.key] = certificate if known is None else known.merged(certificate)
+        kept = CommitCertificate(*certificate.key, votes=valid)
+        self._certificates[certificate.key] = kept if known is None else known.merged(kept)
         return True
 
     @property

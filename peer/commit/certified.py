@@ -93,10 +93,10 @@ class CertifiedCommitter(RoundCommitter):
         """Relay ``attempt``'s certificates among ``roster``, whose cohorts (by rank) are ``cohorts``."""
         if attempt in self._scopes:
             return
-        keys = self.keys()
+        keys = {**self.keys(), self.peer_id: self.identity.public_key_hex}  # its own, whatever the read held
         scopes = cohort_scopes(set(roster) | {self.peer_id}, cohorts, keys)
         if self.peer_id not in scopes:
-            logger.warning(f"attempt {attempt}: this peer's key is not in its roster yet: it cannot vote")
+            logger.warning(f"attempt {attempt}: this peer is in none of its roster's cohorts: it cannot vote")
             return
         self.channel.open(attempt, RosterSnapshot({p: keys[p] for p in scopes}, scopes))
         self._scopes[attempt] = scopes[self.peer_id]

@@ -88,15 +88,31 @@ def test_minority_certificates_of_one_cohort_add_up_to_a_majority():
     assert tally.committed() == RESULT and tally.votes_checked == 3
 
 
-def test_a_vote_signed_by_another_key_is_refused_and_nothing_of_its_certificate_is_kept():
+def test_a_vote_signed_by_another_key_is_refused_and_a_certificate_of_only_such_keeps_nothing():
     identities, roster = _swarm([3, 3])
     a, b, c = _members(roster, "cohort-0")
-    forged = dict(_certificate(identities, [a], "cohort-0").votes)
-    forged[b] = sign_vote(identities[a], TASK, ATTEMPT, RESULT, GROUP)  # a signs in b's name
+    forged = {b: sign_vote(identities[a], TASK, ATTEMPT, RESULT, GROUP)}  # a signs in b's name
     tally = CertificateTally(TASK, ATTEMPT, roster)
     with pytest.raises(BadVote, match=b[-8:]):
         tally.add(CommitCertificate(TASK, ATTEMPT, "cohort-0", RESULT, GROUP, forged))
     assert tally.certificates() == [] and tally.covered(RESULT) == frozenset()
+    assert tally.votes_refused == 1
+
+
+def test_a_relay_that_adds_forged_or_foreign_votes_cannot_sink_the_honest_ones():
+    identities, roster = _swarm([3, 3])
+    a, b, c = _members(roster, "cohort-0")
+    outsider = _members(roster, "cohort-1")[0]
+    honest = _certificate(identities, [a, b], "cohort-0")
+    tampered = dict(honest.votes)
+    tampered[c] = sign_vote(identities[a], TASK, ATTEMPT, RESULT, GROUP)  # forged in c's name
+    tampered[outsider] = sign_vote(identities[outsider], TASK, ATTEMPT, RESULT, GROUP)  # not of cohort-0
+    tally = CertificateTally(TASK, ATTEMPT, roster)
+    assert tally.add(CommitCertificate(TASK, ATTEMPT, "cohort-0", RESULT, GROUP, tampered))
+    assert tally.votes_refused == 2
+    assert tally.covered(RESULT) == roster.members_of("cohort-0")  # a and b: 2 of 3
+    assert set(tally.certificates()[0].votes) == {a, b}  # what it passes on holds only valid votes
+    assert tally.voters() == {a, b}
 
 
 def test_votes_replayed_into_another_attempt_or_result_do_not_check_out():

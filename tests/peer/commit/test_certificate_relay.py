@@ -84,13 +84,16 @@ def test_a_certificate_that_does_not_check_out_is_refused_and_commits_nothing():
         }
         forged[cohort] = CommitCertificate(TASK, ATTEMPT, cohort, other, GROUP, votes)
     relay.receive(1.0, liar, RelayMessage(Kind.PUSH, tuple(c.to_wire() for c in forged.values())))
-    assert relay.refused == len(forged) and relay.committed is None
+    # only the liar's vote in its own name checks out: every vote it forged is left out
+    forged_votes = sum(len(c.votes) for c in forged.values())
+    assert relay.tally.votes_refused == forged_votes - 1 and relay.tally.voters() == {liar}
+    assert relay.refused == len(forged) - 1 and relay.committed is None
     own = {
         p: sign_vote(identities[p], TASK, ATTEMPT, RESULT, GROUP)
         for p in roster.members_of(roster.cohorts[me])
     }
     relay.receive(1.1, liar, RelayMessage(Kind.PUSH, (b"not a certificate",)))
-    assert relay.refused == len(forged) + 1
+    assert relay.refused == len(forged)  # one more: the bytes that are no certificate
     relay.vote(1.2, CommitCertificate(TASK, ATTEMPT, roster.cohorts[me], RESULT, GROUP, {me: own[me]}))
     assert relay.committed is None  # 1 of 12 covered
 
