@@ -10,41 +10,34 @@ import time
 
 import pytest
 
-from hivemind_adapter.dht import start_dht, visible_maddrs
-from hivemind_adapter.p2p import Endpoint
 from peer.commit.certificate_channel import CertificateChannel, decode, encode, handler_name
 from peer.commit.certificate_relay import Kind, RelayMessage, RelaySettings
 from protocol.commit_certificate import CommitCertificate, RosterSnapshot, sign_vote
 from protocol.identity import Identity
+from tests.peer.commit.daemons import real_nodes
 
 TASK = "certificate-channel-test"
 RESULT = hashlib.sha256(b"the result").hexdigest()
 GROUP = hashlib.sha256(b"the group").hexdigest()
-LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 SETTINGS = RelaySettings(cohort_wait=0.3, level_wait=0.5, gossip_after=3.0, gossip_every=0.5)
 
 
 @pytest.fixture(scope="module")
 def nodes():
-    dhts = [start_dht(host_maddrs=LOOPBACK)]
-    dhts += [start_dht(host_maddrs=LOOPBACK, initial_peers=visible_maddrs(dhts[0])) for _ in range(4)]
-    endpoints = [Endpoint(dht, f"certificates-{i}") for i, dht in enumerate(dhts)]
-    identities = [Identity.from_seed(hashlib.sha256(f"node {i}".encode()).digest()) for i in range(5)]
-    peers = [e.peer_id for e in endpoints]
-    roster = RosterSnapshot(
-        {p: i.public_key_hex for p, i in zip(peers, identities)},
-        {p: ("cohort-a" if n < 3 else "cohort-b") for n, p in enumerate(peers)},
-    )
-    channels = [CertificateChannel(e, TASK, SETTINGS, random.Random(n)) for n, e in enumerate(endpoints)]
-    try:
-        yield channels, identities, roster
-    finally:
-        for channel in channels:
-            channel.close()
-        for endpoint in endpoints:
-            endpoint.close()
-        for dht in dhts:
-            dht.shutdown()
+    with real_nodes(5, "certificates") as five:
+        peers = five.peers
+        roster = RosterSnapshot(
+            {p: i.public_key_hex for p, i in zip(peers, five.identities)},
+            {p: ("cohort-a" if n < 3 else "cohort-b") for n, p in enumerate(peers)},
+        )
+        channels = [
+            CertificateChannel(e, TASK, SETTINGS, random.Random(n)) for n, e in enumerate(five.endpoints)
+        ]
+        try:
+            yield channels, five.identities, roster
+        finally:
+            for channel in channels:
+                channel.close()
 
 
 def _vote(channel: CertificateChannel, identity: Identity, roster: RosterSnapshot, attempt: int) -> None:

@@ -11,8 +11,7 @@ import time
 
 import pytest
 
-from hivemind_adapter.dht import speaker, start_dht, visible_maddrs
-from hivemind_adapter.p2p import Endpoint
+from hivemind_adapter.dht import speaker
 from peer.averaging.factory import committer_for
 from peer.averaging.stage import AveragingTimeouts
 from peer.commit.boards import SignedCommitBoard
@@ -22,43 +21,38 @@ from peer.commit.certified import CertificateVotes, CertifiedCommitter
 from peer.commit.report import CommitReport
 from protocol.commit_certificate import ABORTED, CommitCertificate, sign_vote
 from protocol.identity import Identity
+from tests.peer.commit.daemons import real_nodes
 
 TASK = "certified-commits-test"
 RESULT = hashlib.sha256(b"the result").hexdigest()
 GROUP = hashlib.sha256(b"the group").hexdigest()
-LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 SETTINGS = RelaySettings(cohort_wait=0.3, level_wait=0.5, gossip_after=3.0, gossip_every=0.5)
 TIMEOUTS = AveragingTimeouts(commit=30.0)  # a wait that ends sooner ended on a decision
 
 
 @pytest.fixture(scope="module")
 def swarm():
-    dhts = [start_dht(host_maddrs=LOOPBACK)]
-    dhts += [start_dht(host_maddrs=LOOPBACK, initial_peers=visible_maddrs(dhts[0])) for _ in range(4)]
-    endpoints = [Endpoint(dht, f"certified-{i}") for i, dht in enumerate(dhts)]
-    identities = [Identity.from_seed(hashlib.sha256(f"node {i}".encode()).digest()) for i in range(5)]
-    peers = [e.peer_id for e in endpoints]
-    keys = {p: i.public_key_hex for p, i in zip(peers, identities)}
-    channels = [CertificateChannel(e, TASK, SETTINGS, random.Random(n)) for n, e in enumerate(endpoints)]
-    committers = [
-        committer_for(
-            SignedCommitBoard(dht, TASK, speaker(dht, identity)),
-            TIMEOUTS,
-            certificates=CertificateVotes(channel, identity, lambda: keys),
-        )  # fmt: skip
-        for dht, identity, channel in zip(dhts, identities, channels)
-    ]
-    assert all(isinstance(c, CertifiedCommitter) for c in committers)
-    cohorts = [peers[:3], peers[3:]]  # ranks 0 (3 peers) and 1 (2 peers)
-    try:
-        yield committers, identities, peers, cohorts
-    finally:
-        for channel in channels:
-            channel.close()
-        for endpoint in endpoints:
-            endpoint.close()
-        for dht in dhts:
-            dht.shutdown()
+    with real_nodes(5, "certified") as five:
+        peers, identities = five.peers, five.identities
+        keys = {p: i.public_key_hex for p, i in zip(peers, identities)}
+        channels = [
+            CertificateChannel(e, TASK, SETTINGS, random.Random(n)) for n, e in enumerate(five.endpoints)
+        ]
+        committers = [
+            committer_for(
+                SignedCommitBoard(dht, TASK, speaker(dht, identity)),
+                TIMEOUTS,
+                certificates=CertificateVotes(channel, identity, lambda: keys),
+            )  # fmt: skip
+            for dht, identity, channel in zip(five.dhts, identities, channels)
+        ]
+        assert all(isinstance(c, CertifiedCommitter) for c in committers)
+        cohorts = [peers[:3], peers[3:]]  # ranks 0 (3 peers) and 1 (2 peers)
+        try:
+            yield committers, identities, peers, cohorts
+        finally:
+            for channel in channels:
+                channel.close()
 
 
 def _post(committer: CertifiedCommitter, attempt: int, ok: bool) -> None:
