@@ -62,7 +62,7 @@ def test_late_votes_go_in_batches_so_a_peer_gets_a_few_more_messages_per_tree_le
     messages = [
         statistics.median(m + n for m, n in zip(r.sent_messages, r.received_messages)) for r in (small, large)
     ]
-    assert messages[1] <= messages[0] + 4, messages
+    assert messages[1] <= messages[0] + 3, messages  # 13 and 16 (without batching: 46)
 
 
 def test_churn_leaves_every_live_peer_committed():
