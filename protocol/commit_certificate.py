@@ -1,19 +1,21 @@
-"""Commit votes, the certificates a cohort's votes make, and the tally that decides a round from them.
+"""Commit votes, the certificates that carry a cohort's votes, and the tally that decides a round.
 
-A **vote** is one peer's signed word that it ended an attempt holding a result: its MANTA key signs
-``(task, attempt, result digest, averaging group)``. A peer votes once per attempt, so two valid
-votes of one key for one attempt that differ are evidence against it that anyone can check.
+A **vote** is one peer's signed word on how its attempt ended: its MANTA key signs
+``(task, attempt, result digest, averaging group)``, the digest being the result's, :data:`ABORTED`
+(no result) or :data:`DEPARTED` (the peer left the swarm). A peer votes once per attempt, so two
+valid votes of one key for one attempt that differ are evidence against it that anyone can check.
 
-A **certificate** gathers the votes of one cohort (its *scope*) for one result. Who belongs to a
-cohort is not the certificate's to say: every verifier derives the cohorts from its own admitted
-roster (each member's signed announcement places it), and a certificate *covers* the scope's
-members only when the valid votes in it are more than half of them. A certificate therefore cannot
-speak for peers that did not vote beyond what their own cohort's majority says.
+A **certificate** carries votes of one cohort (its *scope*) for one result up and down the
+cross-cohort tree. Who belongs to a cohort is not the certificate's to say: every verifier derives
+the cohorts from its own admitted roster (each member's signed announcement places it) and refuses
+a vote from a peer placed elsewhere.
 
-A peer **commits** a result once the certificates it has checked cover more than half of its
-admitted roster. Two results covering majorities share a covered peer, whose cohort then holds two
-voting majorities; these share a voter, who voted twice: so two results commit only where some key
-equivocated, and its two votes are the evidence. A key that equivocated counts in no certificate.
+A peer **commits** a result once the valid votes for it it has checked are more than half of the
+attempt's roster less the peers it saw depart. Two verifiers that saw departures ``d1``, ``d2`` of
+the ``d`` there were and committed results with ``a`` and ``b`` voters have ``a + b > n - d``; but
+voters of two results and departed peers are disjoint, ``a + b + d <= n``, unless some key voted
+twice, and its two votes are the evidence. A key that equivocated counts for nothing. (Counting whole
+cohorts covered by a majority instead is not safe with departures: docs/protocol.md.)
 
 Votes travel in a certificate as ``[peer id, signature hex]`` pairs; the verifier finds each peer's
 key in its roster (whose announcements were checked against the peer id's libp2p key).
@@ -22,7 +24,7 @@ key in its roster (whose announcements were checked against the peer id's libp2p
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pydantic import Field, ValidationError
@@ -32,6 +34,7 @@ from protocol.fields import Int53, Name, PeerId, StrictModel
 from protocol.identity import Identity, verify_signature
 
 ABORTED = "0" * 64  # the digest a peer votes for when its attempt ended without a result
+DEPARTED = "f" * 64  # the digest a peer votes for when it leaves the swarm during the attempt
 DOMAIN = b"manta/commit-vote/v1\n"  # what a vote's signed message starts with (no other record does)
 MAX_VOTES = 1024  # votes one certificate may carry: far above a cohort's size
 MAX_WIRE_BYTES = 256 * MAX_VOTES
@@ -62,10 +65,6 @@ class ForeignVoter(CertificateError):
 
 class BadVote(CertificateError):
     """A vote whose signature does not check out under the voter's key in the roster."""
-
-
-class NoMajority(CertificateError):
-    """The valid votes, less those of equivocating keys, are not more than half of the cohort."""
 
 
 def vote_message(task_id: str, attempt: int, digest: str, group: str) -> bytes:
@@ -181,16 +180,6 @@ class RosterSnapshot:
 
 
 @dataclass(frozen=True)
-class CheckedCertificate:
-    """A certificate that counts: its valid ``voters`` are more than half of the ``covered`` peers
-    (its cohort, as the verifier's roster has it)."""
-
-    certificate: CommitCertificate
-    voters: frozenset[str]
-    covered: frozenset[str]
-
-
-@dataclass(frozen=True)
 class VoteEquivocation:
     """A key that voted for two different results (or groups) in one attempt; both votes check out."""
 
@@ -205,10 +194,9 @@ class VoteEquivocation:
 
 
 def _scope_members(
-    certificate: CommitCertificate, task_id: str, attempt: int, roster: RosterSnapshot, voters: bool = True
+    certificate: CommitCertificate, task_id: str, attempt: int, roster: RosterSnapshot
 ) -> frozenset[str]:
-    """The certificate's cohort as ``roster`` has it, once its attempt (and, with ``voters``, its
-    voters' places) hold."""
+    """The certificate's cohort as ``roster`` has it, once its task and attempt hold."""
     if (certificate.task_id, certificate.attempt) != (task_id, attempt):
         raise WrongAttempt(
             f"certificate of {certificate.task_id} attempt {certificate.attempt}, not {task_id} attempt {attempt}"
@@ -216,46 +204,15 @@ def _scope_members(
     members = roster.members_of(certificate.scope)
     if not members:
         raise UnknownScope(f"no roster member is in cohort {certificate.scope}")
-    for peer in certificate.votes if voters else ():
-        if peer not in members:
-            raise ForeignVoter(f"{peer[-8:]} is not in cohort {certificate.scope}")
     return members
 
 
-def _check_votes(certificate: CommitCertificate, votes: Mapping[str, str], roster: RosterSnapshot) -> None:
-    for peer, signature in votes.items():
-        c = certificate
-        if not vote_holds(roster.keys[peer], c.task_id, c.attempt, c.digest, c.group, signature):
-            raise BadVote(f"the vote of {peer[-8:]} does not check out under its roster key")
-
-
-def _majority(scope: str, voters: frozenset[str], members: frozenset[str]) -> None:
-    if 2 * len(voters) <= len(members):
-        raise NoMajority(f"{len(voters)} valid vote(s) in cohort {scope} of {len(members)}: not a majority")
-
-
-def check_certificate(
-    certificate: CommitCertificate,
-    task_id: str,
-    attempt: int,
-    roster: RosterSnapshot,
-    excluded: Iterable[str] = (),
-) -> CheckedCertificate:
-    """``certificate`` checked against ``roster`` for ``attempt`` of ``task_id``, the votes of
-    ``excluded`` keys (equivocators) not counted. Raises the :class:`CertificateError` that says why
-    it does not count."""
-    members = _scope_members(certificate, task_id, attempt, roster)
-    _check_votes(certificate, certificate.votes, roster)
-    counted = frozenset(certificate.votes).difference(excluded)
-    _majority(certificate.scope, counted, members)
-    return CheckedCertificate(certificate, counted, members)
-
-
 class CertificateTally:
-    """The certificates one verifier has checked for one attempt, and the result they commit.
+    """The votes one verifier has checked for one attempt, and the result they commit.
 
-    Certificates of one scope and result merge (their votes add up), each vote checked once; one
-    short of a majority is kept and may count once more votes come. Not thread-safe: one owner."""
+    Certificates of one scope and result merge (their votes add up), each vote checked once. A
+    result commits once its voters are more than half of the roster less the peers seen departing
+    (:data:`DEPARTED` votes); equivocators count for nothing. Not thread-safe: one owner."""
 
     def __init__(self, task_id: str, attempt: int, roster: RosterSnapshot):
         self.task_id, self.attempt, self.roster = task_id, attempt, roster
@@ -271,7 +228,7 @@ class CertificateTally:
         not check out, is left out (:attr:`votes_refused`): whoever relays a certificate cannot sink
         its other votes by adding one. Raises :class:`CertificateError` for a certificate of another
         attempt or an unknown cohort, or one whose new votes are all refused (nothing of it is kept)."""
-        members = _scope_members(certificate, self.task_id, self.attempt, self.roster, voters=False)
+        members = _scope_members(certificate, self.task_id, self.attempt, self.roster)
         known = self._certificates.get(certificate.key)
         held = {} if known is None else known.votes
         fresh = {peer: sig for peer, sig in certificate.votes.items() if peer not in held}
@@ -312,29 +269,36 @@ class CertificateTally:
         """Every certificate held, merged: what this verifier passes on."""
         return list(self._certificates.values())
 
-    def covered(self, digest: str) -> frozenset[str]:
-        """The roster peers that votes for result ``digest`` cover: each cohort more than half of
-        whose members voted for it (under any averaging group), equivocators' votes left out."""
-        voters: dict[str, set[str]] = {}
-        for certificate in self._certificates.values():
-            if certificate.digest == digest:
-                voters.setdefault(certificate.scope, set()).update(certificate.votes)
-        covered: set[str] = set()
-        for scope, scope_voters in voters.items():
-            members = self.roster.members_of(scope)
-            if 2 * len(scope_voters.difference(self._equivocations)) > len(members):
-                covered |= members
-        return frozenset(covered)
+    def counted(self, digest: str) -> frozenset[str]:
+        """The peers whose vote for ``digest`` counts (under any averaging group): equivocators left out."""
+        return frozenset(
+            peer
+            for peer, (voted, _, _) in self._votes.items()
+            if voted == digest and peer not in self._equivocations
+        )
+
+    def departed(self) -> frozenset[str]:
+        """The peers seen departing the attempt: the roster a majority is taken of leaves them out."""
+        return self.counted(DEPARTED)
+
+    def majority_of(self) -> int:
+        """How many peers a majority is taken of: the roster less the departures seen."""
+        return len(self.roster) - len(self.departed())
+
+    def _result_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for peer, (digest, _, _) in self._votes.items():
+            if digest not in (ABORTED, DEPARTED) and peer not in self._equivocations:
+                counts[digest] = counts.get(digest, 0) + 1
+        return counts
 
     def committed(self) -> str | None:
-        """The result whose certificates cover more than half of the roster, or None."""
-        for digest in sorted({certificate.digest for certificate in self._certificates.values()}):
-            if digest != ABORTED and 2 * len(self.covered(digest)) > len(self.roster):
-                return digest
-        return None
+        """The result whose voters are more than half of the roster less the departures seen, or None."""
+        of = self.majority_of()
+        return next((d for d, n in sorted(self._result_counts().items()) if 2 * n > of), None)
 
     def voters(self) -> frozenset[str]:
-        """Every peer a valid vote (any result, or :data:`ABORTED`) was seen from."""
+        """Every peer a valid vote (any result, :data:`ABORTED` or :data:`DEPARTED`) was seen from."""
         return frozenset(self._votes)
 
     def votes(self) -> dict[str, tuple[str, str]]:
@@ -343,26 +307,13 @@ class CertificateTally:
 
     def decided(self) -> str | None:
         """The committed result; :data:`ABORTED` once no result can commit any more, whatever the
-        peers not heard from vote (the votes seen elsewhere keep every result short of a majority
-        in enough cohorts); None while it is open."""
-        committed = self.committed()
+        peers not heard from vote; None while it is open. (An unheard peer that departs takes one
+        from the majority's base but two from a result's reach: a result's best case is that every
+        unheard peer votes for it.)"""
+        counts = self._result_counts()
+        of = self.majority_of()
+        committed = next((d for d, n in sorted(counts.items()) if 2 * n > of), None)
         if committed is not None:
             return committed
-        by_scope: dict[str, dict[str, int]] = {}  # scope -> result -> votes counted
-        for peer, (digest, _, _) in self._votes.items():
-            if peer not in self._equivocations and digest != ABORTED:
-                scope = self.roster.cohorts.get(peer)
-                if scope is not None:
-                    counts = by_scope.setdefault(scope, {})
-                    counts[digest] = counts.get(digest, 0) + 1
-        results = {d for counts in by_scope.values() for d in counts} | {""}  # "": one not seen yet
-        for digest in results:
-            reachable = 0
-            for scope in set(self.roster.cohorts.values()):
-                members = self.roster.members_of(scope)
-                unheard = len(members - self._votes.keys())
-                if 2 * (by_scope.get(scope, {}).get(digest, 0) + unheard) > len(members):
-                    reachable += len(members)
-            if 2 * reachable > len(self.roster):
-                return None
-        return ABORTED
+        unheard = len(self.roster.keys.keys() - self._votes.keys())
+        return None if 2 * (max(counts.values(), default=0) + unheard) > of else ABORTED

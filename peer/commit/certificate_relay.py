@@ -9,8 +9,8 @@ cohort's votes up a tree of cohort leaders, all of them back down, and gossip wh
    leader passes up what its units sent once every unit sent, or once its level's wait is over. Votes that come later follow as they come (each hop sends only votes it
    has not sent), ``update_wait`` apart: members finish their averaging seconds apart.
 3. The root sends everything down the same way, and what comes later as it comes; a peer commits
-   once the certificates it checked cover a majority of the roster
-   (:class:`protocol.commit_certificate.CertificateTally`).
+   once the votes it checked for one result are more than half of the roster less the departures
+   seen (:class:`protocol.commit_certificate.CertificateTally`).
 4. A peer not committed ``gossip_after`` seconds after its vote asks ``gossip_peers`` random roster
    peers every ``gossip_every`` seconds, ``gossip_times`` times at most (an attempt whose results
    all fell short never commits), and each answers with every certificate it holds.
@@ -114,7 +114,7 @@ class RelayPlan:
 
 class CertificateRelay:
     """One peer's part in spreading one attempt's certificates. Complete once constructed; one
-    owner calls it (not thread-safe). ``committed`` is the result once certificates cover a majority;
+    owner calls it (not thread-safe). ``committed`` is the result once its votes are a majority;
     ``decided`` that result, or ``ABORTED`` once none can commit any more."""
 
     def __init__(

@@ -1,9 +1,10 @@
 """A peer's rounds decided by commit certificates (a task's ``commit: certificates``):
 :class:`CertifiedCommitter`.
 
-Each report a peer posts it also votes for (a failure as :data:`~protocol.commit_certificate.ABORTED`)
-over its :class:`~peer.commit.certificate_channel.CertificateChannel`; it commits once the certificates
-it checked cover more than half of the attempt's roster, settles on the attempt's decision, and
+Each report a peer posts it also votes for (a failure as :data:`~protocol.commit_certificate.ABORTED`,
+a departure as :data:`~protocol.commit_certificate.DEPARTED`) over its
+:class:`~peer.commit.certificate_channel.CertificateChannel`; it commits once the votes it checked
+for one result are more than half of the attempt's roster less the departures it saw, settles on the attempt's decision, and
 takes its next attempt number from the votes it hears. Nothing on that path reads a board. The board
 still carries what is not decided yet by certificates: results (the guard's proofs), partner markers,
 departures, and the state reports catch-up reads.
@@ -22,7 +23,7 @@ from peer.commit.certificate_channel import CertificateChannel
 from peer.commit.committer import PendingResult, RoundCommitter
 from peer.commit.report import CommitReport
 from peer.commit.waits import CommitDecision
-from protocol.commit_certificate import ABORTED, CommitCertificate, RosterSnapshot, sign_vote
+from protocol.commit_certificate import ABORTED, DEPARTED, CommitCertificate, RosterSnapshot, sign_vote
 from protocol.identity import Identity
 
 logger = logging.getLogger(__name__)
@@ -43,16 +44,24 @@ class CertificateVotes:
 @dataclass(frozen=True)
 class VotesHeard:
     """The votes a peer heard, as the reports a round's stages read (a vote for a result is a
-    result report, :data:`ABORTED` a failure): only cohort mates' and the tree's, no board read."""
+    result report, :data:`ABORTED` a failure, :data:`DEPARTED` a departure notice): only cohort
+    mates' and the tree's, no board read."""
 
     channel: CertificateChannel
     peer_id: str
 
     def read(self, attempt: int) -> dict[str, CommitReport]:
         return {
-            peer: CommitReport(ok=True, digest=digest, group=group) if digest != ABORTED else CommitReport()
-            for peer, (digest, group) in self.channel.votes(attempt).items()
+            peer: _as_report(digest, group) for peer, (digest, group) in self.channel.votes(attempt).items()
         }
+
+
+def _as_report(digest: str, group: str) -> CommitReport:
+    if digest == ABORTED:
+        return CommitReport()
+    if digest == DEPARTED:
+        return CommitReport.departure()
+    return CommitReport(ok=True, digest=digest, group=group)
 
 
 def cohort_scopes(
@@ -113,12 +122,13 @@ class CertifiedCommitter(RoundCommitter):
             self._vote(attempt, ABORTED, "")
 
     def leave(self, attempt: int) -> None:
-        """A departure notice on the board and, where ``attempt`` is open here, an abort vote."""
+        """A departure notice on the board and, where ``attempt`` is open here, a departure vote
+        (the attempt's majority is then taken without this peer)."""
         super().leave(attempt)
         try:
-            self._vote(attempt, ABORTED, "")
+            self._vote(attempt, DEPARTED, "")
         except Exception as e:  # the channel may be closing with the peer
-            logger.debug(f"abort vote for attempt {attempt} failed: {e}")
+            logger.debug(f"departure vote for attempt {attempt} failed: {e}")
 
     def _vote(self, attempt: int, digest: str, group: str) -> None:
         """This peer's one vote in ``attempt`` (a second would be an equivocation: it is not cast)."""
@@ -147,7 +157,7 @@ class CertifiedCommitter(RoundCommitter):
         witnesses: Collection[str],
         public_keys: Mapping[str, str] | None,
     ) -> CommitDecision:
-        """Wait, for the commit wait plus ``extra_seconds``, until certificates decide ``attempt``."""
+        """Wait, for the commit wait plus ``extra_seconds``, until the votes decide ``attempt``."""
         if attempt not in self._scopes:
             return CommitDecision(False, "this peer has no vote in its roster's certificates")
         started = time.monotonic()
@@ -160,7 +170,7 @@ class CertifiedCommitter(RoundCommitter):
             return CommitDecision(True, agreeing=len(voters), seen=voters)
         if decided is None:
             self._waited_out = attempt
-            why = f"no certificates covering a majority of the roster ({len(voters)} voted)"
+            why = f"no result with votes from a majority of the roster ({len(voters)} voted)"
             return CommitDecision(False, why, timed_out=True, seen=voters)
         if decided == ABORTED:
             return CommitDecision(False, "certificates: no result can reach a majority", seen=voters)

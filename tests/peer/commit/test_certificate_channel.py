@@ -52,7 +52,7 @@ def test_four_votes_of_five_commit_every_node_over_direct_calls(nodes):
     channels, identities, roster = nodes
     for channel in channels:
         channel.open(1, roster)
-    for n in (0, 1, 3, 4):  # node 2 (cohort a) never votes: a is covered by 2 of 3
+    for n in (0, 1, 3, 4):  # node 2 (cohort a) never votes: 4 of 5
         _vote(channels[n], identities[n], roster, 1)
     assert [c.wait_committed(1, timeout=20) for c in channels] == [RESULT] * 5
     assert all(c.sent_messages > 0 for n, c in enumerate(channels) if n != 2)

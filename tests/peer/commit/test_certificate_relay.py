@@ -95,7 +95,7 @@ def test_a_certificate_that_does_not_check_out_is_refused_and_commits_nothing():
     relay.receive(1.1, liar, RelayMessage(Kind.PUSH, (b"not a certificate",)))
     assert relay.refused == len(forged)  # one more: the bytes that are no certificate
     relay.vote(1.2, CommitCertificate(TASK, ATTEMPT, roster.cohorts[me], RESULT, GROUP, {me: own[me]}))
-    assert relay.committed is None  # 1 of 12 covered
+    assert relay.committed is None  # 1 vote of 12
 
 
 def test_a_peer_in_an_attempt_that_never_commits_asks_around_a_bounded_number_of_times():
@@ -128,6 +128,4 @@ def test_a_stranger_passing_votes_up_is_not_made_a_child_but_the_votes_it_carrie
     certificate = CommitCertificate(TASK, ATTEMPT, roster.cohorts[other], RESULT, GROUP, votes)
     stranger = "QmStrangerOutsideTheRosterxxxxxxxxxxxxxxxxxxxxxx"
     out = relay.receive(1.0, stranger, RelayMessage(Kind.UP, (certificate.to_wire(),), 1))
-    assert stranger not in {o.to for o in out} and relay.tally.covered(RESULT) == roster.members_of(
-        roster.cohorts[other]
-    )
+    assert stranger not in {o.to for o in out} and relay.tally.counted(RESULT) == set(cohort)

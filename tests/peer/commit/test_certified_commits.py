@@ -1,7 +1,7 @@
 """Rounds decided by commit certificates (:class:`peer.commit.certified.CertifiedCommitter`) on five
-real libp2p daemons: posted results commit once votes cover a majority, a failed peer settles on the
-decision, aborts decide an attempt without waiting out the commit wait, and the attempt counter
-follows only valid votes of the roster's peers."""
+real libp2p daemons: posted results commit once their votes are a majority, departures leave the
+majority, a failed peer settles on the decision, aborts decide an attempt without waiting out the
+commit wait, and the attempt counter follows only valid votes of the roster's peers."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def test_results_commit_on_certificates_and_a_failed_peer_settles_on_them(swarm)
     for c in committers:
         c.open_attempt(1, peers, cohorts)
     for n, c in enumerate(committers):
-        _post(c, 1, ok=n != 4)  # node 4 failed: cohort 1 is 1 of 2 for the result, cohort 0 all 3
+        _post(c, 1, ok=n != 4)  # node 4 failed: 4 of 5 votes for the result
     decisions = [
         c.await_quorum(1, RESULT, peers, extra_seconds=0, witnesses=(), public_keys=None)
         for c in committers[:4]
@@ -83,7 +83,7 @@ def test_aborts_decide_an_attempt_without_waiting_out_the_commit_wait(swarm):
     for c in committers:
         c.open_attempt(2, peers, cohorts)
     for n, c in enumerate(committers):
-        _post(c, 2, ok=n in (0, 3))  # one of three in cohort 0: no result can cover it
+        _post(c, 2, ok=n in (0, 3))  # 2 of 5 for the result, 3 failures: none can reach 3
     started = time.monotonic()
     decision = committers[0].await_quorum(2, RESULT, peers, extra_seconds=0, witnesses=(), public_keys=None)
     assert not decision.committed and not decision.timed_out, decision.reason
@@ -111,3 +111,17 @@ def test_the_attempt_counter_follows_valid_votes_of_the_roster_only(swarm):
     # peer 1's own vote in attempt 7: the swarm ended attempt 7, so this peer takes part in 8
     sender.call(peers[0], handler_name(TASK), later_vote(identities[1], peers[1], 7), timeout=10)
     assert me.next_attempt(3) == 8
+
+
+def test_peers_that_depart_leave_the_majority_and_a_result_commits_on_the_rest(swarm):
+    committers, _, peers, cohorts = swarm
+    for c in committers:
+        c.open_attempt(10, peers, cohorts)
+    committers[2].leave(10)
+    committers[3].leave(10)
+    for c in committers[:2]:
+        _post(c, 10, ok=True)  # 2 votes of the 3 peers that did not depart; node 4 stays silent
+    decision = committers[0].await_quorum(10, RESULT, peers, extra_seconds=0, witnesses=(), public_keys=None)
+    assert decision.committed, decision.reason
+    assert committers[4].channel.wait_decided(10, 20) == RESULT
+    assert committers[1].reports.read(10)[peers[2]].left  # the stages see a departure, not a failure
