@@ -21,11 +21,14 @@ robustness costs an honest swarm.
 
     python -m benchmarks.red_team [--rounds 12] [--attacks all|name,name] [--out DIR]
                                   [--sites 2 --uplink 50mbit --downlink 50mbit --delay 20]
-                                  [--sync outer --inner-steps 5]
+                                  [--sync outer --inner-steps 5] [--commit certificates]
 
 With ``--sync outer`` each round is an inner step inside the cohort (its members meet as a known
 group, robust like any stage) and cohorts meet every ``--inner-steps`` rounds in an outer step: a
 poisoned gradient then reaches the cohort's inner steps, which the cohort's reducers must withstand.
+
+With ``--commit certificates`` the swarms' rounds are decided by commit certificates, and the
+attacks on them (``tests/adversaries/vote_attacks.py``) run too.
 
 Each swarm takes 2-4 minutes on two cores. benchmarks/RESULTS.md records its table.
 """
@@ -54,12 +57,13 @@ from testbed.wan.scenario import LinkProfile, Scenario, ScenarioError, uniform_s
 from testbed.wan.topology import EmulatedInternet
 from tests.adversaries import dishonest_peer
 from tests.adversaries.identity_attacks import IDENTITY_ATTACKS
+from tests.adversaries.vote_attacks import VOTE_ATTACKS
 
 ATTACKS = (
     "flops", "inflate", "group-inflate", "self-group", "fabricate",
     "nan", "x1000", "sign", "garbage", "lying-reducer", "noisy-reducer", "equivocating-reducer",
     "hiding-reducer", "forged-state",
-    "rogue-progress", "silent", "copy", *IDENTITY_ATTACKS,
+    "rogue-progress", "silent", "copy", *IDENTITY_ATTACKS, *VOTE_ATTACKS,
 )  # fmt: skip
 AVERAGING_ATTACKS = (
     *dishonest_peer.POISONS,
@@ -100,6 +104,7 @@ def run(
     scenario: Scenario | None = None,
     sync: str = "every-step",
     inner_steps: int = 5,
+    commit: str = "board",
 ) -> dict:
     """One swarm (on ``scenario``'s emulated internet, or on 127.0.0.1); the measurements of its
     attacker (if any) and of its honest peers."""
@@ -108,6 +113,7 @@ def run(
         peers=PEERS, rounds=rounds, run_dir=run_dir, target_samples=384, batch_size=32, subnets=2,
         width_mult="0.25", head_channels=64, until_swarm_round=True,
         extra_toml="" if robust else "robust_averaging = false\n", sync=sync, inner_steps=inner_steps,
+        commit=commit,
     )  # fmt: skip
     internet = EmulatedInternet(scenario, run_dir) if scenario is not None else None
     placement = [site.name for site in scenario.sites for _ in range(site.peers)] if scenario else None
@@ -187,12 +193,24 @@ def _credits(swarm: LocalSwarm, honest: list[int]) -> dict:
 
 # what an honest peer logs when its members' reports convict a reducer (peer.commit.waits)
 EQUIVOCATION_LINE = r"attempt (\d+): averaging aborted.*reducer (\w{8}) sent different signed proofs"
+# what an honest peer logs when it hears a key vote twice in an attempt (peer.commit.certified)
+VOTE_EQUIVOCATION_LINE = r"attempt (\d+): peer (\w{8}) voted for \w+ and \w+ in one attempt"
 
 
 def _caught(swarm: LocalSwarm, attack: str) -> str:
     """Where the attack was first caught (a round or an attempt), or "-" if it never was."""
-    if attack in IDENTITY_ATTACKS:  # forgeries: did they move anything the honest peers count?
-        return "-"
+    if attack in IDENTITY_ATTACKS or attack in ("far-attempt-votes", "forged-votes"):
+        return "-"  # forgeries: did they move anything the honest peers count?
+    if attack == "equivocating-votes":
+        me = _short_id(swarm, ATTACKER)
+        attempts = [
+            int(m.group(1))
+            for i in range(PEERS)
+            if i != ATTACKER and (swarm.peer_dir(i) / "log.txt").exists()
+            for m in re.finditer(VOTE_EQUIVOCATION_LINE, (swarm.peer_dir(i) / "log.txt").read_text())
+            if m.group(2) == me
+        ]
+        return f"named in attempt {min(attempts)}" if attempts else "never named"
     if attack in AVERAGING_ATTACKS:
         me = _short_id(swarm, ATTACKER)
         attempts = [
@@ -253,6 +271,10 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=20.0, help="one-way delay, site to core, ms")
     parser.add_argument("--sync", choices=("every-step", "outer"), default="every-step")
     parser.add_argument("--inner-steps", type=int, default=5, help="with --sync outer: rounds per outer step")
+    parser.add_argument(
+        "--commit", choices=("board", "certificates"), default="board",
+        help="what decides the swarms' rounds (the vote attacks need certificates)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.inner_steps < 1:
         sys.exit("red_team: --inner-steps must be at least 1")
@@ -268,6 +290,14 @@ def main() -> None:
     unknown = [a for a in attacks if a not in ATTACKS]
     if unknown:
         sys.exit(f"unknown attack(s): {', '.join(unknown)} (choose from {', '.join(ATTACKS)})")
+    votes = [a for a in attacks if a in VOTE_ATTACKS]
+    if votes and args.commit != "certificates" and args.attacks != "all":
+        sys.exit(f"red_team: {', '.join(votes)} attack commit certificates; add --commit certificates")
+    if args.commit != "certificates" and votes:
+        print(
+            f"red_team: {', '.join(votes)} left out: they attack commit certificates (--commit certificates)"
+        )
+        attacks = tuple(a for a in attacks if a not in VOTE_ATTACKS)
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"$ python -m benchmarks.red_team {' '.join(sys.argv[1:])}")
     print(f"load average before: {os.getloadavg()}; {os.cpu_count()} cores", flush=True)
@@ -277,6 +307,7 @@ def main() -> None:
         )
     if args.sync == "outer":
         print(f"outer steps every {args.inner_steps} rounds; each round an inner step inside the cohort")
+    print(f"rounds decided by: {args.commit}")
     runs: dict[str, dict] = {}
     if args.clean_from is not None:
         try:
@@ -291,7 +322,7 @@ def main() -> None:
                 attack = None if name in ("clean", "plain") else name
                 runs[name] = run(
                     args.out, name, attack, args.rounds, robust=name != "plain", scenario=scenario,
-                    sync=args.sync, inner_steps=args.inner_steps,
+                    sync=args.sync, inner_steps=args.inner_steps, commit=args.commit,
                 )  # fmt: skip
                 print(f"   {runs[name]['wall']:.0f} s", flush=True)
     except KeyboardInterrupt:

@@ -6,9 +6,8 @@ A **vote** is one peer's signed word on how its attempt ended: its MANTA key sig
 valid votes of one key for one attempt that differ are evidence against it that anyone can check.
 
 A **certificate** carries votes of one cohort (its *scope*) for one result up and down the
-cross-cohort tree. Who belongs to a cohort is not the certificate's to say: every verifier derives
-the cohorts from its own admitted roster (each member's signed announcement places it) and refuses
-a vote from a peer placed elsewhere.
+cross-cohort tree. The scope routes it and nothing more: a verifier counts a vote if its roster
+holds the voter (each member's signed announcement gives its key) and the signature checks out.
 
 A peer **commits** a result once the valid votes for it it has checked are more than half of the
 attempt's roster less the peers it saw depart. Two verifiers that saw departures ``d1``, ``d2`` of
@@ -55,12 +54,8 @@ class WrongAttempt(CertificateError):
     """The certificate is for another task or attempt than the one being decided."""
 
 
-class UnknownScope(CertificateError):
-    """No member of the roster belongs to the certificate's cohort."""
-
-
-class ForeignVoter(CertificateError):
-    """A vote from a peer the roster does not place in the certificate's cohort."""
+class UnknownVoter(CertificateError):
+    """A vote from a peer the verifier's roster does not hold."""
 
 
 class BadVote(CertificateError):
@@ -193,18 +188,11 @@ class VoteEquivocation:
         )
 
 
-def _scope_members(
-    certificate: CommitCertificate, task_id: str, attempt: int, roster: RosterSnapshot
-) -> frozenset[str]:
-    """The certificate's cohort as ``roster`` has it, once its task and attempt hold."""
+def _check_attempt(certificate: CommitCertificate, task_id: str, attempt: int) -> None:
     if (certificate.task_id, certificate.attempt) != (task_id, attempt):
         raise WrongAttempt(
             f"certificate of {certificate.task_id} attempt {certificate.attempt}, not {task_id} attempt {attempt}"
         )
-    members = roster.members_of(certificate.scope)
-    if not members:
-        raise UnknownScope(f"no roster member is in cohort {certificate.scope}")
-    return members
 
 
 class CertificateTally:
@@ -217,18 +205,20 @@ class CertificateTally:
     def __init__(self, task_id: str, attempt: int, roster: RosterSnapshot):
         self.task_id, self.attempt, self.roster = task_id, attempt, roster
         self.votes_checked = 0  # signatures checked so far (what taking certificates in costs)
-        self.votes_refused = 0  # votes left out: foreign to their cohort, or not checking out
+        self.votes_refused = 0  # votes left out: of peers outside the roster, or not checking out
         self._certificates: dict[tuple[str, int, str, str, str], CommitCertificate] = {}
         self._votes: dict[str, tuple[str, str, str]] = {}  # voter -> its first valid vote seen
         self._equivocations: dict[str, VoteEquivocation] = {}
 
     def add(self, certificate: CommitCertificate) -> bool:
         """Take ``certificate``'s valid votes in; True if one of them was not held before. A vote
-        from a peer the roster does not place in the certificate's cohort, or whose signature does
-        not check out, is left out (:attr:`votes_refused`): whoever relays a certificate cannot sink
-        its other votes by adding one. Raises :class:`CertificateError` for a certificate of another
-        attempt or an unknown cohort, or one whose new votes are all refused (nothing of it is kept)."""
-        members = _scope_members(certificate, self.task_id, self.attempt, self.roster)
+        from a peer the roster does not hold, or whose signature does not check out, is left out
+        (:attr:`votes_refused`): whoever relays a certificate cannot sink its other votes by adding
+        one. The certificate's scope only routes it: a vote counts whichever cohort it travels in,
+        so verifiers whose rosters rank the cohorts differently still count the same votes. Raises
+        :class:`CertificateError` for a certificate of another attempt, or one whose new votes are
+        all refused (nothing of it is kept)."""
+        _check_attempt(certificate, self.task_id, self.attempt)
         known = self._certificates.get(certificate.key)
         held = {} if known is None else known.votes
         fresh = {peer: sig for peer, sig in certificate.votes.items() if peer not in held}
@@ -236,8 +226,8 @@ class CertificateTally:
         refused: CertificateError | None = None
         c = certificate
         for peer, signature in fresh.items():
-            if peer not in members:
-                refused = refused or ForeignVoter(f"{peer[-8:]} is not in cohort {c.scope}")
+            if peer not in self.roster.keys:
+                refused = refused or UnknownVoter(f"{peer[-8:]} is not in the roster")
             elif not vote_holds(self.roster.keys[peer], c.task_id, c.attempt, c.digest, c.group, signature):
                 self.votes_checked += 1
                 refused = refused or BadVote(

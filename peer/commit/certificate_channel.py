@@ -26,6 +26,7 @@ from protocol.commit_certificate import (
     CertificateError,
     CommitCertificate,
     RosterSnapshot,
+    VoteEquivocation,
     vote_holds,
 )
 
@@ -34,6 +35,7 @@ SEND_TIMEOUT = 5.0  # seconds one call may take before it counts as lost
 EARLY_MESSAGES = 256  # messages kept for attempts not opened yet, all attempts together
 ATTEMPTS_KEPT = 4  # relays of older attempts still answer gossip
 EARLY_ATTEMPTS = 4  # how far ahead of the newest open attempt a message may be and still wait
+ATTEMPT_WITNESSES = 2  # distinct roster voters an attempt not open here must be heard from to count
 
 
 def handler_name(task_id: str) -> str:
@@ -79,7 +81,7 @@ class CertificateChannel:
         self._early: list[tuple[int, str, RelayMessage]] = []
         self._committed: dict[int, threading.Event] = {}  # set once the attempt is decided
         self._events_lock = threading.Lock()  # guards _committed (read by the caller's thread)
-        self._heard = -1  # the latest attempt a roster peer's valid vote was seen for
+        self._heard: dict[str, int] = {}  # roster voter -> the latest attempt its valid vote was seen for
         self.sent_bytes = self.sent_messages = self.lost_messages = self.refused_messages = 0
         self._wake: asyncio.Event = self.endpoint.loop.run(self._make_event(), timeout=5)
         self._ticker = asyncio.run_coroutine_threadsafe(self._tick_forever(), endpoint.loop.loop)
@@ -115,8 +117,14 @@ class CertificateChannel:
         """Voter -> (digest, group) of its valid vote of ``attempt`` heard here ({}: none, or not open)."""
         return self.endpoint.loop.run(self._votes(attempt), timeout=5)
 
+    def equivocations(self, attempt: int) -> list[VoteEquivocation]:
+        """The keys seen voting twice in ``attempt`` ([]: none, or not open here)."""
+        return self.endpoint.loop.run(self._equivocations(attempt), timeout=5)
+
     def latest_attempt(self) -> int:
-        """The latest attempt open here or that a roster peer's valid vote was seen for (-1: none)."""
+        """The latest attempt open here or that valid votes of :data:`ATTEMPT_WITNESSES` distinct
+        roster peers were seen for, or later ones (-1: none): one key cannot move a peer's attempt
+        counter past the swarm's, which would cut it off from the swarm's attempts."""
         return self.endpoint.loop.run(self._latest(), timeout=5)
 
     def commit_seconds(self, attempt: int) -> float | None:
@@ -159,8 +167,14 @@ class CertificateChannel:
         relay = self._relays.get(attempt)
         return {} if relay is None else relay.tally.votes()
 
+    async def _equivocations(self, attempt: int) -> list[VoteEquivocation]:
+        relay = self._relays.get(attempt)
+        return [] if relay is None else relay.tally.equivocations
+
     async def _latest(self) -> int:
-        return max(self._heard, max(self._relays, default=-1))
+        heard = sorted(self._heard.values(), reverse=True)
+        witnessed = heard[ATTEMPT_WITNESSES - 1] if len(heard) >= ATTEMPT_WITNESSES else -1
+        return max(witnessed, max(self._relays, default=-1))
 
     async def _open(self, attempt: int, roster: RosterSnapshot) -> None:
         if attempt in self._relays:
@@ -196,8 +210,9 @@ class CertificateChannel:
         if relay is not None:
             self._after(attempt, relay.receive(self._clock(), sender, message))
             return b""
-        if attempt > self._heard and self._holds_a_vote(attempt, message):
-            self._heard = attempt
+        voter = self._valid_voter(attempt, message)
+        if voter is not None and attempt > self._heard.get(voter, -1):
+            self._heard[voter] = attempt
         if (
             attempt > max(self._relays, default=-1)
             and attempt <= max(self._relays, default=attempt) + EARLY_ATTEMPTS
@@ -206,20 +221,21 @@ class CertificateChannel:
                 self._early.append((attempt, sender, message))
         return b""
 
-    def _holds_a_vote(self, attempt: int, message: RelayMessage) -> bool:
-        """Whether ``message`` carries a valid vote of ``attempt`` by a peer of the newest open
-        roster: only that moves :meth:`latest_attempt` (a stranger's number does not)."""
+    def _valid_voter(self, attempt: int, message: RelayMessage) -> str | None:
+        """The peer of the newest open roster whose valid vote of ``attempt`` ``message`` carries
+        first (None: none): only that moves :meth:`latest_attempt` (a stranger's number does not)."""
         if not self._relays or not message.certificates:
-            return False
+            return None
         keys = self._relays[max(self._relays)].tally.roster.keys
         try:
             c = CommitCertificate.from_wire(message.certificates[0])
         except CertificateError:
-            return False
+            return None
         if (c.task_id, c.attempt) != (self.task_id, attempt):
-            return False
+            return None
         voter, signature = next(iter(c.votes.items()), ("", ""))  # one check per message is enough
-        return voter in keys and vote_holds(keys[voter], c.task_id, attempt, c.digest, c.group, signature)
+        holds = voter in keys and vote_holds(keys[voter], c.task_id, attempt, c.digest, c.group, signature)
+        return voter if holds else None
 
     def _after(self, attempt: int, outgoing: list[Outgoing]) -> None:
         """Send what a relay call returned, note a decision, and let the ticker look again."""

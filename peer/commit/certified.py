@@ -92,6 +92,7 @@ class CertifiedCommitter(RoundCommitter):
         self._scopes: dict[int, str] = {}  # attempt -> this peer's scope, where it is open
         self._heard = VotesHeard(self.channel, self.peer_id)
         self._voted: set[int] = set()  # attempts this peer voted in (of those in _scopes)
+        self._named: set[tuple[int, str]] = set()  # (attempt, peer) equivocations logged
 
     @property
     def reports(self) -> VotesHeard:
@@ -112,6 +113,7 @@ class CertifiedCommitter(RoundCommitter):
         for old in [a for a in self._scopes if a <= attempt - OPEN_KEPT]:
             del self._scopes[old]
             self._voted.discard(old)
+        self._named = {(a, p) for a, p in self._named if a > attempt - OPEN_KEPT}
 
     def post_result(self, attempt: int, report: CommitReport) -> None:
         """On the board (the guard reads results there), and as this peer's vote."""
@@ -162,6 +164,7 @@ class CertifiedCommitter(RoundCommitter):
             return CommitDecision(False, "this peer has no vote in its roster's certificates")
         started = time.monotonic()
         decided = self.channel.wait_decided(attempt, self.commit_wait() + extra_seconds)
+        self._name_equivocators(attempt)
         voters = self.channel.voters(attempt) or frozenset()
         seen_all = set(roster) <= voters | {self.peer_id}
         self.everyone_posted = (attempt, frozenset(roster)) if seen_all else None
@@ -176,13 +179,22 @@ class CertifiedCommitter(RoundCommitter):
             return CommitDecision(False, "certificates: no result can reach a majority", seen=voters)
         return CommitDecision(False, f"certificates committed another result ({decided[:8]})", seen=voters)
 
+    def _name_equivocators(self, attempt: int) -> None:
+        """Log each key seen voting twice in ``attempt`` (its votes count nowhere), once."""
+        for equivocation in self.channel.equivocations(attempt):
+            if (attempt, equivocation.peer_id) not in self._named:
+                self._named.add((attempt, equivocation.peer_id))
+                logger.warning(f"attempt {attempt}: {equivocation.describe()}: its votes count nowhere")
+
     def settle(self, attempt: int, roster: Collection[str], levels: int = 1) -> bool:
         """Wait until certificates decide ``attempt`` (bounded by its stage deadlines over ``levels``
         tree levels, plus the commit wait unless this peer waited it out already)."""
         if attempt not in self._scopes:
             return False
         bound = self.deadlines.total(levels) + (0.0 if self._waited_out == attempt else self.commit_wait())
-        return self.channel.wait_decided(attempt, bound) is not None
+        decided = self.channel.wait_decided(attempt, bound)
+        self._name_equivocators(attempt)
+        return decided is not None
 
     def live_peers(self, previous_attempt: int | None, inner_step: bool = False) -> set[str] | None:
         """The peers that voted in ``previous_attempt`` (None: none heard, or not open here)."""

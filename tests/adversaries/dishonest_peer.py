@@ -82,13 +82,14 @@ from protocol.records import ContributionReceipt  # noqa: E402
 from protocol.sealing import seal  # noqa: E402
 from robust_aggregation.reducer_proof import PartProof, make_proof, sketch, sketch_seed  # noqa: E402
 from supernet.state import digest as state_digest  # noqa: E402
-from tests.adversaries import identity_attacks  # noqa: E402
+from tests.adversaries import identity_attacks, vote_attacks  # noqa: E402
 from tests.adversaries.identity_attacks import IDENTITY_ATTACKS  # noqa: E402
+from tests.adversaries.vote_attacks import VOTE_ATTACKS  # noqa: E402
 
 FAULTS = (
     "forge", "replay", "inflate", "fabricate", "search-lie", "silent", "flops", "self-group",
     "group-inflate", "nan", "x1000", "sign", "garbage", "forged-state", "rogue-progress", "lying-reducer",
-    "noisy-reducer", "equivocating-reducer", "hiding-reducer", "copy", *IDENTITY_ATTACKS,
+    "noisy-reducer", "equivocating-reducer", "hiding-reducer", "copy", *IDENTITY_ATTACKS, *VOTE_ATTACKS,
 )  # fmt: skip
 POISONS = ("nan", "x1000", "sign", "garbage")
 INFLATION = 10  # group-inflate's factor
@@ -444,6 +445,8 @@ def dishonest_node(fault: str) -> type[PeerNode]:
         def run(self):
             if fault in IDENTITY_ATTACKS:
                 identity_attacks.start(fault, self)
+            if fault in VOTE_ATTACKS:
+                vote_attacks.start(fault, self)
             if fault != "silent":
                 return super().run()
             self._announcer.announce()

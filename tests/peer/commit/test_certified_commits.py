@@ -1,7 +1,7 @@
 """Rounds decided by commit certificates (:class:`peer.commit.certified.CertifiedCommitter`) on five
 real libp2p daemons: posted results commit once their votes are a majority, departures leave the
 majority, a failed peer settles on the decision, aborts decide an attempt without waiting out the
-commit wait, and the attempt counter follows only valid votes of the roster's peers."""
+commit wait, and the attempt counter follows only valid votes of two or more of the roster's peers."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from peer.commit.certificate_channel import CertificateChannel, encode, handler_
 from peer.commit.certificate_relay import Kind, RelayMessage, RelaySettings
 from peer.commit.certified import CertificateVotes, CertifiedCommitter
 from peer.commit.report import CommitReport
-from protocol.commit_certificate import ABORTED, CommitCertificate, sign_vote
+from protocol.commit_certificate import ABORTED, DEPARTED, CommitCertificate, sign_vote
 from protocol.identity import Identity
 from tests.peer.commit.daemons import real_nodes
 
@@ -92,7 +92,7 @@ def test_aborts_decide_an_attempt_without_waiting_out_the_commit_wait(swarm):
     assert committers[2].settle(2, peers) and committers[2].channel.wait_decided(2, 0) == ABORTED
 
 
-def test_the_attempt_counter_follows_valid_votes_of_the_roster_only(swarm):
+def test_the_attempt_counter_follows_two_or_more_roster_voters_only(swarm):
     committers, identities, peers, cohorts = swarm
     for c in committers:
         c.open_attempt(3, peers, cohorts)
@@ -108,8 +108,14 @@ def test_the_attempt_counter_follows_valid_votes_of_the_roster_only(swarm):
     # a vote for attempt 50 under peer 1's name but a key the roster does not hold: ignored
     sender.call(peers[0], handler_name(TASK), later_vote(stranger, peers[1], 50), timeout=10)
     assert me.next_attempt(3) == 4
-    # peer 1's own vote in attempt 7: the swarm ended attempt 7, so this peer takes part in 8
-    sender.call(peers[0], handler_name(TASK), later_vote(identities[1], peers[1], 7), timeout=10)
+    # peer 2's own vote in attempt 7: one witness is not enough (one key could name any attempt)
+    sender.call(peers[0], handler_name(TASK), later_vote(identities[2], peers[2], 7), timeout=10)
+    assert me.next_attempt(3) == 4
+    # peer 3's in attempt 7 too: the swarm ended attempt 7, so this peer takes part in 8
+    sender.call(peers[0], handler_name(TASK), later_vote(identities[3], peers[3], 7), timeout=10)
+    assert me.next_attempt(3) == 8
+    # peer 1's own valid vote in attempt 1000: alone, it moves nothing
+    sender.call(peers[0], handler_name(TASK), later_vote(identities[1], peers[1], 1000), timeout=10)
     assert me.next_attempt(3) == 8
 
 
@@ -125,3 +131,23 @@ def test_peers_that_depart_leave_the_majority_and_a_result_commits_on_the_rest(s
     assert decision.committed, decision.reason
     assert committers[4].channel.wait_decided(10, 20) == RESULT
     assert committers[1].reports.read(10)[peers[2]].left  # the stages see a departure, not a failure
+
+
+def test_a_key_that_votes_twice_is_named_and_counts_nowhere(swarm, caplog):
+    committers, identities, peers, cohorts = swarm
+    for c in committers:
+        c.open_attempt(11, peers, cohorts)
+    sender = committers[4].channel.endpoint
+    for digest, group in ((RESULT, GROUP), (DEPARTED, "")):  # node 4's key: a result, then a departure
+        vote = {peers[4]: sign_vote(identities[4], TASK, 11, digest, group)}
+        wire = CommitCertificate(TASK, 11, "c0001", digest, group, vote).to_wire()
+        sender.call(peers[0], handler_name(TASK), encode(11, RelayMessage(Kind.VOTE, (wire,))), timeout=10)
+    for c in committers[:3]:
+        _post(c, 11, ok=True)
+    with caplog.at_level("WARNING", logger="peer.commit.certified"):
+        decision = committers[0].await_quorum(
+            11, RESULT, peers, extra_seconds=0, witnesses=(), public_keys=None
+        )
+    assert decision.committed, decision.reason  # 3 of 5: node 4 counts in neither the result nor the base
+    assert [e.peer_id for e in committers[0].channel.equivocations(11)] == [peers[4]]
+    assert f"peer {peers[4][-8:]} voted for" in caplog.text
