@@ -11,9 +11,11 @@ cohort's votes up a tree of cohort leaders, all of them back down, and gossip wh
 3. The root sends everything down the same way, and what comes later as it comes; a peer commits
    once the votes it checked for one result are more than half of the roster less the departures
    seen (:class:`protocol.commit_certificate.CertificateTally`).
-4. A peer not committed ``gossip_after`` seconds after its vote asks ``gossip_peers`` random roster
-   peers every ``gossip_every`` seconds, ``gossip_times`` times at most (an attempt whose results
-   all fell short never commits), and each answers with every certificate it holds.
+4. A peer not decided ``gossip_after`` seconds after its vote asks ``gossip_peers`` random roster
+   peers every ``gossip_every`` seconds, ``gossip_times`` times, then at doubling spacings until
+   ``gossip_for`` seconds after its vote (a peer whose view of the tree is not the others' hears
+   the votes that came after its first asks; an attempt that never decides costs a few asks more),
+   and each answers with every certificate it holds.
 
 Sans-IO: the relay sends nothing and reads no clock. :meth:`CertificateRelay.vote`,
 :meth:`~CertificateRelay.receive` and :meth:`~CertificateRelay.tick` take the time and return the
@@ -72,7 +74,8 @@ class RelaySettings:
     gossip_after: float = 6.0  # seconds after its vote that a peer not committed starts asking around
     gossip_every: float = 1.0
     gossip_peers: int = 2
-    gossip_times: int = 8
+    gossip_times: int = 8  # asks gossip_every apart; then the spacing doubles each time
+    gossip_for: float = 90.0  # seconds after its vote that a peer not decided stops asking
     leaders: int = 2  # peers that lead each tree group (its lowest cohort's first members): one may be gone
 
 
@@ -164,7 +167,8 @@ class CertificateRelay:
         self._flushed_up = False
         self._late_since: float | None = None  # when the oldest vote not yet passed on came
         self._next_gossip: float | None = None
-        self._gossip_left = settings.gossip_times
+        self._gossip_until = 0.0
+        self._gossip_asked = 0
         self._others = sorted(set(roster.keys) - {me})
 
     # -- what the caller drives --------------------------------------------------------------
@@ -173,6 +177,7 @@ class CertificateRelay:
         """This peer's own vote (a one-vote certificate of its cohort), sent to its cohort's members."""
         self._started_at = now if self._started_at is None else self._started_at
         self._next_gossip = now + self.settings.gossip_after
+        self._gossip_until = now + self.settings.gossip_for
         self._take([certificate.to_wire()], now)
         message = RelayMessage(Kind.VOTE, (certificate.to_wire(),))
         return [Outgoing(m, message) for m in self.cohort if m != self.me] + self.tick(now)
@@ -207,8 +212,10 @@ class CertificateRelay:
         if self._to_send_down and self._sent_up and self._passes_up():
             out += self._flush_down()
         if self.decided is None and self._next_gossip is not None and now >= self._next_gossip:
-            self._gossip_left -= 1
-            self._next_gossip = now + self.settings.gossip_every if self._gossip_left > 0 else None
+            self._gossip_asked += 1
+            doublings = max(0, self._gossip_asked - self.settings.gossip_times + 1)
+            after = now + self.settings.gossip_every * 2**doublings
+            self._next_gossip = after if after <= self._gossip_until else None
             for peer in self.rng.sample(self._others, min(self.settings.gossip_peers, len(self._others))):
                 out.append(Outgoing(peer, RelayMessage(Kind.PULL)))
         return out
