@@ -193,7 +193,12 @@ def start(fault: str, node) -> None:
     if fault == "forged-equivocation":
         forged_equivocation(node)
         return
-    once = _ATTACKS[fault](node)
+    repeat_in_background(fault, _ATTACKS[fault](node), "forgeries")
+
+
+def repeat_in_background(fault: str, once: Callable[[], None], what: str) -> None:
+    """Call ``once`` every :data:`EVERY` seconds on a daemon thread, for as long as the peer runs
+    (a failed call is logged; the next one comes)."""
 
     def loop() -> None:
         rounds = 0
@@ -202,8 +207,8 @@ def start(fault: str, node) -> None:
                 once()
                 rounds += 1
                 if rounds in (1, 100):
-                    logger.info(f"red team: {fault}: {rounds} round(s) of forgeries sent")
-            except Exception as e:  # the DHT refused or is busy: the next round of forgeries
+                    logger.info(f"red team: {fault}: {rounds} round(s) of {what} sent")
+            except Exception as e:  # the DHT or the channel refused or is busy: the next round
                 logger.warning(f"red team: {fault}: {type(e).__name__}: {e}")
             time.sleep(EVERY)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 from peer.commit.certificate_channel import encode, handler_name
@@ -25,11 +24,11 @@ from peer.commit.certified import CertifiedCommitter
 from peer.roster_view import read_roster
 from protocol.commit_certificate import ABORTED, DEPARTED, CommitCertificate, sign_vote
 from protocol.identity import Identity
+from tests.adversaries.identity_attacks import repeat_in_background
 
 logger = logging.getLogger("manta.red-team")
 
 VOTE_ATTACKS = ("far-attempt-votes", "forged-votes", "equivocating-votes")
-EVERY = 2.0  # seconds between an attack's rounds of votes
 FAR = 1000  # how far ahead of the swarm's attempt far-attempt-votes votes
 SEND_TIMEOUT = 5.0
 
@@ -120,18 +119,4 @@ def start(fault: str, node) -> None:
     if fault == "equivocating-votes":
         equivocating_votes(node)
         return
-    once = _LOOPS[fault](node)
-
-    def loop() -> None:
-        rounds = 0
-        while True:
-            try:
-                once()
-                rounds += 1
-                if rounds in (1, 100):
-                    logger.info(f"red team: {fault}: {rounds} round(s) of votes sent")
-            except Exception as e:  # not started yet, or the channel is busy: the next round
-                logger.warning(f"red team: {fault}: {type(e).__name__}: {e}")
-            time.sleep(EVERY)
-
-    threading.Thread(target=loop, name=f"red-team-{fault}", daemon=True).start()
+    repeat_in_background(fault, _LOOPS[fault](node), "votes")
