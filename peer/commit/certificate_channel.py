@@ -18,6 +18,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from hivemind_adapter.p2p import Endpoint
 from peer.commit.certificate_relay import CertificateRelay, Kind, Outgoing, RelayMessage, RelaySettings
@@ -36,6 +37,22 @@ EARLY_MESSAGES = 256  # messages kept for attempts not opened yet, all attempts 
 ATTEMPTS_KEPT = 4  # relays of older attempts still answer gossip
 EARLY_ATTEMPTS = 4  # how far ahead of the newest open attempt a message may be and still wait
 ATTEMPT_WITNESSES = 2  # distinct roster voters an attempt not open here must be heard from to count
+
+
+@dataclass(frozen=True)
+class VoteHearing:
+    """What one peer heard of an attempt's votes: what its undecided waits log."""
+
+    voters: int  # roster peers a valid vote came from
+    roster: int
+    votes_refused: int  # votes left out: of peers outside the roster, or not checking out
+    gossip_asked: int  # asks this peer sent
+
+    def describe(self) -> str:
+        return (
+            f"{self.voters} of {self.roster} voted as heard here, {self.votes_refused} vote(s) refused, "
+            f"{self.gossip_asked} ask(s) sent"
+        )
 
 
 def handler_name(task_id: str) -> str:
@@ -117,6 +134,10 @@ class CertificateChannel:
         """Voter -> (digest, group) of its valid vote of ``attempt`` heard here ({}: none, or not open)."""
         return self.endpoint.loop.run(self._votes(attempt), timeout=5)
 
+    def hearing(self, attempt: int) -> VoteHearing | None:
+        """What this peer heard of ``attempt``'s votes (None: not open here)."""
+        return self.endpoint.loop.run(self._hearing(attempt), timeout=5)
+
     def equivocations(self, attempt: int) -> list[VoteEquivocation]:
         """The keys seen voting twice in ``attempt`` ([]: none, or not open here)."""
         return self.endpoint.loop.run(self._equivocations(attempt), timeout=5)
@@ -166,6 +187,13 @@ class CertificateChannel:
     async def _votes(self, attempt: int) -> dict[str, tuple[str, str]]:
         relay = self._relays.get(attempt)
         return {} if relay is None else relay.tally.votes()
+
+    async def _hearing(self, attempt: int) -> VoteHearing | None:
+        relay = self._relays.get(attempt)
+        if relay is None:
+            return None
+        tally = relay.tally
+        return VoteHearing(len(tally.voters()), len(tally.roster), tally.votes_refused, relay.gossip_asked)
 
     async def _equivocations(self, attempt: int) -> list[VoteEquivocation]:
         relay = self._relays.get(attempt)

@@ -168,7 +168,7 @@ class CertificateRelay:
         self._late_since: float | None = None  # when the oldest vote not yet passed on came
         self._next_gossip: float | None = None
         self._gossip_until = 0.0
-        self._gossip_asked = 0
+        self.gossip_asked = 0  # asks sent so far
         self._others = sorted(set(roster.keys) - {me})
 
     # -- what the caller drives --------------------------------------------------------------
@@ -212,8 +212,8 @@ class CertificateRelay:
         if self._to_send_down and self._sent_up and self._passes_up():
             out += self._flush_down()
         if self.decided is None and self._next_gossip is not None and now >= self._next_gossip:
-            self._gossip_asked += 1
-            doublings = max(0, self._gossip_asked - self.settings.gossip_times + 1)
+            self.gossip_asked += 1
+            doublings = max(0, self.gossip_asked - self.settings.gossip_times + 1)
             after = now + self.settings.gossip_every * 2**doublings
             self._next_gossip = after if after <= self._gossip_until else None
             for peer in self.rng.sample(self._others, min(self.settings.gossip_peers, len(self._others))):

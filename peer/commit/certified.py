@@ -173,11 +173,17 @@ class CertifiedCommitter(RoundCommitter):
             return CommitDecision(True, agreeing=len(voters), seen=voters)
         if decided is None:
             self._waited_out = attempt
+            self._log_undecided(attempt, time.monotonic() - started)
             why = f"no result with votes from a majority of the roster ({len(voters)} voted)"
             return CommitDecision(False, why, timed_out=True, seen=voters)
         if decided == ABORTED:
             return CommitDecision(False, "certificates: no result can reach a majority", seen=voters)
         return CommitDecision(False, f"certificates committed another result ({decided[:8]})", seen=voters)
+
+    def _log_undecided(self, attempt: int, waited: float) -> None:
+        hearing = self.channel.hearing(attempt)
+        if hearing is not None:
+            logger.info(f"attempt {attempt}: undecided after {waited:.0f} s: {hearing.describe()}")
 
     def _name_equivocators(self, attempt: int) -> None:
         """Log each key seen voting twice in ``attempt`` (its votes count nowhere), once."""
@@ -194,6 +200,8 @@ class CertifiedCommitter(RoundCommitter):
         bound = self.deadlines.total(levels) + (0.0 if self._waited_out == attempt else self.commit_wait())
         decided = self.channel.wait_decided(attempt, bound)
         self._name_equivocators(attempt)
+        if decided is None:
+            self._log_undecided(attempt, bound)
         return decided is not None
 
     def live_peers(self, previous_attempt: int | None, inner_step: bool = False) -> set[str] | None:

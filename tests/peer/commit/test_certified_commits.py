@@ -151,3 +151,6 @@ def test_a_key_that_votes_twice_is_named_and_counts_nowhere(swarm, caplog):
     assert decision.committed, decision.reason  # 3 of 5: node 4 counts in neither the result nor the base
     assert [e.peer_id for e in committers[0].channel.equivocations(11)] == [peers[4]]
     assert f"peer {peers[4][-8:]} voted for" in caplog.text
+    hearing = committers[0].channel.hearing(11)
+    assert hearing is not None and hearing.roster == 5 and hearing.voters >= 4 and hearing.votes_refused == 0
+    assert committers[0].channel.hearing(999) is None  # not open here
