@@ -3,9 +3,9 @@
 
 Each report a peer posts it also votes for (a failure as :data:`~protocol.commit_certificate.ABORTED`,
 a departure as :data:`~protocol.commit_certificate.DEPARTED`) over its
-:class:`~peer.commit.certificate_channel.CertificateChannel`; it commits once the votes it checked
-for one result are more than half of the attempt's roster less the departures it saw, settles on the attempt's decision, and
-takes its next attempt number from the votes it hears. Nothing on that path reads a board. The board
+:class:`~peer.commit.certificate_channel.CertificateChannel`. It commits once the votes it checked
+for one result are more than half of the attempt's roster less the departures it saw, settles on
+the attempt's decision, and takes its next attempt number from the votes it hears. Nothing on that path reads a board. The board
 still carries what is not decided yet by certificates: results (the guard's proofs), partner markers,
 departures, and the state reports catch-up reads.
 """
