@@ -163,16 +163,26 @@ def test_a_killed_runs_leftovers_are_removed_by_the_next_run(tmp_path):
         if owner.poll() is None:
             owner.kill()
     deadline = time.monotonic() + 10  # the relays die with their parent (parent-death signal)
-    while (
-        any("testbed.wan.relay" in " ".join(p.cmdline()) for p in _procs("dead01"))
-        and time.monotonic() < deadline
-    ):
+    while _live_relays("dead01") and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not any("testbed.wan.relay" in " ".join(p.cmdline()) for p in _procs("dead01"))
+    assert not _live_relays("dead01")
     removed = remove_stale()  # what the next run does first
     assert sorted(removed) == sorted(left)
     assert not [ns for ns in namespaces() if ns.startswith("manta-tb-dead01-")]
     assert _testbed_pids("dead01") == []
+
+
+def _live_relays(run_id: str) -> list[int]:
+    """The relay processes of ``run_id`` still running (a zombie has exited: its parent is gone and
+    init has not reaped it yet)."""
+    out = []
+    for process in _procs(run_id):
+        try:
+            if "testbed.wan.relay" in " ".join(process.cmdline()):
+                out.append(process.pid)
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):
+            pass
+    return out
 
 
 def _procs(run_id: str) -> list[psutil.Process]:
