@@ -70,11 +70,10 @@ class CommitWitness:
         the attempts read from the board (a flood of other attempts would push real ones out of the
         memory). Returns how many it learned; ValueError if ``data`` is no bundle."""
         bundle = WitnessBundle.from_bytes(data)
-        with self._lock:
-            newest = self._newest_read
-            known = set(self._seen.get(bundle.attempt, {}))
-        if newest is None or not newest - ATTEMPTS_KEPT // 2 <= bundle.attempt <= newest + BUNDLE_AHEAD:
+        if not self.near(bundle.attempt):
             return 0
+        with self._lock:
+            known = set(self._seen.get(bundle.attempt, {}))
         reports = {}
         for wire in bundle.reports:
             try:
@@ -114,6 +113,18 @@ class CommitWitness:
                 if commit.group == group and commit.state:
                     out.setdefault(commit.state, set()).add(commit.peer_id)
             return out
+
+    def holders_of(self, attempt: int, state: str) -> set[str]:
+        """The peer ids that reported holding ``state`` after committing a group of ``attempt``."""
+        with self._lock:
+            return {c.peer_id for c in self._seen.get(attempt, {}).values() if c.state == state}
+
+    def near(self, attempt: int) -> bool:
+        """Whether ``attempt`` is close enough to the newest attempt read from the board to be read
+        for a caller that is not a receipt (a far one would push real attempts out of the memory)."""
+        with self._lock:
+            newest = self._newest_read
+        return newest is not None and newest - ATTEMPTS_KEPT // 2 <= attempt <= newest + BUNDLE_AHEAD
 
     def commit_counts(self, attempt: int) -> dict[str, int]:
         """Group id -> how many keys reported committing it in ``attempt``."""

@@ -57,6 +57,7 @@ from aggregator.receipt_answers import CreditsBook, credits_reply
 from aggregator.receipt_status import ReceiptStatus
 from aggregator.round_closing import RoundCloser
 from aggregator.round_pace import RoundPace, newest_receipt_round
+from aggregator.state_handoff import take_handoff
 from aggregator.state_prefetch import StatePrefetcher
 from aggregator.trust import TrustBook
 from aggregator.work_pricing import WorkPricing
@@ -156,7 +157,9 @@ class ContributionDesk:
         self.states = states
         self.endpoint = endpoint
         serve(
-            endpoint, self.task_id, DeskHandlers(self.submit, self.status, self.credits, self.take_witnesses)
+            endpoint,
+            self.task_id,
+            DeskHandlers(self.submit, self.status, self.credits, self.take_witnesses, self.take_state),
         )
         publish_binding(dht, identity, self.task_id)
         self._binding_published_at = time.monotonic()
@@ -219,6 +222,10 @@ class ContributionDesk:
             return {"status": "ok", "learned": self.witness.take_bundle(payload)}
         except ValueError as e:
             return {"status": "rejected", "detail": str(e)}
+
+    def take_state(self, payload: bytes, sender: str) -> dict:
+        """A leaving peer's state, fetched before it leaves (:func:`aggregator.state_handoff.take_handoff`)."""
+        return take_handoff(payload, sender, self.witness, self.states)
 
     def _bind(self, binding: bytes, sender: str) -> dict | None:
         """Learn ``sender``'s binding (a writer job); the refusal to answer if it is not one."""

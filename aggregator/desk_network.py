@@ -1,5 +1,5 @@
 """The contribution desk's face on the network: the handlers it serves on its endpoint
-(``manta/<task>/submit``, ``status``, ``credits``, ``witnesses``) and what it publishes in the DHT,
+(``manta/<task>/submit``, ``status``, ``credits``, ``witnesses``, ``state-handoff``) and what it publishes in the DHT,
 its identity binding under ``manta_<task>_aggregators`` and its checkpoint notes under
 ``manta_<task>_ledger`` (each under the aggregator's public key, for an hour)."""
 
@@ -18,6 +18,7 @@ from protocol.dht_schema import (
     credits_handler,
     ledger_key,
     open_ledger_value,
+    state_handoff_handler,
     status_handler,
     submit_handler,
     withdrawals_key,
@@ -41,15 +42,23 @@ class DeskHandlers:
     status: Handler
     credits: Handler
     witnesses: Handler
+    state_handoff: Handler
+
+
+def handler_names(task_id: str) -> tuple[str, ...]:
+    """The desk's calls, in :class:`DeskHandlers`' order."""
+    return (
+        submit_handler(task_id),
+        status_handler(task_id),
+        credits_handler(task_id),
+        witnesses_handler(task_id),
+        state_handoff_handler(task_id),
+    )
 
 
 def _named(task_id: str, handlers: DeskHandlers) -> list[tuple[str, Handler]]:
-    return [
-        (submit_handler(task_id), handlers.submit),
-        (status_handler(task_id), handlers.status),
-        (credits_handler(task_id), handlers.credits),
-        (witnesses_handler(task_id), handlers.witnesses),
-    ]
+    h = handlers
+    return list(zip(handler_names(task_id), (h.submit, h.status, h.credits, h.witnesses, h.state_handoff)))
 
 
 def json_call(fn: Handler):
@@ -76,12 +85,7 @@ def serve(endpoint: Endpoint, task_id: str, handlers: DeskHandlers) -> None:
 
 def unserve(endpoint: Endpoint, task_id: str) -> None:
     """Stop serving the desk's calls of ``task_id`` on ``endpoint``."""
-    for name in (
-        submit_handler(task_id),
-        status_handler(task_id),
-        credits_handler(task_id),
-        witnesses_handler(task_id),
-    ):
+    for name in handler_names(task_id):
         endpoint.unserve(name)
 
 

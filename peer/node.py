@@ -38,12 +38,14 @@ from peer.progress_display import ProgressDisplay
 from peer.round import apply_pending_result, run_round
 from peer.round_types import OuterReport, RoundContext, RoundReport
 from peer.startup import JoinConfig, PeerKinds, PeerParts, build_peer
+from peer.state_handoff import HANDOFF_SECONDS, hand_over_state
 from peer.stopping import StopSignals
 from peer.swarm_view import PROGRESS_TTL
 from peer.worker_fork import WaitingWorkers
 from protocol.identity import Identity
 from protocol.record_lifetimes import commit_ttl
 from protocol.records import ContributionReceipt
+from protocol.state_handoff import StateHandoff
 from supernet.checkpoint import save_checkpoint
 
 logger = logging.getLogger("manta.peer")
@@ -385,6 +387,16 @@ class PeerNode:
 
     # ------------------------------------------------------------------ stopping
 
+    def _hand_over_state(self) -> None:
+        """Leave the state this peer ends on with the aggregators (:mod:`peer.state_handoff`), if a
+        round of its own committed it (its commit reports name it for the aggregator)."""
+        digest = self.state.state_digest
+        last = next((r for r in reversed(self.reports) if r.committed and r.state_digest == digest), None)
+        if last is None or last.attempt < 0:
+            return
+        handoff = StateHandoff(last.attempt, digest)
+        hand_over_state(self.parts.courier.link, handoff, last.round, HANDOFF_SECONDS)
+
     def shutdown(self) -> None:
         """Leave: stop serving, deliver receipts (bounded), withdraw, stop workers and every process."""
         p = self.parts
@@ -405,6 +417,8 @@ class PeerNode:
         p.workers.stop()
         p.convictions.stop()
         p.averagers.shutdown()
+        if reachable:
+            self._hand_over_state()
         p.archive.close()  # last: the aggregator may still fetch the start states of its audits
         if p.data is not None:
             p.data.close()

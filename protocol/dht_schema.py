@@ -111,6 +111,11 @@ def witnesses_handler(task_id: str) -> str:
     return f"manta/{task_id}/witnesses"
 
 
+def state_handoff_handler(task_id: str) -> str:
+    """Where a leaving peer hands over the state it ends on (:class:`protocol.state_handoff.StateHandoff`)."""
+    return f"manta/{task_id}/state-handoff"
+
+
 def credits_handler(task_id: str) -> str:
     return f"manta/{task_id}/credits"
 

@@ -1,0 +1,61 @@
+"""A leaving peer leaves the state it ends on with the aggregator (peer/state_handoff.py,
+aggregator/state_handoff.py): real console scripts, a real aggregator and its checkpoint files."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol.state_handoff import StateHandoff
+from testbed.local_swarm import LocalSwarm, SwarmOptions
+
+pytestmark = pytest.mark.swarm
+
+SMALL = dict(target_samples=96, batch_size=32, subnets=2, width_mult="0.25", head_channels=64)
+
+
+def test_the_aggregator_checkpoints_the_round_its_peers_left_on_though_it_fetched_no_state_before(tmp_path):
+    """With audits off the aggregator prefetches no state, and no periodic checkpoint is due: the
+    round the peers end on reaches its final checkpoint only because each peer, leaving, handed it
+    over and kept serving it until the aggregator held it."""
+    swarm = LocalSwarm(SwarmOptions(peers=2, rounds=3, run_dir=tmp_path, **SMALL))
+    try:
+        swarm.start_aggregator(checkpoint_every=3600, extra_args=("--audit-fraction", "0"))
+        for i in range(2):
+            swarm.start_peer(i)
+        for i in range(2):
+            log = swarm.peer_dir(i) / "log.txt"
+            assert swarm.procs[f"peer-{i}"].wait(timeout=300) == 0, log.read_text()[-3000:]
+    finally:
+        swarm.close()
+    last = max(r["round"] for i in range(2) for r in swarm.rounds(i) if r["committed"])
+    aggregator = swarm.dir / "aggregator"
+    log = (aggregator / "log.txt").read_text()
+    assert f"final checkpoint: round {last} written to " in log, log[-3000:]
+    assert [p.name for p in sorted((aggregator / "checkpoints").glob("round-*.pt"))] == [
+        f"round-{last:08d}.pt"
+    ]
+    for i in range(2):
+        peer_log = (swarm.peer_dir(i) / "log.txt").read_text()
+        assert f"(round {last}) to aggregator " in peer_log and ": held there" in peer_log, peer_log[-2000:]
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"",
+        b"12",
+        b"-1 " + b"a" * 64,
+        b"3 " + b"A" * 64,
+        b"3 " + b"a" * 63,
+        b"3  " + b"a" * 64,
+        b"3 " + b"a" * 64 + b"\n",
+    ],
+)
+def test_a_malformed_handoff_is_refused_in_one_line(payload):
+    with pytest.raises(ValueError, match="^a state hand-off is '<attempt> <64-digit hex state digest>'$"):
+        StateHandoff.from_bytes(payload)
+
+
+def test_a_handoff_reads_back_as_written():
+    handoff = StateHandoff(7, "0f" * 32)
+    assert StateHandoff.from_bytes(handoff.to_bytes()) == handoff
