@@ -115,6 +115,11 @@ class AdmissionDesk:
         with self._lock:
             return frozenset(k for k in self._members if k not in self._withdrawn)
 
+    def withdrawn(self) -> frozenset[str]:
+        """The keys this desk withdrew."""
+        with self._lock:
+            return frozenset(self._withdrawn)
+
     # ------------------------------------------------------------------ calls
 
     def answer(self, payload: bytes, sender: str, network: str | None) -> dict:

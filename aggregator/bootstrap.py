@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aggregator.admission import AdmissionDesk, MembershipPolicy, serve_admission
+from aggregator.board_reads import AnnouncementReader
 from aggregator.checkpoints import CheckpointKeeper
+from aggregator.cohort_directory import DirectoryPublisher
 from aggregator.contributions import ContributionDesk
 from aggregator.join_line import MULTIADDRS_FILE
 from aggregator.monitor.service import Monitor
@@ -96,6 +98,7 @@ class BootstrapAggregator:
         self.published: Sealed[TaskSpec] | None = None
         self.keeper = None
         self.desk = None
+        self.directory = None
         self.admission: AdmissionDesk | None = None
         self.endpoint: Endpoint | None = None  # the desk's and the keeper's calls and handlers
         self.monitor = None
@@ -152,6 +155,8 @@ class BootstrapAggregator:
             self._start_checkpoints()
         if self.config.receipts:
             self._open_desk()
+        if self.published.record.params.commit == "certificates":
+            self._publish_directory()
         if self.monitor is not None:
             self._watch_swarm()
         maddrs = self.visible_maddrs()
@@ -222,6 +227,22 @@ class BootstrapAggregator:
             close_after=self.config.round_close_seconds,
             admission=self.admission,
         )
+
+    def _publish_directory(self) -> None:
+        """Sign and serve the cohort directory (:mod:`aggregator.cohort_directory`): what rounds
+        decided by certificates count against."""
+        task = self.published.record
+        reader = self.desk.announcements if self.desk is not None else None
+        if reader is None:
+            reader = AnnouncementReader(self.dht, self.task_id, frozenset(task.aggregator_keys))
+        witness = self.desk.witness if self.desk is not None else None
+        self.directory = DirectoryPublisher(
+            self.dht, self.endpoint, self.identity, task,
+            lambda: [entry.announcement.record for entry in reader.read()],
+            witness.newest_attempt if witness is not None else lambda: -1,
+            self.admission.withdrawn,
+        )  # fmt: skip
+        self.directory.start()
 
     def _checkpoint_loop(self) -> None:
         """Every ``checkpoint_seconds``, and at once when an outer task's period-end state is learned."""
@@ -341,6 +362,9 @@ class BootstrapAggregator:
             self._dht_watch.stop()  # the DHT is shut down on purpose below
         if self.keeper is not None:
             self.keeper.stop_serving()
+        if self.directory is not None:
+            self.directory.stop()
+            self.directory = None
         if self.monitor is not None:
             self.monitor.close()
             self.monitor = None

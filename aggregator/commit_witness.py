@@ -119,6 +119,11 @@ class CommitWitness:
         with self._lock:
             return {c.peer_id for c in self._seen.get(attempt, {}).values() if c.state == state}
 
+    def newest_attempt(self) -> int:
+        """The newest attempt read from the board (-1: none yet)."""
+        with self._lock:
+            return -1 if self._newest_read is None else self._newest_read
+
     def near(self, attempt: int) -> bool:
         """Whether ``attempt`` is close enough to the newest attempt read from the board to be read
         for a caller that is not a receipt (a far one would push real attempts out of the memory)."""

@@ -33,7 +33,6 @@ from hivemind_adapter.control_traffic import ControlTraffic, control_traffic  # 
 from hivemind_adapter.dht import DHT_BUCKET_SIZE, peer_id, speaker, start_dht  # noqa: E402
 from hivemind_adapter.group_keys import DeclarationSigner  # noqa: E402
 from hivemind_adapter.p2p import Endpoint  # noqa: E402
-from peer.affinity import assign_cohorts, cohort_sizes  # noqa: E402
 from peer.averaging.factory import build_averager, committer_for  # noqa: E402
 from peer.averaging.outcome import AveragingOutcome  # noqa: E402
 from peer.averaging.stage import AveragingTimeouts  # noqa: E402
@@ -44,6 +43,7 @@ from peer.commit.certified import CertificateVotes  # noqa: E402
 from peer.roster_view import ADMISSION_READ_AGE, RosterView  # noqa: E402
 from peer.swarm_progress import SwarmProgress  # noqa: E402
 from peer.swarm_view import Announcer, ProgressBoard  # noqa: E402
+from protocol.cohort_assignment import assign_cohorts, cohort_sizes  # noqa: E402
 from protocol.dht_schema import MantaRecordValidator  # noqa: E402
 from protocol.identity import Identity  # noqa: E402
 from protocol.membership import MembershipCertificate  # noqa: E402

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-import math
 import os
 import socket
-from dataclasses import dataclass
 
 
 def _machine_id() -> str:
@@ -96,39 +94,6 @@ def default_gateway_mac() -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class RosterEntry:
-    peer_id: str
-    host_id: str
-    network_id: str
-    explicit_cohort: str | None  # the peer's --cohort, or None for automatic
-
-
-def assign_cohorts(roster: list[RosterEntry], max_size: int) -> dict[str, str]:
-    """peer id -> cohort name, identical on every peer that sees the same roster."""
-    groups: dict[str, list[str]] = {}
-    by_host: dict[str, list[RosterEntry]] = {}
-    for entry in roster:
-        if entry.explicit_cohort:
-            groups.setdefault(entry.explicit_cohort, []).append(entry.peer_id)
-        else:
-            by_host.setdefault(entry.host_id, []).append(entry)
-    for host, entries in by_host.items():
-        if len(entries) > 1:
-            groups.setdefault(f"host-{host[:8]}", []).extend(e.peer_id for e in entries)
-        else:
-            groups.setdefault(f"net-{entries[0].network_id}", []).append(entries[0].peer_id)
-    assignment: dict[str, str] = {}
-    for name, members in groups.items():
-        members = sorted(set(members))
-        parts = max(1, math.ceil(len(members) / max(1, max_size)))
-        for i, peer in enumerate(members):
-            # Near-equal contiguous parts of the sorted list (sizes differ by at most one).
-            part = i * parts // len(members)
-            assignment[peer] = name if parts == 1 else f"{name}.{part}"
-    return assignment
-
-
 def cohort_on_lan(cohort: str, host: str, network: str, address: str) -> bool:
     """Whether every member of ``cohort`` reaches this peer without crossing a router: the automatic
     cohort of this host (``host``: its :func:`host_id`) or of its NAT'd LAN (``network``: its
@@ -137,10 +102,3 @@ def cohort_on_lan(cohort: str, host: str, network: str, address: str) -> bool:
     mates connect to its LAN address. An explicit ``--cohort`` or a public network may span routers."""
     base = cohort.split(".", 1)[0]
     return base == f"host-{host[:8]}" or (is_nat_address(address) and base == f"net-{network}")
-
-
-def cohort_sizes(assignment: dict[str, str]) -> dict[str, int]:
-    sizes: dict[str, int] = {}
-    for cohort in assignment.values():
-        sizes[cohort] = sizes.get(cohort, 0) + 1
-    return sizes

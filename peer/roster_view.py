@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from hivemind_adapter.dht import read_entries, read_expiring_entries
-from peer.affinity import RosterEntry
+from protocol.cohort_assignment import RosterEntry
 from protocol.dht_schema import open_peer_value, open_withdrawal_value, peers_key, withdrawals_key
 from protocol.record_lifetimes import ANNOUNCE_TTL, EXPIRY_SLACK_SECONDS
 from protocol.records import PeerAnnouncement

@@ -29,7 +29,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from peer.affinity import assign_cohorts, cohort_sizes
 from peer.averaging.outcome import AveragingOutcome
 from peer.commit.committer import PendingResult, RoundCommitter
 from peer.round_types import (
@@ -44,6 +43,7 @@ from peer.swarm_progress import SUPERSEDED_READ_EVERY
 from peer.worker_pool import WorkerPool
 from peer.worker_protocol import Compute, HostContribution
 from protocol.averaging_group import averaging_group_id, group_membership
+from protocol.cohort_assignment import assign_cohorts, cohort_sizes
 from protocol.records import ContributionReceipt
 from supernet.contribution import contribution_sketch
 from supernet.sketch import encode_sketch

@@ -9,7 +9,6 @@ import torch
 
 from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.state_archive import StateArchive
-from peer.affinity import assign_cohorts
 from peer.catch_up import anchored_rounds, anchored_state, committed_state, peer_tiebreak, trusted_round
 from peer.commit.committer import RoundCommitter
 from peer.outer_repair import missed_outer_state
@@ -18,6 +17,7 @@ from peer.roster_view import read_roster
 from peer.swarm_progress import SwarmProgress
 from peer.worker_pool import WorkerPool
 from peer.worker_protocol import SharedBuffers
+from protocol.cohort_assignment import assign_cohorts
 from protocol.task_spec import TaskSpec
 from supernet.outer_state import adopted_state, served_consensus, served_layout, split_served
 from supernet.state import digest

@@ -61,6 +61,7 @@ from typing import Any
 
 import msgpack
 
+from protocol.cohort_directory import DirectoryHeader
 from protocol.declarations import open_declaration_value
 from protocol.ledger_checkpoint import Checkpoint
 from protocol.membership import (
@@ -73,6 +74,7 @@ from protocol.record_lifetimes import (
     ANNOUNCE_TTL,
     COMMIT_MAX_TTL,
     CONVICTION_TTL,
+    DIRECTORY_TTL,
     PROGRESS_TTL,
     PUBLISHED_TTL,
     TASK_TTL,
@@ -198,6 +200,17 @@ def anchor_key(task_id: str) -> str:
     return f"manta_{task_id}_anchor"
 
 
+def directory_key(task_id: str) -> str:
+    """Where the task's aggregators publish their cohort directory headers
+    (:class:`protocol.cohort_directory.DirectoryHeader`), one entry per aggregator key."""
+    return f"manta_{task_id}_directory"
+
+
+def directory_handler(task_id: str) -> str:
+    """Where an aggregator serves a directory's cohort pages (``<epoch> <cohort>``)."""
+    return f"manta/{task_id}/directory"
+
+
 def convictions_key(task_id: str) -> str:
     """Where peers post the evidence that a reducer equivocated (:class:`protocol.records.ReducerConviction`)."""
     return f"manta_{task_id}_convictions"
@@ -272,6 +285,20 @@ def open_anchor_value(task_id: str, subkey: Any, value: Any) -> Sealed[StateAnch
     _check_owner(sealed, subkey)
     if sealed.record.task_id != task_id:
         raise RecordRejected(RejectReason.WRONG_TASK, f"anchor for {sealed.record.task_id!r}")
+    return sealed
+
+
+def open_directory_value(
+    task_id: str, subkey: Any, value: Any, aggregator_keys: frozenset[str] | None = None
+) -> Sealed[DirectoryHeader]:
+    """Check one entry of ``manta_T_directory``: a DirectoryHeader for ``task_id`` sealed by the
+    subkey's key, an aggregator key of the task (any key, where ``aggregator_keys`` is None)."""
+    sealed = open_sealed(_as_bytes(value), DirectoryHeader)
+    _check_owner(sealed, subkey)
+    if sealed.record.task_id != task_id:
+        raise RecordRejected(RejectReason.WRONG_TASK, f"directory for {sealed.record.task_id!r}")
+    if aggregator_keys is not None and sealed.public_key.hex() not in aggregator_keys:
+        raise RecordRejected(RejectReason.NOT_ADMITTED, "a directory not signed by an aggregator of the task")
     return sealed
 
 
@@ -396,6 +423,10 @@ class MantaRecordValidator:
             aggregators_key(task_id): (open_aggregator_value, signed(PUBLISHED_TTL)),
             ledger_key(task_id): (open_ledger_value, Lifetime(PUBLISHED_TTL)),
             anchor_key(task_id): (lambda sk, v: open_anchor_value(task_id, sk, v), signed(PUBLISHED_TTL)),
+            directory_key(task_id): (
+                lambda sk, v: open_directory_value(task_id, sk, v, keys),
+                signed(DIRECTORY_TTL),
+            ),
             convictions_key(task_id): (
                 lambda sk, v: open_conviction_value(task_id, sk, v),
                 signed(CONVICTION_TTL),

@@ -32,6 +32,7 @@ COMMIT_MAX_TTL = 600.0  # ... and at most (what validators accept)
 COMMIT_ROUNDS_KEPT = 2.5
 CONVICTION_TTL = 6 * 3600.0  # a posted conviction (its poster re-signs and re-posts it at half of this)
 PUBLISHED_TTL = 3600.0  # an aggregator's binding, checkpoint note and state anchor (refreshed well before)
+DIRECTORY_TTL = 600.0  # a cohort directory's header: several epochs (each epoch signs a new one)
 TASK_TTL = 3600.0  # a task's spec and its index entry, ahead of the time they are stored
 
 

@@ -149,12 +149,17 @@ def test_peers_online_withdrawn_and_gone_with_last_seen_on_the_local_clock():
 
 def test_a_peer_averaging_its_round_is_online_but_not_computing():
     agg = SwarmAggregates()
-    agg.observe(reading(records=[progress(ALICE, 2, 64, 1.2, throughput=30.0, averaging=True)]), 1000.0)
+    # signed 10 s apart, as the monitor's clock reads them (both made at once could share a millisecond,
+    # and a record no newer than the one held is not taken)
+    signed = int(time.time() * 1000)
+    averaging = progress(ALICE, 2, 64, 1.2, throughput=30.0, averaging=True, timestamp=signed)
+    agg.observe(reading(records=[averaging]), 1000.0)
     (alice,) = agg.peers(1001.0)
     assert alice["online"] and alice["averaging"] and not alice["computing"]
     assert alice["round"] == 2 and alice["samples"] == 64
     assert agg.activity(1001.0) == "between rounds"
-    agg.observe(reading(records=[progress(ALICE, 3, 16, 1.1, throughput=30.0)]), 1010.0)
+    computing = progress(ALICE, 3, 16, 1.1, throughput=30.0, timestamp=signed + 10_000)
+    agg.observe(reading(records=[computing]), 1010.0)
     (alice,) = agg.peers(1011.0)
     assert alice["computing"] and not alice["averaging"] and agg.activity(1011.0) == "training"
 

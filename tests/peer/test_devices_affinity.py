@@ -8,16 +8,9 @@ import sys
 
 import pytest
 
-from peer.affinity import (
-    RosterEntry,
-    assign_cohorts,
-    cohort_on_lan,
-    cohort_sizes,
-    host_id,
-    is_nat_address,
-    network_id,
-)
+from peer.affinity import cohort_on_lan, host_id, is_nat_address, network_id
 from peer.devices import discover_devices, parse_gpus
+from protocol.cohort_assignment import RosterEntry, assign_cohorts, cohort_sizes
 
 
 def test_parse_gpus_accepts_all_none_and_lists_and_names_the_option_on_error():

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.state_handoff import StateHandoff
 from testbed.local_swarm import LocalSwarm, SwarmOptions
 
 pytestmark = pytest.mark.swarm
@@ -37,25 +36,3 @@ def test_the_aggregator_checkpoints_the_round_its_peers_left_on_though_it_fetche
     for i in range(2):
         peer_log = (swarm.peer_dir(i) / "log.txt").read_text()
         assert f"(round {last}) to aggregator " in peer_log and ": held there" in peer_log, peer_log[-2000:]
-
-
-@pytest.mark.parametrize(
-    "payload",
-    [
-        b"",
-        b"12",
-        b"-1 " + b"a" * 64,
-        b"3 " + b"A" * 64,
-        b"3 " + b"a" * 63,
-        b"3  " + b"a" * 64,
-        b"3 " + b"a" * 64 + b"\n",
-    ],
-)
-def test_a_malformed_handoff_is_refused_in_one_line(payload):
-    with pytest.raises(ValueError, match="^a state hand-off is '<attempt> <64-digit hex state digest>'$"):
-        StateHandoff.from_bytes(payload)
-
-
-def test_a_handoff_reads_back_as_written():
-    handoff = StateHandoff(7, "0f" * 32)
-    assert StateHandoff.from_bytes(handoff.to_bytes()) == handoff

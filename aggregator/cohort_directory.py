@@ -1,0 +1,151 @@
+"""The cohort directory this aggregator signs (:mod:`protocol.cohort_directory`) and serves.
+
+Every tick it reads the members' announcements (one read of a value that grows with the swarm:
+the aggregator's, off every peer's round path) and assigns cohorts as peers do. When the members
+changed, and the last epoch is at least :data:`MIN_EPOCH_SECONDS` old, it signs a new epoch that
+governs from :data:`LEAD_ATTEMPTS` past the newest attempt it knows, so peers switch at one attempt
+boundary; it re-signs the same directory before the header's DHT copy expires. Pages are served by
+``<epoch> <cohort>``, or ``<epoch> @<peer id>`` for the page that lists a peer (a peer does not know
+which part of a split cohort it is in), for the last :data:`KEPT_EPOCHS` epochs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+
+from hivemind_adapter.dht import store
+from hivemind_adapter.p2p import Endpoint
+from protocol.cohort_assignment import directory_cohorts
+from protocol.cohort_directory import (
+    CohortDirectory,
+    DirectoryError,
+    DirectoryHeader,
+    DirectoryMember,
+    parse_page_request,
+)
+from protocol.dht_schema import directory_handler, directory_key
+from protocol.identity import Identity
+from protocol.record_lifetimes import DIRECTORY_TTL
+from protocol.records import PeerAnnouncement
+from protocol.sealing import seal
+from protocol.task_spec import TaskSpec
+
+logger = logging.getLogger(__name__)
+
+TICK_SECONDS = 10.0  # how often the members are read again
+MIN_EPOCH_SECONDS = 30.0  # a new epoch at most this often (churn changes the members every tick)
+LEAD_ATTEMPTS = 2  # a new epoch governs from this many attempts past the newest one known
+KEPT_EPOCHS = 4  # epochs whose pages are served
+
+
+class DirectoryPublisher:
+    """Signs, publishes and serves the task's cohort directory; :meth:`tick` once by hand, or
+    :meth:`start` a thread that ticks every :data:`TICK_SECONDS` until :meth:`stop`."""
+
+    def __init__(
+        self,
+        dht,
+        endpoint: Endpoint,
+        identity: Identity,
+        task: TaskSpec,
+        read_announcements: Callable[[], Iterable[PeerAnnouncement]],
+        newest_attempt: Callable[[], int],
+        withdrawn: Callable[[], frozenset[str]] = frozenset,
+    ):
+        """``newest_attempt()``: the newest attempt this aggregator knows the swarm in (-1: none)."""
+        self.dht, self.endpoint, self.identity, self.task = dht, endpoint, identity, task
+        self.read_announcements, self.newest_attempt, self.withdrawn = (
+            read_announcements,
+            newest_attempt,
+            withdrawn,
+        )
+        self._lock = threading.Lock()  # guards _directories
+        self._directories: OrderedDict[int, CohortDirectory] = OrderedDict()  # epoch -> directory
+        self._published_at = float("-inf")  # (the ticking thread's) when the newest epoch began
+        self._signed_at = float("-inf")  # ... and when its header was last signed
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        endpoint.serve(directory_handler(task.task_id), self._serve_page)
+
+    def newest(self) -> CohortDirectory | None:
+        with self._lock:
+            return next(reversed(self._directories.values()), None)
+
+    def tick(self, now: float | None = None) -> DirectoryHeader | None:
+        """Read the members; publish a new epoch if they changed (and the last is old enough), or
+        the same one re-signed if its header is half its DHT life old. Returns what was published."""
+        now = time.monotonic() if now is None else now
+        cohorts = directory_cohorts(
+            self.read_announcements(), self.withdrawn(), self.task.params.max_group_size
+        )
+        last = self.newest()
+        changed = last is None or _members(last) != _members_of(cohorts)
+        if cohorts and changed and now - self._published_at >= MIN_EPOCH_SECONDS:
+            # the first epoch governs from the start; a later one from an attempt boundary ahead
+            first = 0 if last is None else max(last.first_attempt + 1, self.newest_attempt() + LEAD_ATTEMPTS)
+            epoch = max(int(time.time()), last.epoch + 1 if last is not None else 0)
+            directory = CohortDirectory(self.task.task_id, epoch, first, cohorts)
+            with self._lock:
+                self._directories[epoch] = directory
+                while len(self._directories) > KEPT_EPOCHS:
+                    self._directories.popitem(last=False)
+            self._published_at = now
+            logger.info(
+                f"cohort directory epoch {epoch}: {directory.size} member(s) in {len(directory.names)} "
+                f"cohort(s), from attempt {first}"
+            )
+        elif last is None or now - self._signed_at < DIRECTORY_TTL / 2:
+            return None
+        directory = self.newest()
+        header = directory.header(timestamp=int(time.time() * 1000))
+        store(self.dht, directory_key(self.task.task_id), seal(header, self.identity), ttl=DIRECTORY_TTL,
+              subkey=self.identity.public_key_hex)  # fmt: skip
+        self._signed_at = now
+        return header
+
+    async def _serve_page(self, payload: bytes, sender: str) -> bytes:
+        try:
+            epoch, cohort, peer = parse_page_request(payload)
+        except DirectoryError as e:
+            return json.dumps({"error": str(e)}).encode()
+        with self._lock:
+            directory = self._directories.get(epoch)
+        if directory is None:
+            return json.dumps({"error": f"no directory of epoch {epoch} here"}).encode()
+        name = directory.cohort_of(peer) if peer is not None else cohort
+        if name is None or name not in directory.cohorts:
+            asked = f"peer {peer}" if peer is not None else f"cohort {cohort}"
+            return json.dumps({"error": f"no {asked} in epoch {epoch}"}).encode()
+        return directory.page(name).to_bytes()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="manta-directory", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception as e:  # an unreachable DHT: the next tick tries again
+                logger.warning(f"cohort directory not published: {type(e).__name__}: {e}")
+            self._stop.wait(TICK_SECONDS)
+
+    def stop(self) -> None:
+        """Stop ticking (waits for a tick under way, bounded) and serving pages."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.endpoint.unserve(directory_handler(self.task.task_id))
+
+
+def _members(directory: CohortDirectory) -> dict[str, tuple[DirectoryMember, ...]]:
+    return dict(directory.cohorts)
+
+
+def _members_of(cohorts: dict[str, list[DirectoryMember]]) -> dict[str, tuple[DirectoryMember, ...]]:
+    return {name: tuple(sorted(set(members))) for name, members in cohorts.items()}

@@ -1,0 +1,135 @@
+"""The cohort directory end to end: an aggregator signs it from the members' real announcements and
+serves its pages; a peer reads its cohort and the roster's size from one header key and one page,
+checked, and switches epochs at the attempt the directory names. Real DHT nodes, real endpoints."""
+
+from __future__ import annotations
+
+import pytest
+
+from aggregator.board_reads import AnnouncementReader
+from aggregator.cohort_directory import LEAD_ATTEMPTS, MIN_EPOCH_SECONDS, DirectoryPublisher
+from hivemind_adapter.dht import peer_id, speaker, store
+from hivemind_adapter.p2p import Endpoint
+from peer.directory_view import DirectoryUnavailable, DirectoryView
+from protocol.cohort_assignment import RosterEntry, assign_cohorts
+from protocol.cohort_directory import CohortDirectory, DirectoryMember
+from protocol.dht_schema import directory_key, peers_key
+from protocol.identity import Identity
+from protocol.record_lifetimes import DIRECTORY_TTL
+from protocol.records import Affinity, DeviceInfo, PeerAnnouncement
+from protocol.sealing import seal
+from tests.helpers import two_task_dhts
+from tests.protocol.factories import (
+    ADMITTING_AGGREGATOR,
+    TASK,
+    certificate_wire,
+    now_ms,
+    speaker_binding_wire,
+    speaker_of,
+    task_spec,
+)
+
+HOST, OTHER_HOST = "a1" * 8, "b2" * 8
+
+
+def _announce(dht, identity: Identity, host: str, network: str, *, as_dht=None) -> str:
+    """``identity`` announced as a member on ``host`` (under ``as_dht``'s peer id, else its test one)."""
+    who = speaker(as_dht, identity) if as_dht is not None else speaker_of(identity)
+    record = PeerAnnouncement(
+        task_id=TASK, peer_id=who.peer_id, public_key=identity.public_key_hex,
+        devices=(DeviceInfo(kind="cpu", name="test cpu", memory_mb=1024),), throughput_milli=100_000,
+        affinity=Affinity(host_id=host, network_id=network), cohort_id="auto", timestamp=now_ms(),
+    )  # fmt: skip
+    value = [
+        seal(record, identity),
+        speaker_binding_wire(who),
+        certificate_wire(identity, peer_id=who.peer_id),
+    ]
+    assert store(dht, peers_key(TASK), value, ttl=120, subkey=identity.public_key_hex)
+    return who.peer_id
+
+
+def test_a_peer_reads_its_checked_cohort_and_roster_size_and_switches_epoch_at_the_named_attempt():
+    task = task_spec(ADMITTING_AGGREGATOR)  # cohorts of at most 4
+    attempt = {"newest": -1}
+    with two_task_dhts(TASK) as (desk_dht, peer_dht):
+        desk_end, peer_end = Endpoint(desk_dht, "desk"), Endpoint(peer_dht, "peer")
+        reader = AnnouncementReader(desk_dht, TASK, frozenset(task.aggregator_keys))
+        publisher = DirectoryPublisher(
+            desk_dht, desk_end, ADMITTING_AGGREGATOR, task,
+            lambda: [e.announcement.record for e in reader.read()], lambda: attempt["newest"],
+        )  # fmt: skip
+        me = Identity.generate()
+        view = DirectoryView(peer_dht, peer_end, task, peer_id(peer_dht), lambda key: peer_id(desk_dht))
+        try:
+            # this peer and four more share a host (5 > 4: two parts); one is alone on its network
+            mine = _announce(peer_dht, me, HOST, "n1", as_dht=peer_dht)
+            others = [Identity.generate() for _ in range(5)]
+            ids = [
+                _announce(peer_dht, o, HOST if i < 4 else OTHER_HOST, f"n{i}") for i, o in enumerate(others)
+            ]
+            with pytest.raises(DirectoryUnavailable, match="no cohort directory governs attempt 0 yet"):
+                view.own_cohort(0)
+            first = publisher.tick(now=0.0)
+            assert first is not None and (first.size, first.first_attempt) == (6, 0)
+            roster = [RosterEntry(mine, HOST, "n1", None)] + [
+                RosterEntry(p, HOST if i < 4 else OTHER_HOST, f"n{i}", None) for i, p in enumerate(ids)
+            ]
+            expected = assign_cohorts(roster, task.params.max_group_size)
+            assert len(set(expected.values())) == 3  # the host's two parts and the lone peer
+            view.headers(fresh=True)
+            own = view.own_cohort(5)
+            assert own.header == first and own.page.cohort == expected[mine]
+            assert {m.peer_id for m in own.page.members} == {
+                p for p, c in expected.items() if c == expected[mine]
+            }
+            lone = view.cohort(own.signer, own.header, expected[ids[4]])
+            assert [m.peer_id for m in lone.page.members] == [ids[4]]
+
+            # a seventh member: a new epoch, but not sooner than MIN_EPOCH_SECONDS after the last
+            _announce(peer_dht, Identity.generate(), OTHER_HOST, "n9")
+            assert publisher.tick(now=MIN_EPOCH_SECONDS / 2) is None
+            attempt["newest"] = 7
+            second = publisher.tick(now=MIN_EPOCH_SECONDS)
+            assert second is not None and second.epoch > first.epoch and second.size == 7
+            assert second.first_attempt == 7 + LEAD_ATTEMPTS
+            view.headers(fresh=True)
+            assert view.governing(7 + LEAD_ATTEMPTS - 1) == (own.signer, first)  # the attempt under way
+            assert view.own_cohort(7 + LEAD_ATTEMPTS).header == second
+        finally:
+            publisher.stop()
+            desk_end.close()
+            peer_end.close()
+
+
+def test_a_directory_signed_by_a_key_that_is_no_aggregator_of_the_task_governs_nothing():
+    task = task_spec(ADMITTING_AGGREGATOR)
+    sybil = Identity.generate()
+    with two_task_dhts(TASK) as (desk_dht, peer_dht):
+        desk_end, peer_end = Endpoint(desk_dht, "desk"), Endpoint(peer_dht, "peer")
+        me = Identity.generate()
+        _announce(peer_dht, me, HOST, "n1", as_dht=peer_dht)
+        reader = AnnouncementReader(desk_dht, TASK, frozenset(task.aggregator_keys))
+        publisher = DirectoryPublisher(
+            desk_dht, desk_end, ADMITTING_AGGREGATOR, task,
+            lambda: [e.announcement.record for e in reader.read()], lambda: -1,
+        )  # fmt: skip
+        view = DirectoryView(peer_dht, peer_end, task, peer_id(peer_dht), lambda key: peer_id(desk_dht))
+        try:
+            real = publisher.tick(now=0.0)
+            # the sybil's directory: the same peer alone in a cohort of its naming, a later epoch
+            forged = CohortDirectory(
+                TASK,
+                real.epoch + 1,
+                0,
+                {"sybil-cohort": [DirectoryMember(peer_id(peer_dht), me.public_key_hex)]},
+            )
+            wire = seal(forged.header(timestamp=now_ms()), sybil)
+            store(peer_dht, directory_key(TASK), wire, ttl=DIRECTORY_TTL, subkey=sybil.public_key_hex)
+            assert set(view.headers(fresh=True)) == {ADMITTING_AGGREGATOR.public_key_hex}
+            own = view.own_cohort(3)
+            assert own.header == real and own.page.cohort != "sybil-cohort"
+        finally:
+            publisher.stop()
+            desk_end.close()
+            peer_end.close()
