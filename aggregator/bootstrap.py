@@ -157,6 +157,10 @@ class BootstrapAggregator:
             self._open_desk()
         if self.published.record.params.commit == "certificates":
             self._publish_directory()
+        if self.monitor is not None and self.desk is not None:
+            # the round history takes each round's figures from the receipts the ledger credited
+            self.monitor.aggregates.crediting = True
+            self.desk.on_closed = self.monitor.credit
         if self.monitor is not None:
             self._watch_swarm()
         maddrs = self.visible_maddrs()
@@ -365,12 +369,13 @@ class BootstrapAggregator:
         if self.directory is not None:
             self.directory.stop()
             self.directory = None
+        if self.desk is not None:
+            # appends what is still queued first: the last rounds' states are learned, their figures credited
+            self.desk.shutdown()
+            self.desk = None
         if self.monitor is not None:
             self.monitor.close()
             self.monitor = None
-        if self.desk is not None:
-            self.desk.shutdown()  # appends what is still queued first: the last rounds' states are learned
-            self.desk = None
         if self.keeper is not None and self.config.checkpoint_seconds > 0:
             try:
                 logger.info(f"final checkpoint: {self.keeper.final_checkpoint(FINAL_CHECKPOINT_SECONDS)}")

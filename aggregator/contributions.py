@@ -33,6 +33,7 @@ import re
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from aggregator.admission import AdmissionDesk
@@ -156,6 +157,8 @@ class ContributionDesk:
         self.pace = RoundPace(max(1, round_window // 2), self._ledger.run(newest_receipt_round))
         self.states = states
         self.endpoint = endpoint
+        # told each closed round's credited samples per peer id (on the ledger's writer thread)
+        self.on_closed: Callable[[int, dict[str, int]], None] | None = None
         serve(
             endpoint,
             self.task_id,
@@ -422,6 +425,11 @@ class ContributionDesk:
                     if window is not None:
                         self._claimed_rates[leaf] = accepted.record.samples / window
                     self.auditor.enqueue(accepted)
+            if self.on_closed is not None and closed.accepted:
+                credited = Counter()
+                for accepted in closed.accepted:
+                    credited[accepted.record.peer_id] += accepted.record.samples
+                self.on_closed(r, dict(credited))
             logger.info(
                 f"round {r}: {len(closed.accepted)} receipt(s) appended, {len(closed.refused)} refused; "
                 f"ledger size {closed.ledger_size}"

@@ -1,9 +1,10 @@
 """Receipts wait for their round to close; then the swarm checks and the intake decide, in one go.
 
-A round closes when peers report working two rounds later, or ``close_after`` seconds after its first
-receipt. Its receipts then pass the swarm checks (:mod:`aggregator.contribution_checks`: group
-testimony, plausible samples for the time and throughput) and the intake appends the survivors in
-its deterministic order with a signed checkpoint, in one transaction.
+A round closes when peers report working two rounds later and every group it names has all its
+members' receipts, or ``close_after`` seconds after its first receipt. Its receipts then pass the
+swarm checks (:mod:`aggregator.contribution_checks`: group testimony, plausible samples for the time
+and throughput) and the intake appends the survivors in its deterministic order with a signed
+checkpoint, in one transaction.
 
 A :class:`RoundCloser` belongs to the ledger's writer thread (:mod:`aggregator.ledger_writer`): its
 tables are only touched by jobs there, so it takes no lock of its own.
@@ -48,6 +49,8 @@ class RoundCloser:
         self._first_seen: dict[int, float] = {}
         self._arrival: dict[int, list[float]] = {}
         self._attempts: dict[int, set[int]] = {}  # round -> the attempts its receipts name
+        # round -> group id -> (the group's size as its receipts say, the keys whose receipts came)
+        self._groups: dict[int, dict[str, tuple[int, set[str]]]] = {}
         # Per peer, the timestamps (ms, its clock) of its recent receipts that passed the intake's
         # screening: the time between two of them bounds how long it computed (SwarmFacts.peer_seconds).
         self._receipt_times: dict[str, list[int]] = {}
@@ -59,6 +62,8 @@ class RoundCloser:
         self._first_seen.setdefault(receipt.round, time.monotonic())
         self._arrival.setdefault(receipt.round, []).append(receipt.timestamp / 1000)
         self._attempts.setdefault(receipt.round, set()).add(receipt.attempt)
+        groups = self._groups.setdefault(receipt.round, {})
+        groups.setdefault(receipt.group_id, (receipt.group_size, set()))[1].add(receipt.public_key)
         times = self._receipt_times.setdefault(receipt.peer_id, [])
         times.append(receipt.timestamp)
         del times[:-RECEIPT_TIMES_KEPT]
@@ -67,12 +72,21 @@ class RoundCloser:
         return bool(self._queued)
 
     def due(self, swarm_round: int, force: bool = False) -> list[int]:
-        """The rounds to close now, oldest first (all of them if ``force``)."""
+        """The rounds to close now, oldest first (all of them if ``force``): those two rounds behind
+        the swarm whose groups' receipts all came (a member's may still be on its way), and those
+        ``close_after`` seconds past their first receipt."""
         return [
             r
             for r in sorted(self._queued)
-            if force or swarm_round >= r + 2 or time.monotonic() - self._first_seen[r] > self.close_after
+            if force
+            or (swarm_round >= r + 2 and self._complete(r))
+            or time.monotonic() - self._first_seen[r] > self.close_after
         ]
+
+    def _complete(self, round_index: int) -> bool:
+        """Whether every group that ``round_index``'s receipts name has a receipt of each member (a
+        member that processed nothing files none: its group's round closes on time alone)."""
+        return all(len(keys) >= size for size, keys in self._groups.get(round_index, {}).values())
 
     def attempts_due(self, swarm_round: int, force: bool = False) -> set[int]:
         """The attempts named by the receipts of the rounds :meth:`due` would close now."""
@@ -86,6 +100,7 @@ class RoundCloser:
         subs = self._queued.pop(round_index)
         self._first_seen.pop(round_index, None)
         self._attempts.pop(round_index, None)
+        self._groups.pop(round_index, None)
         times = self._arrival.pop(round_index, [])
         sealed = [parse_sealed(s.wire, ContributionReceipt) for s in subs]
         hint = self.spec.params.target_samples_per_round / max(1.0, sum(throughput.values()))

@@ -55,7 +55,9 @@ class _Peer:
 @dataclass
 class _Round:
     reports: dict[str, PeerProgress] = field(default_factory=dict)  # peer id -> latest record
-    final: dict[str, tuple[int, int]] = field(default_factory=dict)  # peer id -> (samples, loss x 1e6)
+    # peer id -> (samples, loss x 1e6, None where unknown)
+    final: dict[str, tuple[int, int | None]] = field(default_factory=dict)
+    credited: bool = False  # ``final`` holds what the ledger credited: exactly the round's contributors
     first_seen: float = 0.0
     last_change: float = 0.0
 
@@ -76,6 +78,8 @@ class SwarmAggregates:
         self.last_reading: float | None = None
         self._departed_bytes = 0  # cross-cohort bytes of peers forgotten since (so totals never shrink)
         self._history: dict[int, dict[str, Any]] = {}  # rows of rounds seen before a restart (rounds.jsonl)
+        # Set where a contribution desk credits rounds (:meth:`credit`): a round is final once credited.
+        self.crediting = False
 
     # ------------------------------------------------------------------ writing
 
@@ -122,7 +126,10 @@ class SwarmAggregates:
         if p.finished_samples > 0:
             done = self._round(p.finished_round, now)
             final = (p.finished_samples, p.finished_loss_micro)
-            if done is not None and done.final.get(p.peer_id) != final:
+            if done is not None and done.credited:
+                if p.peer_id in done.final:  # the ledger's samples stand; the loss is the peer's word
+                    done.final[p.peer_id] = (done.final[p.peer_id][0], p.finished_loss_micro)
+            elif done is not None and done.final.get(p.peer_id) != final:
                 done.final[p.peer_id] = final
                 done.last_change = now
         entry = self._round(p.round, now)
@@ -133,6 +140,22 @@ class SwarmAggregates:
             entry.reports[p.peer_id] = p
             entry.last_change = now
         self._last_round = max(p.round, self._last_round if self._last_round is not None else p.round)
+
+    def credit(self, round_index: int, samples: dict[str, int], now: float) -> None:
+        """Peer id -> the samples the ledger credited it for ``round_index`` (its accepted receipts):
+        the round's figures from now on, whatever the progress records said or a reading missed
+        (the loss stays the peer's reported one)."""
+        with self._lock:
+            entry = self._round(round_index, now)
+            if entry is None:
+                return
+            losses = {p: r.loss_micro for p, r in entry.reports.items() if r.samples > 0}
+            losses.update({p: loss for p, (_, loss) in entry.final.items()})
+            credited = {p: n for p, (n, _) in entry.final.items()} if entry.credited else {}
+            for peer, n in samples.items():  # a receipt that came after its round closed adds to it
+                credited[peer] = credited.get(peer, 0) + n
+            entry.final = {peer: (n, losses.get(peer)) for peer, n in credited.items()}
+            entry.credited, entry.last_change = True, now
 
     def _forget(self, now: float) -> None:
         for peer_id in [k for k, p in self._peers.items() if now - p.last_seen > self.forget_after]:
@@ -165,16 +188,21 @@ class SwarmAggregates:
             return [self._round_row(i) for i in sorted(i for i in known if i >= since)]
 
     def finished_rounds(self, now: float, quiet_seconds: float) -> list[dict[str, Any]]:
-        """The rows (:meth:`rounds`' shape) of the rounds with samples whose figures no longer change
-        as far as the monitor can tell: two or more rounds behind the newest reported, or unchanged
-        for ``quiet_seconds`` while no present record is about them."""
+        """The rows (:meth:`rounds`' shape) of the rounds with samples whose figures no longer change:
+        where a desk credits rounds (:attr:`crediting`), those it credited; else, as far as the
+        progress records tell, two or more rounds behind the newest reported, or unchanged for
+        ``quiet_seconds`` while no present record is about them."""
         with self._lock:
             newest = self._last_round
             done = [
                 i
                 for i, entry in self._rounds.items()
-                if (newest is not None and i <= newest - 2)
-                or (i not in self._present_rounds and now - entry.last_change >= quiet_seconds)
+                if entry.credited
+                or not self.crediting
+                and (
+                    (newest is not None and i <= newest - 2)
+                    or (i not in self._present_rounds and now - entry.last_change >= quiet_seconds)
+                )
             ]
             rows = [self._round_row(i) for i in sorted(done)]
         return [row for row in rows if row["samples"] > 0]
@@ -189,15 +217,22 @@ class SwarmAggregates:
         if entry is None and index in self._history:
             return {**self._history[index], "validation": self._validation.get(index)}
         reports = list(entry.reports.values()) if entry else []
-        # Per peer: its final figures for the round when known, else its latest in-round report.
-        figures = {r.peer_id: (r.samples, r.loss_micro) for r in reports}
+        # Per peer: its final figures for the round when known, else its latest in-round report; once
+        # credited, the ledger's contributors alone.
+        figures = (
+            {}
+            if entry is not None and entry.credited
+            else {r.peer_id: (r.samples, r.loss_micro) for r in reports}
+        )
         figures.update(entry.final if entry else {})
         samples = sum(n for n, _ in figures.values())
-        weighted = sum(loss / 1e6 * n for n, loss in figures.values())
+        with_loss = [(n, loss) for n, loss in figures.values() if loss is not None]
+        weighted = sum(loss / 1e6 * n for n, loss in with_loss)
+        loss_samples = sum(n for n, _ in with_loss)
         return {
             "round": index,
             "samples": samples,
-            "loss": weighted / samples if samples else None,
+            "loss": weighted / loss_samples if loss_samples else None,
             "peers": len(figures),
             "throughput": sum(r.throughput_milli for r in reports) / 1000,
             "cohorts": sorted({r.cohort_id for r in reports}),

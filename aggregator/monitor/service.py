@@ -118,6 +118,11 @@ class Monitor:
             self.collector = Collector(read, self.aggregates, interval=self.interval, jobs=tuple(jobs))
             self.collector.start()
 
+    def credit(self, round_index: int, samples: dict[str, int]) -> None:
+        """What the contribution desk credited for a round it closed (peer id -> samples): the
+        round's figures, and its history line is written from them (:meth:`SwarmAggregates.credit`)."""
+        self.aggregates.credit(round_index, samples, time.time())
+
     def record_history(self) -> int:
         """Append what became final to the round history (a collector job); the lines written."""
         return self.history.update(self.aggregates)

@@ -47,11 +47,16 @@ class VoteHearing:
     roster: int
     votes_refused: int  # votes left out: of peers outside the roster, or not checking out
     gossip_asked: int  # asks this peer sent
+    answers: int = 0  # answers to its asks that came
+    sends_lost: int = 0  # its sends of the attempt that failed or took over SEND_TIMEOUT
+    last_loss: str = ""  # why the last of them failed
 
     def describe(self) -> str:
+        lost = f", {self.sends_lost} send(s) lost" + (f" (last: {self.last_loss})" if self.last_loss else "")
         return (
             f"{self.voters} of {self.roster} voted as heard here, {self.votes_refused} vote(s) refused, "
-            f"{self.gossip_asked} ask(s) sent"
+            f"{self.gossip_asked} ask(s) sent, {self.answers} answer(s) came"
+            + (lost if self.sends_lost else "")
         )
 
 
@@ -94,6 +99,7 @@ class CertificateChannel:
         self.endpoint, self.task_id, self.settings = endpoint, task_id, settings
         self._rng, self._clock = rng, clock
         self._relays: dict[int, CertificateRelay] = {}
+        self._lost: dict[int, tuple[int, str]] = {}  # attempt -> sends that failed, why the last did
         self._voted_at: dict[int, float] = {}
         self._early: list[tuple[int, str, RelayMessage]] = []
         self._committed: dict[int, threading.Event] = {}  # set once the attempt is decided
@@ -193,7 +199,16 @@ class CertificateChannel:
         if relay is None:
             return None
         tally = relay.tally
-        return VoteHearing(len(tally.voters()), len(tally.roster), tally.votes_refused, relay.gossip_asked)
+        lost, why = self._lost.get(attempt, (0, ""))
+        return VoteHearing(
+            len(tally.voters()),
+            len(tally.roster),
+            tally.votes_refused,
+            relay.gossip_asked,
+            relay.answers,
+            lost,
+            why,
+        )
 
     async def _equivocations(self, attempt: int) -> list[VoteEquivocation]:
         relay = self._relays.get(attempt)
@@ -281,8 +296,12 @@ class CertificateChannel:
             await asyncio.wait_for(
                 self.endpoint.acall(out.to, handler_name(self.task_id), payload), SEND_TIMEOUT
             )
-        except Exception:  # gone, unreachable or slow: gossip carries what this one did not
+        except Exception as e:  # gone, unreachable or slow: gossip carries what this one did not
             self.lost_messages += 1
+            lost = self._lost.get(attempt, (0, ""))[0] + 1
+            self._lost[attempt] = (lost, f"{type(e).__name__}: {str(e)[:80]}" if str(e) else type(e).__name__)
+            for old in [a for a in self._lost if a < attempt - ATTEMPTS_KEPT]:
+                del self._lost[old]
 
     async def _tick_forever(self) -> None:
         while True:

@@ -169,6 +169,7 @@ class CertificateRelay:
         self._next_gossip: float | None = None
         self._gossip_until = 0.0
         self.gossip_asked = 0  # asks sent so far
+        self.answers = 0  # answers to asks received (pushes)
         self._others = sorted(set(roster.keys) - {me})
 
     # -- what the caller drives --------------------------------------------------------------
@@ -195,6 +196,8 @@ class CertificateRelay:
             )
         elif message.kind is Kind.DOWN:
             _note_sent(taken, self._to_send_down)
+        elif message.kind is Kind.PUSH:
+            self.answers += 1
         elif message.kind is Kind.PULL and self.tally.certificates():
             return [
                 Outgoing(sender, RelayMessage(Kind.PUSH, self._wire(self.tally.certificates())))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 
@@ -10,6 +11,7 @@ import pytest
 from hivemind.utils import get_dht_time
 
 from aggregator.monitor.aggregates import SwarmAggregates, describe_devices
+from aggregator.monitor.history import RoundHistory
 from aggregator.monitor.metrics import escape_label, format_value, render_metrics
 from aggregator.monitor.service import Monitor
 from aggregator.monitor.swarm_reader import read_swarm
@@ -290,3 +292,33 @@ def test_the_dashboard_shows_outer_steps_and_the_bytes_that_crossed_between_coho
     metrics = parse_exposition(monitor.metrics())
     assert metrics["manta_outer_steps"][0][1] == 3
     assert metrics["manta_cross_cohort_bytes_total"][0][1] == 9_000_000
+
+
+def test_a_credited_round_is_final_with_the_ledgers_figures_whatever_the_readings_missed(tmp_path):
+    # Bob's final record of round 4 was never read (it lived one round, between two readings): the
+    # progress records alone would count his start-of-round 0. The ledger credited both.
+    agg = SwarmAggregates()
+    agg.crediting = True
+    t0 = int(time.time() * 1000)
+    agg.observe(
+        reading(records=[progress(ALICE, 4, 64, 2.0, timestamp=t0), progress(BOB, 4, 0, 0.0, timestamp=t0)]),
+        1.0,
+    )
+    agg.observe(
+        reading(records=[progress(ALICE, 7, 10, 1.0, timestamp=t0 + 9000, finished=(6, 64, 1.5))]), 9.0
+    )
+    history = RoundHistory(tmp_path / "rounds.jsonl")
+    assert history.update(agg, now=30.0) == 0  # behind the newest, quiet for long: not final uncredited
+    alice, bob, carol = (peer_id_of(i) for i in (ALICE, BOB, CAROL))
+    agg.credit(4, {alice: 64, bob: 64}, 31.0)
+    # late records naming other samples for round 4, and Carol's claim of it, change no sample count
+    # (Bob's loss, which only his records tell, is taken)
+    late = progress(CAROL, 5, 0, 0.0, timestamp=t0 + 9500, finished=(4, 500, 0.1))
+    agg.observe(
+        reading(records=[late, progress(BOB, 5, 0, 0.0, timestamp=t0 + 9600, finished=(4, 7, 9.0))]), 32.0
+    )
+    assert history.update(agg, now=33.0) == 1
+    (line,) = [json.loads(x) for x in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    assert (line["round"], line["samples"], line["contributors"]) == (4, 128, 2)
+    assert line["loss"] == pytest.approx((2.0 * 64 + 9.0 * 64) / 128)  # the losses the two reported
+    assert history.update(agg, now=40.0) == 0  # written once

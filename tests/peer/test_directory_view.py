@@ -15,7 +15,7 @@ from protocol.cohort_assignment import RosterEntry, assign_cohorts
 from protocol.cohort_directory import CohortDirectory, DirectoryMember
 from protocol.dht_schema import directory_key, peers_key
 from protocol.identity import Identity
-from protocol.record_lifetimes import DIRECTORY_TTL
+from protocol.record_lifetimes import ANNOUNCE_TTL, DIRECTORY_TTL
 from protocol.records import Affinity, DeviceInfo, PeerAnnouncement
 from protocol.sealing import seal
 from tests.helpers import two_task_dhts
@@ -45,7 +45,7 @@ def _announce(dht, identity: Identity, host: str, network: str, *, as_dht=None) 
         speaker_binding_wire(who),
         certificate_wire(identity, peer_id=who.peer_id),
     ]
-    assert store(dht, peers_key(TASK), value, ttl=120, subkey=identity.public_key_hex)
+    assert store(dht, peers_key(TASK), value, ttl=ANNOUNCE_TTL, subkey=identity.public_key_hex)
     return who.peer_id
 
 
@@ -63,17 +63,18 @@ def test_a_peer_reads_its_checked_cohort_and_roster_size_and_switches_epoch_at_t
         view = DirectoryView(peer_dht, peer_end, task, peer_id(peer_dht), lambda key: peer_id(desk_dht))
         try:
             # this peer and four more share a host (5 > 4: two parts); one is alone on its network
-            mine = _announce(peer_dht, me, HOST, "n1", as_dht=peer_dht)
+            mine = _announce(peer_dht, me, HOST, "e1", as_dht=peer_dht)
             others = [Identity.generate() for _ in range(5)]
             ids = [
-                _announce(peer_dht, o, HOST if i < 4 else OTHER_HOST, f"n{i}") for i, o in enumerate(others)
+                _announce(peer_dht, o, HOST if i < 4 else OTHER_HOST, f"{i:02x}")
+                for i, o in enumerate(others)
             ]
             with pytest.raises(DirectoryUnavailable, match="no cohort directory governs attempt 0 yet"):
                 view.own_cohort(0)
             first = publisher.tick(now=0.0)
             assert first is not None and (first.size, first.first_attempt) == (6, 0)
-            roster = [RosterEntry(mine, HOST, "n1", None)] + [
-                RosterEntry(p, HOST if i < 4 else OTHER_HOST, f"n{i}", None) for i, p in enumerate(ids)
+            roster = [RosterEntry(mine, HOST, "e1", None)] + [
+                RosterEntry(p, HOST if i < 4 else OTHER_HOST, f"{i:02x}", None) for i, p in enumerate(ids)
             ]
             expected = assign_cohorts(roster, task.params.max_group_size)
             assert len(set(expected.values())) == 3  # the host's two parts and the lone peer
@@ -87,7 +88,7 @@ def test_a_peer_reads_its_checked_cohort_and_roster_size_and_switches_epoch_at_t
             assert [m.peer_id for m in lone.page.members] == [ids[4]]
 
             # a seventh member: a new epoch, but not sooner than MIN_EPOCH_SECONDS after the last
-            _announce(peer_dht, Identity.generate(), OTHER_HOST, "n9")
+            _announce(peer_dht, Identity.generate(), OTHER_HOST, "e9")
             assert publisher.tick(now=MIN_EPOCH_SECONDS / 2) is None
             attempt["newest"] = 7
             second = publisher.tick(now=MIN_EPOCH_SECONDS)
@@ -108,7 +109,7 @@ def test_a_directory_signed_by_a_key_that_is_no_aggregator_of_the_task_governs_n
     with two_task_dhts(TASK) as (desk_dht, peer_dht):
         desk_end, peer_end = Endpoint(desk_dht, "desk"), Endpoint(peer_dht, "peer")
         me = Identity.generate()
-        _announce(peer_dht, me, HOST, "n1", as_dht=peer_dht)
+        _announce(peer_dht, me, HOST, "e1", as_dht=peer_dht)
         reader = AnnouncementReader(desk_dht, TASK, frozenset(task.aggregator_keys))
         publisher = DirectoryPublisher(
             desk_dht, desk_end, ADMITTING_AGGREGATOR, task,
