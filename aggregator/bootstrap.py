@@ -233,8 +233,8 @@ class BootstrapAggregator:
         )
 
     def _publish_directory(self) -> None:
-        """Sign and serve the cohort directory (:mod:`aggregator.cohort_directory`): what rounds
-        decided by certificates count against."""
+        """Sign and serve the cohort directory (:mod:`aggregator.cohort_directory`), the roster that
+        rounds decided by certificates are to count against (docs/protocol.md)."""
         task = self.published.record
         reader = self.desk.announcements if self.desk is not None else None
         if reader is None:

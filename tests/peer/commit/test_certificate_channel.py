@@ -82,3 +82,23 @@ def test_bytes_that_are_not_a_message_are_refused_with_no_reply(nodes):
     assert (attempt, message.kind, message.certificates, message.level) == (5, Kind.UP, (b"{}", b"[]"), 2)
     with pytest.raises(ValueError, match="header"):
         decode(b'{"attempt":1,"kind":"shout","level":0}')
+
+
+def test_a_node_the_others_rosters_leave_out_hears_the_decision_by_asking_them(nodes):
+    # Churn gives peers different rosters: here nodes 1-4 count without node 0, so no certificate
+    # is sent to it down their tree; its asks (gossip) must bring the votes.
+    channels, identities, roster = nodes
+    peers = list(roster.keys)
+    without = RosterSnapshot(
+        {p: roster.keys[p] for p in peers[1:]}, {p: roster.cohorts[p] for p in peers[1:]}
+    )
+    channels[0].open(5, roster)
+    for n in range(1, 5):
+        channels[n].open(5, without)
+    for n in range(1, 5):
+        _vote(channels[n], identities[n], without, 5)
+    _vote(channels[0], identities[0], roster, 5)  # its own vote starts its gossip clock
+    assert [c.wait_committed(5, timeout=20) for c in channels[1:]] == [RESULT] * 4
+    assert channels[0].wait_committed(5, timeout=30) == RESULT
+    hearing = channels[0].hearing(5)
+    assert hearing is not None and hearing.gossip_asked >= 1 and hearing.answers >= 1, hearing
