@@ -189,3 +189,19 @@ REFUSE_MANTA_IMPORTS = textwrap.dedent(
     sys.meta_path.insert(0, NoManta())
     """
 )
+
+
+def run_swarm_to_end(swarm, timeout: float = 600.0, **aggregator_options):
+    """Start ``swarm``'s aggregator (``aggregator_options``: :meth:`LocalSwarm.start_aggregator`'s)
+    and every peer, wait until each peer has run its rounds (a peer that fails: its log's tail), and
+    stop everything. Returns ``swarm``."""
+    try:
+        swarm.start_aggregator(**aggregator_options)
+        for i in range(swarm.o.peers):
+            swarm.start_peer(i)
+        for i in range(swarm.o.peers):
+            log = swarm.peer_dir(i) / "log.txt"
+            assert swarm.procs[f"peer-{i}"].wait(timeout=timeout) == 0, log.read_text()[-3000:]
+    finally:
+        swarm.close()
+    return swarm

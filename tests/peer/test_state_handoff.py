@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from testbed.local_swarm import LocalSwarm, SwarmOptions
+from tests.helpers import run_swarm_to_end
 
 pytestmark = pytest.mark.swarm
 
@@ -17,15 +18,7 @@ def test_the_aggregator_checkpoints_the_round_its_peers_left_on_though_it_fetche
     round the peers end on reaches its final checkpoint only because each peer, leaving, handed it
     over and kept serving it until the aggregator held it."""
     swarm = LocalSwarm(SwarmOptions(peers=2, rounds=3, run_dir=tmp_path, **SMALL))
-    try:
-        swarm.start_aggregator(checkpoint_every=3600, extra_args=("--audit-fraction", "0"))
-        for i in range(2):
-            swarm.start_peer(i)
-        for i in range(2):
-            log = swarm.peer_dir(i) / "log.txt"
-            assert swarm.procs[f"peer-{i}"].wait(timeout=300) == 0, log.read_text()[-3000:]
-    finally:
-        swarm.close()
+    run_swarm_to_end(swarm, timeout=300, checkpoint_every=3600, extra_args=("--audit-fraction", "0"))
     last = max(r["round"] for i in range(2) for r in swarm.rounds(i) if r["committed"])
     aggregator = swarm.dir / "aggregator"
     log = (aggregator / "log.txt").read_text()

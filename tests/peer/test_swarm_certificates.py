@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from testbed.local_swarm import LocalSwarm, SwarmOptions
+from tests.helpers import run_swarm_to_end
 
 pytestmark = pytest.mark.swarm
 
@@ -16,15 +17,7 @@ def test_full_peers_in_two_cohorts_commit_on_certificates_and_agree(tmp_path):
     swarm = LocalSwarm(
         SwarmOptions(peers=3, cohorts=2, rounds=4, run_dir=tmp_path, commit="certificates", **SMALL)
     )
-    try:
-        swarm.start_aggregator()
-        for i in range(3):
-            swarm.start_peer(i)
-        for i in range(3):
-            log = swarm.peer_dir(i) / "log.txt"
-            assert swarm.procs[f"peer-{i}"].wait(timeout=600) == 0, log.read_text()[-3000:]
-    finally:
-        swarm.close()
+    run_swarm_to_end(swarm)
     for i in range(3):
         assert "rounds commit on certificates" in (swarm.peer_dir(i) / "log.txt").read_text()
     committed = [{r["round"]: r for r in swarm.rounds(i) if r["committed"]} for i in range(3)]

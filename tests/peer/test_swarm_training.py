@@ -16,7 +16,7 @@ import pytest
 
 from testbed.local_swarm import LocalSwarm, SwarmOptions
 from tests.adversaries import dishonest_peer
-from tests.helpers import console_script, processes_mentioning, wait_until
+from tests.helpers import console_script, processes_mentioning, run_swarm_to_end, wait_until
 
 pytestmark = pytest.mark.swarm
 
@@ -25,20 +25,6 @@ SMALL = dict(target_samples=96, batch_size=32, subnets=2, width_mult="0.25", hea
 
 def _env() -> dict:
     return dict(os.environ, MANTA_WORKER_THREADS="1", PYTHONUNBUFFERED="1")
-
-
-def _run_to_end(swarm: LocalSwarm) -> LocalSwarm:
-    """Start the aggregator and every peer, wait until the peers have run all their rounds, stop all."""
-    try:
-        swarm.start_aggregator()
-        for i in range(swarm.o.peers):
-            swarm.start_peer(i)
-        for i in range(swarm.o.peers):
-            log = swarm.peer_dir(i) / "log.txt"
-            assert swarm.procs[f"peer-{i}"].wait(timeout=600) == 0, log.read_text()[-3000:]
-    finally:
-        swarm.close()
-    return swarm
 
 
 def _committed(swarm: LocalSwarm, i: int) -> list[dict]:
@@ -153,7 +139,7 @@ def test_the_stopped_aggregator_holds_the_last_committed_round_and_the_round_his
 # (tests/peer/test_outer_step.py).
 @pytest.mark.slow
 def test_model_parallel_cohorts_train_different_subnetworks_into_one_model(tmp_path):
-    swarm = _run_to_end(
+    swarm = run_swarm_to_end(
         LocalSwarm(SwarmOptions(peers=2, cohorts=2, mode="model", rounds=4, run_dir=tmp_path, **SMALL))
     )
     a, b = ({r["round"]: r for r in _committed(swarm, i)} for i in range(2))
@@ -290,7 +276,7 @@ def test_the_stereo_supernet_trains_through_the_same_swarm(tmp_path):
         peers=2, task="stereo-synthetic", rounds=2, target_samples=8, batch_size=4, subnets=2,
         learning_rate="0.005", run_dir=tmp_path,
     )  # fmt: skip
-    swarm = _run_to_end(LocalSwarm(options))
+    swarm = run_swarm_to_end(LocalSwarm(options))
     a, b = ({r["round"]: r for r in _committed(swarm, i)} for i in range(2))
     assert sorted(a) == sorted(b) == [0, 1], (a.keys(), b.keys())
     for r in a:
