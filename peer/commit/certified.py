@@ -29,6 +29,7 @@ from protocol.identity import Identity
 logger = logging.getLogger(__name__)
 
 OPEN_KEPT = 8  # attempts whose scope is remembered here (late commits look back this far)
+LEFT_CHECK_SECONDS = 2.0  # an undecided wait looks this often whether its unheard peers left the roster
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,7 @@ class CertifiedCommitter(RoundCommitter):
         if attempt not in self._scopes:
             return CommitDecision(False, "this peer has no vote in its roster's certificates")
         started = time.monotonic()
-        decided = self.channel.wait_decided(attempt, self.commit_wait() + extra_seconds)
+        decided, gone = self._wait_decided(attempt, roster, self.commit_wait() + extra_seconds)
         self._name_equivocators(attempt)
         voters = self.channel.voters(attempt) or frozenset()
         seen_all = set(roster) <= voters | {self.peer_id}
@@ -173,17 +174,36 @@ class CertifiedCommitter(RoundCommitter):
             return CommitDecision(True, agreeing=len(voters), seen=voters)
         if decided is None:
             self._waited_out = attempt
-            self._log_undecided(attempt, time.monotonic() - started)
+            self._log_undecided(attempt, time.monotonic() - started, gone)
             why = f"no result with votes from a majority of the roster ({len(voters)} voted)"
+            if gone:
+                why += f"; the {gone} peer(s) not heard from left the roster"
             return CommitDecision(False, why, timed_out=True, seen=voters)
         if decided == ABORTED:
             return CommitDecision(False, "certificates: no result can reach a majority", seen=voters)
         return CommitDecision(False, f"certificates committed another result ({decided[:8]})", seen=voters)
 
-    def _log_undecided(self, attempt: int, waited: float) -> None:
+    def _wait_decided(self, attempt: int, roster: Collection[str], timeout: float) -> tuple[str | None, int]:
+        """``attempt``'s decision, waiting up to ``timeout`` s, and how many roster peers not heard from
+        had left the roster when the wait ended early (0: it did not). A wait ends early once every
+        peer still to vote is gone from the live roster: killed peers never vote, and while they count
+        as unheard no majority can be ruled out. Ending the wait decides nothing (late commits stand)."""
+        deadline = time.monotonic() + timeout
+        everyone = set(roster) | {self.peer_id}
+        while True:
+            left = deadline - time.monotonic()
+            decided = self.channel.wait_decided(attempt, max(0.0, min(LEFT_CHECK_SECONDS, left)))
+            if decided is not None or left <= LEFT_CHECK_SECONDS:
+                return decided, 0
+            unheard = everyone - (self.channel.voters(attempt) or frozenset())
+            if unheard and unheard <= self.never_reporting(attempt, unheard):
+                return None, len(unheard)
+
+    def _log_undecided(self, attempt: int, waited: float, gone: int = 0) -> None:
         hearing = self.channel.hearing(attempt)
         if hearing is not None:
-            logger.info(f"attempt {attempt}: undecided after {waited:.0f} s: {hearing.describe()}")
+            left = f"; the {gone} peer(s) not heard from left the roster" if gone else ""
+            logger.info(f"attempt {attempt}: undecided after {waited:.0f} s: {hearing.describe()}{left}")
 
     def _name_equivocators(self, attempt: int) -> None:
         """Log each key seen voting twice in ``attempt`` (its votes count nowhere), once."""
@@ -198,10 +218,11 @@ class CertifiedCommitter(RoundCommitter):
         if attempt not in self._scopes:
             return False
         bound = self.deadlines.total(levels) + (0.0 if self._waited_out == attempt else self.commit_wait())
-        decided = self.channel.wait_decided(attempt, bound)
+        started = time.monotonic()
+        decided, gone = self._wait_decided(attempt, roster, bound)
         self._name_equivocators(attempt)
         if decided is None:
-            self._log_undecided(attempt, bound)
+            self._log_undecided(attempt, time.monotonic() - started, gone)
         return decided is not None
 
     def live_peers(self, previous_attempt: int | None, inner_step: bool = False) -> set[str] | None:

@@ -154,3 +154,27 @@ def test_a_key_that_votes_twice_is_named_and_counts_nowhere(swarm, caplog):
     hearing = committers[0].channel.hearing(11)
     assert hearing is not None and hearing.roster == 5 and hearing.voters >= 4 and hearing.votes_refused == 0
     assert committers[0].channel.hearing(999) is None  # not open here
+
+
+def test_an_undecided_wait_ends_once_every_peer_still_to_vote_has_left_the_roster(swarm):
+    # Node 4 was killed before it voted: 2 votes for the result and 2 failures leave the attempt
+    # undecided while it counts as unheard (2 + 1 could still be a majority of 5). Once the roster no
+    # longer lists it, the wait ends, long before the commit wait, and decides nothing. (The roster
+    # read itself, announcements expiring from the DHT: tests/peer/test_roster_view.py.)
+    committers, _, peers, cohorts = swarm
+    for c in committers:
+        c.open_attempt(17, peers, cohorts)
+    for n in range(4):
+        _post(committers[n], 17, ok=n in (0, 1))
+    waiting = committers[0]
+    waiting.online = lambda: set(peers) - {peers[4]}
+    try:
+        started = time.monotonic()
+        decision = waiting.await_quorum(17, RESULT, peers, extra_seconds=0, witnesses=(), public_keys=None)
+        waited = time.monotonic() - started
+    finally:
+        waiting.online = None
+    assert not decision.committed and decision.timed_out, decision.reason
+    assert "the 1 peer(s) not heard from left the roster" in decision.reason
+    assert waited < TIMEOUTS.commit / 3, waited
+    assert waiting.channel.wait_decided(17, 0) is None  # nothing was decided
