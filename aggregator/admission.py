@@ -29,7 +29,7 @@ from pathlib import Path
 from aggregator.desk_network import json_call
 from aggregator.membership_policy import MembershipPolicy
 from hivemind_adapter.p2p import Endpoint
-from protocol.dht_schema import admit_handler
+from protocol.handler_names import admit_handler
 from protocol.identity import Identity
 from protocol.membership import AdmissionRequest, MembershipCertificate, MembershipWithdrawal
 from protocol.records import IdentityBinding

@@ -28,7 +28,8 @@ from protocol.cohort_directory import (
     DirectoryMember,
     parse_page_request,
 )
-from protocol.dht_schema import directory_handler, directory_key
+from protocol.dht_schema import directory_key
+from protocol.handler_names import directory_handler
 from protocol.identity import Identity
 from protocol.record_lifetimes import DIRECTORY_TTL
 from protocol.records import PeerAnnouncement

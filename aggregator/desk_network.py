@@ -13,15 +13,12 @@ from dataclasses import dataclass
 
 from hivemind_adapter.dht import peer_id, read_entries, speaker, store
 from hivemind_adapter.p2p import Endpoint
-from protocol.dht_schema import (
-    aggregators_key,
+from protocol.dht_schema import aggregators_key, ledger_key, open_ledger_value, withdrawals_key
+from protocol.handler_names import (
     credits_handler,
-    ledger_key,
-    open_ledger_value,
     state_handoff_handler,
     status_handler,
     submit_handler,
-    withdrawals_key,
     witnesses_handler,
 )
 from protocol.identity import Identity

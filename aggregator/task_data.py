@@ -19,7 +19,7 @@ from aggregator.task_publication import DataRequest, PackData, TaskFileError
 from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.paged_blobs import BlobServer
 from hivemind_adapter.shard_transfer import ShardServer
-from protocol.dht_schema import manifest_handler, shard_handler
+from protocol.handler_names import manifest_handler, shard_handler
 from protocol.shards import DataSpec, ManifestMismatch, manifest_bytes
 from protocol.task_spec import TaskSpec
 from tasks.registry import DatasetError, Task

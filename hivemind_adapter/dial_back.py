@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from hivemind_adapter.p2p import Endpoint
-from protocol.dht_schema import DIAL_BACK_HANDLER
+from protocol.handler_names import DIAL_BACK_HANDLER
 
 DIAL_SECONDS = 3.0  # one dial, connection and libp2p's first bytes together
 CALL_SECONDS = DIAL_SECONDS + 7.0  # a request as the caller waits for it: the dials and the call's trips

@@ -29,7 +29,7 @@ import torch
 
 from hivemind_adapter.p2p import Endpoint
 from hivemind_adapter.paged_blobs import BlobServer, fetch_spread
-from protocol.dht_schema import state_handler, state_head_handler, state_index_handler
+from protocol.handler_names import state_handler, state_head_handler, state_index_handler
 from supernet.state import digest, digest_of_index, tensor_hashes
 
 KEEP_STATES = 8  # an audit looks about three rounds back; checkpoints want the newest

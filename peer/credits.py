@@ -16,7 +16,7 @@ from hivemind_adapter.p2p import Endpoint
 from ledger.units import gpu_hour_unit, gpu_hours
 from peer.receipts import AggregatorLink
 from peer.swarm_view import fetch_task
-from protocol.dht_schema import credits_handler
+from protocol.handler_names import credits_handler
 from protocol.identity import Identity, fingerprint
 from protocol.ledger_checkpoint import Checkpoint
 from protocol.merkle import verify_inclusion_hash

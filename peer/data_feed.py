@@ -28,7 +28,7 @@ from peer.progress_display import ProgressDisplay
 from peer.shard_cache import ShardCache
 from peer.shard_download import ShardDownloader
 from peer.swarm_view import ProgressBoard
-from protocol.dht_schema import manifest_handler, shard_handler
+from protocol.handler_names import manifest_handler, shard_handler
 from protocol.shards import (
     MAX_MANIFEST_BYTES,
     DataManifest,

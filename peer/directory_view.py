@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from hivemind_adapter.dht import read_signed
 from hivemind_adapter.p2p import Endpoint
 from protocol.cohort_directory import CohortPage, DirectoryError, DirectoryHeader, governing, page_request
-from protocol.dht_schema import directory_handler, directory_key, open_directory_value
+from protocol.dht_schema import directory_key, open_directory_value
+from protocol.handler_names import directory_handler
 from protocol.task_spec import TaskSpec
 
 logger = logging.getLogger(__name__)

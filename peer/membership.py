@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from peer.receipts import AggregatorLink
-from protocol.dht_schema import admit_handler
+from protocol.handler_names import admit_handler
 from protocol.membership import AdmissionRequest, MembershipCertificate, certificate_problem
 from protocol.peer_keys import Speaker
 from protocol.records import IdentityBinding

@@ -29,15 +29,8 @@ from pathlib import Path
 
 from hivemind_adapter.dht import read_entries, read_signed
 from hivemind_adapter.p2p import Endpoint
-from protocol.dht_schema import (
-    aggregators_key,
-    commits_key,
-    open_aggregator_value,
-    open_commit_value,
-    status_handler,
-    submit_handler,
-    witnesses_handler,
-)
+from protocol.dht_schema import aggregators_key, commits_key, open_aggregator_value, open_commit_value
+from protocol.handler_names import status_handler, submit_handler, witnesses_handler
 from protocol.identity import Identity
 from protocol.ledger_checkpoint import Checkpoint
 from protocol.merkle import leaf_hash, verify_inclusion

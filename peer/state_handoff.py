@@ -11,7 +11,7 @@ import logging
 import time
 
 from peer.receipts import AggregatorLink
-from protocol.dht_schema import state_handoff_handler
+from protocol.handler_names import state_handoff_handler
 from protocol.state_handoff import StateHandoff
 
 logger = logging.getLogger("manta.peer")

@@ -22,7 +22,7 @@ from hivemind_adapter.dial_back import (
     serve_dial_back,
 )
 from hivemind_adapter.p2p import Endpoint
-from protocol.dht_schema import DIAL_BACK_HANDLER
+from protocol.handler_names import DIAL_BACK_HANDLER
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 
