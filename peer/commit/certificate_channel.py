@@ -132,6 +132,11 @@ class CertificateChannel:
             self._event(attempt).wait(timeout)
         return self.endpoint.loop.run(self._decided(attempt), timeout=5)
 
+    def keep_asking(self, attempt: int, seconds: float) -> None:
+        """Gossip for ``attempt``'s decision, while it is undecided, for ``seconds`` more at least
+        (:meth:`CertificateRelay.keep_asking`): the caller waits that long."""
+        self.endpoint.loop.run(self._keep_asking(attempt, seconds), timeout=5)
+
     def voters(self, attempt: int) -> frozenset[str] | None:
         """The peers a valid vote of ``attempt`` came from (None: the attempt is not open here)."""
         return self.endpoint.loop.run(self._voters(attempt), timeout=5)
@@ -171,6 +176,13 @@ class CertificateChannel:
     def _event(self, attempt: int) -> threading.Event:
         with self._events_lock:
             return self._committed.setdefault(attempt, threading.Event())
+
+    async def _keep_asking(self, attempt: int, seconds: float) -> None:
+        relay = self._relays.get(attempt)
+        if relay is not None:
+            now = self._clock()
+            relay.keep_asking(now, now + seconds)
+            self._wake.set()
 
     async def _commit_seconds(self, attempt: int) -> float | None:
         relay, voted = self._relays.get(attempt), self._voted_at.get(attempt)
@@ -253,8 +265,7 @@ class CertificateChannel:
         if relay is not None:
             self._after(attempt, relay.receive(self._clock(), sender, message))
             return b""
-        voter = self._valid_voter(attempt, message)
-        if voter is not None and attempt > self._heard.get(voter, -1):
+        for voter in self._valid_voters(attempt, message):
             self._heard[voter] = attempt
         if (
             attempt > max(self._relays, default=-1)
@@ -264,21 +275,32 @@ class CertificateChannel:
                 self._early.append((attempt, sender, message))
         return b""
 
-    def _valid_voter(self, attempt: int, message: RelayMessage) -> str | None:
-        """The peer of the newest open roster whose valid vote of ``attempt`` ``message`` carries
-        first (None: none): only that moves :meth:`latest_attempt` (a stranger's number does not)."""
+    def _valid_voters(self, attempt: int, message: RelayMessage) -> list[str]:
+        """Peers of the newest open roster whose valid votes of ``attempt`` ``message`` carries and
+        that were not heard voting in it or later yet: only those move :meth:`latest_attempt` (a
+        stranger's number does not). At most :data:`ATTEMPT_WITNESSES` signatures are checked per
+        message, so a flood costs its sender as much as this peer."""
         if not self._relays or not message.certificates:
-            return None
+            return []
         keys = self._relays[max(self._relays)].tally.roster.keys
-        try:
-            c = CommitCertificate.from_wire(message.certificates[0])
-        except CertificateError:
-            return None
-        if (c.task_id, c.attempt) != (self.task_id, attempt):
-            return None
-        voter, signature = next(iter(c.votes.items()), ("", ""))  # one check per message is enough
-        holds = voter in keys and vote_holds(keys[voter], c.task_id, attempt, c.digest, c.group, signature)
-        return voter if holds else None
+        found: list[str] = []
+        checks = 0
+        for wire in message.certificates:
+            try:
+                c = CommitCertificate.from_wire(wire)
+            except CertificateError:
+                return found
+            if (c.task_id, c.attempt) != (self.task_id, attempt):
+                return found
+            for voter, signature in c.votes.items():
+                if voter not in keys or self._heard.get(voter, -1) >= attempt or voter in found:
+                    continue
+                if checks == ATTEMPT_WITNESSES:
+                    return found
+                checks += 1
+                if vote_holds(keys[voter], c.task_id, attempt, c.digest, c.group, signature):
+                    found.append(voter)
+        return found
 
     def _after(self, attempt: int, outgoing: list[Outgoing]) -> None:
         """Send what a relay call returned, note a decision, and let the ticker look again."""

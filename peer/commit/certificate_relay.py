@@ -12,8 +12,8 @@ cohort's votes up a tree of cohort leaders, all of them back down, and gossip wh
    once the votes it checked for one result are more than half of the roster less the departures
    seen (:class:`protocol.commit_certificate.CertificateTally`).
 4. A peer not decided ``gossip_after`` seconds after its vote asks ``gossip_peers`` random roster
-   peers every ``gossip_every`` seconds, ``gossip_times`` times, then at doubling spacings until
-   ``gossip_for`` seconds after its vote (a peer whose view of the tree is not the others' hears
+   peers every ``gossip_every`` seconds, ``gossip_times`` times, then at doubling spacings (at most
+   ``gossip_most_every``) until ``gossip_for`` seconds after its vote or the end of its wait (a peer whose view of the tree is not the others' hears
    the votes that came after its first asks; an attempt that never decides costs a few asks more),
    and each answers with every certificate it holds.
 
@@ -75,7 +75,8 @@ class RelaySettings:
     gossip_every: float = 1.0
     gossip_peers: int = 2
     gossip_times: int = 8  # asks gossip_every apart; then the spacing doubles each time
-    gossip_for: float = 90.0  # seconds after its vote that a peer not decided stops asking
+    gossip_most_every: float = 8.0  # the spacing doubles up to this
+    gossip_for: float = 90.0  # seconds after its vote that a peer not decided asks (keep_asking: longer)
     leaders: int = 2  # peers that lead each tree group (its lowest cohort's first members): one may be gone
 
 
@@ -217,7 +218,7 @@ class CertificateRelay:
         if self.decided is None and self._next_gossip is not None and now >= self._next_gossip:
             self.gossip_asked += 1
             doublings = max(0, self.gossip_asked - self.settings.gossip_times + 1)
-            after = now + self.settings.gossip_every * 2**doublings
+            after = now + min(self.settings.gossip_most_every, self.settings.gossip_every * 2**doublings)
             self._next_gossip = after if after <= self._gossip_until else None
             for peer in self.rng.sample(self._others, min(self.settings.gossip_peers, len(self._others))):
                 out.append(Outgoing(peer, RelayMessage(Kind.PULL)))
@@ -237,6 +238,16 @@ class CertificateRelay:
     def stop_gossip(self) -> None:
         """Ask nobody any more (a later attempt began here); pulls are still answered."""
         self._next_gossip = None
+        self._gossip_until = 0.0
+
+    def keep_asking(self, now: float, until: float) -> None:
+        """Go on asking, while undecided, until ``until`` (the end of a wait on this attempt): a
+        peer that waits longer than ``gossip_for`` hears the decisions the others made meanwhile."""
+        if self.decided is not None or self._started_at is None or until <= self._gossip_until:
+            return
+        self._gossip_until = until
+        if self._next_gossip is None:
+            self._next_gossip = now
 
     # -- the tree ----------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from protocol.identity import Identity
 logger = logging.getLogger(__name__)
 
 OPEN_KEPT = 8  # attempts whose scope is remembered here (late commits look back this far)
+SKIPPED_VOTED = 2  # attempts skipped past that a peer still votes in (as departed), newest first
 LEFT_CHECK_SECONDS = 2.0  # an undecided wait looks this often whether its unheard peers left the roster
 
 
@@ -94,6 +95,8 @@ class CertifiedCommitter(RoundCommitter):
         self._heard = VotesHeard(self.channel, self.peer_id)
         self._voted: set[int] = set()  # attempts this peer voted in (of those in _scopes)
         self._named: set[tuple[int, str]] = set()  # (attempt, peer) equivocations logged
+        # the roster and cohorts of the newest attempt opened here: attempts skipped past are voted in as it
+        self._last_open: tuple[int, frozenset[str], tuple[tuple[str, ...], ...]] | None = None
 
     @property
     def reports(self) -> VotesHeard:
@@ -111,6 +114,8 @@ class CertifiedCommitter(RoundCommitter):
             return
         self.channel.open(attempt, RosterSnapshot({p: keys[p] for p in scopes}, scopes))
         self._scopes[attempt] = scopes[self.peer_id]
+        if self._last_open is None or attempt > self._last_open[0]:
+            self._last_open = (attempt, frozenset(roster), tuple(tuple(c) for c in cohorts))
         for old in [a for a in self._scopes if a <= attempt - OPEN_KEPT]:
             del self._scopes[old]
             self._voted.discard(old)
@@ -142,6 +147,19 @@ class CertifiedCommitter(RoundCommitter):
         signature = sign_vote(self.identity, self.task_id, attempt, digest, group)
         vote = CommitCertificate(self.task_id, attempt, scope, digest, group, {self.peer_id: signature})
         self.channel.vote(attempt, vote)
+
+    def advance(self, cohort_peers: Collection[str] | None = None) -> int:
+        """As the base class; in the newest :data:`SKIPPED_VOTED` attempts it skips past (the swarm
+        ran them while this peer was still waiting on its own) it votes :data:`DEPARTED`, so peers
+        still waiting on them stop counting it as a vote to come."""
+        after = self.attempt
+        attempt = super().advance(cohort_peers)
+        if cohort_peers is None and self._last_open is not None:
+            _, roster, cohorts = self._last_open
+            for skipped in range(max(after + 1, attempt - SKIPPED_VOTED), attempt):
+                self.open_attempt(skipped, roster, cohorts)
+                self._vote(skipped, DEPARTED, "")
+        return attempt
 
     def next_attempt(self, after: int, cohort_peers: Collection[str] | None = None) -> int:
         """One past the latest attempt a roster peer voted in, as heard here (an outer task's inner
@@ -190,6 +208,7 @@ class CertifiedCommitter(RoundCommitter):
         as unheard no majority can be ruled out. Ending the wait decides nothing (late commits stand)."""
         deadline = time.monotonic() + timeout
         everyone = set(roster) | {self.peer_id}
+        self.channel.keep_asking(attempt, timeout)  # the decision may come from others' certificates only
         while True:
             left = deadline - time.monotonic()
             decided = self.channel.wait_decided(attempt, max(0.0, min(LEFT_CHECK_SECONDS, left)))

@@ -120,6 +120,45 @@ def test_a_peer_in_an_attempt_that_never_commits_asks_around_a_bounded_number_of
     assert not [out for out in later.tick(5.0) if out.message.kind is Kind.PULL]
 
 
+def test_a_peer_waiting_past_its_gossip_keeps_asking_until_its_wait_ends_and_hears_the_decision():
+    identities, roster = make_swarm(12, 4, seed=7)
+    peers = sorted(identities)
+    me = peers[5]
+    settings = RelaySettings(
+        gossip_after=1.0,
+        gossip_every=0.5,
+        gossip_peers=2,
+        gossip_times=4,
+        gossip_most_every=3.0,
+        gossip_for=9.0,
+    )
+    relay = CertificateRelay(me, TASK, ATTEMPT, roster, settings, random.Random(1))
+    vote = {me: sign_vote(identities[me], TASK, ATTEMPT, RESULT, GROUP)}
+    relay.vote(0.0, CommitCertificate(TASK, ATTEMPT, roster.cohorts[me], RESULT, GROUP, vote))
+    while (due := relay.next_due()) is not None and due < 600:
+        relay.tick(due)
+    assert relay.next_due() is None  # its own gossip is over, undecided
+    relay.keep_asking(20.0, 40.0)  # it waits on the attempt until 40 s
+    asked_at = []
+    while (due := relay.next_due()) is not None and due < 600:
+        if [out for out in relay.tick(due) if out.message.kind is Kind.PULL]:
+            asked_at.append(due)
+    # every 3 s at most (the doubled spacing is capped), from the call to the end of the wait
+    assert (
+        asked_at[0] == 20.0
+        and asked_at[-1] > 37.0
+        and max(b - a for a, b in zip(asked_at, asked_at[1:])) <= 3.0
+    )
+    relay.keep_asking(41.0, 60.0)
+    relay.tick(41.0)
+    majority = {p: sign_vote(identities[p], TASK, ATTEMPT, RESULT, GROUP) for p in peers[:7]}
+    answer = CommitCertificate(TASK, ATTEMPT, roster.cohorts[peers[0]], RESULT, GROUP, majority)
+    relay.receive(42.0, peers[0], RelayMessage(Kind.PUSH, (answer.to_wire(),)))
+    assert relay.committed == RESULT and relay.next_due() is None  # decided: no more asks
+    relay.keep_asking(43.0, 90.0)
+    assert relay.next_due() is None
+
+
 def test_a_stranger_passing_votes_up_is_not_made_a_child_but_the_votes_it_carries_count():
     identities, roster = make_swarm(8, 4, seed=9)
     peers = sorted(identities)

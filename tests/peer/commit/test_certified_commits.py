@@ -114,9 +114,15 @@ def test_the_attempt_counter_follows_two_or_more_roster_voters_only(swarm):
     # peer 3's in attempt 7 too: the swarm ended attempt 7, so this peer takes part in 8
     sender.call(peers[0], handler_name(TASK), later_vote(identities[3], peers[3], 7), timeout=10)
     assert me.next_attempt(3) == 8
+    # one message down the tree carries the votes of two roster peers in attempt 12: that is two witnesses
+    both = {peers[n]: sign_vote(identities[n], TASK, 12, RESULT, GROUP) for n in (1, 4)}
+    down = CommitCertificate(TASK, 12, "c0000", RESULT, GROUP, both)
+    message = encode(12, RelayMessage(Kind.DOWN, (down.to_wire(),)))
+    sender.call(peers[0], handler_name(TASK), message, timeout=10)
+    assert me.next_attempt(3) == 13
     # peer 1's own valid vote in attempt 1000: alone, it moves nothing
     sender.call(peers[0], handler_name(TASK), later_vote(identities[1], peers[1], 1000), timeout=10)
-    assert me.next_attempt(3) == 8
+    assert me.next_attempt(3) == 13
 
 
 def test_peers_that_depart_leave_the_majority_and_a_result_commits_on_the_rest(swarm):
@@ -178,3 +184,28 @@ def test_an_undecided_wait_ends_once_every_peer_still_to_vote_has_left_the_roste
     assert "the 1 peer(s) not heard from left the roster" in decision.reason
     assert waited < TIMEOUTS.commit / 3, waited
     assert waiting.channel.wait_decided(17, 0) is None  # nothing was decided
+
+
+def test_a_peer_that_skips_past_attempts_the_swarm_ran_votes_departed_in_them(swarm):
+    # Node 0 was still waiting on attempt 40 while the others ran 42: two of its cohort mates' votes
+    # move its counter to 43. Its departure votes in 41 and 42 let the others decide 42 (2 for the
+    # result, 2 failures, 1 departed: none can reach 3 of 4) instead of waiting out the commit wait
+    # for a vote that would never come.
+    committers, _, peers, cohorts = swarm
+    behind = committers[0]
+    behind.open_attempt(40, peers, cohorts)
+    behind.attempt = 40
+    for c in committers[1:]:
+        c.open_attempt(42, peers, cohorts)
+    for n in (1, 2, 3, 4):
+        _post(committers[n], 42, ok=n in (1, 2))
+    deadline = time.monotonic() + 10
+    while behind.channel.latest_attempt() < 42 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    started = time.monotonic()
+    assert behind.advance() == 43
+    assert committers[1].settle(42, peers)
+    assert time.monotonic() - started < TIMEOUTS.commit / 3
+    assert committers[1].channel.wait_decided(42, 0) == ABORTED
+    assert committers[1].channel.votes(42)[peers[0]] == (DEPARTED, "")
+    assert set(behind.channel.votes(41)) == {peers[0]}  # it departed 41 too (nobody else ran it)
