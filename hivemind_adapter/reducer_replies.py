@@ -13,6 +13,7 @@ handed every reply closes the stream itself; the reducer keeps it open for up to
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 from hivemind.averaging.allreduce import AllReduceRunner, BannedException
@@ -48,23 +49,48 @@ class ReducerReplies(AllReduceRunner):
         self._sealed_proofs: tuple[str, averaging_pb2.AveragingData] | None = None
         self.attestations: list[ProofAttestation] = []
         self.wire_bytes: WireBytes | None = None
-        self._served_whole: set[PeerID] = set()  # senders that were handed every reply of this reducer
+        self._served_whole: set[PeerID] = set()  # senders whose every reply this reducer made
 
     async def rpc_aggregate_part(
         self, stream: AsyncIterator[averaging_pb2.AveragingData], context
     ) -> AsyncIterator[averaging_pb2.AveragingData]:
-        sender, replies = context.remote_id, 0
-        async for message in super().rpc_aggregate_part(stream, context):
-            yield message  # resumed once the transport took it
-            if message.code == averaging_pb2.AVERAGED_PART:
-                replies += 1
-                if replies == self.tensor_part_reducer.num_parts:
-                    self._served_whole.add(sender)
+        """The replies to one sender. Its parts are read and reduced as they come, whether or not it
+        reads the replies: a sender that stopped reading (its all-reduce broke) would otherwise hold
+        this reducer's next part, and every other member's all-reduce, until the all-reduce's bound."""
+        sender = context.remote_id
+        queue: asyncio.Queue = asyncio.Queue()  # at most this reducer's replies to one sender
+        replies = super().rpc_aggregate_part(stream, context)
+        pump = asyncio.create_task(self._reply_into(queue, replies, sender))
+        try:
+            while (message := await queue.get()) is not None:
+                yield message
+            await pump  # its exception, if it ended on one
+        finally:
+            if not pump.done():
+                pump.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await pump
         if sender in self._served_whole:
             # Every reply is on its way: the sender closes the stream once it holds them all, and
             # closing it here first could drop the last ones. The wait ends, cancelled, when the
             # sender's close arrives.
             await asyncio.sleep(REPLY_LINGER_SECONDS)
+
+    async def _reply_into(
+        self, queue: asyncio.Queue, replies: AsyncIterator[averaging_pb2.AveragingData], sender: PeerID
+    ) -> None:
+        """Every message of ``replies`` to ``sender`` into ``queue``, then None; ``sender`` is served
+        whole once every part's reply is made."""
+        made = 0
+        try:
+            async for message in replies:
+                if message.code == averaging_pb2.AVERAGED_PART:
+                    made += 1
+                    if made == self.tensor_part_reducer.num_parts:
+                        self._served_whole.add(sender)
+                queue.put_nowait(message)
+        finally:
+            queue.put_nowait(None)
 
     async def _ban_sender(self, peer_id: PeerID):
         # A sender that holds every reply closes its stream at once, maybe before this side has read
