@@ -7,7 +7,8 @@ and only a whole part: once a sender dropped out, the others get an error, not a
 with a proving reducer (one with a ``proof_context``), one more message follows the parts: the proof
 of each part and this reducer's signature of their digest, the same bytes for every sender. A sender
 handed every reply closes the stream itself; the reducer keeps it open for up to
-:data:`REPLY_LINGER_SECONDS` and never bans such a sender.
+:data:`REPLY_LINGER_SECONDS`, and never bans a sender whose every reply it made (all its parts are
+in). A sender's parts are read and reduced whether or not it reads its replies.
 """
 
 from __future__ import annotations
