@@ -13,9 +13,10 @@ cohort's votes up a tree of cohort leaders, all of them back down, and gossip wh
    seen (:class:`protocol.commit_certificate.CertificateTally`).
 4. A peer not decided ``gossip_after`` seconds after its vote asks ``gossip_peers`` random roster
    peers every ``gossip_every`` seconds, ``gossip_times`` times, then at doubling spacings (at most
-   ``gossip_most_every``) until ``gossip_for`` seconds after its vote or the end of its wait (a peer whose view of the tree is not the others' hears
-   the votes that came after its first asks; an attempt that never decides costs a few asks more),
-   and each answers with every certificate it holds.
+   ``gossip_most_every``) until ``gossip_for`` seconds after its vote or the end of its wait (a
+   peer whose view of the tree is not the others' hears the votes that came after its first asks;
+   an attempt that never decides costs a few asks more), and each answers with every certificate
+   it holds.
 
 Sans-IO: the relay sends nothing and reads no clock. :meth:`CertificateRelay.vote`,
 :meth:`~CertificateRelay.receive` and :meth:`~CertificateRelay.tick` take the time and return the
