@@ -46,6 +46,7 @@ from hivemind_adapter.group_quorum import QuorumGate
 from hivemind_adapter.in_thread import InThreadAverager
 from hivemind_adapter.known_groups import KnownGroupSteps
 from hivemind_adapter.p2p_sockets import RemovesItsSocket
+from hivemind_adapter.stall_report import report_if_stalled
 from protocol.proof_attestation import ProofAttestation, parse_tokens
 from robust_aggregation.alignment import AlignmentRecord
 from robust_aggregation.centered_clip import RobustConfig
@@ -363,6 +364,12 @@ class VerifiedAverager(
         assert group_id in self._running_groups, "all-reduce group was not registered"
         self._running_groups[group_id].set_result(runner)
         self._last_outliers.write([])
+        # a step alive past twice its reducers' silence bound is stuck somewhere: say where, once
+        watch = asyncio.create_task(
+            report_if_stalled(
+                f"all-reduce in group {group_id.hex()[:12]}", 2.0 * (runner.reducer_timeout or 30.0)
+            )
+        )
         try:
             if runner.modes[group_info.peer_ids.index(self.peer_id)] == AveragingMode.AUX:
                 async for _ in runner:
@@ -372,6 +379,7 @@ class VerifiedAverager(
             async for _tensor, averaged in azip(as_aiter(*tensors), runner):
                 results.append(averaged)
         finally:  # what this member's reducer named, whether the step succeeded or not
+            watch.cancel()
             runner.note_alignments()
             runner.note_reply_alignments()
             named = runner.outlier_senders()
