@@ -367,7 +367,9 @@ class VerifiedAverager(
         # a step alive past twice its reducers' silence bound is stuck somewhere: say where, once
         watch = asyncio.create_task(
             report_if_stalled(
-                f"all-reduce in group {group_id.hex()[:12]}", 2.0 * (runner.reducer_timeout or 30.0)
+                f"all-reduce in group {group_id.hex()[:12]}",
+                2.0 * (runner.reducer_timeout or 30.0),
+                progress=runner.progress_lines,
             )
         )
         try:

@@ -235,6 +235,37 @@ class ExactAllReduceRunner(ReducerReplies):
                 with contextlib.suppress(RuntimeError):  # it is still running only if it was cancelled
                     await replies.aclose()
 
+    def progress_lines(self) -> list[str]:
+        """What this member's all-reduce holds so far: per reducer, its output parts in; this peer's
+        reducer's part, senders and bans; the reducer errors so far (what a stall report shows)."""
+        container = self.tensor_part_container
+        lines = []
+        for index, peer in enumerate(self.ordered_peer_ids):
+            if wanted := container.num_parts_by_peer[index]:
+                name = "this peer" if peer == self.peer_id else str(peer)[-8:]
+                lines.append(
+                    f"outputs from {name}: {container._outputs_registered_by_peer[index]} of {wanted} in"
+                )
+        reducer = self.tensor_part_reducer
+        if reducer.num_parts and reducer.current_part_index < reducer.num_parts:
+            part = reducer.current_part_index
+            missing = [
+                str(sender)[-8:]
+                for sender, received, failed in zip(
+                    self.sender_peer_ids, reducer.num_parts_received, reducer.sender_failed_after
+                )
+                if received <= part < failed
+            ]
+            lines.append(
+                f"this peer's reducer: part {part} of {reducer.num_parts}, from {reducer.current_part_accumulated_from}"
+                f" of {reducer.num_current_senders} sender(s), waiting for {missing}; senders started"
+                f" {len(self.active_senders)} of {len(self.sender_peer_ids)}, banned"
+                f" {[str(p)[-8:] for p in self.banned_senders]}"
+            )
+        if self.reducer_errors:
+            lines.append("reducer errors: " + "; ".join(self.reducer_errors))
+        return lines
+
     def _doubt_proofs(self, reducer: PeerID, message_part, results: list[torch.Tensor]) -> str | None:
         """Why ``reducer``'s proofs (one message after its parts) do not show that ``results`` are the
         robust centres of what its senders sent, or None (runs in a worker thread). An

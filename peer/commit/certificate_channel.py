@@ -17,13 +17,16 @@ import json
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from hivemind_adapter.p2p import Endpoint
 from peer.commit.certificate_relay import CertificateRelay, Kind, Outgoing, RelayMessage, RelaySettings
 from protocol.canonical import ascii_canonical_json
 from protocol.commit_certificate import (
+    ABORTED,
+    DEPARTED,
     CertificateError,
     CommitCertificate,
     RosterSnapshot,
@@ -50,14 +53,25 @@ class VoteHearing:
     answers: int = 0  # answers to its asks that came
     sends_lost: int = 0  # its sends of the attempt that failed or took over SEND_TIMEOUT
     last_loss: str = ""  # why the last of them failed
+    # how the heard votes split: (a result's first 8 hex digits, "aborted" or "departed"; how many)
+    split: tuple[tuple[str, int], ...] = ()
 
     def describe(self) -> str:
         lost = f", {self.sends_lost} send(s) lost" + (f" (last: {self.last_loss})" if self.last_loss else "")
+        split = " (" + ", ".join(f"{name}: {n}" for name, n in self.split) + ")" if self.split else ""
         return (
-            f"{self.voters} of {self.roster} voted as heard here, {self.votes_refused} vote(s) refused, "
+            f"{self.voters} of {self.roster} voted as heard here{split}, {self.votes_refused} vote(s) refused, "
             f"{self.gossip_asked} ask(s) sent, {self.answers} answer(s) came"
             + (lost if self.sends_lost else "")
         )
+
+
+def vote_split(votes: Mapping[str, tuple[str, str]]) -> tuple[tuple[str, int], ...]:
+    """How many of ``votes`` (voter -> (digest, group)) went to each result, the most first:
+    results by their first 8 hex digits, :data:`ABORTED` and :data:`DEPARTED` by name."""
+    names = {ABORTED: "aborted", DEPARTED: "departed"}
+    counts = Counter(names.get(digest, digest[:8]) for digest, _group in votes.values())
+    return tuple(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
 def handler_name(task_id: str) -> str:
@@ -220,6 +234,7 @@ class CertificateChannel:
             relay.answers,
             lost,
             why,
+            vote_split(tally.votes()),
         )
 
     async def _equivocations(self, attempt: int) -> list[VoteEquivocation]:

@@ -131,3 +131,15 @@ def test_a_step_that_ends_in_time_is_not_reported_and_one_that_outlives_its_boun
     assert len(logged) == 1, logged
     assert logged[0].startswith("all-reduce in group abc still running after 0 s; where it waits:"), logged
     assert "step (hivemind_adapter/test_stall_report.py:" in logged[0], logged
+
+
+def test_a_report_ends_with_what_the_step_says_of_itself_even_when_that_fails():
+    async def main() -> tuple[str, str]:
+        loop = asyncio.get_running_loop()
+        said = stall_report("all-reduce in group abc", 40.0, loop, lambda: ["outputs from abcdefgh: 1 of 2 in"])
+        failed = stall_report("all-reduce in group abc", 40.0, loop, lambda: [][1])
+        return said, failed
+
+    said, failed = asyncio.run(main())
+    assert said.splitlines()[-1] == "  outputs from abcdefgh: 1 of 2 in", said
+    assert failed.splitlines()[-1].startswith("  (its progress could not be read: IndexError"), failed

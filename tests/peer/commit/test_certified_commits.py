@@ -162,7 +162,7 @@ def test_a_key_that_votes_twice_is_named_and_counts_nowhere(swarm, caplog):
     assert committers[0].channel.hearing(999) is None  # not open here
 
 
-def test_an_undecided_wait_ends_once_every_peer_still_to_vote_has_left_the_roster(swarm):
+def test_an_undecided_wait_ends_once_every_peer_still_to_vote_has_left_the_roster(swarm, caplog):
     # Node 4 was killed before it voted: 2 votes for the result and 2 failures leave the attempt
     # undecided while it counts as unheard (2 + 1 could still be a majority of 5). Once the roster no
     # longer lists it, the wait ends, long before the commit wait, and decides nothing. (The roster
@@ -176,12 +176,20 @@ def test_an_undecided_wait_ends_once_every_peer_still_to_vote_has_left_the_roste
     waiting.online = lambda: set(peers) - {peers[4]}
     try:
         started = time.monotonic()
-        decision = waiting.await_quorum(17, RESULT, peers, extra_seconds=0, witnesses=(), public_keys=None)
+        with caplog.at_level("INFO", logger="peer.commit.certified"):
+            decision = waiting.await_quorum(
+                17, RESULT, peers, extra_seconds=0, witnesses=(), public_keys=None
+            )
         waited = time.monotonic() - started
     finally:
         waiting.online = None
     assert not decision.committed and decision.timed_out, decision.reason
     assert "the 1 peer(s) not heard from left the roster" in decision.reason
+    # its log says how the votes it heard split
+    undecided = [r.message for r in caplog.records if "undecided after" in r.message]
+    assert len(undecided) == 1 and "4 of 5 voted as heard here (" in undecided[0], undecided
+    split = undecided[0].split("heard here (")[1].split(")")[0].split(", ")
+    assert sorted(split) == sorted([f"{RESULT[:8]}: 2", "aborted: 2"]), undecided
     assert waited < TIMEOUTS.commit / 3, waited
     assert waiting.channel.wait_decided(17, 0) is None  # nothing was decided
 
