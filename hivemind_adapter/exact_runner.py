@@ -146,23 +146,25 @@ class ExactAllReduceRunner(ReducerReplies):
                 averaged = await self.tensor_part_reducer.accumulate_part(
                     sender_index, part_index, local_part, weight=self.weight
                 )
+                # Other members receive this part through the compression; so must we, or we would differ.
+                if lossless:
+                    mine = averaged.clone()
+                else:
+                    mine = deserialize_torch_tensor(
+                        container.compression.compress(averaged, part_infos[part_index])
+                    )
+                if (
+                    self.reply_alignment is not None
+                    and (c := reply_cosine(local_part, mine, MIN_VALUES)) is not None
+                ):
+                    self.reply_cosines.setdefault(self.peer_id.to_base58(), []).append(
+                        c
+                    )  # the honest reference
+                container.register_processed_part(peer_index, part_index, mine)
             except Exception as e:  # e.g. no usable part to reduce (robust): never leave the outputs waiting
                 self.reducer_errors.append(f"this peer: {type(e).__name__}: {str(e)[:120]}")
                 container.register_failed_reducer(peer_index)
                 raise
-            # Other members receive this part through the compression; so must we, or we would differ.
-            if lossless:
-                mine = averaged.clone()
-            else:
-                mine = deserialize_torch_tensor(
-                    container.compression.compress(averaged, part_infos[part_index])
-                )
-            if (
-                self.reply_alignment is not None
-                and (c := reply_cosine(local_part, mine, MIN_VALUES)) is not None
-            ):
-                self.reply_cosines.setdefault(self.peer_id.to_base58(), []).append(c)  # the honest reference
-            container.register_processed_part(peer_index, part_index, mine)
 
     async def _exchange_with_reducer(self, peer_id: PeerID) -> None:
         """Stream this member's parts of ``peer_id``'s shard to it and take back exactly that many

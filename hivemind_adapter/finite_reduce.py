@@ -12,8 +12,9 @@ A *slotted* part (a cohort's roll of sample counts) is reduced as
 
 from __future__ import annotations
 
+import asyncio
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Awaitable, Collection, Sequence
 
 import torch
 from hivemind.averaging.partition import TensorPartReducer
@@ -29,6 +30,21 @@ def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
         if not (math.isfinite(low.item()) and math.isfinite(high.item())):
             return False
     return True
+
+
+async def part_result(result: Awaitable[torch.Tensor]) -> torch.Tensor:
+    """Await a part's result (a future every sender of the part shares, or what awaits it) so that
+    cancelling this waiter leaves it to the others. Without this, a sender whose stream ended while
+    it waited cancelled the shared future: the member's own sender of that part then ended silently,
+    and its all-reduce waited for its own part until the step's bound."""
+    shared = asyncio.ensure_future(result)
+    shared.add_done_callback(_taken)
+    return await asyncio.shield(shared)
+
+
+def _taken(done: asyncio.Future) -> None:
+    if not done.cancelled():
+        done.exception()  # read here: a result whose waiters were all cancelled is no error to log
 
 
 class FiniteMeanReducer(TensorPartReducer):
@@ -56,7 +72,9 @@ class FiniteMeanReducer(TensorPartReducer):
             if weight != 0:
                 self.outliers.setdefault(sender_index, set()).add(part_index)
             tensor_part, weight = torch.zeros_like(tensor_part), 0.0  # counted as received, adds nothing
-        return await super().accumulate_part(sender_index, part_index, tensor_part, weight=weight)
+        return await part_result(
+            super().accumulate_part(sender_index, part_index, tensor_part, weight=weight)
+        )
 
     def _own_slots(self, sender_index: int, part_index: int, part: torch.Tensor) -> torch.Tensor:
         """``part`` if it keeps to ``sender_index``'s slots with finite values, else zeros (named)."""

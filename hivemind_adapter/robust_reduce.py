@@ -10,6 +10,7 @@ from collections.abc import Callable, Collection, Sequence
 import torch
 from hivemind.averaging.partition import AllreduceException, BannedException, TensorPartReducer
 
+from hivemind_adapter.finite_reduce import part_result
 from robust_aggregation.alignment import Alignment
 from robust_aggregation.centered_clip import ClipResult, RobustConfig, centered_clip, slotted_centre
 from robust_aggregation.reducer_proof import make_proof, noise_level, sketch_seed
@@ -123,7 +124,7 @@ class RobustPartReducer(TensorPartReducer):
         self._inputs[sender_index] = (tensor_part.to(self.part_dtype), float(weight))
         self.current_part_accumulated_from += 1
         self.check_current_part_finished()
-        return await future
+        return await part_result(future)  # shared by the part's senders: one cancelled waiter leaves it
 
     def check_current_part_finished(self) -> None:
         if self._reducing is not None:  # this part is being reduced already
