@@ -157,9 +157,8 @@ class ExactAllReduceRunner(ReducerReplies):
                     self.reply_alignment is not None
                     and (c := reply_cosine(local_part, mine, MIN_VALUES)) is not None
                 ):
-                    self.reply_cosines.setdefault(self.peer_id.to_base58(), []).append(
-                        c
-                    )  # the honest reference
+                    # the honest reference
+                    self.reply_cosines.setdefault(self.peer_id.to_base58(), []).append(c)
                 container.register_processed_part(peer_index, part_index, mine)
             except Exception as e:  # e.g. no usable part to reduce (robust): never leave the outputs waiting
                 self.reducer_errors.append(f"this peer: {type(e).__name__}: {str(e)[:120]}")

@@ -136,7 +136,9 @@ def test_a_step_that_ends_in_time_is_not_reported_and_one_that_outlives_its_boun
 def test_a_report_ends_with_what_the_step_says_of_itself_even_when_that_fails():
     async def main() -> tuple[str, str]:
         loop = asyncio.get_running_loop()
-        said = stall_report("all-reduce in group abc", 40.0, loop, lambda: ["outputs from abcdefgh: 1 of 2 in"])
+        said = stall_report(
+            "all-reduce in group abc", 40.0, loop, lambda: ["outputs from abcdefgh: 1 of 2 in"]
+        )
         failed = stall_report("all-reduce in group abc", 40.0, loop, lambda: [][1])
         return said, failed
 
