@@ -45,6 +45,7 @@ from hivemind_adapter.group_keys import Admission, DeclarationSigner, SignedGrou
 from hivemind_adapter.group_quorum import QuorumGate
 from hivemind_adapter.in_thread import InThreadAverager
 from hivemind_adapter.known_groups import KnownGroupSteps
+from hivemind_adapter.leader_refusals import reask_peers_that_were_following
 from hivemind_adapter.p2p_sockets import RemovesItsSocket
 from hivemind_adapter.stall_report import report_if_stalled
 from protocol.proof_attestation import ProofAttestation, parse_tokens
@@ -229,8 +230,8 @@ class VerifiedAverager(
         return self._wire_bytes.totals()
 
     # hivemind builds its matchmaking on the averager's loop; this is where MANTA's signed
-    # declarations, its roster admission, its spacing of group-key reads and its followers'
-    # join expirations are put in.
+    # declarations, its roster admission, its spacing of group-key reads, its followers' join
+    # expirations and its second asks of peers that were following are put in.
     @property
     def _matchmaking(self):
         try:
@@ -247,6 +248,7 @@ class VerifiedAverager(
             admit_only_roster_peers(matchmaking, self._admission)
         _spaced_reads(matchmaking.group_key_manager, lambda: matchmaking.target_group_size)
         followers_ask_until_their_search_ends(matchmaking)
+        reask_peers_that_were_following(matchmaking)
         self.__dict__["_manta_matchmaking"] = matchmaking
 
     def set_target_group_size(self, size: int | None, wait: bool = True):
