@@ -2,11 +2,13 @@
 
 Every tick it reads the members' announcements (one read of a value that grows with the swarm:
 the aggregator's, off every peer's round path) and assigns cohorts as peers do. When the members
-changed, and the last epoch is at least :data:`MIN_EPOCH_SECONDS` old, it signs a new epoch that
-governs from :data:`LEAD_ATTEMPTS` past the newest attempt it knows, so peers switch at one attempt
-boundary; it re-signs the same directory before the header's DHT copy expires. Pages are served by
-``<epoch> <cohort>``, or ``<epoch> @<peer id>`` for the page that lists a peer (a peer does not know
-which part of a split cohort it is in), for the last :data:`KEPT_EPOCHS` epochs.
+changed and read alike on two ticks in a row, and the last epoch is at least
+:data:`MIN_EPOCH_SECONDS` old, it signs a new epoch that governs from :data:`LEAD_ATTEMPTS` past
+the newest attempt it knows (-1 before any), so peers switch at one attempt boundary; it re-signs
+the same directory before the header's DHT copy expires. Pages are served by ``<epoch> <cohort>``,
+``<epoch> @<peer id>`` for the page that lists a peer (a peer does not know which part of a split
+cohort it is in), or ``<epoch> #<index>`` for the page at a leaf index (a peer reading the whole
+directory knows only the header's count), for the last :data:`KEPT_EPOCHS` epochs.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class DirectoryPublisher:
         self._directories: OrderedDict[int, CohortDirectory] = OrderedDict()  # epoch -> directory
         self._published_at = float("-inf")  # (the ticking thread's) when the newest epoch began
         self._signed_at = float("-inf")  # ... and when its header was last signed
+        self._read_before: dict[str, tuple[DirectoryMember, ...]] | None = None  # the previous tick's cohorts
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         endpoint.serve(directory_handler(task.task_id), self._serve_page)
@@ -78,17 +81,22 @@ class DirectoryPublisher:
             return next(reversed(self._directories.values()), None)
 
     def tick(self, now: float | None = None) -> DirectoryHeader | None:
-        """Read the members; publish a new epoch if they changed (and the last is old enough), or
+        """Read the members; publish a new epoch if they changed and read the same on the previous
+        tick (and the last epoch is old enough), or
         the same one re-signed if its header is half its DHT life old. Returns what was published."""
         now = time.monotonic() if now is None else now
         cohorts = directory_cohorts(
             self.read_announcements(), self.withdrawn(), self.task.params.max_group_size
         )
         last = self.newest()
-        changed = last is None or _members(last) != _members_of(cohorts)
-        if cohorts and changed and now - self._published_at >= MIN_EPOCH_SECONDS:
-            # the first epoch governs from the start; a later one from an attempt boundary ahead
-            first = 0 if last is None else max(last.first_attempt + 1, self.newest_attempt() + LEAD_ATTEMPTS)
+        read = _members_of(cohorts)
+        # members read alike twice in a row: peers starting together, or one restarting, are all in
+        settled, self._read_before = read == self._read_before, read
+        changed = last is None or _members(last) != read
+        if cohorts and changed and settled and now - self._published_at >= MIN_EPOCH_SECONDS:
+            # an epoch governs from an attempt boundary ahead of the newest one the swarm ran, or may
+            # be running: peers that read its header at different times plan every attempt alike
+            first = max(0 if last is None else last.first_attempt + 1, self.newest_attempt() + LEAD_ATTEMPTS)
             epoch = max(int(time.time()), last.epoch + 1 if last is not None else 0)
             directory = CohortDirectory(self.task.task_id, epoch, first, cohorts)
             with self._lock:
@@ -111,17 +119,23 @@ class DirectoryPublisher:
 
     async def _serve_page(self, payload: bytes, sender: str) -> bytes:
         try:
-            epoch, cohort, peer = parse_page_request(payload)
+            asked = parse_page_request(payload)
         except DirectoryError as e:
             return json.dumps({"error": str(e)}).encode()
         with self._lock:
-            directory = self._directories.get(epoch)
+            directory = self._directories.get(asked.epoch)
         if directory is None:
-            return json.dumps({"error": f"no directory of epoch {epoch} here"}).encode()
-        name = directory.cohort_of(peer) if peer is not None else cohort
+            return json.dumps({"error": f"no directory of epoch {asked.epoch} here"}).encode()
+        if asked.peer_id is not None:
+            name, what = directory.cohort_of(asked.peer_id), f"peer {asked.peer_id}"
+        elif asked.index is not None:
+            name, what = None, f"page {asked.index}"
+            if asked.index < len(directory.names):
+                name = directory.names[asked.index]
+        else:
+            name, what = asked.cohort, f"cohort {asked.cohort}"
         if name is None or name not in directory.cohorts:
-            asked = f"peer {peer}" if peer is not None else f"cohort {cohort}"
-            return json.dumps({"error": f"no {asked} in epoch {epoch}"}).encode()
+            return json.dumps({"error": f"no {what} in epoch {asked.epoch}"}).encode()
         return directory.page(name).to_bytes()
 
     def start(self) -> None:

@@ -32,6 +32,7 @@ __all__ = [
     "DirectoryHeader",
     "DirectoryMember",
     "NotInDirectory",
+    "PageRequest",
     "WrongDirectory",
     "governing",
     "page_request",
@@ -202,20 +203,40 @@ class CohortDirectory:
         return CohortPage(bare.task_id, bare.epoch, bare.cohort, bare.members, i, path)
 
 
-def page_request(epoch: int, cohort: str | None = None, peer_id: str | None = None) -> bytes:
-    """What asks a directory's server for ``cohort``'s page of ``epoch``, or for the page that lists
-    ``peer_id`` (a peer does not know which part of a split cohort it is in)."""
-    return f"{epoch} {cohort if cohort is not None else '@' + str(peer_id)}".encode()
+@dataclass(frozen=True)
+class PageRequest:
+    """What a page request asks a directory's server for: ``epoch``'s page of ``cohort``, the page
+    that lists ``peer_id`` (a peer does not know which part of a split cohort it is in), or the
+    page at leaf ``index`` (whoever reads the whole directory knows only the header's count)."""
+
+    epoch: int
+    cohort: str | None = None
+    peer_id: str | None = None
+    index: int | None = None
 
 
-def parse_page_request(payload: bytes) -> tuple[int, str | None, str | None]:
-    """``(epoch, cohort, None)`` or ``(epoch, None, peer id)``; DirectoryError if malformed."""
+def page_request(
+    epoch: int, cohort: str | None = None, peer_id: str | None = None, index: int | None = None
+) -> bytes:
+    """The bytes of a :class:`PageRequest` (exactly one of ``cohort``, ``peer_id``, ``index``)."""
+    if (cohort is not None) + (peer_id is not None) + (index is not None) != 1:
+        raise ValueError("a page request names a cohort, a peer or an index")
+    asked = cohort if cohort is not None else f"@{peer_id}" if peer_id is not None else f"#{int(index)}"
+    return f"{epoch} {asked}".encode()
+
+
+def parse_page_request(payload: bytes) -> PageRequest:
+    """The request ``payload`` makes; DirectoryError if malformed."""
     epoch, _, asked = bytes(payload).decode(errors="replace").partition(" ")
     if not epoch.isdigit() or len(epoch) > 18 or not asked or len(asked) > 160:
-        raise DirectoryError("a page request is '<epoch> <cohort>' or '<epoch> @<peer id>'")
+        raise DirectoryError("a page request is '<epoch> <cohort>', '<epoch> @<peer id>' or '<epoch> #<index>'")
     if asked.startswith("@"):
-        return int(epoch), None, asked[1:]
-    return int(epoch), asked, None
+        return PageRequest(int(epoch), peer_id=asked[1:])
+    if asked.startswith("#"):
+        if not asked[1:].isdigit() or len(asked) > 19:
+            raise DirectoryError("a page's index is a count")
+        return PageRequest(int(epoch), index=int(asked[1:]))
+    return PageRequest(int(epoch), cohort=asked)
 
 
 def governing(headers: Sequence[DirectoryHeader], attempt: int) -> DirectoryHeader | None:

@@ -17,8 +17,11 @@ from protocol.cohort_directory import (
     DirectoryHeader,
     DirectoryMember,
     NotInDirectory,
+    PageRequest,
     WrongDirectory,
     governing,
+    page_request,
+    parse_page_request,
 )
 from protocol.identity import Identity
 from protocol.merkle import tree_root
@@ -119,3 +122,14 @@ def test_a_peer_is_in_one_cohort_of_a_directory_and_a_cohort_has_a_member():
         CohortDirectory(TASK, 1, 0, {"a": [twice], "b": [twice]})
     with pytest.raises(ValueError, match="has a member"):
         CohortDirectory(TASK, 1, 0, {"a": []})
+
+
+def test_a_page_request_names_a_cohort_a_peer_or_a_leaf_index_and_a_malformed_one_is_refused():
+    assert parse_page_request(page_request(7, cohort="host-ab")) == PageRequest(7, cohort="host-ab")
+    assert parse_page_request(page_request(7, peer_id="12D3KooWx")) == PageRequest(7, peer_id="12D3KooWx")
+    assert parse_page_request(page_request(7, index=12)) == PageRequest(7, index=12)
+    for bad in (b"7", b"x #1", b"7 #", b"7 #-1", b"7 #1x", b"7 #" + b"9" * 19):
+        with pytest.raises(DirectoryError):
+            parse_page_request(bad)
+    with pytest.raises(ValueError):
+        page_request(7, cohort="a", index=1)
