@@ -22,6 +22,7 @@ from hivemind_adapter.p2p import Endpoint
 from protocol.cohort_directory import CohortPage, DirectoryError, DirectoryHeader, governing, page_request
 from protocol.dht_schema import directory_key, open_directory_value
 from protocol.handler_names import directory_handler
+from protocol.record_lifetimes import DIRECTORY_TTL
 from protocol.task_spec import TaskSpec
 
 logger = logging.getLogger(__name__)
@@ -29,6 +30,7 @@ logger = logging.getLogger(__name__)
 HEADER_READ_EVERY = 5.0  # seconds one read of the headers serves
 HEADERS_KEPT = 4  # epochs kept per signer: the DHT holds its newest only, which may govern a later attempt
 PAGES_KEPT = 64  # checked pages kept (a few epochs of this peer's cohort and those it asked for)
+WHOLE_KEPT = 2  # whole directories kept: the epoch that governs and the one before it
 
 
 class DirectoryUnavailable(Exception):
@@ -43,6 +45,26 @@ class CohortView:
     header: DirectoryHeader
     signer: str  # the aggregator key (hex) that sealed the header
     page: CohortPage
+
+
+@dataclass(frozen=True)
+class WholeDirectory:
+    """Every cohort's checked page of one directory, in leaf order (the cohorts' ranks)."""
+
+    header: DirectoryHeader
+    signer: str  # the aggregator key (hex) that sealed the header
+    pages: tuple[CohortPage, ...]
+
+    def rank_of(self, peer_id: str) -> int | None:
+        """The leaf index of the cohort that lists ``peer_id`` (None: it is no member)."""
+        for page in self.pages:
+            if any(m.peer_id == peer_id for m in page.members):
+                return page.index
+        return None
+
+    def keys(self) -> dict[str, str]:
+        """Peer id -> MANTA public key (hex) of every member."""
+        return {m.peer_id: m.public_key for page in self.pages for m in page.members}
 
 
 class DirectoryView:
@@ -60,10 +82,11 @@ class DirectoryView:
         self.dht, self.endpoint, self.task, self.peer_id = dht, endpoint, task, peer_id
         self.aggregator_peer = aggregator_peer
         self._keys = frozenset(task.aggregator_keys)
-        self._lock = threading.Lock()  # guards _headers, _read_at and _pages
+        self._lock = threading.Lock()  # guards _headers, _read_at, _pages and _whole
         self._headers: dict[str, dict[int, DirectoryHeader]] = {}  # signer key -> epoch -> header
         self._read_at = float("-inf")
         self._pages: OrderedDict[tuple[str, int, str], CohortView] = OrderedDict()  # (signer, epoch, asked)
+        self._whole: OrderedDict[tuple[str, int], WholeDirectory] = OrderedDict()  # (signer, epoch)
 
     def headers(self, fresh: bool = False) -> dict[str, list[DirectoryHeader]]:
         """Signer key -> the headers read of it, oldest epoch first (the DHT is read again if the
@@ -109,6 +132,57 @@ class DirectoryView:
         if all(m.peer_id != self.peer_id for m in view.page.members):
             raise DirectoryUnavailable(f"this peer is in no cohort of directory epoch {header.epoch}")
         return view
+
+    def whole(self, attempt: int, timeout: float = 10.0) -> WholeDirectory | None:
+        """Every page of the directory that governs ``attempt``, checked, each epoch's fetched once;
+        None if no directory governs it, or the one that does was last signed more than
+        :data:`~protocol.record_lifetimes.DIRECTORY_TTL` ago (its aggregator is gone).
+        DirectoryUnavailable if a page did not come within ``timeout`` or the pages do not add up
+        to the header's size."""
+        found = self.governing(attempt)
+        if found is None or time.time() - found[1].timestamp / 1000 > DIRECTORY_TTL:
+            return None
+        signer, header = found
+        with self._lock:
+            kept = self._whole.get((signer, header.epoch))
+        if kept is not None:
+            return kept
+        deadline = time.monotonic() + timeout
+        pages = []
+        for index in range(header.cohorts):
+            request = page_request(header.epoch, index=index)
+            view = self._page(signer, header, request, max(0.1, deadline - time.monotonic()))
+            if view.page.index != index:
+                raise DirectoryUnavailable(
+                    f"asked for page {index} of epoch {header.epoch}, got {view.page.index}"
+                )
+            pages.append(view.page)
+        whole = WholeDirectory(header, signer, tuple(pages))
+        if len(whole.keys()) != header.size:
+            raise DirectoryUnavailable(
+                f"directory epoch {header.epoch}: its pages list {len(whole.keys())} members, its header {header.size}"
+            )
+        logger.info(
+            f"cohort directory epoch {header.epoch}: {header.size} member(s) in {header.cohorts} cohort(s), "
+            f"from attempt {header.first_attempt}"
+        )
+        with self._lock:
+            self._whole[(signer, header.epoch)] = whole
+            while len(self._whole) > WHOLE_KEPT:
+                self._whole.popitem(last=False)
+            for key in [
+                k
+                for k in self._pages
+                if k[:2] == (signer, header.epoch) and k[2].startswith(f"{header.epoch} #")
+            ]:
+                del self._pages[key]  # held whole now
+        return whole
+
+    def member_keys(self) -> dict[str, str]:
+        """Peer id -> public key of the members of the newest whole directory read (empty: none)."""
+        with self._lock:
+            newest = next(reversed(self._whole.values()), None)
+        return newest.keys() if newest is not None else {}
 
     def cohort(self, signer: str, header: DirectoryHeader, cohort: str, timeout: float = 10.0) -> CohortView:
         """``cohort``'s checked page in ``header``'s directory; DirectoryUnavailable if none came."""

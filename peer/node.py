@@ -34,6 +34,7 @@ from peer.catch_up import (
 from peer.commit.quorum import newest_committed_state
 from peer.data_feed import DataUnavailable
 from peer.devices import WorkerDevice
+from peer.directory_plan import NotListedYet, governing_directory
 from peer.progress_display import ProgressDisplay
 from peer.round import apply_pending_result, run_round
 from peer.round_types import OuterReport, RoundContext, RoundReport
@@ -54,6 +55,8 @@ SETTLE_SECONDS = 4.0  # peers starting together: the roster unchanged this long 
 SETTLE_LIMIT_SECONDS = 30.0  # ... or at most this long
 PAUSE_POLL_SECONDS = 1.0  # how often a paused peer looks whether it may go on
 CATCH_UP_TRIES = 5  # state downloads in a row while the swarm stays ahead
+LISTED_LOOK_SECONDS = 5.0  # a peer no directory lists looks this often whether a new epoch does
+LISTED_SAY_SECONDS = 60.0  # ... and says it still waits this often
 
 
 class PeerNode:
@@ -87,7 +90,7 @@ class PeerNode:
             display=display, stop=self._stop, averager_for=parts.averagers.rounds,
             state_digest=lambda: self.state.state_digest, state_round=lambda: self.state.state_round,
             publish_state=self.state.publish, seal_receipt=self.receipt_wire, commits=parts.commits,
-            outer=parts.outer, data=parts.data,
+            outer=parts.outer, data=parts.data, directory=parts.directory,
         )  # fmt: skip
         self._committed = 0
         parts.control.update(
@@ -180,6 +183,26 @@ class PeerNode:
         logger.info(f"attempt {attempt}: waited {time.monotonic() - started:.0f} s for its end; catching up")
         self._commits.meet_swarm()
 
+    def wait_until_listed(self, not_listed: NotListedYet) -> None:
+        """Until the directory that governs the swarm's next attempt lists this peer, or none does, or
+        the peer is told to stop (looked at every :data:`LISTED_LOOK_SECONDS`, each look bounded):
+        the swarm's rounds go on without it meanwhile. Then it catches up and meets the swarm."""
+        logger.info(f"{not_listed}: waiting")
+        started = said = time.monotonic()
+        while not self._stop.wait(LISTED_LOOK_SECONDS):
+            self._commits.meet_swarm()
+            whole = governing_directory(self.parts.directory, self._commits.attempt)
+            if whole is None or whole.rank_of(self.peer_id) is not None:
+                logger.info(
+                    f"waited {time.monotonic() - started:.0f} s for a directory epoch that lists this peer"
+                )
+                break
+            if time.monotonic() - said >= LISTED_SAY_SECONDS:
+                said = time.monotonic()
+                logger.info(f"still in no cohort of directory epoch {whole.header.epoch}: waiting")
+        self.catch_up()
+        self._commits.meet_swarm()
+
     def _roster_ids(self) -> frozenset[str]:
         return frozenset(self.parts.roster.peer_ids())
 
@@ -217,6 +240,9 @@ class PeerNode:
                 except DataUnavailable as e:
                     logger.error(f"cannot train: {e}")
                     break
+                except NotListedYet as e:
+                    self.wait_until_listed(e)
+                    continue
                 report.cross_cohort_bytes = averagers.cross_cohort_bytes()
                 self._commits.board.ttl = commit_ttl(report.seconds)  # the board keeps it while the next runs
                 if report.outer is not None:

@@ -2,7 +2,8 @@
 
 ::
 
-    plan        = plan_round(roster)                  # who is online; cohorts by node affinity
+    plan        = plan_round(directory or roster)     # cohorts by node affinity: the governing
+                                                      # directory's, else from who is online
     host        = compute_until_target(plan)          # workers train until the swarm has enough
                                                       # samples, then sum their gradients in the host
     commitments = commit_to(host numerator)           # what the receipt will prove: computed while
@@ -31,6 +32,7 @@ from dataclasses import replace
 
 from peer.averaging.outcome import AveragingOutcome
 from peer.commit.committer import PendingResult, RoundCommitter
+from peer.directory_plan import governing_directory, plan_from_directory
 from peer.round_types import (
     Commitments,
     OuterReport,
@@ -237,9 +239,18 @@ def kept_when_leaving(
 
 
 def plan_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundPlan:
-    """Read the roster (re-announcing if this peer dropped out of it) and assign cohorts: every peer
-    computes the same assignment from the same roster. An outer task's inner step takes the roster
-    read while the previous step computed, if it is recent (:func:`read_roster_ahead`)."""
+    """The cohorts of the directory that governs ``attempt``, if there is one to plan from
+    (:mod:`peer.directory_plan`; NotListedYet if it does not list this peer). Otherwise read the
+    roster (re-announcing if this peer dropped out of it) and assign cohorts: every peer computes
+    the same assignment from the same roster. An outer task's inner step takes the roster read
+    while the previous step computed, if it is recent (:func:`read_roster_ahead`)."""
+    whole = governing_directory(ctx.directory, attempt)
+    if whole is not None:
+        plan = plan_from_directory(whole, ctx.peer_id, round_index, attempt)
+        ctx.roster_size = len(plan.roster)
+        ctx.progress.roster_peers = plan.cohort_size if ctx.progress.rounds_by_cohort else len(plan.roster)
+        ctx.progress.members = frozenset(whole.keys().values()) | {ctx.identity.public_key_hex}
+        return plan
     roster = _roster_read_ahead(ctx)
     if roster is None:
         roster = ctx.roster.read()

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from peer.averaging.hierarchy import HierarchicalAverager
 from peer.commit.committer import RoundCommitter
+from peer.directory_view import DirectoryView
 from peer.progress_display import ProgressDisplay
 from peer.receipts import ReceiptOutbox
 from peer.roster_view import RosterView
@@ -155,6 +156,8 @@ class RoundContext:
     roster_ahead: tuple[float, Future] | None = None
     # tasks on an operator's dataset: the shards this peer trains on, fetched and cached (None: built-in data)
     data: DataFeed | None = None
+    # the cohort directory the rounds plan from, where the task's aggregator publishes one (None: the roster)
+    directory: DirectoryView | None = None
 
 
 @dataclass(frozen=True)

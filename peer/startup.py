@@ -41,6 +41,7 @@ from peer.commit.committer import RoundCommitter
 from peer.control import ControlError, ControlServer, PeerControl
 from peer.data_feed import DataFeed, DataUnavailable
 from peer.devices import WorkerDevice
+from peer.directory_view import DirectoryView
 from peer.guard.conviction_watch import ConvictionWatch
 from peer.membership import Membership, NotAdmitted
 from peer.outer_round import OuterStepper
@@ -109,6 +110,7 @@ class PeerParts:
     dht_watch: ProcessWatch
     peer_id: str
     roster: RosterView
+    directory: DirectoryView | None  # the cohort directory rounds plan from (commit = "certificates")
     spec: Sealed[TaskSpec]
     endpoint: Endpoint
     data: DataFeed | None  # tasks on an operator's dataset (TaskSpec.data)
@@ -236,9 +238,22 @@ def build_peer(
         built.callback(workers.stop)
         outer = _outer_stepper(task, shared, consensus, workers, lambda cohort: averagers.outer(cohort))
         roster = RosterView(dht, task)
+        # rounds whose certificates decide them plan from the aggregator's cohort directory
+        directory = (
+            DirectoryView(dht, endpoint, task, peer_id, lambda key: link.aggregators().get(key))
+            if task.params.commit == "certificates"
+            else None
+        )
+
+        def member_keys() -> dict[str, str]:  # the recent roster's, and the directory's members'
+            return {
+                **(directory.member_keys() if directory is not None else {}),
+                **roster.keys(ADMISSION_READ_AGE),
+            }
+
         commits = committer_for(
             SignedCommitBoard(dht, task.task_id, me), config.timeouts, roster.peer_ids,
-            certificates=_certificate_votes(task, endpoint, identity, roster, built),
+            certificates=_certificate_votes(task, endpoint, identity, member_keys, built),
         )  # fmt: skip
         archive = StateArchive(endpoint, task.task_id, head=len(shared.grads))  # the parameters
         built.callback(archive.close)
@@ -252,7 +267,7 @@ def build_peer(
             leaving=signals.stop.is_set, online=roster.peer_ids, on_new=signals.reclaim,
             on_ended=lambda why: signals.lose(f"{why}: the peer can no longer average; start manta-peer join again"),
             declarations=DeclarationSigner(task.task_id, me),  # matchmaking meets the roster's peers only
-            admitted=lambda: roster.keys(ADMISSION_READ_AGE),  # the round's own read, if recent
+            admitted=member_keys,  # the round's own read, if recent
             convictions=convictions,
         )  # fmt: skip
         built.callback(averagers.shutdown)
@@ -281,7 +296,7 @@ def build_peer(
         built.callback(conditions.stop)
         signals.reclaim()
         parts = PeerParts(
-            dht, dht_watch, peer_id, roster, spec, endpoint, data, search, announcer, outbox, courier, workload, shared,
+            dht, dht_watch, peer_id, roster, directory, spec, endpoint, data, search, announcer, outbox, courier, workload, shared,
             workers, outer, archive, commits, convictions, averagers, progress, state,
             control, control_server, conditions,
         )  # fmt: skip
@@ -290,7 +305,11 @@ def build_peer(
 
 
 def _certificate_votes(
-    task: TaskSpec, endpoint: Endpoint, identity: Identity, roster: RosterView, built: contextlib.ExitStack
+    task: TaskSpec,
+    endpoint: Endpoint,
+    identity: Identity,
+    member_keys: Callable[[], dict[str, str]],
+    built: contextlib.ExitStack,
 ) -> CertificateVotes | None:
     """What a task whose rounds certificates decide votes with (None: its board decides)."""
     if task.params.commit != "certificates":
@@ -298,7 +317,7 @@ def _certificate_votes(
     channel = CertificateChannel(endpoint, task.task_id, RelaySettings(), random.Random(secrets.randbits(64)))
     built.callback(channel.close)  # after start-up the endpoint's close stops it
     logger.info("rounds commit on certificates: signed votes relayed among the cohorts decide them")
-    return CertificateVotes(channel, identity, lambda: roster.keys(ADMISSION_READ_AGE))
+    return CertificateVotes(channel, identity, member_keys)
 
 
 def _ended(part: str, consequence: str) -> str:

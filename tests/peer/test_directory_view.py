@@ -4,12 +4,15 @@ checked, and switches epochs at the attempt the directory names. Real DHT nodes,
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from aggregator.board_reads import AnnouncementReader
 from aggregator.cohort_directory import LEAD_ATTEMPTS, MIN_EPOCH_SECONDS, DirectoryPublisher
 from hivemind_adapter.dht import peer_id, speaker, store
 from hivemind_adapter.p2p import Endpoint
+from peer.directory_plan import NotListedYet, plan_from_directory
 from peer.directory_view import DirectoryUnavailable, DirectoryView
 from protocol.cohort_assignment import RosterEntry, assign_cohorts
 from protocol.cohort_directory import CohortDirectory, DirectoryMember
@@ -71,8 +74,9 @@ def test_a_peer_reads_its_checked_cohort_and_roster_size_and_switches_epoch_at_t
             ]
             with pytest.raises(DirectoryUnavailable, match="no cohort directory governs attempt 0 yet"):
                 view.own_cohort(0)
+            assert publisher.tick(now=0.0) is None  # members read once: not yet settled
             first = publisher.tick(now=0.0)
-            assert first is not None and (first.size, first.first_attempt) == (6, 0)
+            assert first is not None and (first.size, first.first_attempt) == (6, LEAD_ATTEMPTS - 1)
             roster = [RosterEntry(mine, HOST, "e1", None)] + [
                 RosterEntry(p, HOST if i < 4 else OTHER_HOST, f"{i:02x}", None) for i, p in enumerate(ids)
             ]
@@ -117,6 +121,7 @@ def test_a_directory_signed_by_a_key_that_is_no_aggregator_of_the_task_governs_n
         )  # fmt: skip
         view = DirectoryView(peer_dht, peer_end, task, peer_id(peer_dht), lambda key: peer_id(desk_dht))
         try:
+            publisher.tick(now=0.0)
             real = publisher.tick(now=0.0)
             # the sybil's directory: the same peer alone in a cohort of its naming, a later epoch
             forged = CohortDirectory(
@@ -130,6 +135,74 @@ def test_a_directory_signed_by_a_key_that_is_no_aggregator_of_the_task_governs_n
             assert set(view.headers(fresh=True)) == {ADMITTING_AGGREGATOR.public_key_hex}
             own = view.own_cohort(3)
             assert own.header == real and own.page.cohort != "sybil-cohort"
+        finally:
+            publisher.stop()
+            desk_end.close()
+            peer_end.close()
+
+
+def test_a_round_plans_from_the_whole_directory_and_a_peer_it_does_not_list_waits():
+    """Every page read in leaf order gives the plan the roster's own assignment would (the same
+    cohorts, ranks and members); a peer no page lists is told to wait; a directory whose signer
+    stopped re-signing plans nothing; an epoch first published mid-run governs ahead of it."""
+    task = task_spec(ADMITTING_AGGREGATOR)
+    attempt = {"newest": -1}
+    with two_task_dhts(TASK) as (desk_dht, peer_dht):
+        desk_end, peer_end = Endpoint(desk_dht, "desk"), Endpoint(peer_dht, "peer")
+        reader = AnnouncementReader(desk_dht, TASK, frozenset(task.aggregator_keys))
+        publisher = DirectoryPublisher(
+            desk_dht, desk_end, ADMITTING_AGGREGATOR, task,
+            lambda: [e.announcement.record for e in reader.read()], lambda: attempt["newest"],
+        )  # fmt: skip
+        view = DirectoryView(peer_dht, peer_end, task, peer_id(peer_dht), lambda key: peer_id(desk_dht))
+        try:
+            mine = _announce(peer_dht, Identity.generate(), HOST, "e1", as_dht=peer_dht)
+            hosts = [HOST] * 4 + [OTHER_HOST] * 2
+            ids = [_announce(peer_dht, Identity.generate(), h, f"{i:02x}") for i, h in enumerate(hosts)]
+            # a header its aggregator last signed its lifetime ago (the DHT drops it then; this peer
+            # still holds it): nothing to plan from
+            stale = CohortDirectory(TASK, 1, 0, {"a": [DirectoryMember(mine, "ab" * 32)]})
+            signed = now_ms() - int((DIRECTORY_TTL - 2) * 1000)
+            wire = seal(stale.header(timestamp=signed), ADMITTING_AGGREGATOR)
+            assert store(
+                peer_dht, directory_key(TASK), wire, ttl=1, subkey=ADMITTING_AGGREGATOR.public_key_hex
+            )
+            view.headers(fresh=True)
+            assert view.governing(0)[1].epoch == stale.epoch
+            time.sleep(max(0.0, signed / 1000 + DIRECTORY_TTL + 0.5 - time.time()))
+            assert view.whole(0) is None
+
+            attempt["newest"] = 7  # the swarm ran attempts before the aggregator's first epoch
+            publisher.tick(now=0.0)
+            header = publisher.tick(now=0.0)
+            assert header is not None and header.first_attempt == 7 + LEAD_ATTEMPTS
+            view.headers(fresh=True)
+            assert view.whole(7 + LEAD_ATTEMPTS - 1) is None  # nothing governs the attempt under way
+            whole = view.whole(7 + LEAD_ATTEMPTS)
+            assert whole is not None and len(whole.pages) == header.cohorts == 3
+            assert set(whole.keys()) == {mine, *ids} and view.member_keys() == whole.keys()
+
+            roster = [RosterEntry(mine, HOST, "e1", None)] + [
+                RosterEntry(p, h, f"{i:02x}", None) for i, (p, h) in enumerate(zip(ids, hosts))
+            ]
+            assigned = assign_cohorts(roster, task.params.max_group_size)
+            names = sorted(set(assigned.values()))
+            plan = plan_from_directory(whole, mine, 4, 7 + LEAD_ATTEMPTS)
+            assert (plan.cohort, plan.cohort_rank, plan.num_cohorts) == (
+                assigned[mine],
+                names.index(assigned[mine]),
+                len(names),
+            )
+            assert plan.cohorts == tuple(
+                tuple(sorted(p for p in assigned if assigned[p] == n)) for n in names
+            )
+            assert sorted(plan.roster) == sorted(assigned) and plan.cohort_size == len(
+                plan.cohorts[plan.cohort_rank]
+            )
+
+            with pytest.raises(NotListedYet, match=f"no cohort of directory epoch {header.epoch}"):
+                plan_from_directory(whole, "12D3KooWnewcomer", 4, 7 + LEAD_ATTEMPTS)
+
         finally:
             publisher.stop()
             desk_end.close()
