@@ -2,10 +2,11 @@
 
 Every tick it reads the members' announcements (one read of a value that grows with the swarm:
 the aggregator's, off every peer's round path) and assigns cohorts as peers do. When the members
-changed and read alike on two ticks in a row, and the last epoch is at least
-:data:`MIN_EPOCH_SECONDS` old, it signs a new epoch that governs from :data:`LEAD_ATTEMPTS` past
-the newest attempt it knows (-1 before any), so peers switch at one attempt boundary; it re-signs
-the same directory before the header's DHT copy expires. Pages are served by ``<epoch> <cohort>``,
+changed and read alike on two ticks in a row, the last epoch is at least :data:`MIN_EPOCH_SECONDS`
+old and governs the newest attempt it knows, it signs a new epoch that governs from
+:data:`LEAD_ATTEMPTS` past that attempt (-1 before any), so peers switch at one attempt boundary;
+it re-signs the same directory before the header's DHT copy expires. The DHT holds its newest header
+only: ``headers`` asks for those of every epoch it serves. Pages are served by ``<epoch> <cohort>``,
 ``<epoch> @<peer id>`` for the page that lists a peer (a peer does not know which part of a split
 cohort it is in), or ``<epoch> #<index>`` for the page at a leaf index (a peer reading the whole
 directory knows only the header's count), for the last :data:`KEPT_EPOCHS` epochs.
@@ -24,10 +25,12 @@ from hivemind_adapter.dht import store
 from hivemind_adapter.p2p import Endpoint
 from protocol.cohort_assignment import directory_cohorts
 from protocol.cohort_directory import (
+    HEADERS_REQUEST,
     CohortDirectory,
     DirectoryError,
     DirectoryHeader,
     DirectoryMember,
+    headers_reply,
     parse_page_request,
 )
 from protocol.dht_schema import directory_key
@@ -93,10 +96,13 @@ class DirectoryPublisher:
         # members read alike twice in a row: peers starting together, or one restarting, are all in
         settled, self._read_before = read == self._read_before, read
         changed = last is None or _members(last) != read
-        if cohorts and changed and settled and now - self._published_at >= MIN_EPOCH_SECONDS:
+        # one epoch ahead of the swarm at most: the last one governs the newest attempt known (if any)
+        newest = self.newest_attempt()
+        reached = last is None or newest < 0 or newest >= last.first_attempt
+        if cohorts and changed and settled and reached and now - self._published_at >= MIN_EPOCH_SECONDS:
             # an epoch governs from an attempt boundary ahead of the newest one the swarm ran, or may
             # be running: peers that read its header at different times plan every attempt alike
-            first = max(0 if last is None else last.first_attempt + 1, self.newest_attempt() + LEAD_ATTEMPTS)
+            first = max(0 if last is None else last.first_attempt + 1, newest + LEAD_ATTEMPTS)
             epoch = max(int(time.time()), last.epoch + 1 if last is not None else 0)
             directory = CohortDirectory(self.task.task_id, epoch, first, cohorts)
             with self._lock:
@@ -118,6 +124,11 @@ class DirectoryPublisher:
         return header
 
     async def _serve_page(self, payload: bytes, sender: str) -> bytes:
+        if payload == HEADERS_REQUEST:
+            with self._lock:
+                kept = list(self._directories.values())
+            stamp = int(time.time() * 1000)
+            return headers_reply([seal(d.header(timestamp=stamp), self.identity) for d in kept])
         try:
             asked = parse_page_request(payload)
         except DirectoryError as e:

@@ -1,7 +1,10 @@
 """The cohort directory as this peer reads it (:mod:`protocol.cohort_directory`).
 
 The headers come from one DHT key with one entry per aggregator of the task, whatever the swarm's
-size, read at most every :data:`HEADER_READ_EVERY` seconds; a page comes from the aggregator that
+size, read at most every :data:`HEADER_READ_EVERY` seconds. The DHT holds each aggregator's newest
+header only, which may govern a later attempt than one still to plan: on a new epoch the peer asks
+that aggregator for the headers of every epoch it serves, each checked as the DHT checks one. A
+page comes from the aggregator that
 signed its header and is checked against that header before use, then kept for its epoch. So a
 round learns its cohort and the size of the roster it commits against in a constant number of
 lookups, and every peer of an attempt counts against the same roster.
@@ -19,15 +22,25 @@ from dataclasses import dataclass
 
 from hivemind_adapter.dht import read_signed
 from hivemind_adapter.p2p import Endpoint
-from protocol.cohort_directory import CohortPage, DirectoryError, DirectoryHeader, governing, page_request
+from protocol.cohort_directory import (
+    HEADERS_REQUEST,
+    CohortPage,
+    DirectoryError,
+    DirectoryHeader,
+    governing,
+    page_request,
+    parse_headers_reply,
+)
 from protocol.dht_schema import directory_key, open_directory_value
 from protocol.handler_names import directory_handler
 from protocol.record_lifetimes import DIRECTORY_TTL
+from protocol.sealing import RecordRejected
 from protocol.task_spec import TaskSpec
 
 logger = logging.getLogger(__name__)
 
 HEADER_READ_EVERY = 5.0  # seconds one read of the headers serves
+HEADERS_TIMEOUT = 5.0  # seconds an aggregator has to send the headers of the epochs it serves
 HEADERS_KEPT = 4  # epochs kept per signer: the DHT holds its newest only, which may govern a later attempt
 PAGES_KEPT = 64  # checked pages kept (a few epochs of this peer's cohort and those it asked for)
 WHOLE_KEPT = 2  # whole directories kept: the epoch that governs and the one before it
@@ -100,6 +113,14 @@ class DirectoryView:
             lambda sub, value: open_directory_value(self.task.task_id, sub, value, self._keys),
         )
         with self._lock:
+            unseen = {
+                s.public_key.hex()
+                for s in found
+                if s.record.epoch not in self._headers.get(s.public_key.hex(), {})
+            }
+        for signer in sorted(unseen):  # a new epoch: the ones its DHT entry replaced may govern yet
+            found += self._served_headers(signer)
+        with self._lock:
             for sealed in found:
                 epochs = self._headers.setdefault(sealed.public_key.hex(), {})
                 epochs[sealed.record.epoch] = sealed.record  # a re-signed header: the same directory
@@ -107,6 +128,28 @@ class DirectoryView:
                     del epochs[old]
             self._read_at = time.monotonic()
             return self._listed()
+
+    def _served_headers(self, signer: str) -> list:
+        """The sealed headers of every epoch ``signer``'s aggregator serves, each checked as the DHT
+        checks one (empty if it cannot be asked: the DHT's newest alone then)."""
+        server = self.aggregator_peer(signer)
+        if server is None:
+            return []
+        try:
+            reply = self.endpoint.call(
+                server, directory_handler(self.task.task_id), HEADERS_REQUEST, HEADERS_TIMEOUT
+            )
+            wires = parse_headers_reply(reply)
+        except Exception as e:  # gone, too slow or malformed: the headers the DHT holds are all there is
+            logger.debug(f"aggregator {signer[:8]}'s headers: {type(e).__name__}: {e}")
+            return []
+        opened = []
+        for wire in wires:
+            try:  # sealed by ``signer`` (the subkey it would have in the DHT), for this task
+                opened.append(open_directory_value(self.task.task_id, signer, wire, self._keys))
+            except RecordRejected:
+                continue
+        return opened
 
     def _listed(self) -> dict[str, list[DirectoryHeader]]:
         """(Under the lock.)"""

@@ -31,11 +31,14 @@ __all__ = [
     "DirectoryError",
     "DirectoryHeader",
     "DirectoryMember",
+    "HEADERS_REQUEST",
     "NotInDirectory",
     "PageRequest",
     "WrongDirectory",
     "governing",
+    "headers_reply",
     "page_request",
+    "parse_headers_reply",
     "parse_page_request",
 ]
 
@@ -229,7 +232,9 @@ def parse_page_request(payload: bytes) -> PageRequest:
     """The request ``payload`` makes; DirectoryError if malformed."""
     epoch, _, asked = bytes(payload).decode(errors="replace").partition(" ")
     if not epoch.isdigit() or len(epoch) > 18 or not asked or len(asked) > 160:
-        raise DirectoryError("a page request is '<epoch> <cohort>', '<epoch> @<peer id>' or '<epoch> #<index>'")
+        raise DirectoryError(
+            "a page request is '<epoch> <cohort>', '<epoch> @<peer id>' or '<epoch> #<index>'"
+        )
     if asked.startswith("@"):
         return PageRequest(int(epoch), peer_id=asked[1:])
     if asked.startswith("#"):
@@ -237,6 +242,30 @@ def parse_page_request(payload: bytes) -> PageRequest:
             raise DirectoryError("a page's index is a count")
         return PageRequest(int(epoch), index=int(asked[1:]))
     return PageRequest(int(epoch), cohort=asked)
+
+
+# What asks a directory's server for the sealed headers of the epochs it still serves: the DHT
+# holds one aggregator's newest only, which may govern a later attempt than the one being planned.
+HEADERS_REQUEST = b"headers"
+MAX_HEADERS = 16  # headers one reply may carry
+
+
+def headers_reply(wires: Sequence[bytes]) -> bytes:
+    """The reply to :data:`HEADERS_REQUEST`: each sealed header's wire bytes."""
+    return json.dumps({"headers": [bytes(w).hex() for w in wires]}).encode()
+
+
+def parse_headers_reply(data: bytes) -> list[bytes]:
+    """The sealed headers' wire bytes a :func:`headers_reply` carries (each to be opened and checked
+    by the caller); DirectoryError if malformed."""
+    try:
+        value = json.loads(data)
+        wires = value["headers"]
+        if not isinstance(wires, list) or len(wires) > MAX_HEADERS:
+            raise ValueError("not a list of at most MAX_HEADERS")
+        return [bytes.fromhex(w) for w in wires]
+    except (ValueError, TypeError, KeyError) as e:
+        raise DirectoryError(f"not a headers reply: {type(e).__name__}") from None
 
 
 def governing(headers: Sequence[DirectoryHeader], attempt: int) -> DirectoryHeader | None:

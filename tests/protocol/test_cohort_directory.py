@@ -20,7 +20,9 @@ from protocol.cohort_directory import (
     PageRequest,
     WrongDirectory,
     governing,
+    headers_reply,
     page_request,
+    parse_headers_reply,
     parse_page_request,
 )
 from protocol.identity import Identity
@@ -133,3 +135,17 @@ def test_a_page_request_names_a_cohort_a_peer_or_a_leaf_index_and_a_malformed_on
             parse_page_request(bad)
     with pytest.raises(ValueError):
         page_request(7, cohort="a", index=1)
+
+
+def test_a_headers_reply_carries_sealed_headers_and_a_malformed_one_is_refused():
+    wires = [seal(CohortDirectory(TASK, e, e, {}).header(timestamp=e), AGGREGATOR) for e in (1, 2)]
+    assert parse_headers_reply(headers_reply(wires)) == wires
+    for bad in (
+        b"",
+        b"[]",
+        b'{"headers": "ab"}',
+        b'{"headers": ["zz"]}',
+        b'{"headers": [' + b'"ab",' * 16 + b'"ab"]}',
+    ):
+        with pytest.raises(DirectoryError):
+            parse_headers_reply(bad)
