@@ -106,7 +106,14 @@ def test_a_worker_thread_running_a_job_is_shown_and_an_idle_one_is_not():
         lines = list(busy_worker_threads())
         release.set()
         await busy
+        # the worker may still be handing the job's result over (the loop woke on its write): at
+        # most a moment later it waits for its next job, and is not shown
         idle = list(busy_worker_threads())
+        for _ in range(100):
+            if not idle:
+                break
+            await asyncio.sleep(0.01)
+            idle = list(busy_worker_threads())
         return lines, idle
 
     lines, idle = asyncio.run(main())
