@@ -85,8 +85,8 @@ class DirectoryPublisher:
 
     def tick(self, now: float | None = None) -> DirectoryHeader | None:
         """Read the members; publish a new epoch if they changed and read the same on the previous
-        tick (and the last epoch is old enough), or
-        the same one re-signed if its header is half its DHT life old. Returns what was published."""
+        tick (and the last epoch is old enough and governs already), or the same one re-signed if
+        its header is half its DHT life old. Returns what was published."""
         now = time.monotonic() if now is None else now
         cohorts = directory_cohorts(
             self.read_announcements(), self.withdrawn(), self.task.params.max_group_size

@@ -34,7 +34,7 @@ from protocol.cohort_directory import (
 from protocol.dht_schema import directory_key, open_directory_value
 from protocol.handler_names import directory_handler
 from protocol.record_lifetimes import DIRECTORY_TTL
-from protocol.sealing import RecordRejected
+from protocol.sealing import RecordRejected, Sealed
 from protocol.task_spec import TaskSpec
 
 logger = logging.getLogger(__name__)
@@ -129,7 +129,7 @@ class DirectoryView:
             self._read_at = time.monotonic()
             return self._listed()
 
-    def _served_headers(self, signer: str) -> list:
+    def _served_headers(self, signer: str) -> list[Sealed[DirectoryHeader]]:
         """The sealed headers of every epoch ``signer``'s aggregator serves, each checked as the DHT
         checks one (empty if it cannot be asked: the DHT's newest alone then)."""
         server = self.aggregator_peer(signer)

@@ -231,14 +231,14 @@ def page_request(
 def parse_page_request(payload: bytes) -> PageRequest:
     """The request ``payload`` makes; DirectoryError if malformed."""
     epoch, _, asked = bytes(payload).decode(errors="replace").partition(" ")
-    if not epoch.isdigit() or len(epoch) > 18 or not asked or len(asked) > 160:
+    if not (epoch.isascii() and epoch.isdigit()) or len(epoch) > 18 or not asked or len(asked) > 160:
         raise DirectoryError(
             "a page request is '<epoch> <cohort>', '<epoch> @<peer id>' or '<epoch> #<index>'"
         )
     if asked.startswith("@"):
         return PageRequest(int(epoch), peer_id=asked[1:])
     if asked.startswith("#"):
-        if not asked[1:].isdigit() or len(asked) > 19:
+        if not (asked[1:].isascii() and asked[1:].isdigit()) or len(asked) > 19:
             raise DirectoryError("a page's index is a count")
         return PageRequest(int(epoch), index=int(asked[1:]))
     return PageRequest(int(epoch), cohort=asked)

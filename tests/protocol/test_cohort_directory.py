@@ -130,7 +130,16 @@ def test_a_page_request_names_a_cohort_a_peer_or_a_leaf_index_and_a_malformed_on
     assert parse_page_request(page_request(7, cohort="host-ab")) == PageRequest(7, cohort="host-ab")
     assert parse_page_request(page_request(7, peer_id="12D3KooWx")) == PageRequest(7, peer_id="12D3KooWx")
     assert parse_page_request(page_request(7, index=12)) == PageRequest(7, index=12)
-    for bad in (b"7", b"x #1", b"7 #", b"7 #-1", b"7 #1x", b"7 #" + b"9" * 19):
+    for bad in (
+        b"7",
+        b"x #1",
+        b"7 #",
+        b"7 #-1",
+        b"7 #1x",
+        b"7 #" + b"9" * 19,
+        "7 #²".encode(),
+        "²".encode() + b" c",
+    ):
         with pytest.raises(DirectoryError):
             parse_page_request(bad)
     with pytest.raises(ValueError):
