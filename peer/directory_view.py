@@ -100,6 +100,7 @@ class DirectoryView:
         self._read_at = float("-inf")
         self._pages: OrderedDict[tuple[str, int, str], CohortView] = OrderedDict()  # (signer, epoch, asked)
         self._whole: OrderedDict[tuple[str, int], WholeDirectory] = OrderedDict()  # (signer, epoch)
+        self._governs = False  # whether the last whole() call gave a directory to plan from
 
     def headers(self, fresh: bool = False) -> dict[str, list[DirectoryHeader]]:
         """Signer key -> the headers read of it, oldest epoch first (the DHT is read again if the
@@ -182,6 +183,17 @@ class DirectoryView:
         :data:`~protocol.record_lifetimes.DIRECTORY_TTL` ago (its aggregator is gone).
         DirectoryUnavailable if a page did not come within ``timeout`` or the pages do not add up
         to the header's size."""
+        try:
+            whole = self._whole_governing(attempt, timeout)
+        except Exception:
+            with self._lock:
+                self._governs = False
+            raise
+        with self._lock:
+            self._governs = whole is not None
+        return whole
+
+    def _whole_governing(self, attempt: int, timeout: float) -> WholeDirectory | None:
         found = self.governing(attempt)
         if found is None or time.time() - found[1].timestamp / 1000 > DIRECTORY_TTL:
             return None
@@ -222,10 +234,14 @@ class DirectoryView:
         return whole
 
     def member_keys(self) -> dict[str, str]:
-        """Peer id -> public key of the members of the newest whole directory read (empty: none)."""
+        """Peer id -> public key of the members of the whole directories kept (the governing epoch
+        and the one before, whose attempts' votes may still arrive; the newer binding wins). Empty
+        where the last :meth:`whole` gave none to plan from: those rounds admit their roster."""
         with self._lock:
-            newest = next(reversed(self._whole.values()), None)
-        return newest.keys() if newest is not None else {}
+            if not self._governs:
+                return {}
+            kept = list(self._whole.values())
+        return {peer: key for whole in kept for peer, key in whole.keys().items()}
 
     def cohort(self, signer: str, header: DirectoryHeader, cohort: str, timeout: float = 10.0) -> CohortView:
         """``cohort``'s checked page in ``header``'s directory; DirectoryUnavailable if none came."""

@@ -245,11 +245,10 @@ def build_peer(
             else None
         )
 
-        def member_keys() -> dict[str, str]:  # the recent roster's, and the directory's members'
-            return {
-                **(directory.member_keys() if directory is not None else {}),
-                **roster.keys(ADMISSION_READ_AGE),
-            }
+        def member_keys() -> dict[str, str]:  # the directory's members where one governs, or the roster's
+            return (directory.member_keys() if directory is not None else {}) or roster.keys(
+                ADMISSION_READ_AGE
+            )
 
         commits = committer_for(
             SignedCommitBoard(dht, task.task_id, me), config.timeouts, roster.peer_ids,
