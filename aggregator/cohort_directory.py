@@ -3,8 +3,9 @@
 Every tick it reads the members' announcements (one read of a value that grows with the swarm:
 the aggregator's, off every peer's round path) and assigns cohorts as peers do. When the members
 changed and read alike on two ticks in a row, the last epoch is at least :data:`MIN_EPOCH_SECONDS`
-old and governs the newest attempt it knows, it signs a new epoch that governs from
-:data:`LEAD_ATTEMPTS` past that attempt (-1 before any), so peers switch at one attempt boundary;
+old and governs the attempt the swarm runs (the one after the newest it knows ended), it signs a new
+epoch that governs from :data:`LEAD_ATTEMPTS` past that newest attempt (-1 before any), so peers
+switch at one attempt boundary;
 it re-signs the same directory before the header's DHT copy expires. The DHT holds its newest header
 only: ``headers`` asks for those of every epoch it serves. Pages are served by ``<epoch> <cohort>``,
 ``<epoch> @<peer id>`` for the page that lists a peer (a peer does not know which part of a split
@@ -96,9 +97,9 @@ class DirectoryPublisher:
         # members read alike twice in a row: peers starting together, or one restarting, are all in
         settled, self._read_before = read == self._read_before, read
         changed = last is None or _members(last) != read
-        # one epoch ahead of the swarm at most: the last one governs the newest attempt known (if any)
+        # one epoch ahead of the swarm at most: the last one governs the attempt it runs (if any)
         newest = self.newest_attempt()
-        reached = last is None or newest < 0 or newest >= last.first_attempt
+        reached = last is None or newest < 0 or newest + 1 >= last.first_attempt
         if cohorts and changed and settled and reached and now - self._published_at >= MIN_EPOCH_SECONDS:
             # an epoch governs from an attempt boundary ahead of the newest one the swarm ran, or may
             # be running: peers that read its header at different times plan every attempt alike

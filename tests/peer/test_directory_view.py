@@ -139,13 +139,16 @@ def test_a_peer_reads_its_checked_cohort_and_roster_size_and_switches_epoch_at_t
         signer, governs = newcomer.governing(7 + LEAD_ATTEMPTS - 1)
         assert signer == own.signer and _same(governs, first)
 
-        # an eighth member: no new epoch until the swarm reached the second one's first attempt
+        # an eighth member: no new epoch until the swarm runs the second one's first attempt (the
+        # attempt before it ended); then one from the attempt after that
         _announce(peer_dht, Identity.generate(), OTHER_HOST, "e8")
         assert publisher.tick(now=2 * MIN_EPOCH_SECONDS) is None
         assert publisher.tick(now=2 * MIN_EPOCH_SECONDS) is None
-        attempt["newest"] = 7 + LEAD_ATTEMPTS
+        attempt["newest"] = 7 + LEAD_ATTEMPTS - 2
+        assert publisher.tick(now=2 * MIN_EPOCH_SECONDS) is None
+        attempt["newest"] = 7 + LEAD_ATTEMPTS - 1
         third = publisher.tick(now=2 * MIN_EPOCH_SECONDS)
-        assert third is not None and third.first_attempt == 7 + 2 * LEAD_ATTEMPTS and third.size == 8
+        assert third is not None and third.first_attempt == 7 + LEAD_ATTEMPTS + 1 and third.size == 8
 
 
 def test_a_directory_signed_by_a_key_that_is_no_aggregator_of_the_task_governs_nothing():
@@ -198,6 +201,9 @@ def test_a_round_plans_from_the_whole_directory_and_a_peer_it_does_not_list_wait
         whole = view.whole(7 + LEAD_ATTEMPTS)
         assert whole is not None and len(whole.pages) == header.cohorts == 3
         assert set(whole.keys()) == {mine, *ids} and view.member_keys() == whole.keys()
+        # a round no directory governs plans from its roster, and admits the roster's keys
+        assert view.whole(7 + LEAD_ATTEMPTS - 1) is None and view.member_keys() == {}
+        assert view.whole(7 + LEAD_ATTEMPTS) is whole and view.member_keys() == whole.keys()
 
         roster = [RosterEntry(mine, HOST, "e1", None)] + [
             RosterEntry(p, h, f"{i:02x}", None) for i, (p, h) in enumerate(zip(ids, hosts))
