@@ -15,14 +15,17 @@ and an iptables rule per cgroup counts their output), the CPU time of a peer's p
 cgroup's), and memory (the proportional set size of all of a peer's processes). The gradient is the digits supernet's at width 0.5 by default.
 
     python -m benchmarks.swarm_scale [--peers 8 16 32 64] [--rounds 5] [--compute 2] [--bucket-sizes 20 5]
-        [--store-search values nodes] [--commit board certificates] [--trace rounds.jsonl] [--certificates]
+        [--store-search values nodes] [--commit board certificates] [--plan roster directory]
+        [--trace rounds.jsonl] [--certificates]
 
 ``--bucket-sizes`` runs every size with each DHT bucket size (Kademlia's k, also every lookup's
 beam), ``--store-search`` with a store's search for nodes asking for values too (``values``,
 hivemind's) or not (``nodes``: :mod:`hivemind_adapter.store_search`), ``--commit`` with the board's
-quorum or commit certificates deciding the rounds (:mod:`peer.commit.certified`); each size's variants
-are compared. ``--trace`` has every peer append one JSON line per round to a file (its attempt, cohort,
-head, result, stage times, abort reason). ``--certificates`` has the peers also relay commit
+quorum or commit certificates deciding the rounds (:mod:`peer.commit.certified`), ``--plan`` with
+certificate rounds planned from each peer's roster read or from the cohort directory (signed and
+served by the benchmark's stand-in aggregator, :mod:`aggregator.cohort_directory`, as a real
+aggregator does); each size's variants are compared. ``--trace`` has every peer append one JSON line
+per round to a file (its attempt, cohort, head, result, stage times, abort reason). ``--certificates`` has the peers also relay commit
 certificates over direct calls (:mod:`benchmarks.certificates_beside`) and prints their verdicts,
 times and bytes beside the board's, on the same attempts. Needs root (cgroups, iptables); every cgroup and rule it makes is removed, also on Ctrl-C.
 """
@@ -49,15 +52,20 @@ prepare_process()
 
 import torch  # noqa: E402
 
+from aggregator.cohort_directory import DirectoryPublisher  # noqa: E402
 from benchmarks.certificates_beside import CertificateFigures  # noqa: E402
 from benchmarks.peer_accounts import PeerAccounts  # noqa: E402
-from benchmarks.thin_peer import PeerFigures, ThinOptions, thin_peer  # noqa: E402
-from hivemind_adapter.dht import DHT_BUCKET_SIZE, start_dht, visible_maddrs  # noqa: E402
+from benchmarks.thin_peer import BENCH_AGGREGATOR, SPEC, TASK, PeerFigures, ThinOptions, thin_peer  # noqa: E402
+from hivemind_adapter.dht import DHT_BUCKET_SIZE, speaker, start_dht, visible_maddrs  # noqa: E402
+from hivemind_adapter.p2p import Endpoint  # noqa: E402
+from peer.commit.boards import SignedCommitBoard  # noqa: E402
+from peer.roster_view import read_roster  # noqa: E402
 
 # ------------------------------------------------------------------ one swarm size
 
 
 START_BATCH = 8
+FIRST_EPOCH_WAIT = 60.0  # seconds the stand-in aggregator has to sign the first directory epoch
 MEMORY_RESERVE_MIB = 2048  # never start more peers (nor run rounds) with less than this available
 
 
@@ -125,16 +133,18 @@ def run_size(n: int, opts: ThinOptions) -> ScaleRow:
         host_maddrs=["/ip4/127.0.0.1/tcp/0"], bucket_size=opts.bucket_size,
         nodes_only_store_search=opts.store_search == "nodes",
     )  # fmt: skip
-    procs = []
+    procs, publisher = [], None
     try:
         initial = visible_maddrs(boot)
+        directory_peer = boot.peer_id.to_base58()  # the stand-in aggregator serves the directory
         t0 = time.monotonic()
         for batch in range(0, n, START_BATCH):  # in batches, watching memory: where it stops is a result
             if (available := _available_mib()) < MEMORY_RESERVE_MIB:
                 raise DidNotFit(batch, available)
             for i in range(batch, min(n, batch + START_BATCH)):
                 p = ctx.Process(
-                    target=thin_peer, args=(i, initial, opts, accounts.cgroups[i], ready, go, done, results)
+                    target=thin_peer,
+                    args=(i, initial, opts, accounts.cgroups[i], ready, go, done, results, directory_peer),
                 )  # fmt: skip
                 p.start()
                 procs.append(p)
@@ -153,6 +163,8 @@ def run_size(n: int, opts: ThinOptions) -> ScaleRow:
             raise DidNotFit(n, available)
         started = time.monotonic() - t0
         time.sleep(5)  # announcements reach every roster
+        if opts.plan == "directory":  # after the peers forked: its threads stay in this process
+            publisher = _publish_directory(boot)
         sent_before, cpu_before = accounts.bytes_sent(), accounts.cpu_seconds()
         go.set()
         figures: dict[int, PeerFigures] = {}
@@ -211,6 +223,9 @@ def run_size(n: int, opts: ThinOptions) -> ScaleRow:
             deadline = time.monotonic() + 10
             for p in procs:
                 p.join(timeout=max(0.1, deadline - time.monotonic()))
+            if publisher is not None:
+                publisher.stop()
+                publisher.endpoint.close()
             try:
                 boot.shutdown()
             except Exception as e:  # its process was interrupted too
@@ -219,6 +234,29 @@ def run_size(n: int, opts: ThinOptions) -> ScaleRow:
             accounts.close()
             gc.unfreeze()  # what the thin peers shared is freed normally at exit
             signal.signal(signal.SIGINT, interrupt)
+
+
+def _publish_directory(boot) -> DirectoryPublisher:
+    """The cohort directory of the thin peers' roster, signed and served from the bootstrap node as
+    an aggregator does (the newest attempt from the commit board); returns once the first epoch is
+    out (it governs from attempt 1: attempt 0 plans from the rosters)."""
+    board = SignedCommitBoard(boot, TASK, speaker(boot, BENCH_AGGREGATOR))
+    publisher = DirectoryPublisher(
+        boot, Endpoint(boot, "directory"), BENCH_AGGREGATOR, SPEC,
+        lambda: [p.announcement for p in read_roster(boot, SPEC)], board.latest_attempt,
+    )  # fmt: skip
+    publisher.start()
+    deadline = time.monotonic() + FIRST_EPOCH_WAIT
+    while publisher.newest() is None and time.monotonic() < deadline:
+        time.sleep(1.0)
+    if publisher.newest() is None:
+        publisher.stop()
+        publisher.endpoint.close()
+        raise RuntimeError(
+            f"the stand-in aggregator signed no directory epoch within {FIRST_EPOCH_WAIT:.0f} s"
+        )
+    print(f"\r  directory epoch {publisher.newest().epoch}: {publisher.newest().size} member(s)", flush=True)
+    return publisher
 
 
 def describe_certificates(row: ScaleRow, rounds: int) -> str:
@@ -279,6 +317,10 @@ def main(argv=None) -> int:
         help="what decides a round; both: the two side by side, at each size",
     )  # fmt: skip
     parser.add_argument(
+        "--plan", nargs="+", choices=("roster", "directory"), default=["roster"],
+        help="where certificate rounds take their cohorts: each peer's roster read, or the cohort directory",
+    )  # fmt: skip
+    parser.add_argument(
         "--certificates", action="store_true",
         help="also relay commit certificates over direct calls and print them beside the board",
     )  # fmt: skip
@@ -302,12 +344,16 @@ def main(argv=None) -> int:
     print(f"gradient: {numel * 4 / 1e6:.1f} MB ({len(shapes)} tensors); cohorts of 4; {args.rounds} rounds")
     rows, did_not_fit = [], {}  # variant -> the smallest swarm that did not fit with it
     variants = [
-        (k, search, c) for k in args.bucket_sizes for search in args.store_search for c in args.commit
+        (k, search, c, plan)
+        for k in args.bucket_sizes
+        for search in args.store_search
+        for c in args.commit
+        for plan in (args.plan if c == "certificates" else ["roster"])  # the board's rounds read rosters
     ]
-    for (k, search, commit), n in [(v, n) for n in args.peers for v in variants]:
+    for (k, search, commit, plan), n in [(v, n) for n in args.peers for v in variants]:
         opts = ThinOptions(
             shapes, args.rounds, args.compute, args.cross_group, bucket_size=k, store_search=search,
-            trace=args.trace, logs=args.logs, certificates=args.certificates, commit=commit,
+            trace=args.trace, logs=args.logs, certificates=args.certificates, commit=commit, plan=plan,
         )  # fmt: skip
         if n >= did_not_fit.get(opts.variant, n + 1):
             continue
@@ -333,7 +379,7 @@ def main(argv=None) -> int:
             print(describe_certificates(r, args.rounds))
     print()
     header = (
-        f"{'peers':>5} {'variant':>26} {'cohorts':>7} {'start-up':>9} {'round':>7} {'committed':>9} "
+        f"{'peers':>5} {'variant':>38} {'cohorts':>7} {'start-up':>9} {'round':>7} {'committed':>9} "
         f"{'DHT req/peer/round':>18} {'x':>5} {'MB sent/peer/round':>18} {'x':>5} "
         f"{'control KB/peer/round':>21} {'x':>5} {'CPU s/peer/round':>16} {'MiB/peer':>8} {'load':>5}"
     )
@@ -342,7 +388,7 @@ def main(argv=None) -> int:
     for r in rows:
         base = next(b for b in rows if b.variant == r.variant)  # growth with n in the same variant
         print(
-            f"{r.peers:>5} {r.variant:>26} {r.cohorts:>7} {r.started_s:>8.0f}s {r.round_s:>6.1f}s {r.committed:>9.0%} "
+            f"{r.peers:>5} {r.variant:>38} {r.cohorts:>7} {r.started_s:>8.0f}s {r.round_s:>6.1f}s {r.committed:>9.0%} "
             f"{r.dht_requests:>18.0f} {r.dht_requests / max(base.dht_requests, 1e-9):>4.1f}x "
             f"{r.sent_mb:>18.1f} {r.sent_mb / max(base.sent_mb, 1e-9):>4.1f}x "
             f"{r.control_kb:>21.0f} {r.control_kb / max(base.control_kb, 1e-9):>4.1f}x {r.cpu_s:>16.2f} "

@@ -1,8 +1,9 @@
 """A thin peer of :mod:`benchmarks.swarm_scale`: everything of a round that crosses the network, run
 exactly as a real peer runs it, and a fixed stand-in for the training step.
 
-Per round it reads the roster, forms cohorts by node affinity, "computes" for ``compute`` seconds while
-it reads and writes the progress board, averages a random gradient of the real size through the
+Per round it plans its cohort as a real peer does (from the cohort directory that governs the attempt
+where ``plan`` is ``directory``, else from the roster it reads, by node affinity), "computes" for
+``compute`` seconds while it reads and writes the progress board, averages a random gradient of the real size through the
 hierarchy (cohort, cross-cohort tree, broadcast) and waits for the signed commit board's quorum. With
 ``trace`` set, it appends one JSON line per round to that file (:class:`RoundTrace`): which attempt,
 cohort and head, the result's digest and contributors, each stage's seconds, why it aborted. With
@@ -40,7 +41,10 @@ from peer.commit.boards import SignedCommitBoard  # noqa: E402
 from peer.commit.certificate_channel import CertificateChannel  # noqa: E402
 from peer.commit.certificate_relay import RelaySettings  # noqa: E402
 from peer.commit.certified import CertificateVotes  # noqa: E402
+from peer.directory_plan import NotListedYet, governing_directory, plan_from_directory  # noqa: E402
+from peer.directory_view import DirectoryView  # noqa: E402
 from peer.roster_view import ADMISSION_READ_AGE, RosterView  # noqa: E402
+from peer.round_types import RoundPlan  # noqa: E402
 from peer.swarm_progress import SwarmProgress  # noqa: E402
 from peer.swarm_view import Announcer, ProgressBoard  # noqa: E402
 from protocol.cohort_assignment import assign_cohorts, cohort_sizes  # noqa: E402
@@ -116,10 +120,12 @@ class ThinOptions:
     logs: str = ""  # a folder each peer writes its DEBUG log to, peer-INDEX.log ("": none)
     certificates: bool = False  # also relay commit certificates beside the board (measured, deciding nothing)
     commit: str = "board"  # what decides a round: "board" or "certificates" (SwarmParams.commit)
+    plan: str = "roster"  # where a round's cohorts come from: "roster" or "directory" (with certificates)
 
     @property
     def variant(self) -> str:
-        return f"k={self.bucket_size}, {self.store_search}, {self.commit}"
+        planned = f" by {self.plan}" if self.commit == "certificates" else ""
+        return f"k={self.bucket_size}, {self.store_search}, {self.commit}{planned}"
 
 
 @dataclass
@@ -181,7 +187,38 @@ def _certificate(identity: Identity, peer: str, serial: int) -> bytes:
     return seal(certificate, BENCH_AGGREGATOR)
 
 
-def thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, done, results) -> None:
+def plan_thin_round(
+    me: str,
+    round_index: int,
+    attempt: int,
+    roster_view: RosterView,
+    view: DirectoryView | None,
+    cohort_size: int,
+) -> tuple[RoundPlan, dict[str, str]]:
+    """The round's plan and the keys it admits, as :func:`peer.round.plan_round` takes them: from the
+    directory that governs ``attempt`` (NotListedYet where it does not list ``me``), or from the
+    roster read now where none does."""
+    whole = governing_directory(view, attempt)
+    if whole is not None:
+        return plan_from_directory(whole, me, round_index, attempt), view.member_keys()
+    roster = roster_view.read()
+    assignment = assign_cohorts([p.entry for p in roster], cohort_size)
+    cohort = assignment.get(me, f"solo-{me[-8:]}")
+    cohort_ids = sorted(set(assignment.values()) | {cohort})
+    peers_of: dict[str, list[str]] = {cohort: [me]} if me not in assignment else {}
+    for peer, name in sorted(assignment.items()):
+        peers_of.setdefault(name, []).append(peer)
+    plan = RoundPlan(
+        round_index, attempt, cohort, cohort_ids.index(cohort), len(cohort_ids), cohort_sizes(assignment).get(cohort, 1),
+        tuple(p.entry.peer_id for p in roster), tuple(tuple(peers_of[name]) for name in cohort_ids),
+    )  # fmt: skip
+    return plan, roster_view.keys(ADMISSION_READ_AGE)
+
+
+def thin_peer(
+    index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, done, results, directory_peer: str = ""
+) -> None:
+    """``directory_peer``: the node that serves the cohort directory (with ``opts.plan`` ``directory``)."""
     (CGROUP_ROOT / cgroup / "cgroup.procs").write_text(str(os.getpid()))  # its p2pd and children follow
     torch.set_num_threads(1)
     if opts.logs:
@@ -203,11 +240,18 @@ def thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, d
         announcer.keep_fresh()
         progress = SwarmProgress(ProgressBoard(dht, TASK, speaker(dht, identity)), me, 64, 1, 10**9)
         roster_view = RosterView(dht, SPEC)
-        votes = None
+        votes, view, admitted = None, None, {}
+
+        def admitted_keys() -> dict[str, str]:  # the keys the current round's plan admits
+            return admitted
+
         if opts.commit == "certificates":
             endpoint = Endpoint(dht, "certificates")
             channel = CertificateChannel(endpoint, TASK, RelaySettings(), random.Random(index))
-            votes = CertificateVotes(channel, identity, lambda: roster_view.keys(ADMISSION_READ_AGE))
+            if opts.plan == "directory":
+                view = DirectoryView(dht, endpoint, SPEC, me, lambda key: directory_peer)
+            # as a real peer: the directory's members where one governs (peer.startup), else the roster's
+            votes = CertificateVotes(channel, identity, admitted_keys)
         committer = committer_for(
             SignedCommitBoard(dht, TASK, speaker(dht, identity)), TIMEOUTS, certificates=votes
         )  # fmt: skip
@@ -222,10 +266,17 @@ def thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, d
         generator = torch.Generator().manual_seed(index)
         for round_index in range(opts.rounds):
             started = time.perf_counter()
-            roster = roster_view.read()
-            assignment = assign_cohorts([p.entry for p in roster], opts.cohort_size)
-            cohort = assignment.get(me, f"solo-{me[-8:]}")
-            cohort_ids = sorted(set(assignment.values()) | {cohort})
+            attempt = committer.next_attempt(attempt)
+            try:
+                plan, admitted = plan_thin_round(
+                    me, round_index, attempt, roster_view, view, opts.cohort_size
+                )
+            except NotListedYet as e:  # as a real peer, it waits for an epoch that lists it
+                figures.reasons.append(str(e))
+                figures.round_seconds.append(time.perf_counter() - started)
+                time.sleep(5.0)
+                continue
+            cohort = plan.cohort
             if averager is None or averager.cohort != cohort:
                 if averager is not None:
                     averager.shutdown()
@@ -234,11 +285,11 @@ def thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, d
                     committer=committer, cross_group_size=opts.cross_group,
                     # as a real peer: signed matchmaking declarations, met only with the roster's peers
                     declarations=DeclarationSigner(TASK, speaker(dht, identity)),
-                    admitted=lambda: roster_view.keys(ADMISSION_READ_AGE),
+                    admitted=admitted_keys,
                 )  # fmt: skip
-            attempt = committer.next_attempt(attempt)
             if beside is not None:
-                beside.begin(attempt, roster_view.keys(ADMISSION_READ_AGE), assignment)
+                ranks = {p: f"c{rank:04d}" for rank, members in enumerate(plan.cohorts) for p in members}
+                beside.begin(attempt, admitted, ranks)
             progress.begin(round_index, cohort, round_index - 1)
             samples, computing = 0, time.perf_counter()
             while samples == 0 or time.perf_counter() - computing < opts.compute:
@@ -247,14 +298,9 @@ def thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, d
                 time.sleep(LOOK_EVERY)
             progress.finish(samples, 0.0)
             numerator = [torch.randn(s, generator=generator) for s in opts.shapes]
-            peers_of: dict[str, list[str]] = {cohort: [me]} if me not in assignment else {}
-            for peer, name in sorted(assignment.items()):
-                peers_of.setdefault(name, []).append(peer)
             outcome = averager.average(
-                attempt, numerator, samples, cohort_size=cohort_sizes(assignment).get(cohort, 1),
-                num_cohorts=len(cohort_ids), cohort_rank=cohort_ids.index(cohort),
-                expected_peers=[p.entry.peer_id for p in roster],
-                cohorts=[tuple(peers_of[name]) for name in cohort_ids],  # as peer.round.plan_round does
+                attempt, numerator, samples, cohort_size=plan.cohort_size, num_cohorts=plan.num_cohorts,
+                cohort_rank=plan.cohort_rank, expected_peers=list(plan.roster), cohorts=list(plan.cohorts),
             )  # fmt: skip
             if beside is not None:
                 beside.end(attempt, outcome)
@@ -265,9 +311,9 @@ def thin_peer(index, initial_peers, opts: ThinOptions, cgroup: str, ready, go, d
                 committer.report_state(attempt, outcome.report(), outcome.digest)
             else:
                 figures.reasons.append(outcome.reason)
-                averager.settle(attempt, [p.entry.peer_id for p in roster])
+                averager.settle(attempt, list(plan.roster))
             figures.round_seconds.append(time.perf_counter() - started)
-            figures.cohorts = len(cohort_ids)
+            figures.cohorts = plan.num_cohorts
         end_counts = dht.run_coroutine(_request_counts)
         figures.control = control_traffic() - start_control
         figures.dht_requests = sum(end_counts.values()) - sum(start_counts.values())
