@@ -186,7 +186,8 @@ class PeerNode:
     def wait_until_listed(self, not_listed: NotListedYet) -> None:
         """Until the directory that governs the swarm's next attempt lists this peer, or none does, or
         the peer is told to stop (looked at every :data:`LISTED_LOOK_SECONDS`, each look bounded):
-        the swarm's rounds go on without it meanwhile. Then it catches up and meets the swarm."""
+        the swarm's rounds go on without it meanwhile. Then it waits (bounded) until the attempt
+        before its first one ended, catches up with the state that attempt ends on and meets the swarm."""
         logger.info(f"{not_listed}: waiting")
         started = said = time.monotonic()
         while not self._stop.wait(LISTED_LOOK_SECONDS):
@@ -196,6 +197,11 @@ class PeerNode:
                 logger.info(
                     f"waited {time.monotonic() - started:.0f} s for a directory epoch that lists this peer"
                 )
+                if whole is not None:
+                    # listed as the attempt before ends: a catch-up now would load the state before it
+                    # (its holders had not reported the new one yet: seen, and the round computed then aborted)
+                    others = [p for p in whole.keys() if p != self.peer_id]
+                    await_attempt_end(self._commits.board, others, self._commits.attempt - 1, self._stop)
                 break
             if time.monotonic() - said >= LISTED_SAY_SECONDS:
                 said = time.monotonic()

@@ -89,7 +89,13 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
             commit_to_seconds = time.perf_counter() - t0  # what the round waited for them
         outcome = kept_when_leaving(outcome, plan.roster, ctx.peer_id, leaving=ctx.stop.is_set())
         outcome.seconds["roster"], outcome.seconds["commitments"] = roster_seconds, commit_to_seconds
-        if not outcome.committed and not ctx.stop.is_set():
+        # aborted behind the swarm (it computes a later round in this attempt): the attempt goes on
+        # for longer than a settle waits, and the next one must not start before it ends (seen: a
+        # joiner ran each later attempt alone, one ahead); the node waits it out, then catches up
+        behind = (
+            not outcome.committed and ctx.progress.swarm_round(max_age=SUPERSEDED_READ_EVERY) > round_index
+        )
+        if not outcome.committed and not ctx.stop.is_set() and not behind:
             averager.settle(plan.attempt, plan.roster)  # the others finish this attempt; then catch up
             outcome = averager.recheck(plan.attempt, plan.roster, outcome)  # its result may commit yet
         work = RoundWork(plan, host, commitments, start_digest)
@@ -101,6 +107,7 @@ def run_round(ctx: RoundContext, round_index: int, attempt: int) -> RoundReport:
                               time.monotonic(), (work, outcome))
             )  # fmt: skip
         report = finish_round(ctx, work, outcome, compute_seconds, started)
+        report.sat_out = behind
         if ctx.outer is not None and report.committed and ctx.outer.settings.is_boundary(round_index):
             report.outer = take_outer_step(ctx, swarm_plan, outcome)
             if report.outer is not None:

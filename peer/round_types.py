@@ -84,7 +84,7 @@ class RoundReport:
     stages: dict[str, float] = field(default_factory=dict)
     attempt: int = -1  # the swarm-wide averaging attempt this round ran in
     late: bool = False  # committed after the round had ended aborted: its result found a quorum later
-    sat_out: bool = False  # took no part in its attempt: its state was older than the swarm's round
+    sat_out: bool = False  # no part in its attempt's result: its state was older than the swarm's round
     outer: OuterReport | None = None  # the outer step taken at this round's end (sync = "outer")
     # payload bytes this peer's all-reduces moved across cohorts since it started
     cross_cohort_bytes: int = 0
