@@ -18,7 +18,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from hivemind_adapter.p2p import Endpoint
@@ -40,6 +40,16 @@ EARLY_MESSAGES = 256  # messages kept for attempts not opened yet, all attempts 
 ATTEMPTS_KEPT = 4  # relays of older attempts still answer gossip
 EARLY_ATTEMPTS = 4  # how far ahead of the newest open attempt a message may be and still wait
 ATTEMPT_WITNESSES = 2  # distinct roster voters an attempt not open here must be heard from to count
+PROBE_TIMEOUT = 3.0  # seconds a probed peer has to answer
+PROBE_MOST = 8  # peers one probe asks at most (chosen at random)
+
+
+@dataclass(frozen=True)
+class ProbeAnswers:
+    """Which peers a probe asked answered it and which did not (failed or took over PROBE_TIMEOUT)."""
+
+    answered: frozenset[str]
+    silent: frozenset[str]
 
 
 @dataclass(frozen=True)
@@ -167,6 +177,11 @@ class CertificateChannel:
         """The keys seen voting twice in ``attempt`` ([]: none, or not open here)."""
         return self.endpoint.loop.run(self._equivocations(attempt), timeout=5)
 
+    def probe(self, attempt: int, peers: Collection[str]) -> ProbeAnswers:
+        """Ask up to :data:`PROBE_MOST` of ``peers`` (at random) directly whether they are there (a
+        message of a few bytes; nothing comes back but the reply); bounded by :data:`PROBE_TIMEOUT`."""
+        return self.endpoint.loop.run(self._probe(attempt, sorted(peers)), timeout=PROBE_TIMEOUT + 5)
+
     def latest_attempt(self) -> int:
         """The latest attempt open here or that valid votes of :data:`ATTEMPT_WITNESSES` distinct
         roster peers were seen for, or later ones (-1: none): one key cannot move a peer's attempt
@@ -241,6 +256,28 @@ class CertificateChannel:
         relay = self._relays.get(attempt)
         return [] if relay is None else relay.tally.equivocations
 
+    async def _probe(self, attempt: int, peers: list[str]) -> ProbeAnswers:
+        asked = self._rng.sample(peers, min(PROBE_MOST, len(peers)))
+        payload = encode(attempt, RelayMessage(Kind.PROBE))
+
+        async def answers(peer: str) -> bool:
+            self.sent_bytes += len(payload)
+            self.sent_messages += 1
+            try:
+                await asyncio.wait_for(
+                    self.endpoint.acall(peer, handler_name(self.task_id), payload), PROBE_TIMEOUT
+                )
+                return True
+            except Exception:  # gone, unreachable or too slow to count on
+                self.lost_messages += 1
+                return False
+
+        replies = await asyncio.gather(*(answers(p) for p in asked))
+        return ProbeAnswers(
+            frozenset(p for p, ok in zip(asked, replies) if ok),
+            frozenset(p for p, ok in zip(asked, replies) if not ok),
+        )
+
     async def _latest(self) -> int:
         heard = sorted(self._heard.values(), reverse=True)
         witnessed = heard[ATTEMPT_WITNESSES - 1] if len(heard) >= ATTEMPT_WITNESSES else -1
@@ -275,6 +312,8 @@ class CertificateChannel:
             attempt, message = decode(payload)
         except ValueError:
             self.refused_messages += 1
+            return b""
+        if message.kind is Kind.PROBE:  # the reply itself is the answer
             return b""
         relay = self._relays.get(attempt)
         if relay is not None:

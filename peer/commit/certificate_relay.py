@@ -47,6 +47,7 @@ class Kind(enum.Enum):
     DOWN = "down"  # every certificate the root gathered, back down the tree
     PULL = "pull"  # gossip: send me what you hold
     PUSH = "push"  # gossip: what I hold
+    PROBE = "probe"  # are you there: the call's reply answers it; no relay state changes
 
 
 @dataclass(frozen=True)
@@ -187,6 +188,8 @@ class CertificateRelay:
 
     def receive(self, now: float, sender: str, message: RelayMessage) -> list[Outgoing]:
         """What ``sender`` sent; returns what to send in turn."""
+        if message.kind is Kind.PROBE:
+            return []
         self._started_at = now if self._started_at is None else self._started_at
         taken = self._take(message.certificates, now)
         rank = self.plan.rank_of(sender)

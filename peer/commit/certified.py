@@ -5,7 +5,8 @@ Each report a peer posts it also votes for (a failure as :data:`~protocol.commit
 a departure as :data:`~protocol.commit_certificate.DEPARTED`) over its
 :class:`~peer.commit.certificate_channel.CertificateChannel`. It commits once the votes it checked
 for one result are more than half of the attempt's roster less the departures it saw, settles on
-the attempt's decision, and takes its next attempt number from the votes it hears. Nothing on that path reads a board. The board
+the attempt's decision, and takes its next attempt number from the votes it hears. Nothing on that
+path reads a board or the roster: a wait asks its unheard peers directly whether they are there. The board
 still carries what is not decided yet by certificates: results (the guard's proofs), partner markers,
 departures, and the state reports catch-up reads.
 """
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 from peer.averaging.deadlines import StageDeadlines
 from peer.commit.boards import CommitBoard
-from peer.commit.certificate_channel import CertificateChannel
+from peer.commit.certificate_channel import PROBE_TIMEOUT, CertificateChannel
 from peer.commit.committer import PendingResult, RoundCommitter
 from peer.commit.report import CommitReport
 from peer.commit.waits import CommitDecision
@@ -30,7 +31,8 @@ logger = logging.getLogger(__name__)
 
 OPEN_KEPT = 8  # attempts whose scope is remembered here (late commits look back this far)
 SKIPPED_VOTED = 2  # attempts skipped past that a peer still votes in (as departed), newest first
-LEFT_CHECK_SECONDS = 2.0  # an undecided wait looks this often whether its unheard peers left the roster
+LEFT_CHECK_SECONDS = 2.0  # an undecided wait probes its unheard peers this often
+SILENT_STRIKES = 3  # probes in a row a peer did not answer before it counts as gone
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,7 @@ class CertifiedCommitter(RoundCommitter):
         self._named: set[tuple[int, str]] = set()  # (attempt, peer) equivocations logged
         # the roster and cohorts of the newest attempt opened here: attempts skipped past are voted in as it
         self._last_open: tuple[int, frozenset[str], tuple[tuple[str, ...], ...]] | None = None
+        self._silent: dict[tuple[int, str], int] = {}  # (attempt, peer) -> probes in a row it did not answer
 
     @property
     def reports(self) -> VotesHeard:
@@ -195,7 +198,7 @@ class CertifiedCommitter(RoundCommitter):
             self._log_undecided(attempt, time.monotonic() - started, gone)
             why = f"no result with votes from a majority of the roster ({len(voters)} voted)"
             if gone:
-                why += f"; the {gone} peer(s) not heard from left the roster"
+                why += f"; the {gone} peer(s) not heard from do not answer"
             return CommitDecision(False, why, timed_out=True, seen=voters)
         if decided == ABORTED:
             return CommitDecision(False, "certificates: no result can reach a majority", seen=voters)
@@ -203,9 +206,9 @@ class CertifiedCommitter(RoundCommitter):
 
     def _wait_decided(self, attempt: int, roster: Collection[str], timeout: float) -> tuple[str | None, int]:
         """``attempt``'s decision, waiting up to ``timeout`` s, and how many roster peers not heard from
-        had left the roster when the wait ended early (0: it did not). A wait ends early once every
-        peer still to vote is gone from the live roster: killed peers never vote, and while they count
-        as unheard no majority can be ruled out. Ending the wait decides nothing (late commits stand)."""
+        were gone when the wait ended early (0: it did not). A wait ends early once every peer still
+        to vote is gone (:meth:`never_reporting`): killed peers never vote, and while they count as
+        unheard no majority can be ruled out. Ending the wait decides nothing (late commits stand)."""
         deadline = time.monotonic() + timeout
         everyone = set(roster) | {self.peer_id}
         self.channel.keep_asking(attempt, timeout)  # the decision may come from others' certificates only
@@ -214,14 +217,32 @@ class CertifiedCommitter(RoundCommitter):
             decided = self.channel.wait_decided(attempt, max(0.0, min(LEFT_CHECK_SECONDS, left)))
             if decided is not None or left <= LEFT_CHECK_SECONDS:
                 return decided, 0
+            if left <= LEFT_CHECK_SECONDS + PROBE_TIMEOUT:
+                continue  # a probe now could outlast the wait
             unheard = everyone - (self.channel.voters(attempt) or frozenset())
             if unheard and unheard <= self.never_reporting(attempt, unheard):
                 return None, len(unheard)
 
+    def never_reporting(self, attempt: int, roster: Collection[str]) -> set[str]:
+        """Peers of ``roster`` that will not vote in ``attempt``: probed directly (no roster read),
+        they did not answer :data:`SILENT_STRIKES` probes in a row. Each call probes up to
+        :data:`~peer.commit.certificate_channel.PROBE_MOST` of them once."""
+        others = set(roster) - {self.peer_id}
+        if not others:
+            return set()
+        probe = self.channel.probe(attempt, others)
+        for stale in [k for k in self._silent if k[0] < attempt - OPEN_KEPT]:
+            del self._silent[stale]
+        for peer in probe.answered:
+            self._silent.pop((attempt, peer), None)
+        for peer in probe.silent:
+            self._silent[(attempt, peer)] = self._silent.get((attempt, peer), 0) + 1
+        return {p for p in others if self._silent.get((attempt, p), 0) >= SILENT_STRIKES}
+
     def _log_undecided(self, attempt: int, waited: float, gone: int = 0) -> None:
         hearing = self.channel.hearing(attempt)
         if hearing is not None:
-            left = f"; the {gone} peer(s) not heard from left the roster" if gone else ""
+            left = f"; the {gone} peer(s) not heard from do not answer" if gone else ""
             logger.info(f"attempt {attempt}: undecided after {waited:.0f} s: {hearing.describe()}{left}")
 
     def _name_equivocators(self, attempt: int) -> None:

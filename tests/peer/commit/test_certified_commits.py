@@ -8,6 +8,8 @@ from __future__ import annotations
 import hashlib
 import random
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -17,11 +19,11 @@ from peer.averaging.stage import AveragingTimeouts
 from peer.commit.boards import SignedCommitBoard
 from peer.commit.certificate_channel import CertificateChannel, encode, handler_name
 from peer.commit.certificate_relay import Kind, RelayMessage, RelaySettings
-from peer.commit.certified import CertificateVotes, CertifiedCommitter
+from peer.commit.certified import SILENT_STRIKES, CertificateVotes, CertifiedCommitter
 from peer.commit.report import CommitReport
 from protocol.commit_certificate import ABORTED, DEPARTED, CommitCertificate, sign_vote
 from protocol.identity import Identity
-from tests.peer.commit.daemons import real_nodes
+from tests.peer.commit.daemons import Nodes, real_nodes
 
 TASK = "certified-commits-test"
 RESULT = hashlib.sha256(b"the result").hexdigest()
@@ -30,9 +32,12 @@ SETTINGS = RelaySettings(cohort_wait=0.3, level_wait=0.5, gossip_after=3.0, goss
 TIMEOUTS = AveragingTimeouts(commit=30.0)  # a wait that ends sooner ended on a decision
 
 
-@pytest.fixture(scope="module")
-def swarm():
-    with real_nodes(5, "certified") as five:
+@contextmanager
+def certified_swarm(
+    name: str,
+) -> Iterator[tuple[list[CertifiedCommitter], list[Identity], list[str], list, Nodes]]:
+    """Five real nodes, each with a certificate channel and a certified committer; cohorts of 3 and 2."""
+    with real_nodes(5, name) as five:
         peers, identities = five.peers, five.identities
         keys = {p: i.public_key_hex for p, i in zip(peers, identities)}
         channels = [
@@ -49,10 +54,16 @@ def swarm():
         assert all(isinstance(c, CertifiedCommitter) for c in committers)
         cohorts = [peers[:3], peers[3:]]  # ranks 0 (3 peers) and 1 (2 peers)
         try:
-            yield committers, identities, peers, cohorts
+            yield committers, identities, peers, cohorts, five
         finally:
             for channel in channels:
                 channel.close()
+
+
+@pytest.fixture(scope="module")
+def swarm():
+    with certified_swarm("certified") as (committers, identities, peers, cohorts, _):
+        yield committers, identities, peers, cohorts
 
 
 def _post(committer: CertifiedCommitter, attempt: int, ok: bool) -> None:
@@ -162,36 +173,46 @@ def test_a_key_that_votes_twice_is_named_and_counts_nowhere(swarm, caplog):
     assert committers[0].channel.hearing(999) is None  # not open here
 
 
-def test_an_undecided_wait_ends_once_every_peer_still_to_vote_has_left_the_roster(swarm, caplog):
-    # Node 4 was killed before it voted: 2 votes for the result and 2 failures leave the attempt
-    # undecided while it counts as unheard (2 + 1 could still be a majority of 5). Once the roster no
-    # longer lists it, the wait ends, long before the commit wait, and decides nothing. (The roster
-    # read itself, announcements expiring from the DHT: tests/peer/test_roster_view.py.)
-    committers, _, peers, cohorts = swarm
-    for c in committers:
-        c.open_attempt(17, peers, cohorts)
-    for n in range(4):
-        _post(committers[n], 17, ok=n in (0, 1))
-    waiting = committers[0]
-    waiting.online = lambda: set(peers) - {peers[4]}
-    try:
+def test_an_undecided_wait_ends_once_every_peer_still_to_vote_stops_answering(caplog):
+    # Node 4 is killed (its DHT and daemon stopped) before it votes: 2 votes for the result and 2
+    # failures leave the attempt undecided while it counts as unheard (2 + 1 could still be a majority
+    # of 5). Once it failed three direct probes in a row the wait ends, long before the commit wait,
+    # decides nothing, and read no roster (the committers have no roster reader).
+    with certified_swarm("certified-kill") as (committers, _, peers, cohorts, five):
+        assert all(c.online is None for c in committers)
+        for c in committers:
+            c.open_attempt(17, peers, cohorts)
+        five.endpoints[4].close()
+        five.dhts[4].shutdown()
+        for n in range(4):
+            _post(committers[n], 17, ok=n in (0, 1))
+        waiting = committers[0]
         started = time.monotonic()
         with caplog.at_level("INFO", logger="peer.commit.certified"):
             decision = waiting.await_quorum(
                 17, RESULT, peers, extra_seconds=0, witnesses=(), public_keys=None
             )
         waited = time.monotonic() - started
-    finally:
-        waiting.online = None
-    assert not decision.committed and decision.timed_out, decision.reason
-    assert "the 1 peer(s) not heard from left the roster" in decision.reason
-    # its log says how the votes it heard split
-    undecided = [r.message for r in caplog.records if "undecided after" in r.message]
-    assert len(undecided) == 1 and "4 of 5 voted as heard here (" in undecided[0], undecided
-    split = undecided[0].split("heard here (")[1].split(")")[0].split(", ")
-    assert sorted(split) == sorted([f"{RESULT[:8]}: 2", "aborted: 2"]), undecided
-    assert waited < TIMEOUTS.commit / 3, waited
-    assert waiting.channel.wait_decided(17, 0) is None  # nothing was decided
+        assert not decision.committed and decision.timed_out, decision.reason
+        assert "the 1 peer(s) not heard from do not answer" in decision.reason
+        # its log says how the votes it heard split
+        undecided = [r.getMessage() for r in caplog.records if "undecided after" in r.getMessage()]
+        assert len(undecided) == 1 and "4 of 5 voted as heard here (" in undecided[0], undecided
+        split = undecided[0].split("heard here (")[1].split(")")[0].split(", ")
+        assert sorted(split) == sorted([f"{RESULT[:8]}: 2", "aborted: 2"]), undecided
+        assert waited < TIMEOUTS.commit / 3, waited
+        assert waiting.channel.wait_decided(17, 0) is None  # nothing was decided
+
+
+def test_a_probe_counts_a_peer_that_answers_as_there(swarm):
+    # Every peer of the module's swarm is alive: a probe hears them all, and however often an
+    # undecided wait probes, nobody counts as gone.
+    committers, _, peers, cohorts = swarm
+    committers[0].open_attempt(18, peers, cohorts)
+    answers = committers[0].channel.probe(18, peers[1:])
+    assert answers.answered == set(peers[1:]) and not answers.silent
+    for _ in range(SILENT_STRIKES + 1):
+        assert committers[0].never_reporting(18, peers) == set()
 
 
 def test_a_peer_that_skips_past_attempts_the_swarm_ran_votes_departed_in_them(swarm):
